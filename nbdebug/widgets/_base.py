@@ -63,6 +63,11 @@ class NBWidget(anywidget.AnyWidget):
     js_error = traitlets.Unicode("").tag(sync=True)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Only classes that name their view get an ES module (ipywidgets' add_traits also subclasses
+        # dynamically; those must keep the trait). Set before anywidget's hook, which turns a path
+        # into watched FileContents (ANYWIDGET_HMR=1 reloads on rebuild).
+        if "_view_name_" in cls.__dict__ and cls._view_name_:
+            cls._esm = _esm_for(cls._view_name_)
         super().__init_subclass__(**kwargs)
         handlers: dict[str, str] = {}
         for klass in reversed(cls.__mro__):
@@ -71,8 +76,6 @@ class NBWidget(anywidget.AnyWidget):
                 if method:
                     handlers[method] = attr
         cls._rpc_handlers = handlers
-        if cls._view_name_:
-            cls._esm = _esm_for(cls._view_name_)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -63,7 +63,8 @@ def encode_array(x: Any) -> dict[str, Any]:
         if a.min() < info.min or a.max() > info.max:
             raise OverflowError(f"{a.dtype} values do not fit in {wire}")
     a = np.ascontiguousarray(a, dtype=np.dtype(wire).newbyteorder("<"))
-    return {"view": memoryview(a).cast("B"), "dtype": wire, "shape": list(a.shape)}
+    view = memoryview(a).cast("B") if a.size else memoryview(b"")
+    return {"view": view, "dtype": wire, "shape": list(a.shape)}
 
 
 def decode_array(enc: dict[str, Any]) -> np.ndarray:

@@ -1,0 +1,116 @@
+"""Tensor statistics computed on the tensor's own device, without a host sync per statistic.
+
+The reduction set is the fastest exact one we measured (see benchmarks/bench_capture.py): ``sum``,
+``dot(x, x)`` for the sum of squares, ``aminmax`` and ``count_nonzero``. NaN and Inf propagate
+through min/max, so the exact NaN/Inf counts are only computed when min or max is non-finite — on
+the CPU that check is a plain memory read; on accelerators the counts are always computed on the
+device (cheap there) so that nothing waits for the host.
+
+A stat vector is a 1-D float64 tensor laid out as :data:`FIELDS`; :func:`summarize` turns a batch of
+them (one ``.cpu()`` for the whole capture) into means, stds and fractions.
+
+>>> v = tensor_stats(torch.tensor([0.0, 1.0, -2.0, 3.0]))
+>>> summarize(v[None].numpy())["mean"][0]
+0.5
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+__all__ = ["FIELDS", "SATURATING", "summarize", "tensor_stats"]
+
+# Layout of one raw stat vector.
+FIELDS = ("numel", "sum", "sumsq", "min", "max", "nonzero", "nan", "inf", "extra")
+N_FIELDS = len(FIELDS)
+IDX = {name: i for i, name in enumerate(FIELDS)}
+
+# Bounded activations whose outputs pile up at the bounds when they saturate: type name → bounds.
+SATURATING = {"Tanh": (-1.0, 1.0), "Sigmoid": (0.0, 1.0), "Hardtanh": (-1.0, 1.0), "Softsign": (-1.0, 1.0), "Hardsigmoid": (0.0, 1.0)}
+
+
+def _float_view(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D float32/float64 view (copy only for half precision, integers and bools)."""
+    if t.dtype in (torch.float32, torch.float64):
+        x = t.detach()
+    else:
+        x = t.detach().float()
+    return x.reshape(-1)
+
+
+def tensor_stats(
+    t: torch.Tensor, *, saturation: tuple[float, float] | None = None, sat_eps: float = 1e-3
+) -> torch.Tensor:
+    """Raw stat vector of ``t`` (on ``t``'s device, float64; see :data:`FIELDS`).
+
+    ``saturation=(lo, hi)`` also counts values within ``sat_eps`` of either bound into ``extra``.
+    """
+    x = _float_view(t)
+    dev = x.device
+    n = x.numel()
+    if n == 0:
+        out = torch.zeros(N_FIELDS, dtype=torch.float64, device=dev)
+        out[IDX["min"]] = math.nan
+        out[IDX["max"]] = math.nan
+        return out
+    s = x.sum()
+    ss = torch.dot(x, x)
+    mn, mx = torch.aminmax(x)
+    nz = torch.count_nonzero(x)
+    parts = [s, ss, mn, mx, nz]
+    if dev.type == "cpu":
+        # Free on the CPU: reading two scalars. Exact counts only when something is non-finite.
+        if math.isfinite(mn.item()) and math.isfinite(mx.item()):
+            nan = inf = torch.zeros((), device=dev)
+        else:
+            nan, inf = torch.isnan(x).sum(), torch.isinf(x).sum()
+    else:
+        nan, inf = torch.isnan(x).sum(), torch.isinf(x).sum()
+    parts += [nan, inf]
+    if saturation is not None:
+        lo, hi = saturation
+        extra = torch.count_nonzero(x <= lo + sat_eps) + torch.count_nonzero(x >= hi - sat_eps)
+    else:
+        extra = torch.zeros((), device=dev)
+    parts.append(extra)
+    head = torch.tensor([float(n)], dtype=torch.float64, device=dev)
+    return torch.cat([head, torch.stack([p.to(torch.float64) for p in parts])])
+
+
+def summarize(raw: np.ndarray) -> dict[str, np.ndarray]:
+    """Turn raw stat rows (``[N, len(FIELDS)]``, possibly summed/min-maxed across calls) into stats.
+
+    Mean and std are over the finite values when NaN/Inf are present would be misleading, so they
+    are reported as NaN then (the NaN/Inf counts say why).
+    """
+    raw = np.asarray(raw, dtype=np.float64)
+    n = raw[:, IDX["numel"]]
+    safe_n = np.where(n > 0, n, np.nan)
+    mean = raw[:, IDX["sum"]] / safe_n
+    var = np.maximum(raw[:, IDX["sumsq"]] / safe_n - mean**2, 0.0)
+    # Population -> sample variance, like torch.std's default (unbiased).
+    with np.errstate(invalid="ignore", divide="ignore"):
+        var = np.where(n > 1, var * n / (n - 1), np.nan)
+    return {
+        "numel": n,
+        "mean": mean,
+        "std": np.sqrt(var),
+        "min": raw[:, IDX["min"]],
+        "max": raw[:, IDX["max"]],
+        "zero_frac": 1.0 - raw[:, IDX["nonzero"]] / safe_n,
+        "nan": raw[:, IDX["nan"]],
+        "inf": raw[:, IDX["inf"]],
+        "extra_frac": raw[:, IDX["extra"]] / safe_n,
+        "norm": np.sqrt(raw[:, IDX["sumsq"]]),
+    }
+
+
+def merge(rows: np.ndarray) -> np.ndarray:
+    """Combine raw stat rows of several calls of one layer into one raw row."""
+    out = rows.sum(axis=0)
+    out[IDX["min"]] = np.min(rows[:, IDX["min"]])
+    out[IDX["max"]] = np.max(rows[:, IDX["max"]])
+    return out

@@ -1,0 +1,347 @@
+"""Grad-CAM and Grad-CAM++ on any layer with a spatial output, for CNNs and vision transformers.
+
+One forward pass (gradients tracked only from the target layer onward: its output is swapped for a
+leaf copy, parameters stop requiring grad for the duration) and one batched backward through the
+part of the model after the layer give the CAMs of all target classes at once. The model is left
+as it was: ``.grad`` untouched (``torch.autograd.grad`` only), buffers restored, ``training`` never
+switched, every hook removed.
+
+    weights_k = mean_ij dScore_c / dA_kij          (Grad-CAM)
+    CAM       = ReLU(sum_k weights_k A_k), bilinearly upsampled to the input size
+
+>>> res = grad_cam(model, (x,), layer="layer4", targets="topk", topk=5)   # doctest: +SKIP
+>>> res.cams.shape            # (batch, classes, H, W) at input resolution
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..adapters.vision import (
+    GridInfo,
+    LayerProbe,
+    Reshape,
+    SpatialLayer,
+    find_image,
+    grid_from_config,
+    image_hw,
+    infer_grid,
+    split_layer_name,
+    to_nchw,
+)
+from ..capture import HookSet, no_param_grads, preserve_buffers
+
+__all__ = ["CamMaps", "GradCamResult", "LayerError", "Target", "class_names_for", "compute_cams", "grad_cam", "logits_of"]
+
+#: "topk", a class index, a class name, or a list of indices/names (the same for every sample).
+Target = Union[str, int, Sequence[Union[int, str]], None]
+
+
+class LayerError(ValueError):
+    """The requested layer has no spatial output; the message lists the layers that qualify."""
+
+
+@dataclass
+class CamMaps:
+    """CAMs of one layer: ``cams`` B×K×H×W at input size, ``low`` B×K×h×w at layer size (ReLU'd, unscaled)."""
+
+    layer: str
+    grid: GridInfo
+    cams: np.ndarray
+    low: np.ndarray
+    zero_grad: bool
+    note: str = ""
+
+
+@dataclass
+class GradCamResult:
+    """Everything the Grad-CAM view shows, as plain data.
+
+    ``classes``/``scores``/``probs`` are B×K (the K targets of each sample, top-k order when
+    ``targets="topk"``); ``class_names`` B×K strings; ``maps[layer]`` the :class:`CamMaps` computed
+    so far (the auto layer first); ``layers`` every layer with a spatial output (selectable).
+    """
+
+    layer: str
+    auto_layer: bool
+    method: str
+    classes: np.ndarray
+    scores: np.ndarray
+    probs: np.ndarray
+    class_names: list[list[str]]
+    layers: list[str]
+    maps: dict[str, CamMaps]
+    image: np.ndarray | None
+    image_note: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def cams(self) -> np.ndarray:
+        """CAMs of the chosen layer, B×K×H×W (input resolution)."""
+        return self.maps[self.layer].cams
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """Class scores from a model output: ``.logits`` (HF), a ``"logits"`` key, or the first tensor."""
+    from ..capture import first_tensor
+
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, Mapping):
+        logits = output.get("logits")
+    if logits is None:
+        logits = first_tensor(output)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        shape = None if logits is None else list(logits.shape)
+        raise ValueError(f"Grad-CAM needs class scores of shape batch×classes from the model; got {shape}")
+    return logits
+
+
+def class_names_for(model: nn.Module, names: Any, n_classes: int) -> Callable[[int], str]:
+    """Class index → display name, from a list/dict/callable the user passed or ``config.id2label``."""
+    if names is None:
+        id2label = getattr(getattr(model, "config", None), "id2label", None)
+        names = dict(id2label) if id2label else None
+    if names is None:
+        return str
+    if callable(names) and not isinstance(names, (Mapping, Sequence)):
+        return lambda i: str(names(i))
+    if isinstance(names, Mapping):
+        lookup = {int(k): str(v) for k, v in names.items()}
+        return lambda i: lookup.get(i, str(i))
+    seq = [str(v) for v in names]
+    return lambda i: seq[i] if 0 <= i < len(seq) else str(i)
+
+
+def _resolve_targets(targets: Target, logits: torch.Tensor, topk: int, name_of: Callable[[int], str]) -> torch.Tensor:
+    b, n = logits.shape
+    if targets is None or (isinstance(targets, str) and targets.lower() in ("topk", "top", "auto")):
+        return logits.detach().topk(min(topk, n), dim=1).indices
+    items = [targets] if isinstance(targets, (int, str)) else list(targets)
+    idx: list[int] = []
+    lookup: dict[str, int] | None = None
+    for t in items:
+        if isinstance(t, str) and t.lstrip("-").isdigit():
+            t = int(t)
+        if isinstance(t, int):
+            if not -n <= t < n:
+                raise ValueError(f"class {t} out of range: the model has {n} classes")
+            idx.append(t % n)
+            continue
+        if lookup is None:
+            lookup = {name_of(i).lower(): i for i in range(n)}
+        key = str(t).lower()
+        hits = [i for nm, i in lookup.items() if nm == key] or [i for nm, i in lookup.items() if key in [p.strip() for p in nm.split(",")]]
+        if not hits:
+            close = [nm for nm in lookup if key in nm][:5]
+            hint = f" Close: {', '.join(close)}" if close else ""
+            raise ValueError(f"no class named {t!r}.{hint}")
+        idx.append(hits[0])
+    return torch.tensor(idx, device=logits.device).unsqueeze(0).expand(b, -1)
+
+
+def _swap_first(output: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``output`` with its first tensor leaf replaced by ``fn(tensor)`` (tensor, tuple, list, dict/ModelOutput)."""
+    if isinstance(output, torch.Tensor):
+        return fn(output)
+    if isinstance(output, (tuple, list)):
+        items = list(output)
+        for i, v in enumerate(items):
+            new = _swap_first(v, fn)
+            if new is not v:
+                items[i] = new
+                return type(output)(items) if not hasattr(output, "_fields") else type(output)(*items)
+        return output
+    if isinstance(output, Mapping):
+        for k, v in output.items():
+            new = _swap_first(v, fn)
+            if new is not v:
+                data = dict(output)
+                data[k] = new
+                return type(output)(**data) if type(output) is not dict else data
+        return output
+    return output
+
+
+def _run_with_leaf(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], module: str, call: int | None) -> tuple[Any, torch.Tensor]:
+    """Forward pass whose graph starts at ``module``'s output (call ``call``, or the last call).
+
+    The output is replaced by ``leaf.clone()`` so in-place ops downstream cannot touch the leaf.
+    For the last call of a module that runs several times every call gets its own leaf (the last
+    one is returned); only the graph after each leaf is built.
+    """
+    target = model.get_submodule(module)
+    leaves: list[torch.Tensor] = []
+    seen = [0]
+
+    def hook(_m: nn.Module, _args: Any, out: Any) -> Any:
+        k = seen[0]
+        seen[0] += 1
+        if call is not None and k != call:
+            return None
+
+        def swap(t: torch.Tensor) -> torch.Tensor:
+            leaf = t.detach().requires_grad_(True)
+            leaves.append(leaf)
+            return leaf.clone()
+
+        return _swap_first(out, swap)
+
+    with HookSet() as hooks, preserve_buffers(model), no_param_grads(model), torch.enable_grad():
+        hooks.forward(target, hook)
+        output = model(*args, **kwargs)
+    if not leaves:
+        raise LayerError(f"layer {module!r} did not run (call {call}) in the forward pass")
+    return output, leaves[-1]
+
+
+def compute_cams(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    layer: SpatialLayer,
+    *,
+    targets: Target = "topk",
+    topk: int = 5,
+    classes: torch.Tensor | None = None,
+    method: str = "gradcam",
+    reshape: Reshape = None,
+    output_hw: tuple[int, int] | None = None,
+    name_of: Callable[[int], str] = str,
+) -> tuple[CamMaps, torch.Tensor, torch.Tensor]:
+    """CAMs of ``layer`` for the target classes: ``(maps, classes B×K, logits B×N)``.
+
+    One forward (graph from the layer on) and one batched backward for all K classes.
+    """
+    call = layer.call if layer.calls > 1 else None
+    output, leaf = _run_with_leaf(model, args, kwargs, layer.module, call)
+    logits = logits_of(output)
+    if classes is None:
+        classes = _resolve_targets(targets, logits, topk, name_of)
+    classes = classes.to(logits.device)
+    k = classes.shape[1]
+    picked = logits.gather(1, classes)  # B×K
+    eye = torch.eye(k, dtype=picked.dtype, device=picked.device)
+    grad_out = eye[:, None, :].expand(k, picked.shape[0], k).contiguous()  # K×B×K one-hot per class
+    if not picked.requires_grad:  # the scores do not depend on this layer's output at all
+        grads = torch.zeros((k, *leaf.shape), dtype=leaf.dtype, device=leaf.device)
+    else:
+        try:
+            (grads,) = torch.autograd.grad(picked, leaf, grad_outputs=grad_out, is_grads_batched=True, allow_unused=True, materialize_grads=True)
+        except RuntimeError:  # an op without a batching rule: one backward per class instead
+            grads = torch.stack([
+                torch.autograd.grad(picked, leaf, grad_outputs=grad_out[i], retain_graph=i < k - 1, allow_unused=True, materialize_grads=True)[0]
+                for i in range(k)
+            ])
+    with torch.no_grad():
+        act = to_nchw(leaf.detach(), layer.grid, reshape).float()  # B×C×h×w
+        g = to_nchw(grads, layer.grid, reshape).float().transpose(0, 1)  # B×K×C×h×w
+        a = act.unsqueeze(1)  # B×1×C×h×w
+        if method == "gradcam++":
+            g2, g3 = g.pow(2), g.pow(3)
+            denom = 2 * g2 + a.sum(dim=(-2, -1), keepdim=True) * g3
+            alpha = torch.where(denom != 0, g2 / torch.where(denom != 0, denom, torch.ones_like(denom)), torch.zeros_like(denom))
+            weights = (alpha * F.relu(g)).sum(dim=(-2, -1))
+        elif method == "gradcam":
+            weights = g.mean(dim=(-2, -1))  # B×K×C
+        else:
+            raise ValueError(f"unknown method {method!r}: use 'gradcam' or 'gradcam++'")
+        low = F.relu((weights[..., None, None] * a).sum(dim=2))  # B×K×h×w
+        size = output_hw or (int(low.shape[-2]), int(low.shape[-1]))
+        up = F.interpolate(low, size=size, mode="bilinear", align_corners=False)
+        zero = bool((g == 0).all())
+    note = ""
+    if zero:
+        note = (f"the scores do not depend on {layer.name}'s grid positions (gradient is zero), "
+                "e.g. a transformer layer after the last attention only feeds the class token")
+    maps = CamMaps(layer.name, layer.grid, up.cpu().numpy(), low.cpu().numpy(), zero, note)
+    return maps, classes.detach(), logits.detach()
+
+
+def probe(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], reshape: Reshape = None) -> LayerProbe:
+    """Spatial layers of ``model`` from one inference pass of nbdebug's own (buffers restored)."""
+    with LayerProbe(model, reshape=reshape) as pr, preserve_buffers(model), torch.no_grad():
+        model(*args, **kwargs)
+    return pr
+
+
+def pick_layer(layers: list[SpatialLayer], requested: str | None, describe: str = "") -> tuple[SpatialLayer, bool]:
+    """The requested layer (name or ``name#k``), or the auto choice (last spatial layer) and whether auto."""
+    candidates = [l for l in layers if l.module]
+    if not candidates:
+        raise LayerError(f"no layer has a spatial output (B×C×H×W, B×H×W×C or a token grid); outputs seen: {describe}")
+    if requested is None:
+        return candidates[-1], True
+    base, call = split_layer_name(requested)
+    hits = [l for l in candidates if l.name == requested] or [l for l in candidates if l.module == base and (call is None or l.call == call)]
+    if not hits:
+        names = [l.name for l in candidates]
+        import difflib
+
+        close = difflib.get_close_matches(requested, names, n=5, cutoff=0.4)
+        raise LayerError(
+            f"layer {requested!r} has no spatial output (or did not run); layers that qualify: "
+            + ", ".join((close or []) + [n for n in names[-8:] if n not in close])
+            + (f" (and {len(names)} in all)" if len(names) > 8 else "")
+        )
+    return hits[-1], False
+
+
+def fallback_layers(layers: list[SpatialLayer], failed: SpatialLayer, limit: int = 40) -> list[SpatialLayer]:
+    """Candidates to try when the auto layer's gradient is zero: earlier layers, norms of the same block first."""
+    earlier = [l for l in layers if l.module and l.order < failed.order][::-1][:limit]
+    norms = [l for l in earlier if l.is_norm]
+    return norms[:3] + [l for l in earlier if l not in norms[:3]]
+
+
+def grad_cam(
+    model: nn.Module,
+    args: Sequence[Any] | torch.Tensor,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    layer: str | None = None,
+    targets: Target = "topk",
+    topk: int = 5,
+    method: str = "gradcam",
+    class_names: Any = None,
+    reshape: Reshape = None,
+    probe_result: LayerProbe | None = None,
+) -> tuple[CamMaps, torch.Tensor, torch.Tensor, list[SpatialLayer], bool]:
+    """Grad-CAM of ``model`` called as ``model(*args, **kwargs)``; see :func:`compute_cams`.
+
+    Returns ``(maps, classes, logits, spatial_layers, auto)``. With ``layer=None`` the last layer with
+    a spatial output is used; if the scores do not depend on its grid (a ViT's final norm only
+    feeds the class token) earlier layers are tried, norms first, until one does.
+    """
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    kwargs = dict(kwargs or {})
+    pr = probe_result or probe(model, args, kwargs, reshape)
+    layers = pr.spatial()
+    chosen, auto = pick_layer(layers, layer, pr.describe_all())
+    img = find_image(args, kwargs)
+    out_hw = image_hw(img) if img is not None else None
+    name_of: Callable[[int], str] = str
+    if class_names is not None or getattr(getattr(model, "config", None), "id2label", None):
+        name_of = class_names_for(model, class_names, 0)
+    common = dict(targets=targets, topk=topk, method=method, reshape=reshape, output_hw=out_hw, name_of=name_of)
+    maps, classes, logits = compute_cams(model, args, kwargs, chosen, **common)  # type: ignore[arg-type]
+    if auto and maps.zero_grad:
+        for cand in fallback_layers(layers, chosen):
+            m2, c2, l2 = compute_cams(model, args, kwargs, cand, classes=classes, **common)  # type: ignore[arg-type]
+            if not m2.zero_grad:
+                m2.note = f"auto layer: {chosen.name} gave a zero gradient, so the last layer the scores depend on is used"
+                maps, chosen = m2, cand
+                break
+    return maps, classes, logits, layers, auto
+
+
+def infer_grid_for(model: nn.Module, shape: Sequence[int], input_hw: tuple[int, int] | None) -> GridInfo | None:
+    """:func:`infer_grid` with the patch grid of HF configs filled in."""
+    return infer_grid(shape, input_hw=input_hw, grid_hw=grid_from_config(model, input_hw))

@@ -1,0 +1,186 @@
+"""`%%nndebug`: run a cell under one or more nbdebug views and show them under it.
+
+Only wiring: options → a view's recorder (nbdebug/views.py) → run the cell → display the widget.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from typing import Any
+
+import traitlets
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from torch import nn
+
+from .api import Debug, parse_views
+from .capture.select import LayerNotFoundError
+from .views import VIEWS
+
+__all__ = ["NNDebugMagics"]
+
+RESULT_NAME = "_nndebug"
+WIDGET_NAME = "_nndebug_widget"
+
+
+def _nndebug_doc(fn: Any) -> Any:
+    """Apply the common arguments and every registered view's arguments (so `%%nndebug?` lists them)."""
+    for spec in reversed(list(VIEWS.values())):
+        for flags, kwargs in reversed(spec.arguments):
+            kw = dict(kwargs)
+            kw["help"] = f"[{spec.name}] {kw.get('help', '')}"
+            fn = argument(*flags, **kw)(fn)
+    fn = argument("--max-bytes", type=int, default=None, dest="max_bytes",
+                  help="budget for data kept beyond scalar stats (default: %%config NNDebugMagics.max_bytes, 256 MB)")(fn)
+    fn = argument("-o", "--output", default=None, metavar="VAR",
+                  help=f"store the captured data in VAR (always also in {RESULT_NAME}; the widget in {WIDGET_NAME})")(fn)
+    fn = argument("--layers", default=None, metavar="PATTERN",
+                  help="modules to capture: names, globs ('layer1.*'), 're:REGEX' or 'type:Conv2d', comma-separated; default: every leaf module")(fn)
+    fn = argument("--view", default=None,
+                  help="view(s), comma-separated: " + ", ".join(f"{n} ({s.help})" for n, s in VIEWS.items()))(fn)
+    fn = argument("model", help="the nn.Module to inspect: a name in the notebook (dotted paths allowed, e.g. trainer.model)")(fn)
+    return magic_arguments()(fn)
+
+
+@magics_class
+class NNDebugMagics(Magics):
+    """`%%nndebug MODEL [--view V] [--layers PATTERN] [-o VAR]`: debug a model while a cell runs.
+
+    Defaults are configurable, e.g. ``%config NNDebugMagics.default_view = "thermometer"``.
+    """
+
+    default_view = traitlets.Unicode("thermometer", help="view used when --view is not given").tag(config=True)
+    max_bytes = traitlets.Int(256 * 2**20, help="bytes kept beyond scalar stats (samples, histograms)").tag(config=True)
+    sample_size = traitlets.Int(4096, help="values sampled per layer for histograms").tag(config=True)
+    dead_threshold = traitlets.Float(0.99, help="fraction of exact zeros that makes an activation dead").tag(config=True)
+    vanishing = traitlets.Float(1e-7, help="gradient norm below which a layer is flagged vanishing").tag(config=True)
+    exploding = traitlets.Float(1e3, help="gradient norm above which a layer is flagged exploding").tag(config=True)
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        self._live: dict[str, list[Any]] = {}  # cell key → widgets shown by its last run
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _resolve_model(self, expr: str) -> nn.Module:
+        ns = self.shell.user_ns
+        head, *rest = expr.split(".")
+        if not head.isidentifier() or not all(p.isidentifier() for p in rest):
+            raise UsageError(f"%%nndebug: {expr!r} is not a variable name; pass the model's name, e.g. `%%nndebug model`.")
+        if head not in ns:
+            close = [k for k in ns if not k.startswith("_") and isinstance(ns[k], nn.Module)]
+            hint = f" Models in this notebook: {', '.join(close[:8])}." if close else " Define the model in an earlier cell."
+            raise UsageError(f"%%nndebug: no variable named {head!r}.{hint}")
+        obj = ns[head]
+        for i, part in enumerate(rest):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:
+                raise UsageError(f"%%nndebug: {'.'.join([head, *rest[:i]])} has no attribute {part!r}.") from None
+        if not isinstance(obj, nn.Module):
+            raise UsageError(f"%%nndebug: {expr} is a {type(obj).__name__}, not a torch.nn.Module; pass the model itself.")
+        return obj
+
+    @staticmethod
+    def _layer_filter(pattern: str | None) -> Any:
+        if not pattern:
+            return None
+        parts = [p.strip() for p in pattern.split(",") if p.strip()]
+        types = [p[5:] for p in parts if p.startswith("type:")]
+        names = [p for p in parts if not p.startswith("type:")]
+        if types and names:
+            raise UsageError("%%nndebug: --layers takes either names/patterns or type:NAME entries, not both.")
+        if types:
+            classes = []
+            for t in types:
+                cls = getattr(nn, t, None)
+                if not isinstance(cls, type):
+                    raise UsageError(f"%%nndebug: --layers type:{t}: torch.nn has no module type {t!r}.")
+                classes.append(cls)
+            return tuple(classes)
+        return names
+
+    def _cell_key(self, cell: str) -> str:
+        parent = getattr(getattr(self.shell, "kernel", None), "get_parent", lambda: {})()
+        cell_id = ((parent or {}).get("metadata") or {}).get("cellId")
+        return cell_id or hashlib.sha1(cell.encode()).hexdigest()
+
+    def _run(self, cell: str) -> Any:
+        """Execute the cell body like IPython would; return the value of a trailing expression."""
+        __tracebackhide__ = True  # tracebacks start at the user's code
+        shell = self.shell
+        source = shell.transform_cell(cell)
+        # Registered in linecache, so tracebacks show the cell's lines like a normal cell's.
+        filename = shell.compile.cache(source, shell.execution_count)
+        tree = shell.compile.ast_parse(source, filename=filename)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        ns = shell.user_ns
+        if tree.body:
+            exec(shell.compile(tree, filename, "exec"), ns)
+        if last is not None:
+            return eval(shell.compile(last, filename, "eval"), ns)
+        return None
+
+    # -- the magic --------------------------------------------------------------------------
+    @_nndebug_doc
+    @cell_magic
+    def nndebug(self, line: str, cell: str) -> Any:
+        """Run the cell, capturing what happens inside MODEL, and show the chosen view(s) under it.
+
+        Example::
+
+            %%nndebug model --view thermometer -o cap
+            loss = criterion(model(x), y); loss.backward()
+
+        The cell's own output and exceptions appear as without the magic; the widget is shown even
+        when the cell raises (it shows what ran up to the error), then the error propagates.
+        """
+        __tracebackhide__ = True
+        args = parse_argstring(self.nndebug, line)
+        model = self._resolve_model(args.model)
+        try:
+            views = parse_views(args.view or self.default_view)
+        except ValueError as exc:
+            raise UsageError(f"%%nndebug: {exc}") from None
+        options = {k: v for k, v in vars(args).items() if k not in ("model", "view", "output")}
+        options["layers"] = self._layer_filter(args.layers)
+        options["user_ns"] = self.shell.user_ns
+        for name in ("max_bytes", "sample_size", "dead_threshold", "vanishing", "exploding"):
+            if options.get(name) is None:
+                options[name] = getattr(self, name)
+        try:
+            dbg = Debug(model, views, **options)
+        except LayerNotFoundError as exc:
+            raise UsageError(f"%%nndebug --layers: {exc}") from None
+        except (ValueError, TypeError, KeyError) as exc:
+            raise UsageError(f"%%nndebug: {exc}") from None
+
+        key = self._cell_key(cell)
+        for old in self._live.pop(key, []):
+            old.close()  # the cell's previous widgets: free their comms and captured data
+        try:
+            with dbg:
+                value = self._run(cell)
+        finally:
+            self._show(dbg, key, args.output)
+        return value
+
+    def _show(self, dbg: Debug, key: str, output: str | None) -> None:
+        from IPython.display import display
+
+        try:
+            widgets = dbg.widgets()
+        except Exception as exc:  # a view that cannot build its widget must not hide the cell's error
+            print(f"nbdebug: could not build the view: {type(exc).__name__}: {exc}")
+            return
+        self._live[key] = widgets
+        ns = self.shell.user_ns
+        ns[RESULT_NAME] = dbg.result if len(widgets) == 1 else dbg.results
+        ns[WIDGET_NAME] = widgets[0] if len(widgets) == 1 else widgets
+        if output:
+            ns[output] = ns[RESULT_NAME]
+        for w in widgets:
+            display(w)

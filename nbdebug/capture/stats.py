@@ -86,14 +86,17 @@ def summarize(raw: np.ndarray) -> dict[str, np.ndarray]:
     Mean and std are over the finite values when NaN/Inf are present would be misleading, so they
     are reported as NaN then (the NaN/Inf counts say why).
     """
-    raw = np.asarray(raw, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        return _summarize(np.asarray(raw, dtype=np.float64))
+
+
+def _summarize(raw: np.ndarray) -> dict[str, np.ndarray]:
     n = raw[:, IDX["numel"]]
     safe_n = np.where(n > 0, n, np.nan)
     mean = raw[:, IDX["sum"]] / safe_n
     var = np.maximum(raw[:, IDX["sumsq"]] / safe_n - mean**2, 0.0)
     # Population -> sample variance, like torch.std's default (unbiased).
-    with np.errstate(invalid="ignore", divide="ignore"):
-        var = np.where(n > 1, var * n / (n - 1), np.nan)
+    var = np.where(n > 1, var * n / np.maximum(n - 1, 1), np.nan)
     return {
         "numel": n,
         "mean": mean,

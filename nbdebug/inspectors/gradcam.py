@@ -226,7 +226,8 @@ def compute_cams(
         classes = _resolve_targets(targets, logits, topk, name_of)
     classes = classes.to(logits.device)
     k = classes.shape[1]
-    picked = logits.gather(1, classes)  # B×K
+    with torch.enable_grad():  # the user's cell may run under no_grad
+        picked = logits.gather(1, classes)  # B×K
     eye = torch.eye(k, dtype=picked.dtype, device=picked.device)
     grad_out = eye[:, None, :].expand(k, picked.shape[0], k).contiguous()  # K×B×K one-hot per class
     if not picked.requires_grad:  # the scores do not depend on this layer's output at all

@@ -81,3 +81,61 @@ register(
         ),
     )
 )
+
+register(
+    ViewSpec(
+        name="attention",
+        help="attention heads: layers × heads grid with sink/entropy/previous-token metrics, a head's full matrix on click",
+        recorder="nbdebug.recorders.attention:AttentionRecorder",
+        arguments=(
+            (("--tokens",), dict(default=None, dest="tokens", metavar="VAR", help="variable holding the token strings (attention, logitlens)")),
+            (("--tokenizer",), dict(default=None, dest="tokenizer", metavar="VAR", help="variable holding the tokenizer that made the input ids (attention, logitlens)")),
+            (("--seq-index",), dict(type=int, default=0, dest="seq_index", metavar="I", help="batch item shown by attention/logitlens (default 0)")),
+        ),
+    )
+)
+
+register(
+    ViewSpec(
+        name="logitlens",
+        help="logit lens: every layer's residual through the model's final norm and unembedding (uses --tokenizer/--tokens too)",
+        recorder="nbdebug.recorders.logitlens:LogitLensRecorder",
+        arguments=(
+            (("--target-token",), dict(default=None, dest="target_token", metavar="TOKEN", help="token whose probability/rank is tracked (text, id or #id; default: the next input token)")),
+            (("--lens-topk",), dict(type=int, default=10, dest="lens_topk", metavar="K", help="top-k tokens kept per cell (default 10)")),
+        ),
+    )
+)
+
+
+register(
+    ViewSpec(
+        name="featuremaps",
+        help="every channel of a layer's spatial output as a tiled grid (CNNs, channels-last and ViT token grids)",
+        recorder="nbdebug.recorders.featuremaps:FeatureMapsRecorder",
+        arguments=(
+            (("--sample",), dict(type=int, default=None, dest="sample", help="which sample of the batch to show first (default 0; gradcam too)")),
+            (("--colormap",), dict(default=None, dest="colormap", help="(gradcam too) viridis, magma, inferno, plasma, gray, coolwarm, RdBu")),
+            (("--sort",), dict(default=None, dest="fm_sort", choices=["index", "mean", "max", "sparsity"], help="channel order (default index)")),
+            (("--norm",), dict(default=None, dest="fm_norm", choices=["channel", "shared"], help="contrast per channel or one scale for all (default channel)")),
+        ),
+    )
+)
+
+register(
+    ViewSpec(
+        name="gradcam",
+        help="Grad-CAM / Grad-CAM++ heatmaps over the input image for the top-k classes (CNNs and vision transformers)",
+        recorder="nbdebug.recorders.gradcam:GradCamRecorder",
+        arguments=(
+            (("--layer",), dict(default=None, dest="gradcam_layer", help="target layer (default: the last one with a spatial output the scores depend on); 'name#k' for the k-th call of a shared module")),
+            (("--target",), dict(default=None, dest="target", help="'topk' (default), a class index, a class name, or a comma-separated list")),
+            (("--topk",), dict(type=int, default=None, dest="cam_topk", help="how many top classes to explain at once (default 5)")),
+            (("--method",), dict(default=None, dest="cam_method", choices=["gradcam", "gradcam++"], help="CAM weighting (default gradcam)")),
+            (("--class-names",), dict(default=None, dest="class_names", metavar="VAR", help="a list/dict of class names in the notebook (default: model.config.id2label)")),
+            (("--image-mean",), dict(default=None, dest="image_mean", help="input normalisation mean, e.g. 0.485,0.456,0.406 (default: detected)")),
+            (("--image-std",), dict(default=None, dest="image_std", help="input normalisation std (default: detected)")),
+            (("--reshape",), dict(default=None, dest="reshape", help="layout of the layer output: nchw, nhwc, tokens, tokens:K or tokens:K:HxW (default: detected)")),
+        ),
+    )
+)

@@ -346,11 +346,23 @@ class LayerProbe:
     >>> [l.name for l in probe.spatial()]      # doctest: +SKIP
     """
 
-    def __init__(self, model: torch.nn.Module, *, keep: Callable[[str], bool] | None = None, reshape: Reshape = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        keep: Callable[[str], bool] | None = None,
+        reshape: Reshape = None,
+        max_samples: int = 16,
+        max_bytes: int = 1 << 30,
+    ) -> None:
         from ..capture import HookSet
 
         self.model = model
         self.keep = keep
+        self.max_samples = max_samples
+        self.max_bytes = max_bytes
+        self.kept_bytes = 0
+        self.dropped: list[str] = []
         self.reshape = reshape
         self.records: list[tuple[str, int, tuple[int, ...], str]] = []
         self.tensors: dict[tuple[str, int], torch.Tensor] = {}
@@ -378,8 +390,15 @@ class LayerProbe:
             if t is None:
                 return
             self.records.append((name, call, tuple(t.shape), kind))
-            if self.keep is not None and self.keep(name) and t.dim() >= 3:
-                self.tensors[(name, call)] = t.detach()
+            if self.keep is not None and t.dim() >= 3 and t.is_floating_point() and self.keep(name):
+                # A copy: in-place ops later in the forward (ReLU(inplace=True)) would change a reference.
+                kept = t.detach()[: self.max_samples]
+                size = kept.numel() * kept.element_size()
+                if self.kept_bytes + size > self.max_bytes:
+                    self.dropped.append(name)
+                    return
+                self.kept_bytes += size
+                self.tensors[(name, call)] = kept.clone()
 
         return hook
 

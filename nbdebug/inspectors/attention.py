@@ -38,6 +38,7 @@ UNIFORM_THRESHOLD = 0.95
 THUMB = 64
 
 _SEP = {"[SEP]", "</s>", "<|endoftext|>", "<eos>", "<|im_end|>", "<|eot_id|>"}
+_BOS = {"[CLS]", "<s>", "<|endoftext|>", "<bos>", "<|begin_of_text|>", "<|im_start|>", "<|startoftext|>"}
 _MARKERS = str.maketrans({"Ġ": "␣", "▁": "␣", "Ċ": "↵", "\n": "↵", "ĉ": "⇥", "\t": "⇥", "\r": "␍", "č": "␍"})
 
 
@@ -215,7 +216,7 @@ def build_result(
         flags |= (metrics["norm_entropy"] > UNIFORM_THRESHOLD).astype(np.uint8) * 4
     thumbs = torch.stack([lay["thumb"] for lay in layers]).numpy()
     n = L * H
-    first_label = tokens[0] if tokens else "the first token"
+    first_label = tokens[0] if tokens and tokens[0] in _BOS else "the first token"
     parts = [f"{int((flags & 1).astype(bool).sum())} of {n} heads put > 50% on {first_label}"]
     if sep:
         parts.append(f"{int((flags & 2).astype(bool).sum())} on {tokens[sep[-1]]}")

@@ -174,7 +174,9 @@ def _run_with_leaf(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, A
 
     The output is replaced by ``leaf.clone()`` so in-place ops downstream cannot touch the leaf.
     For the last call of a module that runs several times every call gets its own leaf (the last
-    one is returned); only the graph after each leaf is built.
+    one is returned); only the graph after each leaf is built. Call it inside
+    ``preserve_buffers``/``no_param_grads``/``enable_grad`` and backward before leaving them
+    (restoring buffers bumps their version, which a pending backward would refuse).
     """
     target = model.get_submodule(module)
     leaves: list[torch.Tensor] = []
@@ -193,12 +195,30 @@ def _run_with_leaf(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, A
 
         return _swap_first(out, swap)
 
-    with HookSet() as hooks, preserve_buffers(model), no_param_grads(model), torch.enable_grad():
+    with HookSet() as hooks:
         hooks.forward(target, hook)
         output = model(*args, **kwargs)
     if not leaves:
         raise LayerError(f"layer {module!r} did not run (call {call}) in the forward pass")
     return output, leaves[-1]
+
+
+def _class_grads(picked: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
+    """K×(leaf shape): gradient of each column of ``picked`` (B×K) w.r.t. ``leaf``, one batched backward."""
+    k = picked.shape[1]
+    if not picked.requires_grad:  # the scores do not depend on this layer's output at all
+        return torch.zeros((k, *leaf.shape), dtype=leaf.dtype, device=leaf.device)
+    eye = torch.eye(k, dtype=picked.dtype, device=picked.device)
+    grad_out = eye[:, None, :].expand(k, picked.shape[0], k).contiguous()  # one-hot per class
+    try:
+        return torch.autograd.grad(picked, leaf, grad_outputs=grad_out, is_grads_batched=True,
+                                   allow_unused=True, materialize_grads=True, retain_graph=True)[0]
+    except RuntimeError:  # an op without a batching rule: one backward per class instead
+        return torch.stack([
+            torch.autograd.grad(picked, leaf, grad_outputs=grad_out[i], retain_graph=i < k - 1,
+                                allow_unused=True, materialize_grads=True)[0]
+            for i in range(k)
+        ])
 
 
 def compute_cams(
@@ -220,26 +240,14 @@ def compute_cams(
     One forward (graph from the layer on) and one batched backward for all K classes.
     """
     call = layer.call if layer.calls > 1 else None
-    output, leaf = _run_with_leaf(model, args, kwargs, layer.module, call)
-    logits = logits_of(output)
-    if classes is None:
-        classes = _resolve_targets(targets, logits, topk, name_of)
-    classes = classes.to(logits.device)
-    k = classes.shape[1]
-    with torch.enable_grad():  # the user's cell may run under no_grad
-        picked = logits.gather(1, classes)  # B×K
-    eye = torch.eye(k, dtype=picked.dtype, device=picked.device)
-    grad_out = eye[:, None, :].expand(k, picked.shape[0], k).contiguous()  # K×B×K one-hot per class
-    if not picked.requires_grad:  # the scores do not depend on this layer's output at all
-        grads = torch.zeros((k, *leaf.shape), dtype=leaf.dtype, device=leaf.device)
-    else:
-        try:
-            (grads,) = torch.autograd.grad(picked, leaf, grad_outputs=grad_out, is_grads_batched=True, allow_unused=True, materialize_grads=True)
-        except RuntimeError:  # an op without a batching rule: one backward per class instead
-            grads = torch.stack([
-                torch.autograd.grad(picked, leaf, grad_outputs=grad_out[i], retain_graph=i < k - 1, allow_unused=True, materialize_grads=True)[0]
-                for i in range(k)
-            ])
+    with preserve_buffers(model), no_param_grads(model), torch.enable_grad():
+        output, leaf = _run_with_leaf(model, args, kwargs, layer.module, call)
+        logits = logits_of(output)
+        if classes is None:
+            classes = _resolve_targets(targets, logits, topk, name_of)
+        classes = classes.to(logits.device)
+        grads = _class_grads(logits.gather(1, classes), leaf)
+        logits = logits.detach()
     with torch.no_grad():
         act = to_nchw(leaf.detach(), layer.grid, reshape).float()  # B×C×h×w
         g = to_nchw(grads, layer.grid, reshape).float().transpose(0, 1)  # B×K×C×h×w
@@ -253,7 +261,7 @@ def compute_cams(
             weights = g.mean(dim=(-2, -1))  # B×K×C
         else:
             raise ValueError(f"unknown method {method!r}: use 'gradcam' or 'gradcam++'")
-        low = F.relu((weights[..., None, None] * a).sum(dim=2))  # B×K×h×w
+        low = F.relu(torch.einsum("bkc,bchw->bkhw", weights, act))  # B×K×h×w
         size = output_hw or (int(low.shape[-2]), int(low.shape[-1]))
         up = F.interpolate(low, size=size, mode="bilinear", align_corners=False)
         zero = bool((g == 0).all())

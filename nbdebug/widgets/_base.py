@@ -15,6 +15,7 @@ method decorated with :func:`rpc` answers with plain JSON plus named binary arra
 from __future__ import annotations
 
 import html
+import os
 import pathlib
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -43,7 +44,9 @@ def rpc(method: str) -> Callable[[Handler], Handler]:
 def _esm_for(name: str) -> pathlib.Path | str:
     path = STATIC / f"{name}.js"
     if path.exists():
-        return path
+        # A path is watched by anywidget for hot reload, but every widget then stays referenced by
+        # the file watcher's signal forever: only do that in the dev loop (ANYWIDGET_HMR=1).
+        return path if os.environ.get("ANYWIDGET_HMR") else path.read_text(encoding="utf-8")
     # A source checkout without `npm run build`: say what to do instead of rendering nothing.
     msg = f"nbdebug: front-end bundle {path.name} is missing; run `make js` (or `cd js && npm run build`)."
     return (
@@ -80,6 +83,13 @@ class NBWidget(anywidget.AnyWidget):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.on_msg(self._handle_request)
+
+    def close(self) -> None:
+        """Close the widget and its Layout child (ipywidgets leaves the Layout's comm open)."""
+        layout = self._trait_values.get("layout")
+        super().close()
+        if layout is not None:
+            layout.close()
 
     # -- on-demand fetch -------------------------------------------------------------------
     def handle_request(self, method: str, params: dict[str, Any]) -> tuple[dict, list]:

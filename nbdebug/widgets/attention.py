@@ -1,0 +1,143 @@
+"""The attention-head viewer: a layers × heads grid of thumbnails and metrics; heads fetched on click.
+
+>>> w = AttentionWidget(result)                  # doctest: +SKIP
+>>> w.selected = [[3, 7]]                        # doctest: +SKIP  (opens layer 3, head 7)
+>>> head_view(out.attentions, tokens)            # doctest: +SKIP  (BertViz-style, one-line switch)
+
+Synced up front: tokens, names, the summary, uint8 thumbnails ``(L, H, s, s)`` and the metric table
+(float32, binary). A head's full ``T × T`` matrix crosses only when clicked (``head`` request, uint8
+sqrt-encoded).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import traitlets
+
+from ..inspectors.attention import METRICS, AttentionResult, from_attentions, quantize_head
+from ._base import NBWidget, rpc
+from ._transport import encode_array
+
+__all__ = ["AttentionWidget", "head_view", "model_view"]
+
+
+class AttentionWidget(NBWidget):
+    """Per-head attention overview and on-demand detail.
+
+    Traits: ``tokens`` (readable labels), ``raw_tokens``, ``layer_names``, ``n_layers``, ``n_heads``,
+    ``seq_len``, ``thumbs`` (binary uint8), ``metrics`` (binary float32 ``(M, L, H)``),
+    ``metric_names``, ``flags`` (binary uint8 ``(L, H)``), ``summary``, ``path``, ``notes``,
+    ``causal``. UI state synced both ways: ``selected`` (list of ``[layer, head]``), ``metric``,
+    ``token_range`` (``[start, end)`` shown in the detail).
+    """
+
+    _view_name_ = "attention"
+
+    tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    raw_tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    layer_names = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    n_layers = traitlets.Int(0).tag(sync=True)
+    n_heads = traitlets.Int(0).tag(sync=True)
+    seq_len = traitlets.Int(0).tag(sync=True)
+    thumbs = traitlets.Dict().tag(sync=True)
+    metrics = traitlets.Dict().tag(sync=True)
+    metric_names = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    flags = traitlets.Dict().tag(sync=True)
+    summary = traitlets.Unicode("").tag(sync=True)
+    path = traitlets.Unicode("").tag(sync=True)
+    notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    causal = traitlets.Bool(False).tag(sync=True)
+    #: heads shown in the detail panel, as [layer, head] pairs (the first is the matrix)
+    selected = traitlets.List().tag(sync=True)
+    #: metric printed under each thumbnail
+    metric = traitlets.Unicode("first_mass").tag(sync=True)
+    #: [start, end) token range of the detail view ([] = automatic)
+    token_range = traitlets.List().tag(sync=True)
+
+    def __init__(self, result: AttentionResult, **kwargs: Any) -> None:
+        self.result = result
+        L, H, T = result.shape
+        super().__init__(
+            tokens=result.display or list(result.tokens),
+            raw_tokens=list(result.tokens),
+            layer_names=list(result.layer_names),
+            n_layers=L,
+            n_heads=H,
+            seq_len=T,
+            thumbs=encode_array(result.thumbs),
+            metrics=encode_array(result.metric_array()),
+            metric_names=list(METRICS),
+            flags=encode_array(result.flags),
+            summary=result.summary,
+            path=result.path,
+            notes=list(result.notes),
+            causal=result.causal,
+            **kwargs,
+        )
+
+    @traitlets.validate("selected")
+    def _check_selected(self, proposal: Any) -> list[list[int]]:
+        L, H, _ = self.result.shape
+        out = []
+        for pair in proposal["value"]:
+            layer, head = (int(x) for x in pair)
+            if not (0 <= layer < L and 0 <= head < H):
+                raise traitlets.TraitError(f"no head [{layer}, {head}] (model has {L} layers × {H} heads)")
+            out.append([layer, head])
+        return out
+
+    @rpc("head")
+    def _head(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        L, H, T = self.result.shape
+        layer, head = int(params.get("layer", 0)), int(params.get("head", 0))
+        if not (0 <= layer < L and 0 <= head < H):
+            raise IndexError(f"no head [{layer}, {head}]")
+        m = {name: float(self.result.metrics[name][layer, head]) for name in METRICS}
+        return (
+            {"layer": layer, "head": head, "encoding": "sqrt", "metrics": m, "name": self.result.layer_names[layer]},
+            {"attn": quantize_head(self.result.attention[layer, head])},
+        )
+
+    def fallback_html(self) -> str:
+        L, H, T = self.result.shape
+        return (
+            f"<div><b>nbdebug attention</b>: {L} layers × {H} heads × {T} tokens — "
+            f"{html.escape(self.result.summary)} <i>(path: {html.escape(self.result.path)})</i></div>"
+        )
+
+    def __repr__(self) -> str:
+        L, H, T = self.result.shape
+        return f"AttentionWidget({L} layers × {H} heads × {T} tokens; {self.result.summary})"
+
+
+def head_view(
+    attention: Sequence[torch.Tensor] | torch.Tensor | np.ndarray,
+    tokens: Sequence[str] | None = None,
+    *,
+    layer: int | None = None,
+    heads: Sequence[int] | None = None,
+    **_ignored: Any,
+) -> AttentionWidget:
+    """Drop-in for ``bertviz.head_view(attention, tokens)``: the same arguments, an nbdebug widget.
+
+    ``layer``/``heads`` preselect heads for the detail panel. BertViz options without a meaning
+    here (``html_action``, ``include_layers``...) are accepted and ignored.
+    """
+    w = AttentionWidget(from_attentions(attention, tokens))
+    if layer is not None:
+        w.selected = [[layer, h] for h in (heads if heads is not None else [0])]
+    return w
+
+
+def model_view(
+    attention: Sequence[torch.Tensor] | torch.Tensor | np.ndarray,
+    tokens: Sequence[str] | None = None,
+    **_ignored: Any,
+) -> AttentionWidget:
+    """Drop-in for ``bertviz.model_view(attention, tokens)``: the layers × heads overview."""
+    return AttentionWidget(from_attentions(attention, tokens))

@@ -1,0 +1,111 @@
+"""The thermometer widget without a browser: binary state, on-demand histograms, safe fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from ipywidgets.widgets.widget import _remove_buffers
+from torch import nn
+
+from nbdebug.capture.session import Capture
+from nbdebug.inspectors.thermometer import COLUMNS
+from nbdebug.widgets._transport import decode_array, encode_array
+from nbdebug.widgets.thermometer import ThermometerWidget
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+def make_widget(**capture_kw) -> tuple[ThermometerWidget, nn.Module]:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 16), nn.ReLU())
+    m.add_module(HOSTILE, nn.Identity())
+    with Capture(m, **capture_kw) as cap:
+        m(torch.randn(64, 4)).sum().backward()
+    return ThermometerWidget.from_capture(cap.result), m
+
+
+def test_encode_decode_roundtrip_and_dtypes() -> None:
+    for arr, wire in [
+        (np.arange(6, dtype=np.float64).reshape(2, 3), "float32"),
+        (np.array([1, -2], dtype=np.int64), "int32"),
+        (np.array([True, False]), "uint8"),
+        (torch.tensor([1.5, 2.5], dtype=torch.bfloat16), "float32"),
+        (torch.arange(4.0, requires_grad=True) * 2, "float32"),
+        (np.zeros((0, 3), dtype=np.float32), "float32"),
+    ]:
+        enc = encode_array(arr)
+        assert enc["dtype"] == wire
+        back = decode_array(enc)
+        ref = arr.detach().float().numpy() if isinstance(arr, torch.Tensor) else arr
+        np.testing.assert_array_equal(back, np.asarray(ref).astype(wire))
+    with pytest.raises(OverflowError):
+        encode_array(np.array([2**40]))
+    with pytest.raises(TypeError):
+        encode_array(np.array(["a"]))
+
+
+def test_state_is_binary_and_small() -> None:
+    w, _ = make_widget()
+    state, paths, buffers = _remove_buffers(w.get_state())
+    assert ["stats", "view"] in paths  # the stats table travels as one binary buffer
+    stats = decode_array(w.stats)
+    assert stats.shape == (3, len(COLUMNS)) and stats.dtype == np.float32
+    assert w.columns == list(COLUMNS)
+    np.testing.assert_allclose(stats[:, COLUMNS.index("mean")], w.report.column("mean").astype(np.float32))
+    # No per-layer samples or histograms in the synced state: only names, stats, diagnoses.
+    assert sum(len(bytes(b)) for b in buffers) == 3 * len(COLUMNS) * 4
+    assert [layer["name"] for layer in w.layers] == ["0", "1", HOSTILE]
+
+
+def test_histogram_fetch_on_demand_matches_numpy() -> None:
+    w, m = make_widget(sample_size=100_000)
+    body, buffers = w.handle_request("histogram", {"row": 1})
+    res = body["result"]
+    assert res["exact"] and res["total"] == 64 * 16 and res["name"] == "1"
+    counts = np.frombuffer(bytes(buffers[body["arrays"]["counts"]["buffer"]]), dtype=np.float32)
+    edges = np.frombuffer(bytes(buffers[body["arrays"]["edges"]["buffer"]]), dtype=np.float32)
+    assert counts.shape == (32,) and edges.shape == (33,)
+    assert counts.sum() == 64 * 16
+    sample = w.capture.layers[1].sample
+    ref, ref_edges = np.histogram(sample, bins=32, range=(sample.min(), sample.max()))
+    np.testing.assert_array_equal(counts, ref)
+    np.testing.assert_allclose(edges, ref_edges, rtol=1e-6)
+    with pytest.raises(IndexError):
+        w.handle_request("histogram", {"row": 99})
+    with pytest.raises(KeyError, match="unknown request"):
+        w.handle_request("nope", {})
+
+
+def test_exact_histograms_when_requested() -> None:
+    w, _ = make_widget(histograms=True, sample_size=16)
+    body, buffers = w.handle_request("histogram", {"row": 0})
+    assert body["result"]["exact"] and body["result"]["sampled"] == 64 * 16
+    counts = np.frombuffer(bytes(buffers[0]), dtype=np.float32)
+    assert counts.sum() == 64 * 16
+
+
+def test_request_errors_go_back_as_data() -> None:
+    w, _ = make_widget()
+    sent: list[tuple] = []
+    w.send = lambda content, buffers=None: sent.append((content, buffers))  # type: ignore[method-assign]
+    w._handle_request(w, {"type": "request", "id": "a", "method": "histogram", "params": {"row": 7}}, [])
+    assert sent[0][0]["ok"] is False and "IndexError" in sent[0][0]["error"] and sent[0][0]["id"] == "a"
+    w._handle_request(w, {"type": "request", "id": "b", "method": "histogram", "params": {"row": 0}}, [])
+    assert sent[1][0]["ok"] is True and len(sent[1][1]) == 2
+
+
+def test_fallback_escapes_model_text_and_repr_is_cheap() -> None:
+    w, _ = make_widget()
+    html = w.fallback_html()
+    assert HOSTILE not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert repr(w).startswith("ThermometerWidget(") and len(repr(w)) < 200
+    bundle, _ = w._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle and bundle["text/html"] == html
+
+
+def test_selected_is_validated() -> None:
+    w, _ = make_widget()
+    w.selected = "1"
+    with pytest.raises(Exception, match="no row named"):
+        w.selected = "nope"

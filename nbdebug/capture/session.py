@@ -281,11 +281,9 @@ class Capture:
     def _finish(self) -> CaptureResult:
         calls = self._calls
         n_f = len(FIELDS)
-        if calls:
-            raws = torch.stack([c.raw.to("cpu", non_blocking=False) if c.raw is not None else torch.full((n_f,), math.nan, dtype=torch.float64) for c in calls]).numpy()
-        else:
-            raws = np.zeros((0, n_f))
-        grads = {i: c.grad_stats.cpu().numpy() for i, c in enumerate(calls) if c.grad_stats is not None}
+        raws = _to_host([c.raw for c in calls], n_f)
+        g_idx = [i for i, c in enumerate(calls) if c.grad_stats is not None]
+        grads = dict(zip(g_idx, _to_host([calls[i].grad_stats for i in g_idx], n_f)))
         # Rows: one per key, in order of first appearance.
         row_of: dict[str, int] = {}
         members: list[list[int]] = []
@@ -385,9 +383,27 @@ class Capture:
         )
 
 
-def _merge_dev(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Combine two raw stat vectors on the device (gradient accumulated over several backwards)."""
+def _merge_dev(a: Any, b: Any) -> Any:
+    """Combine two raw stat vectors (numpy or device tensors) of one tensor's gradient."""
     out = a + b
-    out[IDX["min"]] = torch.minimum(a[IDX["min"]], b[IDX["min"]])
-    out[IDX["max"]] = torch.maximum(a[IDX["max"]], b[IDX["max"]])
+    lib = np if isinstance(a, np.ndarray) else torch
+    out[IDX["min"]] = lib.minimum(a[IDX["min"]], b[IDX["min"]])
+    out[IDX["max"]] = lib.maximum(a[IDX["max"]], b[IDX["max"]])
+    return out
+
+
+def _to_host(raws: list[Any], width: int) -> np.ndarray:
+    """Stack raw stat vectors: CPU ones are numpy already, device ones cross in one transfer each device."""
+    if not raws:
+        return np.zeros((0, width))
+    out = np.full((len(raws), width), np.nan)
+    dev = [i for i, r in enumerate(raws) if isinstance(r, torch.Tensor)]
+    for i, r in enumerate(raws):
+        if isinstance(r, np.ndarray):
+            out[i] = r
+    by_device: dict[torch.device, list[int]] = {}
+    for i in dev:
+        by_device.setdefault(raws[i].device, []).append(i)
+    for idxs in by_device.values():
+        out[idxs] = torch.stack([raws[i] for i in idxs]).cpu().numpy()  # the one sync per device
     return out

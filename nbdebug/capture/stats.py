@@ -41,42 +41,54 @@ def _float_view(t: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1)
 
 
+def _count_nonzero(x: torch.Tensor) -> torch.Tensor:
+    """Exact count of values != 0 (so -0.0 counts as zero, NaN as non-zero).
+
+    Counting on the bit pattern with the sign bit masked is ~20× faster on the CPU than
+    ``count_nonzero`` on floats, which is not vectorised there.
+    """
+    if x.dtype == torch.float32:
+        return torch.count_nonzero(torch.bitwise_and(x.view(torch.int32), 0x7FFFFFFF))
+    if x.dtype == torch.float64:
+        return torch.count_nonzero(torch.bitwise_and(x.view(torch.int64), 0x7FFFFFFFFFFFFFFF))
+    return torch.count_nonzero(x)
+
+
 def tensor_stats(
     t: torch.Tensor, *, saturation: tuple[float, float] | None = None, sat_eps: float = 1e-3
-) -> torch.Tensor:
-    """Raw stat vector of ``t`` (on ``t``'s device, float64; see :data:`FIELDS`).
+) -> torch.Tensor | np.ndarray:
+    """Raw stat vector of ``t`` laid out as :data:`FIELDS`.
 
+    On the CPU the result is a float64 numpy array (reading a CPU scalar is free); elsewhere it is
+    a float64 tensor on ``t``'s device, to be brought to the host once for the whole capture.
     ``saturation=(lo, hi)`` also counts values within ``sat_eps`` of either bound into ``extra``.
     """
     x = _float_view(t)
-    dev = x.device
     n = x.numel()
     if n == 0:
-        out = torch.zeros(N_FIELDS, dtype=torch.float64, device=dev)
-        out[IDX["min"]] = math.nan
-        out[IDX["max"]] = math.nan
+        out = np.zeros(N_FIELDS)
+        out[IDX["min"]] = out[IDX["max"]] = math.nan
         return out
     s = x.sum()
     ss = torch.dot(x, x)
     mn, mx = torch.aminmax(x)
-    nz = torch.count_nonzero(x)
-    parts = [s, ss, mn, mx, nz]
-    if dev.type == "cpu":
-        # Free on the CPU: reading two scalars. Exact counts only when something is non-finite.
-        if math.isfinite(mn.item()) and math.isfinite(mx.item()):
-            nan = inf = torch.zeros((), device=dev)
-        else:
-            nan, inf = torch.isnan(x).sum(), torch.isinf(x).sum()
-    else:
-        nan, inf = torch.isnan(x).sum(), torch.isinf(x).sum()
-    parts += [nan, inf]
+    nz = _count_nonzero(x)
+    extra = None
     if saturation is not None:
         lo, hi = saturation
         extra = torch.count_nonzero(x <= lo + sat_eps) + torch.count_nonzero(x >= hi - sat_eps)
-    else:
-        extra = torch.zeros((), device=dev)
-    parts.append(extra)
-    head = torch.tensor([float(n)], dtype=torch.float64, device=dev)
+    if x.device.type == "cpu":
+        mn_f, mx_f = mn.item(), mx.item()
+        nan = inf = 0
+        if not (math.isfinite(mn_f) and math.isfinite(mx_f)):  # exact counts only when needed
+            nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+        return np.array(
+            [n, s.item(), ss.item(), mn_f, mx_f, nz.item(), nan, inf, 0 if extra is None else extra.item()],
+            dtype=np.float64,
+        )
+    zero = torch.zeros((), device=x.device)
+    parts = [s, ss, mn, mx, nz, torch.isnan(x).sum(), torch.isinf(x).sum(), zero if extra is None else extra]
+    head = torch.full((1,), float(n), dtype=torch.float64, device=x.device)
     return torch.cat([head, torch.stack([p.to(torch.float64) for p in parts])])
 
 

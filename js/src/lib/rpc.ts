@@ -54,7 +54,13 @@ export function rpc<R = any>(
           reject(new Error(`nbdebug: answer to ${method} lacks buffer ${m.buffer}`));
           return;
         }
-        arrays[name] = decode({ view: buf, dtype: m.dtype, shape: m.shape });
+        try {
+          arrays[name] = decode({ view: buf, dtype: m.dtype, shape: m.shape });
+        } catch (err) {
+          // A malformed answer must reject, not throw inside the message handler and hang.
+          reject(err instanceof Error ? err : new Error(String(err)));
+          return;
+        }
       }
       resolve({ result: msg.result, arrays });
     }

@@ -1,0 +1,122 @@
+// The detail panel of the selected layer: every statistic, plus a 32-bin histogram fetched on
+// demand with rpc(model, "histogram", {row}) and drawn on <canvas class="nbdebug-histogram">.
+import { fmt, fmtInt, h, replaceChildren } from "../lib/dom";
+import { rpc, type AnyModel } from "../lib/rpc";
+import type { StatTable } from "./rows";
+
+export interface HistogramResult {
+  name: string;
+  min: number;
+  max: number;
+  total: number;
+  sampled: number;
+  exact: boolean;
+}
+
+const CSS_W = 360;
+const CSS_H = 120;
+
+/** Draw `counts` as filled bars; returns false when the canvas has no 2D context. */
+export function drawHistogram(canvas: HTMLCanvasElement, counts: ArrayLike<number>, edges: ArrayLike<number>, color: string): boolean {
+  const dpr = Math.max(1, Math.min(3, (typeof window !== "undefined" && window.devicePixelRatio) || 1));
+  canvas.width = Math.round(CSS_W * dpr);
+  canvas.height = Math.round(CSS_H * dpr);
+  const ctx = canvas.getContext("2d");
+  if (!ctx) return false;
+  const W = canvas.width;
+  const H = canvas.height;
+  ctx.clearRect(0, 0, W, H);
+  let peak = 0;
+  for (let i = 0; i < counts.length; i++) if (counts[i] > peak) peak = counts[i];
+  const n = counts.length;
+  if (n === 0 || peak <= 0) return true;
+  const bw = W / n;
+  ctx.fillStyle = color;
+  for (let i = 0; i < n; i++) {
+    const c = counts[i];
+    if (!(c > 0)) continue;
+    // Non-empty bins get at least 2 device pixels so rare values stay visible.
+    const bh = Math.max(2, (c / peak) * (H - 2));
+    ctx.fillRect(i * bw + 0.5, H - bh, Math.max(1, bw - 1), bh);
+  }
+  // Mark zero when it lies inside the edges.
+  const lo = edges[0];
+  const hi = edges[edges.length - 1];
+  if (lo < 0 && hi > 0) {
+    ctx.fillStyle = "rgba(127,127,127,0.8)";
+    ctx.fillRect(Math.round(((0 - lo) / (hi - lo)) * W), 0, Math.max(1, Math.round(dpr)), H);
+  }
+  return true;
+}
+
+const SHOWN = ["mean", "std", "min", "max", "zero_frac", "near_zero_frac", "nan", "inf", "numel", "grad_norm", "grad_mean", "grad_std", "grad_min", "grad_max", "param_grad_norm"];
+
+function statsTable(stats: StatTable, row: number, columns: string[]): HTMLElement {
+  const cols = [...SHOWN.filter((c) => columns.includes(c)), ...columns.filter((c) => !SHOWN.includes(c))];
+  const body = cols
+    .filter((c) => !Number.isNaN(stats.get(row, c)))
+    .map((c) => {
+      const v = stats.get(row, c);
+      const text = c === "numel" || c.endsWith("nan") || c.endsWith("inf") ? fmtInt(v) : fmt(v);
+      return h("tr", {}, [h("td", { text: c }), h("td", { text, title: String(v) })]);
+    });
+  return h("table", { class: "nbd-stats" }, [h("tbody", {}, body)]);
+}
+
+/** Controls the detail panel; `show(row)` fetches and draws, ignoring answers to stale requests. */
+export class DetailPanel {
+  readonly el: HTMLElement;
+  private seq = 0;
+
+  constructor(private model: AnyModel, private accent: () => string) {
+    this.el = h("div", { class: "nbd-detail" });
+  }
+
+  clear(): void {
+    this.seq++;
+    replaceChildren(this.el, []);
+    this.el.removeAttribute("data-histogram");
+  }
+
+  async show(row: number, name: string, stats: StatTable, columns: string[]): Promise<void> {
+    const seq = ++this.seq;
+    const canvas = h("canvas", { class: "nbdebug-histogram", attrs: { width: CSS_W, height: CSS_H } });
+    const lo = h("span", { text: "" });
+    const hi = h("span", { text: "" });
+    const note = h("div", { class: "nbd-hist-note", text: "loading histogram…" });
+    const box = h("div", { class: "nbd-hist-box" }, [canvas, h("div", { class: "nbd-hist-axis" }, [lo, hi]), note]);
+    replaceChildren(this.el, [
+      h("div", { class: "nbd-detail-title" }, ["layer ", h("code", { text: name })]),
+      box,
+      statsTable(stats, row, columns),
+    ]);
+    this.el.setAttribute("data-histogram", "loading");
+    try {
+      const { result, arrays } = await rpc<HistogramResult>(this.model, "histogram", { row });
+      if (seq !== this.seq) return;
+      const counts = arrays.counts?.data;
+      const edges = arrays.edges?.data;
+      if (!counts || !edges) throw new Error("nbdebug: histogram answer lacks counts or edges");
+      drawHistogram(canvas, counts, edges, this.accent());
+      lo.textContent = fmt(result.min);
+      hi.textContent = fmt(result.max);
+      const total = Number(result.total);
+      note.textContent = result.exact
+        ? `exact: all ${fmtInt(total)} values`
+        : `sample of ${fmtInt(Number(result.sampled))} of ${fmtInt(total)} values`;
+      this.el.setAttribute("data-histogram", "ready");
+    } catch (err) {
+      if (seq !== this.seq) return;
+      const msg = err instanceof Error ? err.message : String(err);
+      note.className = "nbd-error";
+      note.textContent = `histogram failed: ${msg}`;
+      this.el.setAttribute("data-histogram", "error");
+      try {
+        this.model.set("js_error", `histogram of ${name}: ${msg}`);
+        this.model.save_changes();
+      } catch {
+        /* the model may be gone */
+      }
+    }
+  }
+}

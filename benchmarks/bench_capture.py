@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import ResNet18, gpt2_small, interleaved, peak_extra_bytes, table  # noqa: E402
+from common import ResNet18, exact_rss_env, gpt2_small, interleaved, peak_extra_bytes, table  # noqa: E402
 
 from nbdebug.capture import HookSet, select_modules  # noqa: E402
 from nbdebug.capture.session import Capture  # noqa: E402
@@ -112,6 +112,7 @@ def bench(name: str, model: nn.Module, make_input, rounds: int) -> list[tuple[st
 
 
 def main() -> None:
+    exact_rss_env()
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="small inputs, to check the script runs")

@@ -172,29 +172,33 @@ def diagnose(result: CaptureResult, thresholds: Thresholds | None = None) -> The
                                    f"`{r.name}` ({r.type}) has {sat:.1%} of its outputs within 1e-3 of its bounds: saturated, gradients vanish there.",
                                    SUGGEST["saturated"]))
 
-    # Gradient magnitudes.
+    # Gradient magnitudes: a layer's parameter-gradient norm where it has one (what the optimiser
+    # sees), else the norm of the gradient w.r.t. its output; exploding if either is too large.
     gn = table[:, COLUMNS.index("grad_norm")]
-    have = [i for i in range(n) if np.isfinite(gn[i])]
+    pn = table[:, COLUMNS.index("param_grad_norm")]
+    have = [i for i in range(n) if np.isfinite(gn[i]) or np.isfinite(pn[i])]
     any_dead = any("dead" in f for f in flags)
     for i in have:
-        if gn[i] > th.exploding:
+        size = pn[i] if np.isfinite(pn[i]) else gn[i]
+        if np.nanmax([gn[i], pn[i]]) > th.exploding:
             flags[i].append("exploding")
-        elif gn[i] < th.vanishing and not (gn[i] == 0 and any_dead):
+        elif size < th.vanishing and not (size == 0 and any_dead):
             # An exactly-zero gradient behind dead units is the dead diagnosis, not a second one.
             flags[i].append("vanishing")
     explo = [rows[i].name for i in have if "exploding" in flags[i]]
     vani = [rows[i].name for i in have if "vanishing" in flags[i]]
     if explo:
         diags.append(Diagnosis("exploding", "error", explo[0],
-                               f"gradient norm above {th.exploding:g} in {_plural(len(explo), 'layer')} (largest {np.nanmax(gn):.3g}, first at `{explo[0]}`).",
+                               f"gradient norm above {th.exploding:g} in {_plural(len(explo), 'layer')} (largest {np.nanmax(np.r_[gn, pn]):.3g}, first at `{explo[0]}`).",
                                SUGGEST["exploding"]))
     if vani:
         diags.append(Diagnosis("vanishing", "warning", vani[0],
                                f"gradient norm below {th.vanishing:g} in {_plural(len(vani), 'layer')} (first at `{vani[0]}`).",
                                SUGGEST["vanishing"]))
     ratio = None
-    if len(have) >= 2:
-        first, last = gn[have[0]], gn[have[-1]]
+    act = [i for i in range(n) if np.isfinite(gn[i])]
+    if len(act) >= 2:
+        first, last = gn[act[0]], gn[act[-1]]
         if last > 0 and np.isfinite(first) and np.isfinite(last) and not (first == 0 and any_dead):
             ratio = float(first / last)
             if ratio < th.ratio:

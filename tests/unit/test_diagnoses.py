@@ -11,6 +11,7 @@ from nbdebug.inspectors.thermometer import Thresholds, diagnose
 
 
 def run(model: nn.Module, x: torch.Tensor, backward: bool = True, **kw):  # type: ignore[no-untyped-def]
+    model.zero_grad(set_to_none=True)  # .grad accumulates: each run starts clean, like a training step
     with Capture(model) as cap:
         y = model(x)
         if backward:
@@ -102,16 +103,21 @@ def test_backward_only_nan_origin_is_named_separately() -> None:
 
 
 def test_exploding_and_vanishing_thresholds() -> None:
-    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    # By hand: x = 1, h0 = W0·x = 4, out = W1·h0; d(sum out)/d out = 1, d/d h0 = W1ᵀ1 = 4e4 each.
+    # Activation-gradient norms: layer 1: 2, layer 0: 8e4. Parameter-gradient norms:
+    # dW1 = 1 ⊗ h0 (all 4): 16; dW0 = (W1ᵀ1) ⊗ x (all 4e4): 1.6e5.
+    m = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False))
     with torch.no_grad():
         m[0].weight.fill_(1.0)
         m[1].weight.fill_(1e4)
     rep = run(m, torch.ones(1, 4))
-    gn = rep.column("grad_norm")
-    assert gn[1] == pytest.approx(2.0) and gn[0] == pytest.approx(2 * 4e4, rel=1e-5)  # |W1ᵀ·1| = 2 · (4·1e4)
+    assert rep.column("grad_norm")[1] == pytest.approx(2.0)
+    assert rep.column("grad_norm")[0] == pytest.approx(8e4, rel=1e-5)
+    assert rep.column("param_grad_norm")[1] == pytest.approx(16.0)
+    assert rep.column("param_grad_norm")[0] == pytest.approx(1.6e5, rel=1e-5)
     assert rep.flagged("exploding") == ["0"]
     assert rep.grad_ratio == pytest.approx(4e4)
-    rep2 = run(m, torch.ones(1, 4), thresholds=Thresholds(exploding=1e6, vanishing=3.0))
+    rep2 = run(m, torch.ones(1, 4), thresholds=Thresholds(exploding=1e6, vanishing=20.0))
     assert rep2.flagged("exploding") == [] and rep2.flagged("vanishing") == ["1"]
     with torch.no_grad():
         m[1].weight.fill_(1e-6)

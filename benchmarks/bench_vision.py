@@ -1,0 +1,241 @@
+"""Vision views: Grad-CAM cost vs an inference forward pass and vs captum; feature-grid payload.
+
+Run: ``python benchmarks/bench_vision.py [--reps N]``. Prints tables; every ratio is measured in
+this one process with the runs interleaved (the machine may be shared, so medians of N rounds).
+
+Grad-CAM: a ResNet-18-shaped model (defined here, random init, no torchvision), eval mode,
+224×224, target layer ``layer4``; nbdebug's cost is one forward (graph only after the layer) and
+one batched backward through the head; captum's LayerGradCam builds the full graph (parameters
+require grad) and needs one call per class. pytorch-grad-cam is not measured: ``pip install
+grad-cam`` would pull torchvision, opencv and a different torch (checked with ``--dry-run``).
+
+Peak memory: the rise of the process's peak RSS (VmHWM, reset through /proc/self/clear_refs)
+during one call, with glibc's mmap threshold fixed so freed tensors leave the RSS (the script
+re-executes itself with ``MALLOC_MMAP_THRESHOLD_=65536``).
+
+Feature grid: ResNet-18 layer1 output (64×56×56, one sample): nbdebug's kernel-side preparation
+(channel stats + per-channel uint8 + message packing) and payload vs a matplotlib 8×8 subplot grid
+saved as PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and sys.platform.startswith("linux"):
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
+import torch
+from torch import nn
+
+from nbdebug.adapters.vision import LayerProbe
+from nbdebug.inspectors.featuremaps import encode_page
+from nbdebug.inspectors.gradcam import compute_cams
+from nbdebug.widgets._transport import pack_arrays
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.down is None else self.down(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += identity
+        return self.relu(out)
+
+
+class ResNet18Shaped(nn.Module):
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.layer1 = nn.Sequential(BasicBlock(64, 64), BasicBlock(64, 64))
+        self.layer2 = nn.Sequential(BasicBlock(64, 128, 2), BasicBlock(128, 128))
+        self.layer3 = nn.Sequential(BasicBlock(128, 256, 2), BasicBlock(256, 256))
+        self.layer4 = nn.Sequential(BasicBlock(256, 512, 2), BasicBlock(512, 512))
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def _status() -> dict[str, int]:
+    text = open("/proc/self/status").read()
+    return {k: int(re.search(k + r":\s+(\d+)", text).group(1)) * 1024 for k in ("VmRSS", "VmHWM")}  # type: ignore[union-attr]
+
+
+def peak_mb(fn: Callable[[], object]) -> float:
+    """Rise of the peak RSS during ``fn()`` in MB (Linux only; NaN elsewhere)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return float("nan")
+    base = _status()["VmRSS"]
+    fn()
+    return (_status()["VmHWM"] - base) / 2**20
+
+
+def interleaved(fns: dict[str, Callable[[], object]], reps: int, cpu: dict[str, float] | None = None) -> dict[str, float]:
+    """Median wall seconds per call of each function, runs interleaved round by round.
+
+    ``cpu`` (if given) receives the median process CPU seconds per call: less sensitive than wall
+    time to other processes competing for the cores.
+    """
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    cpus: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():  # warm-up
+        fn()
+    for _ in range(reps):
+        for name, fn in fns.items():
+            c = time.process_time()
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+            cpus[name].append(time.process_time() - c)
+    if cpu is not None:
+        cpu.update({k: statistics.median(v) for k, v in cpus.items()})
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def bench_gradcam(reps: int) -> None:
+    from captum.attr import LayerAttribution, LayerGradCam
+
+    torch.manual_seed(0)
+    model = ResNet18Shaped().eval()
+    print("\nGrad-CAM on ResNet-18-shaped (random init), layer4, 224×224, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {reps} interleaved rounds")
+    header = f"{'batch':>5} {'method':<38} {'wall ms':>9} {'× fwd':>6} {'cpu ms':>9} {'× fwd':>6} {'peak MB':>8} {'× fwd':>6}"
+    print(header)
+    print("-" * len(header))
+    for batch in (1, 8):
+        x = torch.randn(batch, 3, 224, 224)
+        with LayerProbe(model) as probe, torch.no_grad():
+            model(x)
+        layer4 = next(lay for lay in probe.spatial() if lay.name == "layer4")
+        lgc = LayerGradCam(model, model.layer4)
+        with torch.no_grad():
+            top5 = model(x).topk(5, dim=1).indices
+
+        def forward(x: torch.Tensor = x) -> object:
+            with torch.no_grad():
+                return model(x)
+
+        def captum(k: int, x: torch.Tensor = x, top5: torch.Tensor = top5, lgc: LayerGradCam = lgc) -> Callable[[], object]:
+            def run() -> object:
+                out = []
+                for i in range(k):
+                    a = lgc.attribute(x, target=top5[:, i].tolist(), relu_attributions=True)
+                    out.append(LayerAttribution.interpolate(a, (224, 224), "bilinear"))
+                return out
+            return run
+
+        fns: dict[str, Callable[[], object]] = {
+            "inference forward (no_grad)": forward,
+            "nbdebug Grad-CAM, 1 class": lambda x=x, layer4=layer4: compute_cams(model, (x,), {}, layer4, topk=1, output_hw=(224, 224)),
+            "nbdebug Grad-CAM, top-5 at once": lambda x=x, layer4=layer4: compute_cams(model, (x,), {}, layer4, topk=5, output_hw=(224, 224)),
+            "captum LayerGradCam, 1 class": captum(1),
+            "captum LayerGradCam, top-5 (5 calls)": captum(5),
+        }
+        cpu: dict[str, float] = {}
+        t = interleaved(fns, reps if batch == 1 else max(3, reps // 3), cpu)
+        mem = {k: statistics.median(peak_mb(fn) for _ in range(3)) for k, fn in fns.items()}
+        model.zero_grad(set_to_none=True)  # captum leaves nothing, but be sure
+        fwd = "inference forward (no_grad)"
+        for name in fns:
+            print(f"{batch:>5} {name:<38} {t[name] * 1e3:>9.1f} {t[name] / t[fwd]:>6.2f} {cpu[name] * 1e3:>9.1f} "
+                  f"{cpu[name] / cpu[fwd]:>6.2f} {mem[name]:>8.1f} {mem[name] / mem[fwd]:>6.2f}")
+
+
+def bench_featuregrid(reps: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    torch.manual_seed(0)
+    model = ResNet18Shaped().eval()
+    store: dict[str, torch.Tensor] = {}
+    handle = model.layer1.register_forward_hook(lambda m, i, o: store.__setitem__("a", o.detach()))
+    try:
+        with torch.no_grad():
+            model(torch.randn(1, 3, 224, 224))
+    finally:
+        handle.remove()
+    maps = store["a"][0]  # 64×56×56
+
+    def nbdebug_prep() -> int:
+        page = encode_page(maps)
+        st, ch = page.stats, page.channels
+        _, buffers = pack_arrays({}, {"pixels": page.pixels, "channels": ch, "lo": st.lo[ch], "hi": st.hi[ch],
+                                      "mean": st.mean[ch], "sparsity": st.sparsity[ch], "dead": st.dead[ch].astype("uint8")})
+        return sum(len(b) for b in buffers)
+
+    def matplotlib_grid() -> int:
+        fig, axes = plt.subplots(8, 8, figsize=(8, 8))
+        for i, ax in enumerate(axes.flat):
+            ax.imshow(maps[i].numpy(), cmap="viridis")
+            ax.axis("off")
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        plt.close(fig)
+        return buf.tell()
+
+    def forward() -> object:
+        with torch.no_grad():
+            return model(torch.randn(1, 3, 224, 224))
+
+    t = interleaved({"forward": forward, "nbdebug": nbdebug_prep, "matplotlib": matplotlib_grid}, max(3, reps // 2))
+    nb_bytes, mpl_bytes = nbdebug_prep(), matplotlib_grid()
+    samples = []
+    for _ in range(200):
+        s = time.perf_counter()
+        nbdebug_prep()
+        samples.append(time.perf_counter() - s)
+    pixels = maps.numel()
+    print("\nFeature grid of ResNet-18 layer1 (64×56×56, 1 sample)")
+    header = f"{'method':<42} {'ms':>8} {'bytes':>9} {'bytes/pixel':>12} {'× forward':>10}"
+    print(header)
+    print("-" * len(header))
+    print(f"{'nbdebug stats + uint8 + packing (median)':<42} {statistics.median(samples) * 1e3:>8.2f} {nb_bytes:>9} {nb_bytes / pixels:>12.3f} {statistics.median(samples) / t['forward']:>10.3f}")
+    print(f"{'  (best of 200)':<42} {min(samples) * 1e3:>8.2f}")
+    print(f"{'matplotlib 8×8 subplots → PNG':<42} {t['matplotlib'] * 1e3:>8.1f} {mpl_bytes:>9} {mpl_bytes / pixels:>12.3f} {t['matplotlib'] / t['forward']:>10.2f}")
+    print(f"{'(inference forward, batch 1)':<42} {t['forward'] * 1e3:>8.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--only", choices=["gradcam", "featuregrid"], default=None)
+    args = ap.parse_args()
+    if args.only in (None, "featuregrid"):
+        bench_featuregrid(args.reps)
+    if args.only in (None, "gradcam"):
+        bench_gradcam(args.reps)
+
+
+if __name__ == "__main__":
+    main()

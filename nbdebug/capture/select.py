@@ -23,9 +23,7 @@ from torch import nn
 
 __all__ = ["LayerFilter", "LayerNotFoundError", "select_modules"]
 
-LayerFilter = Union[
-    None, str, Sequence[str], Callable[[str], bool], type, tuple[type, ...]
-]
+LayerFilter = Union[None, str, Sequence[str], Callable[[str], bool], type, tuple[type, ...]]  # noqa: UP007 (runtime alias on 3.10)
 
 
 class LayerNotFoundError(KeyError):
@@ -71,7 +69,8 @@ def select_modules(
         isinstance(layers, tuple) and layers and all(isinstance(t, type) for t in layers)
     ):
         types = layers
-        chosen = [(n, m) for n, m in (named if leaves_only is False else named) if isinstance(m, types)]  # type: ignore[arg-type]
+        # Types match any module (a type names what it wants: 'every BasicBlock' is a fair ask).
+        chosen = [(n, m) for n, m in named if isinstance(m, types)]  # type: ignore[arg-type]
         if not chosen:
             raise LayerNotFoundError(f"no module of type {types!r} in {type(model).__name__}")
         return chosen

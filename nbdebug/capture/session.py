@@ -91,7 +91,7 @@ class CaptureResult:
 class _Call:
     """One recorded tensor leaf of one module call (device tensors until the final sync)."""
 
-    __slots__ = ("dtype", "grad_order", "grad_stats", "input_calls", "input_checks", "key", "module", "raw", "sample", "shape", "hist", "type")
+    __slots__ = ("dtype", "grad_order", "grad_stats", "hist", "input_calls", "input_checks", "key", "module", "raw", "sample", "shape", "type")
 
     def __init__(self, key: str, module: str, type_: str, shape: tuple[int, ...], dtype: str) -> None:
         self.key, self.module, self.type, self.shape, self.dtype = key, module, type_, shape, dtype

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["encode_array", "decode_array", "pack_arrays"]
+__all__ = ["decode_array", "encode_array", "pack_arrays"]
 
 # dtypes JS has typed arrays for; others are converted on the way out.
 _WIRE = {

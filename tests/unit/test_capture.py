@@ -142,7 +142,7 @@ def test_selection_filters() -> None:
     assert names(nn.Conv2d) == ["features.0", "features.2"]
     assert names(lambda n: n.endswith("1")) == ["features.1"]
     assert names("features") == ["features"]  # exact names may be containers
-    with pytest.raises(LayerNotFoundError, match="Did you mean: features.1"):
+    with pytest.raises(LayerNotFoundError, match=r"Did you mean: features\.1"):
         select_modules(m, "feature.1")
     with pytest.raises(LayerNotFoundError, match="matches no"):
         select_modules(m, "nothing.*")

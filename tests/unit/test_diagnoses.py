@@ -41,7 +41,7 @@ def test_healthy_model_has_no_flags() -> None:
 def test_dead_relu_is_flagged_and_only_it() -> None:
     rep = run(small_cnn(dead_bias=-10.0), torch.randn(4, 3, 8, 8))
     assert rep.flagged("dead") == ["3"]  # the ReLU after the conv with bias -10; not the pool after it
-    d = [d for d in rep.diagnoses if d.code == "dead"][0]
+    d = next(d for d in rep.diagnoses if d.code == "dead")
     assert "100.0% exact zeros" in d.message and "Kaiming" in d.suggestion
     assert "1 dead layer (3)" in rep.summary
     # Gradients stop at the dead layer: exactly zero upstream, which is not a second "vanishing" finding.
@@ -83,7 +83,7 @@ def test_forward_nan_origin_is_first_layer_with_finite_inputs() -> None:
 def test_nan_already_in_input_is_not_blamed_on_a_layer() -> None:
     m = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     rep = run(m, torch.tensor([[float("nan"), 1.0]]), backward=False)
-    d = [d for d in rep.diagnoses if d.code == "nan_origin_fwd"][0]
+    d = next(d for d in rep.diagnoses if d.code == "nan_origin_fwd")
     assert d.layer == "0" and "input was already non-finite" in d.message
 
 

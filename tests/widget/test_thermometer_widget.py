@@ -47,7 +47,7 @@ def test_encode_decode_roundtrip_and_dtypes() -> None:
 
 def test_state_is_binary_and_small() -> None:
     w, _ = make_widget()
-    state, paths, buffers = _remove_buffers(w.get_state())
+    _state, paths, buffers = _remove_buffers(w.get_state())
     assert ["stats", "view"] in paths  # the stats table travels as one binary buffer
     stats = decode_array(w.stats)
     assert stats.shape == (3, len(COLUMNS)) and stats.dtype == np.float32
@@ -59,7 +59,7 @@ def test_state_is_binary_and_small() -> None:
 
 
 def test_histogram_fetch_on_demand_matches_numpy() -> None:
-    w, m = make_widget(sample_size=100_000)
+    w, _ = make_widget(sample_size=100_000)
     body, buffers = w.handle_request("histogram", {"row": 1})
     res = body["result"]
     assert res["exact"] and res["total"] == 64 * 16 and res["name"] == "1"

@@ -1,0 +1,119 @@
+"""The harness itself, proven on a tiny anywidget (no nbdebug front-end needed).
+
+The probe draws an exact 10×10 red square on a transparent 20×20 canvas and counts clicks in a
+synced trait, so the canvas count, the widget wait and the UI→kernel round trip all have exact
+expected values.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from . import harness
+from .harness import (
+    canvas_nonblank,
+    open_and_run,
+    run_code_and_wait_text,
+    screenshot,
+    wait_widget,
+    write_notebook,
+)
+
+pytestmark = pytest.mark.browser
+
+PROBE = '''
+import anywidget, traitlets
+
+class Probe(anywidget.AnyWidget):
+    _esm = """
+    export default { render({ model, el }) {
+        const root = document.createElement('div');
+        root.className = 'nbdebug-probe';
+        const c = document.createElement('canvas');
+        c.width = 20; c.height = 20;
+        const g = c.getContext('2d');
+        g.fillStyle = '#ff0000'; g.fillRect(0, 0, 10, 10);
+        const b = document.createElement('button');
+        b.className = 'probe-button';
+        b.textContent = model.get('label');
+        b.addEventListener('click', () => {
+            model.set('clicks', model.get('clicks') + 1);
+            model.save_changes();
+        });
+        root.append(c, b);
+        el.appendChild(root);
+        root.dataset.ready = '1';
+    } };
+    """
+    clicks = traitlets.Int(0).tag(sync=True)
+    label = traitlets.Unicode("").tag(sync=True)
+
+probe = Probe(label="<img src=x onerror=window.__pwned=1>")
+probe
+'''
+
+
+def _probe_round_trip(page, server, name: str) -> None:
+    write_notebook(server.root, name, [PROBE])
+    open_and_run(page, server, name)
+    root = wait_widget(page, "probe")
+    # Exactly the 10×10 red square differs from the transparent background.
+    assert canvas_nonblank(page, ".nbdebug-probe canvas") == 100
+    assert canvas_nonblank(page, ".nbdebug-probe canvas", background=(255, 0, 0, 255)) == 300
+    button = root.locator("button.probe-button")
+    assert button.text_content() == "<img src=x onerror=window.__pwned=1>"
+    button.click()
+    button.click()
+    run_code_and_wait_text(page, "print('clicks', probe.clicks)", "clicks 2")
+    screenshot(page, f"harness-{server.app}")
+
+
+def test_harness_lab(page, lab) -> None:
+    _probe_round_trip(page, lab, "probe_lab")
+    assert page.evaluate("window.__pwned") is None
+
+
+def test_harness_notebook7(page, nb7) -> None:
+    _probe_round_trip(page, nb7, "probe_nb7")
+
+
+def test_cell_errors_surface_with_traceback(page, lab) -> None:
+    write_notebook(lab.root, "raises", ["x = 1", "raise ValueError('boom ' + str(x))"])
+    with pytest.raises(AssertionError, match="ValueError: boom 1"):
+        open_and_run(page, lab, "raises")
+
+
+def test_missing_chromium_fails_in_ci(monkeypatch) -> None:
+    monkeypatch.setattr(harness, "CHROMIUM", "/nonexistent/chromium")
+    from .conftest import _require_chromium
+
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception):
+        _require_chromium()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        _require_chromium()
+
+
+def test_page_errors_are_caught(browser) -> None:
+    context = browser.new_context()
+    try:
+        pg = context.new_page()
+        lab_errors = harness.PageErrors(pg, "lab")
+        nb_errors = harness.PageErrors(pg, "notebook")
+        pg.set_content(
+            '<script>setTimeout(() => { throw new TypeError("Cannot read properties of'
+            " undefined (reading 'schema')\"); });"
+            "setTimeout(() => { throw new Error('kaboom'); }, 10);</script>"
+        )
+        for _ in range(200):  # wait (at most 10 s) on the condition: both errors reported
+            if len(lab_errors.errors) == 2:
+                break
+            pg.wait_for_timeout(50)
+        assert len(lab_errors.errors) == 2
+        with pytest.raises(AssertionError, match="kaboom"):
+            lab_errors.check()
+        # Notebook 7's known error is allowed, the other one is not.
+        assert nb_errors.unexpected() == ["Error: kaboom"]
+    finally:
+        context.close()

@@ -154,16 +154,22 @@ class Capture:
         self._passes += 1
         self._occurrence.clear()
 
-    def _input_call_ids(self, args: tuple[Any, ...], kwargs: dict[str, Any], call: _Call) -> None:
+    def _link_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any], call: _Call, check: bool) -> None:
+        """Link a call to the captured calls that produced its inputs (by tensor identity).
+
+        Inputs not produced by a captured call are checked for NaN/Inf only when ``check`` (the
+        output was non-finite, or the device cannot tell without a sync): that check is what
+        separates "this layer made the NaN" from "the NaN came in with the input".
+        """
         for _, t in tensor_leaves((args, kwargs)):
-            if not (t.is_floating_point() or t.is_complex()):
+            if not t.is_floating_point():
                 continue
             hit = self._by_tensor.get(id(t))
             if hit is not None and hit[0]() is t:
                 if hit[1] not in call.input_calls:
                     call.input_calls.append(hit[1])
-            elif t.numel():
-                mn, mx = torch.aminmax(t.detach().reshape(-1).float() if t.dtype not in (torch.float32, torch.float64) else t.detach().reshape(-1))
+            elif check and t.numel():
+                mn, mx = torch.aminmax(t.detach().float() if t.dtype not in (torch.float32, torch.float64) else t.detach())
                 call.input_checks.append(torch.stack([mn.double(), mx.double()]))
 
     def _keep(self, nbytes: int) -> bool:
@@ -196,19 +202,21 @@ class Capture:
             k = self._occurrence.get(name, 0)
             self._occurrence[name] = k + 1
             suffix = f"#{k + 1}" if k else ""
-            inputs_done = False
-            first: _Call | None = None
+            new: list[tuple[_Call, torch.Tensor]] = []
             for leaf_name, t in tensor_leaves(output, name):
                 if t.is_complex():
                     continue
                 call = _Call(leaf_name + suffix, name, type_name, tuple(t.shape), str(t.dtype).replace("torch.", ""))
                 call.raw = tensor_stats(t, saturation=saturation)
-                if not inputs_done:  # inputs belong to the module call: attach them to its first leaf
-                    self._input_call_ids(args, kwargs, call)
-                    inputs_done = True
-                    first = call
-                else:
-                    call.input_calls = first.input_calls if first else []
+                new.append((call, t))
+            if not new:
+                return
+            # The module's inputs belong to its first leaf; later leaves share the links.
+            check = any(not isinstance(c.raw, np.ndarray) or c.raw[IDX["nan"]] + c.raw[IDX["inf"]] > 0 for c, _ in new)
+            self._link_inputs(args, kwargs, new[0][0], check)
+            for call, t in new:
+                if call is not new[0][0]:
+                    call.input_calls = new[0][0].input_calls
                 if self._passes <= 1:  # samples/histograms describe the first forward pass
                     call.sample = self._sample(t)
                     if self.histograms and t.numel() and self._keep(self.bins * 8):

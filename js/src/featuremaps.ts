@@ -45,6 +45,7 @@ const CSS = `
 .nbdebug-featuremaps { font: 12px/1.4 var(--jp-ui-font-family, system-ui, sans-serif); color: var(--jp-ui-font-color1, #222); }
 .nbdebug-featuremaps .nbd-controls { display: flex; flex-wrap: wrap; gap: 10px; align-items: center; margin-bottom: 6px; }
 .nbdebug-featuremaps select, .nbdebug-featuremaps button { font: inherit; }
+.nbdebug-featuremaps select.nbd-layer { max-width: 360px; }
 .nbdebug-featuremaps .nbd-info { color: var(--jp-ui-font-color2, #555); margin: 2px 0 6px; min-height: 1.4em; }
 .nbdebug-featuremaps .nbd-grid { display: flex; flex-wrap: wrap; gap: 3px; max-height: 560px; overflow: auto; }
 .nbdebug-featuremaps .nbd-tile { position: relative; cursor: pointer; border: 2px solid transparent; line-height: 0; }

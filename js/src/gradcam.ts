@@ -36,6 +36,7 @@ const CSS = `
 .nbdebug-gradcam { font: 12px/1.4 var(--jp-ui-font-family, system-ui, sans-serif); color: var(--jp-ui-font-color1, #222); }
 .nbdebug-gradcam .nbd-controls { display: flex; flex-wrap: wrap; gap: 10px; align-items: center; margin-bottom: 6px; }
 .nbdebug-gradcam select, .nbdebug-gradcam input { font: inherit; }
+.nbdebug-gradcam select.nbd-layer, .nbdebug-gradcam select.nbd-class { max-width: 320px; }
 .nbdebug-gradcam .nbd-stage { display: flex; gap: 8px; align-items: flex-start; }
 .nbdebug-gradcam canvas.nbd-overlay { image-rendering: auto; max-width: 100%; border: 1px solid var(--jp-border-color1, #ccc); }
 .nbdebug-gradcam .nbd-bar { display: flex; gap: 4px; }
@@ -180,8 +181,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     if (canvas.width !== v.width || canvas.height !== v.height) {
       canvas.width = v.width;
       canvas.height = v.height;
-      const s = Math.min(2, 448 / Math.max(v.width, v.height), 448 / v.height);
+      // Small inputs are scaled up, large ones down: at most 448 px wide and 320 px tall.
+      const s = Math.min(448 / v.width, 320 / v.height);
       canvas.style.width = `${Math.round(v.width * s)}px`;
+      canvas.style.height = `${Math.round(v.height * s)}px`;
     }
     const ctx = canvas.getContext("2d");
     const cmap = String(model.get("colormap") ?? "inferno");
@@ -196,7 +199,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     info.textContent = `${String(model.get("method"))} on ${v.info.layer}${auto} · ${v.info.grid} (${v.info.low_hw.join("×")}) · ` +
       (c ? `class ${c.name} #${c.index}: score ${fmt(c.score)}, p ${fmtPct(c.prob)} · ` : "") + `CAM max ${fmt(v.peak[k])}`;
     warn.textContent = v.info.zero_grad ? v.info.note : "";
-    const barCanvas = h("canvas", { attrs: { width: 1, height: 256 }, style: { width: "12px", height: "200px" } });
+    const barHeight = canvas.style.height || "200px";
+    const barCanvas = h("canvas", { attrs: { width: 1, height: 256 }, style: { width: "12px", height: barHeight } });
     const bctx = barCanvas.getContext("2d");
     if (bctx) {
       const im = bctx.createImageData(1, 256);
@@ -204,7 +208,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       for (let y = 0; y < 256; y++) for (let q = 0; q < 4; q++) im.data[y * 4 + q] = table[(255 - y) * 4 + q];
       bctx.putImageData(im, 0, 0);
     }
-    replaceChildren(bar, [barCanvas, h("div", { class: "nbd-ticks", style: { height: "200px" } }, [h("span", { text: fmt(v.peak[k]) }), h("span", { text: "0" })])]);
+    replaceChildren(bar, [barCanvas, h("div", { class: "nbd-ticks", style: { height: barHeight } }, [h("span", { text: fmt(v.peak[k]) }), h("span", { text: "0" })])]);
   }
 
   const onOpacity = () => {

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,8 +34,10 @@ __all__ = [
 ]
 
 #: Escape hatch for layouts the heuristics get wrong: "nchw", "nhwc", "tokens", "tokens:K"
-#: (K leading extra tokens), "tokens:K:HxW", or a callable ``tensor -> B×C×H×W`` tensor.
-Reshape = Union[str, Callable[[torch.Tensor], torch.Tensor], None]
+#: (K leading extra tokens), "tokens:K:HxW", or a callable turning the layer output into
+#: ``…×C×H×W``; it is applied to the activations (``B×…``) and to the gradient stack (``K×B×…``),
+#: so it should only touch the trailing dims (e.g. ``lambda t: t.transpose(-1, -2).unflatten(-1, (14, 14))``).
+Reshape = str | Callable[[torch.Tensor], torch.Tensor] | None
 
 _MAX_EXTRA_TOKENS = 16
 
@@ -103,7 +105,7 @@ def infer_grid(
     if isinstance(reshape, str):
         return _forced(shape, reshape, input_hw, grid_hw)
     if len(shape) == 4:
-        b, d1, d2, d3 = shape
+        _, d1, d2, d3 = shape
         if d2 == d3 and d1 != d2:
             layout = "nchw"
         elif d1 == d2 and d3 != d2:
@@ -118,7 +120,7 @@ def infer_grid(
         h, w, c = (d2, d3, d1) if layout == "nchw" else (d1, d2, d3)
         return GridInfo(layout, h, w, c) if h * w > 1 else None
     if len(shape) == 3 and (input_hw is not None or grid_hw is not None):
-        b, n, c = shape
+        _, n, c = shape
         found = _token_grid(n, input_hw, grid_hw)
         if found is None:
             return None
@@ -141,7 +143,7 @@ def _forced(shape: tuple[int, ...], spec: str, input_hw: tuple[int, int] | None,
         n, c = shape[1], shape[2]
         if len(parts) >= 3:
             h, w = (int(v) for v in parts[2].lower().split("x"))
-            extra = n - h * w
+            extra = int(parts[1]) if parts[1] else n - h * w
         else:
             found = _token_grid(n - int(parts[1]), input_hw, grid_hw) if len(parts) == 2 else _token_grid(n, input_hw, grid_hw)
             if found is None:
@@ -210,8 +212,9 @@ def image_hw(x: torch.Tensor) -> tuple[int, int]:
 
 
 _CONVENTIONS: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...] = (
+    # x = (pixel - mean) / std with pixel in 0–1
     ("0–1", (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
-    ("0–255", (0.0, 0.0, 0.0), (255.0, 255.0, 255.0)),
+    ("0–255", (0.0, 0.0, 0.0), (1 / 255, 1 / 255, 1 / 255)),
     ("mean=std=0.5 (−1–1)", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     ("ImageNet mean/std", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
     ("CLIP mean/std", (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
@@ -219,31 +222,26 @@ _CONVENTIONS: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...] = (
 
 
 def detect_normalisation(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...], str] | None:
-    """Guess ``(mean, std, name)`` with ``x = (pixel - mean) / std``, pixels in 0–1 (or 0–255).
+    """Guess ``(mean, std, name)`` with ``x = (pixel - mean) / std`` and pixels in 0–1.
 
     Tries the common conventions in order (0–1, 0–255, ±1, ImageNet, CLIP) and picks the first
-    under which every channel's values fall inside the valid pixel range and the range is used
+    under which every channel's values fall inside 0–1 (2% slack) and use a good part of it
     (span ≥ 0.3). None when none fits (the caller then min-max scales).
     """
     x = x.detach().float()
-    chans = x.shape[1] if image_layout(x) == "nchw" else x.shape[-1]
-    dims = [d for d in range(x.dim()) if d != (1 if image_layout(x) == "nchw" else x.dim() - 1)]
+    cdim = 1 if image_layout(x) == "nchw" else x.dim() - 1
+    chans = x.shape[cdim]
+    dims = [d for d in range(x.dim()) if d != cdim]
     lo = x.amin(dim=dims).cpu().tolist()
     hi = x.amax(dim=dims).cpu().tolist()
     tol = 0.02
     for name, mean, std in _CONVENTIONS:
-        m = (mean * 3)[:chans] if chans != 3 else mean
-        s = (std * 3)[:chans] if chans != 3 else std
-        top = 255.0 if name == "0–255" else 1.0
+        m = [mean[c % 3] for c in range(chans)]
+        s = [std[c % 3] for c in range(chans)]
         pix_lo = [lo[c] * s[c] + m[c] for c in range(chans)]
         pix_hi = [hi[c] * s[c] + m[c] for c in range(chans)]
-        if all(p >= -tol * top for p in pix_lo) and all(p <= top * (1 + tol) for p in pix_hi):
-            span = max(h - l for h, l in zip(pix_hi, pix_lo)) / top
-            if name == "0–255" and max(pix_hi) <= 1.0 + tol:
-                continue
-            if span >= 0.3:
-                scale = 255.0 if name == "0–255" else 1.0
-                return tuple(v / scale for v in m), tuple(v / scale for v in s), name
+        if min(pix_lo) >= -tol and max(pix_hi) <= 1 + tol and max(h - lo_ for h, lo_ in zip(pix_hi, pix_lo, strict=True)) >= 0.3:
+            return tuple(m), tuple(s), name
     return None
 
 
@@ -284,8 +282,8 @@ def image_for_display(
         if found is not None:
             m_, s_, name = found
             c = x.shape[1]
-            mt = torch.tensor((m_ * 3)[:c] if len(m_) < c else m_[:c], dtype=torch.float32)
-            st = torch.tensor((s_ * 3)[:c] if len(s_) < c else s_[:c], dtype=torch.float32)
+            mt = torch.tensor(m_[:c], dtype=torch.float32)
+            st = torch.tensor(s_[:c], dtype=torch.float32)
             pix = x * st[:, None, None] + mt[:, None, None]
             how = f"de-normalised assuming {name} (detected from the value range; pass mean/std to override)"
         else:
@@ -318,7 +316,7 @@ class SpatialLayer:
     call: int
     calls: int
     shape: tuple[int, ...]
-    grid: GridInfo
+    grid: GridInfo  # (None only while a layer named without a probe pass is being computed)
     order: int
     kind: str
 
@@ -343,7 +341,7 @@ class LayerProbe:
 
     >>> with LayerProbe(model) as probe:      # doctest: +SKIP
     ...     model(x)
-    >>> [l.name for l in probe.spatial()]      # doctest: +SKIP
+    >>> [lay.name for lay in probe.spatial()]      # doctest: +SKIP
     """
 
     def __init__(

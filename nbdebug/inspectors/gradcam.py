@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ from ..capture import HookSet, no_param_grads, preserve_buffers
 __all__ = ["CamMaps", "GradCamResult", "LayerError", "Target", "class_names_for", "compute_cams", "grad_cam", "logits_of"]
 
 #: "topk", a class index, a class name, or a list of indices/names (the same for every sample).
-Target = Union[str, int, Sequence[Union[int, str]], None]
+Target = str | int | Sequence[int | str] | None
 
 
 class LayerError(ValueError):
@@ -239,7 +239,8 @@ def compute_cams(
 
     One forward (graph from the layer on) and one batched backward for all K classes.
     """
-    call = layer.call if layer.calls > 1 else None
+    explicit_call = layer.grid is None and split_layer_name(layer.name)[1] is not None
+    call = layer.call if layer.calls > 1 or explicit_call else None
     with preserve_buffers(model), no_param_grads(model), torch.enable_grad():
         output, leaf = _run_with_leaf(model, args, kwargs, layer.module, call)
         logits = logits_of(output)
@@ -248,9 +249,18 @@ def compute_cams(
         classes = classes.to(logits.device)
         grads = _class_grads(logits.gather(1, classes), leaf)
         logits = logits.detach()
+    grid = layer.grid
+    if grid is None:  # a layer named by the caller without a probe pass: the shape decides now
+        grid = infer_grid(tuple(leaf.shape), input_hw=output_hw, grid_hw=grid_from_config(model, output_hw),
+                          reshape=reshape if isinstance(reshape, str) else None)
+        if grid is None and callable(reshape):
+            grid = GridInfo("custom", 0, 0, 0)
+        if grid is None:
+            raise LayerError(f"layer {layer.name!r} has no spatial output (shape {list(leaf.shape)})")
+        layer = SpatialLayer(layer.name, layer.module, layer.call, layer.calls, tuple(leaf.shape), grid, layer.order, layer.kind)
     with torch.no_grad():
-        act = to_nchw(leaf.detach(), layer.grid, reshape).float()  # B×C×h×w
-        g = to_nchw(grads, layer.grid, reshape).float().transpose(0, 1)  # B×K×C×h×w
+        act = to_nchw(leaf.detach(), grid, reshape).float()  # B×C×h×w
+        g = to_nchw(grads, grid, reshape).float().transpose(0, 1)  # B×K×C×h×w
         a = act.unsqueeze(1)  # B×1×C×h×w
         if method == "gradcam++":
             g2, g3 = g.pow(2), g.pow(3)
@@ -269,7 +279,7 @@ def compute_cams(
     if zero:
         note = (f"the scores do not depend on {layer.name}'s grid positions (gradient is zero), "
                 "e.g. a transformer layer after the last attention only feeds the class token")
-    maps = CamMaps(layer.name, layer.grid, up.cpu().numpy(), low.cpu().numpy(), zero, note)
+    maps = CamMaps(layer.name, grid, up.cpu().numpy(), low.cpu().numpy(), zero, note)
     return maps, classes.detach(), logits.detach()
 
 
@@ -282,15 +292,15 @@ def probe(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], resh
 
 def pick_layer(layers: list[SpatialLayer], requested: str | None, describe: str = "") -> tuple[SpatialLayer, bool]:
     """The requested layer (name or ``name#k``), or the auto choice (last spatial layer) and whether auto."""
-    candidates = [l for l in layers if l.module]
+    candidates = [lay for lay in layers if lay.module]
     if not candidates:
         raise LayerError(f"no layer has a spatial output (B×C×H×W, B×H×W×C or a token grid); outputs seen: {describe}")
     if requested is None:
         return candidates[-1], True
     base, call = split_layer_name(requested)
-    hits = [l for l in candidates if l.name == requested] or [l for l in candidates if l.module == base and (call is None or l.call == call)]
+    hits = [lay for lay in candidates if lay.name == requested] or [lay for lay in candidates if lay.module == base and (call is None or lay.call == call)]
     if not hits:
-        names = [l.name for l in candidates]
+        names = [lay.name for lay in candidates]
         import difflib
 
         close = difflib.get_close_matches(requested, names, n=5, cutoff=0.4)
@@ -303,10 +313,17 @@ def pick_layer(layers: list[SpatialLayer], requested: str | None, describe: str 
 
 
 def fallback_layers(layers: list[SpatialLayer], failed: SpatialLayer, limit: int = 40) -> list[SpatialLayer]:
-    """Candidates to try when the auto layer's gradient is zero: earlier layers, norms of the same block first."""
-    earlier = [l for l in layers if l.module and l.order < failed.order][::-1][:limit]
-    norms = [l for l in earlier if l.is_norm]
-    return norms[:3] + [l for l in earlier if l not in norms[:3]]
+    """Candidates to try when the auto layer's gradient is zero, latest first.
+
+    Conv maps (an HF backbone whose pooled output, not its feature map, feeds the head): the
+    layers just before, in order. Token grids (a ViT's final norm only feeds the class token): the
+    three latest norms first, i.e. the last block's input norm, where pytorch-grad-cam users put it.
+    """
+    earlier = [lay for lay in layers if lay.module and lay.order < failed.order][::-1][:limit]
+    if failed.grid is None or failed.grid.layout != "tokens":
+        return earlier
+    norms = [lay for lay in earlier if lay.is_norm][:3]
+    return norms + [lay for lay in earlier if lay not in norms]
 
 
 def grad_cam(
@@ -331,19 +348,32 @@ def grad_cam(
     if isinstance(args, torch.Tensor):
         args = (args,)
     kwargs = dict(kwargs or {})
-    pr = probe_result or probe(model, args, kwargs, reshape)
-    layers = pr.spatial()
-    chosen, auto = pick_layer(layers, layer, pr.describe_all())
+    pr = probe_result
+    if pr is None and layer is not None:  # named layer: no probe pass, the CAM's own forward decides
+        base, k = split_layer_name(layer)
+        model.get_submodule(base)  # AttributeError early for unknown names
+        chosen, auto, layers = SpatialLayer(layer, base, k or 0, 1 if k is None else k + 1, (), None, 0, ""), False, []  # type: ignore[arg-type]
+    else:
+        pr = pr or probe(model, args, kwargs, reshape)
+        layers = pr.spatial()
+        chosen, auto = pick_layer(layers, layer, pr.describe_all())
     img = find_image(args, kwargs)
     out_hw = image_hw(img) if img is not None else None
     name_of: Callable[[int], str] = str
     if class_names is not None or getattr(getattr(model, "config", None), "id2label", None):
         name_of = class_names_for(model, class_names, 0)
     common = dict(targets=targets, topk=topk, method=method, reshape=reshape, output_hw=out_hw, name_of=name_of)
-    maps, classes, logits = compute_cams(model, args, kwargs, chosen, **common)  # type: ignore[arg-type]
+    try:
+        maps, classes, logits = compute_cams(model, args, kwargs, chosen, **common)  # type: ignore[arg-type]
+    except LayerError:
+        if pr is not None:
+            raise
+        pr = probe(model, args, kwargs, reshape)  # say which layers would qualify
+        pick_layer(pr.spatial(), layer, pr.describe_all())
+        raise
     if auto and maps.zero_grad:
         for cand in fallback_layers(layers, chosen):
-            m2, c2, l2 = compute_cams(model, args, kwargs, cand, classes=classes, **common)  # type: ignore[arg-type]
+            m2, _, _ = compute_cams(model, args, kwargs, cand, classes=classes, **common)  # type: ignore[arg-type]
             if not m2.zero_grad:
                 m2.note = f"auto layer: {chosen.name} gave a zero gradient, so the last layer the scores depend on is used"
                 maps, chosen = m2, cand

@@ -68,7 +68,7 @@ class FeatureMapsRecorder(Recorder):
         notes: list[str] = []
         if not pr.records:
             notes.append("the cell never called the model")
-        flat = sorted({n for n, _c, s, _k in pr.records if n in self.names and n not in {l.split('#')[0] for l in layers}})
+        flat = sorted({n for n, _c, s, _k in pr.records if n in self.names and n not in {lay.split('#')[0] for lay in layers}})
         if flat:
             shapes = {n: s for n, _c, s, _k in pr.records}
             listed = ", ".join(f"{n} {list(shapes[n])}" for n in flat[:6])
@@ -76,7 +76,7 @@ class FeatureMapsRecorder(Recorder):
         if pr.dropped:
             notes.append(f"memory budget reached: {len(pr.dropped)} layer(s) not kept ({', '.join(pr.dropped[:4])}…); "
                          "narrow --layers or raise --max-bytes")
-        kept = min((l.samples for l in layers.values()), default=0)
+        kept = min((lay.samples for lay in layers.values()), default=0)
         if batch > kept > 0:
             notes.append(f"the first {kept} of {batch} samples are kept")
         self._result = FeatureMapsResult(layers, batch, notes)

@@ -190,7 +190,7 @@ class GradCamRecorder(Recorder):
             image, image_note = image_for_display(session.image, self.mean, self.std)
         return GradCamResult(
             layer=chosen.name, auto_layer=auto, method=self.method, classes=cls, scores=scores, probs=probs,
-            class_names=names, layers=[l.name for l in layers if l.module], maps=session.maps, image=image,
+            class_names=names, layers=[lay.name for lay in layers if lay.module], maps=session.maps, image=image,
             image_note=image_note, notes=notes,
         )
 

@@ -45,11 +45,11 @@ class FeatureMapsWidget(NBWidget):
 
     def __init__(self, result: FeatureMapsResult, *, sample: int = 0, colormap: str = "viridis", sort: str = "index", norm: str = "channel", **kwargs: Any) -> None:
         layers = [
-            {"name": l.name, "shape": list(l.shape), "channels": l.grid.channels, "height": l.grid.height,
-             "width": l.grid.width, "layout": l.grid.describe(), "samples": l.samples}
-            for l in result.layers.values()
+            {"name": lay.name, "shape": list(lay.shape), "channels": lay.grid.channels, "height": lay.grid.height,
+             "width": lay.grid.width, "layout": lay.grid.describe(), "samples": lay.samples}
+            for lay in result.layers.values()
         ]
-        kept = min((l.samples for l in result.layers.values()), default=1)
+        kept = min((lay.samples for lay in result.layers.values()), default=1)
         super().__init__(
             layers=layers, layer=layers[0]["name"] if layers else "", batch=max(kept, 1),
             sample=min(max(sample, 0), max(kept - 1, 0)), colormap=colormap, sort=sort, norm=norm,
@@ -85,7 +85,7 @@ class FeatureMapsWidget(NBWidget):
         return info, arrays
 
     def fallback_html(self) -> str:
-        items = "".join(f"<li>{html.escape(l['name'])} {l['shape']}</li>" for l in self.layers[:20])
+        items = "".join(f"<li>{html.escape(lay['name'])} {lay['shape']}</li>" for lay in self.layers[:20])
         return f"<div class='nbdebug-featuremaps-static'><b>Feature maps</b><ul>{items}</ul><i>Run the notebook to see the grid.</i></div>"
 
     def __repr__(self) -> str:

@@ -103,7 +103,7 @@ def test_auto_layer_is_last_spatial_output_before_pooling() -> None:
     model = ResNetShaped(width=8, classes=5).eval()
     maps, _, _, layers, auto = grad_cam(model, torch.randn(1, 3, 64, 64))
     assert auto and maps.layer == "layer4"
-    assert "avgpool" not in [l.name for l in layers] and "fc" not in [l.name for l in layers]
+    assert "avgpool" not in [lay.name for lay in layers] and "fc" not in [lay.name for lay in layers]
 
 
 def hand_model() -> nn.Sequential:
@@ -121,7 +121,7 @@ HAND_X = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]], [[0.0, 1.0], [0.0, -1.0]]]])
 
 
 def test_hand_computation_gradcam() -> None:
-    maps, classes, logits, _, _ = grad_cam(hand_model(), HAND_X, layer="0", targets=[1, 0])
+    maps, _classes, logits, _, _ = grad_cam(hand_model(), HAND_X, layer="0", targets=[1, 0])
     np.testing.assert_allclose(logits.numpy(), [[0.0, 1.875]], atol=1e-6)
     # dScore/dA = fc weight / 4 (the mean over 2×2) → weights class1 = [1/8, 1/16], class0 = [1/4, −1/4]
     class1 = np.array([[1 / 8 + 1 / 16, 3 / 8], [3 / 8 + 3 / 16, 3 / 8 + 6 / 16]])
@@ -263,7 +263,7 @@ def test_shared_module_called_twice_uses_the_requested_call() -> None:
     model = Shared().eval()
     x = torch.randn(1, 3, 8, 8)
     maps, classes, _, layers, auto = grad_cam(model, x)
-    assert auto and maps.layer == "act#1" and {"act#0", "act#1"} <= {l.name for l in layers}
+    assert auto and maps.layer == "act#1" and {"act#0", "act#1"} <= {lay.name for lay in layers}
     # reference: the same computation by hand on the second call's output
     a = model.act(model.c2(model.act(model.c1(x)))).detach().requires_grad_(True)
     score = model.fc(a.mean((2, 3)))[0, classes[0, 0]]
@@ -324,3 +324,60 @@ def test_vit_layer_after_last_attention_is_flagged_zero() -> None:
     model = tiny_vit()
     maps, *_ = grad_cam(model, (), {"pixel_values": torch.randn(1, 3, 32, 32)}, layer="vit.layernorm")
     assert maps.zero_grad and "class token" in maps.note and maps.cams.max() == 0
+
+
+class TokenNet(nn.Module):
+    """Conv patches → tokens (B×16×C, no class token) → per-token linear → mean → classes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, 8, 4, stride=4)
+        self.proj = nn.Linear(8, 8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.patch(x).flatten(2).transpose(1, 2)
+        return self.fc(torch.tanh(self.proj(tokens)).mean(1))
+
+
+def test_reshape_escape_hatch_matches_the_detected_grid() -> None:
+    torch.manual_seed(9)
+    model = TokenNet().eval()
+    x = torch.randn(2, 3, 16, 16)
+    auto, *_ = grad_cam(model, x, layer="proj", topk=2)
+    assert (auto.grid.layout, auto.grid.height, auto.grid.width, auto.grid.extra_tokens) == ("tokens", 4, 4, 0)
+    by_string, *_ = grad_cam(model, x, layer="proj", topk=2, reshape="tokens:0:4x4")
+    by_callable, *_ = grad_cam(model, x, layer="proj", topk=2, reshape=lambda t: t.transpose(-1, -2).unflatten(-1, (4, 4)))
+    assert auto.cams.max() > 0
+    np.testing.assert_allclose(by_string.cams, auto.cams, atol=1e-6)
+    np.testing.assert_allclose(by_callable.cams, auto.cams, atol=1e-6)
+    # a wrong grid is refused instead of silently scrambling the map
+    with pytest.raises(ValueError, match="does not fit"):
+        grad_cam(model, x, layer="proj", reshape="tokens:1:4x4")
+
+
+def test_hf_backbone_whose_pooled_output_feeds_the_head() -> None:
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(0)
+    cfg = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=4)
+    model = ResNetForImageClassification(cfg).eval()
+    x = torch.randn(1, 3, 64, 64)
+    # `resnet` returns last_hidden_state first, but the head reads pooler_output: zero gradient,
+    # so the auto choice moves to the encoder's feature map (the pooler's input)
+    maps, classes, _, _, auto = grad_cam(model, (), {"pixel_values": x}, topk=2)
+    assert auto and maps.layer == "resnet.encoder" and not maps.zero_grad
+    # reference by hand (captum cannot take a ModelOutput as the layer output)
+    store = {}
+    handle = model.resnet.encoder.register_forward_hook(lambda m, i, o: store.__setitem__("a", o.last_hidden_state))
+    try:
+        logits = model(pixel_values=x).logits
+    finally:
+        handle.remove()
+    a = store["a"]
+    for k in range(2):
+        (g,) = torch.autograd.grad(logits[0, int(classes[0, k])], a, retain_graph=True)
+        cam = F.relu((g.mean((2, 3), keepdim=True) * a).sum(1, keepdim=True))
+        up = F.interpolate(cam, size=(64, 64), mode="bilinear", align_corners=False)[0, 0]
+        np.testing.assert_allclose(maps.cams[0, k], up.detach().numpy(), atol=1e-5)
+    model.zero_grad(set_to_none=True)

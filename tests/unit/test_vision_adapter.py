@@ -130,7 +130,7 @@ def test_layer_probe_keeps_copies_and_names_repeated_calls() -> None:
         model(torch.ones(1, 1, 3, 3))
     # the conv output was -1 before the in-place ReLU zeroed it; the copy keeps -1
     assert torch.equal(probe.tensors[("0", 0)], -torch.ones(1, 2, 3, 3))
-    assert [l.name for l in probe.spatial()] == ["0", "1"]
+    assert [lay.name for lay in probe.spatial()] == ["0", "1"]
     shared = torch.nn.ReLU()
 
     class Twice(torch.nn.Module):
@@ -146,4 +146,4 @@ def test_layer_probe_keeps_copies_and_names_repeated_calls() -> None:
     m = Twice()
     with LayerProbe(m) as probe:
         m(torch.ones(1, 2, 3, 3))
-    assert [(l.name, l.call, l.calls) for l in probe.spatial()] == [("act#0", 0, 2), ("act#1", 1, 2)]
+    assert [(lay.name, lay.call, lay.calls) for lay in probe.spatial()] == [("act#0", 0, 2), ("act#1", 1, 2)]

@@ -1,0 +1,118 @@
+"""Vision views in JupyterLab + chromium: the feature grid draws and enlarges; the Grad-CAM opacity
+slider repaints without any kernel message and its final value reaches Python; switching class
+changes the heatmap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .harness import (
+    canvas_nonblank,
+    open_and_run,
+    run_code_and_wait_text,
+    screenshot,
+    wait_canvas_nonblank,
+    wait_widget,
+    write_notebook,
+)
+
+pytestmark = pytest.mark.browser
+
+SETUP = """
+%load_ext nbdebug
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 12, 3, stride=2, padding=1), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(12, 6)).eval()
+yy, xx = torch.meshgrid(torch.linspace(0, 1, 32), torch.linspace(0, 1, 32), indexing="ij")
+x = torch.stack([xx, yy, (xx - yy).abs()])[None].repeat(2, 1, 1, 1)
+x[1] = x[1].flip(-1)
+names = [f"<img src=x onerror=window.__pwned={i}> class {i}" for i in range(6)]
+"""
+
+CHECKSUM = """(sel) => {
+    const c = document.querySelector(sel);
+    const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+    let h = 0;
+    for (let i = 0; i < d.length; i++) h = (h * 31 + d[i]) >>> 0;
+    return h;
+}"""
+
+
+def comm_frames(page: Any) -> list[int]:
+    """Count of websocket frames the page sent that carry a comm message (kept up to date)."""
+    sent: list[int] = [0]
+
+    def on_ws(ws: Any) -> None:
+        def on_frame(payload: Any) -> None:
+            data = payload if isinstance(payload, (bytes, bytearray)) else str(payload).encode()
+            if b"comm_msg" in data:
+                sent[0] += 1
+
+        ws.on("framesent", on_frame)
+
+    page.on("websocket", on_ws)
+    return sent
+
+
+def test_feature_grid_draws_and_enlarges(page, lab) -> None:  # type: ignore[no-untyped-def]
+    write_notebook(lab.root, "vision_fm", [SETUP, "%%nndebug model --view featuremaps --layers 0,2\nmodel(x)"])
+    open_and_run(page, lab, "vision_fm")
+    root = wait_widget(page, "featuremaps")
+    page.wait_for_selector(".nbdebug-featuremaps .nbd-tile canvas")
+    assert root.locator(".nbd-tile").count() == 8
+    for ch in (0, 5):
+        assert wait_canvas_nonblank(page, f'.nbdebug-featuremaps .nbd-tile[data-channel="{ch}"] canvas', minimum=20) >= 20
+    root.locator('.nbd-tile[data-channel="5"]').click()
+    big = root.locator('.nbd-big.nbd-open[data-channel="5"]')
+    big.wait_for(state="visible")
+    assert canvas_nonblank(page, ".nbdebug-featuremaps .nbd-big canvas.nbd-map") > 100
+    run_code_and_wait_text(page, "print('selected', _nndebug_widget.selected)", "selected 5")
+    # another layer is fetched on demand: 12 channels at 16×16
+    root.locator("select.nbd-layer").select_option("2")
+    page.wait_for_function("document.querySelectorAll('.nbdebug-featuremaps .nbd-tile').length === 12")
+    w = page.evaluate("document.querySelector('.nbdebug-featuremaps .nbd-tile canvas').width")
+    assert w == 16
+    screenshot(page, "vision-featuremaps", root)
+
+
+def test_gradcam_slider_is_local_and_syncs_back(page, lab) -> None:  # type: ignore[no-untyped-def]
+    _gradcam_roundtrip(page, lab, "vision_cam")
+
+
+def test_gradcam_in_notebook7(page, nb7) -> None:  # type: ignore[no-untyped-def]
+    _gradcam_roundtrip(page, nb7, "vision_cam_nb7")
+
+
+def _gradcam_roundtrip(page: Any, server: Any, name: str) -> None:
+    sent = comm_frames(page)
+    write_notebook(server.root, name, [SETUP, "%%nndebug model --view gradcam --topk 3 --class-names names\nwith torch.no_grad():\n    model(x)"])
+    open_and_run(page, server, name)
+    root = wait_widget(page, "gradcam")
+    sel = ".nbdebug-gradcam canvas.nbd-overlay"
+    wait_canvas_nonblank(page, sel, minimum=50)
+    before = page.evaluate(CHECKSUM, sel)
+    frames = sent[0]
+    # move the slider: 'input' events only (what dragging fires); nothing may reach the kernel
+    for v in ("0.2", "0.6", "0.9"):
+        page.evaluate("(v) => { const s = document.querySelector('.nbdebug-gradcam input.nbd-opacity'); s.value = v; s.dispatchEvent(new Event('input', {bubbles: true})); }", v)
+    after = page.evaluate(CHECKSUM, sel)
+    assert after != before
+    page.wait_for_timeout(500)
+    assert sent[0] == frames, "moving the slider sent a comm message"
+    assert root.locator(".nbd-opacity-value").text_content() == "0.90"
+    # release: one sync of the final value
+    page.evaluate("() => document.querySelector('.nbdebug-gradcam input.nbd-opacity').dispatchEvent(new Event('change', {bubbles: true}))")
+    run_code_and_wait_text(page, "print('opacity', _nndebug_widget.opacity)", "opacity 0.9")
+    # switching class repaints with another CAM (and syncs class_rank)
+    shown = page.evaluate(CHECKSUM, sel)
+    root.locator("select.nbd-class").select_option("1")
+    page.wait_for_function("(args) => (" + CHECKSUM + ")(args) !== " + str(shown), arg=sel)
+    run_code_and_wait_text(page, "print('rank', _nndebug_widget.class_rank)", "rank 1")
+    # class names are text, never markup
+    labels = root.locator("select.nbd-class option").all_text_contents()
+    assert len(labels) == 3 and all("<img src=x onerror=window.__pwned=" in t for t in labels)
+    assert root.locator("img").count() == 0 and page.evaluate("window.__pwned") is None
+    screenshot(page, f"vision-gradcam-{server.app}", root)

@@ -1,0 +1,105 @@
+"""The vision views through %%nndebug in a fresh InteractiveShell, and their widgets' requests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from IPython.core.error import UsageError
+
+from nbdebug.capture import hook_count
+from nbdebug.inspectors.featuremaps import FeatureMapsResult
+from nbdebug.inspectors.gradcam import GradCamResult
+from nbdebug.widgets._transport import decode_array
+from nbdebug.widgets.featuremaps import FeatureMapsWidget
+from nbdebug.widgets.gradcam import GradCamWidget, cam_to_u8
+
+SETUP = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 16, 3, stride=2, padding=1),
+                      nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 6)).eval()
+names = {i: f"<b>class {i}</b>" for i in range(6)}
+x = torch.rand(2, 3, 16, 16)
+"""
+
+
+@pytest.fixture
+def sh(shell):  # type: ignore[no-untyped-def]
+    assert shell.run_cell(SETUP).success
+    return shell
+
+
+def arrays_of(content: dict, buffers: list) -> dict[str, np.ndarray]:
+    return {k: decode_array({"view": buffers[m["buffer"]], "dtype": m["dtype"], "shape": m["shape"]}) for k, m in content["arrays"].items()}
+
+
+def test_gradcam_magic_under_no_grad(sh) -> None:  # type: ignore[no-untyped-def]
+    res = sh.run_cell("%%nndebug model --view gradcam --topk 3 --class-names names --colormap magma -o cam\nwith torch.no_grad():\n    y = model(x)")
+    assert res.success, res.error_in_exec
+    ns = sh.user_ns
+    cam, w = ns["cam"], ns["_nndebug_widget"]
+    assert isinstance(cam, GradCamResult) and isinstance(w, GradCamWidget)
+    assert cam.layer == "4" and w.auto_layer == "4" and w.colormap == "magma"
+    assert w.classes[0][0]["name"] == names_top(ns, 0)  # class names as plain strings, not markup
+    assert any("torch.no_grad" in n for n in w.notes)
+    assert hook_count(ns["model"]) == 0
+    content, buffers = w.handle_request("view", {"sample": 1, "layer": "4"})
+    arrays = arrays_of(content, buffers)
+    assert arrays["cams"].shape == (3, 16, 16) and arrays["cams"].dtype == np.uint8
+    assert arrays["image"].shape == (16, 16, 3)
+    u8, peak = cam_to_u8(cam.cams[1])
+    np.testing.assert_array_equal(arrays["cams"], u8)
+    np.testing.assert_allclose(arrays["peak"], peak)
+    # another layer is computed on demand for the same classes
+    content, buffers = w.handle_request("view", {"sample": 0, "layer": "1"})
+    assert content["result"]["layer"] == "1" and "1" in cam.maps
+    assert arrays_of(content, buffers)["cams"].shape == (3, 16, 16)
+    html = w.fallback_html()
+    assert "<b>class" not in html and "&lt;b&gt;class" in html  # escaped in the static fallback
+
+
+def names_top(ns: dict, sample: int) -> str:
+
+    idx = int(ns["model"](ns["x"]).argmax(1)[sample])
+    return ns["names"][idx] if isinstance(ns["names"], dict) else str(idx)
+
+
+def test_gradcam_magic_options(sh) -> None:  # type: ignore[no-untyped-def]
+    res = sh.run_cell("%%nndebug model --view gradcam --layer 3 --target 2 --method gradcam++ --sample 1 --image-mean 0.5 --image-std 0.5\nmodel(x)")
+    assert res.success, res.error_in_exec
+    w = sh.user_ns["_nndebug_widget"]
+    cam = sh.user_ns["_nndebug"]
+    assert w.layer == "3" and w.auto_layer == "" and w.method == "gradcam++" and w.sample == 1
+    assert cam.classes.tolist() == [[2], [2]]
+    assert "you passed" in cam.image_note
+
+
+def test_gradcam_magic_bad_layer_is_reported(sh, capsys) -> None:  # type: ignore[no-untyped-def]
+    sh.run_cell("%%nndebug model --view gradcam --layer 7\nmodel(x)")
+    out = capsys.readouterr().out
+    assert "qualify" in out and "'7'" in out
+
+
+def test_featuremaps_magic(sh) -> None:  # type: ignore[no-untyped-def]
+    res = sh.run_cell("%%nndebug model --view featuremaps --layers 0,3,7 --sort max --norm shared -o fm\nmodel(x)")
+    assert res.success, res.error_in_exec
+    fm, w = sh.user_ns["fm"], sh.user_ns["_nndebug_widget"]
+    assert isinstance(fm, FeatureMapsResult) and isinstance(w, FeatureMapsWidget)
+    assert fm.names() == ["0", "3"] and w.sort == "max" and w.norm == "shared" and w.batch == 2
+    assert any("7 [2, 6]" in n for n in w.notes)
+    content, buffers = w.handle_request("page", {"layer": "3", "sample": 1, "sort": "max"})
+    arrays = arrays_of(content, buffers)
+    assert arrays["pixels"].shape == (16, 8, 8)
+    assert content["result"]["total"] == 16
+
+
+def test_both_views_at_once(sh) -> None:  # type: ignore[no-untyped-def]
+    res = sh.run_cell("%%nndebug model --view featuremaps,gradcam\nmodel(x)")
+    assert res.success, res.error_in_exec
+    ws = sh.user_ns["_nndebug_widget"]
+    assert [type(w).__name__ for w in ws] == ["FeatureMapsWidget", "GradCamWidget"]
+
+
+def test_unknown_method_is_a_usage_error(sh) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UsageError):
+        sh.run_cell("%%nndebug model --view gradcam --method nope\nmodel(x)", store_history=False).raise_error()

@@ -1,0 +1,14 @@
+"""Run every benchmark script in this folder, one after the other (`make bench`)."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+here = pathlib.Path(__file__).resolve().parent
+status = 0
+for script in sorted(here.glob("bench_*.py")):
+    print(f"\n=== {script.name} ===", flush=True)
+    status |= subprocess.call([sys.executable, str(script), *sys.argv[1:]])
+sys.exit(status)

@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import ResNet18, exact_rss_env, gpt2_small, interleaved, peak_extra_bytes, table  # noqa: E402
+from common import ResNet18, exact_rss_env, gpt2_small, interleaved, peak_extra_bytes, table
 
-from nbdebug.capture import HookSet, select_modules  # noqa: E402
-from nbdebug.capture.session import Capture  # noqa: E402
+from nbdebug.capture import HookSet, select_modules
+from nbdebug.capture.session import Capture
 
 
 def item_hooks(model: nn.Module) -> HookSet:

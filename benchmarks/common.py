@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
+from torch.nn import functional as F
 
 
 def exact_rss_env() -> None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..capture.session import CaptureResult
 
-__all__ = ["COLUMNS", "LEGEND", "Diagnosis", "Thresholds", "ThermometerReport", "diagnose"]
+__all__ = ["COLUMNS", "LEGEND", "Diagnosis", "ThermometerReport", "Thresholds", "diagnose"]
 
 COLUMNS = (
     "mean", "std", "min", "max", "zero_frac", "near_zero_frac", "nan", "inf", "numel",

@@ -26,7 +26,7 @@ const CSS = `
 .nbdebug-attention .nba-summary { font-weight: 600; margin: 2px 0; }
 .nbdebug-attention .nba-path, .nbdebug-attention .nba-note { color: #666; }
 .nbdebug-attention .nba-controls { display: flex; gap: 12px; align-items: center; margin: 6px 0; flex-wrap: wrap; }
-.nbdebug-attention .nba-grid { display: grid; gap: 3px; overflow: auto; max-height: 560px; align-items: start; }
+.nbdebug-attention .nba-grid { display: grid; gap: 3px; overflow: auto; max-height: 560px; align-items: start; justify-content: start; }
 .nbdebug-attention .nba-rowlabel, .nbdebug-attention .nba-collabel { color: #666; font-size: 10px; text-align: center; align-self: center; }
 .nbdebug-attention .nba-head { border: 2px solid transparent; cursor: pointer; text-align: center; padding: 1px; }
 .nbdebug-attention .nba-head canvas { width: 48px; height: 48px; image-rendering: pixelated; display: block; margin: auto; }
@@ -117,9 +117,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       for (let hd = 0; hd < H; hd++) {
         const f = flags ? (flags.data[l * H + hd] as number) : 0;
         const canvas = h("canvas", { attrs: { width: s, height: s } });
-        if (thumbs && s > 0) {
+        const g = canvas.getContext("2d"); // null where canvases are unsupported: metrics still show
+        if (thumbs && s > 0 && g) {
           const off = (l * H + hd) * s * s;
-          paintU8((thumbs.data as Uint8Array).subarray(off, off + s * s), s, s, cmap, canvas.getContext("2d")!);
+          paintU8((thumbs.data as Uint8Array).subarray(off, off + s * s), s, s, cmap, g);
         }
         const val = h("div", { class: "nba-val" });
         const tip = names.map((n) => `${LABELS[n] || n}: ${fmtMetric(n, metricAt(n, l, hd))}`).join("\n");
@@ -175,9 +176,9 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   }
   function range(): [number, number] {
     const r = (model.get("token_range") || []) as number[];
-    let a = Number.isFinite(r[0]) ? Math.max(0, Math.min(T - 1, r[0])) : 0;
-    let b = Number.isFinite(r[1]) ? Math.max(a + 1, Math.min(T, r[1])) : Math.min(T, LINE_MAX);
-    if (b <= a) [a, b] = [0, Math.min(T, LINE_MAX)];
+    const a = Number.isFinite(r[0]) ? Math.max(0, Math.min(T - 1, r[0])) : 0;
+    // an end at or before the start (e.g. only the start was moved): the window after the start
+    const b = Number.isFinite(r[1]) && r[1] > a ? Math.min(T, r[1]) : Math.min(T, a + LINE_MAX);
     return [a, b];
   }
   let seq = 0;
@@ -235,9 +236,14 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     const n = b - a;
     const sub = new Uint8Array(n * n);
     for (let i = 0; i < n; i++) sub.set(d.p.subarray((a + i) * d.n + a, (a + i) * d.n + b), i * n);
+    // Colours span the window's own range (long inputs spread attention thinly: 1/T is dark on a 0–1 scale).
+    let vmax = 1;
+    for (let i = 0; i < sub.length; i++) if (sub[i] > vmax) vmax = sub[i];
+    const shown = vmax >= 255 ? sub : sub.map((v) => Math.round((v * 255) / vmax));
     const canvas = h("canvas", { class: "nba-matrix", attrs: { width: n, height: n } });
-    paintU8(sub, n, n, cmap, canvas.getContext("2d")!);
-    const px = Math.max(n, Math.min(480, n * 8));
+    const g = canvas.getContext("2d");
+    if (g) paintU8(shown, n, n, cmap, g);
+    const px = n > 480 ? Math.min(n, 1024) : Math.max(240, Math.min(480, n * 8)); // ≥ 1 px per token up to 1024
     canvas.style.width = `${px}px`;
     canvas.style.height = `${px}px`;
     canvas.addEventListener("mousemove", (ev: MouseEvent) => {
@@ -247,7 +253,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       if (i < 0 || j < 0 || i >= n || j >= n) return;
       status.textContent = `${tokens[a + i]} [${a + i}] → ${tokens[a + j]} [${a + j}]: ${fmtPct(decodeP(sub[i * n + j]))}`;
     });
-    return h("div", {}, [h("div", { class: "nba-note", text: "rows: queries · columns: keys (colour: √p)" }), canvas]);
+    const scale = vmax >= 255 ? "" : `, up to ${fmtPct(decodeP(vmax))}`;
+    return h("div", {}, [h("div", { class: "nba-note", text: `rows: queries · columns: keys (colour: √p${scale})` }), canvas]);
   }
 
   function lineView(heads: HeadData[], a: number, b: number, status: HTMLElement): HTMLElement {
@@ -266,10 +273,12 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
         ctx.strokeStyle = HEAD_COLORS[hi % HEAD_COLORS.length];
         for (let i = 0; i < n; i++) {
           if (focus && focus.side === "q" && focus.i !== i) continue;
+          let rowMax = 1e-12;
+          for (let j = 0; j < n; j++) rowMax = Math.max(rowMax, decodeP(d.p[(a + i) * d.n + a + j]));
           for (let j = 0; j < n; j++) {
             if (focus && focus.side === "k" && focus.i !== j) continue;
-            const p = decodeP(d.p[(a + i) * d.n + a + j]);
-            if (p < 0.01) continue;
+            const p = decodeP(d.p[(a + i) * d.n + a + j]) / rowMax;
+            if (p < 0.05) continue;
             ctx.globalAlpha = Math.min(1, focus ? 0.15 + p : p);
             ctx.lineWidth = focus ? 2 : 1.5;
             ctx.beginPath();
@@ -301,7 +310,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       right.push(h("div", { class: "nba-tok nba-k", text: t, title: tip, on: { mouseenter: () => hover("k", i, true), mouseleave: () => hover("k", i, false) } }));
     }
     draw(null);
-    return h("div", { class: "nba-lines" }, [h("div", { class: "nba-left" }, left), canvas, h("div", { class: "nba-right" }, right)]);
+    return h("div", {}, [
+      h("div", { class: "nba-note", text: "queries → keys · opacity relative to each query's strongest link shown" }),
+      h("div", { class: "nba-lines" }, [h("div", { class: "nba-left" }, left), canvas, h("div", { class: "nba-right" }, right)]),
+    ]);
   }
 
   metricSel.addEventListener("change", () => {

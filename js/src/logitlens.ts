@@ -61,6 +61,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   let disposed = false;
   let cmap = "viridis";
   const label = (id: number) => vocab.get(id) ?? `#${id}`;
+  // Short row labels (full module names in the tooltip): "embed", "L0", "L1", ...
+  const rowLabel = (r: number) => (r === 0 ? "embed" : `L${r - 1}`);
   const learn = (v: Record<string, string>) => {
     for (const [id, s] of Object.entries(v || {})) vocab.set(Number(id), s);
   };
@@ -196,7 +198,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
           style: { background: `rgb(${cr}, ${cg}, ${cb})`, color: light ? "#111" : "#fff" },
         });
       });
-      body.push(h("tr", {}, [h("th", { class: "nbl-row", text: rows[r] ?? String(r), title: rows[r] ?? "" }), ...tds]));
+      body.push(h("tr", {}, [h("th", { class: "nbl-row", text: rowLabel(r), title: rows[r] ?? "" }), ...tds]));
     }
     replaceChildren(wrap, [h("table", {}, [h("thead", {}, [head]), h("tbody", {}, body)])]);
     const missing = positions.filter((p) => !cols.has(p));
@@ -242,7 +244,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       return;
     }
     const [r, p] = at;
-    const lines = [`${rows[r]} · position ${p} (${tokens[p] ?? ""})`];
+    const lines = [`${rowLabel(r)} (${rows[r]}) · position ${p}: ${tokens[p] ?? ""}`];
     for (let i = 0; i < k; i++) lines.push(`${fmtPct(c.probs[r * k + i]).padStart(6)}  ${label(c.ids[r * k + i])}`);
     lines.push(`entropy ${fmt(c.entropy[r])} · KL to final ${fmt(c.kl[r])}`);
     if (targets[p] >= 0) lines.push(`target ${label(targets[p])}: ${fmtPct(c.tprob[r])}, rank ${fmtValue("target_rank", c.trank[r])}`);
@@ -272,7 +274,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
         learn(ans.result.vocab);
         const ids = ans.arrays.ids.data;
         const probs = ans.arrays.probs.data;
-        const lines = [`${rows[r]} · ${tokens[p] ?? ""} [${p}]`];
+        const lines = [`${rowLabel(r)} · ${tokens[p] ?? ""} [${p}]`];
         for (let i = 0; i < ids.length; i++) lines.push(`${fmtPct(probs[i] as number).padStart(6)}  ${label(ids[i] as number)}`);
         boxes.push(h("div", { class: "nbl-pin", text: lines.join("\n"), data: { row: r, pos: p } }));
       } catch (err) {

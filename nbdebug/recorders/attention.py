@@ -73,7 +73,7 @@ class AttentionRecorder(Recorder):
             if self._acc is None:
                 ids = input_ids_of(self._call.args, self._call.kwargs)
                 pos = valid_positions(self._call.kwargs, self.batch_index, w.shape[-1])
-                self._acc = AttentionAccumulator(batch_index=self.batch_index, positions=pos)
+                self._acc = AttentionAccumulator(len(self.parts.attentions), batch_index=self.batch_index, positions=pos)
                 self._ids = ids
                 self._positions = pos
             self._acc.add(w)

@@ -20,7 +20,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..adapters.text import decoder_for, input_ids_of, resolve_option, token_strings, valid_positions
+from ..adapters.text import (
+    decoder_for,
+    input_ids_of,
+    resolve_option,
+    token_strings,
+    valid_positions,
+)
 from ..adapters.transformers import find_parts, require_lens
 from ..capture import HookSet, ModelCall
 from ..inspectors.logitlens import LensResult, LogitLens
@@ -73,7 +79,8 @@ class LogitLensRecorder(Recorder):
 
     Options: ``tokenizer`` (object or name), ``tokens``, ``target_token`` (text, id or ``#id``;
     default: each position's next input token, and the model's own prediction at the last),
-    ``lens_topk`` (default 10), ``seq_index``, ``final_norm``/``unembed`` (explicit parts).
+    ``lens_topk`` (default 10), ``seq_index``, ``final_norm``/``unembed`` (explicit parts),
+    ``translators`` (tuned lens: one callable per layer, e.g. ``lambda h, i=i: tl.transform_hidden(h, i)``).
     """
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
@@ -167,7 +174,10 @@ class LogitLensRecorder(Recorder):
             resid, p.normed, p.unembed_weight.detach(), None if p.unembed_bias is None else p.unembed_bias.detach(),
             k=self.k, targets=targets, softcap=p.softcap, row_names=names, tokens=toks,
             decode=decoder_for(self.tokenizer, self.model), target_label=label,
+            translators=self.options.get("translators"),
         )
+        if lens.translators:
+            self.notes.append("tuned lens: the given translators are applied before the final norm")
         if self.target_id is None and row is not None:
             top, _ = lens.cell(lens.R - 1, T - 1, k=1)
             targets[-1] = int(top[0])
@@ -194,8 +204,7 @@ class LogitLensRecorder(Recorder):
 
     def result(self) -> LensResult:
         if self._result is None:
-            lens = self.lens()
-            res = lens.result()
+            res = self.lens().result()
             res.check = self.check
             res.notes = list(self.parts.notes) + self.notes
             if self._call.calls > 1:

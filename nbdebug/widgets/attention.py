@@ -93,7 +93,7 @@ class AttentionWidget(NBWidget):
 
     @rpc("head")
     def _head(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        L, H, T = self.result.shape
+        L, H, _ = self.result.shape
         layer, head = int(params.get("layer", 0)), int(params.get("head", 0))
         if not (0 <= layer < L and 0 <= head < H):
             raise IndexError(f"no head [{layer}, {head}]")

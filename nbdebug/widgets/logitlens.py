@@ -120,7 +120,7 @@ class LogitLensWidget(NBWidget):
         col = lens.table["top_ids"][:, t, 0]
         cells = "".join(
             f"<tr><td>{html.escape(n)}</td><td>{html.escape(display_token(lens.vocab.get(int(i), f'#{int(i)}')))}</td></tr>"
-            for n, i in zip(lens.row_names, col)
+            for n, i in zip(lens.row_names, col, strict=True)
         )
         return f"<div><b>nbdebug logit lens</b> (last position)<table>{cells}</table></div>"
 

@@ -8,6 +8,7 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
+from nbdebug.adapters.offline import tiny_lm  # noqa: E402
 from nbdebug.adapters.transformers import (  # noqa: E402
     AdapterError,
     attention_implementation,
@@ -15,7 +16,6 @@ from nbdebug.adapters.transformers import (  # noqa: E402
     find_parts,
     require_lens,
 )
-from nbdebug.adapters.offline import tiny_lm  # noqa: E402
 from nbdebug.capture import fingerprint, same_fingerprint  # noqa: E402
 
 V = 64
@@ -133,3 +133,35 @@ def test_eager_model_stays_eager_and_plain_modules_use_hooks() -> None:
     assert attention_implementation(m) == "eager"
     with eager_attention(nn.Linear(2, 2)) as path:
         assert path == "hooks"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_transformer_lens_hooked_transformer() -> None:
+    tl = pytest.importorskip("transformer_lens")
+    from nbdebug.recorders.attention import AttentionRecorder
+    from nbdebug.recorders.logitlens import LogitLensRecorder
+
+    torch.manual_seed(0)
+    cfg = tl.HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=32, d_head=8, n_heads=2, d_vocab=50, d_mlp=32, act_fn="gelu", normalization_type="LN")
+    m = tl.HookedTransformer(cfg).eval()
+    p = find_parts(m)
+    assert p.family == "hooked_transformer" and p.final_norm is m.ln_final
+    assert [n for n, _ in p.attentions] == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    ids = torch.randint(0, 50, (1, 6))
+    fp = fingerprint(m)
+    with LogitLensRecorder(m, lens_topk=3) as lens, AttentionRecorder(m) as att:
+        with torch.no_grad():
+            m(ids)
+    assert same_fingerprint(fp, fingerprint(m)) == []
+    with torch.no_grad():
+        _, cache = m.run_with_cache(ids)
+        resid = cache.accumulated_resid(apply_ln=False)[:, 0]  # (rows, T, d), before ln_final
+        ref = torch.softmax(m.ln_final(resid) @ m.W_U + m.b_U, -1)  # ln_final recomputed per row
+    res = lens.result()
+    v, i = ref.topk(3, -1)
+    assert (res.top_ids == i.numpy()).all()
+    assert torch.allclose(torch.as_tensor(res.top_probs), v, atol=1e-6)
+    a = att.result()
+    assert a.path == "hooks"
+    for layer in range(2):
+        assert torch.allclose(torch.as_tensor(a.attention[layer]).float(), cache["pattern", layer][0], atol=1e-3)

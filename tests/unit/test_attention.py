@@ -10,11 +10,10 @@ import torch
 
 pytest.importorskip("transformers")
 
+from nbdebug.adapters.offline import tiny_lm as tiny
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint
 from nbdebug.inspectors.attention import display_token, from_attentions, head_stats, quantize_head
 from nbdebug.recorders.attention import AttentionRecorder
-
-from nbdebug.adapters.offline import tiny_lm as tiny
 
 
 def test_metrics_on_hand_made_heads() -> None:
@@ -89,6 +88,8 @@ def test_display_token_markers() -> None:
     assert display_token("<0x0A>") == "↵"
     assert display_token("a\x00b") == "a\\x00b"
     assert display_token("") == "∅"
+    assert display_token(" Paris") == "␣Paris" and display_token("  ") == "␣␣"
+    assert display_token("<a b> ") == "<a b>␣"
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "neox", "opt", "gemma", "bert", "distilbert"])
@@ -125,7 +126,7 @@ def test_tokens_from_user_namespace_and_only_first_call() -> None:
     res = rec.result()
     assert res.shape == (2, 2, 5) and res.tokens == toks and res.display[1] == "␣capital"
     assert any("2 times" in n for n in res.notes)
-    with pytest.raises(NameError, match="nope"):
+    with pytest.raises(ValueError, match="nope"):
         AttentionRecorder(m, tokens="nope", user_ns={})
 
 

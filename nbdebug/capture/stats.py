@@ -41,17 +41,26 @@ def _float_view(t: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1)
 
 
-def _count_nonzero(x: torch.Tensor) -> torch.Tensor:
-    """Exact count of values != 0 (so -0.0 counts as zero, NaN as non-zero).
+_INT_MIN = {torch.float32: (torch.int32, -(2**31)), torch.float64: (torch.int64, -(2**63))}
 
-    Counting on the bit pattern with the sign bit masked is ~20× faster on the CPU than
-    ``count_nonzero`` on floats, which is not vectorised there.
+
+def _count_nonzero(x: torch.Tensor, sync_free: bool) -> torch.Tensor | int:
+    """Exact count of values != 0 (-0.0 counts as zero, NaN as non-zero).
+
+    ``count_nonzero`` on floats is not vectorised on the CPU; on the integer bit pattern it is
+    ~20× faster. That counts -0.0 (the bit pattern INT_MIN, the smallest integer) as non-zero, so
+    the integer minimum tells whether a correction is needed at all.
     """
-    if x.dtype == torch.float32:
-        return torch.count_nonzero(torch.bitwise_and(x.view(torch.int32), 0x7FFFFFFF))
-    if x.dtype == torch.float64:
-        return torch.count_nonzero(torch.bitwise_and(x.view(torch.int64), 0x7FFFFFFFFFFFFFFF))
-    return torch.count_nonzero(x)
+    if x.dtype not in _INT_MIN:
+        return torch.count_nonzero(x)
+    int_dtype, int_min = _INT_MIN[x.dtype]
+    bits = x.view(int_dtype)
+    nz = torch.count_nonzero(bits)
+    if sync_free:
+        if bits.min().item() == int_min:
+            nz = nz - torch.count_nonzero(bits == int_min)
+        return nz
+    return nz - torch.count_nonzero(bits == int_min)
 
 
 def tensor_stats(
@@ -72,7 +81,6 @@ def tensor_stats(
     s = x.sum()
     ss = torch.dot(x, x)
     mn, mx = torch.aminmax(x)
-    nz = _count_nonzero(x)
     extra = None
     if saturation is not None:
         lo, hi = saturation
@@ -82,10 +90,13 @@ def tensor_stats(
         nan = inf = 0
         if not (math.isfinite(mn_f) and math.isfinite(mx_f)):  # exact counts only when needed
             nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+        # No zero can hide outside [min, max] (NaN compares false: count then).
+        nz = n if (mn_f > 0 or mx_f < 0) else int(_count_nonzero(x, sync_free=True))
         return np.array(
-            [n, s.item(), ss.item(), mn_f, mx_f, nz.item(), nan, inf, 0 if extra is None else extra.item()],
+            [n, s.item(), ss.item(), mn_f, mx_f, nz, nan, inf, 0 if extra is None else extra.item()],
             dtype=np.float64,
         )
+    nz = _count_nonzero(x, sync_free=False)
     zero = torch.zeros((), device=x.device)
     parts = [s, ss, mn, mx, nz, torch.isnan(x).sum(), torch.isinf(x).sum(), zero if extra is None else extra]
     head = torch.full((1,), float(n), dtype=torch.float64, device=x.device)

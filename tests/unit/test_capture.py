@@ -247,3 +247,26 @@ def test_hookset_removes_tensor_hooks() -> None:
         assert len(hs) == 1
     (t * 2).sum().backward()
     assert seen == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_zero_count_is_exact_with_negative_zero(dtype: torch.dtype) -> None:
+    from nbdebug.capture.stats import IDX, tensor_stats
+
+    x = torch.tensor([0.0, -0.0, -0.0, 1.0, -2.0, float("nan")], dtype=dtype)
+    raw = tensor_stats(x)
+    assert raw[IDX["nonzero"]] == 3  # 1, -2 and NaN; both signed zeros count as zero
+    assert tensor_stats(torch.tensor([-0.0, 2.0], dtype=dtype))[IDX["nonzero"]] == 1
+    assert tensor_stats(torch.tensor([3.0, 2.0], dtype=dtype))[IDX["nonzero"]] == 2  # min > 0: no count needed
+    assert tensor_stats(torch.tensor([-3.0, -0.0], dtype=dtype))[IDX["nonzero"]] == 1
+
+
+def test_sample_is_spread_over_the_whole_tensor() -> None:
+    m = nn.Sequential(nn.Identity())
+    x = torch.arange(1_000_000, dtype=torch.float32).reshape(10, 100, 1000)
+    with Capture(m, sample_size=1000) as cap:
+        m(x)
+    s = cap.result["0"].sample
+    assert s is not None and s.size == 1000
+    assert s.min() < 2_000 and s.max() > 990_000  # covers the range evenly
+    assert len(np.unique(s.astype(np.int64) % 1000)) > 900  # does not lock onto the last dimension

@@ -139,6 +139,10 @@ class Capture:
         self._hooks = HookSet()
         self._calls: list[_Call] = []
         self._by_tensor: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        # (data_ptr, numel, dtype) of recorded contiguous outputs → (tensor, call, version): an
+        # output that aliases one of them unchanged (Identity, Dropout in eval, Flatten, views)
+        # has the same stats, so they are copied instead of recomputed.
+        self._by_storage: dict[tuple[int, int, torch.dtype], tuple[weakref.ref[torch.Tensor], int, int]] = {}
         self._occurrence: dict[str, int] = {}
         self._passes = 0
         self._grad_counter = 0
@@ -170,6 +174,25 @@ class Capture:
             elif check and t.numel():
                 mn, mx = torch.aminmax(t.detach().float() if t.dtype not in (torch.float32, torch.float64) else t.detach())
                 call.input_checks.append(torch.stack([mn.double(), mx.double()]))
+
+    def _aliased_stats(self, t: torch.Tensor) -> Any:
+        """Stats of an already-recorded tensor with the same elements, or None.
+
+        Same start, size and dtype over a contiguous range of a storage that is still alive (so
+        the address cannot have been reused), and an unchanged version counter (shared by views,
+        bumped by in-place ops): the same values.
+        """
+        if not t.is_contiguous() or not t.numel():
+            return None
+        hit = self._by_storage.get((t.data_ptr(), t.numel(), t.dtype))
+        if hit is None:
+            return None
+        ref, idx, version = hit
+        src = ref()
+        if src is None or src.data_ptr() != t.data_ptr() or t._version != version:
+            return None
+        raw = self._calls[idx].raw
+        return raw.copy() if isinstance(raw, np.ndarray) else raw.clone()
 
     def _keep(self, nbytes: int) -> bool:
         if self._bytes + nbytes > self.max_bytes:
@@ -209,7 +232,9 @@ class Capture:
                 if t.is_complex():
                     continue
                 call = _Call(leaf_name + suffix, name, type_name, tuple(t.shape), str(t.dtype).replace("torch.", ""))
-                call.raw = tensor_stats(t, saturation=saturation)
+                call.raw = self._aliased_stats(t) if saturation is None else None
+                if call.raw is None:
+                    call.raw = tensor_stats(t, saturation=saturation)
                 new.append((call, t))
             if not new:
                 return
@@ -225,7 +250,10 @@ class Capture:
                         call.hist = self._histogram(t)
                 idx = len(self._calls)
                 self._calls.append(call)
-                self._by_tensor[id(t)] = (weakref.ref(t), idx)
+                ref = weakref.ref(t)
+                self._by_tensor[id(t)] = (ref, idx)
+                if t.is_contiguous() and t.numel():
+                    self._by_storage[(t.data_ptr(), t.numel(), t.dtype)] = (ref, idx, t._version)
                 if self.grads and t.requires_grad and torch.is_grad_enabled():
                     self._hooks.tensor(t, self._make_grad_hook(call))
 
@@ -267,6 +295,7 @@ class Capture:
     def __exit__(self, *exc: object) -> None:
         self._hooks.remove()
         self._by_tensor.clear()
+        self._by_storage.clear()
         self.result = self._finish()
         self._calls = []
 

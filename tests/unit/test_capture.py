@@ -270,3 +270,22 @@ def test_sample_is_spread_over_the_whole_tensor() -> None:
     assert s is not None and s.size == 1000
     assert s.min() < 2_000 and s.max() > 990_000  # covers the range evenly
     assert len(np.unique(s.astype(np.int64) % 1000)) > 900  # does not lock onto the last dimension
+
+
+def test_aliased_outputs_reuse_stats_but_in_place_changes_are_seen() -> None:
+    class AddOneInPlace(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.add_(1.0)
+
+    m = nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5), nn.Flatten(), AddOneInPlace(), nn.Identity())
+    m.eval()  # Dropout returns its input itself; Flatten a view
+    x = torch.randn(5, 3)
+    with Capture(m) as cap, torch.no_grad():
+        y = m(x)
+    ref = (m[0](x)).detach()
+    r = cap.result
+    for name in ("0", "1", "2"):
+        assert r[name].stats["mean"] == pytest.approx(ref.mean().item(), abs=1e-6)
+        assert r[name].stats["max"] == pytest.approx(ref.max().item(), abs=1e-6)
+    assert r["3"].stats["mean"] == pytest.approx(ref.mean().item() + 1, abs=1e-6)  # in place: recomputed
+    assert r["4"].stats["mean"] == pytest.approx(y.mean().item(), abs=1e-6)

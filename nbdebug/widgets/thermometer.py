@@ -9,6 +9,7 @@ float32 binary buffer. Histograms cross only when a row is clicked (``histogram`
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from typing import Any
@@ -60,7 +61,7 @@ class ThermometerWidget(NBWidget):
             ],
             columns=list(COLUMNS),
             stats=encode_array(report.table.astype(np.float32).reshape(len(report.names), len(COLUMNS))),
-            diagnoses=[vars(d) if not hasattr(d, "__dataclass_fields__") else {k: getattr(d, k) for k in d.__dataclass_fields__} for d in report.diagnoses],
+            diagnoses=[dataclasses.asdict(d) for d in report.diagnoses],
             legend=LEGEND,
             summary=report.summary,
             notes=report.notes,

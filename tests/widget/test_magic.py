@@ -131,3 +131,23 @@ def test_100_reruns_leave_no_hooks_and_no_growth(sh) -> None:  # type: ignore[no
     # IPython keeps each cell's input history (a few hundred bytes a run); captures must not pile up.
     assert grown < 400_000, grown
     assert live() == live_before  # each re-run closed the previous run's widget
+
+
+def test_python_api_without_magic() -> None:
+    import torch
+    from torch import nn
+
+    import nbdebug
+
+    m = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    with nbdebug.debug(m, view="thermometer") as dbg:
+        m(torch.randn(3, 2)).sum().backward()
+    assert [r.name for r in dbg.result.layers] == ["0", "1"] and dbg.result.backward_ran
+    assert isinstance(dbg.widget(), ThermometerWidget)
+    w = nbdebug.thermometer(m, lambda: m(torch.randn(3, 2)))
+    assert isinstance(w, ThermometerWidget) and hook_count(m) == 0
+    assert callable(nbdebug.head_view) and nbdebug.Capture.__name__ == "Capture"
+    with pytest.raises(ValueError, match="unknown view 'nope'"):
+        nbdebug.debug(m, view="nope")
+    with pytest.raises(TypeError, match="needs a torch.nn.Module"):
+        nbdebug.debug("model")  # type: ignore[arg-type]

@@ -198,16 +198,6 @@ def test_fp16_and_integer_outputs() -> None:
     assert cap.result["1"].dtype == "int64" and i["mean"] == pytest.approx(2.25) and i["zero_frac"] == 0.25
 
 
-class LogLayer(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.log(x)
-
-
-class SqrtLayer(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sqrt(x)
-
-
 def test_nan_and_inf_counts_are_exact() -> None:
     m = nn.Sequential(nn.Identity())
     x = torch.tensor([1.0, float("nan"), float("inf"), float("-inf"), 0.0])

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import anywidget
 import traitlets
 
+from ._export import DEFAULT_EXPORT_BYTES, build_page
 from ._transport import pack_arrays
 
 STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
@@ -113,6 +114,40 @@ class NBWidget(anywidget.AnyWidget):
     def fallback_html(self) -> str:
         """Static HTML shown where the live widget cannot render; subclasses override."""
         return f"<pre>{html.escape(repr(self))}</pre>"
+
+    # -- standalone export -------------------------------------------------------------------
+    def export_requests(self) -> list[tuple[str, dict[str, Any]]]:
+        """Requests ``(method, params)`` whose answers :meth:`save_html` precomputes; subclasses override."""
+        return []
+
+    def export_html(self, *, max_bytes: int = DEFAULT_EXPORT_BYTES, title: str | None = None) -> str:
+        """The standalone offline HTML page of the current view (see :meth:`save_html`)."""
+        esm_path = STATIC / f"{self._view_name_}.js"
+        if not esm_path.exists():
+            raise FileNotFoundError(f"{esm_path} is missing; run `make js` (or `cd js && npm run build`)")
+        state = {k: v for k, v in self.get_state().items() if not k.startswith("_") and k != "layout"}
+        answers: list[tuple[str, dict[str, Any], Any]] = []
+        for method, params in self.export_requests():
+            try:
+                answers.append((method, params, self.handle_request(method, params)))
+            except Exception as exc:  # exported as the error the kernel would have sent
+                answers.append((method, params, exc))
+        page, _omitted = build_page(esm=esm_path.read_text(encoding="utf-8"), state=state, answers=answers,
+                                    title=title or f"nbdebug {self._view_name_}", max_bytes=max_bytes)
+        return page
+
+    def save_html(self, path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_EXPORT_BYTES,
+                  title: str | None = None) -> pathlib.Path:
+        """Write a standalone HTML file of the current view that opens offline, without a kernel.
+
+        The widget's ES module and synced state are inlined; the answers to :meth:`export_requests`
+        are precomputed (up to ``max_bytes`` in all; the page says what was left out).
+
+        >>> w.save_html("thermometer.html")        # doctest: +SKIP
+        """
+        out = pathlib.Path(path)
+        out.write_text(self.export_html(max_bytes=max_bytes, title=title), encoding="utf-8")
+        return out
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = super()._repr_mimebundle_(**kwargs)

@@ -21,6 +21,7 @@ import traitlets
 
 from ..inspectors.attention import METRICS, AttentionResult, from_attentions, quantize_head
 from ._base import NBWidget, rpc
+from ._snapshot import MAX_SNAPSHOT_BYTES, colorize, grid, img_tag, upscale
 from ._transport import encode_array
 
 __all__ = ["AttentionWidget", "head_view", "model_view"]
@@ -104,11 +105,43 @@ class AttentionWidget(NBWidget):
         )
 
     def fallback_html(self) -> str:
+        """Static snapshot: the layers × heads grid of thumbnails, one PNG per layer row."""
         L, H, T = self.result.shape
+        thumbs = np.asarray(self.result.thumbs, dtype=np.uint8)
+        s = thumbs.shape[-1] if thumbs.size else 0
+        rows: list[str] = []
+        tries = [(z, 1) for z in range(max(1, 40 // max(s, 1)), 0, -1)] + [(1, 2), (1, 3), (1, 4), (1, 8)]
+        for zoom, step in tries:
+            small = thumbs[:, :, ::step, ::step]
+            rows = [
+                f"<tr><th title='{html.escape(name)}'>{i}</th><td>"
+                + img_tag(grid(colorize(upscale(small[i].transpose(1, 2, 0), zoom).transpose(2, 0, 1), "viridis"), H, gap=3),
+                          f"layer {i} heads 0–{H - 1}")
+                + "</td></tr>"
+                for i, name in enumerate(self.result.layer_names[:L])
+            ] if s else []
+            if sum(map(len, rows)) < MAX_SNAPSHOT_BYTES - 8000 - 40 * min(T, 64):
+                break
+        flagged = int((np.asarray(self.result.flags) != 0).sum())
+        toks = self.tokens[:64]
+        words = " ".join(f"<code title='{html.escape(t[:200])}'>{html.escape(t[:24])}</code>" for t in toks) + (" …" if T > len(toks) else "")
         return (
-            f"<div><b>nbdebug attention</b>: {L} layers × {H} heads × {T} tokens — "
-            f"{html.escape(self.result.summary)} <i>(path: {html.escape(self.result.path)})</i></div>"
+            f"<div class='nbdebug-attention-static'><p><b>nbdebug attention</b>: {L} layers × {H} heads × {T} tokens · "
+            f"{html.escape(self.result.summary)} <i>(path: {html.escape(self.result.path)})</i> · {flagged} heads flagged</p>"
+            f"<table><thead><tr><th>layer</th><td>heads 0–{H - 1} (thumbnails, viridis"
+            + (f", sampled every {step} pixels" if s and step > 1 else "") + ")</td></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table><p>tokens: {words}</p></div>"
         )
+
+    def export_requests(self, max_bytes: int = 8 * 2**20) -> list[tuple[str, dict[str, Any]]]:
+        """Heads to precompute: the selected, then the flagged, then the rest, up to ``max_bytes`` of matrices."""
+        L, H, T = self.result.shape
+        flags = np.asarray(self.result.flags)
+        order = [(int(a), int(b)) for a, b in self.selected]
+        order += [(i, j) for i in range(L) for j in range(H) if flags[i, j]]
+        order += [(i, j) for i in range(L) for j in range(H)]
+        heads = list(dict.fromkeys(order))[: max(1, max_bytes // max(T * T, 1))]
+        return [("head", {"layer": i, "head": j}) for i, j in heads]
 
     def __repr__(self) -> str:
         L, H, T = self.result.shape

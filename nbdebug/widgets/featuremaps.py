@@ -18,6 +18,7 @@ import traitlets
 
 from ..inspectors.featuremaps import SORT_KEYS, FeatureMapsResult, encode_page, page_size
 from ._base import NBWidget, rpc
+from ._snapshot import MAX_SNAPSHOT_BYTES, colorize, encode_png, grid, img_tag, upscale
 
 __all__ = ["FeatureMapsWidget"]
 
@@ -85,8 +86,42 @@ class FeatureMapsWidget(NBWidget):
         return info, arrays
 
     def fallback_html(self) -> str:
-        items = "".join(f"<li>{html.escape(lay['name'])} {lay['shape']}</li>" for lay in self.layers[:20])
-        return f"<div class='nbdebug-featuremaps-static'><b>Feature maps</b><ul>{items}</ul><i>Run the notebook to see the grid.</i></div>"
+        """Static snapshot: the first page of the shown layer as one PNG grid in the chosen colormap."""
+        head = "<b>nbdebug feature maps</b>"
+        if not self.layer:
+            return f"<div class='nbdebug-featuremaps-static'>{head}: no layer with a spatial output was captured</div>"
+        info, arrays = self._page({"layer": self.layer, "sample": self.sample, "sort": self.sort, "start": 0})
+        pix = np.asarray(arrays["pixels"])
+        if self.norm == "shared" and pix.size:
+            lo, hi = arrays["lo"].astype(np.float64), arrays["hi"].astype(np.float64)
+            vals = lo[:, None, None] + pix / 255.0 * (hi - lo)[:, None, None]
+            span = max(info["hi"] - info["lo"], 1e-12)
+            pix = np.clip(np.rint((vals - info["lo"]) / span * 255), 0, 255).astype(np.uint8)
+        n, h, w = pix.shape
+        img, step = self._snapshot_grid(pix)
+        shown = f"channels {info['start']}–{info['start'] + n - 1} of {info['total']}" + (f", sampled every {step} pixels" if step > 1 else "")
+        caption = (f"{head}: <code>{html.escape(self.layer)}</code> · sample {self.sample} · {shown} · {h}×{w} · "
+                   f"{html.escape(self.colormap)}, {html.escape(self.norm)} scale · {info['dead']} dead")
+        notes = "".join(f"<li>{html.escape(n_)}</li>" for n_ in self.notes)
+        return (f"<div class='nbdebug-featuremaps-static'><p>{caption}</p>"
+                f"{img_tag(img, f'feature maps of {self.layer}')}"
+                + (f"<ul>{notes}</ul>" if notes else "") + "</div>")
+
+    def _snapshot_grid(self, pix: np.ndarray) -> tuple[np.ndarray, int]:
+        """Tiles coloured and laid out, every ``step``th pixel so the PNG fits the snapshot budget."""
+        n, h, w = pix.shape
+        cols = max(1, int(np.ceil(np.sqrt(n * w / max(h, 1) * 1.0))))
+        for step in (1, 2, 3, 4, 6, 8, 12, 16):
+            tiles = pix[:, ::step, ::step]
+            zoom = max(1, 48 // max(tiles.shape[1], tiles.shape[2], 1))
+            img = grid(colorize(upscale(tiles.transpose(1, 2, 0), zoom).transpose(2, 0, 1), self.colormap), cols, gap=2)
+            if len(encode_png(img)) * 4 // 3 < MAX_SNAPSHOT_BYTES - 4000:
+                break
+        return img, step
+
+    def export_requests(self) -> list[tuple[str, dict[str, Any]]]:
+        """The first page of every layer for the current sample and sort (what a layer switch asks)."""
+        return [("page", {"layer": lay["name"], "sample": self.sample, "sort": self.sort, "start": 0}) for lay in self.layers]
 
     def __repr__(self) -> str:
         return f"FeatureMapsWidget(layers={len(self.layers)}, layer={self.layer!r}, batch={self.batch})"

@@ -18,6 +18,7 @@ import traitlets
 
 from ..inspectors.gradcam import GradCamResult
 from ._base import NBWidget, rpc
+from ._snapshot import MAX_SNAPSHOT_BYTES, colorize, encode_png, img_tag, upscale
 
 __all__ = ["GradCamWidget", "cam_to_u8"]
 
@@ -93,11 +94,42 @@ class GradCamWidget(NBWidget):
         return info, arrays
 
     def fallback_html(self) -> str:
+        """Static snapshot: the shown class's CAM over the (de-normalised) image, as one PNG."""
+        info, arrays = self._view({"sample": self.sample, "layer": self.layer})
+        classes = self.classes[self.sample] if self.classes else []
+        k = min(max(self.class_rank, 0), max(len(classes) - 1, 0))
+        cam = np.asarray(arrays["cams"][k])
+        heat = colorize(cam, self.colormap).astype(np.float32)
+        a = min(1.0, max(0.0, float(self.opacity)))
+        image = arrays.get("image")
+        base = np.asarray(image, dtype=np.float32) if image is not None and image.shape[:2] == cam.shape else np.zeros_like(heat)
+        over = np.clip(np.rint((1 - a) * base + a * heat), 0, 255).astype(np.uint8)
+        zoom = max(1, 224 // max(cam.shape))
+        while zoom > 1 and len(encode_png(upscale(over, zoom))) * 4 // 3 > MAX_SNAPSHOT_BYTES - 8000:
+            zoom -= 1
+        pic = upscale(over, zoom)
+        while len(encode_png(pic)) * 4 // 3 > MAX_SNAPSHOT_BYTES - 8000:
+            pic = pic[::2, ::2]
+        shown = classes[k] if classes else {"name": "?", "prob": float("nan")}
         rows = "".join(
-            f"<li>{html.escape(c['name'])} ({c['prob']:.1%})</li>" for c in (self.classes[self.sample] if self.classes else [])
+            f"<li>{'<b>' if i == k else ''}{html.escape(c['name'])} ({c['prob']:.1%}){'</b>' if i == k else ''}</li>"
+            for i, c in enumerate(classes)
         )
-        return (f"<div class='nbdebug-gradcam-static'><b>Grad-CAM</b> on {html.escape(self.layer)}"
-                f"<ol>{rows}</ol><i>Run the notebook to see the overlay.</i></div>")
+        notes = "".join(f"<li>{html.escape(n)}</li>" for n in [*self.notes, self.image_note, info.get("note") or ""] if n)
+        return (
+            f"<div class='nbdebug-gradcam-static'><p><b>nbdebug {html.escape(self.method)}</b> on "
+            f"<code>{html.escape(info['layer'])}</code> · sample {self.sample} · class {html.escape(shown['name'])} · "
+            f"opacity {a:.2f} · {html.escape(self.colormap)}</p>"
+            f"{img_tag(pic, 'Grad-CAM of ' + str(shown['name']))}<ol>{rows}</ol>"
+            + (f"<ul>{notes}</ul>" if notes else "") + "</div>"
+        )
+
+    def export_requests(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every sample × every layer whose CAMs are already computed (all classes come with each)."""
+        layers = [n for n in self.layers if n in self._result.maps] or [self.layer]
+        if self.layer not in layers:
+            layers.insert(0, self.layer)
+        return [("view", {"sample": s, "layer": n}) for s in range(self.batch) for n in layers]
 
     def __repr__(self) -> str:
         return f"GradCamWidget(layer={self.layer!r}, batch={self.batch}, classes={len(self.classes[0]) if self.classes else 0})"

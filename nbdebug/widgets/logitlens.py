@@ -19,6 +19,7 @@ import traitlets
 from ..inspectors.attention import display_token
 from ..inspectors.logitlens import LogitLens
 from ._base import NBWidget, rpc
+from ._snapshot import css_color
 from ._transport import encode_array
 
 __all__ = ["LogitLensWidget"]
@@ -114,15 +115,44 @@ class LogitLensWidget(NBWidget):
         labels = self._labels({int(i): self.lens.vocab[int(i)] for i in ids})
         return {"row": row, "pos": pos, "vocab": labels}, {"ids": ids.astype(np.int32), "probs": probs.astype(np.float32)}
 
-    def fallback_html(self) -> str:
+    def fallback_html(self, max_positions: int = 12) -> str:
+        """Static snapshot: the last visible positions as an HTML table coloured by top-1 probability."""
         lens = self.lens
-        t = lens.T - 1
-        col = lens.table["top_ids"][:, t, 0]
-        cells = "".join(
-            f"<tr><td>{html.escape(n)}</td><td>{html.escape(display_token(lens.vocab.get(int(i), f'#{int(i)}')))}</td></tr>"
-            for n, i in zip(lens.row_names, col, strict=True)
+        end = self.pos_range[1] if len(self.pos_range) == 2 else lens.T
+        pos = list(range(max(0, end - max_positions), end))
+        cols = lens.columns(pos)
+        first, last = self.row_range if len(self.row_range) == 2 else (0, lens.R - 1)
+        head = "".join(f"<th title='{p}: {html.escape(display_token(lens.tokens[p]))}'>{html.escape(display_token(lens.tokens[p])[:16])}</th>"
+                       for p in pos)
+        body = []
+        for r in range(last, first - 1, -1):  # last layer on top, as in the live view
+            tds = []
+            for j in range(len(pos)):
+                tid, prob = int(cols["top_ids"][r, j, 0]), float(cols["top_probs"][r, j, 0])
+                word = display_token(lens.vocab.get(tid, f"#{tid}"))
+                fg = "#000" if prob > 0.6 else "#fff"
+                tds.append(f"<td style='background:{css_color('viridis', prob)};color:{fg};padding:1px 4px' "
+                           f"title='{html.escape(word)} p={prob:.3f}'>{html.escape(word[:16])}</td>")
+            body.append(f"<tr><th>{html.escape(lens.row_names[r])}</th>{''.join(tds)}</tr>")
+        shown = f"positions {pos[0]}–{pos[-1]} of {lens.T}" if pos else "no positions"
+        return (
+            f"<div class='nbdebug-logitlens-static'><p><b>nbdebug logit lens</b>: top-1 token per layer and position, "
+            f"coloured by its probability (viridis, 0–1) · {shown}</p>"
+            f"<table style='border-collapse:collapse;font-family:monospace'><thead><tr><th>layer</th>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table></div>"
         )
-        return f"<div><b>nbdebug logit lens</b> (last position)<table>{cells}</table></div>"
+
+    def export_requests(self, max_cells: int = 2000) -> list[tuple[str, dict[str, Any]]]:
+        """The visible window's missing columns (as the table asks for them) and its cells' top-20."""
+        start, end = self.pos_range if len(self.pos_range) == 2 else (0, self.lens.T)
+        have = set(self.initial.get("positions", []))
+        missing = [p for p in range(start, end) if p not in have]
+        out: list[tuple[str, dict[str, Any]]] = []
+        if missing:
+            out.append(("columns", {"start": min(missing), "end": max(missing) + 1}))
+        cells = [(r, p) for p in range(end - 1, start - 1, -1) for r in range(self.lens.R)][:max_cells]
+        out += [("cell", {"row": r, "pos": p, "k": 20}) for r, p in cells]
+        return out
 
     def __repr__(self) -> str:
         return f"LogitLensWidget({self.lens.R} rows × {self.lens.T} positions, top-{self.lens.k})"

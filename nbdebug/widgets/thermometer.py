@@ -141,6 +141,10 @@ class ThermometerWidget(NBWidget):
             f"<ul>{diags}</ul></div>"
         )
 
+    def export_requests(self) -> list[tuple[str, dict[str, Any]]]:
+        """The histogram of every row (what a click on the row asks for)."""
+        return [("histogram", {"row": i}) for i in range(len(self.report.names))]
+
     def __repr__(self) -> str:
         return f"ThermometerWidget({self.report.summary})"
 

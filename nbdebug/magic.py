@@ -44,6 +44,12 @@ def _nndebug_doc(fn: Any) -> Any:
     return magic_arguments()(fn)
 
 
+def _unquote(value: Any) -> Any:
+    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
 @magics_class
 class NNDebugMagics(Magics):
     """`%%nndebug MODEL [--view V] [--layers PATTERN] [-o VAR]`: debug a model while a cell runs.
@@ -142,11 +148,12 @@ class NNDebugMagics(Magics):
         args = parse_argstring(self.nndebug, line)
         model = self._resolve_model(args.model)
         try:
-            views = parse_views(args.view or self.default_view)
+            views = parse_views(_unquote(args.view) or self.default_view)
         except ValueError as exc:
             raise UsageError(f"%%nndebug: {exc}") from None
-        options = {k: v for k, v in vars(args).items() if k not in ("model", "view", "output")}
-        options["layers"] = self._layer_filter(args.layers)
+        # IPython's argument parser keeps quotes: `--target-token " Paris"` means ` Paris`.
+        options = {k: _unquote(v) for k, v in vars(args).items() if k not in ("model", "view", "output")}
+        options["layers"] = self._layer_filter(options.get("layers"))
         options["user_ns"] = self.shell.user_ns
         for name in ("max_bytes", "sample_size", "dead_threshold", "vanishing", "exploding"):
             if options.get(name) is None:

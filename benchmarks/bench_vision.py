@@ -39,47 +39,12 @@ from torch import nn
 from nbdebug.adapters.vision import LayerProbe
 from nbdebug.inspectors.featuremaps import encode_page
 from nbdebug.inspectors.gradcam import compute_cams
+from nbdebug.testing import ResNetShaped
 from nbdebug.widgets._transport import pack_arrays
 
 
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.down is None else self.down(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        out += identity
-        return self.relu(out)
-
-
-class ResNet18Shaped(nn.Module):
-    def __init__(self, classes: int = 1000) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
-        self.layer1 = nn.Sequential(BasicBlock(64, 64), BasicBlock(64, 64))
-        self.layer2 = nn.Sequential(BasicBlock(64, 128, 2), BasicBlock(128, 128))
-        self.layer3 = nn.Sequential(BasicBlock(128, 256, 2), BasicBlock(256, 256))
-        self.layer4 = nn.Sequential(BasicBlock(256, 512, 2), BasicBlock(512, 512))
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+def ResNet18Shaped(classes: int = 1000) -> nn.Module:
+    return ResNetShaped(64, classes)
 
 
 def _status() -> dict[str, int]:

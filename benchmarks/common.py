@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from nbdebug.testing import ResNetShaped
+
 
 def exact_rss_env() -> None:
     """Re-exec the script with glibc returning every large block to the OS on free.
@@ -74,47 +76,9 @@ def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, rows)])
 
 
-# -- a ResNet-18-shaped CNN (no torchvision) ------------------------------------------------------
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = (
-            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-            if stride != 1 or cin != cout
-            else None
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        idt = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + idt)
-
-
-class ResNet18(nn.Module):
+def ResNet18() -> nn.Module:
     """torchvision's resnet18 layout (same module names and shapes), random init."""
-
-    def __init__(self, num_classes: int = 1000) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
-        cfg = [(64, 64, 1), (64, 128, 2), (128, 256, 2), (256, 512, 2)]
-        for i, (cin, cout, s) in enumerate(cfg, 1):
-            setattr(self, f"layer{i}", nn.Sequential(BasicBlock(cin, cout, s), BasicBlock(cout, cout)))
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+    return ResNetShaped(64, 1000)
 
 
 def gpt2_small() -> nn.Module:

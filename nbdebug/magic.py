@@ -39,7 +39,8 @@ def _nndebug_doc(fn: Any) -> Any:
     fn = argument("--layers", default=None, metavar="PATTERN",
                   help="modules to capture: names, globs ('layer1.*'), 're:REGEX' or 'type:Conv2d', comma-separated; default: every leaf module")(fn)
     fn = argument("--view", default=None,
-                  help="view(s), comma-separated: " + ", ".join(f"{n} ({s.help})" for n, s in VIEWS.items()))(fn)
+                  help="view(s), comma-separated, shown as linked tabs when several: " + ", ".join(f"{n} ({s.help})" for n, s in VIEWS.items())
+                  + "; all (every view that applies to the model)")(fn)
     fn = argument("model", help="the nn.Module to inspect: a name in the notebook (dotted paths allowed, e.g. trainer.model)")(fn)
     return magic_arguments()(fn)
 
@@ -147,8 +148,9 @@ class NNDebugMagics(Magics):
         __tracebackhide__ = True
         args = parse_argstring(self.nndebug, line)
         model = self._resolve_model(args.model)
+        view = _unquote(args.view) or self.default_view
         try:
-            views = parse_views(_unquote(args.view) or self.default_view)
+            parse_views(view)
         except ValueError as exc:
             raise UsageError(f"%%nndebug: {exc}") from None
         # IPython's argument parser keeps quotes: `--target-token " Paris"` means ` Paris`.
@@ -159,7 +161,7 @@ class NNDebugMagics(Magics):
             if options.get(name) is None:
                 options[name] = getattr(self, name)
         try:
-            dbg = Debug(model, views, **options)
+            dbg = Debug(model, view, **options)
         except LayerNotFoundError as exc:
             raise UsageError(f"%%nndebug --layers: {exc}") from None
         except (ValueError, TypeError, KeyError) as exc:
@@ -183,11 +185,17 @@ class NNDebugMagics(Magics):
         except Exception as exc:  # a view that cannot build its widget must not hide the cell's error
             print(f"nbdebug: could not build the view: {type(exc).__name__}: {exc}")
             return
-        self._live[key] = widgets
         ns = self.shell.user_ns
-        ns[RESULT_NAME] = dbg.result if len(widgets) == 1 else dbg.results
-        ns[WIDGET_NAME] = widgets[0] if len(widgets) == 1 else widgets
+        if dbg.tabbed:  # `--view all` or a list: one dashboard, tabs linked
+            shown = [dbg.dashboard()]
+            ns[RESULT_NAME] = dbg.results
+            ns[WIDGET_NAME] = shown[0]
+        else:
+            shown = widgets
+            ns[RESULT_NAME] = dbg.result
+            ns[WIDGET_NAME] = widgets[0]
+        self._live[key] = shown
         if output:
             ns[output] = ns[RESULT_NAME]
-        for w in widgets:
+        for w in shown:
             display(w)

@@ -42,6 +42,8 @@ const CSS = `
   font-size: 11px; padding: 0 4px; cursor: default; max-width: 140px; overflow: hidden; text-overflow: ellipsis; }
 .nbdebug-attention .nba-left .nba-tok { text-align: right; }
 .nbdebug-attention .nba-tok.nba-hot { background: #ffe9a8; }
+.nbdebug-attention .nba-tok.nba-mark { background: #cfe3ff; font-weight: 600; }
+.nbdebug-attention .nba-highlight { color: #1f4e99; min-height: 16px; }
 .nbdebug-attention .nba-status { color: #444; min-height: 16px; font-family: ui-monospace, monospace; white-space: pre; }
 .nbdebug-attention .nba-error { color: #b00; }
 `;
@@ -82,6 +84,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const grid = h("div", { class: "nba-grid", style: { "grid-template-columns": `auto repeat(${H}, 56px)` } });
   const detail = h("div", { class: "nba-detail" });
   const notes = (model.get("notes") || []) as string[];
+  const highlight = h("div", { class: "nba-highlight" });
   root.append(
     styleElement(CSS),
     h("div", { class: "nba-summary", text: model.get("summary") || "" }),
@@ -92,6 +95,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       h("label", {}, ["colormap ", cmapSel]),
       h("span", { class: "nba-note", text: "red border: > 50% on one sink token · orange: near-uniform · shift-click: overlay heads" }),
     ]),
+    highlight,
     grid,
     detail,
   );
@@ -229,7 +233,19 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       h("div", { class: "nba-views" }, [matrixView(m0, a, b, status), lineView(heads, a, b, status)]),
       status,
     ]);
+    markToken();
     detail.setAttribute("data-ready", "1");
+  }
+
+  // `highlight_token` (set from Python, e.g. by a logit-lens column in a dashboard): mark that position.
+  function markToken(): void {
+    const pos = Number(model.get("highlight_token") ?? -1);
+    const on = Number.isInteger(pos) && pos >= 0 && pos < T;
+    highlight.textContent = on ? `highlighted token: ${tokens[pos] ?? ""} [${pos}]` : "";
+    highlight.setAttribute("data-pos", on ? String(pos) : "");
+    for (const t of Array.from(detail.querySelectorAll(".nba-tok"))) {
+      t.classList.toggle("nba-mark", on && (t as HTMLElement).dataset.pos === String(pos));
+    }
   }
 
   function matrixView(d: HeadData, a: number, b: number, status: HTMLElement): HTMLElement {
@@ -306,8 +322,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     for (let i = 0; i < n; i++) {
       const t = tokens[a + i] ?? "";
       const tip = `${rawTokens[a + i] ?? t} [${a + i}]`;
-      left.push(h("div", { class: "nba-tok nba-q", text: t, title: tip, on: { mouseenter: () => hover("q", i, true), mouseleave: () => hover("q", i, false) } }));
-      right.push(h("div", { class: "nba-tok nba-k", text: t, title: tip, on: { mouseenter: () => hover("k", i, true), mouseleave: () => hover("k", i, false) } }));
+      left.push(h("div", { class: "nba-tok nba-q", text: t, title: tip, attrs: { "data-pos": a + i }, on: { mouseenter: () => hover("q", i, true), mouseleave: () => hover("q", i, false) } }));
+      right.push(h("div", { class: "nba-tok nba-k", text: t, title: tip, attrs: { "data-pos": a + i }, on: { mouseenter: () => hover("k", i, true), mouseleave: () => hover("k", i, false) } }));
     }
     draw(null);
     return h("div", {}, [
@@ -338,8 +354,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   model.on("change:selected", onSel);
   model.on("change:metric", onMetric);
   model.on("change:token_range", onRange);
+  model.on("change:highlight_token", markToken);
 
   drawGrid();
+  markToken();
   void drawDetail();
   root.setAttribute("data-ready", "1");
   return () => {
@@ -347,6 +365,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     model.off("change:selected", onSel);
     model.off("change:metric", onMetric);
     model.off("change:token_range", onRange);
+    model.off("change:highlight_token", markToken);
   };
 }
 

@@ -288,12 +288,22 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     start = 0;
     void fetchPage();
   };
+  // A layer set from Python (e.g. a linked dashboard): follow it; the dropdown's own change already matches.
+  const onLayer = () => {
+    const sel = controls.querySelector("select.nbd-layer") as HTMLSelectElement | null;
+    if (sel && sel.value === String(model.get("layer"))) return;
+    buildControls();
+    start = 0;
+    void fetchPage();
+  };
   model.on("change:layers", onLayers);
+  model.on("change:layer", onLayer);
   buildControls();
   void fetchPage();
   return () => {
     disposed = true;
     model.off("change:layers", onLayers);
+    model.off("change:layer", onLayer);
   };
 }
 

@@ -223,14 +223,23 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     buildControls();
     draw();
   };
+  // A layer set from Python (e.g. a linked dashboard): follow it; the dropdown's own change already matches.
+  const onLayer = () => {
+    const sel = controls.querySelector("select.nbd-layer") as HTMLSelectElement | null;
+    if (sel && sel.value === String(model.get("layer"))) return;
+    buildControls();
+    void fetchView();
+  };
   model.on("change:opacity", onOpacity);
   model.on("change:class_rank", onClass);
+  model.on("change:layer", onLayer);
   buildControls();
   void fetchView();
   return () => {
     disposed = true;
     model.off("change:opacity", onOpacity);
     model.off("change:class_rank", onClass);
+    model.off("change:layer", onLayer);
   };
 }
 

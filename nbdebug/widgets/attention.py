@@ -34,7 +34,7 @@ class AttentionWidget(NBWidget):
     ``seq_len``, ``thumbs`` (binary uint8), ``metrics`` (binary float32 ``(M, L, H)``),
     ``metric_names``, ``flags`` (binary uint8 ``(L, H)``), ``summary``, ``path``, ``notes``,
     ``causal``. UI state synced both ways: ``selected`` (list of ``[layer, head]``), ``metric``,
-    ``token_range`` (``[start, end)`` shown in the detail).
+    ``token_range`` (``[start, end)`` shown in the detail), ``highlight_token`` (a position to mark, -1 none).
     """
 
     _view_name_ = "attention"
@@ -59,6 +59,8 @@ class AttentionWidget(NBWidget):
     metric = traitlets.Unicode("first_mass").tag(sync=True)
     #: [start, end) token range of the detail view ([] = automatic)
     token_range = traitlets.List().tag(sync=True)
+    #: token position marked in the detail view (-1 = none); a dashboard sets it from the logit lens
+    highlight_token = traitlets.Int(-1).tag(sync=True)
 
     def __init__(self, result: AttentionResult, **kwargs: Any) -> None:
         self.result = result

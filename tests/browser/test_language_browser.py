@@ -70,6 +70,7 @@ def _check_language_views(page, server, name: str) -> None:
     run_code_and_wait_text(page, "print('selected', att_w.selected)", "selected [[1, 0]]")
 
     # -- logit lens: headers are token text, cells fetched on demand, hover top-k, pin a cell ----
+    page.locator(".nbdebug-dashboard .lm-TabBar-tab", has_text="logitlens").click()  # views share one tabbed dashboard
     lens = wait_widget(page, "logitlens")
     page.locator('.nbdebug-logitlens[data-complete="1"]').wait_for(state="attached")
     headers = lens.locator("thead th")
@@ -130,6 +131,7 @@ def test_1024_tokens_lab(page, lab) -> None:
         "document.querySelectorAll('.nbdebug-attention .nba-detail[data-ready=\"1\"] .nba-left .nba-tok').length === 24"
     )
     wait_canvas_nonblank(page, ".nbdebug-attention .nba-matrix", minimum=10)
+    page.locator(".nbdebug-dashboard .lm-TabBar-tab", has_text="logitlens").click()  # views share one tabbed dashboard
     lens = wait_widget(page, "logitlens")
     page.locator('.nbdebug-logitlens[data-complete="1"]').wait_for(state="attached")
     assert lens.locator("thead th").count() == 49  # the last 48 positions, computed on demand

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import sys
 from typing import Any
 
 import traitlets
@@ -183,7 +184,7 @@ class NNDebugMagics(Magics):
         try:
             widgets = dbg.widgets()
         except Exception as exc:  # a view that cannot build its widget must not hide the cell's error
-            print(f"nbdebug: could not build the view: {type(exc).__name__}: {exc}")
+            sys.stderr.write(f"nbdebug: could not build the view: {type(exc).__name__}: {exc}\n")
             return
         ns = self.shell.user_ns
         if dbg.tabbed:  # `--view all` or a list: one dashboard, tabs linked

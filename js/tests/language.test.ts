@@ -25,7 +25,7 @@ let cleanup: (() => void) | null = null;
 afterEach(() => {
   cleanup?.();
   cleanup = null;
-  document.body.innerHTML = "";
+  document.body.replaceChildren();
 });
 
 describe("attention view", () => {

@@ -15,7 +15,7 @@ let cleanup: (() => void) | null = null;
 afterEach(() => {
   cleanup?.();
   cleanup = null;
-  document.body.innerHTML = "";
+  document.body.replaceChildren();
 });
 
 function mount(render: (a: { model: FakeModel; el: HTMLElement }) => () => void, m: FakeModel): HTMLElement {

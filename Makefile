@@ -42,12 +42,13 @@ lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: setup
-	$(MAKE) test-js
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory test-js
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-py: ; $(PY) -m pytest -m "not browser" $(PYTEST_ARGS)
 test-browser: ; $(PY) -m pytest -m browser $(PYTEST_ARGS)
-test-js: ; cd js && npm test
+test-js: ; cd js && npx tsc --noEmit -p . && npm test
 
 bench: ; $(PY) benchmarks/run_all.py
 

@@ -179,7 +179,7 @@ def test_tuned_lens_translators() -> None:
             h = hs[r][0] + affine[r](hs[r][0])
             p = torch.softmax(parts.logits(parts.normed(h)), -1)
             np.testing.assert_allclose(res.top_probs[r], p.topk(3, -1).values.numpy(), atol=1e-6)
-        ci, cp = rec.lens().cell(1, 2, k=3)  # a clicked cell uses the translator too
+        _ids, cp = rec.lens().cell(1, 2, k=3)  # a clicked cell uses the translator too
         np.testing.assert_allclose(cp, torch.softmax(parts.logits(parts.normed(hs[1][0, 2] + affine[1](hs[1][0, 2]))), -1).topk(3).values.numpy(), atol=1e-6)
     assert any("tuned lens" in n for n in res.notes)
     with pytest.raises(ValueError, match="translators"):

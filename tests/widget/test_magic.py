@@ -149,7 +149,7 @@ def test_python_api_without_magic() -> None:
     assert callable(nbdebug.head_view) and nbdebug.Capture.__name__ == "Capture"
     with pytest.raises(ValueError, match="unknown view 'nope'"):
         nbdebug.debug(m, view="nope")
-    with pytest.raises(TypeError, match="needs a torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"needs a torch\.nn\.Module"):
         nbdebug.debug("model")  # type: ignore[arg-type]
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..adapters.vision import LayerProbe, SpatialLayer, find_image, image_for_display, image_hw
-from ..capture import ModelCall
+from ..capture import ModelCall, select_modules
 from ..inspectors.gradcam import (
     CamMaps,
     GradCamResult,
@@ -107,6 +107,10 @@ class GradCamRecorder(Recorder):
         super().__init__(model, **options)
         o = options
         self.layer: str | None = o.get("gradcam_layer") or None
+        if self.layer:
+            # Unknown names fail before the cell runs (the magic turns this into a UsageError);
+            # whether the layer has a spatial output is only known after the run.
+            select_modules(model, self.layer.split("#")[0])
         self.target = _target(o.get("target"))
         self.topk = int(o.get("cam_topk") or 5)
         self.method = str(o.get("cam_method") or "gradcam").lower().replace("-", "")

@@ -103,3 +103,12 @@ def test_both_views_at_once(sh) -> None:  # type: ignore[no-untyped-def]
 def test_unknown_method_is_a_usage_error(sh) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(UsageError):
         sh.run_cell("%%nndebug model --view gradcam --method nope\nmodel(x)", store_history=False).raise_error()
+
+
+def test_gradcam_unknown_layer_is_a_usage_error_before_the_cell_runs(sh) -> None:  # type: ignore[no-untyped-def]
+    from IPython.core.error import UsageError
+
+    sh.user_ns["ran"] = False
+    res = sh.run_cell("%%nndebug model --view gradcam --layer nope\nran = True")
+    assert isinstance(res.error_in_exec, UsageError) and "no layer named 'nope'" in str(res.error_in_exec)
+    assert sh.user_ns["ran"] is False

@@ -1,5 +1,5 @@
 // Element helpers for the views. Model text (layer names, tokens, class names) is untrusted, so
-// everything here goes through `textContent` and `setAttribute` only — never innerHTML.
+// everything here goes through `textContent` and `setAttribute` only, never HTML parsing of strings.
 //
 //   h("div", { class: "row", on: { click: () => pick(i) } }, [h("span", { text: name }), "plain text"])
 

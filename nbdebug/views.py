@@ -36,6 +36,13 @@ class Recorder:
     def __exit__(self, *exc: object) -> None:
         return None
 
+    def applies(self) -> str | None:
+        """After the run, before :meth:`widget`: ``None`` when the view has something to show, else a
+        one-line reason ("no captured layer has a spatial output"). Called before any widget is
+        created, so a view that does not apply never creates (and closes) a front-end model.
+        """
+        return None
+
     def result(self) -> Any:
         """Plain data describing what was captured (dataclasses holding numpy arrays)."""
         raise NotImplementedError

@@ -5,13 +5,17 @@
 >>> cap.result.layers[0].name, cap.result.layers[0].stats["mean"]   # doctest: +SKIP
 
 Everything is computed on the tensors' device; the host sees the numbers once, at ``__exit__``.
+A *step* is one call of the model's top-level ``forward``: rows merge every step, and the NaN/Inf
+origin is decided in the first step where a non-finite value appeared. Forward passes that
+autograd runs during backward (gradient checkpointing recomputation) are not new calls: their
+output gradients land on the original rows.
 Hooks are removed on every exit path (exception, KeyboardInterrupt included) and the model is left
 exactly as it was: no attributes, no ``.grad`` of our own, no mode changes.
 """
 
 from __future__ import annotations
 
-import math
+import os
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -21,14 +25,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from .budget import DEFAULT_MAX_BYTES
+from .errors import ErrorSite, locate
 from .hooks import HookSet
 from .leaves import tensor_leaves
+from .names import call_name
 from .select import LayerFilter, select_modules
-from .stats import FIELDS, IDX, SATURATING, merge, summarize, tensor_stats
+from .stats import IDX, SATURATING, Raw, merge_raw, tensor_stats
 
 __all__ = ["Capture", "CaptureResult", "LayerRecord"]
 
-DEFAULT_MAX_BYTES = 256 * 2**20
+_NAN, _INF = IDX["nan"], IDX["inf"]
 MAX_CALLS = 200_000  # per-call records kept (a long training loop in one cell is summarised)
 
 
@@ -49,6 +56,12 @@ class LayerRecord:
     histogram: tuple[np.ndarray, np.ndarray] | None = None  # exact (counts, edges) when requested
     inputs: tuple[int, ...] = ()  # row indices whose outputs fed this row's module (first call)
     external_input_nonfinite: bool = False  # an input not produced by a captured row was NaN/Inf
+    first_step: int = 1  # the step of this row's first call
+
+    @property
+    def is_float(self) -> bool:
+        """Floating-point output (an activation); integer/bool outputs are masks, indices, counts."""
+        return self.dtype.startswith(("float", "bfloat", "complex"))
 
 
 @dataclass
@@ -68,6 +81,18 @@ class CaptureResult:
     backward_nonfinite_row: int | None  # row whose output gradient was the first non-finite one in backward order
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
+    steps: int = 0  # calls of the model's top-level forward (recomputation during backward excluded)
+    forward_nonfinite_step: int | None = None  # 1-based step of ``forward_nonfinite_call``
+    backward_nonfinite_step: int | None = None  # 1-based step whose backward first went non-finite
+    backward_origin_row: int | None = None  # consumer of ``backward_nonfinite_row`` with a finite output gradient (same step)
+    error: ErrorSite | None = None  # the module that raised, when the cell raised inside the model
+    raised: str | None = None  # "RuntimeError: ..." when the cell raised (inside the model or not)
+
+    @property
+    def first_nonfinite_step(self) -> int | None:
+        """1-based step in which the first NaN/Inf appeared (forward or backward), or None."""
+        steps = [s for s in (self.forward_nonfinite_step, self.backward_nonfinite_step) if s is not None]
+        return min(steps) if steps else None
 
     def __getitem__(self, name: str) -> LayerRecord:
         for rec in self.layers:
@@ -84,24 +109,42 @@ class CaptureResult:
     def __repr__(self) -> str:
         return (
             f"CaptureResult({len(self.layers)} layers, {self.forward_passes} forward pass(es), "
-            f"backward={'yes' if self.backward_ran else 'no'})"
+            f"backward={'yes' if self.backward_ran else 'no'}"
+            + (f", raised in `{self.error.module}`" if self.error is not None else "") + ")"
         )
 
 
 class _Call:
     """One recorded tensor leaf of one module call (device tensors until the final sync)."""
 
-    __slots__ = ("dtype", "grad_order", "grad_stats", "hist", "input_calls", "input_checks", "key", "module", "raw", "sample", "shape", "type")
+    __slots__ = ("dtype", "grad_order", "grad_stats", "hist", "hooked", "input_calls", "input_checks",
+                 "key", "module", "raw", "sample", "shape", "step", "type")
 
-    def __init__(self, key: str, module: str, type_: str, shape: tuple[int, ...], dtype: str) -> None:
-        self.key, self.module, self.type, self.shape, self.dtype = key, module, type_, shape, dtype
-        self.raw: torch.Tensor | None = None
-        self.grad_stats: torch.Tensor | None = None
+    def __init__(self, key: str, module: str, type_: str, shape: tuple[int, ...], dtype: str, step: int) -> None:
+        self.key, self.module, self.type, self.shape, self.dtype, self.step = key, module, type_, shape, dtype, step
+        self.raw: Raw | None = None
+        self.grad_stats: Raw | None = None
         self.grad_order = -1
+        self.hooked = False  # an output-gradient hook was registered in the original forward
         self.sample: torch.Tensor | None = None
         self.hist: torch.Tensor | None = None
         self.input_calls: list[int] = []
         self.input_checks: list[torch.Tensor] = []
+
+
+def _in_backward() -> bool:
+    """True while autograd runs a backward on this thread (checkpoint recomputation happens there)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The version counter, or None for inference tensors (they have none)."""
+    return None if t.is_inference() else t._version
+
+
+def device_path_default() -> bool:
+    """``NBDEBUG_DEVICE_PATH=1`` runs the accelerator path (stats stay on device) on the CPU too."""
+    return os.environ.get("NBDEBUG_DEVICE_PATH", "") not in ("", "0")
 
 
 class Capture:
@@ -112,7 +155,8 @@ class Capture:
     ``histograms`` (exact 32-bin histograms of every output, computed on the device),
     ``sample_size`` (values kept per layer for on-demand histograms and the near-zero fraction;
     exact for smaller tensors), ``max_bytes`` (budget for everything kept beyond scalar stats),
-    ``near_zero_eps``.
+    ``near_zero_eps``, ``device_path`` (keep stats on the device and sync once at exit even on
+    the CPU; default from ``NBDEBUG_DEVICE_PATH``; always on for accelerators).
     """
 
     def __init__(
@@ -126,6 +170,7 @@ class Capture:
         max_bytes: int = DEFAULT_MAX_BYTES,
         near_zero_eps: float = 1e-6,
         bins: int = 32,
+        device_path: bool | None = None,
     ) -> None:
         self.model = model
         self.modules = select_modules(model, layers)
@@ -135,6 +180,7 @@ class Capture:
         self.max_bytes = int(max_bytes)
         self.near_zero_eps = near_zero_eps
         self.bins = bins
+        self.device_path = device_path_default() if device_path is None else bool(device_path)
         self.result: CaptureResult | None = None
         self._hooks = HookSet()
         self._calls: list[_Call] = []
@@ -143,26 +189,35 @@ class Capture:
         # output that aliases one of them unchanged (Identity, Dropout in eval, Flatten, views)
         # has the same stats, so they are copied instead of recomputed.
         self._by_storage: dict[tuple[int, int, torch.dtype], tuple[weakref.ref[torch.Tensor], int, int]] = {}
-        self._occurrence: dict[str, int] = {}
+        # module name → index of the first leaf of each of its calls in the current step
+        self._occurrence: dict[str, list[int]] = {}
+        self._recomputed: dict[str, int] = {}  # module name → recomputations seen in this step
         self._passes = 0
         self._grad_counter = 0
         self._bytes = 0
+        self._dropped_bytes = 0
         self._budget_exceeded = False
         self._truncated = False
-        self._grad_snapshot: dict[int, tuple[int, int]] = {}
+        self._grad_snapshot: dict[int, tuple[int, int | None]] = {}
         self._t0 = 0.0
+        self._error: ErrorSite | None = None
+        self._raised: str | None = None
 
     # -- hooks -------------------------------------------------------------------------------
     def _on_root_pre(self, *_: Any) -> None:
+        if _in_backward():  # the whole model recomputed by checkpointing: not a new step
+            return
         self._passes += 1
         self._occurrence.clear()
+        self._recomputed.clear()
 
     def _link_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any], call: _Call, check: bool) -> None:
         """Link a call to the captured calls that produced its inputs (by tensor identity).
 
         Inputs not produced by a captured call are checked for NaN/Inf only when ``check`` (the
         output was non-finite, or the device cannot tell without a sync): that check is what
-        separates "this layer made the NaN" from "the NaN came in with the input".
+        separates "this layer made the NaN" from "the NaN came in with the input". The check
+        stays on the device (float32 min/max; never float64 there).
         """
         for _, t in tensor_leaves((args, kwargs)):
             if not t.is_floating_point():
@@ -172,15 +227,16 @@ class Capture:
                 if hit[1] not in call.input_calls:
                     call.input_calls.append(hit[1])
             elif check and t.numel():
-                mn, mx = torch.aminmax(t.detach().float() if t.dtype not in (torch.float32, torch.float64) else t.detach())
-                call.input_checks.append(torch.stack([mn.double(), mx.double()]))
+                mn, mx = torch.aminmax(t.detach())
+                call.input_checks.append(torch.stack([mn, mx]).to(torch.float32))
 
-    def _aliased_stats(self, t: torch.Tensor) -> Any:
+    def _aliased_stats(self, t: torch.Tensor) -> Raw | None:
         """Stats of an already-recorded tensor with the same elements, or None.
 
         Same start, size and dtype over a contiguous range of a storage that is still alive (so
         the address cannot have been reused), and an unchanged version counter (shared by views,
-        bumped by in-place ops): the same values.
+        bumped by in-place ops): the same values. Inference tensors have no version counter and
+        are always recomputed.
         """
         if not t.is_contiguous() or not t.numel():
             return None
@@ -189,21 +245,22 @@ class Capture:
             return None
         ref, idx, version = hit
         src = ref()
-        if src is None or src.data_ptr() != t.data_ptr() or t._version != version:
+        if src is None or src.data_ptr() != t.data_ptr() or _version(t) != version:
             return None
         raw = self._calls[idx].raw
-        return raw.copy() if isinstance(raw, np.ndarray) else raw.clone()
+        return raw.copy() if isinstance(raw, np.ndarray) else raw.clone()  # type: ignore[union-attr]
 
     def _keep(self, nbytes: int) -> bool:
         if self._bytes + nbytes > self.max_bytes:
             self._budget_exceeded = True
+            self._dropped_bytes += nbytes
             return False
         self._bytes += nbytes
         return True
 
     def _sample(self, t: torch.Tensor) -> torch.Tensor | None:
         n = t.numel()
-        if n == 0 or not self._keep(min(n, self.sample_size) * 4):
+        if n == 0 or self.sample_size <= 0 or not self._keep(min(n, self.sample_size) * 4):
             return None
         x = t.detach().reshape(-1)
         if n <= self.sample_size:
@@ -219,57 +276,83 @@ class Capture:
     def _make_forward_hook(self, name: str, module: nn.Module) -> Any:
         type_name = type(module).__name__
         saturation = SATURATING.get(type_name)
+        on_device = self.device_path
 
         def hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            if _in_backward():
+                self._on_recompute(name, output)
+                return
             if len(self._calls) >= MAX_CALLS:
                 self._truncated = True
                 return
-            k = self._occurrence.get(name, 0)
-            self._occurrence[name] = k + 1
-            suffix = f"#{k + 1}" if k else ""
+            starts = self._occurrence.get(name)
+            if starts is None:
+                starts = self._occurrence[name] = []
+            k = len(starts)
+            step = self._passes
             new: list[tuple[_Call, torch.Tensor]] = []
             for leaf_name, t in tensor_leaves(output, name):
                 if t.is_complex():
                     continue
-                call = _Call(leaf_name + suffix, name, type_name, tuple(t.shape), str(t.dtype).replace("torch.", ""))
+                call = _Call(call_name(leaf_name, k), name, type_name, tuple(t.shape), str(t.dtype).replace("torch.", ""), step)
                 call.raw = self._aliased_stats(t) if saturation is None else None
                 if call.raw is None:
-                    call.raw = tensor_stats(t, saturation=saturation)
+                    call.raw = tensor_stats(t, saturation=saturation, on_device=on_device)
                 new.append((call, t))
             if not new:
                 return
+            starts.append(len(self._calls))
             # The module's inputs belong to its first leaf; later leaves share the links.
-            check = any(not isinstance(c.raw, np.ndarray) or c.raw[IDX["nan"]] + c.raw[IDX["inf"]] > 0 for c, _ in new)
+            check = any(not isinstance(c.raw, np.ndarray) or c.raw[_NAN] + c.raw[_INF] > 0 for c, _ in new)
             self._link_inputs(args, kwargs, new[0][0], check)
+            grads = self.grads and torch.is_grad_enabled()
             for call, t in new:
                 if call is not new[0][0]:
                     call.input_calls = new[0][0].input_calls
                 if self._passes <= 1:  # samples/histograms describe the first forward pass
                     call.sample = self._sample(t)
-                    if self.histograms and t.numel() and self._keep(self.bins * 8):
-                        call.hist = self._histogram(t)
+                    if self.histograms and t.numel() and self._keep(self.bins * 4 + 8):
+                        call.hist = _histogram(t, self.bins)
                 idx = len(self._calls)
                 self._calls.append(call)
                 ref = weakref.ref(t)
                 self._by_tensor[id(t)] = (ref, idx)
                 if t.is_contiguous() and t.numel():
-                    self._by_storage[(t.data_ptr(), t.numel(), t.dtype)] = (ref, idx, t._version)
-                if self.grads and t.requires_grad and torch.is_grad_enabled():
+                    self._by_storage[(t.data_ptr(), t.numel(), t.dtype)] = (ref, idx, _version(t))
+                if grads and t.requires_grad:
+                    call.hooked = True
                     self._hooks.tensor(t, self._make_grad_hook(call))
 
         return hook
 
-    def _histogram(self, t: torch.Tensor) -> torch.Tensor:
-        x = t.detach().reshape(-1).float()
-        finite = x[torch.isfinite(x)] if x.device.type != "cpu" or not torch.isfinite(x.sum()) else x
-        if finite.numel() == 0:
-            return torch.zeros(self.bins, device=x.device)
-        return torch.histc(finite, bins=self.bins)
+    def _on_recompute(self, name: str, output: Any) -> None:
+        """A forward run by autograd during backward (checkpointing): no new call or row.
+
+        The k-th recomputation of ``name`` in a step is matched to its k-th original call. With
+        ``use_reentrant=True`` the original forward ran without grad and the backward flows through
+        the recomputed graph, so the output-gradient hook goes on the recomputed tensor; with the
+        non-reentrant implementation the original outputs were hooked already.
+        """
+        starts = self._occurrence.get(name)
+        if not starts or not (self.grads and torch.is_grad_enabled()):
+            return
+        k = self._recomputed.get(name, 0)
+        self._recomputed[name] = k + 1
+        first = starts[k % len(starts)]
+        for i, (_, t) in enumerate(x for x in tensor_leaves(output, name) if not x[1].is_complex()):
+            j = first + i
+            if j >= len(self._calls) or self._calls[j].module != name:
+                break
+            call = self._calls[j]
+            if not call.hooked and t.requires_grad:
+                self._hooks.tensor(t, self._make_grad_hook(call))
 
     def _make_grad_hook(self, call: _Call) -> Any:
+        on_device = self.device_path
+
         def grad_hook(g: torch.Tensor) -> None:
-            stats = tensor_stats(g)
-            call.grad_stats = stats if call.grad_stats is None else _merge_dev(call.grad_stats, stats)
+            stats = tensor_stats(g, on_device=on_device)
+            call.grad_stats = stats if call.grad_stats is None else merge_raw(call.grad_stats, stats)
             if call.grad_order < 0:
                 call.grad_order = self._grad_counter
                 self._grad_counter += 1
@@ -277,11 +360,20 @@ class Capture:
 
         return grad_hook
 
+    def _producer(self, t: torch.Tensor) -> tuple[str, tuple[int, ...] | None] | None:
+        """Row name of the captured call that produced ``t``, and that call's first input shape."""
+        hit = self._by_tensor.get(id(t))
+        if hit is None or hit[0]() is not t:
+            return None
+        call = self._calls[hit[1]]
+        src = self._calls[call.input_calls[0]].shape if call.input_calls else None
+        return call.key, src
+
     # -- context manager --------------------------------------------------------------------
     def __enter__(self) -> Capture:
         self._t0 = time.perf_counter()
         self._grad_snapshot = {
-            id(p): (id(p.grad), p.grad._version) for p in self.model.parameters() if p.grad is not None
+            id(p): (id(p.grad), _version(p.grad)) for p in self.model.parameters() if p.grad is not None
         }
         try:
             self._hooks.forward_pre(self.model, self._on_root_pre)
@@ -292,157 +384,35 @@ class Capture:
             raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None, tb: Any = None) -> None:
         self._hooks.remove()
-        self._by_tensor.clear()
-        self._by_storage.clear()
-        self.result = self._finish()
+        try:
+            if exc is not None:
+                text = str(exc).strip().splitlines()
+                self._raised = type(exc).__name__ + (f": {text[0]}" if text else "")
+                try:
+                    self._error = locate(exc, self.model, self._producer, tb)
+                except Exception:  # never mask the user's exception with ours
+                    self._error = None
+        finally:
+            self._by_tensor.clear()
+            self._by_storage.clear()
+        from .assemble import assemble
+
+        self.result = assemble(self)
         self._calls = []
 
-    # -- the one host sync ------------------------------------------------------------------
-    def _fresh_param_grad_norms(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        mods = dict(self.modules)
-        for name, module in mods.items():
-            grads = []
-            for p in module.parameters(recurse=False):
-                g = p.grad
-                if g is None:
-                    continue
-                before = self._grad_snapshot.get(id(p))
-                if before is not None and before == (id(g), g._version):
-                    continue  # stale: the cell did not touch it
-                grads.append(g.detach())
-            if grads:
-                out[name] = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
-        return out
 
-    def _finish(self) -> CaptureResult:
-        calls = self._calls
-        n_f = len(FIELDS)
-        raws = _to_host([c.raw for c in calls], n_f)
-        g_idx = [i for i, c in enumerate(calls) if c.grad_stats is not None]
-        grads = dict(zip(g_idx, _to_host([calls[i].grad_stats for i in g_idx], n_f)))
-        # Rows: one per key, in order of first appearance.
-        row_of: dict[str, int] = {}
-        members: list[list[int]] = []
-        for i, c in enumerate(calls):
-            r = row_of.setdefault(c.key, len(members))
-            if r == len(members):
-                members.append([])
-            members[r].append(i)
-        call_row = {i: row_of[c.key] for i, c in enumerate(calls)}
-        param_norms = self._fresh_param_grad_norms()
+def _histogram(t: torch.Tensor, bins: int) -> torch.Tensor:
+    """``bins`` counts of the finite values over [finite min, finite max], then those two bounds.
 
-        layers: list[LayerRecord] = []
-        for idxs in members:
-            c0 = calls[idxs[0]]
-            raw = merge(raws[idxs])
-            s = {k: float(v[0]) for k, v in summarize(raw[None]).items()}
-            g_rows = [grads[i] for i in idxs if i in grads]
-            g = {k: float(v[0]) for k, v in summarize(merge(np.stack(g_rows))[None]).items()} if g_rows else None
-            sample = c0.sample.cpu().numpy() if c0.sample is not None else None
-            if sample is not None and sample.size:
-                s["near_zero_frac"] = float(np.mean(np.abs(sample) < self.near_zero_eps))
-                s["near_zero_exact"] = float(sample.size >= s["numel"])
-            else:
-                s["near_zero_frac"] = math.nan
-                s["near_zero_exact"] = 0.0
-            if c0.type in SATURATING:
-                s["saturated_frac"] = s["extra_frac"]
-            s.pop("extra_frac", None)
-            hist = None
-            if c0.hist is not None:
-                lo, hi = s["min"], s["max"]
-                if not (math.isfinite(lo) and math.isfinite(hi)):
-                    fin = sample[np.isfinite(sample)] if sample is not None else np.zeros(0)
-                    lo, hi = (float(fin.min()), float(fin.max())) if fin.size else (0.0, 0.0)
-                edges = np.linspace(lo, hi if hi > lo else lo + 1.0, self.bins + 1)
-                hist = (c0.hist.cpu().numpy().astype(np.float64), edges)
-            ext_nonfinite = any(
-                not (math.isfinite(float(v[0])) and math.isfinite(float(v[1]))) for v in (x.cpu() for x in c0.input_checks)
-            )
-            layers.append(
-                LayerRecord(
-                    name=c0.key,
-                    module=c0.module,
-                    type=c0.type,
-                    shape=c0.shape,
-                    dtype=c0.dtype,
-                    calls=len(idxs),
-                    stats=s,
-                    grad=g,
-                    param_grad_norm=param_norms.pop(c0.module, None),  # on the module's first row
-                    sample=sample,
-                    histogram=hist,
-                    inputs=tuple(sorted({call_row[j] for j in c0.input_calls})),
-                    external_input_nonfinite=ext_nonfinite,
-                )
-            )
-
-        # First non-finite forward output in execution order.
-        fwd = None
-        for i, c in enumerate(calls):
-            v = raws[i]
-            if v[IDX["nan"]] > 0 or v[IDX["inf"]] > 0:
-                ext_bad = any(not np.all(np.isfinite(x.cpu().numpy())) for x in c.input_checks)
-                fwd = (call_row[i], not ext_bad)
-                break
-        # First non-finite output gradient in backward order.
-        bwd = None
-        order = sorted((c.grad_order, i) for i, c in enumerate(calls) if c.grad_order >= 0)
-        for _, i in order:
-            gv = grads.get(i)
-            if gv is not None and (gv[IDX["nan"]] > 0 or gv[IDX["inf"]] > 0):
-                bwd = call_row[i]
-                break
-
-        notes: list[str] = []
-        if self._budget_exceeded:
-            notes.append(
-                f"byte budget of {self.max_bytes / 2**20:.0f} MB reached: stats kept for every layer, "
-                "samples/histograms dropped for later ones (raise max_bytes to keep them)"
-            )
-        if self._truncated:
-            notes.append(f"more than {MAX_CALLS} layer calls: later calls were not recorded")
-        return CaptureResult(
-            layers=layers,
-            forward_passes=self._passes,
-            backward_ran=bool(grads),
-            calls_recorded=len(calls),
-            truncated=self._truncated,
-            sample_size=self.sample_size,
-            near_zero_eps=self.near_zero_eps,
-            bytes_kept=self._bytes,
-            budget_exceeded=self._budget_exceeded,
-            forward_nonfinite_call=fwd,
-            backward_nonfinite_row=bwd,
-            elapsed_s=time.perf_counter() - self._t0,
-            notes=notes,
-        )
-
-
-def _merge_dev(a: Any, b: Any) -> Any:
-    """Combine two raw stat vectors (numpy or device tensors) of one tensor's gradient."""
-    out = a + b
-    lib = np if isinstance(a, np.ndarray) else torch
-    out[IDX["min"]] = lib.minimum(a[IDX["min"]], b[IDX["min"]])
-    out[IDX["max"]] = lib.maximum(a[IDX["max"]], b[IDX["max"]])
-    return out
-
-
-def _to_host(raws: list[Any], width: int) -> np.ndarray:
-    """Stack raw stat vectors: CPU ones are numpy already, device ones cross in one transfer each device."""
-    if not raws:
-        return np.zeros((0, width))
-    out = np.full((len(raws), width), np.nan)
-    dev = [i for i, r in enumerate(raws) if isinstance(r, torch.Tensor)]
-    for i, r in enumerate(raws):
-        if isinstance(r, np.ndarray):
-            out[i] = r
-    by_device: dict[torch.device, list[int]] = {}
-    for i in dev:
-        by_device.setdefault(raws[i].device, []).append(i)
-    for idxs in by_device.values():
-        out[idxs] = torch.stack([raws[i] for i in idxs]).cpu().numpy()  # the one sync per device
-    return out
+    All on the device, no data-dependent shapes (no boolean indexing: that syncs on accelerators).
+    """
+    x = t.detach().reshape(-1).float()
+    fin = torch.isfinite(x)
+    lo = torch.where(fin, x, torch.inf).min()
+    hi = torch.where(fin, x, -torch.inf).max()
+    width = torch.clamp(hi - lo, min=1e-30)
+    idx = ((x - lo) / width * bins).nan_to_num(0.0).clamp(0, bins - 1).long()
+    counts = torch.zeros(bins, device=x.device).scatter_add_(0, idx, fin.float())
+    return torch.cat([counts, torch.stack([lo, hi])])

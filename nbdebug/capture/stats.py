@@ -6,8 +6,10 @@ through min/max, so the exact NaN/Inf counts are only computed when min or max i
 the CPU that check is a plain memory read; on accelerators the counts are always computed on the
 device (cheap there) so that nothing waits for the host.
 
-A stat vector is a 1-D float64 tensor laid out as :data:`FIELDS`; :func:`summarize` turns a batch of
-them (one ``.cpu()`` for the whole capture) into means, stds and fractions.
+A raw stat vector is laid out as :data:`FIELDS` (a float64 numpy row on the CPU, a
+:class:`DeviceStats` pair of float32/int64 tensors elsewhere — never float64 on the device);
+:func:`to_host_rows` brings many over at once and :func:`summarize` turns them into means, stds and
+fractions.
 
 >>> v = tensor_stats(torch.tensor([0.0, 1.0, -2.0, 3.0]))
 >>> summarize(v[None].numpy())["mean"][0]
@@ -17,11 +19,13 @@ them (one ``.cpu()`` for the whole capture) into means, stds and fractions.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-__all__ = ["FIELDS", "SATURATING", "summarize", "tensor_stats"]
+__all__ = ["FIELDS", "SATURATING", "DeviceStats", "merge_raw", "summarize", "tensor_stats", "to_host_rows"]
 
 # Layout of one raw stat vector.
 FIELDS = ("numel", "sum", "sumsq", "min", "max", "nonzero", "nan", "inf", "extra")
@@ -63,13 +67,38 @@ def _count_nonzero(x: torch.Tensor, sync_free: bool) -> torch.Tensor | int:
     return nz - torch.count_nonzero(bits == int_min)
 
 
-def tensor_stats(
-    t: torch.Tensor, *, saturation: tuple[float, float] | None = None, sat_eps: float = 1e-3
-) -> torch.Tensor | np.ndarray:
-    """Raw stat vector of ``t`` laid out as :data:`FIELDS`.
+class DeviceStats(NamedTuple):
+    """A raw stat vector still on the tensor's device (no host sync yet).
 
-    On the CPU the result is a float64 numpy array (reading a CPU scalar is free); elsewhere it is
-    a float64 tensor on ``t``'s device, to be brought to the host once for the whole capture.
+    ``floats`` is float32 ``[sum, sumsq, min, max]`` (half precision accumulates in float32; no
+    float64 on the device: MPS has none), ``counts`` is int64 ``[numel, nonzero, nan, inf, extra]``
+    (exact at any size). :func:`to_host_rows` brings many of them over in one transfer per device.
+    """
+
+    floats: torch.Tensor
+    counts: torch.Tensor
+
+    def clone(self) -> DeviceStats:
+        return DeviceStats(self.floats.clone(), self.counts.clone())
+
+
+Raw = np.ndarray | DeviceStats
+_F_IDX = [IDX["sum"], IDX["sumsq"], IDX["min"], IDX["max"]]
+_C_IDX = [IDX["numel"], IDX["nonzero"], IDX["nan"], IDX["inf"], IDX["extra"]]
+
+
+def tensor_stats(
+    t: torch.Tensor,
+    *,
+    saturation: tuple[float, float] | None = None,
+    sat_eps: float = 1e-3,
+    on_device: bool = False,
+) -> Raw:
+    """Raw stats of ``t`` laid out as :data:`FIELDS`.
+
+    On the CPU the result is a float64 numpy array (reading a CPU scalar is free); elsewhere, or
+    with ``on_device=True`` (the accelerator path run on the CPU, for tests), a
+    :class:`DeviceStats` on ``t``'s device, brought to the host once for the whole capture.
     ``saturation=(lo, hi)`` also counts values within ``sat_eps`` of either bound into ``extra``.
     """
     x = _float_view(t)
@@ -85,7 +114,7 @@ def tensor_stats(
     if saturation is not None:
         lo, hi = saturation
         extra = torch.count_nonzero(x <= lo + sat_eps) + torch.count_nonzero(x >= hi - sat_eps)
-    if x.device.type == "cpu":
+    if x.device.type == "cpu" and not on_device:
         mn_f, mx_f = mn.item(), mx.item()
         nan = inf = 0
         if not (math.isfinite(mn_f) and math.isfinite(mx_f)):  # exact counts only when needed
@@ -97,10 +126,49 @@ def tensor_stats(
             dtype=np.float64,
         )
     nz = _count_nonzero(x, sync_free=False)
-    zero = torch.zeros((), device=x.device)
-    parts = [s, ss, mn, mx, nz, torch.isnan(x).sum(), torch.isinf(x).sum(), zero if extra is None else extra]
-    head = torch.full((1,), float(n), dtype=torch.float64, device=x.device)
-    return torch.cat([head, torch.stack([p.to(torch.float64) for p in parts])])
+    zero = torch.zeros((), dtype=torch.int64, device=x.device)
+    floats = torch.stack([s, ss, mn, mx]).to(torch.float32)
+    numel = torch.full((), n, dtype=torch.int64, device=x.device)
+    parts = [numel, nz, torch.isnan(x).sum(), torch.isinf(x).sum(), zero if extra is None else extra]
+    return DeviceStats(floats, torch.stack([p.to(torch.int64) for p in parts]))
+
+
+def merge_raw(a: Raw, b: Raw) -> Raw:
+    """Combine two raw stats of one tensor (e.g. a gradient reached twice), without a host sync."""
+    if isinstance(a, DeviceStats) and isinstance(b, DeviceStats):
+        f = torch.cat([a.floats[:2] + b.floats[:2], torch.minimum(a.floats[2:3], b.floats[2:3]),
+                       torch.maximum(a.floats[3:4], b.floats[3:4])])
+        return DeviceStats(f, a.counts + b.counts)
+    return merge(np.stack([host_row(a), host_row(b)]))
+
+
+def host_row(raw: Raw) -> np.ndarray:
+    """One raw stats as a host row (syncs for a :class:`DeviceStats`: use :func:`to_host_rows`)."""
+    if isinstance(raw, np.ndarray):
+        return raw
+    return to_host_rows([raw])[0]
+
+
+def to_host_rows(raws: Sequence[Raw]) -> np.ndarray:
+    """Stack raw stats into ``[N, len(FIELDS)]`` float64: one transfer per device and kind."""
+    out = np.full((len(raws), N_FIELDS), np.nan)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, r in enumerate(raws):
+        if isinstance(r, np.ndarray):
+            out[i] = r
+        else:
+            by_device.setdefault(r.floats.device, []).append(i)
+    for idxs in by_device.values():
+        floats = torch.stack([raws[i].floats for i in idxs]).cpu().numpy()  # type: ignore[union-attr]
+        counts = torch.stack([raws[i].counts for i in idxs]).cpu().numpy()  # type: ignore[union-attr]
+        out[np.ix_(idxs, _F_IDX)] = floats
+        out[np.ix_(idxs, _C_IDX)] = counts
+    return out
+
+
+def nonfinite(row: np.ndarray) -> bool:
+    """Whether a host raw row counts any NaN/Inf."""
+    return bool(row[IDX["nan"]] + row[IDX["inf"]] > 0)
 
 
 def summarize(raw: np.ndarray) -> dict[str, np.ndarray]:

@@ -6,15 +6,22 @@ from typing import Any
 
 from torch import nn
 
-from ..capture.session import DEFAULT_MAX_BYTES, Capture, CaptureResult
+from ..capture.budget import parse_bytes
+from ..capture.session import Capture, CaptureResult
 from ..inspectors.thermometer import Thresholds, diagnose
 from ..views import Recorder
 from ..widgets.thermometer import ThermometerWidget
 
 
+def _opt(options: dict[str, Any], key: str, default: float) -> float:
+    """A numeric option; 0 is a value, only a missing one (None) takes the default."""
+    value = options.get(key)
+    return default if value is None else float(value)
+
+
 class ThermometerRecorder(Recorder):
-    """Options read: ``layers``, ``histograms``, ``max_bytes``, ``sample_size``, ``dead_threshold``,
-    ``vanishing``, ``exploding``."""
+    """Options read: ``layers``, ``histograms``, ``max_bytes`` (``64MB`` or bytes), ``sample_size``,
+    ``dead_threshold``, ``vanishing``, ``exploding``, ``device_path``. Zero values are honoured."""
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -23,21 +30,22 @@ class ThermometerRecorder(Recorder):
             model,
             o.get("layers"),
             histograms=bool(o.get("histograms")),
-            max_bytes=int(o.get("max_bytes") or DEFAULT_MAX_BYTES),
-            sample_size=int(o.get("sample_size") or 4096),
+            max_bytes=parse_bytes(o.get("max_bytes")),
+            sample_size=int(_opt(o, "sample_size", 4096)),
+            device_path=o.get("device_path"),
         )
         defaults = Thresholds()
         self.thresholds = Thresholds(
-            dead=o.get("dead_threshold") or defaults.dead,
-            vanishing=o.get("vanishing") or defaults.vanishing,
-            exploding=o.get("exploding") or defaults.exploding,
+            dead=_opt(o, "dead_threshold", defaults.dead),
+            vanishing=_opt(o, "vanishing", defaults.vanishing),
+            exploding=_opt(o, "exploding", defaults.exploding),
         )
 
     def __enter__(self) -> ThermometerRecorder:
         self.capture.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.capture.__exit__(*exc)
 
     def result(self) -> CaptureResult:

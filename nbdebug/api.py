@@ -11,19 +11,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import ExitStack
 from typing import Any
 
 from torch import nn
 
-from .views import VIEWS, Recorder, get_recorder
+from .capture.weak import ModelRef
+from .views import VIEWS, NotApplicableError, Recorder, get_recorder
 
 __all__ = ["Debug", "debug", "thermometer"]
 
 
 ALL = "all"
-#: errors meaning "this view does not apply to this model" (e.g. AdapterError: no transformer blocks)
-NOT_APPLICABLE = (ValueError, TypeError, LookupError, RuntimeError)
+NOTE_CHARS = 160  # a reason longer than this is cut: a note is one line, not a traceback
 
 
 def _split(view: str | list[str]) -> list[str]:
@@ -43,124 +42,224 @@ def parse_views(view: str | list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def does_not_apply(exc: BaseException) -> bool:
+    """Whether a recorder's constructor said "this view cannot apply to this model" (a note), as
+    opposed to a user error (bad option value, unknown layer name: ``ValueError``/``LookupError``,
+    which the magic turns into a ``UsageError`` before the cell runs). Anything else a constructor
+    raises (a bug on an unusual model) is isolated like "does not apply": the other views still run.
+    """
+    if isinstance(exc, NotApplicableError):
+        return True
+    from .adapters.transformers import AdapterError  # "no transformer blocks in this model"
+
+    if isinstance(exc, AdapterError):
+        return True
+    return not isinstance(exc, (ValueError, LookupError))
+
+
+def _gist(why: BaseException | str) -> str:
+    """One short line: a reason as given, or an exception's first clause (its hints dropped)."""
+    if isinstance(why, str):
+        text = why
+    else:
+        text = str(why).strip().split("\n")[0].split("; ")[0]
+        if not isinstance(why, (NotApplicableError, ValueError, LookupError)) or not text:
+            text = f"{type(why).__name__}: {text}" if text else type(why).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= NOTE_CHARS else text[: NOTE_CHARS - 1] + "…"
+
+
 class Debug:
     """Runs one or more views' recorders around a block of code.
 
-    After the block: ``result`` (the first view's data; ``results`` has all), ``widget()`` /
-    ``widgets()`` build the widgets, ``show()`` displays them (two or more views: one
-    :class:`~nbdebug.widgets.dashboard.Dashboard` with a tab each, ``dashboard()``).
+    After the block: ``results`` (view → data), ``result`` (the first shown view's data),
+    ``widgets()`` / ``widget()`` build the widgets, ``show()`` displays them (two or more views
+    requested: one :class:`~nbdebug.widgets.dashboard.Dashboard` with a tab each, ``dashboard()``).
 
-    ``view="all"`` tries every registered view and keeps those that apply to the model: a view
-    whose recorder cannot be built for it (e.g. attention on a CNN), or that finds nothing to show
-    after the run (no layer with a spatial output...), is left out; ``skipped`` says why.
+    Each view is isolated at every stage (recorder construction, enter, exit, ``applies()``,
+    ``result()``, ``widget()``): a view that does not apply to the model, or fails, is left out and
+    ``skipped`` says why; ``note()`` is the one line shown in its place. The user's code and its
+    exceptions are never affected. Bad option values and unknown layer names still raise from the
+    constructor, before any code runs.
+
+    The model is held weakly (strongly only while the block runs); once the widgets are built the
+    recorders are dropped, so neither this object nor the widgets keep a deleted model alive.
     """
 
     def __init__(self, model: nn.Module, view: str | list[str] = "thermometer", **options: Any) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"nbdebug needs a torch.nn.Module, got {type(model).__name__}")
-        self.model = model
+        self._model_ref: ModelRef[nn.Module] = ModelRef(model)
+        self._hold: nn.Module | None = model  # strong only until the block ends
         self.auto = ALL in _split(view)
-        self.views = parse_views(view)
-        self.skipped: dict[str, str] = {}  # view → why it does not apply (view="all" only)
-        # Recorders are built (and layer names validated) before any user code runs.
-        self.recorders: list[Recorder] = []
-        for v in list(self.views):
+        self.requested = parse_views(view)
+        self.skipped: dict[str, str] = {}  # view → one-line reason it is not shown
+        self._recorders: dict[str, Recorder] = {}
+        self._entered: list[str] = []
+        self._settled = False
+        self._results: dict[str, Any] = {}
+        self._widgets: dict[str, Any] | None = None
+        self._dashboard: Any = None
+        # Recorders are built (and option values, layer names validated) before any user code runs.
+        for v in self.requested:
             try:
-                self.recorders.append(get_recorder(v)(model, **options))
-            except NOT_APPLICABLE as exc:
-                if not self.auto:
+                self._recorders[v] = get_recorder(v)(model, **options)
+            except Exception as exc:
+                if not does_not_apply(exc):
                     raise
                 self._skip(v, exc)
-        if not self.views:
-            raise ValueError("no view applies to this model: " + "; ".join(f"{v}: {r}" for v, r in self.skipped.items()))
-        self._stack: ExitStack | None = None
-        self._widgets: list[Any] | None = None
-        self._dashboard: Any = None
+
+    # -- bookkeeping --------------------------------------------------------------------------
+    @property
+    def model(self) -> nn.Module:
+        """The model (``ModelGoneError`` once it has been deleted)."""
+        return self._model_ref.get()
+
+    @property
+    def views(self) -> list[str]:
+        """The requested views still in play (not skipped), in order."""
+        return [v for v in self.requested if v not in self.skipped]
+
+    @property
+    def recorders(self) -> list[Recorder]:
+        """The recorders of :attr:`views` (empty once the widgets are built and the recorders dropped)."""
+        return [self._recorders[v] for v in self.views if v in self._recorders]
 
     def _skip(self, view: str, why: BaseException | str) -> None:
-        i = self.views.index(view)
-        del self.views[i]
-        if i < len(self.recorders):
-            del self.recorders[i]
-        text = why if isinstance(why, str) else str(why).split("\n")[0].split("; ")[0]  # the gist, not the hints
-        text = text if len(text) <= 200 else text[:199] + "…"
-        self.skipped[view] = text
+        if view not in self.skipped:
+            self.skipped[view] = _gist(why)
+        self._results.pop(view, None)
 
+    # -- the block ----------------------------------------------------------------------------
     def __enter__(self) -> Debug:
-        stack = ExitStack()
-        try:
-            for rec in self.recorders:
-                stack.enter_context(rec)
-        except BaseException:
-            stack.close()
-            raise
-        self._stack = stack
+        for v in self.views:
+            rec = self._recorders[v]
+            try:
+                rec.__enter__()
+            except Exception as exc:  # this view cannot start; the others (and the user's code) run
+                self._skip(v, exc)
+                try:
+                    rec.__exit__(type(exc), exc, exc.__traceback__)  # remove whatever it installed
+                except Exception:
+                    pass
+                continue
+            except BaseException:  # KeyboardInterrupt while starting: undo everything, then stop
+                self._entered.append(v)
+                self._exit_all(None, None, None)
+                raise
+            self._entered.append(v)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._stack is not None:
-            stack, self._stack = self._stack, None
-            stack.__exit__(*exc)  # type: ignore[arg-type]
+    def _exit_all(self, *exc: Any) -> BaseException | None:
+        """Exit every entered recorder (last first), each isolated; returns a KeyboardInterrupt
+        (or other BaseException) raised while cleaning up, after all the others were cleaned."""
+        pending: BaseException | None = None
+        entered, self._entered = self._entered, []
+        for v in reversed(entered):
+            try:
+                self._recorders[v].__exit__(*exc)  # its return value never suppresses the user's error
+            except Exception as err:
+                self._skip(v, err)
+            except BaseException as err:
+                pending = pending or err
+        self._hold = None
+        return pending
+
+    def __exit__(self, *exc: Any) -> None:
+        pending = self._exit_all(*exc)
+        if pending is not None and pending is not exc[1]:
+            raise pending
+
+    # -- after the block ------------------------------------------------------------------------
+    def _settle(self) -> None:
+        """Ask each view whether it applies, then for its result; a view that does not or fails is skipped."""
+        if self._settled:
+            return
+        self._settled = True
+        for v in self.views:
+            rec = self._recorders[v]
+            try:
+                why = rec.applies()
+                if why:
+                    self._skip(v, why)
+                    continue
+                self._results[v] = rec.result()
+            except Exception as exc:
+                self._skip(v, exc)
 
     @property
     def results(self) -> dict[str, Any]:
-        return {v: r.result() for v, r in zip(self.views, self.recorders)}
+        """View → its data, for the views shown."""
+        self._settle()
+        return {v: self._results[v] for v in self.views if v in self._results}
 
     @property
     def result(self) -> Any:
-        return self.recorders[0].result()
+        """The first shown view's data (``LookupError`` with :meth:`note` when no view is shown)."""
+        res = self.results
+        if not res:
+            raise LookupError(self.note() or "no view to show")
+        return next(iter(res.values()))
 
     def widgets(self) -> list[Any]:
+        """The widgets of the views that apply (built once; no widget is created for the others)."""
+        self._settle()
         if self._widgets is None:
-            if not self.auto:
-                self._widgets = [r.widget() for r in self.recorders]
-            else:  # a view that cannot show anything for this run is left out, with the reason
-                built: list[Any] = []
-                for v, r in list(zip(self.views, self.recorders)):
-                    try:
-                        w = r.widget()
-                    except NOT_APPLICABLE as exc:
-                        self._skip(v, exc)
-                        continue
-                    if v == "featuremaps" and not w.layers:
-                        w.close()
-                        self._skip(v, "no captured layer has a spatial output")
-                        continue
-                    built.append(w)
-                self._widgets = built
-        return self._widgets
+            built: dict[str, Any] = {}
+            for v in self.views:
+                try:
+                    built[v] = self._recorders[v].widget()
+                except Exception as exc:
+                    self._skip(v, exc)
+            self._widgets = built
+            self._recorders = {}  # their work is done; the widgets hold what they need
+        return [w for v, w in self._widgets.items() if v not in self.skipped]
 
     def widget(self) -> Any:
-        return self.widgets()[0]
+        """The first widget (``LookupError`` with :meth:`note` when no view applies)."""
+        ws = self.widgets()
+        if not ws:
+            raise LookupError(self.note() or "no view to show")
+        return ws[0]
 
-    def skip_notes(self) -> list[str]:
-        """One line per reason: ``"attention, logitlens skipped: could not find ..."``."""
+    def note(self) -> str:
+        """One line saying which views are not shown and why ("" when all are)."""
         by_reason: dict[str, list[str]] = {}
         for v, why in self.skipped.items():
             by_reason.setdefault(why, []).append(v)
-        return [f"{', '.join(vs)} skipped: {why}" for why, vs in by_reason.items()]
+        if not by_reason:
+            return ""
+        return "not shown: " + "; ".join(f"{', '.join(vs)} ({why})" for why, vs in by_reason.items())
 
     def dashboard(self) -> Any:
         """All the views in one :class:`~nbdebug.widgets.dashboard.Dashboard` (tabs, linked selections)."""
         if self._dashboard is None:
             from .widgets.dashboard import Dashboard
 
-            self._dashboard = Dashboard(dict(zip(self.views, self.widgets())), notes=self.skip_notes())
+            ws = self.widgets()
+            note = self.note()
+            self._dashboard = Dashboard(dict(zip(self.views, ws)), notes=[note] if note else [])
         return self._dashboard
 
     @property
     def tabbed(self) -> bool:
-        """Whether the views are shown as one dashboard (``view="all"`` or two or more views)."""
-        return self.auto or len(self.views) > 1
+        """Whether the views are shown as one dashboard (``view="all"`` or two or more views requested)."""
+        return self.auto or len(self.requested) > 1
 
     def show(self) -> None:
+        """Display the dashboard (or the single widget), and the note when a view is not shown."""
         from IPython.display import display
 
-        if self.tabbed:
+        from .widgets.dashboard import ViewNote
+
+        ws = self.widgets()
+        if self.tabbed and ws:
             display(self.dashboard())
             return
-        for w in self.widgets():
+        for w in ws:
             display(w)
+        if self.note():
+            display(ViewNote(self.note()))
 
 
 def debug(model: nn.Module, view: str | list[str] = "thermometer", **options: Any) -> Debug:

@@ -17,7 +17,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from torch import nn
 
 from .api import Debug, parse_views
-from .capture.select import LayerNotFoundError
+from .capture.budget import DEFAULT_MAX_BYTES, format_bytes, parse_bytes
 from .views import VIEWS
 
 __all__ = ["NNDebugMagics"]
@@ -33,8 +33,11 @@ def _nndebug_doc(fn: Any) -> Any:
             kw = dict(kwargs)
             kw["help"] = f"[{spec.name}] {kw.get('help', '')}"
             fn = argument(*flags, **kw)(fn)
-    fn = argument("--max-bytes", type=int, default=None, dest="max_bytes",
-                  help="budget for data kept beyond scalar stats (default: %%config NNDebugMagics.max_bytes, 256 MB)")(fn)
+    fn = argument("--max-bytes", default=None, dest="max_bytes", metavar="SIZE",
+                  help="memory budget of every view for data kept beyond scalar stats (samples, histograms, "
+                  "attention, feature maps), e.g. 64MB, 512KB, 1.5GB or a number of bytes; units are powers "
+                  "of 2 (KB = 2^10, MB = 2^20, GB = 2^30 bytes); 0 keeps nothing beyond scalar stats "
+                  f"(default: %%config NNDebugMagics.max_bytes, {format_bytes(DEFAULT_MAX_BYTES)})")(fn)
     fn = argument("-o", "--output", default=None, metavar="VAR",
                   help=f"store the captured data in VAR (always also in {RESULT_NAME}; the widget in {WIDGET_NAME})")(fn)
     fn = argument("--layers", default=None, metavar="PATTERN",
@@ -60,7 +63,10 @@ class NNDebugMagics(Magics):
     """
 
     default_view = traitlets.Unicode("thermometer", help="view used when --view is not given").tag(config=True)
-    max_bytes = traitlets.Int(256 * 2**20, help="bytes kept beyond scalar stats (samples, histograms)").tag(config=True)
+    max_bytes = traitlets.Union(
+        [traitlets.Int(), traitlets.Unicode()], default_value=DEFAULT_MAX_BYTES,
+        help="memory budget of every view beyond scalar stats: bytes or a size like '64MB' (MB = 2^20 bytes)",
+    ).tag(config=True)
     sample_size = traitlets.Int(4096, help="values sampled per layer for histograms").tag(config=True)
     dead_threshold = traitlets.Float(0.99, help="fraction of exact zeros that makes an activation dead").tag(config=True)
     vanishing = traitlets.Float(1e-7, help="gradient norm below which a layer is flagged vanishing").tag(config=True)
@@ -69,6 +75,13 @@ class NNDebugMagics(Magics):
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell, **kwargs)
         self._live: dict[str, list[Any]] = {}  # cell key → widgets shown by its last run
+
+    @traitlets.validate("max_bytes")
+    def _check_max_bytes(self, proposal: Any) -> int:
+        try:
+            return parse_bytes(proposal["value"])
+        except ValueError as exc:
+            raise traitlets.TraitError(f"NNDebugMagics.max_bytes: {exc}") from None
 
     # -- helpers ----------------------------------------------------------------------------
     def _resolve_model(self, expr: str) -> nn.Module:
@@ -159,44 +172,57 @@ class NNDebugMagics(Magics):
         options["layers"] = self._layer_filter(options.get("layers"))
         options["user_ns"] = self.shell.user_ns
         for name in ("max_bytes", "sample_size", "dead_threshold", "vanishing", "exploding"):
-            if options.get(name) is None:
+            if options.get(name) is None:  # 0 is a value, not "unset"
                 options[name] = getattr(self, name)
         try:
+            options["max_bytes"] = parse_bytes(options["max_bytes"])
+        except ValueError as exc:
+            raise UsageError(f"%%nndebug --max-bytes: {exc}") from None
+        try:  # bad option values and unknown layer names stop here, before the cell runs
             dbg = Debug(model, view, **options)
-        except LayerNotFoundError as exc:
-            raise UsageError(f"%%nndebug --layers: {exc}") from None
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, LookupError, TypeError) as exc:
             raise UsageError(f"%%nndebug: {exc}") from None
+        del model  # from here on only the user's namespace holds it (tracebacks keep this frame)
 
         key = self._cell_key(cell)
         for old in self._live.pop(key, []):
-            old.close()  # the cell's previous widgets: free their comms and captured data
+            try:
+                old.close()  # the cell's previous widgets: free their comms and captured data
+            except Exception:
+                pass
         try:
             with dbg:
                 value = self._run(cell)
         finally:
             self._show(dbg, key, args.output)
+            del dbg  # a traceback of the cell's error must not keep the recorders (and the model)
         return value
 
     def _show(self, dbg: Debug, key: str, output: str | None) -> None:
+        """Display what applies (one dashboard when several views were asked for) and one quiet note
+        for the rest; store results/widget in the namespace. Never raises: the cell's own outcome wins."""
         from IPython.display import display
 
+        from .widgets.dashboard import ViewNote
+
+        ns = self.shell.user_ns
         try:
             widgets = dbg.widgets()
-        except Exception as exc:  # a view that cannot build its widget must not hide the cell's error
-            sys.stderr.write(f"nbdebug: could not build the view: {type(exc).__name__}: {exc}\n")
-            return
-        ns = self.shell.user_ns
-        if dbg.tabbed:  # `--view all` or a list: one dashboard, tabs linked
-            shown = [dbg.dashboard()]
-            ns[RESULT_NAME] = dbg.results
-            ns[WIDGET_NAME] = shown[0]
-        else:
-            shown = widgets
-            ns[RESULT_NAME] = dbg.result
-            ns[WIDGET_NAME] = widgets[0]
-        self._live[key] = shown
-        if output:
-            ns[output] = ns[RESULT_NAME]
-        for w in shown:
-            display(w)
+            note = dbg.note()
+            if dbg.tabbed:  # `--view all` or a list: one dashboard, tabs linked
+                shown = [dbg.dashboard()] if widgets else []
+                result: Any = dbg.results
+            else:
+                shown = widgets
+                result = dbg.result if widgets else None
+            self._live[key] = shown
+            ns[RESULT_NAME] = result
+            ns[WIDGET_NAME] = shown[0] if shown else None
+            if output:
+                ns[output] = result
+            for w in shown:
+                display(w)
+            if note and not (dbg.tabbed and widgets):  # the dashboard shows the note itself
+                display(ViewNote(note))
+        except Exception as exc:  # showing the views must never hide the cell's value or error
+            sys.stderr.write(f"nbdebug: could not show the view: {type(exc).__name__}: {exc}\n")

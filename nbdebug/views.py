@@ -16,7 +16,16 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["VIEWS", "Recorder", "ViewSpec", "get_recorder"]
+from .capture.weak import ModelRef
+
+__all__ = ["VIEWS", "NotApplicableError", "Recorder", "ViewSpec", "get_recorder"]
+
+
+class NotApplicableError(Exception):
+    """Raised by a recorder's constructor when its view cannot apply to this model at all (attention
+    on a CNN): the view becomes a one-line note and the other views run. Bad option values stay
+    ``ValueError``/``LookupError`` (a ``UsageError`` in the magic, before the cell runs).
+    """
 
 
 class Recorder:
@@ -24,11 +33,24 @@ class Recorder:
 
     ``options`` holds the parsed magic arguments (or Python keyword arguments) by their ``dest``
     names; a recorder reads only its own and ignores the rest.
+
+    ``self.model`` reads like an attribute but is held weakly: after ``del model`` it raises
+    :class:`~nbdebug.capture.weak.ModelGoneError` (its message says to re-run the cell) instead of
+    keeping the model and its memory alive.
     """
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         self.model = model
         self.options = options
+
+    @property
+    def model(self) -> nn.Module:
+        """The user's model while it exists (``ModelGoneError`` once it has been deleted)."""
+        return self._model_ref.get()
+
+    @model.setter
+    def model(self, model: nn.Module) -> None:
+        self._model_ref: ModelRef[nn.Module] = ModelRef(model)
 
     def __enter__(self) -> Recorder:
         return self

@@ -26,7 +26,10 @@ from typing import Any
 import ipywidgets
 import traitlets
 
-__all__ = ["Dashboard"]
+__all__ = ["Dashboard", "ViewNote"]
+
+#: how a note looks: quiet (small, grey), one line; it is information, not a warning
+NOTE_STYLE = "color:#777;font-size:0.85em;margin:2px 0"
 
 _ROW_SUFFIX = re.compile(r"(\[\d+\])+$")  # thermometer rows of tuple outputs: "block.attn[0]"
 
@@ -40,10 +43,33 @@ def _block_prefix(name: str) -> str:
     return name
 
 
+def _note_html(notes: list[str]) -> str:
+    return "".join(f"<div class='nbdebug-note' style='{NOTE_STYLE}'>{html.escape(n)}</div>" for n in notes)
+
+
+class ViewNote:
+    """A one-line note displayed where a view would be ("not shown: gradcam (no layer has a spatial
+    output)"): plain HTML and text in the output, no widget (nothing to open or close in the front-end).
+
+    >>> ViewNote("not shown: gradcam (no image)")
+    not shown: gradcam (no image)
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def _repr_html_(self) -> str:
+        return _note_html([self.text])
+
+    def __repr__(self) -> str:
+        return self.text
+
+
 class Dashboard(ipywidgets.VBox):
     """One tab per view (``views``: name → widget, ``tab``: the Tab), selections linked in Python.
 
-    ``notes`` (shown above the tabs) says what was left out and why, e.g. views that do not apply.
+    ``notes`` (a quiet line above the tabs) says what was left out and why, e.g. views that do not
+    apply to the model.
     """
 
     #: last linked selection, e.g. ``{"view": "thermometer", "layer": "features.3"}``; set it to drive the views
@@ -54,9 +80,7 @@ class Dashboard(ipywidgets.VBox):
         self.views: dict[str, Any] = dict(views)
         self.tab = ipywidgets.Tab(children=list(self.views.values()))
         self.tab.titles = tuple(self.views)
-        self._note_box = ipywidgets.HTML(
-            "<ul class='nbdebug-dashboard-notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes or []) + "</ul>"
-            if notes else "")
+        self._note_box = ipywidgets.HTML(_note_html(list(notes or [])))
         super().__init__(children=[self._note_box, self.tab], notes=list(notes or []), **kwargs)
         self.add_class("nbdebug-dashboard")
         self._busy = False
@@ -193,9 +217,8 @@ class Dashboard(ipywidgets.VBox):
             return bundle
         data = dict(data)
         parts = [f"<h4>{html.escape(n)}</h4>{w.fallback_html()}" for n, w in self.views.items() if hasattr(w, "fallback_html")]
-        notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
         data["text/html"] = ("<div class='nbdebug-dashboard-static'><b>nbdebug dashboard</b>: " + html.escape(", ".join(self.views))
-                             + (f"<ul>{notes}</ul>" if notes else "") + "".join(parts) + "</div>")
+                             + _note_html(list(self.notes)) + "".join(parts) + "</div>")
         data["text/plain"] = repr(self)
         return data, meta
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import ipywidgets
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -18,3 +19,17 @@ def shell() -> Iterator[InteractiveShell]:
     assert res.success
     yield sh
     InteractiveShell.clear_instance()
+
+
+@pytest.fixture
+def created(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Class names of every widget whose front-end model is opened (created) from now on."""
+    names: list[str] = []
+    real_open = ipywidgets.Widget.open
+
+    def spy(self: ipywidgets.Widget) -> None:
+        names.append(type(self).__name__)
+        real_open(self)
+
+    monkeypatch.setattr(ipywidgets.Widget, "open", spy)
+    return names

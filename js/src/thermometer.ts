@@ -5,6 +5,7 @@
 import { fmt, h, replaceChildren, styleElement, type Child } from "./lib/dom";
 import type { AnyModel } from "./lib/rpc";
 import { DetailPanel } from "./thermometer/histogram";
+import { renderRaised, type Raised } from "./thermometer/raised";
 import {
   StatTable,
   buildRow,
@@ -50,6 +51,7 @@ function withCode(text: string): Child[] {
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
   const root = h("div", { class: "nbdebug-thermometer" });
   const summary = h("div", { class: "nbd-summary" });
+  const raisedBox = h("div", { class: "nbd-raised" });
   const notes = h("ul", { class: "nbd-notes" });
   const legendBox = h("div", { class: "nbd-legend" });
   const onlyBox = h("input", { attrs: { type: "checkbox", class: "nbd-only" } });
@@ -68,6 +70,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   root.append(
     styleElement(CSS),
     summary,
+    raisedBox,
     notes,
     h("div", { class: "nbd-bar-row" }, [legendBox, controls]),
     errorBox,
@@ -165,6 +168,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
 
   function renderTexts(): void {
     replaceChildren(summary, withCode(String(model.get("summary") ?? "")));
+    renderRaised(raisedBox, model.get("raised") as Partial<Raised> | undefined);
     const ns: string[] = model.get("notes") ?? [];
     replaceChildren(notes, ns.map((n) => h("li", {}, withCode(String(n)))));
     notes.style.display = ns.length ? "" : "none";
@@ -312,6 +316,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     ["change:notes", schedule],
     ["change:diagnoses", schedule],
     ["change:has_grads", schedule],
+    ["change:raised", schedule],
     ["change:flagged_only", applyFilter],
     ["change:sort_by", onSortTrait],
     ["change:sort_desc", onSortTrait],

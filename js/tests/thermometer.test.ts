@@ -87,6 +87,35 @@ describe("thermometer", () => {
     expect(el.querySelector("style")!.textContent).toContain(".nbdebug-thermometer");
   });
 
+  it("shows the module that raised in a card, as text, and hides it when nothing raised", () => {
+    const model = makeModel({
+      raised: {
+        module: HOSTILE,
+        type: "Linear",
+        error: "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x800 and 512x10)",
+        problems: ["`head` expects 512 input features, got 800 from `flat` (8×10×10)"],
+        inputs: ["4×800 float32 cpu, from `flat`"],
+        params: ["weight 10×512 float32 cpu", "bias 10 float32 cpu"],
+      },
+    });
+    const el = mount(model);
+    const card = el.querySelector<HTMLElement>(".nbd-raised")!;
+    expect(card.style.display).toBe("");
+    expect(card.querySelector(".nbd-raised-head code")!.textContent).toBe(HOSTILE);
+    expect(el.querySelector("img")).toBeNull();
+    expect(card.querySelector(".nbd-raised-error")!.textContent).toContain("4x800 and 512x10");
+    const li = card.querySelector(".nbd-raised-problems li")!;
+    expect(Array.from(li.querySelectorAll("code")).map((c) => c.textContent)).toEqual(["head", "flat"]);
+    expect(li.textContent).toBe("head expects 512 input features, got 800 from flat (8×10×10)");
+    expect(card.textContent).toContain("parameters: weight 10×512 float32 cpu; bias 10 float32 cpu");
+    model.set("raised", {});
+    model.save_changes();
+    return flush().then(() => {
+      expect(card.style.display).toBe("none");
+      expect(card.textContent).toBe("");
+    });
+  });
+
   it("shows flags, badges, zero fraction and gradient bars from the stats", () => {
     const el = mount(makeModel());
     const rows = el.querySelectorAll<HTMLElement>(".nbd-row");

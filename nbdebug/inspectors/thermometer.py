@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..capture.errors import ErrorSite, TensorInfo
 from ..capture.session import CaptureResult
 
-__all__ = ["COLUMNS", "LEGEND", "Diagnosis", "ThermometerReport", "Thresholds", "diagnose"]
+__all__ = ["COLUMNS", "LEGEND", "Diagnosis", "ErrorReport", "ThermometerReport", "Thresholds", "diagnose", "explain_error"]
 
 COLUMNS = (
     "mean", "std", "min", "max", "zero_frac", "near_zero_frac", "nan", "inf", "numel",
@@ -27,6 +28,7 @@ COLUMNS = (
 )
 
 LEGEND: dict[str, dict[str, str]] = {
+    "raised": {"label": "raised", "color": "#7f0000", "description": "the cell raised inside the model (see the card above the table)"},
     "nan_origin_fwd": {"label": "NaN/Inf origin (forward)", "color": "#b30000", "description": "first layer whose output is non-finite while its inputs were finite"},
     "nan_origin_bwd": {"label": "NaN/Inf origin (backward)", "color": "#e6550d", "description": "the gradient first became non-finite in this layer's backward"},
     "nonfinite": {"label": "non-finite", "color": "#fc9272", "description": "output or gradient contains NaN/Inf (inherited)"},
@@ -82,6 +84,9 @@ class ThermometerReport:
     summary: str
     notes: list[str] = field(default_factory=list)
     grad_ratio: float | None = None  # first / last layer gradient norm
+    steps: int = 1  # calls of the model's forward in the cell
+    first_nonfinite_step: int | None = None  # 1-based step where the first NaN/Inf appeared
+    error: ErrorReport | None = None  # the cell raised inside the model: where, and what does not fit
 
     def column(self, name: str) -> np.ndarray:
         return self.table[:, COLUMNS.index(name)]
@@ -114,35 +119,42 @@ def diagnose(result: CaptureResult, thresholds: Thresholds | None = None) -> The
 
     # NaN/Inf: the origin, forward and backward, and everything that inherits it.
     fwd_origin = None
+    many = result.steps > 1
+    bwd_first = (
+        result.backward_nonfinite_step is not None
+        and (result.forward_nonfinite_step is None or result.backward_nonfinite_step < result.forward_nonfinite_step)
+    )
     if result.forward_nonfinite_call is not None:
+        # Decided per call by the capture: the first non-finite output in execution order, in the
+        # first step that had one; its captured inputs ran before it and were finite.
         row, inputs_finite = result.forward_nonfinite_call
-        inputs_bad = any(rows[j].stats["nan"] + rows[j].stats["inf"] > 0 for j in rows[row].inputs if j != row)
         fwd_origin = row
         name = rows[row].name
-        if inputs_finite and not inputs_bad:
-            flags[row].append("nan_origin_fwd")
-            diags.append(Diagnosis("nan_origin_fwd", "error", name,
-                                   f"NaN/Inf first appears in the output of `{name}` ({rows[row].type}) in the forward pass; its inputs were finite.",
-                                   SUGGEST["nan_origin_fwd"]))
+        at = _at_step(result.forward_nonfinite_step, many)
+        flags[row].append("nan_origin_fwd")
+        if inputs_finite:
+            msg = f"NaN/Inf first appears{at} in the output of `{name}` ({rows[row].type}) in the forward pass; its inputs were finite."
+            if bwd_first:
+                msg += f" The backward of step {result.backward_nonfinite_step} had gone non-finite before (see below): an optimiser step may have written NaN into the weights."
+            diags.append(Diagnosis("nan_origin_fwd", "error", name, msg, SUGGEST["nan_origin_fwd"]))
         else:
-            flags[row].append("nan_origin_fwd")
             diags.append(Diagnosis("nan_origin_fwd", "error", name,
-                                   f"NaN/Inf first seen at `{name}`, but its input was already non-finite: it comes from the model's input or from code between captured modules.",
+                                   f"NaN/Inf first seen{at} at `{name}`, but its input was already non-finite: it comes from the model's input or from code between captured modules.",
                                    "Check the input batch (torch.isfinite(x).all()) and functional ops in the parent module's forward()."))
     bwd_origin = None
     if result.backward_nonfinite_row is not None:
         g_row = result.backward_nonfinite_row
-        # The gradient w.r.t. g_row's output went bad in the backward of a layer that consumed it.
-        consumers = [i for i, r in enumerate(rows) if g_row in r.inputs and i != g_row]
-        finite_consumers = [i for i in consumers if rows[i].grad is not None and rows[i].grad["nan"] + rows[i].grad["inf"] == 0]
-        if finite_consumers:
-            bwd_origin = finite_consumers[0]
+        at = _at_step(result.backward_nonfinite_step, many)
+        # The gradient w.r.t. g_row's output went bad in the backward of a layer that consumed it
+        # (the capture found that consumer within the same step).
+        if result.backward_origin_row is not None:
+            bwd_origin = result.backward_origin_row
             name = rows[bwd_origin].name
-            msg = f"the gradient first becomes NaN/Inf in the backward of `{name}` ({rows[bwd_origin].type}): finite gradient at its output, non-finite at its input."
+            msg = f"the gradient first becomes NaN/Inf{at} in the backward of `{name}` ({rows[bwd_origin].type}): finite gradient at its output, non-finite at its input."
         else:
             bwd_origin = g_row
             name = rows[g_row].name
-            msg = f"the gradient first becomes NaN/Inf just after `{name}` (w.r.t. its output), in code between captured modules or in the loss."
+            msg = f"the gradient first becomes NaN/Inf{at} just after `{name}` (w.r.t. its output), in code between captured modules or in the loss."
         if fwd_origin is None or bwd_origin != fwd_origin:
             flags[bwd_origin].append("nan_origin_bwd")
             diags.append(Diagnosis("nan_origin_bwd", "error", name, "Backward: " + msg, SUGGEST["nan_origin_bwd"]))
@@ -152,12 +164,13 @@ def diagnose(result: CaptureResult, thresholds: Thresholds | None = None) -> The
             flags[i].append("nonfinite")
 
     # Dead activations: the first in a chain (a pooling layer after a dead ReLU is not news).
+    # Integer/bool outputs (masks, indices, argmax) are counts, not activations: never dead.
     for i, r in enumerate(rows):
         zf = r.stats["zero_frac"]
-        if not (r.stats["numel"] > 0 and zf >= th.dead):
+        if not r.is_float or not (r.stats["numel"] > 0 and zf >= th.dead):
             continue
         # Inherited zeros (pooling/flatten after a dead ReLU) are not news: flag the first only.
-        if r.inputs and all(rows[j].stats["zero_frac"] >= th.dead for j in r.inputs):
+        if r.inputs and all(rows[j].stats["zero_frac"] >= th.dead and rows[j].is_float for j in r.inputs):
             continue
         flags[i].append("dead")
         diags.append(Diagnosis("dead", "warning", r.name,
@@ -166,7 +179,7 @@ def diagnose(result: CaptureResult, thresholds: Thresholds | None = None) -> The
 
     for i, r in enumerate(rows):
         sat = r.stats.get("saturated_frac")
-        if sat is not None and sat >= th.saturated:
+        if r.is_float and sat is not None and sat >= th.saturated:
             flags[i].append("saturated")
             diags.append(Diagnosis("saturated", "warning", r.name,
                                    f"`{r.name}` ({r.type}) has {sat:.1%} of its outputs within 1e-3 of its bounds: saturated, gradients vanish there.",
@@ -210,12 +223,21 @@ def diagnose(result: CaptureResult, thresholds: Thresholds | None = None) -> The
                                        f"the gradient norm at the first layer is {ratio:.2g}× the last layer's: gradients grow toward the input.",
                                        SUGGEST["exploding"]))
 
-    summary = _summary(rows, flags, diags, result)
+    error = _error_report(result)
+    if error is not None:
+        diags.insert(0, Diagnosis("raised", "error", "", error.headline, error.suggestion))
+    summary = _summary(rows, flags, diags, result, error)
     notes = list(result.notes)
+    ints = [r.name for r in rows if not r.is_float]
+    if ints:
+        notes.append(
+            f"{_plural(len(ints), 'integer/bool output')} ({', '.join(f'`{n}`' for n in ints[:3])}{'…' if len(ints) > 3 else ''}): "
+            "masks, indices or counts, shown with their dtype and zero/non-zero counts, never flagged dead or saturated"
+        )
     if not result.backward_ran:
         notes.append("no backward ran inside the cell: gradient columns are empty (call loss.backward() in the cell to see them)")
-    if result.forward_passes > 1:
-        notes.append(f"the model ran {result.forward_passes} times: stats cover every call, histograms the first")
+    if result.steps > 1:
+        notes.append(f"the model ran {result.steps} steps (calls of its forward): stats cover every step, histograms the first; NaN/Inf origins are decided per step")
     notes.append(
         f"histograms from a sample of up to {result.sample_size:,} values per layer (exact for smaller tensors); near-zero means |x| < {result.near_zero_eps:g}"
     )
@@ -223,21 +245,34 @@ def diagnose(result: CaptureResult, thresholds: Thresholds | None = None) -> The
         names=[r.name for r in rows], modules=[r.module for r in rows], types=[r.type for r in rows],
         shapes=[r.shape for r in rows], dtypes=[r.dtype for r in rows], calls=[r.calls for r in rows],
         table=table, flags=flags, diagnoses=diags, summary=summary, notes=notes, grad_ratio=ratio,
+        steps=result.steps, first_nonfinite_step=result.first_nonfinite_step, error=error,
     )
 
 
-def _summary(rows: list, flags: list[list[str]], diags: list[Diagnosis], result: CaptureResult) -> str:
+def _summary(rows: list, flags: list[list[str]], diags: list[Diagnosis], result: CaptureResult,
+             error: ErrorReport | None = None) -> str:
+    head = f"{len(rows)} layers"
+    if error is not None:
+        return f"{head} ran, then {error.headline}"
+    if result.raised is not None:
+        return f"{head} ran; the cell raised {result.raised} outside the model's modules"
     if not rows:
         return "no layer ran inside the cell (did the cell call the model?)"
     parts: list[str] = []
     dead = [rows[i].name for i, f in enumerate(flags) if "dead" in f]
     if dead:
         parts.append(f"{_plural(len(dead), 'dead layer')} ({', '.join(dead[:3])}{'…' if len(dead) > 3 else ''})")
+    nan_parts = []
     for d in diags:
-        if d.code == "nan_origin_fwd":
-            parts.append(f"NaN first appears in `{d.layer}` (forward)")
-        elif d.code == "nan_origin_bwd":
-            parts.append(f"NaN first appears in `{d.layer}` (backward)")
+        if d.code in ("nan_origin_fwd", "nan_origin_bwd"):
+            fwd = d.code == "nan_origin_fwd"
+            step = result.forward_nonfinite_step if fwd else result.backward_nonfinite_step
+            where = "forward" if fwd else "backward"
+            if result.steps > 1:
+                nan_parts.append((step or 0, f"first non-finite value at step {step}, in `{d.layer}` ({where})"))
+            else:
+                nan_parts.append((0, f"NaN first appears in `{d.layer}` ({where})"))
+    parts += [p for _, p in sorted(nan_parts, key=lambda x: x[0])]
     sat = sum("saturated" in f for f in flags)
     if sat:
         parts.append(_plural(sat, "saturated layer"))
@@ -247,7 +282,97 @@ def _summary(rows: list, flags: list[list[str]], diags: list[Diagnosis], result:
     va = sum("vanishing" in f for f in flags)
     if va or any(d.code == "vanishing" and not d.layer for d in diags):
         parts.append("vanishing gradients")
-    head = f"{len(rows)} layers"
     if not parts:
         return f"{head}: no problems found"
     return f"{head}: " + ", ".join(parts)
+
+
+def _at_step(step: int | None, many: bool) -> str:
+    return f" at step {step}" if many and step is not None else ""
+
+
+# -- a cell that raised inside the model --------------------------------------------------------
+@dataclass(frozen=True)
+class ErrorReport:
+    """The module that raised, what it was given and what it holds, and what does not fit."""
+
+    module: str
+    type: str
+    error: str  # the exception's type and first line
+    problems: list[str]  # "`head` expects 512 input features, got 800 from `flat` (8×10×10)"
+    inputs: list[str]  # "4×800 float32 cpu, from `flat`"
+    params: list[str]  # "weight 10×512 float32 cpu"
+    headline: str
+    suggestion: str
+
+
+def _dims(shape: tuple[int, ...] | list[int]) -> str:
+    return "×".join(map(str, shape)) if len(shape) else "scalar"
+
+
+def _source(x: TensorInfo, per_sample: int | None = None) -> str:
+    """`` from `flat` (8×10×10)``: the producing row, and its input's per-sample shape when that
+    is where ``per_sample`` values came from (a Flatten or a view)."""
+    if x.producer is None:
+        return ""
+    out = f" from `{x.producer}`"
+    src = x.producer_input
+    if per_sample is not None and src is not None and len(src) > 2 and int(np.prod(src[1:])) == per_sample:
+        out += f" ({_dims(src[1:])})"
+    return out
+
+
+def explain_error(site: ErrorSite) -> list[str]:
+    """What does not fit between the module that raised and its inputs (pure: metadata only)."""
+    out: list[str] = []
+    name = f"`{site.module or site.type}`"
+    cfg = site.config
+    x = site.inputs[0] if site.inputs else None
+    weights = [p for p in site.params if p.name == "weight"] or list(site.params)
+    if x is not None:
+        nd = len(x.shape)
+        if "in_features" in cfg and nd and x.shape[-1] != cfg["in_features"]:
+            out.append(f"{name} expects {cfg['in_features']} input features, got {x.shape[-1]}{_source(x, x.shape[-1])}")
+        if "in_channels" in cfg and weights:
+            d = len(weights[0].shape) - 2  # spatial dims of the kernel
+            if nd not in (d + 1, d + 2):
+                out.append(f"{name} expects a {d + 1}D or {d + 2}D input (channels{', batch' if d else ''} first), got {nd}D {_dims(x.shape)}{_source(x)}")
+            else:
+                ch = x.shape[1] if nd == d + 2 else x.shape[0]
+                if ch != cfg["in_channels"]:
+                    out.append(f"{name} expects {cfg['in_channels']} input channels, got {ch}{_source(x)} ({_dims(x.shape)})")
+        if "num_features" in cfg and nd >= 2 and x.shape[1] != cfg["num_features"]:
+            out.append(f"{name} expects {cfg['num_features']} channels/features (dim 1), got {x.shape[1]}{_source(x)}")
+        ns = cfg.get("normalized_shape")
+        if isinstance(ns, tuple) and tuple(x.shape[-len(ns):]) != ns:
+            out.append(f"{name} normalises over the last dims {_dims(ns)}, got an input ending in {_dims(x.shape[-len(ns):])}{_source(x)}")
+        if "num_embeddings" in cfg and not x.dtype.startswith(("int", "uint")):
+            out.append(f"{name} expects integer token ids, got {x.dtype}{_source(x)}")
+    pdtypes = {p.dtype for p in site.params if p.dtype.startswith(("float", "bfloat"))}
+    pdevices = {p.device for p in site.params}
+    for t in site.inputs:
+        if pdtypes and t.dtype.startswith(("float", "bfloat")) and t.dtype not in pdtypes:
+            want = "/".join(sorted(pdtypes))
+            out.append(f"{name} has {want} parameters, got a {t.dtype} input{_source(t)}: convert it with .to(torch.{next(iter(sorted(pdtypes)))})")
+        if pdevices and t.device not in pdevices:
+            out.append(f"{name}'s parameters are on {'/'.join(sorted(pdevices))}, got an input on {t.device}{_source(t)}: move it with .to('{next(iter(sorted(pdevices)))}')")
+    return list(dict.fromkeys(out))
+
+
+def _error_report(result: CaptureResult) -> ErrorReport | None:
+    site = result.error
+    if site is None:
+        return None
+    problems = explain_error(site)
+    what = problems[0] if problems else site.error
+    headline = f"`{site.module}` ({site.type}) raised {site.error.split(':')[0]}: {what}"
+    suggestion = (
+        "Fix the mismatch above (layer sizes, .to(dtype)/.to(device)); the rows show what ran before the error."
+        if problems else "The rows show what ran before the error; compare the input shapes with the module's parameters."
+    )
+    return ErrorReport(
+        module=site.module, type=site.type, error=site.error, problems=problems,
+        inputs=[f"{_dims(t.shape)} {t.dtype} {t.device}" + (f", from `{t.producer}`" if t.producer else "") for t in site.inputs],
+        params=[f"{p.name} {_dims(p.shape)} {p.dtype} {p.device}" for p in site.params],
+        headline=headline, suggestion=suggestion,
+    )

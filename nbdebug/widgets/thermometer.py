@@ -30,7 +30,8 @@ class ThermometerWidget(NBWidget):
 
     Traits: ``layers`` (rows: name, module, type, shape, dtype, flags, calls), ``columns`` and
     ``stats`` (binary float32 [rows, columns]), ``diagnoses``, ``legend``, ``summary``, ``notes``,
-    ``has_grads``; UI state synced both ways: ``selected``, ``flagged_only``, ``sort_by``,
+    ``has_grads``, ``raised`` (the module that raised and what does not fit), ``steps``,
+    ``first_nonfinite_step``; UI state synced both ways: ``selected``, ``flagged_only``, ``sort_by``,
     ``sort_desc``. ``report`` and ``capture`` keep the Python-side data.
     """
 
@@ -44,6 +45,11 @@ class ThermometerWidget(NBWidget):
     summary = traitlets.Unicode("").tag(sync=True)
     notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
     has_grads = traitlets.Bool(False).tag(sync=True)
+    #: the cell raised inside the model: ``{module, type, error, problems, inputs, params}`` (else {})
+    raised = traitlets.Dict().tag(sync=True)
+    #: calls of the model's forward in the cell, and the 1-based step of the first NaN/Inf (0: none)
+    steps = traitlets.Int(1).tag(sync=True)
+    first_nonfinite_step = traitlets.Int(0).tag(sync=True)
     #: name of the selected row ("" for none); set from Python to highlight a row
     selected = traitlets.Unicode("").tag(sync=True)
     flagged_only = traitlets.Bool(False).tag(sync=True)
@@ -66,6 +72,9 @@ class ThermometerWidget(NBWidget):
             summary=report.summary,
             notes=report.notes,
             has_grads=bool(capture.backward_ran) if capture is not None else bool(np.isfinite(report.column("grad_norm")).any()),
+            raised=_raised_trait(report),
+            steps=report.steps,
+            first_nonfinite_step=report.first_nonfinite_step or 0,
             **kwargs,
         )
 
@@ -137,7 +146,7 @@ class ThermometerWidget(NBWidget):
         )
         return (
             f'<div class="nbdebug-thermometer-static"><p><b>nbdebug thermometer</b>: {html.escape(r.summary)}</p>'
-            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+            f"{_error_html(r)}<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
             f"<ul>{diags}</ul></div>"
         )
 
@@ -147,6 +156,29 @@ class ThermometerWidget(NBWidget):
 
     def __repr__(self) -> str:
         return f"ThermometerWidget({self.report.summary})"
+
+
+def _raised_trait(report: ThermometerReport) -> dict[str, Any]:
+    e = report.error
+    if e is None:
+        return {}
+    return {"module": e.module, "type": e.type, "error": e.error, "problems": list(e.problems),
+            "inputs": list(e.inputs), "params": list(e.params), "suggestion": e.suggestion}
+
+
+def _error_html(report: ThermometerReport) -> str:
+    """The card naming the module that raised (escaped text only)."""
+    e = report.error
+    if e is None:
+        return ""
+    esc = html.escape
+    items = "".join(f"<li>{esc(p)}</li>" for p in e.problems)
+    return (
+        '<div class="nbd-raised" style="border:1px solid #b30000;padding:4px 8px;margin:4px 0">'
+        f"<p><b>raised in <code>{esc(e.module)}</code> ({esc(e.type)})</b>: {esc(e.error)}</p>"
+        f"<ul>{items}</ul>"
+        f"<p>inputs: {esc('; '.join(e.inputs) or 'none')}<br>parameters: {esc('; '.join(e.params) or 'none')}</p></div>"
+    )
 
 
 def _fmt(x: float) -> str:

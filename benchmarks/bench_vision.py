@@ -36,9 +36,8 @@ if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and sys.platform.startswith(
 import torch
 from torch import nn
 
-from nbdebug.adapters.vision import LayerProbe
 from nbdebug.inspectors.featuremaps import encode_page
-from nbdebug.inspectors.gradcam import compute_cams
+from nbdebug.inspectors.gradcam import compute_cams, probe
 from nbdebug.testing import ResNetShaped
 from nbdebug.widgets._transport import pack_arrays
 
@@ -98,9 +97,7 @@ def bench_gradcam(reps: int) -> None:
     print("-" * len(header))
     for batch in (1, 8):
         x = torch.randn(batch, 3, 224, 224)
-        with LayerProbe(model) as probe, torch.no_grad():
-            model(x)
-        layer4 = next(lay for lay in probe.spatial() if lay.name == "layer4")
+        layer4 = next(lay for lay in probe(model, (x,), {}).spatial() if lay.name == "layer4")
         lgc = LayerGradCam(model, model.layer4)
         with torch.no_grad():
             top5 = model(x).topk(5, dim=1).indices

@@ -22,14 +22,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..capture.probe import CallRecord
+
 __all__ = [
     "GridInfo",
+    "InputSize",
     "Reshape",
+    "SpatialLayer",
+    "deepest",
     "describe_normalisation",
     "detect_normalisation",
     "find_image",
     "image_for_display",
     "infer_grid",
+    "spatial_layers",
     "to_nchw",
 ]
 
@@ -307,13 +313,14 @@ _NORM_WORDS = ("Norm",)
 class SpatialLayer:
     """One call of one module whose (first) output has a spatial grid.
 
-    ``name`` is the module's qualified name, with ``#k`` appended when the module ran more than
-    once in the forward pass (``k`` = 0-based call index), e.g. a shared activation ``_swish#1``.
+    ``name`` is the call's name in every view (:func:`~nbdebug.capture.names.call_name`): the
+    module's qualified name for its first call in the step, ``name#2``, ``name#3`` … for later calls
+    of a shared module (e.g. EfficientNet's one ``_swish`` used twice: ``_swish``, ``_swish#2``).
     """
 
     name: str
     module: str
-    call: int
+    call: int  # 0-based
     calls: int
     shape: tuple[int, ...]
     grid: GridInfo  # (None only while a layer named without a probe pass is being computed)
@@ -325,111 +332,44 @@ class SpatialLayer:
         return any(w in self.kind for w in _NORM_WORDS)
 
 
-def split_layer_name(name: str) -> tuple[str, int | None]:
-    """``"block#2"`` → ``("block", 2)``; ``"block"`` → ``("block", None)``."""
-    base, sep, idx = name.rpartition("#")
-    if sep and idx.isdigit():
-        return base, int(idx)
-    return name, None
+class InputSize:
+    """``on_first_call`` of an :class:`~nbdebug.capture.probe.OutputProbe`: the image size (H, W) of the
+    model's first call, or None when no image was passed."""
+
+    def __init__(self) -> None:
+        self.hw: tuple[int, int] | None = None
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        img = find_image(args, kwargs)
+        if img is not None:
+            self.hw = image_hw(img)
 
 
-class LayerProbe:
-    """Records the output shape of every module call in a forward pass (and, optionally, the tensors).
+def spatial_layers(
+    records: Sequence[CallRecord],
+    calls: dict[str, int],
+    *,
+    input_hw: tuple[int, int] | None,
+    grid_hw: tuple[int, int] | None = None,
+    reshape: Reshape = None,
+) -> list[SpatialLayer]:
+    """The recorded calls whose output has a spatial grid (see :func:`infer_grid`), in completion
+    order (a container after its children); ``calls`` counts the calls of each module."""
+    out: list[SpatialLayer] = []
+    for order, rec in enumerate(records):
+        try:
+            grid = infer_grid(rec.shape, input_hw=input_hw, grid_hw=grid_hw, reshape=reshape if isinstance(reshape, str) else None)
+        except ValueError:
+            grid = None
+        if grid is None and callable(reshape) and len(rec.shape) >= 3:
+            grid = GridInfo("custom", 0, 0, 0)
+        if grid is None:
+            continue
+        out.append(SpatialLayer(rec.name, rec.module, rec.call, calls.get(rec.module, 1), rec.shape, grid, order, rec.kind))
+    return out
 
-    Entered around a forward pass (the user's cell or nbdebug's own); afterwards :meth:`spatial`
-    lists the calls with a spatial grid, in completion order (a container after its children).
 
-    >>> with LayerProbe(model) as probe:      # doctest: +SKIP
-    ...     model(x)
-    >>> [lay.name for lay in probe.spatial()]      # doctest: +SKIP
-    """
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        *,
-        keep: Callable[[str], bool] | None = None,
-        reshape: Reshape = None,
-        max_samples: int = 16,
-        max_bytes: int = 1 << 30,
-    ) -> None:
-        from ..capture import HookSet
-
-        self.model = model
-        self.keep = keep
-        self.max_samples = max_samples
-        self.max_bytes = max_bytes
-        self.kept_bytes = 0
-        self.dropped: list[str] = []
-        self.reshape = reshape
-        self.records: list[tuple[str, int, tuple[int, ...], str]] = []
-        self.tensors: dict[tuple[str, int], torch.Tensor] = {}
-        self.input_hw: tuple[int, int] | None = None
-        self._calls: dict[str, int] = {}
-        self._hooks = HookSet()
-        self._model_calls = 0
-
-    def _pre(self, _m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._model_calls += 1
-        if self.input_hw is None:
-            img = find_image(args, kwargs)
-            if img is not None:
-                self.input_hw = image_hw(img)
-
-    def _make_hook(self, name: str, kind: str) -> Callable[..., None]:
-        def hook(_m: torch.nn.Module, _args: Any, output: Any) -> None:
-            if self._model_calls > 1:  # only the first top-level call is described
-                return
-            from ..capture import first_tensor
-
-            t = first_tensor(output)
-            call = self._calls.get(name, 0)
-            self._calls[name] = call + 1
-            if t is None:
-                return
-            self.records.append((name, call, tuple(t.shape), kind))
-            if self.keep is not None and t.dim() >= 3 and t.is_floating_point() and self.keep(name):
-                # A copy: in-place ops later in the forward (ReLU(inplace=True)) would change a reference.
-                kept = t.detach()[: self.max_samples]
-                size = kept.numel() * kept.element_size()
-                if self.kept_bytes + size > self.max_bytes:
-                    self.dropped.append(name)
-                    return
-                self.kept_bytes += size
-                self.tensors[(name, call)] = kept.clone()
-
-        return hook
-
-    def __enter__(self) -> LayerProbe:
-        self._hooks.forward_pre(self.model, self._pre, with_kwargs=True)
-        for name, module in self.model.named_modules():
-            if name:
-                self._hooks.forward(module, self._make_hook(name, type(module).__name__))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._hooks.remove()
-
-    def spatial(self) -> list[SpatialLayer]:
-        """Calls whose output has a spatial grid (see :func:`infer_grid`), in completion order."""
-        grid_hw = grid_from_config(self.model, self.input_hw)
-        out: list[SpatialLayer] = []
-        for order, (name, call, shape, kind) in enumerate(self.records):
-            try:
-                grid = infer_grid(shape, input_hw=self.input_hw, grid_hw=grid_hw, reshape=self.reshape if isinstance(self.reshape, str) else None)
-            except ValueError:
-                grid = None
-            if grid is None and callable(self.reshape) and len(shape) >= 3:
-                grid = GridInfo("custom", 0, 0, 0)
-            if grid is None:
-                continue
-            calls = self._calls.get(name, 1)
-            label = f"{name}#{call}" if calls > 1 else name
-            out.append(SpatialLayer(label, name, call, calls, shape, grid, order, kind))
-        return out
-
-    def describe_all(self, limit: int = 12) -> str:
-        """A short list of every recorded module output shape (for error messages)."""
-        seen = [f"{n} {list(s)}" for n, c, s, _ in self.records if c == 0]
-        more = f" … (+{len(seen) - limit})" if len(seen) > limit else ""
-        return ", ".join(seen[-limit:]) + more
+def deepest(layers: Sequence[SpatialLayer]) -> SpatialLayer | None:
+    """The last spatial output of the forward pass (the one Grad-CAM tries first): more informative
+    to open on than the first one (often a padding or stem layer)."""
+    return layers[-1] if layers else None

@@ -1,7 +1,8 @@
 """Leaving the model exactly as we found it.
 
-:func:`preserve_buffers` wraps any forward pass nbdebug runs itself (BatchNorm running statistics
-and every other buffer are restored bit for bit afterwards). :func:`fingerprint` is what tests
+:func:`preserve_buffers` wraps any forward pass nbdebug runs itself: it runs on clones of the
+buffers (BatchNorm running statistics and every other buffer stay untouched, version counters
+included, so a graph the user still holds can be backpropagated). :func:`fingerprint` is what tests
 compare before and after a capture.
 """
 
@@ -19,16 +20,54 @@ from .hooks import hook_count
 __all__ = ["fingerprint", "preserve_buffers", "preserve_modes"]
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter, or None for inference tensors (they have none)."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return None
+
+
 @contextmanager
 def preserve_buffers(model: nn.Module) -> Iterator[None]:
-    """Run nbdebug's own forward passes without changing any buffer (e.g. BN running stats)."""
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    """Run nbdebug's own forward passes on clones of every buffer, so the originals are never touched.
+
+    Inside the block each module's buffers (BatchNorm running statistics, ``num_batches_tracked``,
+    caches...) are swapped for clones (a buffer shared by several modules gets one shared clone);
+    afterwards the original tensor objects are put back. Nothing is copied back into them, so their
+    version counters do not move and an autograd graph the user still holds (BatchNorm in training
+    mode saves its running statistics for backward) stays valid. A forward that mutates a buffer
+    through a reference of its own (not through the module) is caught as a safety net: that buffer
+    is restored bit for bit from a copy (which does bump its version, unavoidably).
+    """
+    owners: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+    clones: dict[int, torch.Tensor] = {}
+    for m in model.modules():
+        for name, buf in m._buffers.items():
+            if buf is None:
+                continue
+            if id(buf) not in clones:
+                with torch.inference_mode(buf.is_inference()):
+                    clones[id(buf)] = buf.detach().clone()
+            owners.append((m._buffers, name, buf))
+    originals = {id(b): b for _, _, b in owners}
+    versions = {key: _version(b) for key, b in originals.items()}
+    pristine = {key: c.clone() for key, c in clones.items()}  # the safety net's copy (buffers are small)
     try:
+        for table, name, buf in owners:
+            table[name] = clones[id(buf)]
         yield
     finally:
+        for table, name, buf in owners:
+            table[name] = buf
         with torch.no_grad():
-            for buf, copy in saved:
-                buf.copy_(copy)
+            for key, buf in originals.items():
+                if versions[key] is None:  # inference tensor: compare values instead
+                    if not torch.equal(buf, pristine[key]):
+                        with torch.inference_mode():
+                            buf.copy_(pristine[key])
+                elif _version(buf) != versions[key]:  # mutated behind the module's back
+                    buf.copy_(pristine[key])
 
 
 @contextmanager

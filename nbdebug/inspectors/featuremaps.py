@@ -112,11 +112,15 @@ class FeatureMapLayer:
 
 @dataclass
 class FeatureMapsResult:
-    """Feature maps captured in a cell: ``layers`` by name (``result["layer1"].maps(0)`` → C×h×w)."""
+    """Feature maps captured in a cell: ``layers`` by call name (``result["layer1"].maps(0)`` → C×h×w).
+
+    ``default_layer`` is the one the view opens on: the deepest spatial output kept.
+    """
 
     layers: dict[str, FeatureMapLayer]
     batch: int
     notes: list[str] = field(default_factory=list)
+    default_layer: str = ""
 
     def __getitem__(self, name: str) -> FeatureMapLayer:
         return self.layers[name]

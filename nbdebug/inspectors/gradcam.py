@@ -24,21 +24,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..adapters.outputs import class_scores
 from ..adapters.vision import (
     GridInfo,
-    LayerProbe,
+    InputSize,
     Reshape,
     SpatialLayer,
     find_image,
     grid_from_config,
     image_hw,
     infer_grid,
-    split_layer_name,
+    spatial_layers,
     to_nchw,
 )
-from ..capture import HookSet, no_param_grads, preserve_buffers
+from ..capture import preserve_buffers, split_call_name
+from ..capture.gradients import LayerDidNotRun, autograd_inputs, class_grads, run_from_layer
+from ..capture.names import call_name
+from ..capture.probe import OutputProbe
 
-__all__ = ["CamMaps", "GradCamResult", "LayerError", "Target", "class_names_for", "compute_cams", "grad_cam", "logits_of"]
+__all__ = ["CamMaps", "GradCamResult", "LayerError", "Probed", "Target", "cams_from", "class_names_for", "compute_cams", "grad_cam"]
 
 #: "topk", a class index, a class name, or a list of indices/names (the same for every sample).
 Target = str | int | Sequence[int | str] | None
@@ -88,21 +92,6 @@ class GradCamResult:
         return self.maps[self.layer].cams
 
 
-def logits_of(output: Any) -> torch.Tensor:
-    """Class scores from a model output: ``.logits`` (HF), a ``"logits"`` key, or the first tensor."""
-    from ..capture import first_tensor
-
-    logits = getattr(output, "logits", None)
-    if logits is None and isinstance(output, Mapping):
-        logits = output.get("logits")
-    if logits is None:
-        logits = first_tensor(output)
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        shape = None if logits is None else list(logits.shape)
-        raise ValueError(f"Grad-CAM needs class scores of shape batch×classes from the model; got {shape}")
-    return logits
-
-
 def class_names_for(model: nn.Module, names: Any, n_classes: int) -> Callable[[int], str]:
     """Class index → display name, from a list/dict/callable the user passed or ``config.id2label``."""
     if names is None:
@@ -146,79 +135,26 @@ def _resolve_targets(targets: Target, logits: torch.Tensor, topk: int, name_of: 
     return torch.tensor(idx, device=logits.device).unsqueeze(0).expand(b, -1)
 
 
-def _swap_first(output: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``output`` with its first tensor leaf replaced by ``fn(tensor)`` (tensor, tuple, list, dict/ModelOutput)."""
-    if isinstance(output, torch.Tensor):
-        return fn(output)
-    if isinstance(output, (tuple, list)):
-        items = list(output)
-        for i, v in enumerate(items):
-            new = _swap_first(v, fn)
-            if new is not v:
-                items[i] = new
-                return type(output)(items) if not hasattr(output, "_fields") else type(output)(*items)
-        return output
-    if isinstance(output, Mapping):
-        for k, v in output.items():
-            new = _swap_first(v, fn)
-            if new is not v:
-                data = dict(output)
-                data[k] = new
-                return type(output)(**data) if type(output) is not dict else data
-        return output
-    return output
+def cams_from(act: torch.Tensor, grads: torch.Tensor, method: str, size: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Pure CAM math: ``act`` B×C×h×w, ``grads`` B×K×C×h×w (float) → ``(up B×K×H×W, low B×K×h×w, all-zero gradient)``.
 
-
-def _run_with_leaf(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], module: str, call: int | None) -> tuple[Any, torch.Tensor]:
-    """Forward pass whose graph starts at ``module``'s output (call ``call``, or the last call).
-
-    The output is replaced by ``leaf.clone()`` so in-place ops downstream cannot touch the leaf.
-    For the last call of a module that runs several times every call gets its own leaf (the last
-    one is returned); only the graph after each leaf is built. Call it inside
-    ``preserve_buffers``/``no_param_grads``/``enable_grad`` and backward before leaving them
-    (restoring buffers bumps their version, which a pending backward would refuse).
+    Grad-CAM weights each channel by its mean gradient; Grad-CAM++ by ``sum_ij alpha_kij ReLU(g_kij)``
+    with ``alpha = g² / (2g² + sum_ij A · g³)``. ``size`` is the output size (the input image's).
     """
-    target = model.get_submodule(module)
-    leaves: list[torch.Tensor] = []
-    seen = [0]
-
-    def hook(_m: nn.Module, _args: Any, out: Any) -> Any:
-        k = seen[0]
-        seen[0] += 1
-        if call is not None and k != call:
-            return None
-
-        def swap(t: torch.Tensor) -> torch.Tensor:
-            leaf = t.detach().requires_grad_(True)
-            leaves.append(leaf)
-            return leaf.clone()
-
-        return _swap_first(out, swap)
-
-    with HookSet() as hooks:
-        hooks.forward(target, hook)
-        output = model(*args, **kwargs)
-    if not leaves:
-        raise LayerError(f"layer {module!r} did not run (call {call}) in the forward pass")
-    return output, leaves[-1]
-
-
-def _class_grads(picked: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
-    """K×(leaf shape): gradient of each column of ``picked`` (B×K) w.r.t. ``leaf``, one batched backward."""
-    k = picked.shape[1]
-    if not picked.requires_grad:  # the scores do not depend on this layer's output at all
-        return torch.zeros((k, *leaf.shape), dtype=leaf.dtype, device=leaf.device)
-    eye = torch.eye(k, dtype=picked.dtype, device=picked.device)
-    grad_out = eye[:, None, :].expand(k, picked.shape[0], k).contiguous()  # one-hot per class
-    try:
-        return torch.autograd.grad(picked, leaf, grad_outputs=grad_out, is_grads_batched=True,
-                                   allow_unused=True, materialize_grads=True, retain_graph=True)[0]
-    except RuntimeError:  # an op without a batching rule: one backward per class instead
-        return torch.stack([
-            torch.autograd.grad(picked, leaf, grad_outputs=grad_out[i], retain_graph=i < k - 1,
-                                allow_unused=True, materialize_grads=True)[0]
-            for i in range(k)
-        ])
+    a = act.unsqueeze(1)  # B×1×C×h×w
+    if method == "gradcam++":
+        g2, g3 = grads.pow(2), grads.pow(3)
+        denom = 2 * g2 + a.sum(dim=(-2, -1), keepdim=True) * g3
+        alpha = torch.where(denom != 0, g2 / torch.where(denom != 0, denom, torch.ones_like(denom)), torch.zeros_like(denom))
+        weights = (alpha * F.relu(grads)).sum(dim=(-2, -1))
+    elif method == "gradcam":
+        weights = grads.mean(dim=(-2, -1))  # B×K×C
+    else:
+        raise ValueError(f"unknown method {method!r}: use 'gradcam' or 'gradcam++'")
+    low = F.relu(torch.einsum("bkc,bchw->bkhw", weights, act))  # B×K×h×w
+    size = size or (int(low.shape[-2]), int(low.shape[-1]))
+    up = F.interpolate(low, size=size, mode="bilinear", align_corners=False)
+    return up, low, bool((grads == 0).all())
 
 
 def compute_cams(
@@ -237,18 +173,20 @@ def compute_cams(
 ) -> tuple[CamMaps, torch.Tensor, torch.Tensor]:
     """CAMs of ``layer`` for the target classes: ``(maps, classes B×K, logits B×N)``.
 
-    One forward (graph from the layer on) and one batched backward for all K classes.
+    One forward of nbdebug's own (:func:`~nbdebug.capture.gradients.run_from_layer`: graph from the
+    layer on, buffers cloned, parameters frozen) and one batched backward for all K classes.
+    ``args``/``kwargs`` should have gone through :func:`~nbdebug.capture.gradients.autograd_inputs`.
     """
-    explicit_call = layer.grid is None and split_layer_name(layer.name)[1] is not None
-    call = layer.call if layer.calls > 1 or explicit_call else None
-    with preserve_buffers(model), no_param_grads(model), torch.enable_grad():
-        output, leaf = _run_with_leaf(model, args, kwargs, layer.module, call)
-        logits = logits_of(output)
-        if classes is None:
-            classes = _resolve_targets(targets, logits, topk, name_of)
-        classes = classes.to(logits.device)
-        grads = _class_grads(logits.gather(1, classes), leaf)
-        logits = logits.detach()
+    try:
+        output, leaf = run_from_layer(model, args, kwargs, layer.module, layer.call)
+    except LayerDidNotRun as exc:
+        raise LayerError(str(exc)) from None
+    logits = class_scores(output)
+    if classes is None:
+        classes = _resolve_targets(targets, logits, topk, name_of)
+    classes = classes.to(logits.device)
+    grads = class_grads(logits.gather(1, classes), leaf)
+    logits = logits.detach()
     grid = layer.grid
     if grid is None:  # a layer named by the caller without a probe pass: the shape decides now
         grid = infer_grid(tuple(leaf.shape), input_hw=output_hw, grid_hw=grid_from_config(model, output_hw),
@@ -261,54 +199,58 @@ def compute_cams(
     with torch.no_grad():
         act = to_nchw(leaf.detach(), grid, reshape).float()  # B×C×h×w
         g = to_nchw(grads, grid, reshape).float().transpose(0, 1)  # B×K×C×h×w
-        a = act.unsqueeze(1)  # B×1×C×h×w
-        if method == "gradcam++":
-            g2, g3 = g.pow(2), g.pow(3)
-            denom = 2 * g2 + a.sum(dim=(-2, -1), keepdim=True) * g3
-            alpha = torch.where(denom != 0, g2 / torch.where(denom != 0, denom, torch.ones_like(denom)), torch.zeros_like(denom))
-            weights = (alpha * F.relu(g)).sum(dim=(-2, -1))
-        elif method == "gradcam":
-            weights = g.mean(dim=(-2, -1))  # B×K×C
-        else:
-            raise ValueError(f"unknown method {method!r}: use 'gradcam' or 'gradcam++'")
-        low = F.relu(torch.einsum("bkc,bchw->bkhw", weights, act))  # B×K×h×w
-        size = output_hw or (int(low.shape[-2]), int(low.shape[-1]))
-        up = F.interpolate(low, size=size, mode="bilinear", align_corners=False)
-        zero = bool((g == 0).all())
+        up, low, zero = cams_from(act, g, method, output_hw)
     note = ""
     if zero:
         note = (f"the scores do not depend on {layer.name}'s grid positions (gradient is zero), "
                 "e.g. a transformer layer after the last attention only feeds the class token")
     maps = CamMaps(layer.name, grid, up.cpu().numpy(), low.cpu().numpy(), zero, note)
-    return maps, classes.detach(), logits.detach()
+    return maps, classes.detach(), logits
 
 
-def probe(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], reshape: Reshape = None) -> LayerProbe:
-    """Spatial layers of ``model`` from one inference pass of nbdebug's own (buffers restored)."""
-    with LayerProbe(model, reshape=reshape) as pr, preserve_buffers(model), torch.no_grad():
+class Probed:
+    """The spatial layers of one forward pass (see :func:`probe`), and a description of every output."""
+
+    def __init__(self, layers: list[SpatialLayer], described: str) -> None:
+        self.layers = layers
+        self.described = described
+
+    def spatial(self) -> list[SpatialLayer]:
+        return self.layers
+
+    def describe_all(self) -> str:
+        return self.described
+
+
+def probe(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], reshape: Reshape = None) -> Probed:
+    """Spatial layers of ``model`` from one inference pass of nbdebug's own (buffers untouched)."""
+    size = InputSize()
+    with OutputProbe(model, on_first_call=size) as pr, preserve_buffers(model), torch.no_grad():
         model(*args, **kwargs)
-    return pr
+    layers = spatial_layers(pr.records, pr.calls, input_hw=size.hw, grid_hw=grid_from_config(model, size.hw), reshape=reshape)
+    return Probed(layers, pr.describe_all())
 
 
 def pick_layer(layers: list[SpatialLayer], requested: str | None, describe: str = "") -> tuple[SpatialLayer, bool]:
-    """The requested layer (name or ``name#k``), or the auto choice (last spatial layer) and whether auto."""
+    """The requested layer (a call name: ``act``, ``act#2``), or the auto choice (last spatial layer) and whether auto."""
     candidates = [lay for lay in layers if lay.module]
     if not candidates:
         raise LayerError(f"no layer has a spatial output (B×C×H×W, B×H×W×C or a token grid); outputs seen: {describe}")
     if requested is None:
         return candidates[-1], True
-    base, call = split_layer_name(requested)
-    hits = [lay for lay in candidates if lay.name == requested] or [lay for lay in candidates if lay.module == base and (call is None or lay.call == call)]
+    base, call = split_call_name(requested)
+    name = call_name(base, call)
+    hits = [lay for lay in candidates if lay.name == name]
+    if not hits and "#" not in requested:  # a bare module name: its last call
+        hits = [lay for lay in candidates if lay.module == requested]
     if not hits:
         names = [lay.name for lay in candidates]
         import difflib
 
         close = difflib.get_close_matches(requested, names, n=5, cutoff=0.4)
-        raise LayerError(
-            f"layer {requested!r} has no spatial output (or did not run); layers that qualify: "
-            + ", ".join((close or []) + [n for n in names[-8:] if n not in close])
-            + (f" (and {len(names)} in all)" if len(names) > 8 else "")
-        )
+        listed = ", ".join((close or []) + [n for n in names[-8:] if n not in close])
+        more = f", {len(names)} in all" if len(names) > 8 else ""
+        raise LayerError(f"layer {requested!r} has no spatial output or did not run (layers that qualify: {listed}{more})")
     return hits[-1], False
 
 
@@ -337,7 +279,7 @@ def grad_cam(
     method: str = "gradcam",
     class_names: Any = None,
     reshape: Reshape = None,
-    probe_result: LayerProbe | None = None,
+    probe_result: Probed | None = None,
 ) -> tuple[CamMaps, torch.Tensor, torch.Tensor, list[SpatialLayer], bool]:
     """Grad-CAM of ``model`` called as ``model(*args, **kwargs)``; see :func:`compute_cams`.
 
@@ -347,12 +289,12 @@ def grad_cam(
     """
     if isinstance(args, torch.Tensor):
         args = (args,)
-    kwargs = dict(kwargs or {})
+    args, kwargs = autograd_inputs(args, kwargs or {})
     pr = probe_result
     if pr is None and layer is not None:  # named layer: no probe pass, the CAM's own forward decides
-        base, k = split_layer_name(layer)
+        base, k = split_call_name(layer)
         model.get_submodule(base)  # AttributeError early for unknown names
-        chosen, auto, layers = SpatialLayer(layer, base, k or 0, 1 if k is None else k + 1, (), None, 0, ""), False, []  # type: ignore[arg-type]
+        chosen, auto, layers = SpatialLayer(call_name(base, k), base, k, k + 1, (), None, 0, ""), False, []  # type: ignore[arg-type]
     else:
         pr = pr or probe(model, args, kwargs, reshape)
         layers = pr.spatial()

@@ -1,8 +1,11 @@
 """Recorder of the feature-map view: keeps a copy of every selected layer's spatial output.
 
 Copies (not references) because in-place ops later in the forward pass (``ReLU(inplace=True)``)
-would otherwise change what was captured. Only the first top-level model call is kept, at most
-``max_samples`` samples per layer and ``max_bytes`` in all (the rest is listed in the notes).
+would otherwise change what was captured. Only the first top-level model call is kept (module
+calls after it returns, e.g. a checkpointed segment recomputed in backward, are not), at most
+``max_samples`` samples per layer and ``max_bytes`` in all (``--max-bytes``; what did not fit is
+listed in the notes). Nothing model-related is kept: the model is held weakly, and only while the
+cell runs is it needed.
 """
 
 from __future__ import annotations
@@ -11,19 +14,30 @@ from typing import Any
 
 from torch import nn
 
-from ..adapters.vision import LayerProbe
-from ..capture import select_modules
+from ..adapters.vision import InputSize, SpatialLayer, deepest, grid_from_config, spatial_layers
+from ..capture import ModelRef, format_bytes, parse_bytes, select_modules
+from ..capture.probe import OutputProbe
 from ..inspectors.featuremaps import SORT_KEYS, FeatureMapLayer, FeatureMapsResult
 from ..views import Recorder
 
 __all__ = ["FeatureMapsRecorder"]
 
-DEFAULT_MAX_BYTES = 256 * 2**20
-
 
 class FeatureMapsRecorder(Recorder):
     """Options read: ``layers``, ``sample``, ``colormap``, ``fm_sort``, ``fm_norm``, ``reshape``,
-    ``max_bytes``, ``max_samples``."""
+    ``max_bytes`` (``64MB``, an int; 0 keeps nothing), ``max_samples``.
+
+    The view opens on the deepest spatial layer kept (the one Grad-CAM tries first), not the first
+    one (often a padding or stem layer).
+    """
+
+    @property  # type: ignore[override]
+    def model(self) -> nn.Module:
+        return self._model_ref.get()
+
+    @model.setter
+    def model(self, value: nn.Module) -> None:
+        self._model_ref = ModelRef(value)
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -37,13 +51,19 @@ class FeatureMapsRecorder(Recorder):
         self.norm = str(o.get("fm_norm") or "channel")
         if self.norm not in ("channel", "shared"):
             raise ValueError(f"--norm {self.norm!r}: use 'channel' or 'shared'")
-        self.probe = LayerProbe(
+        self.reshape = o.get("reshape")
+        self.max_bytes = parse_bytes(o.get("max_bytes"))
+        max_samples = o.get("max_samples")
+        self.max_samples = 32 if max_samples is None else max(1, int(max_samples))
+        self._size = InputSize()
+        self.probe = OutputProbe(
             model,
-            keep=self.names.__contains__,
-            reshape=o.get("reshape"),
-            max_samples=int(o.get("max_samples") or 32),
-            max_bytes=int(o.get("max_bytes") or DEFAULT_MAX_BYTES),
+            keep=lambda name: name.split("#")[0] in self.names,
+            max_samples=self.max_samples,
+            max_bytes=self.max_bytes,
+            on_first_call=self._size,
         )
+        self._spatial: list[SpatialLayer] = []
         self._result: FeatureMapsResult | None = None
 
     def __enter__(self) -> FeatureMapsRecorder:
@@ -52,6 +72,23 @@ class FeatureMapsRecorder(Recorder):
 
     def __exit__(self, *exc: object) -> None:
         self.probe.__exit__(*exc)
+        pr, hw = self.probe, self._size.hw
+        try:
+            grid_hw = grid_from_config(self.model, hw)
+        except Exception:  # the model is gone already: token grids are guessed from the image size
+            grid_hw = None
+        self._spatial = spatial_layers(pr.records, pr.calls, input_hw=hw, grid_hw=grid_hw,
+                                       reshape=self.reshape if isinstance(self.reshape, str) else None)
+
+    def applies(self) -> str | None:
+        """None when at least one layer was kept, else why not (never called, no spatial output, budget)."""
+        if self.result().layers:
+            return None
+        if not self.probe.records:
+            return "the cell never called the model"
+        if self.probe.dropped:
+            return f"no layer fits the memory budget (--max-bytes {format_bytes(self.max_bytes)})"
+        return "no captured layer has a spatial output"
 
     def result(self) -> FeatureMapsResult:
         if self._result is not None:
@@ -59,8 +96,8 @@ class FeatureMapsRecorder(Recorder):
         pr = self.probe
         layers: dict[str, FeatureMapLayer] = {}
         batch = 0
-        for sl in pr.spatial():
-            data = pr.tensors.get((sl.module, sl.call))
+        for sl in self._spatial:
+            data = pr.tensors.get(sl.name)
             if data is None or sl.grid.layout == "custom":
                 continue
             layers[sl.name] = FeatureMapLayer(sl.name, sl.shape, sl.grid, data)
@@ -68,18 +105,25 @@ class FeatureMapsRecorder(Recorder):
         notes: list[str] = []
         if not pr.records:
             notes.append("the cell never called the model")
-        flat = sorted({n for n, _c, s, _k in pr.records if n in self.names and n not in {lay.split('#')[0] for lay in layers}})
+        if pr.steps > 1:
+            notes.append(f"the cell called the model {pr.steps} times; the first call is shown")
+        spatial_modules = {sl.module for sl in self._spatial}
+        flat = sorted({r.module for r in pr.records if r.module in self.names and r.module not in spatial_modules})
         if flat:
-            shapes = {n: s for n, _c, s, _k in pr.records}
+            shapes = {r.module: r.shape for r in pr.records}
             listed = ", ".join(f"{n} {list(shapes[n])}" for n in flat[:6])
             notes.append(f"{len(flat)} selected layer(s) have no spatial output and are not shown: {listed}{' …' if len(flat) > 6 else ''}")
         if pr.dropped:
-            notes.append(f"memory budget reached: {len(pr.dropped)} layer(s) not kept ({', '.join(pr.dropped[:4])}…); "
+            names = [n for n, _ in pr.dropped]
+            need = sum(b for _, b in pr.dropped)
+            notes.append(f"memory budget {format_bytes(self.max_bytes)} reached: {len(names)} layer output(s) not kept "
+                         f"({', '.join(names[:4])}{' …' if len(names) > 4 else ''}; {format_bytes(need)} more); "
                          "narrow --layers or raise --max-bytes")
         kept = min((lay.samples for lay in layers.values()), default=0)
         if batch > kept > 0:
             notes.append(f"the first {kept} of {batch} samples are kept")
-        self._result = FeatureMapsResult(layers, batch, notes)
+        shown = deepest([sl for sl in self._spatial if sl.name in layers])
+        self._result = FeatureMapsResult(layers, batch, notes, default_layer=shown.name if shown else "")
         return self._result
 
     def widget(self) -> Any:

@@ -1,9 +1,11 @@
 """Recorder of the Grad-CAM view: remembers the cell's model call, then computes CAMs on it.
 
 The cell runs untouched (a :class:`~nbdebug.capture.ModelCall` and a shape-only
-:class:`~nbdebug.adapters.vision.LayerProbe` watch it). Afterwards nbdebug runs the model once
+:class:`~nbdebug.capture.probe.OutputProbe` watch it). Afterwards nbdebug runs the model once
 more on the same input with gradients tracked from the target layer on (also when the cell ran
-under ``torch.no_grad``), inside ``preserve_buffers`` and ``no_param_grads``.
+under ``torch.no_grad`` or ``torch.inference_mode``), on clones of the buffers and with
+parameters frozen (:func:`~nbdebug.capture.gradients.run_from_layer`), so a graph the user still
+holds stays valid. The recorder, the session and the widget hold the model weakly.
 """
 
 from __future__ import annotations
@@ -15,8 +17,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..adapters.vision import LayerProbe, SpatialLayer, find_image, image_for_display, image_hw
-from ..capture import ModelCall, select_modules
+from ..adapters.outputs import logits_of
+from ..adapters.vision import (
+    InputSize,
+    SpatialLayer,
+    find_image,
+    grid_from_config,
+    image_for_display,
+    image_hw,
+    spatial_layers,
+)
+from ..capture import ModelCall, ModelRef, select_modules, split_call_name
+from ..capture.gradients import autograd_inputs
+from ..capture.probe import OutputProbe
 from ..inspectors.gradcam import (
     CamMaps,
     GradCamResult,
@@ -24,7 +37,6 @@ from ..inspectors.gradcam import (
     class_names_for,
     compute_cams,
     fallback_layers,
-    logits_of,
     pick_layer,
 )
 from ..views import Recorder
@@ -66,10 +78,15 @@ def _names(value: Any, ns: dict[str, Any] | None) -> Any:
 
 
 class GradCamSession:
-    """A model call plus the CAMs computed on it so far; computes other layers on demand."""
+    """A model call plus the CAMs computed on it so far; computes other layers on demand.
+
+    Holds the model weakly: once it is deleted, a new layer answers with
+    :class:`~nbdebug.capture.ModelGoneError` (its message is what the view shows). ``args``/``kwargs``
+    are the cell's inputs as :func:`~nbdebug.capture.gradients.autograd_inputs` returns them.
+    """
 
     def __init__(self, model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], layers: list[SpatialLayer], *, method: str, reshape: Any) -> None:
-        self.model = model
+        self._model = ModelRef(model)
         self.args = tuple(args)
         self.kwargs = dict(kwargs)
         self.layers = layers
@@ -83,7 +100,7 @@ class GradCamSession:
 
     def compute(self, layer: SpatialLayer, *, targets: Target = "topk", topk: int = 5, name_of: Any = str) -> tuple[CamMaps, torch.Tensor]:
         maps, classes, logits = compute_cams(
-            self.model, self.args, self.kwargs, layer, targets=targets, topk=topk, classes=self.classes,
+            self._model.get(), self.args, self.kwargs, layer, targets=targets, topk=topk, classes=self.classes,
             method=self.method, reshape=self.reshape, output_hw=self.output_hw, name_of=name_of,
         )
         if self.classes is None:
@@ -92,16 +109,30 @@ class GradCamSession:
         return maps, logits
 
     def maps_for(self, name: str) -> CamMaps:
-        """CAMs of layer ``name`` for the same target classes (computed once, then cached)."""
+        """CAMs of layer ``name`` (a call name) for the same target classes (computed once, then cached)."""
         if name not in self.maps:
             layer, _ = pick_layer(self.layers, name)
-            self.compute(layer)
+            if layer.name not in self.maps:
+                self.compute(layer)
+            return self.maps[layer.name]
         return self.maps[name]
 
 
 class GradCamRecorder(Recorder):
     """Options read: ``gradcam_layer``, ``target``, ``cam_topk``, ``cam_method``, ``class_names``,
-    ``image_mean``, ``image_std``, ``reshape``, ``sample``, ``colormap``, ``user_ns``."""
+    ``image_mean``, ``image_std``, ``reshape``, ``sample``, ``colormap``, ``user_ns``.
+
+    Holds the model weakly (``self.model`` raises :class:`~nbdebug.capture.ModelGoneError` once it
+    is gone). A cell that calls the model several times is explained on its first call.
+    """
+
+    @property  # type: ignore[override]
+    def model(self) -> nn.Module:
+        return self._model_ref.get()
+
+    @model.setter
+    def model(self, value: nn.Module) -> None:
+        self._model_ref = ModelRef(value)
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -110,9 +141,12 @@ class GradCamRecorder(Recorder):
         if self.layer:
             # Unknown names fail before the cell runs (the magic turns this into a UsageError);
             # whether the layer has a spatial output is only known after the run.
-            select_modules(model, self.layer.split("#")[0])
+            select_modules(model, split_call_name(self.layer)[0])
         self.target = _target(o.get("target"))
-        self.topk = int(o.get("cam_topk") or 5)
+        topk = o.get("cam_topk")
+        self.topk = 5 if topk is None else int(topk)
+        if self.topk < 1:
+            raise ValueError(f"--topk {self.topk}: explain at least one class")
         self.method = str(o.get("cam_method") or "gradcam").lower().replace("-", "")
         if self.method == "gradcampp":
             self.method = "gradcam++"
@@ -124,12 +158,22 @@ class GradCamRecorder(Recorder):
         self.reshape = o.get("reshape")
         self.sample = int(o.get("sample") or 0)
         self.colormap = str(o.get("colormap") or "inferno")
-        self._call = ModelCall(model)
-        self._probe = LayerProbe(model, reshape=self.reshape)
+        self._call: ModelCall | None = ModelCall(model)
+        self._size = InputSize()
+        self._probe = OutputProbe(model, on_first_call=self._size)
+        self._seen = False
+        self._calls = 0
+        self._grad_enabled = True
+        self._inference = False
+        self._inputs: tuple[tuple[Any, ...], dict[str, Any]] = ((), {})
+        self._theirs: torch.Tensor | None = None  # the cell's class scores (detached)
+        self._output_shape: list[int] | None = None
+        self._layers: list[SpatialLayer] = []
         self._result: GradCamResult | None = None
         self.session: GradCamSession | None = None
 
     def __enter__(self) -> GradCamRecorder:
+        assert self._call is not None, "a GradCamRecorder is entered once"
         self._call.__enter__()
         try:
             self._probe.__enter__()
@@ -139,8 +183,39 @@ class GradCamRecorder(Recorder):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._probe.__exit__(*exc)
-        self._call.__exit__(*exc)
+        try:
+            self._probe.__exit__(*exc)
+        finally:
+            call, self._call = self._call, None  # nothing of ours keeps the model (ModelCall holds it)
+            if call is not None:
+                call.__exit__(*exc)
+                self._keep(call)
+
+    def _keep(self, call: ModelCall) -> None:
+        """What the view needs from the cell's call, without the model or the user's graph."""
+        self._seen, self._calls = call.seen, call.calls
+        if not call.seen:
+            return
+        self._grad_enabled = bool(call.grad_enabled)
+        tensors = [v for v in (*(call.args or ()), *(call.kwargs or {}).values()) if isinstance(v, torch.Tensor)]
+        self._inference = any(t.is_inference() for t in tensors)
+        self._inputs = autograd_inputs(call.args or (), call.kwargs or {})
+        scores = logits_of(call.output)
+        self._output_shape = None if scores is None else list(scores.shape)
+        self._theirs = scores.detach() if scores is not None and scores.dim() == 2 else None
+        hw = self._size.hw
+        self._layers = spatial_layers(self._probe.records, self._probe.calls, input_hw=hw,
+                                      grid_hw=grid_from_config(self.model, hw), reshape=self.reshape)
+
+    def applies(self) -> str | None:
+        """None, or why there is nothing to explain: the model never ran, no spatial layer, no class scores."""
+        if not self._seen:
+            return "the cell never called the model, so there is nothing to explain"
+        if not self._layers:
+            return "no layer has a spatial output (B×C×H×W, B×H×W×C or a token grid)"
+        if self._theirs is None:
+            return f"the model's output is not class scores (batch×classes); got shape {self._output_shape}"
+        return None
 
     def result(self) -> GradCamResult:
         if self._result is None:
@@ -148,15 +223,15 @@ class GradCamRecorder(Recorder):
         return self._result
 
     def _compute(self) -> GradCamResult:
-        call = self._call
-        if not call.seen:
+        if not self._seen:
             raise RuntimeError("the cell never called the model, so there is nothing to explain; call it once, e.g. `model(x)`")
-        layers = self._probe.spatial()
+        layers = self._layers
         chosen, auto = pick_layer(layers, self.layer, self._probe.describe_all())
-        session = GradCamSession(self.model, call.args or (), call.kwargs or {}, layers, method=self.method, reshape=self.reshape)
+        model = self.model
+        session = GradCamSession(model, *self._inputs, layers, method=self.method, reshape=self.reshape)
         self.session = session
-        has_names = self.class_names is not None or getattr(getattr(self.model, "config", None), "id2label", None)
-        name_of = class_names_for(self.model, self.class_names, 0) if has_names else str
+        has_names = self.class_names is not None or getattr(getattr(model, "config", None), "id2label", None)
+        name_of = class_names_for(model, self.class_names, 0) if has_names else str
         maps, logits = session.compute(chosen, targets=self.target, topk=self.topk, name_of=name_of)
         notes: list[str] = []
         if auto and maps.zero_grad:
@@ -169,20 +244,18 @@ class GradCamRecorder(Recorder):
                     break
         if maps.note:
             notes.append(maps.note)
-        grad_note = " (your cell ran under torch.no_grad)" if not call.grad_enabled else ""
-        notes.append(f"nbdebug ran the model once more on your cell's input, tracking gradients from {chosen.name} on{grad_note}; "
+        mode = " (your cell ran under torch.inference_mode)" if self._inference else " (your cell ran under torch.no_grad)" if not self._grad_enabled else ""
+        notes.append(f"nbdebug ran the model once more on your cell's input, tracking gradients from {chosen.name} on{mode}; "
                      "parameters' .grad, buffers and training mode are left as they were")
-        if self.model.training:
+        if model.training:
             notes.append("the model is in training mode: dropout and batch statistics apply to that run as in your cell")
-        if call.calls > 1:
-            notes.append(f"the cell called the model {call.calls} times; the first call is explained")
-        try:
-            theirs = logits_of(call.output).detach().float()
+        if self._calls > 1:
+            notes.append(f"the cell called the model {self._calls} times; the first call is explained")
+        if self._theirs is not None and self._theirs.shape == logits.shape:
+            theirs = self._theirs.float()
             diff = float((theirs - logits.float()).abs().max())
             if diff > 1e-3 * (1 + float(theirs.abs().max())):
                 notes.append(f"the re-run's scores differ from your cell's by up to {diff:.3g} (dropout or other randomness?)")
-        except (ValueError, RuntimeError):
-            pass
         classes = session.classes
         assert classes is not None
         probs = torch.softmax(logits.float(), dim=1).gather(1, classes).cpu().numpy()

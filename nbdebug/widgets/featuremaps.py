@@ -23,6 +23,13 @@ from ._snapshot import MAX_SNAPSHOT_BYTES, colorize, encode_png, grid, img_tag, 
 __all__ = ["FeatureMapsWidget"]
 
 
+def _first_layer(result: FeatureMapsResult, layers: list[dict[str, Any]]) -> str:
+    """The layer to open on: the result's ``default_layer`` (the deepest spatial output), else the first."""
+    if result.default_layer in result.layers:
+        return result.default_layer
+    return str(layers[0]["name"]) if layers else ""
+
+
 class FeatureMapsWidget(NBWidget):
     """Tiled channels of a captured layer with colormap, normalisation, sorting and paging.
 
@@ -52,7 +59,7 @@ class FeatureMapsWidget(NBWidget):
         ]
         kept = min((lay.samples for lay in result.layers.values()), default=1)
         super().__init__(
-            layers=layers, layer=layers[0]["name"] if layers else "", batch=max(kept, 1),
+            layers=layers, layer=_first_layer(result, layers), batch=max(kept, 1),
             sample=min(max(sample, 0), max(kept - 1, 0)), colormap=colormap, sort=sort, norm=norm,
             notes=list(result.notes), **kwargs,
         )

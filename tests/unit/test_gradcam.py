@@ -221,15 +221,22 @@ def test_shared_module_called_twice_uses_the_requested_call() -> None:
     model = Shared().eval()
     x = torch.randn(1, 3, 8, 8)
     maps, classes, _, layers, auto = grad_cam(model, x)
-    assert auto and maps.layer == "act#1" and {"act#0", "act#1"} <= {lay.name for lay in layers}
+    # one name per module call, as in the thermometer: the first call unsuffixed, then #2
+    assert auto and maps.layer == "act#2" and {"act", "act#2"} <= {lay.name for lay in layers}
     # reference: the same computation by hand on the second call's output
     a = model.act(model.c2(model.act(model.c1(x)))).detach().requires_grad_(True)
     score = model.fc(a.mean((2, 3)))[0, classes[0, 0]]
     (g,) = torch.autograd.grad(score, a)
     ref = F.relu((g.mean((2, 3), keepdim=True) * a).sum(1))
     np.testing.assert_allclose(maps.cams[0, 0], ref[0].detach().numpy(), atol=1e-6)
-    first, *_ = grad_cam(model, x, layer="act#0", targets=int(classes[0, 0]))
-    assert first.low.shape[-2:] == (8, 8) and not np.allclose(first.cams, maps.cams[:, :1])
+    first, *_ = grad_cam(model, x, layer="act", targets=int(classes[0, 0]))
+    assert first.layer == "act" and first.low.shape[-2:] == (8, 8) and not np.allclose(first.cams, maps.cams[:, :1])
+    second, *_ = grad_cam(model, x, layer="act#2", targets=int(classes[0, 0]))
+    np.testing.assert_allclose(second.cams, maps.cams[:, :1], atol=1e-6)
+    # "act#1" is accepted for the first call too, and reported under its one name
+    one, *_ = grad_cam(model, x, layer="act#1", targets=int(classes[0, 0]))
+    assert one.layer == "act"
+    np.testing.assert_allclose(one.cams, first.cams, atol=1e-6)
 
 
 def tiny_vit():  # type: ignore[no-untyped-def]

@@ -8,13 +8,16 @@ import torch
 
 from nbdebug.adapters.vision import (
     GridInfo,
-    LayerProbe,
+    deepest,
     detect_normalisation,
     find_image,
     image_for_display,
     infer_grid,
+    spatial_layers,
     to_nchw,
 )
+from nbdebug.capture import hook_count
+from nbdebug.capture.probe import OutputProbe
 
 
 @pytest.mark.parametrize(
@@ -119,18 +122,23 @@ def test_find_image_prefers_pixel_values() -> None:
     assert find_image((torch.zeros(2, 5),), {}) is None
 
 
-def test_layer_probe_keeps_copies_and_names_repeated_calls() -> None:
+def _spatial(probe: OutputProbe) -> list:  # type: ignore[type-arg]
+    return spatial_layers(probe.records, probe.calls, input_hw=None)
+
+
+def test_output_probe_keeps_copies_and_names_repeated_calls() -> None:
     act = torch.nn.ReLU(inplace=True)
     conv = torch.nn.Conv2d(1, 2, 1)
     model = torch.nn.Sequential(conv, act)
     with torch.no_grad():
         conv.weight.fill_(-1.0)
         conv.bias.zero_()
-    with LayerProbe(model, keep=lambda n: True) as probe:
+    with OutputProbe(model, keep=lambda n: True) as probe:
         model(torch.ones(1, 1, 3, 3))
     # the conv output was -1 before the in-place ReLU zeroed it; the copy keeps -1
-    assert torch.equal(probe.tensors[("0", 0)], -torch.ones(1, 2, 3, 3))
-    assert [lay.name for lay in probe.spatial()] == ["0", "1"]
+    assert torch.equal(probe.tensors["0"], -torch.ones(1, 2, 3, 3))
+    assert [lay.name for lay in _spatial(probe)] == ["0", "1"]
+    assert hook_count(model) == 0
     shared = torch.nn.ReLU()
 
     class Twice(torch.nn.Module):
@@ -141,9 +149,42 @@ def test_layer_probe_keeps_copies_and_names_repeated_calls() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.act(self.act(x) - 1)
 
-    with LayerProbe(Twice()) as probe:
-        Twice()(torch.ones(1, 2, 3, 3))
     m = Twice()
-    with LayerProbe(m) as probe:
+    with OutputProbe(m, keep=lambda n: True) as probe:
         m(torch.ones(1, 2, 3, 3))
-    assert [(lay.name, lay.call, lay.calls) for lay in probe.spatial()] == [("act#0", 0, 2), ("act#1", 1, 2)]
+        m(torch.ones(1, 2, 3, 3))  # a second step is not described
+    # one name per module call, as in the thermometer: first call unsuffixed, then #2
+    assert [(lay.name, lay.call, lay.calls) for lay in _spatial(probe)] == [("act", 0, 2), ("act#2", 1, 2)]
+    assert set(probe.tensors) == {"act", "act#2"} and probe.steps == 2
+    assert torch.equal(probe.tensors["act#2"], torch.zeros(1, 2, 3, 3))
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_recomputation_adds_no_layers(reentrant: bool) -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    class Ckpt(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU())
+            self.head = torch.nn.Conv2d(4, 2, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(checkpoint(self.block, x, use_reentrant=reentrant))
+
+    m = Ckpt()
+    x = torch.randn(1, 3, 6, 6, requires_grad=True)
+    with OutputProbe(m) as probe:
+        m(x).sum().backward()  # backward recomputes `block` inside the probe
+    assert [r.name for r in probe.records] == ["block.0", "block.1", "block", "head"]
+    assert m.block[0].weight.grad is not None
+
+
+def test_deepest_spatial_layer() -> None:
+    model = torch.nn.Sequential(torch.nn.ZeroPad2d(1), torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    with OutputProbe(model) as probe:
+        model(torch.randn(1, 3, 8, 8))
+    layers = _spatial(probe)
+    assert [lay.name for lay in layers] == ["0", "1", "2"]  # the 1×1 pool has no grid
+    assert deepest(layers).name == "2" and deepest([]) is None

@@ -127,13 +127,15 @@ def _special_positions(tokens: Sequence[str]) -> tuple[list[int], list[int]]:
 class AttentionResult:
     """Everything the attention view shows, as plain data.
 
-    ``attention`` is ``(L, H, T, T)`` float16 (probabilities of batch item ``batch_index``);
-    ``metrics[name]`` is ``(L, H)`` float32 for every name in :data:`METRICS`; ``flags`` is ``(L, H)``
+    ``attention`` is ``(L, H, T, T)`` float16 (probabilities of batch item ``batch_index``) when it
+    was kept (given tensors, or small enough for ``max_bytes``); otherwise ``detail`` recomputes one
+    head at a time from the kept queries/keys (:meth:`head`). ``metrics[name]`` is ``(L, H)`` float32 for every name in :data:`METRICS`; ``flags`` is ``(L, H)``
     uint8 (bit 1: sink on the first token, bit 2: sink on [SEP]/EOS, bit 4: near-uniform);
     ``thumbs`` ``(L, H, s, s)`` uint8. ``path`` says how probabilities were obtained.
+    ``generated[t]`` is True for tokens produced by ``generate()`` (empty: none were).
     """
 
-    attention: np.ndarray
+    attention: np.ndarray | None
     tokens: list[str]
     layer_names: list[str]
     metrics: dict[str, np.ndarray]
@@ -145,15 +147,21 @@ class AttentionResult:
     col_mass: np.ndarray  # (L, H, T)
     display: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    detail: Any = None  # AttentionDetail (queries/keys kept per layer) when ``attention`` is None
+    generated: list[bool] = field(default_factory=list)
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        L, H, T, _ = self.attention.shape
-        return L, H, T
+        L, H = self.thumbs.shape[:2]
+        return int(L), int(H), len(self.tokens)
 
     def head(self, layer: int, head: int) -> np.ndarray:
-        """Float32 ``(T, T)`` probabilities of one head."""
-        return self.attention[layer, head].astype(np.float32)
+        """Float32 ``(T, T)`` probabilities of one head (recomputed from queries/keys when not kept)."""
+        if self.attention is not None:
+            return self.attention[layer, head].astype(np.float32)
+        if self.detail is None:
+            raise RuntimeError("head matrices were not kept (over the byte budget); re-run with a larger --max-bytes")
+        return self.detail.head(layer, head)[0]
 
     def metric_array(self) -> np.ndarray:
         """All metrics stacked: ``(len(METRICS), L, H)`` float32."""
@@ -172,16 +180,20 @@ class AttentionAccumulator:
     """Receives one layer's ``(B, H, T, T)`` probabilities at a time; builds an :class:`AttentionResult`.
 
     Keeps only batch item ``batch_index`` (restricted to ``positions`` when padding is trimmed), as
-    float16, plus each layer's metrics and thumbnails computed while the float32 tensor exists.
+    float16 when the ``(L, H, T, T)`` array fits in ``max_bytes`` (``None``: always), plus each
+    layer's metrics and thumbnails computed while the float32 tensor exists.
     """
 
     def __init__(
-        self, n_layers: int, batch_index: int = 0, positions: torch.Tensor | None = None, thumb: int = THUMB
+        self, n_layers: int, batch_index: int = 0, positions: torch.Tensor | None = None, thumb: int = THUMB,
+        max_bytes: int | None = None,
     ) -> None:
         self.n_layers = n_layers
         self.batch_index = batch_index
         self.positions = positions
         self.thumb = thumb
+        self.max_bytes = max_bytes
+        self.dropped = ""
         self.layers: list[dict[str, Any]] = []
         self.full: np.ndarray | None = None  # (L, H, T, T) float16, filled layer by layer
 
@@ -199,6 +211,10 @@ class AttentionAccumulator:
             if i >= self.n_layers:
                 return
             self.layers.append({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in stats.items()})
+            need = self.n_layers * p.numel() * 2
+            if self.max_bytes is not None and need > self.max_bytes:
+                self.dropped = f"head matrices not kept ({need / 2**20:.1f} MB > the {self.max_bytes / 2**20:.1f} MB budget)"
+                return
             if self.full is None:  # one buffer for every layer: no stacking copy at the end
                 self.full = np.empty((self.n_layers, *p.shape), np.float16)
             torch.from_numpy(self.full[i]).copy_(p)
@@ -206,17 +222,22 @@ class AttentionAccumulator:
     def result(self, tokens: Sequence[str], layer_names: Sequence[str], path: str) -> AttentionResult:
         if not self.layers:
             raise RuntimeError("no attention probabilities were captured (did the cell run the model?)")
-        attention = self.full if self.full is not None and len(self.layers) == self.n_layers else None
-        if attention is None:
+        if len(self.layers) != self.n_layers:
             raise RuntimeError(f"attention captured for {len(self.layers)} of {self.n_layers} layers")
-        self.full = None
-        return build_result(self.layers, attention, list(tokens), list(layer_names), path)
+        attention, self.full = (None if self.dropped else self.full), None
+        res = build_result(self.layers, list(tokens), list(layer_names), path, attention=attention)
+        if self.dropped:
+            res.notes.append(self.dropped)
+        return res
 
 
 def build_result(
-    layers: list[dict[str, Any]], attention: np.ndarray, tokens: list[str], layer_names: list[str], path: str
+    layers: list[dict[str, Any]], tokens: list[str], layer_names: list[str], path: str,
+    attention: np.ndarray | None = None, detail: Any = None,
 ) -> AttentionResult:
-    L, H, T, _ = attention.shape
+    """An :class:`AttentionResult` from per-layer summaries (``head_stats`` / ``summarize_qk`` dicts)."""
+    L = len(layers)
+    H, T = layers[0]["col_mass"].shape
     if len(tokens) != T:
         tokens = [f"#{i}" for i in range(T)] if not tokens else (tokens + [f"#{i}" for i in range(len(tokens), T)])[:T]
     metrics = {m: torch.stack([lay[m] for lay in layers]).float().numpy() for m in ("entropy", "norm_entropy", "prev_token", "diagonal", "max_mass")}
@@ -250,6 +271,7 @@ def build_result(
         summary="; ".join(parts),
         col_mass=col_mass.astype(np.float32),
         display=[display_token(t) for t in tokens],
+        detail=detail,
     )
 
 

@@ -1,8 +1,16 @@
-"""Recorder of the attention view: attention probabilities of every layer and head of one forward.
+"""Recorder of the attention view: per-head summaries of every layer, one head's matrix on demand.
 
-Hugging Face models running fused SDPA return no weights, so the model is switched to eager
-attention while the cell runs and switched back afterwards (the view says which path ran). Only the
-first top-level call of the cell is captured (for ``generate``: the prompt's forward).
+Hugging Face models keep their fused attention (SDPA...): a pass-through attention function
+(:mod:`nbdebug.capture.attention_probe`) sees each layer's queries and keys. They are kept for one
+sequence within ``max_bytes`` (float32, else float16); summaries and thumbnails are computed from
+them in bounded chunks, and a head's matrix is recomputed when the view asks. Layers that do not fit
+are summarised during the forward and recomputed by running the model again when asked (the model is
+held weakly). Other models (TransformerLens, attention outside the AttentionInterface) are switched
+to eager attention and their probabilities read by hooks, kept only if they fit in ``max_bytes``.
+
+For ``model.generate(...)`` (or a KV-cache decoding loop) the view covers the final sequence: one
+extra forward on it after the cell, under ``no_grad``, on clones of the buffers. Otherwise the first
+top-level call of the cell is shown.
 
 >>> with AttentionRecorder(model, tokenizer=tok) as rec:     # doctest: +SKIP
 ...     model(**tok("The capital of France is", return_tensors="pt"))
@@ -19,8 +27,19 @@ from torch import nn
 
 from ..adapters.text import input_ids_of, resolve_option, token_strings, valid_positions
 from ..adapters.transformers import ModelParts, eager_attention, find_parts
-from ..capture import HookSet, ModelCall
-from ..inspectors.attention import AttentionAccumulator, AttentionResult
+from ..capture import HookSet, ModelCall, ModelRef, parse_bytes
+from ..capture.attention_probe import QKCall, probe_attention, probe_supported
+from ..capture.budget import format_bytes
+from ..capture.replay import Replay, forward_again, generation_note, int_option
+from ..inspectors.attention import AttentionAccumulator, AttentionResult, build_result
+from ..inspectors.attention_qk import (
+    CHUNK_BYTES,
+    AttentionDetail,
+    KeyRanges,
+    LayerQK,
+    key_ranges,
+    summarize_qk,
+)
 from ..views import Recorder
 
 __all__ = ["AttentionRecorder"]
@@ -36,98 +55,233 @@ def _weights_of(output: Any) -> torch.Tensor | None:
     return None
 
 
+def _store_dtype(t: torch.Tensor, half: bool) -> torch.dtype:
+    if t.dtype in (torch.float16, torch.bfloat16) or not half:
+        return t.dtype
+    return torch.float16 if float(t.abs().amax()) < 6e4 else torch.bfloat16
+
+
 class AttentionRecorder(Recorder):
     """Captures per-head attention while entered; ``result()`` → :class:`AttentionResult`.
 
     Options (magic flags or keywords): ``tokens`` (list of strings, or the name of one),
-    ``tokenizer`` (object or name), ``seq_index`` (batch item shown, default 0), ``user_ns``.
+    ``tokenizer`` (object or name), ``seq_index`` (batch item shown, default 0), ``max_bytes``
+    (what the view keeps: queries/keys or matrices; ``64MB`` or an int), ``user_ns``.
+    Holds the model weakly (``self.model`` raises ``ModelGoneError`` once it is gone).
     """
+
+    @property  # type: ignore[override]
+    def model(self) -> nn.Module:
+        return self._model_ref.get()
+
+    @model.setter
+    def model(self, value: nn.Module) -> None:
+        self._model_ref = ModelRef(value)
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
         ns = options.get("user_ns")
         self.tokens = resolve_option(options.get("tokens"), ns, "tokens")
         self.tokenizer = resolve_option(options.get("tokenizer"), ns, "tokenizer")
-        self.batch_index = int(options.get("seq_index") or 0)
+        self.batch_index = int_option(options.get("seq_index"), 0)
+        self.max_bytes = parse_bytes(options.get("max_bytes"))
         self.parts: ModelParts = find_parts(model)
+        self.why_no_probe = probe_supported(model, [m for _, m in self.parts.attentions])
         self.path = ""
         self._stack = ExitStack()
-        self._call = ModelCall(model)
+        self._call = ModelCall(model, watch_generate=True)
+        self._replay = Replay(self._call, self.batch_index)
+        self._index = {id(m): i for i, (_n, m) in enumerate(self.parts.attentions)}
+        self._reset()
+        self._result: AttentionResult | None = None
+        self._widget: Any = None
+        self._applies: str | None = None
+
+    def _reset(self) -> None:
+        L = len(self.parts.attentions)
         self._acc: AttentionAccumulator | None = None
-        self._finished = False
+        self._kept: list[LayerQK | None] = [None] * L
+        self._stats: list[dict[str, Any] | None] = [None] * L
+        self._seen = 0
+        self._kept_bytes = 0
+        self._half = False
+        self._masks: dict[int, tuple[torch.Tensor | None, KeyRanges | str]] = {}
         self._ids: torch.Tensor | None = None
         self._positions: torch.Tensor | None = None
         self._missing: list[str] = []
-        self._result: AttentionResult | None = None
-        self._widget: Any = None
+        self._problem = ""
+        self._capturing = False
 
-    # -- capture ---------------------------------------------------------------------------------
+    # -- capture: which call is shown -------------------------------------------------------------
+    def _top_pre(self, *_: Any) -> None:
+        self._capturing = self._replay.running or (self._call.calls == 1 and self._call.in_generate == 0)
+        if self._capturing:
+            args, kwargs = (self._replay.args, self._replay.kwargs) if self._replay.running else (self._call.args, self._call.kwargs)
+            self._ids = input_ids_of(args, kwargs)
+            self._mask_kwargs = kwargs
+
+    def _top_post(self, *_: Any) -> None:
+        self._capturing = False
+
+    def _chunk_bytes(self) -> int:
+        return max(2**20, min(CHUNK_BYTES, self.max_bytes // 4))
+
+    # -- probe path: queries/keys of each layer ---------------------------------------------------
+    def _on_qk(self, qk: QKCall) -> None:
+        i = self._index.get(id(qk.module))
+        if not self._capturing or i is None or self._stats[i] is not None or self._kept[i] is not None:
+            return
+        b = min(self.batch_index, qk.query.shape[0] - 1)
+        q, k = qk.query[b].detach(), qk.key[b].detach()
+        if q.shape[1] != k.shape[1]:
+            self._problem = f"{self.parts.attentions[i][0]}: {q.shape[1]} queries against {k.shape[1]} keys (a KV-cache step)"
+            return
+        if self._seen == 0:
+            self._positions = valid_positions(self._mask_kwargs, self.batch_index, q.shape[1])
+        self._seen += 1
+        if self._positions is not None:
+            pos = self._positions.to(q.device)
+            q, k = q.index_select(1, pos), k.index_select(1, pos)
+        T = q.shape[1]
+        key = id(qk.mask)
+        if key not in self._masks:
+            self._masks[key] = (qk.mask, key_ranges(qk.mask, qk.is_causal, T, b, self._positions))
+        ranges = self._masks[key][1]
+        if isinstance(ranges, str):
+            self._problem = f"{self.parts.attentions[i][0]}: {ranges}"
+            return
+        L = len(self.parts.attentions)
+        per = (q.numel() + k.numel()) * 4 + ranges.nbytes
+        budget = max(0, self.max_bytes * 3 // 4 - L * q.shape[0] * (T * 4 + 64 * 64))
+        if self._seen == 1 and q.dtype == torch.float32 and L * per > budget:
+            self._half = True  # float32 queries/keys of every layer would not fit: keep float16
+        dtype = _store_dtype(q, self._half)
+        size = (q.numel() + k.numel()) * torch.finfo(dtype).bits // 8 + ranges.nbytes
+        x = LayerQK(q, k, ranges, qk.scaling, qk.softcap)
+        if self._kept_bytes + size <= budget:
+            x.q, x.k = q.to(dtype, copy=True), k.to(dtype, copy=True)
+            self._kept[i] = x
+            self._kept_bytes += size
+        else:  # over budget: summarise now, recompute this layer on demand
+            self._stats[i] = {kk: (v.cpu() if isinstance(v, torch.Tensor) else v)
+                              for kk, v in summarize_qk(x, chunk_bytes=self._chunk_bytes()).items()}
+
+    # -- hooks path: probabilities returned by eager attention ------------------------------------
     def _on_attention(self, index: int) -> Any:
         def hook(_m: nn.Module, _args: Any, output: Any) -> None:
-            if self._finished or self._call.calls != 1:
+            if not self._capturing:
                 return
             w = _weights_of(output)
             if w is None:
                 self._missing.append(self.parts.attentions[index][0])
                 return
             if self._acc is None:
-                ids = input_ids_of(self._call.args, self._call.kwargs)
-                pos = valid_positions(self._call.kwargs, self.batch_index, w.shape[-1])
-                self._acc = AttentionAccumulator(len(self.parts.attentions), batch_index=self.batch_index, positions=pos)
-                self._ids = ids
-                self._positions = pos
+                kw = self._mask_kwargs
+                self._positions = valid_positions(kw, self.batch_index, w.shape[-1])
+                self._acc = AttentionAccumulator(len(self.parts.attentions), batch_index=self.batch_index,
+                                                 positions=self._positions, max_bytes=self.max_bytes)
             self._acc.add(w)
 
         return hook
 
-    def _done(self, *_: Any) -> None:
-        if self._call.calls >= 1:
-            self._finished = True
+    def _install(self, stack: ExitStack, model: nn.Module) -> None:
+        hooks = stack.enter_context(HookSet())
+        hooks.forward_pre(model, self._top_pre)
+        if self.why_no_probe is None:
+            self.path = stack.enter_context(
+                probe_attention(model, {m: self._on_qk for _n, m in self.parts.attentions}))
+        else:
+            self.path = stack.enter_context(eager_attention(model))
+            for i, (_name, mod) in enumerate(self.parts.attentions):
+                hooks.forward(mod, self._on_attention(i))
+        hooks.forward(model, self._top_post)
 
     def __enter__(self) -> AttentionRecorder:
         try:
-            self.path = self._stack.enter_context(eager_attention(self.model))
+            model = self.model
             self._stack.enter_context(self._call)
-            hooks = self._stack.enter_context(HookSet())
-            for i, (_name, mod) in enumerate(self.parts.attentions):
-                hooks.forward(mod, self._on_attention(i))
-            hooks.forward(self.model, self._done)
+            self._install(self._stack, model)
         except BaseException:
             self._stack.close()
             raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        try:
+            if exc_type is None and self._call.generated:
+                self._reset()
+                self._replay.run(self.model)  # one forward on the final sequence, same hooks
+        finally:
+            self._stack.close()
 
     # -- results ---------------------------------------------------------------------------------
+    def applies(self) -> str | None:
+        if self._applies is None and self._result is None:
+            try:
+                self.result()
+            except Exception as exc:
+                self._applies = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return self._applies
+
     def result(self) -> AttentionResult:
         if self._result is not None:
             return self._result
-        if self._acc is None:
-            if self._missing:
-                raise RuntimeError(
-                    f"{self._missing[0]} returned no attention weights (path: {self.path}); load the model "
-                    "with attn_implementation='eager'"
-                )
-            raise RuntimeError("the cell did not run the model: nothing to show")
-        ids = self._ids
-        row = None
-        if ids is not None:
-            row = ids[min(self.batch_index, ids.shape[0] - 1)]
-            if self._positions is not None:
-                row = row[self._positions.to(row.device)]
-        toks = token_strings(row, tokens=self.tokens, tokenizer=self.tokenizer, model=self.model)
-        res = self._acc.result(toks, [n for n, _ in self.parts.attentions], self.path)
-        if self._call.calls > 1:
-            res.notes.append(f"the cell ran the model {self._call.calls} times; the first call is shown")
+        self._masks = {}
+        row_ids = self._ids[min(self.batch_index, self._ids.shape[0] - 1)] if self._ids is not None else None
+        if row_ids is not None and self._positions is not None:
+            row_ids = row_ids[self._positions.to(row_ids.device)]
+        names = [n for n, _ in self.parts.attentions]
+        if self.why_no_probe is None:
+            if self._problem:
+                raise RuntimeError(f"attention cannot be shown: {self._problem}")
+            if self._seen == 0:
+                raise RuntimeError("the cell did not run the model: nothing to show")
+            if self._seen < len(names):
+                raise RuntimeError(f"attention seen in {self._seen} of {len(names)} layers")
+            ck = self._chunk_bytes()
+            layers = [s if s is not None else {k: (v.cpu() if isinstance(v, torch.Tensor) else v)
+                                               for k, v in summarize_qk(x, chunk_bytes=ck).items()}  # type: ignore[arg-type]
+                      for s, x in zip(self._stats, self._kept, strict=True)]
+            T = int(layers[0]["col_mass"].shape[-1])
+            toks = self._tokens(row_ids, T)
+            dropped = [i for i, x in enumerate(self._kept) if x is None]
+            rerun = _make_rerun(self.model, [m for _n, m in self.parts.attentions], self._replay, self.batch_index, self._positions)
+            detail = AttentionDetail(list(self._kept), rerun=rerun if dropped else None, chunk_bytes=ck)
+            res = build_result(layers, toks, names, self.path, detail=detail)
+            kept = len(names) - len(dropped)
+            dt = next((x.q.dtype for x in self._kept if x is not None), None)
+            res.notes.append(
+                f"kept queries/keys of {kept} of {len(names)} layers ({format_bytes(self._kept_bytes)}"
+                + (f", {str(dt).replace('torch.', '')}" if dt is not None else "")
+                + f"; --max-bytes {format_bytes(self.max_bytes)}); heads are recomputed from them when clicked"
+                + (f"; layers {_span(dropped)} are recomputed by running the model again" if dropped else ""))
+        else:
+            if self._acc is None:
+                if self._missing:
+                    raise RuntimeError(f"{self._missing[0]} returned no attention weights (path: {self.path}); load the "
+                                       "model with attn_implementation='eager'")
+                raise RuntimeError("the cell did not run the model: nothing to show")
+            T = self._acc.layers[0]["col_mass"].shape[-1] if self._acc.layers else 0
+            res = self._acc.result(self._tokens(row_ids, T), names, self.path)
+            res.notes.append(f"probabilities from eager attention ({self.why_no_probe})")
+        note = generation_note(self._call, self._replay, "attention")
+        if note:
+            res.notes.insert(0, note)
+        res.generated = self._replay.generated_flags(res.shape[2])
         if self._positions is not None:
             res.notes.append(f"padding removed: {len(self._positions)} real tokens of item {self.batch_index}")
         if any(m.training for m in self.model.modules() if "drop" in type(m).__name__.lower()):
-            res.notes.append("model in training mode: attention dropout was applied to these weights")
+            res.notes.append("model in training mode: attention dropout is not reflected in these weights")
         self._acc = None
+        self._kept = []
         self._result = res
         return res
+
+    def _tokens(self, row_ids: torch.Tensor | None, T: int) -> list[str]:
+        toks = token_strings(row_ids, tokens=self.tokens, tokenizer=self.tokenizer, model=self.model, length=T)
+        if len(toks) < T and row_ids is not None and self.tokens is not None:  # generated tokens after the given ones
+            toks = toks + token_strings(row_ids[len(toks):], tokenizer=self.tokenizer, model=self.model)
+        return toks
 
     def widget(self) -> Any:
         if self._widget is None:
@@ -135,3 +289,38 @@ class AttentionRecorder(Recorder):
 
             self._widget = AttentionWidget(self.result())
         return self._widget
+
+
+def _span(idx: list[int]) -> str:
+    return f"{idx[0]}–{idx[-1]}" if len(idx) > 1 and idx == list(range(idx[0], idx[-1] + 1)) else ", ".join(map(str, idx))
+
+
+def _make_rerun(model: nn.Module, modules: list[nn.Module], replay: Replay, item: int,
+                positions: torch.Tensor | None) -> Any:
+    """``rerun(layer) -> LayerQK``: that layer's queries/keys by running the model again on the shown
+    inputs. Holds the model and its modules weakly (``ModelGoneError`` once deleted)."""
+    model_ref = ModelRef(model)
+    refs = [ModelRef(m) for m in modules]
+    args, kwargs = replay.inputs()
+
+    def rerun(layer: int) -> LayerQK:
+        got: dict[str, LayerQK] = {}
+
+        def grab(qk: QKCall) -> None:
+            b = min(item, qk.query.shape[0] - 1)
+            q, k = qk.query[b].detach(), qk.key[b].detach()
+            if positions is not None:
+                q, k = q.index_select(1, positions.to(q.device)), k.index_select(1, positions.to(k.device))
+            ranges = key_ranges(qk.mask, qk.is_causal, q.shape[1], b, positions)
+            if isinstance(ranges, str):
+                raise RuntimeError(ranges)
+            got["x"] = LayerQK(q.clone(), k.clone(), ranges, qk.scaling, qk.softcap)
+
+        m = model_ref.get()
+        with probe_attention(m, {refs[layer].get(): grab}):
+            forward_again(m, args, kwargs)
+        if "x" not in got:
+            raise RuntimeError(f"layer {layer} was not called when the model ran again")
+        return got["x"]
+
+    return rerun

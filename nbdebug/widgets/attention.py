@@ -5,8 +5,11 @@
 >>> head_view(out.attentions, tokens)            # doctest: +SKIP  (BertViz-style, one-line switch)
 
 Synced up front: tokens, names, the summary, uint8 thumbnails ``(L, H, s, s)`` and the metric table
-(float32, binary). A head's full ``T × T`` matrix crosses only when clicked (``head`` request, uint8
-sqrt-encoded).
+(float32, binary). A head's matrix crosses only when clicked (``head`` request, uint8
+sqrt-encoded): the whole ``T × T`` up to ``FULL_SIDE`` tokens, else the requested token range
+(``start``/``end``), mean-pooled by ``stride`` so no side exceeds ``max_side``. Heads are
+recomputed from the queries/keys the recorder kept; where that needs the model and the model was
+deleted, the request answers with the ``ModelGoneError`` message.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from ._transport import encode_array
 
 __all__ = ["AttentionWidget", "head_view", "model_view"]
 
+#: sequences up to this many tokens send a head's whole matrix at once
+FULL_SIDE = 1024
+
 
 class AttentionWidget(NBWidget):
     """Per-head attention overview and on-demand detail.
@@ -33,7 +39,7 @@ class AttentionWidget(NBWidget):
     Traits: ``tokens`` (readable labels), ``raw_tokens``, ``layer_names``, ``n_layers``, ``n_heads``,
     ``seq_len``, ``thumbs`` (binary uint8), ``metrics`` (binary float32 ``(M, L, H)``),
     ``metric_names``, ``flags`` (binary uint8 ``(L, H)``), ``summary``, ``path``, ``notes``,
-    ``causal``. UI state synced both ways: ``selected`` (list of ``[layer, head]``), ``metric``,
+    ``causal``, ``generated`` (per token: 1 if produced by ``generate()``). UI state synced both ways: ``selected`` (list of ``[layer, head]``), ``metric``,
     ``token_range`` (``[start, end)`` shown in the detail), ``highlight_token`` (a position to mark, -1 none).
     """
 
@@ -53,6 +59,10 @@ class AttentionWidget(NBWidget):
     path = traitlets.Unicode("").tag(sync=True)
     notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
     causal = traitlets.Bool(False).tag(sync=True)
+    #: per token, 1 when generate() produced it (empty: no generation)
+    generated = traitlets.List(traitlets.Int()).tag(sync=True)
+    #: the widest side a head's matrix is sent at (wider ranges are mean-pooled)
+    full_side = traitlets.Int(FULL_SIDE).tag(sync=True)
     #: heads shown in the detail panel, as [layer, head] pairs (the first is the matrix)
     selected = traitlets.List().tag(sync=True)
     #: metric printed under each thumbnail
@@ -80,6 +90,7 @@ class AttentionWidget(NBWidget):
             path=result.path,
             notes=list(result.notes),
             causal=result.causal,
+            generated=[int(g) for g in result.generated],
             **kwargs,
         )
 
@@ -96,14 +107,29 @@ class AttentionWidget(NBWidget):
 
     @rpc("head")
     def _head(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        L, H, _ = self.result.shape
+        L, H, T = self.result.shape
         layer, head = int(params.get("layer", 0)), int(params.get("head", 0))
         if not (0 <= layer < L and 0 <= head < H):
             raise IndexError(f"no head [{layer}, {head}]")
-        m = {name: float(self.result.metrics[name][layer, head]) for name in METRICS}
+        start = max(0, min(T - 1, int(params.get("start", 0))))
+        end = max(start + 1, min(T, int(params.get("end", T))))
+        side = max(1, int(params.get("max_side", self.full_side)))
+        res = self.result
+        if res.attention is not None:
+            p = torch.from_numpy(res.attention[layer, head, start:end, start:end].astype(np.float32))
+            stride = 1 if end - start <= side else -(-(end - start) // side)
+            if stride > 1:
+                p = torch.nn.functional.avg_pool2d(p[None], stride, stride, ceil_mode=True)[0]
+            mat = p.numpy()
+        elif res.detail is not None:
+            mat, stride = res.detail.head(layer, head, start, end, side)
+        else:
+            raise RuntimeError("head matrices were not kept (over --max-bytes); re-run the cell with a larger --max-bytes")
+        m = {name: float(res.metrics[name][layer, head]) for name in METRICS}
         return (
-            {"layer": layer, "head": head, "encoding": "sqrt", "metrics": m, "name": self.result.layer_names[layer]},
-            {"attn": quantize_head(self.result.attention[layer, head])},
+            {"layer": layer, "head": head, "encoding": "sqrt", "metrics": m, "name": res.layer_names[layer],
+             "start": start, "end": end, "stride": stride},
+            {"attn": quantize_head(mat)},
         )
 
     def fallback_html(self) -> str:
@@ -142,7 +168,8 @@ class AttentionWidget(NBWidget):
         order = [(int(a), int(b)) for a, b in self.selected]
         order += [(i, j) for i in range(L) for j in range(H) if flags[i, j]]
         order += [(i, j) for i in range(L) for j in range(H)]
-        heads = list(dict.fromkeys(order))[: max(1, max_bytes // max(T * T, 1))]
+        n = min(T, self.full_side)
+        heads = list(dict.fromkeys(order))[: max(1, max_bytes // max(n * n, 1))]
         return [("head", {"layer": i, "head": j}) for i, j in heads]
 
     def __repr__(self) -> str:

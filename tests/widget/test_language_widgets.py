@@ -116,7 +116,7 @@ def test_magic_attention_and_logitlens(shell) -> None:  # type: ignore[no-untype
     res = shell.run_cell("%%nndebug model --view attention --tokens toks -o att\nout = model(ids)")
     assert res.success, res.error_in_exec
     att = shell.user_ns["att"]
-    assert att.tokens == toks and att.shape == (2, 2, 7) and "eager (switched from sdpa)" == att.path
+    assert att.tokens == toks and att.shape == (2, 2, 7) and att.path == "sdpa + query/key probe"
     assert m.config._attn_implementation == "sdpa"
     res = shell.run_cell("%%nndebug model --view logitlens --tokens toks --target-token 5 --lens-topk 3 -o lens\nwith torch.no_grad(): model(ids)")
     assert res.success, res.error_in_exec

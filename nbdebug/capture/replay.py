@@ -1,0 +1,126 @@
+"""Running the model once more for a language view: on the final sequence after ``generate()``, or
+again on the shown call's inputs when a view recomputes something on demand.
+
+Every such forward runs under ``torch.no_grad()`` on clones of the buffers
+(:func:`~nbdebug.capture.state.preserve_buffers`), without a KV cache (``use_cache=False``; a cache
+object the user passed is never touched), with whatever hooks the caller has installed.
+
+>>> replay = Replay(call, batch_index=0)        # call: a ModelCall(model, watch_generate=True)
+>>> if call.generated:                          # doctest: +SKIP
+...     replay.run(model)                       # the view's hooks see the final sequence
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .inputs import ModelCall
+from .state import preserve_buffers
+
+__all__ = ["Replay", "forward_again", "generation_note", "int_option"]
+
+
+def int_option(value: Any, default: int) -> int:
+    """An integer option where 0 is honoured (``None`` gives ``default``)."""
+    return default if value is None else int(value)
+
+
+def _no_cache(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    if getattr(model, "config", None) is None:
+        return dict(kwargs)
+    out = {k: v for k, v in kwargs.items() if k != "past_key_values"}
+    out["use_cache"] = False
+    return out
+
+
+def forward_again(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``model(*args, **kwargs)`` under no_grad, on cloned buffers, without a KV cache."""
+    with torch.no_grad(), preserve_buffers(model):
+        return model(*args, **_no_cache(model, kwargs))
+
+
+class Replay:
+    """The inputs of the forward a language view shows, and running it (again).
+
+    After :meth:`run`, ``args``/``kwargs`` are the final sequence's (one batch item, padding
+    dropped), ``length``/``prompt`` its token counts and ``how`` where it came from; before, they
+    are the first call's. ``running`` is True while a forward of ours runs.
+    """
+
+    def __init__(self, call: ModelCall, batch_index: int = 0) -> None:
+        self._call = call
+        self.batch_index = batch_index
+        self.running = False
+        self.replayed = False
+        self.error = ""
+        self.how = ""
+        self.length = 0
+        self.prompt = 0
+        self._args: tuple[Any, ...] | None = None
+        self._kwargs: dict[str, Any] | None = None
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        return self._args if self._args is not None else (self._call.args or ())
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return self._kwargs if self._kwargs is not None else (self._call.kwargs or {})
+
+    def inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``(args, kwargs)`` to run the shown forward again (kept by reference, not copied)."""
+        return self.args, self.kwargs
+
+    def run(self, model: nn.Module) -> None:
+        """One forward on the final sequence of the generation the cell ran (KeyboardInterrupt propagates)."""
+        final = self._call.final_sequence()
+        if final is None:
+            return
+        ids, n0, how = final
+        b = min(self.batch_index, ids.shape[0] - 1)
+        row = ids[b]
+        mask = (self._call.kwargs or {}).get("attention_mask")
+        keep = torch.ones(row.shape[0], dtype=torch.bool, device=row.device)
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[1] == n0:
+            keep[:n0] = mask[min(b, mask.shape[0] - 1)].to(row.device) != 0
+        prompt = int(keep[:n0].sum())
+        row = row[keep]
+        self._args, self._kwargs = (), {"input_ids": row[None]}
+        self.how, self.length, self.prompt = how, int(row.shape[0]), prompt
+        try:
+            self.call(model)
+            self.replayed = True
+        except Exception as exc:  # the cell itself succeeded: say what happened instead of raising
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def call(self, model: nn.Module) -> Any:
+        """Run ``model`` on the shown inputs under no_grad, on cloned buffers, without a KV cache."""
+        self.running = True
+        try:
+            return forward_again(model, self.args, self.kwargs)
+        finally:
+            self.running = False
+
+    def generated_flags(self, T: int) -> list[bool]:
+        """Per shown position: True for tokens produced by the generation (empty: no generation shown)."""
+        if not self.replayed:
+            return []
+        return [i >= self.prompt for i in range(T)]
+
+
+def generation_note(call: ModelCall, replay: Replay, view: str) -> str:
+    """One line saying which forward the view shows."""
+    if replay.replayed:
+        gen = replay.length - replay.prompt
+        src = "generate()" if replay.how.startswith("the sequence generate") else "the decoding loop"
+        extra = "" if src == "generate()" else " (the last sampled token never entered the model)"
+        return (f"{view} of the final {replay.length}-token sequence ({replay.prompt} prompt + {gen} generated), "
+                f"recomputed in one forward after {src} on {replay.how}{extra}")
+    if replay.error:
+        return f"the cell generated tokens, but the forward on the final sequence failed ({replay.error}); the first call is shown"
+    if call.calls > 1:
+        return f"the cell ran the model {call.calls} times; the first call is shown"
+    return ""

@@ -1,0 +1,248 @@
+"""Attention summaries and head matrices computed from queries and keys, a few rows at a time.
+
+The attention view keeps, per layer, one sequence's queries ``(H, T, dh)`` and keys
+``(Hkv, T, dh)`` (within ``--max-bytes``) instead of ``L × H × T × T`` probabilities. Everything
+the view shows is recomputed from them in chunks of heads and query rows whose working set is
+bounded by ``chunk_bytes``: per-head summaries (identical to :func:`~nbdebug.inspectors.attention.head_stats`
+on the full matrix), thumbnails, and one head's matrix on demand (downsampled when the requested
+token range is wider than ``max_side``). Pure computation: no hooks, no model.
+
+>>> ranges = KeyRanges.causal(T)                                  # doctest: +SKIP
+>>> st = summarize_qk(q, k, ranges, scaling=dh ** -0.5)           # like head_stats(softmax(q k^T))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["AttentionDetail", "KeyRanges", "LayerQK", "head_probs", "key_ranges", "summarize_qk"]
+
+#: working memory of one chunk of probabilities (float32), unless the caller gives a budget
+CHUNK_BYTES = 16 * 2**20
+
+
+@dataclass
+class KeyRanges:
+    """Which keys each query row may attend to: ``lo[i] ≤ j ≤ hi[i]`` (causal, sliding window,
+    bidirectional), or a ``dense (T, T)`` bool mask when the pattern is not an interval per row."""
+
+    lo: torch.Tensor
+    hi: torch.Tensor
+    dense: torch.Tensor | None = None
+
+    @classmethod
+    def causal(cls, T: int) -> KeyRanges:
+        return cls(torch.zeros(T, dtype=torch.long), torch.arange(T))
+
+    @classmethod
+    def full(cls, T: int) -> KeyRanges:
+        return cls(torch.zeros(T, dtype=torch.long), torch.full((T,), T - 1, dtype=torch.long))
+
+    @property
+    def T(self) -> int:
+        return int(self.lo.shape[0])
+
+    @property
+    def is_causal(self) -> bool:
+        return self.dense is None and self.T > 1 and bool((self.hi == torch.arange(self.T)).all())
+
+    def keys(self) -> torch.Tensor:
+        """Number of visible keys per row."""
+        return self.dense.sum(-1) if self.dense is not None else self.hi - self.lo + 1
+
+    def allowed(self, r0: int, r1: int, device: torch.device | None = None) -> torch.Tensor:
+        if self.dense is not None:
+            return self.dense[r0:r1].to(device)
+        j = torch.arange(self.T, device=device)
+        return (j >= self.lo[r0:r1, None].to(device)) & (j <= self.hi[r0:r1, None].to(device))
+
+    @property
+    def nbytes(self) -> int:
+        return 16 * self.T + (self.dense.numel() if self.dense is not None else 0)
+
+
+def key_ranges(mask: torch.Tensor | None, is_causal: bool, T: int, item: int = 0,
+               positions: torch.Tensor | None = None) -> KeyRanges | str:
+    """:class:`KeyRanges` of batch item ``item`` from the mask an attention function received
+    (``None`` = causal when ``is_causal``; bool ``True`` = attend; additive float ``0``/``-inf``),
+    restricted to ``positions`` (padding removed). A string says why it cannot be used."""
+    if mask is None:
+        return KeyRanges.causal(T) if (is_causal and T > 1) else KeyRanges.full(T)
+    if mask.dim() != 4:
+        return f"attention mask of shape {tuple(mask.shape)}"
+    m = mask[min(item, mask.shape[0] - 1), 0]
+    if positions is not None:
+        idx = positions.to(m.device)
+        m = m.index_select(0, idx).index_select(1, idx)
+    if m.shape != (T, T):
+        return f"attention mask of shape {tuple(mask.shape)} for {T} tokens"
+    if m.dtype == torch.bool:
+        allowed = m
+    else:
+        allowed = m > torch.finfo(m.dtype).min / 2
+        if bool((m[allowed] != 0).any()):
+            return "the attention mask carries a position bias (ALiBi-like)"
+    allowed = allowed.cpu()
+    count = allowed.sum(-1)
+    if bool((count == 0).any()):
+        return "a query row sees no key"
+    lo = allowed.to(torch.uint8).argmax(-1)
+    hi = T - 1 - allowed.flip(-1).to(torch.uint8).argmax(-1)
+    if bool((count == hi - lo + 1).all()):
+        return KeyRanges(lo.long(), hi.long())
+    return KeyRanges(lo.long(), hi.long(), dense=allowed.clone())
+
+
+@dataclass
+class LayerQK:
+    """One layer's queries ``(H, T, dh)`` and keys ``(Hkv, T, dh)`` of one sequence, and how they combine."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    ranges: KeyRanges
+    scaling: float
+    softcap: float | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() * self.q.element_size() + self.k.numel() * self.k.element_size() + self.ranges.nbytes
+
+
+def _probs(x: LayerQK, h0: int, h1: int, r0: int, r1: int) -> torch.Tensor:
+    """Float32 probabilities ``(h1-h0, r1-r0, T)`` of heads ``h0:h1``, query rows ``r0:r1``."""
+    H, Hkv = x.q.shape[0], x.k.shape[0]
+    rep = max(1, H // Hkv)
+    qc = x.q[h0:h1, r0:r1].float()
+    kv = torch.arange(h0, h1, device=x.k.device) // rep
+    kc = x.k.index_select(0, kv).float()
+    s = torch.bmm(qc, kc.transpose(1, 2)).mul_(x.scaling)
+    if x.softcap:
+        s.div_(x.softcap).tanh_().mul_(x.softcap)
+    s.masked_fill_(~x.ranges.allowed(r0, r1, s.device), -math.inf)
+    return torch.softmax(s, -1)
+
+
+def _plan(x: LayerQK, chunk_bytes: int) -> tuple[int, int]:
+    """Heads and rows per chunk so that three float32 chunk-sized tensors fit in ``chunk_bytes``."""
+    H, T = x.q.shape[0], x.q.shape[1]
+    elems = max(T, chunk_bytes // 12)
+    hc = max(1, min(H, elems // (T * T)))
+    rc = T if hc > 1 else max(1, min(T, elems // T))
+    return hc, rc
+
+
+@torch.no_grad()
+def summarize_qk(x: LayerQK, thumb: int = 64, chunk_bytes: int = CHUNK_BYTES) -> dict[str, Any]:
+    """Per-head summaries of one layer, the same keys and values as ``head_stats(P)`` of the full
+    probabilities ``P``, computed chunk by chunk (never more than ``chunk_bytes`` of probabilities)."""
+    H, T = x.q.shape[0], x.q.shape[1]
+    dev = x.q.device
+    causal = x.ranges.is_causal
+    first = 1 if (causal and T > 1) else 0
+    n = T - first
+    keys = x.ranges.keys().to(dev).float()
+    norm = torch.log(keys).clamp_min(1e-12)
+    s = min(T, thumb)
+    bins = torch.arange(s)
+    b_lo, b_hi = (bins * T) // s, ((bins + 1) * T + s - 1) // s  # adaptive pooling bins
+    ent, nent, diag, prev = (torch.zeros(H, device=dev) for _ in range(4))
+    col = torch.zeros(H, T, device=dev)
+    pooled = torch.zeros(H, s, s, device=dev)
+    hc, rc = _plan(x, chunk_bytes)
+    for h0 in range(0, H, hc):
+        h1 = min(H, h0 + hc)
+        for r0 in range(0, T, rc):
+            r1 = min(T, r0 + rc)
+            p = _probs(x, h0, h1, r0, r1)
+            rows = torch.arange(r0, r1, device=dev)
+            c0 = max(first, r0) - r0  # counted rows of this chunk start here
+            e = -torch.special.xlogy(p, p).sum(-1)  # (hc, rc)
+            nrm = norm[r0:r1]
+            ent[h0:h1] += e[:, c0:].sum(-1)
+            nent[h0:h1] += torch.where(nrm > 1e-9, e / nrm, torch.zeros_like(e))[:, c0:].sum(-1)
+            col[h0:h1] += p[:, c0:].sum(1)
+            d = p.gather(2, rows.view(1, -1, 1).expand(h1 - h0, -1, 1)).squeeze(2)
+            diag[h0:h1] += d[:, c0:].sum(-1)
+            if T > 1:
+                pr = p.gather(2, (rows - 1).clamp_min(0).view(1, -1, 1).expand(h1 - h0, -1, 1)).squeeze(2)
+                prev[h0:h1] += pr[:, (1 if r0 == 0 else 0):].sum(-1)
+            cp = F.adaptive_avg_pool1d(p, s) if s < T else p  # (hc, rc, s)
+            member = ((rows[None, :].cpu() >= b_lo[:, None]) & (rows[None, :].cpu() < b_hi[:, None])).float().to(dev)
+            pooled[h0:h1] += torch.matmul(member, cp)
+            del p, cp
+    pooled /= (b_hi - b_lo).float().to(dev).view(1, s, 1)
+    mx = pooled.flatten(1).amax(-1).clamp_min(1e-12)
+    out: dict[str, Any] = {
+        "entropy": ent / max(n, 1),
+        "norm_entropy": nent / max(n, 1),
+        "col_mass": col / max(n, 1),
+        "diagonal": diag / max(n, 1),
+        "prev_token": prev / (T - 1) if T > 1 else torch.zeros(H, device=dev),
+        "causal": causal,
+        "thumb": (torch.sqrt(pooled / mx[:, None, None]) * 255 + 0.5).clamp(0, 255).to(torch.uint8),
+        "thumb_max": mx,
+    }
+    out["max_mass"] = out["col_mass"].amax(-1)
+    return out
+
+
+@torch.no_grad()
+def head_probs(x: LayerQK, head: int, start: int = 0, end: int | None = None, max_side: int | None = None,
+               chunk_bytes: int = CHUNK_BYTES) -> tuple[np.ndarray, int]:
+    """One head's probabilities over queries and keys ``start:end`` as float32 ``(n, n)``, or mean-pooled
+    by ``stride`` so that no side exceeds ``max_side``. Returns ``(matrix, stride)``; rows are
+    computed in chunks, so a long sequence never holds its ``T × T`` matrix."""
+    T = x.q.shape[1]
+    end = T if end is None else min(T, end)
+    start = max(0, min(start, end - 1))
+    n = end - start
+    stride = 1 if (max_side is None or n <= max_side) else math.ceil(n / max_side)
+    rows_per = max(stride, (max(T, chunk_bytes // 12) // T) // stride * stride)
+    out = []
+    for r0 in range(start, end, rows_per):
+        r1 = min(end, r0 + rows_per)
+        p = _probs(x, head, head + 1, r0, r1)[:, :, start:end]  # (1, rc, n)
+        if stride > 1:
+            p = F.avg_pool2d(p, stride, stride, ceil_mode=True)
+        out.append(p[0])
+    return torch.cat(out).cpu().numpy(), stride
+
+
+class AttentionDetail:
+    """Serves one head's matrix on demand from the kept queries/keys of each layer.
+
+    ``layers[i]`` is a :class:`LayerQK` or None (not kept: over the byte budget); ``rerun(i)``, when
+    given, recomputes a missing layer's queries/keys (e.g. by running the model again; it may raise
+    :class:`~nbdebug.capture.weak.ModelGoneError`). Holds no reference to the model itself.
+    """
+
+    def __init__(self, layers: list[LayerQK | None], rerun: Callable[[int], LayerQK] | None = None,
+                 chunk_bytes: int = CHUNK_BYTES, why_missing: str = "") -> None:
+        self.layers = layers
+        self.rerun = rerun
+        self.chunk_bytes = chunk_bytes
+        self.why_missing = why_missing
+
+    @property
+    def nbytes(self) -> int:
+        return sum(x.nbytes for x in self.layers if x is not None)
+
+    def layer(self, i: int) -> LayerQK:
+        x = self.layers[i]
+        if x is not None:
+            return x
+        if self.rerun is None:
+            raise RuntimeError(f"layer {i}: queries/keys not kept ({self.why_missing or 'over the byte budget'})")
+        return self.rerun(i)
+
+    def head(self, layer: int, head: int, start: int = 0, end: int | None = None,
+             max_side: int | None = None) -> tuple[np.ndarray, int]:
+        """``(matrix float32, stride)`` of one head over tokens ``start:end`` (see :func:`head_probs`)."""
+        return head_probs(self.layer(layer), head, start, end, max_side, self.chunk_bytes)

@@ -24,7 +24,7 @@ import anywidget
 import traitlets
 
 from ._export import DEFAULT_EXPORT_BYTES, build_page
-from ._transport import pack_arrays
+from ._transport import error_text, pack_arrays
 
 STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
 
@@ -108,7 +108,7 @@ class NBWidget(anywidget.AnyWidget):
             body, buffers = self.handle_request(str(content.get("method")), content.get("params"))
             self.send({"type": "response", "id": rid, "ok": True, **body}, buffers)
         except Exception as exc:  # errors go back to the browser as data
-            self.send({"type": "response", "id": rid, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            self.send({"type": "response", "id": rid, "ok": False, "error": error_text(exc)})
 
     # -- what saved notebooks and plain terminals see -----------------------------------------
     def fallback_html(self) -> str:

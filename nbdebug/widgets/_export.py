@@ -18,6 +18,8 @@ from typing import Any
 
 from ipywidgets.widgets.widget import _remove_buffers
 
+from ._transport import error_text
+
 __all__ = ["DEFAULT_EXPORT_BYTES", "build_page", "request_key"]
 
 #: Default size budget of an exported file (bytes); precomputed answers past it are left out.
@@ -144,7 +146,7 @@ def build_page(*, esm: str, state: dict[str, Any], answers: Sequence[tuple[str, 
     for method, params, answer in answers:
         key = request_key(method, params)
         if isinstance(answer, BaseException):
-            entry: dict[str, Any] = {"key": key, "ok": False, "error": f"{type(answer).__name__}: {answer}"}
+            entry: dict[str, Any] = {"key": key, "ok": False, "error": error_text(answer)}
         else:
             content, bufs = answer
             entry = {"key": key, "ok": True, "result": content.get("result"), "arrays": content.get("arrays", {}),

@@ -16,7 +16,22 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["decode_array", "encode_array", "pack_arrays"]
+__all__ = ["decode_array", "encode_array", "error_text", "pack_arrays"]
+
+
+def error_text(exc: BaseException) -> str:
+    """What a failed request answers: ``"Type: message"``, or just the message for errors meant to be
+    read as they are (the model was deleted: ``ModelGoneError``'s message says to re-run the cell).
+
+    >>> from nbdebug.capture.weak import ModelGoneError
+    >>> error_text(ModelGoneError())[:21], error_text(KeyError("x"))
+    ('the model was deleted', "KeyError: 'x'")
+    """
+    from ..capture.weak import ModelGoneError
+
+    if isinstance(exc, ModelGoneError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 # dtypes JS has typed arrays for; others are converted on the way out.
 _WIRE = {

@@ -264,3 +264,52 @@ def test_debug_api_isolates_views_too() -> None:
         only.widget()
     with pytest.raises(LookupError, match="not shown: gradcam"):
         _ = only.result
+
+
+@pytest.mark.parametrize(
+    ("flags", "config", "max_bytes"),
+    [
+        ("--max-bytes 64MB", None, 64 * 2**20),
+        ("--max-bytes 1.5GB", None, 3 * 2**29),
+        ("--max-bytes '512 KiB'", None, 512 * 2**10),
+        ("--max-bytes 4096", None, 4096),
+        ("--max-bytes 0", None, 0),  # honoured: keep nothing beyond scalar stats
+        ("", None, 256 * 2**20),  # DEFAULT_MAX_BYTES
+        ("", "'8MB'", 8 * 2**20),
+        ("", "1000", 1000),
+        ("", "0", 0),
+        ("--max-bytes 2MB", "'8MB'", 2 * 2**20),  # the flag wins over the config
+    ],
+)
+def test_max_bytes_units_reach_every_recorder_as_an_int(shell, probes, flags: str, config: str | None, max_bytes: int) -> None:  # type: ignore[no-untyped-def]
+    from nbdebug.capture.budget import DEFAULT_MAX_BYTES
+
+    assert DEFAULT_MAX_BYTES == 256 * 2**20
+    assert shell.run_cell(MLP).success
+    if config is not None:
+        assert shell.run_cell(f"%config NNDebugMagics.max_bytes = {config}").success
+    assert shell.run_cell(f"%%nndebug model --view pok,pna {flags}\nmodel(x)").success
+    assert Probe.seen["max_bytes"] == max_bytes and type(Probe.seen["max_bytes"]) is int
+
+
+def test_zero_thresholds_are_passed_on(shell, probes) -> None:  # type: ignore[no-untyped-def]
+    assert shell.run_cell(MLP).success
+    assert shell.run_cell("%config NNDebugMagics.vanishing = 0.0").success
+    assert shell.run_cell("%%nndebug model --view pok --dead-threshold 0\nmodel(x)").success
+    assert Probe.seen["dead_threshold"] == 0 and Probe.seen["vanishing"] == 0
+    assert Probe.seen["exploding"] == 1e3  # unset: the configured default
+
+
+def test_bad_max_bytes_in_config_is_refused_with_what_to_write(shell) -> None:  # type: ignore[no-untyped-def]
+    magic = shell.magics_manager.registry["NNDebugMagics"]
+    with pytest.raises(Exception, match="write e.g. 64MB"):
+        magic.max_bytes = "lots"
+    magic.max_bytes = "3 MB"
+    assert magic.max_bytes == 3 * 2**20
+
+
+def test_help_says_the_unit_rule() -> None:
+    from nbdebug.magic import NNDebugMagics
+
+    doc = " ".join((NNDebugMagics.nndebug.__doc__ or "").split())
+    assert "64MB" in doc and "MB = 2^20" in doc and "0 keeps nothing" in doc

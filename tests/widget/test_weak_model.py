@@ -1,0 +1,153 @@
+"""After ``del model; gc.collect()`` in the notebook, nothing of nbdebug keeps the model alive.
+
+The magic's record of live widgets, ``_nndebug``/``_nndebug_widget``, the dashboard and the views'
+widgets (still displayed, comms open) hold the model only weakly; so does the Python API's
+``Debug``. Checked with a ``weakref`` to the model, through a fresh ``InteractiveShell``.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from torch import nn
+
+from nbdebug.api import Debug
+from nbdebug.capture import ModelGoneError
+
+MLP = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+x = torch.randn(5, 4)
+"""
+
+CNN = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3))
+x = torch.randn(2, 3, 8, 8)
+"""
+
+LM = """
+import torch
+from nbdebug.adapters.offline import tiny_lm
+model = tiny_lm("gpt2")
+x = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(0))
+"""
+
+CASES = [
+    ("mlp", MLP, "thermometer", "out = model(x); out.sum().backward()"),
+    ("cnn", CNN, "featuremaps", "out = model(x)"),
+    ("cnn", CNN, "gradcam", "out = model(x)"),
+    ("cnn", CNN, "all", "out = model(x); out.sum().backward()"),
+    ("lm", LM, "attention", "out = model(x)"),
+    ("lm", LM, "logitlens", "out = model(x)"),
+    ("lm", LM, "all", "out = model(x)"),
+]
+
+
+def _run_then_delete(shell, setup: str, view: str, body: str, *, raises: bool = False) -> None:  # type: ignore[no-untyped-def]
+    assert shell.run_cell(setup + "\nimport gc, weakref\nref = weakref.ref(model)").success
+    tail = "\nraise ValueError('after the forward')" if raises else ""
+    res = shell.run_cell(f"%%nndebug model --view {view} -o got\n{body}{tail}")
+    if raises:
+        assert isinstance(res.error_in_exec, ValueError)
+    else:
+        assert res.success, res.error_in_exec
+    w = shell.user_ns["_nndebug_widget"]
+    assert w is not None and w.comm is not None  # still displayed
+    assert shell.run_cell("del model\ngc.collect()").success
+    gc.collect()
+
+
+@pytest.mark.parametrize(("kind", "setup", "view", "body"), CASES, ids=[f"{k}-{v}" for k, _, v, _ in CASES])
+def test_deleted_model_is_collected_while_its_widget_is_displayed(shell, kind: str, setup: str, view: str, body: str) -> None:  # type: ignore[no-untyped-def]
+    _run_then_delete(shell, setup, view, body)
+    assert shell.user_ns["ref"]() is None, f"{view} on {kind}: something still holds the model"
+    magic = shell.magics_manager.registry["NNDebugMagics"]
+    assert magic._live and shell.user_ns["_nndebug_widget"] is next(iter(magic._live.values()))[0]
+
+
+def test_deleted_model_is_collected_after_the_cell_raised(shell) -> None:  # type: ignore[no-untyped-def]
+    """IPython keeps the last traceback (and so the magic's frame): it must not hold the model."""
+    _run_then_delete(shell, MLP, "thermometer", "out = model(x)", raises=True)
+    assert shell.user_ns["ref"]() is None
+
+
+def test_debug_api_does_not_keep_the_model() -> None:
+    import weakref
+
+    m = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    ref = weakref.ref(m)
+    with Debug(m, "thermometer") as dbg:
+        m(torch.randn(2, 4)).sum().backward()
+    w = dbg.widget()
+    assert dbg.model is m and dbg.result is not None
+    del m
+    gc.collect()
+    assert ref() is None and w.comm is not None
+    with pytest.raises(ModelGoneError, match="re-run the cell"):
+        _ = dbg.model
+    w.close()
+
+
+def test_recorder_model_is_a_weak_attribute() -> None:
+    import weakref
+
+    from nbdebug.views import Recorder
+
+    m = nn.Linear(2, 2)
+    rec = Recorder(m)
+    assert rec.model is m
+    other = nn.Linear(3, 3)
+    rec.model = other  # assignable like an attribute
+    assert rec.model is other
+    ref = weakref.ref(other)
+    del other
+    gc.collect()
+    assert ref() is None
+    with pytest.raises(ModelGoneError):
+        _ = rec.model
+
+
+def test_a_fetch_after_the_model_is_gone_answers_with_the_message_as_an_error() -> None:
+    """The RPC layer sends ``ModelGoneError``'s message as it is (other errors keep their type)."""
+    import weakref
+
+    from nbdebug.capture import ModelRef
+    from nbdebug.widgets._base import NBWidget, rpc
+    from nbdebug.widgets._export import build_page
+
+    class Needy(NBWidget):
+        _view_name_ = "thermometer"
+
+        def __init__(self, model: nn.Module) -> None:
+            super().__init__()
+            self._ref = ModelRef(model)
+
+        @rpc("weights")
+        def _weights(self, params: dict) -> tuple[dict, dict]:
+            if params.get("bad"):
+                raise KeyError("bad")
+            return {"n": sum(p.numel() for p in self._ref.get().parameters())}, {}
+
+    m = nn.Linear(2, 3)
+    ref = weakref.ref(m)
+    w = Needy(m)
+    sent: list[dict] = []
+    w.send = lambda content, buffers=None: sent.append(content)  # type: ignore[method-assign]
+    w._handle_request(w, {"type": "request", "id": 1, "method": "weights", "params": {}}, [])
+    assert sent[-1]["ok"] and sent[-1]["result"] == {"n": 9}
+    del m
+    gc.collect()
+    assert ref() is None
+    w._handle_request(w, {"type": "request", "id": 2, "method": "weights", "params": {}}, [])
+    assert sent[-1] == {"type": "response", "id": 2, "ok": False, "error": str(ModelGoneError())}
+    w._handle_request(w, {"type": "request", "id": 3, "method": "weights", "params": {"bad": 1}}, [])
+    assert sent[-1]["error"] == "KeyError: 'bad'"
+    page, _ = build_page(esm="", state={}, answers=[("weights", {}, ModelGoneError())], title="t", max_bytes=10**6)
+    assert str(ModelGoneError()) in page and "ModelGoneError:" not in page
+    w.close()

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import ipywidgets
 import pytest
 import torch
+import traitlets
 from IPython.core.error import UsageError
 from torch import nn
 
@@ -302,7 +303,7 @@ def test_zero_thresholds_are_passed_on(shell, probes) -> None:  # type: ignore[n
 
 def test_bad_max_bytes_in_config_is_refused_with_what_to_write(shell) -> None:  # type: ignore[no-untyped-def]
     magic = shell.magics_manager.registry["NNDebugMagics"]
-    with pytest.raises(Exception, match="write e.g. 64MB"):
+    with pytest.raises(traitlets.TraitError, match=r"write e\.g\. 64MB"):
         magic.max_bytes = "lots"
     magic.max_bytes = "3 MB"
     assert magic.max_bytes == 3 * 2**20

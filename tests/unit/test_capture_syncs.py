@@ -1,0 +1,162 @@
+"""The accelerator path run on the CPU: stats stay on the device, the host sees them a fixed number
+of times per capture (not once per layer), and nothing float64 is created on the device."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nbdebug.capture import hook_count
+from nbdebug.capture.session import Capture, device_path_default
+from nbdebug.capture.stats import DeviceStats, tensor_stats, to_host_rows
+
+aten = torch.ops.aten
+# Ops whose result size or value depends on the data: each one waits for the device.
+_SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
+             aten.unique_dim.default, aten._unique2.default, aten.bincount.default, aten.histc.default}
+
+
+class DispatchSpy(TorchDispatchMode):
+    """Counts data-dependent ops (also those called from C++, e.g. boolean indexing) and records
+    the dtype of everything created."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs: Counter[str] = Counter()
+        self.dtypes: Counter[torch.dtype] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _SYNC_OPS or (func is aten.index.Tensor and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])):
+            self.syncs[str(func)] += 1
+        out = func(*args, **kwargs)
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.dtypes[t.dtype] += 1
+        return out
+
+
+_METHODS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__", "__array__")
+
+
+@contextmanager
+def count_host_syncs() -> Iterator[Counter[str]]:
+    """Every Python-level way of reading a tensor on the host, counted (a dispatch mode sees only
+    ``item``/``bool``); ``.to("cpu")`` and ``.to(device="cpu")`` count too."""
+    seen: Counter[str] = Counter()
+    saved = {name: getattr(torch.Tensor, name) for name in (*_METHODS, "to")}
+
+    def wrap(name: str) -> Any:
+        orig = saved[name]
+
+        def method(self: torch.Tensor, *a: Any, **k: Any) -> Any:
+            if name != "to" or any(str(v) == "cpu" for v in (*a, *k.values()) if isinstance(v, (str, torch.device))):
+                seen[name] += 1
+            return orig(self, *a, **k)
+
+        return method
+
+    try:
+        for name in saved:
+            setattr(torch.Tensor, name, wrap(name))
+        yield seen
+    finally:
+        for name, orig in saved.items():
+            setattr(torch.Tensor, name, orig)
+
+
+def deep(n_blocks: int) -> nn.Sequential:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for i in range(n_blocks):
+        layers += [nn.Linear(16, 16), nn.Tanh() if i % 2 else nn.ReLU(), nn.Identity()]
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(16, 2))
+
+
+def captured_run(model: nn.Module, **kw: Any) -> tuple[Counter[str], Counter[str], DispatchSpy, Any]:
+    x = torch.randn(4, 16)
+    spy = DispatchSpy()
+    with count_host_syncs() as py:
+        with Capture(model, device_path=True, **kw) as cap:
+            with spy:
+                model(x).pow(2).mean().backward()
+        exit_py = Counter(py)
+    return exit_py, Counter(spy.syncs), spy, cap.result
+
+
+@pytest.mark.parametrize("histograms", [False, True])
+def test_host_syncs_do_not_grow_with_depth(histograms: bool) -> None:
+    small, big = deep(2), deep(20)  # 8 vs 62 captured layers
+    py_small, disp_small, _, res_small = captured_run(small, histograms=histograms)
+    py_big, disp_big, _, res_big = captured_run(big, histograms=histograms)
+    assert len(res_small.layers) == 8 and len(res_big.layers) == 62 and res_big.backward_ran
+    # Nothing during the forward and backward; only the transfers at exit, the same for both depths.
+    assert disp_small == disp_big == Counter()
+    assert py_small == py_big
+    assert sum(py_big.values()) <= 8, py_big
+    assert py_big["item"] == py_big["__bool__"] == py_big["__float__"] == py_big["tolist"] == 0
+    assert hook_count(big) == 0
+
+
+def test_device_path_gives_the_same_result_as_the_cpu_path() -> None:
+    m = deep(3)
+    x = torch.randn(4, 16)
+    x[0, 0] = float("nan")
+    results = []
+    for device_path in (False, True):
+        m.zero_grad(set_to_none=True)
+        with Capture(m, device_path=device_path, histograms=True) as cap:
+            m(x).nansum().backward()
+        results.append(cap.result)
+    a, b = results
+    assert [r.name for r in a.layers] == [r.name for r in b.layers]
+    for ra, rb in zip(a.layers, b.layers):
+        for k, v in ra.stats.items():
+            assert rb.stats[k] == pytest.approx(v, rel=1e-5, abs=1e-6, nan_ok=True), (ra.name, k)
+        assert (ra.grad is None) == (rb.grad is None)
+        if ra.grad is not None:
+            assert rb.grad["norm"] == pytest.approx(ra.grad["norm"], rel=1e-5, nan_ok=True)
+        assert rb.param_grad_norm == pytest.approx(ra.param_grad_norm, rel=1e-5, nan_ok=True) if ra.param_grad_norm else rb.param_grad_norm is None
+        np.testing.assert_array_equal(ra.sample, rb.sample)
+        np.testing.assert_array_equal(ra.histogram[0], rb.histogram[0])
+        np.testing.assert_allclose(ra.histogram[1], rb.histogram[1], rtol=1e-6)
+        assert ra.external_input_nonfinite == rb.external_input_nonfinite
+    assert a.forward_nonfinite_call == b.forward_nonfinite_call == (0, False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_no_float64_is_created_on_the_device(dtype: torch.dtype) -> None:
+    m = deep(2).to(dtype)
+    spy = DispatchSpy()
+    with spy, Capture(m, device_path=True, histograms=True) as cap:
+        m(torch.randn(4, 16, dtype=dtype)).float().pow(2).mean().backward()
+    assert torch.float64 not in spy.dtypes, spy.dtypes
+    assert cap.result.backward_ran and all(r.dtype == str(dtype)[6:] for r in cap.result.layers)
+
+
+def test_half_precision_stats_accumulate_in_float32_on_the_device() -> None:
+    x = torch.tensor([[1.0, -1.0], [65504.0, 0.5]] * 4, dtype=torch.float16)  # fp16 sum overflows
+    raw = tensor_stats(x, on_device=True)
+    assert isinstance(raw, DeviceStats)
+    assert raw.floats.dtype == torch.float32 and raw.counts.dtype == torch.int64
+    row = to_host_rows([raw])[0]
+    assert row[1] == pytest.approx(4 * (65504 + 0.5)) and row[0] == 16 and row[5] == 16
+    with pytest.raises(AssertionError):
+        assert torch.isfinite(x.sum())  # what summing in float16 would have given
+
+
+def test_device_path_switch_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NBDEBUG_DEVICE_PATH", raising=False)
+    assert not device_path_default() and not Capture(nn.Linear(1, 1)).device_path
+    monkeypatch.setenv("NBDEBUG_DEVICE_PATH", "1")
+    assert device_path_default() and Capture(nn.Linear(1, 1)).device_path
+    assert not Capture(nn.Linear(1, 1), device_path=False).device_path

@@ -3,8 +3,9 @@ headless Debian chromium per session, a fresh browser context (and page) per tes
 
 * ``lab`` / ``nb7``: a :class:`harness.JupyterServer` (``.root`` is where to write notebooks,
   ``.app`` is ``"lab"`` or ``"notebook"``); after each test its kernels are shut down.
-* ``page``: a Playwright page whose uncaught errors fail the test (except Notebook 7's known
-  "reading 'schema'" one); on failure a screenshot lands in ``test-artifacts/<test>-failure.png``.
+* ``page``: a Playwright page whose uncaught errors and console errors (e.g. "[anywidget] Failed to
+  initialize model") fail the test, except Notebook 7's known "reading 'schema'" one; on failure a
+  screenshot lands in ``test-artifacts/<test>-failure.png``.
 * ``browser``: the shared chromium. Missing ``/usr/bin/chromium`` skips the tier locally and
   fails it in CI (``CI=true``).
 
@@ -104,7 +105,7 @@ def nb7(nb7_server: harness.JupyterServer) -> Iterator[harness.JupyterServer]:
 
 @pytest.fixture
 def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A page in a fresh context; page errors fail the test, failures leave a screenshot."""
+    """A page in a fresh context; page and console errors fail the test, failures leave a screenshot."""
     app = None
     names = set(request.fixturenames)
     if "nb7" in names or "nb7_server" in names:

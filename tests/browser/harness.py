@@ -63,6 +63,11 @@ PAGE_LOAD_MS = 90_000
 
 # Notebook 7.6.5 raises this on every load from its own shortcuts plugin; nothing else is allowed.
 ALLOWED_PAGE_ERRORS = {"notebook": [re.compile(r"reading 'schema'")], "lab": []}
+# Console messages of type "error" fail a test as well: that is where the front-end reports a widget
+# that failed ("[anywidget] Failed to initialize model", an error thrown in our ES modules, a comm
+# opened for a model that is closed at once). Nothing is allowed but the page error above, which
+# Notebook 7.6.5 may also log to the console.
+ALLOWED_CONSOLE_ERRORS = ALLOWED_PAGE_ERRORS
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _job_ids = itertools.count()
@@ -91,28 +96,38 @@ def write_notebook(root: Path, name: str, cells: list[str]) -> Path:
 # Page errors and artifacts
 # --------------------------------------------------------------------------------------------
 class PageErrors:
-    """Collects uncaught page errors (and console errors, for context) of one page."""
+    """Collects a page's uncaught errors and its console messages of type ``error``; any of either
+    that the allow-lists do not name fails the test (see :meth:`check`)."""
 
     def __init__(self, page: Any, app: App | None = None) -> None:
         self.app = app
         self.errors: list[str] = []
         self.console: list[str] = []
         page.on("pageerror", lambda exc: self.errors.append(f"{exc.name}: {exc.message}"))
-        page.on(
-            "console",
-            lambda msg: self.console.append(msg.text) if msg.type == "error" else None,
-        )
+        page.on("console", self._on_console)
+
+    def _on_console(self, msg: Any) -> None:
+        if msg.type != "error":
+            return
+        text = msg.text
+        url = (msg.location or {}).get("url") or ""
+        if url and url not in text:  # "Failed to load resource: 404" names no URL by itself
+            text = f"{text} ({url})"
+        self.console.append(text)
 
     def unexpected(self) -> list[str]:
+        """Page errors, then console errors (prefixed ``console: ``), that are not allowed."""
         allowed = ALLOWED_PAGE_ERRORS.get(self.app or "", [])
-        return [e for e in self.errors if not any(p.search(e) for p in allowed)]
+        allowed_console = ALLOWED_CONSOLE_ERRORS.get(self.app or "", [])
+        return [e for e in self.errors if not any(p.search(e) for p in allowed)] + [
+            f"console: {c}" for c in self.console if not any(p.search(c) for p in allowed_console)
+        ]
 
     def check(self) -> None:
-        """Fail on any page error except the known Notebook 7 one."""
+        """Fail on any page error or console error except Notebook 7's known one."""
         bad = self.unexpected()
         if bad:
-            ctx = "\n".join(self.console[-20:])
-            raise AssertionError(f"page errors: {bad}\nconsole errors (last 20):\n{ctx}")
+            raise AssertionError("errors in the browser:\n" + "\n".join(bad[:20]))
 
 
 def screenshot(page: Any, name: str, locator: Any = None) -> Path:

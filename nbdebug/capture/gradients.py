@@ -1,19 +1,21 @@
 """Gradients of a layer's output, from a forward pass of nbdebug's own.
 
-:func:`run_from_layer` runs the model once more on the cell's inputs with the target layer's
+:func:`layer_pass` runs the model once more on the cell's inputs with the target layer's
 output swapped for a leaf (so the graph starts there), on clones of the buffers, with parameters
 not requiring grad; :func:`class_grads` then differentiates K scores with respect to that leaf
 in one batched backward. The user's model, its ``.grad`` and any graph the user still holds are
 left alone.
 
->>> inputs = autograd_inputs(args, kwargs)                        # doctest: +SKIP
->>> output, leaf = run_from_layer(model, *inputs, "layer4", None)   # doctest: +SKIP
->>> grads = class_grads(logits.gather(1, classes), leaf)            # K×B×C×h×w
+>>> args, kwargs = autograd_inputs(args, kwargs)                           # doctest: +SKIP
+>>> with layer_pass(model, args, kwargs, "layer4", None) as (output, leaf):  # doctest: +SKIP
+...     grads = class_grads(output.gather(1, classes), leaf)                 # K×B×C×h×w
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -22,7 +24,7 @@ from torch import nn
 from .hooks import HookSet, no_param_grads
 from .state import preserve_buffers
 
-__all__ = ["LayerDidNotRun", "autograd_inputs", "class_grads", "run_from_layer"]
+__all__ = ["LayerDidNotRun", "autograd_inputs", "class_grads", "layer_pass"]
 
 
 class LayerDidNotRun(ValueError):
@@ -76,29 +78,52 @@ def _swap_first(output: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return output
 
 
-def run_from_layer(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], module: str, call: int | None) -> tuple[Any, torch.Tensor]:
-    """``(output, leaf)`` of one forward pass whose graph starts at ``module``'s output.
+def _requiring_grad(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def req(v: Any) -> Any:
+        return v.detach().requires_grad_(True) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
 
-    ``call`` is the 0-based call of a module that runs several times (None: the last call; then
-    every call gets its own leaf and the last is returned). The output is replaced by
-    ``leaf.clone()`` so in-place ops downstream cannot touch the leaf. Only calls during this
-    top-level forward count (a checkpointed segment recomputed in backward is left alone). Runs
-    on clones of the buffers, with parameters not requiring grad, gradients enabled (also when
-    called under ``no_grad``/``inference_mode``); backward may happen after it returns. Pass the
-    inputs through :func:`autograd_inputs` first.
+    return tuple(req(a) for a in args), {k: req(v) for k, v in kwargs.items()}
+
+
+@contextmanager
+def layer_pass(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], module: str, call: int | None) -> Iterator[tuple[Any, torch.Tensor]]:
+    """Yields ``(output, leaf)`` of one forward pass whose graph starts at ``module``'s output.
+
+    Differentiate inside the block (:func:`class_grads`): until it ends nbdebug's forward runs on
+    clones of the buffers, parameters do not require grad, gradients are enabled (also when
+    called under ``no_grad``/``inference_mode``) and the hook stays, and all of that also covers
+    the recomputation of checkpointed segments during backward. ``call`` is the 0-based call of a
+    module that runs several times (None: the last call). The output is replaced by
+    ``leaf.clone()`` so in-place ops downstream cannot touch the leaf. Pass the inputs through
+    :func:`autograd_inputs` first.
+
+    Checkpointed segments (``torch.utils.checkpoint``) recompute their modules during backward: a
+    recomputed output equal to the leaf's value is swapped for the same leaf, so the gradient
+    reaches it through the recomputation too. A reentrant segment runs its forward under
+    ``no_grad``; when the layer sits inside one, the pass is repeated with the (detached copies of
+    the) inputs requiring grad so the segment's output carries a graph.
     """
     target = model.get_submodule(module)
     leaves: list[torch.Tensor] = []
     seen = [0]
     active = [False]
+    under_no_grad = [False]
 
     def hook(_m: nn.Module, _args: Any, out: Any) -> Any:
-        if not active[0]:
-            return None
+        if not active[0]:  # a checkpoint recomputation during backward
+            if not leaves:
+                return None
+
+            def again(t: torch.Tensor) -> torch.Tensor:
+                same = t.shape == leaves[-1].shape and torch.equal(t.detach(), leaves[-1].detach())
+                return leaves[-1].clone() if same else t
+
+            return _swap_first(out, again)
         k = seen[0]
         seen[0] += 1
         if call is not None and k != call:
             return None
+        under_no_grad[0] = not torch.is_grad_enabled()
 
         def swap(t: torch.Tensor) -> torch.Tensor:
             leaf = t.detach().requires_grad_(True)
@@ -107,33 +132,33 @@ def run_from_layer(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, A
 
         return _swap_first(out, swap)
 
-    with torch.inference_mode(False), preserve_buffers(model), no_param_grads(model), torch.enable_grad(), HookSet() as hooks:
+    with (torch.inference_mode(False), preserve_buffers(model), no_param_grads(model), torch.enable_grad(),
+          warnings.catch_warnings(), HookSet() as hooks):
+        warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")
         hooks.forward(target, hook)
-        active[0] = True
-        try:
-            output = model(*args, **kwargs)
-        finally:
-            active[0] = False
-    if not leaves:
-        which = "" if call is None else f" (call {call + 1})"
-        raise LayerDidNotRun(f"layer {module!r}{which} did not run in the forward pass")
-    return output, leaves[-1]
+        for attempt in range(2):
+            leaves.clear()
+            seen[0] = 0
+            active[0] = True
+            try:
+                output = model(*args, **kwargs)
+            finally:
+                active[0] = False
+            if not leaves:
+                which = "" if call is None else f" (call {call + 1})"
+                raise LayerDidNotRun(f"layer {module!r}{which} did not run in the forward pass")
+            if not under_no_grad[0] or attempt == 1:
+                break
+            args, kwargs = _requiring_grad(args, kwargs)
+        yield output, leaves[-1]
 
 
-def _one_by_one(picked: torch.Tensor, leaf: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
-    k = picked.shape[1]
-    try:
-        return torch.stack([
-            torch.autograd.grad(picked, leaf, grad_outputs=grad_out[i], retain_graph=True, allow_unused=True, materialize_grads=True)[0]
-            for i in range(k)
-        ])
-    except RuntimeError as exc:
-        if "heckpoint" not in str(exc):
-            raise
-    # Reentrant torch.utils.checkpoint refuses autograd.grad; .backward() into our own leaf works
-    # (the inputs are detached and parameters do not require grad, so nothing else accumulates).
+def _via_backward(picked: torch.Tensor, leaf: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    """Reentrant ``torch.utils.checkpoint`` hides the leaf from ``autograd.grad`` (its segment is
+    differentiated by a backward of its own); ``.backward()`` reaches it. Only our own tensors
+    require grad here (inputs detached, parameters frozen), so nothing of the user's accumulates."""
     out = []
-    for i in range(k):
+    for i in range(grad_out.shape[0]):
         leaf.grad = None
         picked.backward(grad_out[i], retain_graph=True)
         out.append(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))
@@ -141,20 +166,36 @@ def _one_by_one(picked: torch.Tensor, leaf: torch.Tensor, grad_out: torch.Tensor
     return torch.stack(out)
 
 
+def _one_by_one(picked: torch.Tensor, leaf: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor | None:
+    grads = []
+    for i in range(grad_out.shape[0]):
+        (g,) = torch.autograd.grad(picked, leaf, grad_outputs=grad_out[i], retain_graph=True, allow_unused=True)
+        if g is None:
+            return None
+        grads.append(g)
+    return torch.stack(grads)
+
+
 def class_grads(picked: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
     """K×(leaf shape): gradient of each column of ``picked`` (B×K) w.r.t. ``leaf``, one batched backward.
 
     Falls back to one backward per class for ops without a batching rule, and to ``.backward()``
-    into the leaf for reentrant checkpointing (which refuses ``autograd.grad``).
+    into the leaf when ``autograd.grad`` cannot see it (reentrant checkpointing). Zeros when the
+    scores do not depend on the leaf.
     """
     k = picked.shape[1]
+    zeros = torch.zeros((k, *leaf.shape), dtype=leaf.dtype, device=leaf.device)
     if not picked.requires_grad:  # the scores do not depend on this layer's output at all
-        return torch.zeros((k, *leaf.shape), dtype=leaf.dtype, device=leaf.device)
+        return zeros
     eye = torch.eye(k, dtype=picked.dtype, device=picked.device)
     grad_out = eye[:, None, :].expand(k, picked.shape[0], k).contiguous()  # one-hot per class
     with torch.inference_mode(False), torch.enable_grad():
+        grads: torch.Tensor | None
         try:
-            return torch.autograd.grad(picked, leaf, grad_outputs=grad_out, is_grads_batched=True,
-                                       allow_unused=True, materialize_grads=True, retain_graph=True)[0]
-        except RuntimeError:  # an op without a batching rule, or reentrant checkpointing
-            return _one_by_one(picked, leaf, grad_out)
+            (grads,) = torch.autograd.grad(picked, leaf, grad_outputs=grad_out, is_grads_batched=True,
+                                           allow_unused=True, retain_graph=True)
+        except RuntimeError as exc:  # an op without a batching rule, or reentrant checkpointing
+            grads = None if "heckpoint" in str(exc) else _one_by_one(picked, leaf, grad_out)
+        if grads is None:  # not reachable by autograd.grad: reentrant checkpointing, or truly unused
+            grads = _via_backward(picked, leaf, grad_out)
+    return grads if grads.shape == zeros.shape else zeros

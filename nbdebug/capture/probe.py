@@ -78,6 +78,8 @@ class OutputProbe:
         self.dropped: list[tuple[str, int]] = []  # (call name, bytes it would have taken)
         self.steps = 0
         self.calls: dict[str, int] = {}
+        #: the autograd mode of the first call: "grad", "no_grad" or "inference_mode"
+        self.grad_mode = ""
         self._active = False
         self._hooks = HookSet()
 
@@ -85,6 +87,8 @@ class OutputProbe:
         self.steps += 1
         if self.steps == 1:
             self._active = True
+            self.grad_mode = ("inference_mode" if torch.is_inference_mode_enabled()
+                              else "grad" if torch.is_grad_enabled() else "no_grad")
             if self.on_first_call is not None:
                 self.on_first_call(args, kwargs)
 

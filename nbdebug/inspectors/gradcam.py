@@ -15,6 +15,7 @@ switched, every hook removed.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +39,7 @@ from ..adapters.vision import (
     to_nchw,
 )
 from ..capture import preserve_buffers, split_call_name
-from ..capture.gradients import LayerDidNotRun, autograd_inputs, class_grads, run_from_layer
+from ..capture.gradients import LayerDidNotRun, autograd_inputs, class_grads, layer_pass
 from ..capture.names import call_name
 from ..capture.probe import OutputProbe
 
@@ -173,20 +174,20 @@ def compute_cams(
 ) -> tuple[CamMaps, torch.Tensor, torch.Tensor]:
     """CAMs of ``layer`` for the target classes: ``(maps, classes B×K, logits B×N)``.
 
-    One forward of nbdebug's own (:func:`~nbdebug.capture.gradients.run_from_layer`: graph from the
+    One forward of nbdebug's own (:func:`~nbdebug.capture.gradients.layer_pass`: graph from the
     layer on, buffers cloned, parameters frozen) and one batched backward for all K classes.
     ``args``/``kwargs`` should have gone through :func:`~nbdebug.capture.gradients.autograd_inputs`.
     """
     try:
-        output, leaf = run_from_layer(model, args, kwargs, layer.module, layer.call)
+        with layer_pass(model, args, kwargs, layer.module, layer.call) as (output, leaf):
+            logits = class_scores(output)
+            if classes is None:
+                classes = _resolve_targets(targets, logits, topk, name_of)
+            classes = classes.to(logits.device)
+            grads = class_grads(logits.gather(1, classes), leaf)
     except LayerDidNotRun as exc:
         raise LayerError(str(exc)) from None
-    logits = class_scores(output)
-    if classes is None:
-        classes = _resolve_targets(targets, logits, topk, name_of)
-    classes = classes.to(logits.device)
-    grads = class_grads(logits.gather(1, classes), leaf)
-    logits = logits.detach()
+    logits, leaf = logits.detach(), leaf.detach()
     grid = layer.grid
     if grid is None:  # a layer named by the caller without a probe pass: the shape decides now
         grid = infer_grid(tuple(leaf.shape), input_hw=output_hw, grid_hw=grid_from_config(model, output_hw),
@@ -225,7 +226,8 @@ class Probed:
 def probe(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], reshape: Reshape = None) -> Probed:
     """Spatial layers of ``model`` from one inference pass of nbdebug's own (buffers untouched)."""
     size = InputSize()
-    with OutputProbe(model, on_first_call=size) as pr, preserve_buffers(model), torch.no_grad():
+    with OutputProbe(model, on_first_call=size) as pr, preserve_buffers(model), torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")  # reentrant checkpoint
         model(*args, **kwargs)
     layers = spatial_layers(pr.records, pr.calls, input_hw=size.hw, grid_hw=grid_from_config(model, size.hw), reshape=reshape)
     return Probed(layers, pr.describe_all())

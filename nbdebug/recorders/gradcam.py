@@ -4,7 +4,7 @@ The cell runs untouched (a :class:`~nbdebug.capture.ModelCall` and a shape-only
 :class:`~nbdebug.capture.probe.OutputProbe` watch it). Afterwards nbdebug runs the model once
 more on the same input with gradients tracked from the target layer on (also when the cell ran
 under ``torch.no_grad`` or ``torch.inference_mode``), on clones of the buffers and with
-parameters frozen (:func:`~nbdebug.capture.gradients.run_from_layer`), so a graph the user still
+parameters frozen (:func:`~nbdebug.capture.gradients.layer_pass`), so a graph the user still
 holds stays valid. The recorder, the session and the widget hold the model weakly.
 """
 
@@ -163,8 +163,6 @@ class GradCamRecorder(Recorder):
         self._probe = OutputProbe(model, on_first_call=self._size)
         self._seen = False
         self._calls = 0
-        self._grad_enabled = True
-        self._inference = False
         self._inputs: tuple[tuple[Any, ...], dict[str, Any]] = ((), {})
         self._theirs: torch.Tensor | None = None  # the cell's class scores (detached)
         self._output_shape: list[int] | None = None
@@ -196,9 +194,6 @@ class GradCamRecorder(Recorder):
         self._seen, self._calls = call.seen, call.calls
         if not call.seen:
             return
-        self._grad_enabled = bool(call.grad_enabled)
-        tensors = [v for v in (*(call.args or ()), *(call.kwargs or {}).values()) if isinstance(v, torch.Tensor)]
-        self._inference = any(t.is_inference() for t in tensors)
         self._inputs = autograd_inputs(call.args or (), call.kwargs or {})
         scores = logits_of(call.output)
         self._output_shape = None if scores is None else list(scores.shape)
@@ -244,7 +239,8 @@ class GradCamRecorder(Recorder):
                     break
         if maps.note:
             notes.append(maps.note)
-        mode = " (your cell ran under torch.inference_mode)" if self._inference else " (your cell ran under torch.no_grad)" if not self._grad_enabled else ""
+        mode = self._probe.grad_mode
+        mode = f" (your cell ran under torch.{mode})" if mode in ("no_grad", "inference_mode") else ""
         notes.append(f"nbdebug ran the model once more on your cell's input, tracking gradients from {chosen.name} on{mode}; "
                      "parameters' .grad, buffers and training mode are left as they were")
         if model.training:

@@ -1,0 +1,277 @@
+"""Grad-CAM and feature maps in the modes real cells run (issue 9): a pending backward in training
+mode, no_grad / inference_mode, half precision, the user's own hooks, loops, checkpointing, a
+deleted model, views that do not apply. Each compares with a reference computed without nbdebug."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import warnings
+import weakref
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from nbdebug.capture import fingerprint, hook_count, preserve_buffers, same_fingerprint
+from nbdebug.capture.weak import MODEL_GONE, ModelGoneError
+from nbdebug.inspectors.gradcam import grad_cam
+from nbdebug.recorders.featuremaps import FeatureMapsRecorder
+from nbdebug.recorders.gradcam import GradCamRecorder
+
+
+def bn_cnn(momentum: float | None = 0.1) -> nn.Sequential:
+    """Two conv+BN blocks; ``momentum=None`` makes BN read ``num_batches_tracked``."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=momentum), nn.ReLU(),
+        nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16, momentum=momentum), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+    )
+
+
+def versions(model: nn.Module) -> dict[str, int]:
+    return {n: b._version for n, b in model.named_buffers()}
+
+
+# -- 2. a pending backward after Grad-CAM ------------------------------------------------------
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_users_pending_backward_after_gradcam_in_training_mode(momentum: float | None) -> None:
+    torch.manual_seed(0)
+    model = bn_cnn(momentum).train()
+    twin = copy.deepcopy(model)
+    x = torch.randn(4, 3, 12, 12)
+    rec = GradCamRecorder(model, cam_topk=2)
+    with rec:
+        out = model(x)
+    after_cell, before = fingerprint(model), versions(model)
+    res = rec.result()
+    assert rec.session is not None
+    rec.session.maps_for("2")  # another layer on demand: one more forward of nbdebug's own
+    assert res.cams.max() > 0 and "2" in res.maps
+    assert versions(model) == before  # the buffers BN saved for backward were never touched
+    assert same_fingerprint(after_cell, fingerprint(model)) == []
+    out.sum().backward()  # raised "modified by an inplace operation" before the fix
+    ref = twin(x)
+    ref.sum().backward()
+    assert torch.equal(out, ref)
+    for (n, p), (_, q) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), n
+    for (n, b), (_, c) in zip(model.named_buffers(), twin.named_buffers(), strict=True):
+        assert torch.equal(b, c), n  # running stats and num_batches_tracked: one update, the cell's
+    assert hook_count(model) == 0 and model.training
+
+
+class Counter(nn.Module):
+    """Counts its calls in a buffer, in place (like BN's num_batches_tracked)."""
+
+    def __init__(self, buf: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("n", buf)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.n.add_(1)
+        return x * self.n
+
+
+def test_preserve_buffers_runs_on_clones_shared_buffers_stay_shared() -> None:
+    shared = torch.zeros(())
+    model = nn.Sequential(Counter(shared), Counter(shared))
+    v = shared._version
+    with preserve_buffers(model):
+        y = model(torch.ones(2))
+        assert model[0].n is model[1].n and model[0].n is not shared  # one clone for a shared buffer
+    assert torch.equal(y, torch.full((2,), 2.0))  # 1 * 1, then * 2: the clone counted both calls
+    assert model[0].n is shared and model[1].n is shared and float(shared) == 0.0 and shared._version == v
+
+
+def test_preserve_buffers_restores_a_buffer_mutated_behind_the_modules_back() -> None:
+    class Sneaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("b", torch.ones(3))
+            self.alias = [self.b]  # a reference of its own, outside _buffers
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.alias[0].mul_(5)
+            return x
+
+    m = Sneaky()
+    with preserve_buffers(m):
+        m(torch.zeros(1))
+    assert torch.equal(m.b, torch.ones(3)) and m.b is m.alias[0]
+
+
+# -- grad modes, precision, the user's hooks, loops ----------------------------------------------
+def small_cnn() -> nn.Sequential:
+    torch.manual_seed(1)
+    return bn_cnn().eval()
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_gradcam_and_featuremaps_under_no_grad_and_inference_mode(mode: str) -> None:
+    model = small_cnn()
+    x = torch.randn(2, 3, 12, 12)
+    ref, classes, *_ = grad_cam(model, x, layer="3", topk=3)
+    before = fingerprint(model)
+    cam, fm = GradCamRecorder(model, gradcam_layer="3", cam_topk=3), FeatureMapsRecorder(model)
+    ctx = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
+    with cam, fm, ctx:
+        model(x)
+    res = cam.result()
+    assert res.classes.tolist() == classes.tolist()
+    np.testing.assert_allclose(res.cams, ref.cams, atol=1e-6)
+    assert any(f"torch.{mode}" in n for n in res.notes)
+    maps = fm.result()
+    assert fm.applies() is None and torch.equal(maps["3"].data, model[3](model[:3](x)).detach())
+    assert same_fingerprint(before, fingerprint(model)) == [] and hook_count(model) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_models_on_cpu(dtype: torch.dtype) -> None:
+    model = small_cnn()
+    x = torch.rand(2, 3, 12, 12)
+    ref, classes, *_ = grad_cam(model, x, layer="3", topk=2)
+    half = copy.deepcopy(model).to(dtype)
+    cam, fm = GradCamRecorder(half, gradcam_layer="3", target=",".join(str(int(c)) for c in classes[0])), FeatureMapsRecorder(half)
+    with cam, fm, torch.no_grad():
+        half(x.to(dtype))
+    res = cam.result()
+    assert res.cams.dtype == np.float32 and res.classes[0].tolist() == classes[0].tolist()
+    # the same CAM as the float32 model, up to half-precision rounding
+    np.testing.assert_allclose(res.cams[0], ref.cams[0], atol=0.05 * float(ref.cams[0].max()))
+    layer = fm.result()["3"]
+    assert layer.data.dtype == dtype and fm.result().stats("3", 0).hi.dtype == np.float32
+    assert hook_count(half) == 0
+
+
+def test_users_own_hooks_are_kept_and_still_called() -> None:
+    model = small_cnn()
+    x = torch.randn(1, 3, 12, 12)
+    calls: list[int] = []
+    handle = model[4].register_forward_hook(lambda m, i, o: (calls.append(1), o * 2)[1])  # changes the output
+    try:
+        ref, classes, *_ = grad_cam(model, x, layer="3", topk=2)  # reference: Grad-CAM with the hook
+        n_before = len(calls)
+        rec = GradCamRecorder(model, gradcam_layer="3", cam_topk=2)
+        with rec:
+            model(x)
+        res = rec.result()
+        assert len(calls) == n_before + 2  # the cell's call and nbdebug's re-run both went through it
+        np.testing.assert_allclose(res.cams, ref.cams, atol=1e-6)
+        assert hook_count(model) == 1  # the user's hook is still there, ours are gone
+    finally:
+        handle.remove()
+    # and the hook really mattered: without it the scores (hence the CAMs' scale) differ
+    plain, *_ = grad_cam(model, x, layer="3", targets=[int(c) for c in classes[0]])
+    assert not np.allclose(plain.cams, ref.cams)
+
+
+def test_loop_explains_the_first_call_and_says_so() -> None:
+    model = small_cnn()
+    xs = [torch.randn(1, 3, 12, 12) for _ in range(3)]
+    cam, fm = GradCamRecorder(model, cam_topk=1), FeatureMapsRecorder(model)
+    with cam, fm:
+        for x in xs:
+            model(x)
+    res = cam.result()
+    first, *_ = grad_cam(model, xs[0], topk=1)
+    np.testing.assert_allclose(res.cams, first.cams, atol=1e-6)
+    assert any("3 times; the first call is explained" in n for n in res.notes)
+    maps = fm.result()
+    assert torch.equal(maps["0"].data, model[0](xs[0]).detach()) and "0#2" not in maps.layers
+    assert any("3 times; the first call is shown" in n for n in maps.notes)
+
+
+# -- 7. checkpointing: no recomputation layers, the same CAMs -----------------------------------
+class Ckpt(nn.Module):
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.stem = nn.Conv2d(3, 6, 3, padding=1)
+        self.block = nn.Sequential(nn.Conv2d(6, 8, 3, padding=1), nn.ReLU())
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
+        self.reentrant = reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(checkpoint(self.block, self.stem(x), use_reentrant=self.reentrant))
+
+
+@pytest.mark.parametrize("layer", ["stem", "block.0"])  # before the checkpointed segment, inside it
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointed_model_in_a_training_cell(reentrant: bool, layer: str) -> None:
+    model = Ckpt(reentrant).train()
+    x = torch.randn(2, 3, 8, 8)
+    cam, fm = GradCamRecorder(model, gradcam_layer=layer, cam_topk=2), FeatureMapsRecorder(model)
+    with cam, fm:
+        model(x).sum().backward()  # backward recomputes `block` while the views still watch
+    after_cell = fingerprint(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing of checkpoint's leaks from nbdebug's own passes
+        res = cam.result()
+    assert same_fingerprint(after_cell, fingerprint(model)) == []
+    plain = Ckpt(reentrant).eval()
+    plain.load_state_dict(model.state_dict())
+    plain.forward = lambda x: plain.head(plain.block(plain.stem(x)))  # type: ignore[method-assign]
+    ref, *_ = grad_cam(plain, x, layer=layer, targets=res.classes[0].tolist())
+    assert ref.cams.max() > 0
+    np.testing.assert_allclose(res.cams[0], ref.cams[0], atol=1e-6)
+    assert res.layers == ["stem", "block.0", "block.1", "block"]  # no block.0#2 from the recomputation
+    assert list(fm.result().layers) == ["stem", "block.0", "block.1"]  # (leaves by default)
+    assert hook_count(model) == 0 and model.stem.weight.grad is not None
+
+
+# -- 4. a deleted model is collected; an on-demand fetch says so ---------------------------------
+def test_deleted_model_is_collected_and_a_fetch_answers_with_the_message() -> None:
+    model = small_cnn()
+    rec = GradCamRecorder(model, gradcam_layer="3")
+    fm = FeatureMapsRecorder(model)
+    with rec, fm:
+        out = model(torch.randn(1, 3, 12, 12))
+    cam_widget, fm_widget = rec.widget(), fm.widget()
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None  # recorders, sessions, results and widgets held it weakly
+    assert out.grad_fn is not None  # (the user's output graph does not hold the module either)
+    sent: list[dict[str, Any]] = []
+    cam_widget.send = lambda msg, buffers=None: sent.append(msg)  # type: ignore[method-assign]
+    cam_widget._handle_request(cam_widget, {"type": "request", "id": 7, "method": "view", "params": {"layer": "0"}}, [])
+    assert len(sent) == 1 and sent[0]["ok"] is False and sent[0]["error"].endswith(MODEL_GONE)
+    # what was computed already is still served, and the feature maps need no model
+    content, _ = cam_widget.handle_request("view", {"layer": "3"})
+    assert content["result"]["layer"] == "3"
+    fm_widget.handle_request("page", {"layer": "0"})
+    with pytest.raises(ModelGoneError):
+        rec.model  # noqa: B018
+
+
+# -- applies() ---------------------------------------------------------------------------------
+def test_applies_says_why_a_view_has_nothing_to_show() -> None:
+    mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    cam, fm = GradCamRecorder(mlp), FeatureMapsRecorder(mlp)
+    with cam, fm:
+        mlp(torch.randn(2, 4))
+    assert "no layer has a spatial output" in (cam.applies() or "")
+    assert fm.applies() == "no captured layer has a spatial output"
+
+    cnn = small_cnn()
+    cam, fm = GradCamRecorder(cnn), FeatureMapsRecorder(cnn)
+    with cam, fm:
+        pass
+    assert "never called" in (cam.applies() or "") and "never called" in (fm.applies() or "")
+
+    seg = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())  # a dense output, not class scores
+    cam, fm = GradCamRecorder(seg), FeatureMapsRecorder(seg, max_bytes=0)
+    with cam, fm:
+        seg(torch.randn(1, 3, 8, 8))
+    assert "not class scores" in (cam.applies() or "") and "[1, 4, 8, 8]" in (cam.applies() or "")
+    assert "memory budget" in (fm.applies() or "")  # 0 bytes honoured: nothing kept
+
+    cnn = small_cnn()
+    cam, fm = GradCamRecorder(cnn), FeatureMapsRecorder(cnn)
+    with cam, fm:
+        cnn(torch.randn(1, 3, 12, 12))
+    assert cam.applies() is None and fm.applies() is None

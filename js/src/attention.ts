@@ -1,6 +1,8 @@
 // Attention-head viewer: a layers × heads grid of thumbnails (uint8, downsampled in the kernel) with
-// per-head metrics; clicking a head fetches its full T×T matrix (rpc "head", uint8 sqrt-encoded)
-// and shows it as a token-to-token line view and a heatmap over a token range. Shift/ctrl-click
+// per-head metrics; clicking a head fetches its T×T matrix (rpc "head", uint8 sqrt-encoded; above
+// `full_side` tokens only the shown token range, mean-pooled by `stride` when wider than that)
+// and shows it as a token-to-token line view and a heatmap over a token range. Tokens produced by
+// generate() (`generated`) are marked. Shift/ctrl-click
 // overlays several heads in the line view. Python side: nbdebug/widgets/attention.py.
 // Tokens are untrusted model text: textContent only.
 import { COLORMAPS, paintU8 } from "./lib/colormap";
@@ -46,13 +48,16 @@ const CSS = `
 .nbdebug-attention .nba-highlight { color: #1f4e99; min-height: 16px; }
 .nbdebug-attention .nba-status { color: #444; min-height: 16px; font-family: ui-monospace, monospace; white-space: pre; }
 .nbdebug-attention .nba-error { color: #b00; }
+.nbdebug-attention .nba-tok.nba-gen { color: #8a3ffc; font-style: italic; }
 `;
 
 interface HeadData {
   layer: number;
   head: number;
   name: string;
-  n: number;
+  start: number; // first token of the matrix
+  stride: number; // tokens per pixel (1: exact)
+  n: number; // side in pixels
   p: Uint8Array; // sqrt-encoded
 }
 
@@ -70,6 +75,9 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const tokens: string[] = model.get("tokens") || [];
   const rawTokens: string[] = model.get("raw_tokens") || tokens;
   const names: string[] = model.get("metric_names") || [];
+  const generated: number[] = model.get("generated") || [];
+  const nGen = generated.filter((g) => g).length;
+  const fullSide: number = model.get("full_side") || 1024;
   const thumbs = wire(model, "thumbs");
   const metrics = wire(model, "metrics");
   const flags = wire(model, "flags");
@@ -90,6 +98,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     h("div", { class: "nba-summary", text: model.get("summary") || "" }),
     h("div", { class: "nba-path", text: `${L} layers × ${H} heads × ${T} tokens · attention path: ${model.get("path") || "?"}${model.get("causal") ? " · causal" : ""}` }),
     ...notes.map((n) => h("div", { class: "nba-note", text: n })),
+    ...(nGen ? [h("div", { class: "nba-note nba-gen-legend", text: `${nGen} generated tokens (purple italic in the token lists)` })] : []),
     h("div", { class: "nba-controls" }, [
       h("label", {}, ["metric ", metricSel]),
       h("label", {}, ["colormap ", cmapSel]),
@@ -168,16 +177,26 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   }
 
   // -- detail -----------------------------------------------------------------------------------
-  async function fetchHead(l: number, hd: number): Promise<HeadData> {
-    const key = `${l},${hd}`;
+  // Up to `fullSide` tokens the whole matrix is fetched once; above, the shown range [a, b).
+  async function fetchHead(l: number, hd: number, a: number, b: number): Promise<HeadData> {
+    const whole = T <= fullSide;
+    const key = whole ? `${l},${hd}` : `${l},${hd},${a},${b}`;
     const hit = cache.get(key);
     if (hit) return hit;
-    const ans = await rpc(model, "head", { layer: l, head: hd });
-    const a = ans.arrays.attn;
-    const data: HeadData = { layer: l, head: hd, name: ans.result.name, n: a.shape[0], p: a.data as Uint8Array };
+    const params = whole ? { layer: l, head: hd } : { layer: l, head: hd, start: a, end: b };
+    const ans = await rpc(model, "head", params);
+    const arr = ans.arrays.attn;
+    const data: HeadData = {
+      layer: l, head: hd, name: ans.result.name, start: Number(ans.result.start ?? 0),
+      stride: Number(ans.result.stride ?? 1), n: arr.shape[0], p: arr.data as Uint8Array,
+    };
+    if (cache.size > 64) cache.clear();
     cache.set(key, data);
     return data;
   }
+  // probability of query i → key j (token positions) in a fetched matrix
+  const at = (d: HeadData, i: number, j: number): number =>
+    d.p[Math.floor((i - d.start) / d.stride) * d.n + Math.floor((j - d.start) / d.stride)];
   function range(): [number, number] {
     const r = (model.get("token_range") || []) as number[];
     const a = Number.isFinite(r[0]) ? Math.max(0, Math.min(T - 1, r[0])) : 0;
@@ -195,9 +214,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       return;
     }
     replaceChildren(detail, [h("div", { class: "nba-note", text: `fetching ${sel.map(([l, hd]) => `L${l}h${hd}`).join(", ")}…` })]);
+    const [a, b] = range();
     let heads: HeadData[];
     try {
-      heads = await Promise.all(sel.map(([l, hd]) => fetchHead(l, hd)));
+      heads = await Promise.all(sel.map(([l, hd]) => fetchHead(l, hd, a, b)));
     } catch (err) {
       if (mine !== seq || disposed) return;
       replaceChildren(detail, [h("div", { class: "nba-error", text: String(err) })]);
@@ -206,7 +226,6 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       return;
     }
     if (mine !== seq || disposed) return;
-    const [a, b] = range();
     const status = h("div", { class: "nba-status" });
     const start = h("input", { class: "nba-start", attrs: { type: "number", min: 0, max: T - 1, value: a } });
     const end = h("input", { class: "nba-end", attrs: { type: "number", min: 1, max: T, value: b } });
@@ -249,9 +268,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   }
 
   function matrixView(d: HeadData, a: number, b: number, status: HTMLElement): HTMLElement {
-    const n = b - a;
+    const st = d.stride;
+    const n = Math.ceil((b - a) / st); // pixels per side
     const sub = new Uint8Array(n * n);
-    for (let i = 0; i < n; i++) sub.set(d.p.subarray((a + i) * d.n + a, (a + i) * d.n + b), i * n);
+    for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) sub[i * n + j] = at(d, a + i * st, a + j * st);
     // Colours span the window's own range (long inputs spread attention thinly: 1/T is dark on a 0–1 scale).
     let vmax = 1;
     for (let i = 0; i < sub.length; i++) if (sub[i] > vmax) vmax = sub[i];
@@ -267,15 +287,21 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       const j = Math.floor(((ev.clientX - r.left) / r.width) * n);
       const i = Math.floor(((ev.clientY - r.top) / r.height) * n);
       if (i < 0 || j < 0 || i >= n || j >= n) return;
-      status.textContent = `${tokens[a + i]} [${a + i}] → ${tokens[a + j]} [${a + j}]: ${fmtPct(decodeP(sub[i * n + j]))}`;
+      const qi = a + i * st;
+      const kj = a + j * st;
+      const gen = (t: number) => (generated[t] ? " (generated)" : "");
+      status.textContent = st > 1
+        ? `queries ${qi}–${Math.min(b, qi + st) - 1} → keys ${kj}–${Math.min(b, kj + st) - 1}: mean ${fmtPct(decodeP(sub[i * n + j]))}`
+        : `${tokens[qi]} [${qi}]${gen(qi)} → ${tokens[kj]} [${kj}]${gen(kj)}: ${fmtPct(decodeP(sub[i * n + j]))}`;
     });
     const scale = vmax >= 255 ? "" : `, up to ${fmtPct(decodeP(vmax))}`;
-    return h("div", {}, [h("div", { class: "nba-note", text: `rows: queries · columns: keys (colour: √p${scale})` }), canvas]);
+    const pooled = st > 1 ? ` · ${st}×${st} tokens per pixel (mean); narrow the range for exact values` : "";
+    return h("div", {}, [h("div", { class: "nba-note nba-pooled", text: `rows: queries · columns: keys (colour: √p${scale})${pooled}` }), canvas]);
   }
 
   function lineView(heads: HeadData[], a: number, b: number, status: HTMLElement): HTMLElement {
     const n = b - a;
-    if (n > LINE_MAX) return h("div", { class: "nba-note", text: `line view: narrow the range to ≤ ${LINE_MAX} tokens` });
+    if (n > LINE_MAX || heads.some((d) => d.stride > 1)) return h("div", { class: "nba-note", text: `line view: narrow the range to ≤ ${LINE_MAX} tokens` });
     const rowH = 16;
     const width = 160;
     const canvas = h("canvas", { attrs: { width, height: n * rowH }, style: { width: `${width}px`, height: `${n * rowH}px` } });
@@ -290,10 +316,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
         for (let i = 0; i < n; i++) {
           if (focus && focus.side === "q" && focus.i !== i) continue;
           let rowMax = 1e-12;
-          for (let j = 0; j < n; j++) rowMax = Math.max(rowMax, decodeP(d.p[(a + i) * d.n + a + j]));
+          for (let j = 0; j < n; j++) rowMax = Math.max(rowMax, decodeP(at(d, a + i, a + j)));
           for (let j = 0; j < n; j++) {
             if (focus && focus.side === "k" && focus.i !== j) continue;
-            const p = decodeP(d.p[(a + i) * d.n + a + j]) / rowMax;
+            const p = decodeP(at(d, a + i, a + j)) / rowMax;
             if (p < 0.05) continue;
             ctx.globalAlpha = Math.min(1, focus ? 0.15 + p : p);
             ctx.lineWidth = focus ? 2 : 1.5;
@@ -313,7 +339,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
         const d = heads[0];
         const parts: string[] = [];
         for (let j = 0; j < n; j++) {
-          const p = decodeP(side === "q" ? d.p[(a + i) * d.n + a + j] : d.p[(a + j) * d.n + a + i]);
+          const p = decodeP(side === "q" ? at(d, a + i, a + j) : at(d, a + j, a + i));
           if (p >= 0.05) parts.push(`${tokens[a + j]} ${fmtPct(p)}`);
         }
         status.textContent = `${tokens[a + i]} ${side === "q" ? "attends to" : "is attended by"}: ${parts.join("  ")}`;
@@ -321,9 +347,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     };
     for (let i = 0; i < n; i++) {
       const t = tokens[a + i] ?? "";
-      const tip = `${rawTokens[a + i] ?? t} [${a + i}]`;
-      left.push(h("div", { class: "nba-tok nba-q", text: t, title: tip, attrs: { "data-pos": a + i }, on: { mouseenter: () => hover("q", i, true), mouseleave: () => hover("q", i, false) } }));
-      right.push(h("div", { class: "nba-tok nba-k", text: t, title: tip, attrs: { "data-pos": a + i }, on: { mouseenter: () => hover("k", i, true), mouseleave: () => hover("k", i, false) } }));
+      const tip = `${rawTokens[a + i] ?? t} [${a + i}]${generated[a + i] ? " (generated)" : ""}`;
+      const gen = generated[a + i] ? "nba-gen" : "";
+      left.push(h("div", { class: ["nba-tok", "nba-q", gen], text: t, title: tip, attrs: { "data-pos": a + i }, on: { mouseenter: () => hover("q", i, true), mouseleave: () => hover("q", i, false) } }));
+      right.push(h("div", { class: ["nba-tok", "nba-k", gen], text: t, title: tip, attrs: { "data-pos": a + i }, on: { mouseenter: () => hover("k", i, true), mouseleave: () => hover("k", i, false) } }));
     }
     draw(null);
     return h("div", {}, [

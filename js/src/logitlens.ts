@@ -36,6 +36,7 @@ const CSS = `
 .nbdebug-logitlens .nbl-pins { display: flex; gap: 12px; flex-wrap: wrap; margin-top: 6px; }
 .nbdebug-logitlens .nbl-pin { border: 1px solid #ddd; padding: 4px 6px; font-family: ui-monospace, monospace; white-space: pre; }
 .nbdebug-logitlens .nbl-error { color: #b00; }
+.nbdebug-logitlens th.nbl-gen { color: #8a3ffc; font-style: italic; border-bottom: 2px solid #8a3ffc; }
 `;
 
 interface Column {
@@ -55,6 +56,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const tokens: string[] = model.get("tokens") || [];
   const raw: string[] = model.get("raw_tokens") || tokens;
   const targets: number[] = model.get("targets") || [];
+  const generated: number[] = model.get("generated") || [];
+  const nGen = generated.filter((g) => g).length;
   const vocab = new Map<number, string>();
   const cols = new Map<number, Column>();
   const pending = new Set<number>();
@@ -113,6 +116,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     model.get("check") ? h("div", { class: "nbl-note nbl-check", text: model.get("check") }) : null,
     targetLabel ? h("div", { class: "nbl-note", text: `target: ${targetLabel}` }) : null,
     ...((model.get("notes") || []) as string[]).map((n) => h("div", { class: "nbl-note", text: n })),
+    nGen ? h("div", { class: "nbl-note nbl-gen-legend", text: `${nGen} generated tokens: purple italic column headers` }) : null,
     h("div", { class: "nbl-controls" }, [
       h("label", {}, ["colour ", metricSel]),
       h("label", {}, ["colormap ", cmapSel]),
@@ -180,7 +184,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     const metric = metricSel.value;
     const sc = scaler(metric, positions, r0, r1);
     const pinned = new Set(((model.get("pinned") || []) as number[][]).map(([r, p]) => `${r},${p}`));
-    const head = h("tr", {}, [h("th", { class: "nbl-row", text: "" }), ...positions.map((p) => h("th", { text: tokens[p] ?? "", title: `${raw[p] ?? ""} [${p}]` }))]);
+    const head = h("tr", {}, [h("th", { class: "nbl-row", text: "" }), ...positions.map((p) => h("th", { class: generated[p] ? "nbl-gen" : "", text: tokens[p] ?? "", title: `${raw[p] ?? ""} [${p}]${generated[p] ? " (generated)" : ""}` }))]);
     const body: HTMLElement[] = [];
     for (let r = r1; r >= r0; r--) {
       const tds = positions.map((p) => {

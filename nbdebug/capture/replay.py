@@ -115,10 +115,10 @@ def generation_note(call: ModelCall, replay: Replay, view: str) -> str:
     """One line saying which forward the view shows."""
     if replay.replayed:
         gen = replay.length - replay.prompt
-        src = "generate()" if replay.how.startswith("the sequence generate") else "the decoding loop"
-        extra = "" if src == "generate()" else " (the last sampled token never entered the model)"
+        after = ("generate()" if replay.how.startswith("the sequence generate")
+                 else "the decoding loop, on the tokens it fed to the model (the last sampled token never entered it)")
         return (f"{view} of the final {replay.length}-token sequence ({replay.prompt} prompt + {gen} generated), "
-                f"recomputed in one forward after {src} on {replay.how}{extra}")
+                f"recomputed in one forward after {after}")
     if replay.error:
         return f"the cell generated tokens, but the forward on the final sequence failed ({replay.error}); the first call is shown"
     if call.calls > 1:

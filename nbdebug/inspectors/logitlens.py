@@ -195,7 +195,9 @@ class LogitLens:
 
     ``residuals``: ``(rows, T, d)`` — embeddings, then each block's output. ``normed_fn`` applies
     the model's final norm (and any projection before the head); ``weight``/``bias`` are the
-    unembedding. ``translators`` (tuned lens): one callable per row but the last (or per row,
+    unembedding, or functions returning it (so a view can hold the model's parameters weakly: such a
+    function raises ``ModelGoneError`` once the model is deleted). The weight is never converted
+    to float32 as a whole: vocabulary chunks of ``chunk`` rows are, one at a time. ``translators`` (tuned lens): one callable per row but the last (or per row,
     ``None`` = identity) mapping a residual to the translated residual before the final norm. Columns are computed in position blocks and remembered, so the first column the
     view shows costs one small GEMM and the rest are filled when asked (or by :meth:`result`).
     """
@@ -204,8 +206,8 @@ class LogitLens:
         self,
         residuals: torch.Tensor,
         normed_fn: Callable[[torch.Tensor], torch.Tensor],
-        weight: torch.Tensor,
-        bias: torch.Tensor | None = None,
+        weight: torch.Tensor | Callable[[], torch.Tensor],
+        bias: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
         *,
         k: int = 10,
         targets: torch.Tensor | None = None,
@@ -216,11 +218,15 @@ class LogitLens:
         target_label: str = "",
         position_block: int | None = None,
         translators: Sequence[Callable[[torch.Tensor], torch.Tensor] | None] | None = None,
+        chunk: int = 4096,
+        generated: Sequence[bool] | None = None,
     ) -> None:
         self.residuals = residuals
         self.normed_fn = normed_fn
-        self.weight = weight
-        self.bias = bias
+        self._weight = weight
+        self._bias = bias
+        self.chunk = chunk
+        self.generated = list(generated) if generated is not None else []
         self.k = k
         self.softcap = softcap
         R, T, _ = residuals.shape
@@ -248,6 +254,19 @@ class LogitLens:
         }
         self.vocab: dict[int, str] = {}
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The ``(V, d)`` unembedding (``ModelGoneError`` if it was given weakly and the model is gone)."""
+        return self._weight() if callable(self._weight) else self._weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self._bias() if callable(self._bias) else self._bias
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.weight.shape[0])
+
     def _translate(self, h: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         """Apply the per-row translators (tuned lens), if any, to ``h (len(rows), P, d)``."""
         if not self.translators:
@@ -260,7 +279,7 @@ class LogitLens:
         idx = torch.tensor(pos, dtype=torch.long)
         h = self.residuals.index_select(1, idx.to(self.residuals.device))
         normed = self.normed_fn(self._translate(h, range(self.R)))
-        st = lens_stats(normed, self.weight, self.bias, k=self.k, targets=self.targets[idx], softcap=self.softcap)
+        st = lens_stats(normed, self.weight, self.bias, k=self.k, targets=self.targets[idx], softcap=self.softcap, chunk=self.chunk)
         for key, v in st.items():
             self.table[key][:, pos] = v.cpu().numpy()
         self.done[pos] = True
@@ -288,9 +307,15 @@ class LogitLens:
     def cell(self, row: int, pos: int, k: int = 20) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` ids and probabilities of one cell (one matrix-vector product)."""
         h = self.residuals[row, pos][None, None]
-        z = self.normed_fn(self._translate(h, [row]))[0, 0].float() @ self.weight.float().T
-        if self.bias is not None:
-            z = z + self.bias.float()
+        x = self.normed_fn(self._translate(h, [row]))[0, 0].float()
+        weight, bias = self.weight, self.bias
+        V = weight.shape[0]
+        z = torch.empty(V, device=x.device)
+        for c0 in range(0, V, self.chunk):  # float32 copies of one vocabulary chunk at a time, never (V, d)
+            c1 = min(V, c0 + self.chunk)
+            torch.mv(weight[c0:c1].float(), x, out=z[c0:c1])
+        if bias is not None:
+            z = z + bias.float()
         if self.softcap:
             z = torch.tanh(z / self.softcap) * self.softcap
         p = torch.softmax(z, -1)

@@ -253,8 +253,10 @@ class AttentionRecorder(Recorder):
             res.notes.append(
                 f"kept queries/keys of {kept} of {len(names)} layers ({format_bytes(self._kept_bytes)}"
                 + (f", {str(dt).replace('torch.', '')}" if dt is not None else "")
-                + f"; --max-bytes {format_bytes(self.max_bytes)}); heads are recomputed from them when clicked"
-                + (f"; layers {_span(dropped)} are recomputed by running the model again" if dropped else ""))
+                + f"; --max-bytes {format_bytes(self.max_bytes)}), not the {len(names)}×{res.shape[1]}×{T}×{T} "
+                "probabilities: a clicked head is recomputed from them"
+                + (f"; layers {_span(dropped)} did not fit: summarised during the forward, their heads recomputed "
+                   "by running the model again" if dropped else ""))
         else:
             if self._acc is None:
                 if self._missing:

@@ -1,9 +1,12 @@
 """Recorder of the logit-lens view: the residual stream at every block boundary of one forward.
 
 While the cell runs, hooks keep the input of the first block (embeddings, already scaled where the
-model scales them) and every block's output for the first top-level call. Afterwards the lens is
+model scales them) and every block's output for the first top-level call (after ``generate()``:
+of one extra forward on the final sequence), within ``max_bytes`` (the last positions that fit). Afterwards the lens is
 computed with the model's own final norm and unembedding: the last position's column at once (what
-the view shows first), the rest when the view asks or when ``result()`` is called.
+the view shows first), the rest when the view asks or when ``result()`` is called. The lens holds
+the model's final norm, projection and unembedding weakly: once the model is deleted, a column or
+cell not computed yet answers with the ``ModelGoneError`` message.
 
 >>> with LogitLensRecorder(model, tokenizer=tok, target_token=" Paris") as rec:   # doctest: +SKIP
 ...     model(**tok("The capital of France is", return_tensors="pt"))
@@ -20,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..adapters.outputs import logits_of
 from ..adapters.text import (
     decoder_for,
     input_ids_of,
@@ -27,8 +31,10 @@ from ..adapters.text import (
     token_strings,
     valid_positions,
 )
-from ..adapters.transformers import find_parts, require_lens
-from ..capture import HookSet, ModelCall
+from ..adapters.transformers import ModelParts, find_parts, require_lens
+from ..capture import HookSet, ModelCall, ModelRef, parse_bytes
+from ..capture.budget import format_bytes
+from ..capture.replay import Replay, generation_note, int_option
 from ..inspectors.logitlens import LensResult, LogitLens
 from ..views import Recorder
 
@@ -63,15 +69,41 @@ def _hidden_of(output: Any) -> torch.Tensor | None:
     return None
 
 
-def _logits_of(output: Any) -> torch.Tensor | None:
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    if isinstance(output, torch.Tensor) and output.dim() == 3:
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor) and output[0].dim() == 3:
-        return output[0]
-    return None
+def _weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, list[str]]:
+    """``(normed_fn, weight_fn, bias_fn, notes)`` holding the model's modules and parameters weakly."""
+    notes: list[str] = []
+
+    def weak(obj: Any) -> Any:
+        if obj is None:
+            return None
+        if isinstance(obj, (nn.Module, nn.Parameter)):
+            return ModelRef(obj).get
+        if isinstance(obj, torch.Tensor):
+            base = obj._base if obj._base is not None and isinstance(obj._base, nn.Parameter) else None
+            if base is not None and obj.dim() == 2 and obj.shape == base.T.shape:  # e.g. TransformerLens W_U.T
+                ref = ModelRef(base)
+                return lambda: ref.get().T
+            notes.append("the unembedding is not a parameter of the model: a reference to it is kept")
+            return lambda: obj
+        return lambda: obj  # a function given as final_norm=: kept as given
+
+    norm, pre = weak(parts.final_norm), weak(parts.pre_unembed)
+    weight, bias = weak(parts.unembed_weight), weak(parts.unembed_bias)
+
+    def normed(h: torch.Tensor) -> torch.Tensor:
+        if norm is not None:
+            h = norm()(h)
+        if pre is not None:
+            h = pre()(h)
+        return h
+
+    def weight_fn() -> torch.Tensor:
+        return weight().detach()
+
+    def bias_fn() -> torch.Tensor | None:
+        return None if bias is None else bias().detach()
+
+    return normed, weight_fn, bias_fn, notes
 
 
 class LogitLensRecorder(Recorder):
@@ -79,37 +111,72 @@ class LogitLensRecorder(Recorder):
 
     Options: ``tokenizer`` (object or name), ``tokens``, ``target_token`` (text, id or ``#id``;
     default: each position's next input token, and the model's own prediction at the last),
-    ``lens_topk`` (default 10), ``seq_index``, ``final_norm``/``unembed`` (explicit parts),
-    ``translators`` (tuned lens: one callable per layer, e.g. ``lambda h, i=i: tl.transform_hidden(h, i)``).
+    ``lens_topk`` (default 10), ``seq_index``, ``max_bytes`` (residuals kept: the last positions that
+    fit), ``final_norm``/``unembed`` (explicit parts), ``translators`` (tuned lens: one callable per
+    layer, e.g. ``lambda h, i=i: tl.transform_hidden(h, i)``). Holds the model weakly.
     """
+
+    @property  # type: ignore[override]
+    def model(self) -> nn.Module:
+        return self._model_ref.get()
+
+    @model.setter
+    def model(self, value: nn.Module) -> None:
+        self._model_ref = ModelRef(value)
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
         ns = options.get("user_ns")
         self.tokenizer = resolve_option(options.get("tokenizer"), ns, "tokenizer")
         self.tokens = resolve_option(options.get("tokens"), ns, "tokens")
-        self.k = int(options.get("lens_topk") or 10)
-        self.batch_index = int(options.get("seq_index") or 0)
+        self.k = int_option(options.get("lens_topk"), 10)
+        if self.k < 1:
+            raise ValueError(f"--lens-topk {self.k}: must be at least 1")
+        self.batch_index = int_option(options.get("seq_index"), 0)
+        self.max_bytes = parse_bytes(options.get("max_bytes"))
         self.parts = find_parts(model, final_norm=options.get("final_norm"), unembed=options.get("unembed"))
         require_lens(self.parts, model)
         self.target_id, self.target_label = resolve_target(options.get("target_token"), self.tokenizer)
-        self._call = ModelCall(model)
+        self._call = ModelCall(model, watch_generate=True)
+        self._replay = Replay(self._call, self.batch_index)
         self._stack = ExitStack()
-        self._resid: list[torch.Tensor | None] = [None] * (self.parts.n_layers + 1)
-        self._finished = False
+        self._reset()
         self._lens: LogitLens | None = None
         self._result: LensResult | None = None
         self._widget: Any = None
+        self._applies: str | None = None
         self.check = ""
         self.notes: list[str] = []
 
+    def _reset(self) -> None:
+        self._resid: list[torch.Tensor | None] = [None] * (self.parts.n_layers + 1)
+        self._capturing = False
+        self._seen = False
+        self._offset = 0
+        self._full_T = 0
+        self._last_logits: torch.Tensor | None = None
+        self._ids: torch.Tensor | None = None
+        self._kwargs: dict[str, Any] = {}
+
     # -- capture ---------------------------------------------------------------------------------
+    def _top_pre(self, *_: Any) -> None:
+        self._capturing = not self._seen and (self._replay.running or (self._call.calls == 1 and self._call.in_generate == 0))
+        if self._capturing:
+            args, kwargs = self._replay.inputs()
+            self._ids, self._kwargs = input_ids_of(args, kwargs), kwargs
+
     def _keep(self, i: int, h: torch.Tensor | None) -> None:
-        if h is None or self._finished or self._call.calls != 1 or self._resid[i] is not None:
+        if h is None or not self._capturing or self._resid[i] is not None:
             return
         h = h.detach()
         b = min(self.batch_index, h.shape[0] - 1) if h.dim() == 3 else 0
-        self._resid[i] = (h[b] if h.dim() == 3 else h).clone()
+        h = h[b] if h.dim() == 3 else h
+        if i == 0:  # the budget: the last positions whose residuals (every row) fit in max_bytes
+            T, d = h.shape
+            per = len(self._resid) * d * h.element_size()
+            n = max(1, min(T, self.max_bytes // max(per, 1)))
+            self._full_T, self._offset = T, T - n
+        self._resid[i] = h[self._offset:].clone()
 
     def _pre0(self, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         h = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("hidden_states")
@@ -118,27 +185,47 @@ class LogitLensRecorder(Recorder):
     def _post(self, i: int) -> Any:
         return lambda _m, _a, out: self._keep(i + 1, _hidden_of(out))
 
-    def _done(self, *_: Any) -> None:
-        if self._call.calls >= 1:
-            self._finished = True
+    def _top_post(self, _m: nn.Module, _args: Any, output: Any) -> None:
+        if self._capturing:
+            logits = logits_of(output, ndim=3)
+            if logits is not None:
+                b = min(self.batch_index, logits.shape[0] - 1)
+                self._last_logits = logits[b].detach()[-1].float().clone()  # (V,): the check of the final row
+            self._seen = True
+        self._capturing = False
 
     def __enter__(self) -> LogitLensRecorder:
         try:
+            model = self.model
             self._stack.enter_context(self._call)
             hooks = self._stack.enter_context(HookSet())
+            hooks.forward_pre(model, self._top_pre)
             hooks.forward_pre(self.parts.blocks[0][1], self._pre0, with_kwargs=True)
             for i, (_n, block) in enumerate(self.parts.blocks):
                 hooks.forward(block, self._post(i))
-            hooks.forward(self.model, self._done)
+            hooks.forward(model, self._top_post)
         except BaseException:
             self._stack.close()
             raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        try:
+            if exc_type is None and self._call.generated:
+                self._reset()
+                self._replay.run(self.model)  # one forward on the final sequence, same hooks
+        finally:
+            self._stack.close()
 
     # -- lens --------------------------------------------------------------------------------------
+    def applies(self) -> str | None:
+        if self._applies is None and self._lens is None:
+            try:
+                self.lens()
+            except Exception as exc:
+                self._applies = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return self._applies
+
     def lens(self) -> LogitLens:
         """The lens engine with the last position's column already computed."""
         if self._lens is not None:
@@ -150,16 +237,23 @@ class LogitLensRecorder(Recorder):
             raise RuntimeError(f"residual stream missing at rows {missing} (blocks not called?)")
         resid = torch.stack([r for r in self._resid if r is not None])  # (R, T, d)
         self._resid = []
-        T = resid.shape[1]
-        ids_all = input_ids_of(self._call.args, self._call.kwargs)
+        off = self._offset
+        ids_all = self._ids
         row = ids_all[min(self.batch_index, ids_all.shape[0] - 1)] if ids_all is not None else None
-        pos = valid_positions(self._call.kwargs, self.batch_index, T)
+        pos = valid_positions(self._kwargs, self.batch_index, self._full_T)
+        if off:
+            self.notes.append(f"kept the residual stream of the last {self._full_T - off} of {self._full_T} positions "
+                              f"(--max-bytes {format_bytes(self.max_bytes)})")
+            row = row[off:] if row is not None else None
+            pos = pos[pos >= off] - off if pos is not None else None
         if pos is not None:
             resid = resid.index_select(1, pos.to(resid.device))
             row = row[pos.to(row.device)] if row is not None else None
             self.notes.append(f"padding removed: {len(pos)} real tokens of item {self.batch_index}")
         T = resid.shape[1]
-        toks = token_strings(row, tokens=self.tokens, tokenizer=self.tokenizer, model=self.model, length=T)
+        toks = token_strings(row, tokens=None if off else self.tokens, tokenizer=self.tokenizer, model=self.model, length=T)
+        if len(toks) < T and row is not None:  # tokens given for the prompt; generated ones after them
+            toks = toks + token_strings(row[len(toks):], tokenizer=self.tokenizer, model=self.model)
         targets = torch.full((T,), -1, dtype=torch.long)
         label = self.target_label
         if self.target_id is not None:
@@ -169,12 +263,19 @@ class LogitLensRecorder(Recorder):
             label = "next input token (last position: the model's own prediction)"
         p = self.parts
         names = ["embed"] + [f"{n}" for n, _ in p.blocks]
-        assert p.unembed_weight is not None
+        normed, weight, bias, notes = _weak_parts(p)
+        self.notes += notes
+        gen = self._replay.generated_flags(self._replay.length)
+        if gen:
+            keep = torch.arange(len(gen))[off:]
+            if pos is not None:
+                keep = keep[pos]
+            gen = [gen[int(i)] for i in keep]
         lens = LogitLens(
-            resid, p.normed, p.unembed_weight.detach(), None if p.unembed_bias is None else p.unembed_bias.detach(),
+            resid, normed, weight, bias if p.unembed_bias is not None else None,
             k=self.k, targets=targets, softcap=p.softcap, row_names=names, tokens=toks,
             decode=decoder_for(self.tokenizer, self.model), target_label=label,
-            translators=self.options.get("translators"),
+            translators=self.options.get("translators"), generated=gen,
         )
         if lens.translators:
             self.notes.append("tuned lens: the given translators are applied before the final norm")
@@ -182,33 +283,31 @@ class LogitLensRecorder(Recorder):
             top, _ = lens.cell(lens.R - 1, T - 1, k=1)
             targets[-1] = int(top[0])
         lens.columns([T - 1])
-        self._check(lens, pos)
+        self._check(lens)
         self._lens = lens
         return lens
 
-    def _check(self, lens: LogitLens, pos: torch.Tensor | None) -> None:
+    def _check(self, lens: LogitLens) -> None:
         """Compare the final row with the logits the model returned (last position)."""
-        logits = _logits_of(self._call.output)
-        if logits is None or logits.shape[-1] != lens.weight.shape[0]:
+        logits = self._last_logits
+        if logits is None or logits.shape[-1] != lens.vocab_size:
             return
-        b = min(self.batch_index, logits.shape[0] - 1)
-        t = int(pos[-1]) if pos is not None else logits.shape[1] - 1
-        if t >= logits.shape[1]:
-            return
-        ref = torch.softmax(logits[b, t].detach().float(), -1)
+        ref = torch.softmax(logits, -1)
         ids = lens.table["top_ids"][-1, -1]
         ours = lens.table["top_probs"][-1, -1]
         diff = float(np.abs(ref[torch.as_tensor(ids)].cpu().numpy() - ours).max())
         same = int(ref.argmax()) == int(ids[0])
         self.check = f"final row vs model logits: top-1 {'matches' if same else 'DIFFERS'}, max |Δp| = {diff:.1e}"
 
+    def _notes(self) -> list[str]:
+        note = generation_note(self._call, self._replay, "logit lens")
+        return ([note] if note else []) + list(self.parts.notes) + self.notes
+
     def result(self) -> LensResult:
         if self._result is None:
             res = self.lens().result()
             res.check = self.check
-            res.notes = list(self.parts.notes) + self.notes
-            if self._call.calls > 1:
-                res.notes.append(f"the cell ran the model {self._call.calls} times; the first call is shown")
+            res.notes = self._notes()
             self._result = res
         return self._result
 
@@ -216,5 +315,5 @@ class LogitLensRecorder(Recorder):
         if self._widget is None:
             from ..widgets.logitlens import LogitLensWidget
 
-            self._widget = LogitLensWidget(self.lens(), check=self.check, notes=list(self.parts.notes) + self.notes)
+            self._widget = LogitLensWidget(self.lens(), check=self.check, notes=self._notes())
         return self._widget

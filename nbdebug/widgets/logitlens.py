@@ -45,7 +45,9 @@ class LogitLensWidget(NBWidget):
     Traits: ``row_names``, ``tokens`` (readable labels), ``raw_tokens``, ``k``, ``n_rows``,
     ``n_pos``, ``initial`` (``{positions, arrays{name: wire array}}`` for the columns computed up
     front), ``vocab`` (``{id: label}`` for ids in ``initial``), ``targets`` (per-position target
-    ids), ``target_label``, ``check``, ``notes``. UI state synced both ways: ``metric``,
+    ids), ``target_label``, ``check``, ``notes``, ``generated`` (per position: 1 if ``generate()``
+    produced that token). Columns and cells not computed yet need the model: once it is deleted they
+    answer with the ``ModelGoneError`` message (the lens holds the model weakly). UI state synced both ways: ``metric``,
     ``row_range`` (``[first, last]``), ``pos_range`` (``[start, end)`` of visible positions),
     ``pinned`` (list of ``[row, pos]``).
     """
@@ -64,6 +66,8 @@ class LogitLensWidget(NBWidget):
     target_label = traitlets.Unicode("").tag(sync=True)
     check = traitlets.Unicode("").tag(sync=True)
     notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    #: per position, 1 when generate() produced the token (empty: no generation)
+    generated = traitlets.List(traitlets.Int()).tag(sync=True)
     metric = traitlets.Enum(METRICS, default_value="top1_prob").tag(sync=True)
     row_range = traitlets.List(traitlets.Int()).tag(sync=True)
     pos_range = traitlets.List(traitlets.Int()).tag(sync=True)
@@ -85,6 +89,7 @@ class LogitLensWidget(NBWidget):
             vocab=self._labels(lens.vocab_for(done)),
             targets=[int(t) for t in lens.targets.tolist()],
             target_label=lens.target_label,
+            generated=[int(g) for g in lens.generated],
             row_range=[0, lens.R - 1],
             pos_range=[max(0, T - window), T],
             **kwargs,

@@ -130,14 +130,17 @@ def test_magic_attention_and_logitlens(shell) -> None:  # type: ignore[no-untype
     assert [type(w).__name__ for w in shell.user_ns["_nndebug_widget"]] == ["AttentionWidget", "LogitLensWidget"]
 
 
-def test_magic_refuses_lens_on_encoder_with_usage_error(shell) -> None:  # type: ignore[no-untyped-def]
+def test_lens_on_encoder_is_a_note_and_bad_option_a_usage_error(shell) -> None:  # type: ignore[no-untyped-def]
     from IPython.core.error import UsageError
+
+    from nbdebug.api import Debug
 
     bert = tiny_lm("bert")
     shell.user_ns.update(bert=bert, ids=torch.randint(1, 60, (1, 5)))
-    res = shell.run_cell("%%nndebug bert --view logitlens\nbert(ids)")
-    assert isinstance(res.error_in_exec, UsageError)
-    assert "encoder" in str(res.error_in_exec) and "unembed=" in str(res.error_in_exec)
+    res = shell.run_cell("%%nndebug bert --view logitlens\nran = bert(ids)")
+    assert res.success and "ran" in shell.user_ns  # the cell ran; the view is a note, not an error
+    why = Debug(bert, view="logitlens").skipped["logitlens"]
+    assert "encoder" in why
     res = shell.run_cell("%%nndebug bert --view attention --tokenizer missing\nbert(ids)")
     assert isinstance(res.error_in_exec, UsageError) and "no variable named 'missing'" in str(res.error_in_exec)
 

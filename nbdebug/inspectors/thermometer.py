@@ -354,7 +354,9 @@ def explain_error(site: ErrorSite) -> list[str]:
         if pdtypes and t.dtype.startswith(("float", "bfloat")) and t.dtype not in pdtypes:
             want = "/".join(sorted(pdtypes))
             out.append(f"{name} has {want} parameters, got a {t.dtype} input{_source(t)}: convert it with .to(torch.{next(iter(sorted(pdtypes)))})")
-        if pdevices and t.device not in pdevices:
+        if "meta" in pdevices and t.device != "meta":
+            out.append(f"{name}'s parameters are on the meta device (never loaded): materialise them (.to_empty(device=...) and load the weights)")
+        elif pdevices and t.device not in pdevices:
             out.append(f"{name}'s parameters are on {'/'.join(sorted(pdevices))}, got an input on {t.device}{_source(t)}: move it with .to('{next(iter(sorted(pdevices)))}')")
     return list(dict.fromkeys(out))
 

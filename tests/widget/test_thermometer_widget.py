@@ -109,3 +109,26 @@ def test_selected_is_validated() -> None:
     w.selected = "1"
     with pytest.raises(Exception, match="no row named"):
         w.selected = "nope"
+
+
+def test_magic_cell_raising_in_the_model_shows_where(shell) -> None:  # type: ignore[no-untyped-def]
+    setup = (
+        "import torch\nfrom torch import nn\nfrom nbdebug.capture import hook_count\n"
+        "model = nn.Sequential()\nmodel.add_module('conv', nn.Conv2d(3, 8, 3))\n"
+        "model.add_module('flat', nn.Flatten())\nmodel.add_module('head', nn.Linear(512, 10))\n"
+        "x = torch.randn(4, 3, 12, 12)"
+    )
+    assert shell.run_cell(setup).success
+    res = shell.run_cell("%%nndebug model --view thermometer\nmodel(x)")
+    assert isinstance(res.error_in_exec, RuntimeError)
+    assert "mat1 and mat2 shapes cannot be multiplied (4x800 and 512x10)" in str(res.error_in_exec)
+    w = shell.user_ns["_nndebug_widget"]
+    assert w.raised["module"] == "head" and w.raised["inputs"] == ["4×800 float32 cpu, from `flat`"]
+    shown = [d for d in shell.displayed if "text/html" in d]
+    assert shown, "the view is shown under a cell that raised"
+    page = shown[-1]["text/html"]
+    assert "raised in <code>head</code> (Linear)" in page
+    assert "`head` expects 512 input features, got 800 from `flat` (8×10×10)" in page
+    assert "no problems found" not in page
+    assert shell.run_cell("assert hook_count(model) == 0").success
+    w.close()

@@ -50,7 +50,7 @@ class CallRecord:
 class OutputProbe:
     """Hooks that record each module call's output shape during the model's first top-level call.
 
-    ``keep(name)`` (a call name) selects outputs to copy: floating-point, ≥ 3-d, the first
+    ``keep(name, output)`` (a call name, the output tensor) selects outputs to copy: floating-point, ≥ 3-d, the first
     ``max_samples`` samples, while the copies fit in ``max_bytes`` (the calls that did not fit are
     listed in ``dropped``). Copies, not references: in-place ops later in the forward
     (``ReLU(inplace=True)``) would change a reference. ``on_first_call(args, kwargs)`` runs once
@@ -62,7 +62,7 @@ class OutputProbe:
         self,
         model: nn.Module,
         *,
-        keep: Callable[[str], bool] | None = None,
+        keep: Callable[[str, torch.Tensor], bool] | None = None,
         max_samples: int = 16,
         max_bytes: int = DEFAULT_MAX_BYTES,
         on_first_call: Callable[[tuple[Any, ...], dict[str, Any]], None] | None = None,
@@ -106,7 +106,7 @@ class OutputProbe:
                 return
             rec = CallRecord(module, call, tuple(t.shape), kind, t.dtype)
             self.records.append(rec)
-            if self.keep is not None and t.dim() >= 3 and t.is_floating_point() and self.keep(rec.name):
+            if self.keep is not None and t.dim() >= 3 and t.is_floating_point() and self.keep(rec.name, t):
                 self._copy(rec.name, t)
 
         return hook

@@ -12,10 +12,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
-from ..adapters.vision import InputSize, SpatialLayer, deepest, grid_from_config, spatial_layers
-from ..capture import ModelRef, format_bytes, parse_bytes, select_modules
+from ..adapters.vision import (
+    InputSize,
+    SpatialLayer,
+    deepest,
+    grid_from_config,
+    infer_grid,
+    spatial_layers,
+)
+from ..capture import ModelRef, format_bytes, parse_bytes, select_modules, split_call_name
 from ..capture.probe import OutputProbe
 from ..inspectors.featuremaps import SORT_KEYS, FeatureMapLayer, FeatureMapsResult
 from ..views import Recorder
@@ -56,15 +64,30 @@ class FeatureMapsRecorder(Recorder):
         max_samples = o.get("max_samples")
         self.max_samples = 32 if max_samples is None else max(1, int(max_samples))
         self._size = InputSize()
+        self._grid_hw: tuple[tuple[int, int] | None] | None = None
         self.probe = OutputProbe(
             model,
-            keep=lambda name: name.split("#")[0] in self.names,
+            keep=self._keep,
             max_samples=self.max_samples,
             max_bytes=self.max_bytes,
             on_first_call=self._size,
         )
         self._spatial: list[SpatialLayer] = []
         self._result: FeatureMapsResult | None = None
+
+    def _keep(self, name: str, t: torch.Tensor) -> bool:
+        """Copy a selected module's output only when it has a spatial grid (the budget is for maps)."""
+        if split_call_name(name)[0] not in self.names:
+            return False
+        if callable(self.reshape):
+            return True
+        if self._grid_hw is None:  # once per run: the patch grid of HF ViT-style configs
+            self._grid_hw = (grid_from_config(self.model, self._size.hw),)
+        try:
+            grid = infer_grid(t.shape, input_hw=self._size.hw, grid_hw=self._grid_hw[0], reshape=self.reshape)
+        except ValueError:
+            return False
+        return grid is not None
 
     def __enter__(self) -> FeatureMapsRecorder:
         self.probe.__enter__()

@@ -145,3 +145,64 @@ def test_vit_tokens_become_grids() -> None:
         model(pixel_values=torch.randn(1, 3, 32, 32))
     (layer,) = rec.result().layers.values()
     assert layer.maps(0).shape == (16, 4, 4) and layer.grid.extra_tokens == 1
+
+
+def test_opens_on_the_deepest_spatial_layer_not_the_padding() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.ZeroPad2d(1), nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 6, 3, stride=2, padding=1),
+                        nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 2))
+    rec = FeatureMapsRecorder(net)
+    with rec:
+        net(torch.randn(1, 3, 8, 8))
+    res = rec.result()
+    assert list(res.layers) == ["0", "1", "2", "3", "4"]
+    assert res.default_layer == "4"  # the last spatial output before pooling, where Grad-CAM looks first
+    assert rec.widget().layer == "4"
+    # with the deep layers filtered out, the deepest one kept
+    rec = FeatureMapsRecorder(net, layers=["0", "1"])
+    with rec:
+        net(torch.randn(1, 3, 8, 8))
+    assert rec.result().default_layer == "1"
+
+
+def test_shared_module_calls_are_named_like_the_thermometer() -> None:
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.act = nn.Conv2d(2, 2, 1), nn.ReLU()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.act(self.conv(self.act(x - 0.5)))
+
+    net = Twice()
+    rec = FeatureMapsRecorder(net)
+    x = torch.rand(1, 2, 4, 4)
+    with rec:
+        net(x)
+    res = rec.result()
+    assert list(res.layers) == ["act", "conv", "act#2"] and res.default_layer == "act#2"
+    assert torch.equal(res["act"].data, torch.relu(x - 0.5))
+    w = rec.widget()
+    assert [lay["name"] for lay in w.layers] == ["act", "conv", "act#2"]
+    content, _ = w.handle_request("page", {"layer": "act#2"})
+    assert content["result"]["layer"] == "act#2"
+
+
+@pytest.mark.parametrize(("max_bytes", "kept"), [("4KB", ["0", "1"]), (4096, ["0", "1"]), ("1 KiB", ["2"]), (0, []),
+                                                 ("64MB", ["0", "1", "2"])])
+def test_max_bytes_accepts_units_honours_zero_and_says_what_was_dropped(max_bytes: object, kept: list[str]) -> None:
+    net = conv_net()  # spatial outputs 0 and 1: 2×4×8×8 float32 = 2048 B each; 2: 2×6×4×4 = 768 B
+    rec = FeatureMapsRecorder(net, max_bytes=max_bytes)
+    with rec:
+        net(torch.randn(2, 3, 8, 8))
+    res = rec.result()
+    assert list(res.layers) == kept
+    limit = {"4KB": 4096, 4096: 4096, "1 KiB": 1024, 0: 0, "64MB": 1 << 26}[max_bytes]  # type: ignore[index]
+    assert rec.probe.kept_bytes == sum(lay.data.numel() * 4 for lay in res.layers.values()) <= limit
+    dropped = [n for n in res.notes if "memory budget" in n]
+    missing = [n for n in ["0", "1", "2"] if n not in kept]
+    if not missing:
+        assert dropped == [] and rec.applies() is None
+    else:  # the pool's 1×1 output is never copied: it is not a map
+        assert len(dropped) == 1 and f"{len(missing)} layer output(s) not kept ({', '.join(missing)}" in dropped[0]
+        assert (rec.applies() is None) == bool(kept)

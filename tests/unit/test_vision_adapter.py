@@ -133,7 +133,7 @@ def test_output_probe_keeps_copies_and_names_repeated_calls() -> None:
     with torch.no_grad():
         conv.weight.fill_(-1.0)
         conv.bias.zero_()
-    with OutputProbe(model, keep=lambda n: True) as probe:
+    with OutputProbe(model, keep=lambda n, t: True) as probe:
         model(torch.ones(1, 1, 3, 3))
     # the conv output was -1 before the in-place ReLU zeroed it; the copy keeps -1
     assert torch.equal(probe.tensors["0"], -torch.ones(1, 2, 3, 3))
@@ -150,7 +150,7 @@ def test_output_probe_keeps_copies_and_names_repeated_calls() -> None:
             return self.act(self.act(x) - 1)
 
     m = Twice()
-    with OutputProbe(m, keep=lambda n: True) as probe:
+    with OutputProbe(m, keep=lambda n, t: True) as probe:
         m(torch.ones(1, 2, 3, 3))
         m(torch.ones(1, 2, 3, 3))  # a second step is not described
     # one name per module call, as in the thermometer: first call unsuffixed, then #2

@@ -65,6 +65,8 @@ class Probe(views.Recorder):
     def _fail(self, stage: str) -> None:
         if self.stage == stage:
             raise RuntimeError(f"probe broke in {stage}")
+        if self.stage == f"{stage}_interrupt":
+            raise KeyboardInterrupt
 
     def __enter__(self) -> Probe:
         self.hooks.forward(self.model, lambda *a: None)
@@ -91,11 +93,12 @@ class Probe(views.Recorder):
 
 STAGES = ["init", "enter", "exit", "applies", "result", "widget", "na"]
 BAD_EXIT = "exit_before_cleanup"
+INTERRUPTS = ["enter_interrupt", "exit_interrupt"]
 
 
 @pytest.fixture
 def probes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for stage in [*STAGES, BAD_EXIT]:
+    for stage in [*STAGES, BAD_EXIT, *INTERRUPTS]:
         cls = type(f"Probe_{stage}", (Probe,), {"stage": stage})
         globals()[cls.__name__] = cls
         monkeypatch.setitem(views.VIEWS, f"p{stage}", views.ViewSpec(f"p{stage}", "test probe", f"{__name__}:{cls.__name__}"))
@@ -134,6 +137,19 @@ def test_exit_failing_before_its_own_cleanup_does_not_leak_the_others_hooks(shel
     assert shell.user_ns["_nndebug_widget"].notes == ["not shown: pexit_before_cleanup (RuntimeError: probe broke in exit_before_cleanup)"]
     for h in list(model._forward_hooks):
         del model._forward_hooks[h]
+
+
+@pytest.mark.parametrize("stage", INTERRUPTS)
+def test_keyboard_interrupt_in_a_recorder_still_cleans_up_every_other_one(shell, probes, stage: str) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl-C while a recorder starts (the cell does not run) or cleans up (the cell ran): every
+    other recorder is exited, then the KeyboardInterrupt propagates."""
+    assert shell.run_cell(MLP + "\nran = False").success
+    model = shell.user_ns["model"]
+    before = fingerprint(model)
+    res = shell.run_cell(f"%%nndebug model --view pok,thermometer,p{stage},gradcam\nmodel(x)\nran = True")
+    assert isinstance(res.error_in_exec, KeyboardInterrupt)
+    assert shell.user_ns["ran"] is (stage == "exit_interrupt")
+    assert hook_count(model) == 0 and same_fingerprint(before, fingerprint(model)) == []
 
 
 def test_every_view_failing_still_runs_the_cell_and_shows_one_note(shell, capsys, probes, created) -> None:  # type: ignore[no-untyped-def]

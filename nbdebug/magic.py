@@ -157,7 +157,10 @@ class NNDebugMagics(Magics):
             loss = criterion(model(x), y); loss.backward()
 
         The cell's own output and exceptions appear as without the magic; the widget is shown even
-        when the cell raises (it shows what ran up to the error), then the error propagates.
+        when the cell raises (it shows what ran up to the error), then the error propagates. A view
+        that does not apply to the model (attention on a CNN) or fails is one quiet line instead
+        ("not shown: gradcam (...)"); the others are still shown. Bad options are a UsageError
+        before the cell runs. Nothing here keeps the model alive after ``del model``.
         """
         __tracebackhide__ = True
         args = parse_argstring(self.nndebug, line)

@@ -115,18 +115,25 @@ class LayerQK:
         return self.q.numel() * self.q.element_size() + self.k.numel() * self.k.element_size() + self.ranges.nbytes
 
 
-def _probs(x: LayerQK, h0: int, h1: int, r0: int, r1: int) -> torch.Tensor:
+def _bias(x: LayerQK, r0: int, r1: int) -> torch.Tensor:
+    """Additive mask ``(r1-r0, T)``: 0 where a query row may attend, -inf elsewhere."""
+    allowed = x.ranges.allowed(r0, r1, x.q.device)
+    return torch.zeros(allowed.shape, device=x.q.device).masked_fill_(~allowed, -math.inf)
+
+
+def _probs(x: LayerQK, h0: int, h1: int, r0: int, r1: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Float32 probabilities ``(h1-h0, r1-r0, T)`` of heads ``h0:h1``, query rows ``r0:r1``."""
     H, Hkv = x.q.shape[0], x.k.shape[0]
     rep = max(1, H // Hkv)
     qc = x.q[h0:h1, r0:r1].float()
     kv = torch.arange(h0, h1, device=x.k.device) // rep
-    kc = x.k.index_select(0, kv).float()
-    s = torch.bmm(qc, kc.transpose(1, 2)).mul_(x.scaling)
+    kc = x.k.index_select(0, kv).float().transpose(1, 2)
+    bias = _bias(x, r0, r1) if bias is None else bias
     if x.softcap:
-        s.div_(x.softcap).tanh_().mul_(x.softcap)
-    s.masked_fill_(~x.ranges.allowed(r0, r1, s.device), -math.inf)
-    return torch.softmax(s, -1)
+        s = torch.bmm(qc, kc).mul_(x.scaling / x.softcap).tanh_().mul_(x.softcap).add_(bias)
+    else:  # one fused pass: bias + scaling · q kᵀ
+        s = torch.baddbmm(bias.expand(h1 - h0, -1, -1), qc, kc, alpha=x.scaling)
+    return s.softmax(-1)
 
 
 def _plan(x: LayerQK, chunk_bytes: int) -> tuple[int, int]:
@@ -156,11 +163,12 @@ def summarize_qk(x: LayerQK, thumb: int = 64, chunk_bytes: int = CHUNK_BYTES) ->
     col = torch.zeros(H, T, device=dev)
     pooled = torch.zeros(H, s, s, device=dev)
     hc, rc = _plan(x, chunk_bytes)
-    for h0 in range(0, H, hc):
-        h1 = min(H, h0 + hc)
-        for r0 in range(0, T, rc):
-            r1 = min(T, r0 + rc)
-            p = _probs(x, h0, h1, r0, r1)
+    for r0 in range(0, T, rc):
+        r1 = min(T, r0 + rc)
+        bias = _bias(x, r0, r1)  # shared by every head of this row chunk
+        for h0 in range(0, H, hc):
+            h1 = min(H, h0 + hc)
+            p = _probs(x, h0, h1, r0, r1, bias)
             rows = torch.arange(r0, r1, device=dev)
             c0 = max(first, r0) - r0  # counted rows of this chunk start here
             e = -torch.special.xlogy(p, p).sum(-1)  # (hc, rc)
@@ -173,10 +181,14 @@ def summarize_qk(x: LayerQK, thumb: int = 64, chunk_bytes: int = CHUNK_BYTES) ->
             if T > 1:
                 pr = p.gather(2, (rows - 1).clamp_min(0).view(1, -1, 1).expand(h1 - h0, -1, 1)).squeeze(2)
                 prev[h0:h1] += pr[:, (1 if r0 == 0 else 0):].sum(-1)
-            cp = F.adaptive_avg_pool1d(p, s) if s < T else p  # (hc, rc, s)
-            member = ((rows[None, :].cpu() >= b_lo[:, None]) & (rows[None, :].cpu() < b_hi[:, None])).float().to(dev)
-            pooled[h0:h1] += torch.matmul(member, cp)
-            del p, cp
+            if r1 - r0 == T:  # whole rows at once: the same pooling as head_stats
+                pooled[h0:h1] = (F.adaptive_avg_pool2d(p, (s, s)) if s < T else p) * (b_hi - b_lo).float().to(dev).view(1, s, 1)
+            else:  # rows in chunks: column-pool, then add each row to its bins
+                cp = F.adaptive_avg_pool1d(p, s) if s < T else p  # (hc, rc, s)
+                member = ((rows[None, :].cpu() >= b_lo[:, None]) & (rows[None, :].cpu() < b_hi[:, None])).float().to(dev)
+                pooled[h0:h1] += torch.matmul(member, cp)
+                del cp
+            del p
     pooled /= (b_hi - b_lo).float().to(dev).view(1, s, 1)
     mx = pooled.flatten(1).amax(-1).clamp_min(1e-12)
     out: dict[str, Any] = {

@@ -155,3 +155,227 @@ def test_hooks_removed_after_exception() -> None:
         with AttentionRecorder(m):
             raise ValueError("cell failed")
     assert hook_count(m) == hooks and m.config._attn_implementation == "sdpa"
+
+
+# -- issue 9: SDPA kept, budget, generate(), weak model, interrupts, modes ----------------------------
+from transformers.generation.utils import GenerationMixin  # noqa: E402
+
+from nbdebug.capture import ModelGoneError  # noqa: E402
+from nbdebug.capture.attention_probe import _ACTIVE  # noqa: E402
+from nbdebug.inspectors.attention_qk import KeyRanges, LayerQK, head_probs, key_ranges, summarize_qk  # noqa: E402
+
+ORIGINAL_GENERATE = GenerationMixin.generate
+
+
+def eager_reference(m: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """output_attentions under eager attention, on a copy of the model (the original stays untouched)."""
+    import copy
+
+    ref = copy.deepcopy(m)
+    ref.set_attn_implementation("eager")
+    with torch.no_grad():
+        return ref(ids, output_attentions=True).attentions
+
+
+def clean(m: torch.nn.Module, hooks: int, impl: str = "sdpa") -> None:
+    assert hook_count(m) == hooks and m.config._attn_implementation == impl
+    assert GenerationMixin.generate is ORIGINAL_GENERATE and "generate" not in vars(type(m))
+    assert not any(k in _ACTIVE for k in m.modules())
+
+
+@pytest.mark.parametrize("T,heads,kv,chunk", [(9, 4, 2, 1 << 20), (150, 4, 4, 4000 * 12), (300, 2, 1, 1 << 24)])
+def test_chunked_summaries_from_queries_and_keys_equal_head_stats(T: int, heads: int, kv: int, chunk: int) -> None:
+    torch.manual_seed(T)
+    q, k = torch.randn(heads, T, 8), torch.randn(kv, T, 8)
+    for ranges, bidirectional in ((KeyRanges.causal(T), False), (KeyRanges.full(T), True)):
+        x = LayerQK(q, k, ranges, 8**-0.5)
+        s = q @ k.repeat_interleave(heads // kv, 0).transpose(1, 2) * 8**-0.5
+        if not bidirectional:
+            s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -float("inf"))
+        p = s.softmax(-1)
+        ref, ours = head_stats(p), summarize_qk(x, chunk_bytes=chunk)  # small chunks: rows split
+        assert ours["causal"] == ref["causal"] == (not bidirectional)
+        for key in ("entropy", "norm_entropy", "col_mass", "diagonal", "prev_token", "max_mass", "thumb_max"):
+            np.testing.assert_allclose(ours[key].numpy(), ref[key].numpy(), atol=2e-6, err_msg=key)
+        assert (ours["thumb"].int() - ref["thumb"].int()).abs().max() <= 1
+        full, stride = head_probs(x, heads - 1, chunk_bytes=chunk)
+        assert stride == 1
+        np.testing.assert_allclose(full, p[heads - 1].numpy(), atol=1e-6)
+        pooled, stride = head_probs(x, 0, 3, T, max_side=32, chunk_bytes=chunk)  # a long head, downsampled
+        assert stride == -(-(T - 3) // 32) and pooled.shape[0] == -(-(T - 3) // stride)
+        np.testing.assert_allclose(pooled[0, 0], p[0, 3 : 3 + stride, 3 : 3 + stride].mean().item(), atol=1e-6)
+
+
+def test_key_ranges_from_masks() -> None:
+    T = 6
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    window = causal & ~torch.tril(torch.ones(T, T, dtype=torch.bool), -3)  # sliding window of 3
+    r = key_ranges(window[None, None], True, T)
+    assert isinstance(r, KeyRanges) and r.dense is None and r.lo.tolist() == [0, 0, 0, 1, 2, 3] and r.hi.tolist() == list(range(T))
+    additive = torch.zeros(1, 1, T, T).masked_fill(~causal, torch.finfo(torch.float32).min)
+    assert isinstance(key_ranges(additive, True, T), KeyRanges) and key_ranges(additive, True, T).is_causal
+    holes = causal.clone()
+    holes[4, 1] = False  # not an interval: kept dense
+    d = key_ranges(holes[None, None], True, T)
+    assert isinstance(d, KeyRanges) and d.dense is not None and d.keys().tolist() == [1, 2, 3, 4, 4, 6]
+    biased = additive.clone()
+    biased[0, 0, 3, 1] = -0.5  # ALiBi-like bias: refused with a reason
+    assert "bias" in key_ranges(biased, True, T)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "qwen2"])
+def test_outputs_unchanged_and_heads_equal_eager(family: str) -> None:
+    m = tiny(family)
+    impl = m.config._attn_implementation  # gemma2 runs eager (softcapping, sliding window)
+    ids = torch.randint(1, 60, (1, 12))
+    with torch.no_grad():
+        plain = m(ids).logits
+    hooks = hook_count(m)
+    with AttentionRecorder(m) as rec:
+        with torch.no_grad():
+            seen = m(ids).logits
+    torch.testing.assert_close(seen, plain, rtol=0, atol=0)  # the model's own attention still runs
+    clean(m, hooks, impl)
+    res = rec.result()
+    assert res.path == f"{impl} + query/key probe"
+    ref = eager_reference(m, ids)
+    for layer in range(2):
+        for h in range(2):
+            np.testing.assert_allclose(res.head(layer, h), ref[layer][0, h].numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_generate_covers_the_final_sequence(family: str) -> None:
+    m = tiny(family)
+    ids = torch.randint(1, 60, (1, 5))
+    hooks = hook_count(m)
+    with AttentionRecorder(m) as rec:
+        out = m.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    clean(m, hooks)
+    res = rec.result()
+    assert out.shape == (1, 11) and res.shape == (2, 2, 11)
+    assert res.generated == [False] * 5 + [True] * 6
+    assert res.notes[0] == "attention of the final 11-token sequence (5 prompt + 6 generated), recomputed in one forward after generate()"
+    assert res.tokens == [f"#{int(i)}" for i in out[0]]
+    ref = eager_reference(m, out)
+    for layer in range(2):
+        np.testing.assert_allclose(res.head(layer, 1), ref[layer][0, 1].numpy(), atol=1e-5)
+
+
+def test_decoding_loop_with_cache_and_plain_loop() -> None:
+    m = tiny("llama")
+    ids = torch.randint(1, 60, (1, 4))
+    with AttentionRecorder(m) as rec:
+        with torch.no_grad():
+            out = m(ids, use_cache=True)
+            cache, seq = out.past_key_values, ids
+            for _ in range(3):  # greedy decoding by hand, with the KV cache
+                nxt = out.logits[:, -1:].argmax(-1)
+                seq = torch.cat([seq, nxt], 1)
+                out = m(nxt, past_key_values=cache, use_cache=True)
+    res = rec.result()
+    assert res.shape[2] == 7 and res.generated == [False] * 4 + [True] * 3
+    assert "decoding loop" in res.notes[0] and "last sampled token never entered" in res.notes[0]
+    np.testing.assert_allclose(res.head(1, 0), eager_reference(m, seq)[1][0, 0].numpy(), atol=1e-5)
+    with AttentionRecorder(m) as rec2:  # a plain loop of full forwards: the first call is shown
+        for n in (5, 6):
+            m(torch.randint(1, 60, (1, n)))
+    r2 = rec2.result()
+    assert r2.shape[2] == 5 and r2.generated == [] and r2.notes[0] == "the cell ran the model 2 times; the first call is shown"
+
+
+def test_budget_drops_layers_and_recomputes_them_on_demand() -> None:
+    m = tiny("gpt2")
+    ids = torch.randint(1, 60, (1, 30))
+    ref = eager_reference(m, ids)
+    one_layer = 2 * (2 * 30 * 8) * 4 + 16 * 30  # float32 q+k of one layer (2 heads × 30 × 8) + its key ranges
+    budget = (one_layer + 2 * 2 * (30 * 4 + 64 * 64)) * 4 // 3 + 8  # room for exactly one layer
+    for max_bytes, kept in ((f"{budget}", 1), (0, 0)):
+        hooks = hook_count(m)
+        with AttentionRecorder(m, max_bytes=max_bytes) as rec:
+            m(ids)
+        clean(m, hooks)
+        res = rec.result()
+        assert [x is not None for x in res.detail.layers] == [True] * kept + [False] * (2 - kept)
+        assert f"kept queries/keys of {kept} of 2 layers" in res.notes[0] and "did not fit" in res.notes[0]
+        for layer in range(2):  # kept or recomputed by running the model again: the same numbers
+            np.testing.assert_allclose(res.head(layer, 1), ref[layer][0, 1].numpy(), atol=1e-5)
+        np.testing.assert_allclose(res.metrics["prev_token"], [np.diagonal(r[0].numpy(), -1, 1, 2).mean(-1) for r in ref], atol=1e-5)
+        clean(m, hooks)
+
+
+def test_deleted_model_is_collected_and_fetch_says_so() -> None:
+    import gc
+    import weakref
+
+    from nbdebug.widgets.attention import AttentionWidget
+
+    m = tiny("gpt2")
+    with AttentionRecorder(m, max_bytes=0) as rec:
+        m(torch.randint(1, 60, (1, 8)))
+    w = AttentionWidget(rec.result())
+    assert w.handle_request("head", {"layer": 0, "head": 0})  # recomputed while the model lives
+    alive = weakref.ref(m)
+    del m, rec
+    gc.collect()
+    assert alive() is None
+    sent: list[dict] = []
+    w.send = lambda content, buffers=None: sent.append(content)  # type: ignore[method-assign]
+    w._handle_request(w, {"type": "request", "id": 7, "method": "head", "params": {"layer": 1, "head": 0}}, [])
+    assert sent == [{"type": "response", "id": 7, "ok": False, "error": str(ModelGoneError())}]  # the message as is
+    w.close()
+
+
+@pytest.mark.parametrize("view", ["attention", "logitlens"])
+def test_keyboard_interrupt_mid_forward_restores_everything(view: str) -> None:
+    from nbdebug.recorders.logitlens import LogitLensRecorder
+
+    m = tiny("llama")
+    hooks = hook_count(m)
+    fp = fingerprint(m)
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    handle = m.model.layers[1].register_forward_hook(stop)  # the user's hook interrupts mid-forward
+    cls = AttentionRecorder if view == "attention" else LogitLensRecorder
+    with pytest.raises(KeyboardInterrupt):
+        with cls(m) as rec:
+            m.generate(torch.randint(1, 60, (1, 4)), max_new_tokens=3, do_sample=False)
+    handle.remove()
+    clean(m, hooks)
+    assert same_fingerprint(fp, fingerprint(m)) == [] and rec.applies() is not None
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "user_hook", "bfloat16", "float16"])
+def test_modes(mode: str) -> None:
+    m = tiny("llama")
+    if mode in ("bfloat16", "float16"):
+        m = m.to(getattr(torch, mode))
+    ids = torch.randint(1, 60, (1, 10))
+    calls: list[int] = []
+    handle = m.model.layers[0].self_attn.register_forward_hook(lambda *_: calls.append(1)) if mode == "user_hook" else None
+    hooks = hook_count(m)
+    ctx = torch.inference_mode() if mode == "inference_mode" else torch.no_grad() if mode == "no_grad" else torch.enable_grad()
+    with AttentionRecorder(m) as rec:
+        with ctx:
+            m(ids)
+    clean(m, hooks)
+    res = rec.result()
+    assert rec.applies() is None and res.shape == (2, 2, 10)
+    if handle is not None:
+        assert calls == [1] and hook_count(m) == hooks  # the user's hook ran and is still there
+        handle.remove()
+    ref = eager_reference(m.float(), ids)
+    tol = 2e-2 if mode in ("bfloat16", "float16") else 1e-5  # half queries/keys, float32 softmax
+    np.testing.assert_allclose(res.head(1, 1), ref[1][0, 1].numpy(), atol=tol)
+
+
+def test_applies_says_why_not() -> None:
+    m = tiny("gpt2")
+    with AttentionRecorder(m) as rec:
+        pass
+    assert rec.applies() == "the cell did not run the model: nothing to show"
+    with AttentionRecorder(m, seq_index=0) as rec2:  # 0 is honoured (not "or default")
+        m(torch.randint(1, 60, (2, 4)))
+    assert rec2.applies() is None and rec2.batch_index == 0

@@ -187,3 +187,130 @@ def test_tuned_lens_translators() -> None:
             with torch.no_grad():
                 m(ids)
         rec2.lens()
+
+
+# -- issue 9: generate(), weak model, budget, half precision, modes ----------------------------------
+def test_generate_covers_the_final_sequence() -> None:
+    from transformers.generation.utils import GenerationMixin
+
+    original = GenerationMixin.generate
+    m = tiny_lm("gpt2", vocab=300)
+    ids = torch.randint(1, 300, (1, 5))
+    hooks = hook_count(m)
+    with LogitLensRecorder(m, lens_topk=K) as rec:
+        out = m.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert hook_count(m) == hooks and GenerationMixin.generate is original
+    res = rec.result()
+    assert out.shape == (1, 11) and res.top_ids.shape == (3, 11, K)
+    assert res.lens.generated == [False] * 5 + [True] * 6
+    assert res.notes[0] == "logit lens of the final 11-token sequence (5 prompt + 6 generated), recomputed in one forward after generate()"
+    ref = hand_lens(m, out).exp()
+    np.testing.assert_array_equal(res.top_ids, ref.topk(K, -1).indices.numpy())
+    np.testing.assert_allclose(res.top_probs, ref.topk(K, -1).values.numpy(), atol=1e-6)
+    # greedy: each generated token is the final row's top-1 at the position before it
+    assert res.targets[:-1].tolist() == out[0, 1:].tolist()
+    assert (res.top_ids[-1, 4:10, 0] == out[0, 5:].numpy()).all() and "top-1 matches" in res.check
+
+
+def test_deleted_model_is_collected_and_fetch_says_so() -> None:
+    import gc
+    import weakref
+
+    from nbdebug.capture import ModelGoneError
+
+    m = tiny_lm("llama", vocab=120)
+    with LogitLensRecorder(m, lens_topk=3) as rec:
+        with torch.no_grad():
+            m(torch.randint(0, 120, (1, 6)))
+    w = rec.widget()
+    alive = [weakref.ref(x) for x in (m, m.model.norm, m.lm_head.weight)]
+    del m, rec
+    gc.collect()
+    assert [a() for a in alive] == [None] * 3  # neither the widget nor the lens keeps the model, its norm or head alive
+    content, _ = w.handle_request("columns", {"start": 5, "end": 6})  # computed before: still answers
+    assert content["result"]["positions"] == [5]
+    with pytest.raises(ModelGoneError):
+        w.handle_request("cell", {"row": 1, "pos": 2})
+    sent: list[dict] = []
+    w.send = lambda content, buffers=None: sent.append(content)  # type: ignore[method-assign]
+    w._handle_request(w, {"type": "request", "id": 3, "method": "columns", "params": {"start": 0, "end": 3}}, [])
+    assert sent == [{"type": "response", "id": 3, "ok": False, "error": str(ModelGoneError())}]
+    w.close()
+
+
+def test_budget_keeps_the_last_positions() -> None:
+    m = tiny_lm("llama", vocab=100)
+    ids = torch.randint(0, 100, (1, 20))
+    per_position = 3 * 16 * 4  # 3 rows × d=16 × float32
+    with LogitLensRecorder(m, lens_topk=3, max_bytes=per_position * 8) as rec:
+        with torch.no_grad():
+            m(ids)
+    res = rec.result()
+    assert res.top_ids.shape == (3, 8, 3) and "last 8 of 20 positions" in " ".join(res.notes)
+    ref = hand_lens(m, ids).exp()
+    np.testing.assert_array_equal(res.top_ids, ref[:, 12:].topk(3, -1).indices.numpy())
+    assert res.targets[:-1].tolist() == ids[0, 13:].tolist()
+    with LogitLensRecorder(m, max_bytes=0) as rec0:  # 0 is honoured: one position (the last) is the minimum
+        with torch.no_grad():
+            m(ids)
+    assert rec0.result().top_ids.shape[1] == 1
+
+
+def test_cell_never_converts_the_whole_unembedding_to_float32() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    m = tiny_lm("llama", vocab=5000).to(torch.bfloat16)
+    with LogitLensRecorder(m, lens_topk=3) as rec:
+        with torch.no_grad():
+            m(torch.randint(0, 5000, (1, 4)))
+    lens = rec.lens()
+    lens.chunk = 1000
+    V, d = lens.weight.shape
+
+    class Biggest(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                    Biggest.largest = max(Biggest.largest, t.numel())
+            return out
+
+    with Biggest():
+        ids, probs = lens.cell(1, 2, k=5)
+    assert 0 < Biggest.largest < V * d // 2  # one vocabulary chunk at a time
+    with torch.no_grad():
+        h = lens.residuals[1, 2].float()
+        ref = torch.softmax(m.lm_head.weight.float() @ m.model.norm(lens.residuals[1, 2][None].to(torch.bfloat16))[0].float(), -1)
+    assert ids.tolist() == ref.topk(5).indices.tolist() and h.numel() == d
+    np.testing.assert_allclose(probs, ref.topk(5).values.numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "grad", "user_hook"])
+def test_modes(mode: str) -> None:
+    m = tiny_lm("llama", vocab=200)
+    ids = torch.randint(0, 200, (1, 6))
+    calls: list[int] = []
+    handle = m.model.norm.register_forward_hook(lambda *_: calls.append(1)) if mode == "user_hook" else None
+    hooks = hook_count(m)
+    ctx = torch.inference_mode() if mode == "inference_mode" else torch.no_grad() if mode == "no_grad" else torch.enable_grad()
+    with LogitLensRecorder(m, lens_topk=K) as rec:
+        with ctx:
+            out = m(ids).logits
+    assert hook_count(m) == hooks and rec.applies() is None
+    res = rec.result()
+    if handle is not None:
+        assert len(calls) >= 1  # the user's hook ran (and runs when the lens uses the model's own norm)
+        handle.remove()
+    assert all(p.grad is None for p in m.parameters()) and (mode != "grad" or out.requires_grad)
+    np.testing.assert_allclose(res.top_probs, hand_lens(m, ids).exp().topk(K, -1).values.numpy(), atol=1e-6)
+
+
+def test_applies_without_a_call() -> None:
+    m = tiny_lm("gpt2")
+    with LogitLensRecorder(m) as rec:
+        pass
+    assert rec.applies() == "the cell did not run the model: nothing to show"
+    with pytest.raises(ValueError, match="lens-topk"):
+        LogitLensRecorder(m, lens_topk=0)

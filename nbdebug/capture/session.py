@@ -31,7 +31,7 @@ from .hooks import HookSet
 from .leaves import tensor_leaves
 from .names import call_name
 from .select import LayerFilter, select_modules
-from .stats import IDX, SATURATING, Raw, merge_raw, tensor_stats
+from .stats import IDX, SATURATING, Raw, device_histogram, merge_raw, tensor_stats
 
 __all__ = ["Capture", "CaptureResult", "LayerRecord"]
 
@@ -312,7 +312,7 @@ class Capture:
                 if self._passes <= 1:  # samples/histograms describe the first forward pass
                     call.sample = self._sample(t)
                     if self.histograms and t.numel() and self._keep(self.bins * 4 + 8):
-                        call.hist = _histogram(t, self.bins)
+                        call.hist = device_histogram(t, self.bins)
                 idx = len(self._calls)
                 self._calls.append(call)
                 ref = weakref.ref(t)
@@ -402,17 +402,3 @@ class Capture:
         self.result = assemble(self)
         self._calls = []
 
-
-def _histogram(t: torch.Tensor, bins: int) -> torch.Tensor:
-    """``bins`` counts of the finite values over [finite min, finite max], then those two bounds.
-
-    All on the device, no data-dependent shapes (no boolean indexing: that syncs on accelerators).
-    """
-    x = t.detach().reshape(-1).float()
-    fin = torch.isfinite(x)
-    lo = torch.where(fin, x, torch.inf).min()
-    hi = torch.where(fin, x, -torch.inf).max()
-    width = torch.clamp(hi - lo, min=1e-30)
-    idx = ((x - lo) / width * bins).nan_to_num(0.0).clamp(0, bins - 1).long()
-    counts = torch.zeros(bins, device=x.device).scatter_add_(0, idx, fin.float())
-    return torch.cat([counts, torch.stack([lo, hi])])

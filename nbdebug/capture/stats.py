@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["FIELDS", "SATURATING", "DeviceStats", "merge_raw", "summarize", "tensor_stats", "to_host_rows"]
+__all__ = ["FIELDS", "SATURATING", "DeviceStats", "device_histogram", "merge_raw", "summarize", "tensor_stats", "to_host_rows"]
 
 # Layout of one raw stat vector.
 FIELDS = ("numel", "sum", "sumsq", "min", "max", "nonzero", "nan", "inf", "extra")
@@ -208,3 +208,18 @@ def merge(rows: np.ndarray) -> np.ndarray:
     out[IDX["min"]] = np.min(rows[:, IDX["min"]])
     out[IDX["max"]] = np.max(rows[:, IDX["max"]])
     return out
+
+
+def device_histogram(t: torch.Tensor, bins: int) -> torch.Tensor:
+    """``bins`` counts of the finite values over [finite min, finite max], then those two bounds.
+
+    All on the device, no data-dependent shapes (no boolean indexing: that syncs on accelerators).
+    """
+    x = t.detach().reshape(-1).float()
+    fin = torch.isfinite(x)
+    lo = torch.where(fin, x, torch.inf).min()
+    hi = torch.where(fin, x, -torch.inf).max()
+    width = torch.clamp(hi - lo, min=1e-30)
+    idx = ((x - lo) / width * bins).nan_to_num(0.0).clamp(0, bins - 1).long()
+    counts = torch.zeros(bins, device=x.device).scatter_add_(0, idx, fin.float())
+    return torch.cat([counts, torch.stack([lo, hi])])

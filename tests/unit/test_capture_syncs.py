@@ -160,3 +160,20 @@ def test_device_path_switch_from_the_environment(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("NBDEBUG_DEVICE_PATH", "1")
     assert device_path_default() and Capture(nn.Linear(1, 1)).device_path
     assert not Capture(nn.Linear(1, 1), device_path=False).device_path
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_histograms_equal_numpy_over_the_finite_values(device_path: bool) -> None:
+    torch.manual_seed(3)
+    x = torch.randn(1000)
+    x[::97] = float("nan")
+    x[5] = float("inf")
+    m = nn.Sequential(nn.Identity())
+    with Capture(m, histograms=True, device_path=device_path) as cap:
+        m(x)
+    counts, edges = cap.result["0"].histogram
+    fin = x[torch.isfinite(x)].numpy().astype(np.float64)
+    ref, ref_edges = np.histogram(fin, bins=32, range=(fin.min(), fin.max()))
+    np.testing.assert_allclose(edges, ref_edges, rtol=1e-6)
+    np.testing.assert_array_equal(counts, ref)
+    assert counts.sum() == fin.size == 1000 - 11 - 1

@@ -2,10 +2,12 @@
 // shared normalisation, sort by mean/max/sparsity, dead channels marked, hover stats, click to
 // enlarge with a colour bar). Pixels are fetched on demand, one uint8 page per request, from
 // FeatureMapsWidget (nbdebug/widgets/featuremaps.py, `@rpc("page")`).
-import { COLORMAPS, lut, paintU8 } from "./lib/colormap";
+import { colourBar } from "./lib/colorbar";
+import { COLORMAPS, paintU8 } from "./lib/colormap";
 import { fmt, fmtPct, h, replaceChildren, styleElement } from "./lib/dom";
 import type { NdArray } from "./lib/ndarray";
 import { rpc, type AnyModel } from "./lib/rpc";
+import { sampleSelect, select } from "./lib/select";
 
 interface LayerInfo {
   name: string;
@@ -63,13 +65,6 @@ const CSS = `
 .nbdebug-featuremaps .nbd-error { color: #d32f2f; }
 .nbdebug-featuremaps .nbd-notes { margin: 2px 0 6px 18px; padding: 0; color: var(--jp-ui-font-color2, #555); }
 `;
-
-function select(options: [string, string][], value: string, cls: string, onChange: (v: string) => void): HTMLSelectElement {
-  const s = h("select", { class: cls, on: { change: () => onChange(s.value) } });
-  for (const [v, label] of options) s.appendChild(h("option", { attrs: { value: v }, text: label }));
-  s.value = value;
-  return s;
-}
 
 function toPage(result: PageInfo, arrays: Record<string, NdArray>): Page {
   return {
@@ -143,11 +138,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       void fetchPage();
     });
     const batch = Number(model.get("batch") ?? 1);
-    const sampleSel = select(Array.from({ length: batch }, (_, i) => [String(i), `sample ${i}`]), String(model.get("sample")), "nbd-sample", (v) => {
-      setTrait("sample", Number(v));
+    const sampleSel = sampleSelect(batch, Number(model.get("sample") ?? 0), (v) => {
+      setTrait("sample", v);
       void fetchPage();
     });
-    sampleSel.disabled = batch <= 1;
     const cmapSel = select(COLORMAPS.map((c) => [c, c]), String(model.get("colormap")), "nbd-colormap", (v) => {
       setTrait("colormap", v);
       draw();
@@ -247,19 +241,6 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     else big.classList.remove("nbd-open");
   }
 
-  function colourBar(cmap: string, lo: number, hi: number): HTMLElement {
-    const bar = h("canvas", { attrs: { width: 1, height: 256 }, style: { width: "14px", height: "256px" } });
-    const ctx = bar.getContext("2d");
-    if (ctx) {
-      const img = ctx.createImageData(1, 256);
-      const table = lut(cmap);
-      for (let y = 0; y < 256; y++) for (let c = 0; c < 4; c++) img.data[y * 4 + c] = table[(255 - y) * 4 + c];
-      ctx.putImageData(img, 0, 0);
-    }
-    const mid = (lo + hi) / 2;
-    return h("div", { class: "nbd-bar" }, [bar, h("div", { class: "nbd-ticks" }, [h("span", { text: fmt(hi) }), h("span", { text: fmt(mid) }), h("span", { text: fmt(lo) })])]);
-  }
-
   function enlarge(i: number, sync = true): void {
     if (!page) return;
     const p = page;
@@ -276,7 +257,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     const lo = shared ? p.info.lo : p.lo[i];
     const hi = shared ? p.info.hi : p.hi[i];
     const close = h("button", { class: "nbd-close", text: "×", title: "close", on: { click: () => { big.classList.remove("nbd-open"); setTrait("selected", -1); draw(); } } });
-    replaceChildren(big, [canvas, colourBar(cmap, lo, hi), h("div", {}, [h("div", { text: statsText(p, i) }), close])]);
+    replaceChildren(big, [canvas, colourBar(cmap, [hi, (lo + hi) / 2, lo], { width: "14px", height: "256px" }), h("div", {}, [h("div", { text: statsText(p, i) }), close])]);
     big.setAttribute("data-channel", String(ch));
     big.classList.add("nbd-open");
     for (const t of Array.from(grid.children)) t.classList.toggle("nbd-selected", (t as HTMLElement).dataset.channel === String(ch));

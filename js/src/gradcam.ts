@@ -3,9 +3,11 @@
 // uint8 buffers) from GradCamWidget (nbdebug/widgets/gradcam.py, `@rpc("view")`), so switching
 // class, colormap or opacity redraws locally. The opacity slider sends nothing while it moves;
 // its final value is synced to the `opacity` trait when released.
+import { colourBar } from "./lib/colorbar";
 import { COLORMAPS, lut } from "./lib/colormap";
 import { fmt, fmtPct, h, replaceChildren, styleElement } from "./lib/dom";
 import { rpc, type AnyModel } from "./lib/rpc";
+import { sampleSelect, select } from "./lib/select";
 
 interface ClassInfo {
   index: number;
@@ -47,13 +49,6 @@ const CSS = `
 .nbdebug-gradcam .nbd-error { color: #d32f2f; }
 `;
 
-function select(options: [string, string][], value: string, cls: string, onChange: (v: string) => void): HTMLSelectElement {
-  const s = h("select", { class: cls, on: { change: () => onChange(s.value) } });
-  for (const [v, label] of options) s.appendChild(h("option", { attrs: { value: v }, text: label }));
-  s.value = value;
-  return s;
-}
-
 /** Blend an RGB image (H×W×3) with a colormapped uint8 CAM (H×W) into RGBA `out`. */
 export function blend(image: Uint8Array | null, cam: Uint8Array, cmap: string, alpha: number, out: Uint8ClampedArray): void {
   const table = lut(cmap);
@@ -75,7 +70,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const root = h("div", { class: "nbdebug-gradcam" });
   const controls = h("div", { class: "nbd-controls" });
   const canvas = h("canvas", { class: "nbd-overlay", attrs: { width: 1, height: 1 } });
-  const bar = h("div", { class: "nbd-bar" });
+  const bar = h("div", { class: "nbd-barbox" });
   const info = h("div", { class: "nbd-info" });
   const warn = h("div", { class: "nbd-warn" });
   const notes = h("ul", { class: "nbd-notes" });
@@ -95,12 +90,11 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
 
   function buildControls(): void {
     const batch = Number(model.get("batch") ?? 1);
-    const sampleSel = select(Array.from({ length: batch }, (_, i) => [String(i), `sample ${i}`]), String(model.get("sample")), "nbd-sample", (v) => {
-      setTrait("sample", Number(v));
+    const sampleSel = sampleSelect(batch, Number(model.get("sample") ?? 0), (v) => {
+      setTrait("sample", v);
       buildControls();
       void fetchView();
     });
-    sampleSel.disabled = batch <= 1;
     const classSel = select(
       classes().map((c, k) => [String(k), `${k + 1}. ${c.name} (${fmtPct(c.prob)}, #${c.index})`]),
       String(model.get("class_rank") ?? 0),
@@ -199,16 +193,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     info.textContent = `${String(model.get("method"))} on ${v.info.layer}${auto} · ${v.info.grid} (${v.info.low_hw.join("×")}) · ` +
       (c ? `class ${c.name} #${c.index}: score ${fmt(c.score)}, p ${fmtPct(c.prob)} · ` : "") + `CAM max ${fmt(v.peak[k])}`;
     warn.textContent = v.info.zero_grad ? v.info.note : "";
-    const barHeight = canvas.style.height || "200px";
-    const barCanvas = h("canvas", { attrs: { width: 1, height: 256 }, style: { width: "12px", height: barHeight } });
-    const bctx = barCanvas.getContext("2d");
-    if (bctx) {
-      const im = bctx.createImageData(1, 256);
-      const table = lut(cmap);
-      for (let y = 0; y < 256; y++) for (let q = 0; q < 4; q++) im.data[y * 4 + q] = table[(255 - y) * 4 + q];
-      bctx.putImageData(im, 0, 0);
-    }
-    replaceChildren(bar, [barCanvas, h("div", { class: "nbd-ticks", style: { height: barHeight } }, [h("span", { text: fmt(v.peak[k]) }), h("span", { text: "0" })])]);
+    replaceChildren(bar, [colourBar(cmap, [v.peak[k], 0], { width: "12px", height: canvas.style.height || "200px" })]);
   }
 
   const onOpacity = () => {

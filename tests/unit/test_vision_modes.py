@@ -223,6 +223,35 @@ def test_checkpointed_model_in_a_training_cell(reentrant: bool, layer: str) -> N
     assert hook_count(model) == 0 and model.stem.weight.grad is not None
 
 
+def test_hf_gradient_checkpointing_gives_the_same_layers_and_cams() -> None:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, num_labels=5)
+    model = ViTForImageClassification(cfg).train()
+    twin = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # renamed in recent transformers
+        model.gradient_checkpointing_enable()
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    x = torch.randn(2, 3, 32, 32)
+    cam, fm = GradCamRecorder(model, cam_topk=2), FeatureMapsRecorder(model)
+    with cam, fm:
+        model(pixel_values=x).logits.sum().backward()
+    after_cell = fingerprint(model)
+    res = cam.result()
+    ref = GradCamRecorder(twin, cam_topk=2)
+    with ref:
+        twin(pixel_values=x)
+    expected = ref.result()
+    assert res.layers == expected.layers and res.layer == expected.layer
+    assert list(fm.result().layers) == [n for n in expected.layers if n in fm.result().layers]
+    np.testing.assert_allclose(res.cams, expected.cams, atol=1e-6)
+    assert expected.cams.max() > 0
+    assert same_fingerprint(after_cell, fingerprint(model)) == [] and hook_count(model) == 0
+
+
 # -- 4. a deleted model is collected; an on-demand fetch says so ---------------------------------
 def test_deleted_model_is_collected_and_a_fetch_answers_with_the_message() -> None:
     model = small_cnn()

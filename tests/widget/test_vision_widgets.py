@@ -115,3 +115,39 @@ def test_gradcam_unknown_layer_is_a_usage_error_before_the_cell_runs(sh) -> None
     res = sh.run_cell("%%nndebug model --view gradcam --layer nope\nran = True")
     assert isinstance(res.error_in_exec, UsageError) and "no layer named 'nope'" in str(res.error_in_exec)
     assert sh.user_ns["ran"] is False
+
+
+def test_featuremaps_opens_on_the_deepest_spatial_layer(sh) -> None:  # type: ignore[no-untyped-def]
+    sh.run_cell("pad = nn.Sequential(nn.ReflectionPad2d(1), *list(model))")
+    res = sh.run_cell("%%nndebug pad --view featuremaps\npad(x)")
+    assert res.success, res.error_in_exec
+    w = sh.user_ns["_nndebug_widget"]
+    assert w.layers[0]["name"] == "0" and w.layer == "5"  # not the padding: the last map before pooling
+    assert "ReflectionPad" not in w.layer
+
+
+SHARED = """
+class Shared(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2, self.act = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 6, 3, padding=1), nn.ReLU()
+        self.fc = nn.Linear(6, 3)
+    def forward(self, x):
+        return self.fc(self.act(self.c2(self.act(self.c1(x)))).mean((2, 3)))
+shared = Shared().eval()
+"""
+
+
+def test_a_module_called_twice_has_one_name_per_call_everywhere(sh) -> None:  # type: ignore[no-untyped-def]
+    assert sh.run_cell(SHARED).success
+    res = sh.run_cell("%%nndebug shared --view gradcam --layer act#2 -o cam\nshared(x)")
+    assert res.success, res.error_in_exec
+    w, cam = sh.user_ns["_nndebug_widget"], sh.user_ns["cam"]
+    assert cam.layer == "act#2" and w.layer == "act#2"
+    assert [n for n in w.layers if n.startswith("act")] == ["act", "act#2"]  # never act#0 / act#1
+    content, _ = w.handle_request("view", {"layer": "act"})
+    assert content["result"]["layer"] == "act" and set(cam.maps) == {"act", "act#2"}
+    res = sh.run_cell("%%nndebug shared --view featuremaps -o fm\nshared(x)")
+    assert res.success, res.error_in_exec
+    fm, w = sh.user_ns["fm"], sh.user_ns["_nndebug_widget"]
+    assert fm.names() == ["c1", "act", "c2", "act#2"] and w.layer == "act#2"

@@ -1,0 +1,98 @@
+// @vitest-environment happy-dom
+// The vision views with the shared select/colour-bar helpers: a Grad-CAM answer draws the colour
+// bar with its peak, a "model was deleted" answer is shown as text in the view (not thrown), and
+// call names (act#2) pass through the layer dropdowns unchanged.
+import { afterEach, describe, expect, it } from "vitest";
+import featuremaps from "../src/featuremaps";
+import gradcam from "../src/gradcam";
+import { FakeModel, f32View } from "./fakeModel";
+
+const tick = () => new Promise((r) => setTimeout(r, 0));
+const GONE = "the model was deleted (or garbage-collected) after the cell ran; re-run the cell to inspect it again";
+
+let cleanup: (() => void) | null = null;
+afterEach(() => {
+  cleanup?.();
+  cleanup = null;
+  document.body.replaceChildren();
+});
+
+function mount(render: (a: { model: FakeModel; el: HTMLElement }) => () => void, m: FakeModel): HTMLElement {
+  const el = document.createElement("div");
+  document.body.appendChild(el);
+  cleanup = render({ model: m, el });
+  return el;
+}
+
+function camModel(): FakeModel {
+  return new FakeModel({
+    layers: ["act", "act#2"], layer: "act#2", auto_layer: "act#2", method: "gradcam", batch: 2, sample: 0, class_rank: 0,
+    classes: [[{ index: 3, name: "cat", score: 2, prob: 0.7 }], [{ index: 1, name: "dog", score: 1, prob: 0.6 }]],
+    opacity: 0.5, colormap: "inferno", notes: [], image_note: "",
+  });
+}
+
+describe("Grad-CAM view", () => {
+  it("draws the CAM's colour bar from 0 to its peak and keeps call names in the dropdown", async () => {
+    const m = camModel();
+    m.respond = (c) => ({
+      msg: { type: "response", id: c.id, ok: true,
+             result: { layer: c.params.layer, sample: 0, zero_grad: false, note: "", grid: "6×4×4", low_hw: [4, 4] },
+             arrays: { cams: { dtype: "uint8", shape: [1, 2, 2], buffer: 0 }, peak: { dtype: "float32", shape: [1], buffer: 1 } } },
+      buffers: [new DataView(new Uint8Array([0, 64, 128, 255]).buffer), f32View([0.25])],
+    });
+    const el = mount(gradcam.render as any, m);
+    await tick();
+    await tick();
+    const root = el.querySelector(".nbdebug-gradcam") as HTMLElement;
+    expect(root.getAttribute("data-ready")).toBe("1");
+    expect(Array.from(el.querySelectorAll(".nbd-bar .nbd-ticks span")).map((s) => s.textContent)).toEqual(["0.25", "0"]);
+    const layers = el.querySelector("select.nbd-layer") as HTMLSelectElement;
+    expect(Array.from(layers.options).map((o) => [o.value, o.textContent])).toEqual([["act", "act"], ["act#2", "act#2 (auto)"]]);
+    const sample = el.querySelector("select.nbd-sample") as HTMLSelectElement;
+    expect(sample.disabled).toBe(false);
+    sample.value = "1";
+    sample.dispatchEvent(new Event("change"));
+    expect(m.get("sample")).toBe(1);
+  });
+
+  it("shows a deleted model's message as text in the view", async () => {
+    const m = camModel();
+    m.respond = (c) => ({ msg: { type: "response", id: c.id, ok: false, error: GONE } });
+    const el = mount(gradcam.render as any, m);
+    await tick();
+    await tick();
+    expect((el.querySelector(".nbd-error") as HTMLElement).textContent).toBe(GONE);
+    expect(m.get("js_error")).toBe(GONE);
+    expect((el.querySelector(".nbdebug-gradcam") as HTMLElement).getAttribute("data-ready")).toBe("1");
+  });
+});
+
+describe("feature grid", () => {
+  it("opens the layer Python chose and enlarges a channel with a lo/mid/hi colour bar", async () => {
+    const lay = (name: string) => ({ name, shape: [1, 2, 2, 2], channels: 2, height: 2, width: 2, layout: "2×2×2", samples: 1 });
+    const m = new FakeModel({ layers: [lay("pad"), lay("act#2")], layer: "act#2", sample: 0, batch: 1, colormap: "viridis",
+                              norm: "channel", sort: "index", selected: -1, notes: [] });
+    m.respond = (c) => ({
+      msg: { type: "response", id: c.id, ok: true,
+             result: { layer: c.params.layer, start: 0, total: 2, height: 2, width: 2, page_size: 2, dead: 0, lo: -1, hi: 3, sort: "index" },
+             arrays: {
+               pixels: { dtype: "uint8", shape: [2, 2, 2], buffer: 0 }, channels: { dtype: "int32", shape: [2], buffer: 1 },
+               lo: { dtype: "float32", shape: [2], buffer: 2 }, hi: { dtype: "float32", shape: [2], buffer: 3 },
+               mean: { dtype: "float32", shape: [2], buffer: 4 }, sparsity: { dtype: "float32", shape: [2], buffer: 5 },
+               dead: { dtype: "uint8", shape: [2], buffer: 6 },
+             } },
+      buffers: [new DataView(new Uint8Array(8).buffer), new DataView(new Int32Array([0, 1]).buffer), f32View([-1, 0]), f32View([1, 3]),
+                f32View([0, 1]), f32View([0, 0.5]), new DataView(new Uint8Array(2).buffer)],
+    });
+    const el = mount(featuremaps.render as any, m);
+    expect(m.sent.map((s) => s.content.params.layer)).toEqual(["act#2"]);
+    await tick();
+    await tick();
+    const tiles = el.querySelectorAll(".nbd-tile");
+    expect(tiles.length).toBe(2);
+    (tiles[1] as HTMLElement).dispatchEvent(new Event("click"));
+    expect(m.get("selected")).toBe(1);
+    expect(Array.from(el.querySelectorAll(".nbd-big .nbd-ticks span")).map((s) => s.textContent)).toEqual(["3", "1.5", "0"]);
+  });
+});

@@ -62,8 +62,10 @@ def test_cat_left_espresso_right(model: torch.nn.Module) -> None:
     cat_left, esp_left = left_share(cams[cat_k]), left_share(cams[esp_k])
     assert cat_left > 0.7, (res.layer, top, cat_left)
     assert esp_left < 0.3, (res.layer, top, esp_left)
-    # the auto layer is the last spatial output before pooling: the head activation (2nd call)
-    assert res.auto_layer and res.layer == "_swish#1", res.layer
+    # the auto layer is the last spatial output before pooling: the head activation (the shared
+    # `_swish` module's 2nd call, named as in the thermometer)
+    assert res.auto_layer and res.layer == "_swish#2", res.layer
+    assert "_swish" in res.layers and "_swish#1" not in res.layers
     assert any("torch.no_grad" in n for n in res.notes)
     assert "mean=std=0.5" in res.image_note
     # the displayed image is the canvas de-normalised
@@ -97,3 +99,16 @@ def test_feature_maps_of_the_real_model(model: torch.nn.Module) -> None:
     page = encode_page(res["_conv_head"].maps(0), order="max", count=256)
     assert page.pixels.shape == (256, 7, 14) and page.total == 1280  # paged, not dumped
     assert hook_count(model) == 0
+
+
+def test_feature_maps_open_on_an_informative_layer(model: torch.nn.Module) -> None:
+    from nbdebug.recorders.featuremaps import FeatureMapsRecorder
+
+    rec = FeatureMapsRecorder(model)  # every leaf, default budget
+    with rec, torch.no_grad():
+        model(canvas())
+    res = rec.result()
+    first = next(iter(res.layers))
+    assert "pad" in first.lower() or first.startswith("_conv_stem")  # what the view used to open on
+    assert res.default_layer == "_swish#2" and rec.widget().layer == "_swish#2"  # the head activation, as Grad-CAM
+    assert res["_swish#2"].maps(0).shape == (1280, 7, 14)

@@ -188,3 +188,20 @@ def test_deepest_spatial_layer() -> None:
     layers = _spatial(probe)
     assert [lay.name for lay in layers] == ["0", "1", "2"]  # the 1×1 pool has no grid
     assert deepest(layers).name == "2" and deepest([]) is None
+
+
+def test_logits_of_every_output_shape() -> None:
+    from transformers.modeling_outputs import CausalLMOutputWithPast, ImageClassifierOutput
+
+    from nbdebug.adapters.outputs import class_scores, logits_of
+
+    cls, lm = torch.randn(2, 5), torch.randn(2, 4, 9)
+    assert logits_of(cls) is cls and logits_of(lm) is lm
+    assert logits_of(ImageClassifierOutput(logits=cls)) is cls
+    assert logits_of(CausalLMOutputWithPast(logits=lm), ndim=3) is lm
+    assert logits_of({"hidden": lm, "logits": cls}) is cls  # the logits key wins over the first tensor
+    assert logits_of((cls, torch.zeros(()))) is cls and logits_of([lm, "cache"], ndim=3) is lm
+    assert logits_of(lm, ndim=2) is None and logits_of(cls, ndim=(2, 3)) is cls and logits_of("text") is None
+    assert class_scores((cls,)) is cls
+    with pytest.raises(ValueError, match=r"not class scores .*\[2, 4, 9\]"):
+        class_scores(CausalLMOutputWithPast(logits=lm))

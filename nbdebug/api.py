@@ -127,7 +127,12 @@ class Debug:
 
     def _skip(self, view: str, why: BaseException | str) -> None:
         if view not in self.skipped:
-            self.skipped[view] = _gist(why)
+            text = _gist(why)
+            if self.auto and isinstance(why, BaseException) and does_not_apply(why) and not text.startswith(type(why).__name__):
+                # `--view all` asked for "whatever applies": the gist of why not is enough
+                head = text.split(": ")[0]
+                text = head if len(head) >= 20 else text
+            self.skipped[view] = text
         self._results.pop(view, None)
 
     # -- the block ----------------------------------------------------------------------------

@@ -161,3 +161,39 @@ def test_1024_tokens_work_end_to_end() -> None:
     content, buffers = lw.handle_request("columns", {"start": 976, "end": 1023})
     assert unpack(content, buffers)["top_ids"].shape == (3, 47, 3)
     assert lens.lens().done.sum() == 48  # only what was asked for
+
+
+def test_generate_through_the_magic_marks_generated_tokens(shell) -> None:  # type: ignore[no-untyped-def]
+    m = tiny_lm("gpt2", vocab=64)
+    ids = torch.randint(1, 60, (1, 5))
+    shell.user_ns.update(model=m, ids=ids, torch=torch)
+    res = shell.run_cell("%%nndebug model --view attention,logitlens --max-bytes 1MB\n"
+                         "out = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)")
+    assert res.success, res.error_in_exec
+    assert shell.user_ns["out"].shape == (1, 11)  # the cell's own result is untouched
+    att, lens = shell.user_ns["_nndebug_widget"]
+    assert att.generated == lens.generated == [0] * 5 + [1] * 6
+    assert att.seq_len == 11 and lens.n_pos == 11
+    assert any("final 11-token sequence" in n for n in att.notes) and any("final 11-token sequence" in n for n in lens.notes)
+    assert m.config._attn_implementation == "sdpa"
+
+
+def test_long_head_is_served_pooled_or_by_range() -> None:
+    m = tiny_lm("gpt2", vocab=64, layers=2, heads=2, d=16)
+    ids = torch.randint(0, 64, (1, 2048))
+    with AttentionRecorder(m, max_bytes="1MB") as rec:
+        with torch.no_grad():
+            m(ids)
+    w = rec.widget()
+    assert w.full_side == 1024 and w.seq_len == 2048
+    content, buffers = w.handle_request("head", {"layer": 1, "head": 0})  # the whole head: pooled 2×2
+    whole = unpack(content, buffers)["attn"]
+    assert whole.shape == (1024, 1024) and content["result"]["stride"] == 2
+    content, buffers = w.handle_request("head", {"layer": 1, "head": 0, "start": 1900, "end": 2028})
+    part = unpack(content, buffers)["attn"]
+    assert part.shape == (128, 128) and content["result"]["stride"] == 1 and content["result"]["start"] == 1900
+    exact = rec.result().detail.head(1, 0, 1900, 2028)[0]
+    np.testing.assert_allclose((part.astype(np.float32) / 255) ** 2, exact, atol=0.01)
+    mean = exact[:2, :2].mean()
+    content, buffers = w.handle_request("head", {"layer": 1, "head": 0, "start": 1900, "end": 2028, "max_side": 64})
+    np.testing.assert_allclose((unpack(content, buffers)["attn"][0, 0] / 255) ** 2, mean, atol=0.01)

@@ -142,7 +142,9 @@ class NNDebugMagics(Magics):
         if tree.body:
             exec(shell.compile(tree, filename, "exec"), ns)
         if last is not None:
-            return eval(shell.compile(last, filename, "eval"), ns)
+            value = eval(shell.compile(last, filename, "eval"), ns)
+            # IPython looks for the `;` that silences a value in the magic's line, not in its body
+            return None if shell.displayhook.semicolon_at_end_of_expression(source) else value
         return None
 
     # -- the magic --------------------------------------------------------------------------

@@ -159,3 +159,13 @@ def test_quoted_option_values_lose_their_quotes(sh) -> None:  # type: ignore[no-
     assert _unquote('" Paris"') == " Paris" and _unquote("'a'") == "a" and _unquote('"') == '"' and _unquote(3) == 3
     assert sh.run_cell('%%nndebug model --layers "0,4" -o c\nmodel(x)').success
     assert [r.name for r in sh.user_ns["c"].layers] == ["0", "4"]
+
+
+def test_trailing_semicolon_silences_the_value_as_without_the_magic(sh) -> None:  # type: ignore[no-untyped-def]
+    out: list[object] = []
+    sh.displayhook.write_output_prompt = lambda: None  # type: ignore[method-assign]
+    sh.displayhook.write_format_data = lambda data, md=None: out.append(data.get("text/plain"))  # type: ignore[method-assign]
+    assert sh.run_cell("model(x).shape[0];", store_history=True).success
+    assert sh.run_cell("%%nndebug model\nmodel(x).shape[0];", store_history=True).success
+    assert sh.run_cell("%%nndebug model\nmodel(x).shape[0] + 1  # shown", store_history=True).success
+    assert out == ["3"]  # the magic cell with `;` shows no value (before: Out[..]: 2)

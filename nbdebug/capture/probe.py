@@ -80,6 +80,8 @@ class OutputProbe:
         self.calls: dict[str, int] = {}
         #: the autograd mode of the first call: "grad", "no_grad" or "inference_mode"
         self.grad_mode = ""
+        #: whether the first call returned (False: it raised, e.g. a shape mismatch in the cell)
+        self.completed = False
         self._active = False
         self._hooks = HookSet()
 
@@ -93,6 +95,8 @@ class OutputProbe:
                 self.on_first_call(args, kwargs)
 
     def _post(self, *_: Any) -> None:
+        if self._active:
+            self.completed = True
         self._active = False
 
     def _make_hook(self, module: str, kind: str) -> Callable[..., None]:

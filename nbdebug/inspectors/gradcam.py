@@ -1,10 +1,12 @@
 """Grad-CAM and Grad-CAM++ on any layer with a spatial output, for CNNs and vision transformers.
 
-One forward pass (gradients tracked only from the target layer onward: its output is swapped for a
-leaf copy, parameters stop requiring grad for the duration) and one batched backward through the
-part of the model after the layer give the CAMs of all target classes at once. The model is left
-as it was: ``.grad`` untouched (``torch.autograd.grad`` only), buffers restored, ``training`` never
-switched, every hook removed.
+One forward pass of nbdebug's own (:func:`~nbdebug.capture.gradients.layer_pass`: gradients
+tracked only from the target layer onward, its output swapped for a leaf copy, parameters frozen,
+buffers cloned so a graph the user still holds stays valid) and one batched backward through the
+part of the model after the layer give the CAMs of all target classes at once. This module holds
+no hooks: it picks layers and targets and turns activations and gradients into CAMs
+(:func:`cams_from`, pure). The model is left as it was: ``.grad`` untouched, buffers and their
+version counters untouched, ``training`` never switched, every hook removed.
 
     weights_k = mean_ij dScore_c / dA_kij          (Grad-CAM)
     CAM       = ReLU(sum_k weights_k A_k), bilinearly upsampled to the input size

@@ -62,7 +62,9 @@ class FeatureMapsRecorder(Recorder):
         self.reshape = o.get("reshape")
         self.max_bytes = parse_bytes(o.get("max_bytes"))
         max_samples = o.get("max_samples")
-        self.max_samples = 32 if max_samples is None else max(1, int(max_samples))
+        self.max_samples = 32 if max_samples is None else int(max_samples)
+        if self.max_samples < 1:
+            raise ValueError(f"max_samples={max_samples!r}: keep at least one sample (use max_bytes=0 to keep no maps)")
         self._size = InputSize()
         self._grid_hw: tuple[tuple[int, int] | None] | None = None
         self.probe = OutputProbe(
@@ -128,6 +130,8 @@ class FeatureMapsRecorder(Recorder):
         notes: list[str] = []
         if not pr.records:
             notes.append("the cell never called the model")
+        if pr.records and not pr.completed:
+            notes.append("the model raised during its first call: the layers that ran before it are shown")
         if pr.steps > 1:
             notes.append(f"the cell called the model {pr.steps} times; the first call is shown")
         spatial_modules = {sl.module for sl in self._spatial}

@@ -206,6 +206,8 @@ class GradCamRecorder(Recorder):
         """None, or why there is nothing to explain: the model never ran, no spatial layer, no class scores."""
         if not self._seen:
             return "the cell never called the model, so there is nothing to explain"
+        if not self._probe.completed:
+            return "the model raised during its first call, so there are no class scores to explain"
         if not self._layers:
             return "no layer has a spatial output (B×C×H×W, B×H×W×C or a token grid)"
         if self._theirs is None:

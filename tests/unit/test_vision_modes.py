@@ -304,3 +304,15 @@ def test_applies_says_why_a_view_has_nothing_to_show() -> None:
     with cam, fm:
         cnn(torch.randn(1, 3, 12, 12))
     assert cam.applies() is None and fm.applies() is None
+
+
+def test_a_cell_that_raises_inside_the_model() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(512, 10))
+    cam, fm = GradCamRecorder(model), FeatureMapsRecorder(model)
+    x = torch.randn(2, 3, 10, 10)  # flattens to 400 features, not 512
+    with pytest.raises(RuntimeError, match="cannot be multiplied"), cam, fm:
+        model(x)
+    assert "raised during its first call" in (cam.applies() or "")
+    assert fm.applies() is None and list(fm.result().layers) == ["0", "1"]  # what ran before is shown
+    assert any("raised during its first call" in n for n in fm.result().notes)
+    assert hook_count(model) == 0

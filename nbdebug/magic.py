@@ -127,9 +127,9 @@ class NNDebugMagics(Magics):
         cell_id = ((parent or {}).get("metadata") or {}).get("cellId")
         return cell_id or hashlib.sha1(cell.encode()).hexdigest()
 
-    def _run(self, cell: str) -> Any:
-        """Execute the cell body like IPython would; return the value of a trailing expression."""
-        __tracebackhide__ = True  # tracebacks start at the user's code
+    def _compile(self, cell: str) -> tuple[Any, Any, bool]:
+        """Compile the cell body like IPython would (a SyntaxError surfaces before anything runs):
+        ``(statements, trailing expression or None, whether a trailing ';' silences it)``."""
         shell = self.shell
         source = shell.transform_cell(cell)
         # Registered in linecache, so tracebacks show the cell's lines like a normal cell's.
@@ -137,14 +137,21 @@ class NNDebugMagics(Magics):
         tree = shell.compile.ast_parse(source, filename=filename)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        ns = shell.user_ns
-        if tree.body:
-            exec(shell.compile(tree, filename, "exec"), ns)
+            last = shell.compile(ast.Expression(tree.body.pop().value), filename, "eval")
+        body = shell.compile(tree, filename, "exec") if tree.body else None
+        # IPython looks for the `;` that silences a value in the magic's line, not in its body
+        return body, last, shell.displayhook.semicolon_at_end_of_expression(source)
+
+    def _run(self, code: tuple[Any, Any, bool]) -> Any:
+        """Execute a compiled cell body; return the value of a trailing expression."""
+        __tracebackhide__ = True  # tracebacks start at the user's code
+        body, last, quiet = code
+        ns = self.shell.user_ns
+        if body is not None:
+            exec(body, ns)
         if last is not None:
-            value = eval(shell.compile(last, filename, "eval"), ns)
-            # IPython looks for the `;` that silences a value in the magic's line, not in its body
-            return None if shell.displayhook.semicolon_at_end_of_expression(source) else value
+            value = eval(last, ns)
+            return None if quiet else value
         return None
 
     # -- the magic --------------------------------------------------------------------------
@@ -167,6 +174,7 @@ class NNDebugMagics(Magics):
         __tracebackhide__ = True
         args = parse_argstring(self.nndebug, line)
         model = self._resolve_model(args.model)
+        code = self._compile(cell)
         view = _unquote(args.view) or self.default_view
         try:
             parse_views(view)
@@ -197,7 +205,7 @@ class NNDebugMagics(Magics):
                 pass
         try:
             with dbg:
-                value = self._run(cell)
+                value = self._run(code)
         finally:
             self._show(dbg, key, args.output)
             del dbg  # a traceback of the cell's error must not keep the recorders (and the model)

@@ -169,3 +169,10 @@ def test_trailing_semicolon_silences_the_value_as_without_the_magic(sh) -> None:
     assert sh.run_cell("%%nndebug model\nmodel(x).shape[0];", store_history=True).success
     assert sh.run_cell("%%nndebug model\nmodel(x).shape[0] + 1  # shown", store_history=True).success
     assert out == ["3"]  # the magic cell with `;` shows no value (before: Out[..]: 2)
+
+
+def test_syntax_error_runs_nothing_and_shows_no_view(sh) -> None:  # type: ignore[no-untyped-def]
+    res = sh.run_cell("%%nndebug model\ny = model(x)\nz = (")
+    assert isinstance(res.error_in_exec, SyntaxError)
+    assert "y" not in sh.user_ns and widgets_shown(sh) == []
+    assert hook_count(sh.user_ns["model"]) == 0

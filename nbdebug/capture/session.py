@@ -191,7 +191,7 @@ class Capture:
         self._by_storage: dict[tuple[int, int, torch.dtype], tuple[weakref.ref[torch.Tensor], int, int]] = {}
         # module name → index of the first leaf of each of its calls in the current step
         self._occurrence: dict[str, list[int]] = {}
-        self._recomputed: dict[str, int] = {}  # module name → recomputations seen in this step
+        self._claimed: set[int] = set()  # calls whose recomputation (checkpointing) was hooked in this step
         self._passes = 0
         self._grad_counter = 0
         self._bytes = 0
@@ -209,7 +209,7 @@ class Capture:
             return
         self._passes += 1
         self._occurrence.clear()
-        self._recomputed.clear()
+        self._claimed.clear()
 
     def _link_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any], call: _Call, check: bool) -> None:
         """Link a call to the captured calls that produced its inputs (by tensor identity).
@@ -328,24 +328,32 @@ class Capture:
     def _on_recompute(self, name: str, output: Any) -> None:
         """A forward run by autograd during backward (checkpointing): no new call or row.
 
-        The k-th recomputation of ``name`` in a step is matched to its k-th original call. With
-        ``use_reentrant=True`` the original forward ran without grad and the backward flows through
-        the recomputed graph, so the output-gradient hook goes on the recomputed tensor; with the
-        non-reentrant implementation the original outputs were hooked already.
+        With ``use_reentrant=True`` the original forward ran without grad and the backward flows
+        through the recomputed graph, so the output-gradient hook goes on the recomputed tensor,
+        for the first call of ``name`` in this step that has no hook yet (and the same output
+        shape). With the non-reentrant implementation every original output was hooked already.
         """
         starts = self._occurrence.get(name)
         if not starts or not (self.grads and torch.is_grad_enabled()):
             return
-        k = self._recomputed.get(name, 0)
-        self._recomputed[name] = k + 1
-        first = starts[k % len(starts)]
-        for i, (_, t) in enumerate(x for x in tensor_leaves(output, name) if not x[1].is_complex()):
+        leaves = [t for _, t in tensor_leaves(output, name) if not t.is_complex()]
+        if not leaves or not leaves[0].requires_grad:
+            return
+        shape = tuple(leaves[0].shape)
+        free = [i for i in starts if not self._calls[i].hooked and self._calls[i].shape == shape]
+        if not free:
+            return
+        first = next((i for i in free if i not in self._claimed), None)
+        if first is None:  # a second backward through the same graph (retain_graph)
+            self._claimed.difference_update(free)
+            first = free[0]
+        self._claimed.add(first)
+        for i, t in enumerate(leaves):
             j = first + i
             if j >= len(self._calls) or self._calls[j].module != name:
                 break
-            call = self._calls[j]
-            if not call.hooked and t.requires_grad:
-                self._hooks.tensor(t, self._make_grad_hook(call))
+            if t.requires_grad:
+                self._hooks.tensor(t, self._make_grad_hook(self._calls[j]))
 
     def _make_grad_hook(self, call: _Call) -> Any:
         on_device = self.device_path

@@ -144,7 +144,7 @@ def test_shared_module_names_restart_every_step() -> None:
 
 
 class Checkpointed(nn.Module):
-    """a → b (ReLU, called twice) → c, with a and b inside one checkpointed segment."""
+    """b → [b → a → b] → c: the ReLU ``b`` runs outside and (twice) inside the checkpointed segment."""
 
     def __init__(self, mode: str) -> None:
         super().__init__()
@@ -155,6 +155,7 @@ class Checkpointed(nn.Module):
         return self.b(self.a(self.b(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.b(x)
         if self.mode == "none":
             h = self.segment(x)
         else:
@@ -182,8 +183,8 @@ def test_gradient_checkpointing_adds_no_rows_and_keeps_gradients(mode: str, devi
     ref, seen_ref = run(Checkpointed("none"))
     res, seen = run(Checkpointed(mode))
     assert seen == ["a", "a"] and seen_ref == ["a"]  # the segment really was recomputed
-    assert [r.name for r in res.layers] == [r.name for r in ref.layers] == ["b", "a", "b#2", "c"]
-    assert [r.calls for r in res.layers] == [1, 1, 1, 1] and res.steps == 1
+    assert [r.name for r in res.layers] == [r.name for r in ref.layers] == ["b", "b#2", "a", "b#3", "c"]
+    assert [r.calls for r in res.layers] == [1, 1, 1, 1, 1] and res.steps == 1
     for r, q in zip(res.layers, ref.layers):
         assert r.stats["mean"] == pytest.approx(q.stats["mean"])
         assert r.grad is not None and q.grad is not None, r.name

@@ -147,6 +147,9 @@ class Debug:
                     rec.__exit__(type(exc), exc, exc.__traceback__)  # remove whatever it installed
                 except Exception:
                     pass
+                except BaseException:
+                    self._exit_all(None, None, None)
+                    raise
                 continue
             except BaseException:  # KeyboardInterrupt while starting: undo everything, then stop
                 self._entered.append(v)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .leaves import tensor_leaves
+from .select import unwrap_compiled
 
 __all__ = ["ErrorSite", "ParamInfo", "TensorInfo", "locate"]
 
@@ -103,7 +104,7 @@ def locate(
     ``producer(t)`` names the captured call that produced an input tensor (and that call's input
     shape), from the capture's tensor → call map.
     """
-    names = {id(m): n for n, m in model.named_modules()}
+    names = {id(m): n for n, m in unwrap_compiled(model).named_modules()}
     frames = _frames(tb if tb is not None else exc.__traceback__)
     module = None
     for f in reversed(frames):

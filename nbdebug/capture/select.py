@@ -21,7 +21,7 @@ from typing import Union
 
 from torch import nn
 
-__all__ = ["LayerFilter", "LayerNotFoundError", "select_modules"]
+__all__ = ["LayerFilter", "LayerNotFoundError", "select_modules", "unwrap_compiled"]
 
 LayerFilter = Union[None, str, Sequence[str], Callable[[str], bool], type, tuple[type, ...]]  # noqa: UP007 (runtime alias on 3.10)
 
@@ -46,6 +46,15 @@ def _pattern_matcher(pat: str) -> Callable[[str], bool] | None:
     return None
 
 
+def unwrap_compiled(model: nn.Module) -> nn.Module:
+    """The user's module inside a ``torch.compile`` wrapper (``OptimizedModule._orig_mod``), else
+    ``model``: layer names are the same with and without compiling (``conv1``, not ``_orig_mod.conv1``)."""
+    inner = getattr(model, "_orig_mod", None)
+    if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule":
+        return inner
+    return model
+
+
 def select_modules(
     model: nn.Module, layers: LayerFilter = None, *, leaves_only: bool | None = None
 ) -> list[tuple[str, nn.Module]]:
@@ -55,6 +64,7 @@ def select_modules(
     name any module, leaf or not; patterns, predicates and types match leaves unless
     ``leaves_only=False``.
     """
+    model = unwrap_compiled(model)
     named = [(n, m) for n, m in model.named_modules() if n]
     if not named:
         return [("", model)]

@@ -314,3 +314,13 @@ def test_budget_note_says_what_was_dropped_in_binary_units() -> None:
         m(torch.randn(8, 64))
     note = next(n for n in cap.result.notes if "budget" in n)
     assert note.startswith("byte budget of 2.9 KB reached: kept 2 KB of samples/histograms, dropped 4 KB for later layers")
+
+
+def test_compiled_model_rows_have_the_plain_names() -> None:
+    from nbdebug.capture.select import select_modules, unwrap_compiled
+
+    m = mlp()
+    compiled = torch.compile(m)  # lazy: nothing is compiled until it is called
+    assert unwrap_compiled(compiled) is m and unwrap_compiled(m) is m
+    assert [n for n, _ in select_modules(compiled)] == [n for n, _ in select_modules(m)] == ["0", "1", "2"]
+    assert [n for n, _ in select_modules(compiled, "re:[02]")] == ["0", "2"]

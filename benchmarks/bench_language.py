@@ -9,10 +9,18 @@ Logit lens at 128 tokens: the full table, the first column (what the view shows 
 GEMM holding every probability, and a naive per-layer/per-position loop, as ratios to one plain
 forward, with extra peak memory.
 
+Attention memory budget (issue 9), GPT-2-shaped 6 layers × 12 heads, ``--max-bytes 64MB``: at
+512/2048 tokens (d=768) and 8192 tokens (``n_positions=8192``, d=192): extra peak over the plain
+SDPA forward (capture forward + result + widget), capture-forward time / plain SDPA forward, time
+to a ready widget after the forward, initial payload, one head fetched as the view asks for it (the
+whole head up to 1024 tokens, else the first 128 tokens) and the whole head pooled to ≤ 1024².
+Plus the capture-forward / plain-forward ratio at 1024 tokens (d=768).
+
 Times are medians of interleaved rounds in one process (``common.interleaved``); peak memory is
 the exact VmHWM delta (``common.peak_extra_bytes``, glibc returning freed blocks).
 
     python benchmarks/bench_language.py [--tokens 32,128,512,1024] [--bertviz-max 128] [--rounds 3]
+    python benchmarks/bench_language.py --budget-only [--budget-tokens 512,2048,8192]
 """
 
 from __future__ import annotations
@@ -25,10 +33,11 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from common import exact_rss_env, interleaved, peak_extra_bytes, table
 
-from nbdebug.adapters.offline import gpt2_small
+from nbdebug.adapters.offline import gpt2_shaped, gpt2_small
 from nbdebug.inspectors.logitlens import LogitLens
 from nbdebug.recorders.attention import AttentionRecorder
 from nbdebug.recorders.logitlens import LogitLensRecorder
@@ -100,7 +109,8 @@ def bench_attention(model: torch.nn.Module, eager: torch.nn.Module, T: int, roun
         if T <= bertviz_max:
             from bertviz import head_view, model_view
 
-            attn = tuple(torch.from_numpy(att.attention[i].astype("float32"))[None] for i in range(att.attention.shape[0]))
+            L, H, _ = att.shape
+            attn = tuple(torch.from_numpy(np.stack([att.head(i, j) for j in range(H)]))[None] for i in range(L))
             for name, fn in (("head_view", head_view), ("model_view", model_view)):
                 out: dict[str, Any] = {}
 
@@ -113,6 +123,52 @@ def bench_attention(model: torch.nn.Module, eager: torch.nn.Module, T: int, roun
 
                 out["peak"] = peak_extra_bytes(run) / MB
                 row[f"bertviz_{name}_s"], row[f"bertviz_{name}_MB"], row[f"bertviz_{name}_peak_MB"] = out["s"], out["MB"], out["peak"]
+    return row
+
+
+def bench_budget(T: int, rounds: int, max_bytes: str = "64MB") -> dict[str, Any]:
+    """The attention view under ``--max-bytes``: memory over the plain SDPA forward, speed, payload, one head."""
+    d = 768 if T <= 2048 else 192
+    model = gpt2_shaped(6, 12, d, n_positions=max(2048, T))
+    ids = torch.randint(0, 50257, (1, T))
+    row: dict[str, Any] = {"T": T, "d": d}
+    fwd: list[float] = []
+    ready: list[float] = []
+    last: dict[str, Any] = {}
+
+    def capture() -> Any:
+        rec = AttentionRecorder(model, max_bytes=max_bytes)
+        t0 = time.perf_counter()
+        with rec:
+            model(ids)
+        t1 = time.perf_counter()
+        w = rec.widget()
+        last["bytes"] = state_bytes(w)
+        ready.append(time.perf_counter() - t1)
+        fwd.append(t1 - t0)
+        last["w"] = w
+        return w
+
+    with torch.no_grad():
+        t = interleaved({"plain": lambda: model(ids), "capture": capture}, rounds=rounds, warmup=1)
+        row["sdpa_forward_s"] = t["plain"]
+        row["capture_forward_s"] = statistics.median(fwd)
+        row["capture_x_sdpa"] = row["capture_forward_s"] / t["plain"]
+        row["ready_after_forward_s"] = statistics.median(ready)
+        row["payload_KB"] = last["bytes"] / 1024
+        last.pop("w").close()
+        plain_peak = peak_extra_bytes(lambda: model(ids))
+        row["extra_peak_over_sdpa_MB"] = (peak_extra_bytes(capture) - plain_peak) / MB
+        w = last.pop("w")
+        for name, params in (("head_fetch", {"layer": 5, "head": 3} if T <= 1024 else {"layer": 5, "head": 3, "start": 0, "end": 128}),
+                             ("whole_head_pooled", {"layer": 5, "head": 3})):
+            t0 = time.perf_counter()
+            content, buffers = w.handle_request("head", params)
+            row[f"{name}_s"] = time.perf_counter() - t0
+            row[f"{name}_KB"] = sum(len(b) for b in buffers) / 1024
+            row[f"{name}_stride"] = content["result"]["stride"]
+        row["notes"] = w.notes
+        w.close()
     return row
 
 
@@ -183,10 +239,29 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-attention", action="store_true")
     ap.add_argument("--skip-lens", action="store_true")
+    ap.add_argument("--budget-tokens", default="512,2048,8192", help="sequence lengths of the --max-bytes 64MB attention figures")
+    ap.add_argument("--budget-only", action="store_true", help="only the attention budget figures and the 1024-token speed ratio")
     args = ap.parse_args()
     torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print("\n## attention under --max-bytes 64MB (GPT-2-shaped, 6 layers × 12 heads)")
+    brows = []
+    for T in [int(t) for t in args.budget_tokens.split(",") if t]:
+        r = bench_budget(T, args.rounds)
+        brows.append(r)
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}))
+        sys.stdout.flush()
+    bcols = ["T", "d", "sdpa_forward_s", "capture_forward_s", "capture_x_sdpa", "ready_after_forward_s", "extra_peak_over_sdpa_MB",
+             "payload_KB", "head_fetch_s", "head_fetch_KB", "whole_head_pooled_s", "whole_head_pooled_KB", "whole_head_pooled_stride"]
+    if brows:
+        print(table([tuple(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "–")) for c in bcols) for r in brows], tuple(bcols)))
+    speed = bench_budget(1024, args.rounds)
+    print(f"\n1024 tokens (d=768): capture forward / plain SDPA forward = {speed['capture_x_sdpa']:.2f}× "
+          f"(ready {speed['ready_after_forward_s']:.2f} s after the forward; extra peak {speed['extra_peak_over_sdpa_MB']:.0f} MB)")
+    if args.budget_only:
+        return
     model = gpt2_small()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, GPT-2-small random init, fp32 CPU")
+    print("\nGPT-2-small random init, fp32 CPU")
     if not args.skip_attention:
         eager = copy.deepcopy(model)
         eager.set_attn_implementation("eager")

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["cache_dir", "gpt2_small", "load_minilm", "load_smollm2", "tiny_lm"]
+__all__ = ["cache_dir", "gpt2_shaped", "gpt2_small", "load_minilm", "load_smollm2", "tiny_lm"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -63,6 +63,17 @@ def gpt2_small(n_positions: int = 1024) -> nn.Module:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     torch.manual_seed(0)
     return T.GPT2LMHeadModel(T.GPT2Config(n_positions=n_positions)).eval()
+
+
+def gpt2_shaped(layers: int = 6, heads: int = 12, d: int = 768, n_positions: int = 2048, vocab: int = 50257) -> nn.Module:
+    """A random-init GPT-2 of any shape (the attention budget benchmarks: 6 layers × 12 heads, and
+    ``n_positions=8192`` with a small ``d`` to keep 8192 tokens feasible on a CPU), eval mode, seeded."""
+    import transformers as T
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    cfg = T.GPT2Config(n_layer=layers, n_head=heads, n_embd=d, n_positions=n_positions, vocab_size=vocab)
+    return T.GPT2LMHeadModel(cfg).eval()
 
 
 def _package_dir(name: str) -> pathlib.Path:

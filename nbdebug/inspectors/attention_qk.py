@@ -57,11 +57,19 @@ class KeyRanges:
         """Number of visible keys per row."""
         return self.dense.sum(-1) if self.dense is not None else self.hi - self.lo + 1
 
-    def allowed(self, r0: int, r1: int, device: torch.device | None = None) -> torch.Tensor:
+    def allowed(self, r0: int, r1: int, device: torch.device | None = None, k0: int = 0, k1: int | None = None) -> torch.Tensor:
+        """``(r1-r0, k1-k0)`` bool: which keys ``k0:k1`` query rows ``r0:r1`` may attend to."""
+        k1 = self.T if k1 is None else k1
         if self.dense is not None:
-            return self.dense[r0:r1].to(device)
-        j = torch.arange(self.T, device=device)
+            return self.dense[r0:r1, k0:k1].to(device)
+        j = torch.arange(k0, k1, device=device)
         return (j >= self.lo[r0:r1, None].to(device)) & (j <= self.hi[r0:r1, None].to(device))
+
+    def key_span(self, r0: int, r1: int) -> tuple[int, int]:
+        """Keys ``[k0, k1)`` that rows ``r0:r1`` can see at all (causal rows never see later keys)."""
+        if self.dense is not None:
+            return 0, self.T
+        return int(self.lo[r0:r1].min()), int(self.hi[r0:r1].max()) + 1
 
     @property
     def nbytes(self) -> int:
@@ -115,20 +123,23 @@ class LayerQK:
         return self.q.numel() * self.q.element_size() + self.k.numel() * self.k.element_size() + self.ranges.nbytes
 
 
-def _bias(x: LayerQK, r0: int, r1: int) -> torch.Tensor:
-    """Additive mask ``(r1-r0, T)``: 0 where a query row may attend, -inf elsewhere."""
-    allowed = x.ranges.allowed(r0, r1, x.q.device)
+def _bias(x: LayerQK, r0: int, r1: int, k0: int = 0, k1: int | None = None) -> torch.Tensor:
+    """Additive mask ``(r1-r0, k1-k0)``: 0 where a query row may attend, -inf elsewhere."""
+    allowed = x.ranges.allowed(r0, r1, x.q.device, k0, k1)
     return torch.zeros(allowed.shape, device=x.q.device).masked_fill_(~allowed, -math.inf)
 
 
-def _probs(x: LayerQK, h0: int, h1: int, r0: int, r1: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Float32 probabilities ``(h1-h0, r1-r0, T)`` of heads ``h0:h1``, query rows ``r0:r1``."""
+def _probs(x: LayerQK, h0: int, h1: int, r0: int, r1: int, bias: torch.Tensor | None = None,
+           k0: int = 0, k1: int | None = None) -> torch.Tensor:
+    """Float32 probabilities ``(h1-h0, r1-r0, k1-k0)`` of heads ``h0:h1``, query rows ``r0:r1``, over
+    keys ``k0:k1`` (which must include every key those rows can see)."""
     H, Hkv = x.q.shape[0], x.k.shape[0]
     rep = max(1, H // Hkv)
+    k1 = x.k.shape[1] if k1 is None else k1
     qc = x.q[h0:h1, r0:r1].float()
     kv = torch.arange(h0, h1, device=x.k.device) // rep
-    kc = x.k.index_select(0, kv).float().transpose(1, 2)
-    bias = _bias(x, r0, r1) if bias is None else bias
+    kc = x.k[:, k0:k1].index_select(0, kv).float().transpose(1, 2)
+    bias = _bias(x, r0, r1, k0, k1) if bias is None else bias
     if x.softcap:
         s = torch.bmm(qc, kc).mul_(x.scaling / x.softcap).tanh_().mul_(x.softcap).add_(bias)
     else:  # one fused pass: bias + scaling · q kᵀ
@@ -142,6 +153,8 @@ def _plan(x: LayerQK, chunk_bytes: int) -> tuple[int, int]:
     elems = max(T, chunk_bytes // 12)
     hc = max(1, min(H, elems // (T * T)))
     rc = T if hc > 1 else max(1, min(T, elems // T))
+    if x.ranges.dense is None and T >= 256 and not bool((x.ranges.hi == T - 1).all()):
+        rc = min(rc, -(-T // 8))  # banded (causal): 8+ row blocks skip the keys no row of a block sees
     return hc, rc
 
 
@@ -165,25 +178,29 @@ def summarize_qk(x: LayerQK, thumb: int = 64, chunk_bytes: int = CHUNK_BYTES) ->
     hc, rc = _plan(x, chunk_bytes)
     for r0 in range(0, T, rc):
         r1 = min(T, r0 + rc)
-        bias = _bias(x, r0, r1)  # shared by every head of this row chunk
+        k0, k1 = x.ranges.key_span(r0, r1)
+        bias = _bias(x, r0, r1, k0, k1)  # shared by every head of this row chunk
+        rows = torch.arange(r0, r1, device=dev)
+        c0 = max(first, r0) - r0  # counted rows of this chunk start here
+        nrm = norm[r0:r1]
+        di, dok = (rows - k0).clamp(0, k1 - k0 - 1), (rows >= k0) & (rows < k1)  # the diagonal, if visible
+        pi, pok = (rows - 1 - k0).clamp(0, k1 - k0 - 1), (rows - 1 >= k0) & (rows - 1 < k1) & (rows >= 1)
         for h0 in range(0, H, hc):
             h1 = min(H, h0 + hc)
-            p = _probs(x, h0, h1, r0, r1, bias)
-            rows = torch.arange(r0, r1, device=dev)
-            c0 = max(first, r0) - r0  # counted rows of this chunk start here
+            p = _probs(x, h0, h1, r0, r1, bias, k0, k1)  # (hc, rc, k1-k0)
             e = -torch.special.xlogy(p, p).sum(-1)  # (hc, rc)
-            nrm = norm[r0:r1]
             ent[h0:h1] += e[:, c0:].sum(-1)
             nent[h0:h1] += torch.where(nrm > 1e-9, e / nrm, torch.zeros_like(e))[:, c0:].sum(-1)
-            col[h0:h1] += p[:, c0:].sum(1)
-            d = p.gather(2, rows.view(1, -1, 1).expand(h1 - h0, -1, 1)).squeeze(2)
+            col[h0:h1, k0:k1] += p[:, c0:].sum(1)
+            d = p.gather(2, di.view(1, -1, 1).expand(h1 - h0, -1, 1)).squeeze(2) * dok
             diag[h0:h1] += d[:, c0:].sum(-1)
             if T > 1:
-                pr = p.gather(2, (rows - 1).clamp_min(0).view(1, -1, 1).expand(h1 - h0, -1, 1)).squeeze(2)
-                prev[h0:h1] += pr[:, (1 if r0 == 0 else 0):].sum(-1)
-            if r1 - r0 == T:  # whole rows at once: the same pooling as head_stats
+                prev[h0:h1] += (p.gather(2, pi.view(1, -1, 1).expand(h1 - h0, -1, 1)).squeeze(2) * pok).sum(-1)
+            if r1 - r0 == T and k1 - k0 == T:  # whole rows at once: the same pooling as head_stats
                 pooled[h0:h1] = (F.adaptive_avg_pool2d(p, (s, s)) if s < T else p) * (b_hi - b_lo).float().to(dev).view(1, s, 1)
-            else:  # rows in chunks: column-pool, then add each row to its bins
+            else:  # rows in chunks: column-pool (full width), then add each row to its bins
+                if k1 - k0 < T:
+                    p = F.pad(p, (k0, T - k1))
                 cp = F.adaptive_avg_pool1d(p, s) if s < T else p  # (hc, rc, s)
                 member = ((rows[None, :].cpu() >= b_lo[:, None]) & (rows[None, :].cpu() < b_hi[:, None])).float().to(dev)
                 pooled[h0:h1] += torch.matmul(member, cp)
@@ -220,7 +237,8 @@ def head_probs(x: LayerQK, head: int, start: int = 0, end: int | None = None, ma
     out = []
     for r0 in range(start, end, rows_per):
         r1 = min(end, r0 + rows_per)
-        p = _probs(x, head, head + 1, r0, r1)[:, :, start:end]  # (1, rc, n)
+        k0, k1 = x.ranges.key_span(r0, r1)  # only the keys these rows can see; zero elsewhere
+        p = F.pad(_probs(x, head, head + 1, r0, r1, None, k0, k1), (k0, T - k1))[:, :, start:end]  # (1, rc, n)
         if stride > 1:
             p = F.avg_pool2d(p, stride, stride, ceil_mode=True)
         out.append(p[0])

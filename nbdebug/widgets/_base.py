@@ -115,6 +115,14 @@ class NBWidget(anywidget.AnyWidget):
         """Static HTML shown where the live widget cannot render; subclasses override."""
         return f"<pre>{html.escape(repr(self))}</pre>"
 
+    def safe_fallback_html(self) -> str:
+        """:meth:`fallback_html`, or one line saying why there is none (e.g. the model was deleted and
+        the snapshot needed it): displaying a widget never raises."""
+        try:
+            return self.fallback_html()
+        except Exception as exc:
+            return f"<pre class='nbdebug-note'>{html.escape(repr(self))}: no static snapshot ({html.escape(error_text(exc))})</pre>"
+
     # -- standalone export -------------------------------------------------------------------
     def export_requests(self) -> list[tuple[str, dict[str, Any]]]:
         """Requests ``(method, params)`` whose answers :meth:`save_html` precomputes; subclasses override."""
@@ -158,7 +166,7 @@ class NBWidget(anywidget.AnyWidget):
         if data is None:
             return bundle
         data = dict(data)
-        data["text/html"] = self.fallback_html()
+        data["text/html"] = self.safe_fallback_html()
         data["text/plain"] = repr(self)
         return data, meta
 

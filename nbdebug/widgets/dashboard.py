@@ -216,7 +216,7 @@ class Dashboard(ipywidgets.VBox):
         if data is None:
             return bundle
         data = dict(data)
-        parts = [f"<h4>{html.escape(n)}</h4>{w.fallback_html()}" for n, w in self.views.items() if hasattr(w, "fallback_html")]
+        parts = [f"<h4>{html.escape(n)}</h4>{w.safe_fallback_html()}" for n, w in self.views.items() if hasattr(w, "safe_fallback_html")]
         data["text/html"] = ("<div class='nbdebug-dashboard-static'><b>nbdebug dashboard</b>: " + html.escape(", ".join(self.views))
                              + _note_html(list(self.notes)) + "".join(parts) + "</div>")
         data["text/plain"] = repr(self)

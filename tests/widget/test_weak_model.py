@@ -151,3 +151,31 @@ def test_a_fetch_after_the_model_is_gone_answers_with_the_message_as_an_error() 
     page, _ = build_page(esm="", state={}, answers=[("weights", {}, ModelGoneError())], title="t", max_bytes=10**6)
     assert str(ModelGoneError()) in page and "ModelGoneError:" not in page
     w.close()
+
+
+def test_displaying_a_widget_whose_snapshot_needs_the_deleted_model_does_not_raise() -> None:
+    """The static snapshot travels in the mimebundle; if it cannot be made, one line says why."""
+    from nbdebug.capture import ModelRef
+    from nbdebug.widgets._base import NBWidget
+    from nbdebug.widgets.dashboard import Dashboard
+
+    class Lazy(NBWidget):
+        _view_name_ = "thermometer"
+
+        def __init__(self, model: nn.Module) -> None:
+            super().__init__()
+            self._ref = ModelRef(model)
+
+        def fallback_html(self) -> str:
+            return f"<p>{type(self._ref.get()).__name__}</p>"
+
+    m = nn.Linear(2, 2)
+    w = Lazy(m)
+    dash = Dashboard({"lazy": w})
+    assert w._repr_mimebundle_()[0]["text/html"] == "<p>Linear</p>"
+    del m
+    gc.collect()
+    html = w._repr_mimebundle_()[0]["text/html"]
+    assert "no static snapshot" in html and "the model was deleted" in html
+    assert "no static snapshot" in dash._repr_mimebundle_()[0]["text/html"]
+    dash.close()

@@ -64,7 +64,7 @@ class NNDebugMagics(Magics):
 
     default_view = traitlets.Unicode("thermometer", help="view used when --view is not given").tag(config=True)
     max_bytes = traitlets.Union(
-        [traitlets.Int(), traitlets.Unicode()], default_value=DEFAULT_MAX_BYTES,
+        [traitlets.Int(), traitlets.Float(), traitlets.Unicode()], default_value=DEFAULT_MAX_BYTES,
         help="memory budget of every view beyond scalar stats: bytes or a size like '64MB' (MB = 2^20 bytes)",
     ).tag(config=True)
     sample_size = traitlets.Int(4096, help="values sampled per layer for histograms").tag(config=True)

@@ -323,6 +323,8 @@ def test_bad_max_bytes_in_config_is_refused_with_what_to_write(shell) -> None:  
         magic.max_bytes = "lots"
     magic.max_bytes = "3 MB"
     assert magic.max_bytes == 3 * 2**20
+    magic.max_bytes = 1.5e6
+    assert magic.max_bytes == 1_500_000 and type(magic.max_bytes) is int
 
 
 def test_help_says_the_unit_rule() -> None:

@@ -96,7 +96,8 @@ class ModelCall:
         self.generate_calls = 0
         self.sequences: torch.Tensor | None = None
         self.cached_steps = 0
-        self._fed: list[torch.Tensor] = []
+        self._fed: list[torch.Tensor] = []  # ids of the first call and of KV-cache steps only
+        self._loop = True  # every call after the first fed new tokens on top of a cache
         self._hooks = HookSet()
         self._patched: type | None = None
 
@@ -117,10 +118,14 @@ class ModelCall:
             from ..adapters.text import input_ids_of
 
             ids = input_ids_of(args, kwargs)
-            if self.calls > 1 and _cache_length(kwargs) > 0:
+            if self.calls == 1:
+                self._fed = [ids.detach()] if ids is not None else []
+                self._loop = ids is not None
+            elif self._loop and ids is not None and _cache_length(kwargs) > 0:
                 self.cached_steps += 1
-            if ids is not None and len(self._fed) < 4096:
                 self._fed.append(ids.detach())
+            else:  # a plain loop of full forwards (training, evaluation): nothing more to keep
+                self._loop, self._fed = False, []
 
     def _post(self, _m: nn.Module, _args: Any, _kwargs: Any, output: Any) -> None:
         if self.output is None and self.calls == 1:
@@ -136,7 +141,7 @@ class ModelCall:
     @property
     def generated(self) -> bool:
         """Whether the block ran ``generate()`` or a KV-cache decoding loop on the model."""
-        return self.sequences is not None or (self.cached_steps > 0 and len(self._fed) == self.cached_steps + 1)
+        return self.sequences is not None or (self._loop and self.cached_steps > 0)
 
     def final_sequence(self) -> tuple[torch.Tensor, int, str] | None:
         """``(ids (B, T), prompt length, how)`` of the final sequence of a generation, or None."""

@@ -160,6 +160,7 @@ class LensResult:
     tokens = property(lambda self: self.lens.tokens, doc="raw token strings of the positions")
     target_label = property(lambda self: self.lens.target_label, doc="what the target metrics refer to")
     targets = property(lambda self: self.lens.targets.cpu().numpy(), doc="(T,) target id per position (-1: none)")
+    generated = property(lambda self: self.lens.generated, doc="per position: True if generate() produced the token ([]: no generation)")
     top_ids = property(lambda self: self._table("top_ids"), doc="(rows, T, k) token ids")
     top_probs = property(lambda self: self._table("top_probs"), doc="(rows, T, k) probabilities")
     entropy = property(lambda self: self._table("entropy"), doc="(rows, T) entropy in nats")

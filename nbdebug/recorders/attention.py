@@ -111,6 +111,7 @@ class AttentionRecorder(Recorder):
         self._missing: list[str] = []
         self._problem = ""
         self._capturing = False
+        self._mask_kwargs: dict[str, Any] = {}
 
     # -- capture: which call is shown -------------------------------------------------------------
     def _top_pre(self, *_: Any) -> None:

@@ -152,7 +152,11 @@ class AttentionWidget(NBWidget):
                 break
         flagged = int((np.asarray(self.result.flags) != 0).sum())
         toks = self.tokens[:64]
-        words = " ".join(f"<code title='{html.escape(t[:200])}'>{html.escape(t[:24])}</code>" for t in toks) + (" …" if T > len(toks) else "")
+        gen = list(self.generated) + [0] * T
+        words = " ".join(f"<code title='{html.escape(t[:200])}'" + (" style='color:#8a3ffc;font-style:italic'" if gen[i] else "")
+                         + f">{html.escape(t[:24])}</code>" for i, t in enumerate(toks)) + (" …" if T > len(toks) else "")
+        if any(self.generated):
+            words += f" <i>({sum(self.generated)} generated tokens in purple italics)</i>"
         return (
             f"<div class='nbdebug-attention-static'><p><b>nbdebug attention</b>: {L} layers × {H} heads × {T} tokens · "
             f"{html.escape(self.result.summary)} <i>(path: {html.escape(self.result.path)})</i> · {flagged} heads flagged</p>"
@@ -170,7 +174,10 @@ class AttentionWidget(NBWidget):
         order += [(i, j) for i in range(L) for j in range(H)]
         n = min(T, self.full_side)
         heads = list(dict.fromkeys(order))[: max(1, max_bytes // max(n * n, 1))]
-        return [("head", {"layer": i, "head": j}) for i, j in heads]
+        if T <= self.full_side:
+            return [("head", {"layer": i, "head": j}) for i, j in heads]
+        end = min(T, 128)  # what the view asks first above full_side: the first 128 tokens (LINE_MAX in attention.ts)
+        return [("head", {"layer": i, "head": j, "start": 0, "end": end}) for i, j in heads]
 
     def __repr__(self) -> str:
         L, H, T = self.result.shape

@@ -127,8 +127,10 @@ class LogitLensWidget(NBWidget):
         pos = list(range(max(0, end - max_positions), end))
         cols = lens.columns(pos)
         first, last = self.row_range if len(self.row_range) == 2 else (0, lens.R - 1)
-        head = "".join(f"<th title='{p}: {html.escape(display_token(lens.tokens[p]))}'>{html.escape(display_token(lens.tokens[p])[:16])}</th>"
-                       for p in pos)
+        gen = list(lens.generated) + [False] * lens.T
+        head = "".join(f"<th title='{p}: {html.escape(display_token(lens.tokens[p]))}{' (generated)' if gen[p] else ''}'"
+                       + (" style='color:#8a3ffc;font-style:italic'" if gen[p] else "")
+                       + f">{html.escape(display_token(lens.tokens[p])[:16])}</th>" for p in pos)
         body = []
         for r in range(last, first - 1, -1):  # last layer on top, as in the live view
             tds = []

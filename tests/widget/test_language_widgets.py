@@ -175,6 +175,8 @@ def test_generate_through_the_magic_marks_generated_tokens(shell) -> None:  # ty
     assert att.generated == lens.generated == [0] * 5 + [1] * 6
     assert att.seq_len == 11 and lens.n_pos == 11
     assert any("final 11-token sequence" in n for n in att.notes) and any("final 11-token sequence" in n for n in lens.notes)
+    assert "6 generated tokens in purple italics" in att.fallback_html()  # saved notebooks mark them too
+    assert lens.fallback_html().count("(generated)") == 6
     assert m.config._attn_implementation == "sdpa"
 
 
@@ -197,3 +199,5 @@ def test_long_head_is_served_pooled_or_by_range() -> None:
     mean = exact[:2, :2].mean()
     content, buffers = w.handle_request("head", {"layer": 1, "head": 0, "start": 1900, "end": 2028, "max_side": 64})
     np.testing.assert_allclose((unpack(content, buffers)["attn"][0, 0] / 255) ** 2, mean, atol=0.01)
+    # the exported page precomputes what the view asks first above 1024 tokens: the first 128 tokens
+    assert w.export_requests()[0] == ("head", {"layer": 0, "head": 0, "start": 0, "end": 128})

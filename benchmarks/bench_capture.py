@@ -6,10 +6,13 @@ Models: a ResNet-18-shaped CNN (batch 8, 224²) and a GPT-2-small-config transfo
 128 tokens). Variants, all hooking every leaf module:
   plain          the model alone
   nbdebug        nbdebug.capture.Capture (forward stats, one host sync at exit)
+  nbdebug-dev    the same on the accelerator path run on the CPU (stats stay on the device, a fixed
+                 number of transfers at exit; what CUDA/MPS run), for reference
   item-hooks     tutorial hooks: mean/std/min/max/zero-fraction/NaN each via .item()
   clone-hooks    hooks that keep a clone of every output (what "cache everything" tools do)
 and, with a backward pass, plain fwd+bwd vs nbdebug with gradient stats.
-Targets (issue #2): nbdebug ≤ 1.15× plain forward on both models, < 16 MB extra peak memory.
+Targets (issues #2, #9): nbdebug ≤ 1.15× plain forward on both models, < 16 MB extra peak memory;
+per-step tracking, checkpoint detection and error location (issue #9) add no per-hook cost to speak of.
 """
 
 from __future__ import annotations
@@ -75,6 +78,11 @@ def bench(name: str, model: nn.Module, make_input, rounds: int) -> list[tuple[st
             model(x)
         return cap.result
 
+    def nb_dev() -> object:
+        with Capture(model, device_path=True) as cap, torch.no_grad():
+            model(x)
+        return cap.result
+
     def items() -> object:
         with item_hooks(model), torch.no_grad():
             return model(x)
@@ -100,11 +108,11 @@ def bench(name: str, model: nn.Module, make_input, rounds: int) -> list[tuple[st
         model.zero_grad(set_to_none=True)
         return cap.result
 
-    t = interleaved({"plain": fwd, "nbdebug": nb, "item-hooks": items, "clone-hooks": clones}, rounds=rounds)
+    t = interleaved({"plain": fwd, "nbdebug": nb, "nbdebug-dev": nb_dev, "item-hooks": items, "clone-hooks": clones}, rounds=rounds)
     tb = interleaved({"plain": fwd_bwd, "nbdebug": nb_bwd}, rounds=max(3, rounds // 2))
-    mem = {k: peak_extra_bytes(f) for k, f in [("plain", fwd), ("nbdebug", nb), ("item-hooks", items), ("clone-hooks", clones)]}
+    mem = {k: peak_extra_bytes(f) for k, f in [("plain", fwd), ("nbdebug", nb), ("nbdebug-dev", nb_dev), ("item-hooks", items), ("clone-hooks", clones)]}
     rows = []
-    for k in ("plain", "nbdebug", "item-hooks", "clone-hooks"):
+    for k in ("plain", "nbdebug", "nbdebug-dev", "item-hooks", "clone-hooks"):
         rows.append((name, f"forward {k}", f"{t[k] * 1e3:.1f}", f"{t[k] / t['plain']:.3f}", f"{(mem[k] - mem['plain']) / 2**20:+.1f}"))
     for k in ("plain", "nbdebug"):
         rows.append((name, f"fwd+bwd {k}", f"{tb[k] * 1e3:.1f}", f"{tb[k] / tb['plain']:.3f}", ""))

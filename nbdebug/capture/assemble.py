@@ -16,11 +16,12 @@ import numpy as np
 import torch
 
 from .budget import format_bytes
+from .result import CaptureResult, LayerRecord
 from .stats import SATURATING, merge, nonfinite, summarize, to_host_rows
 from .transfer import to_host
 
 if TYPE_CHECKING:
-    from .session import Capture, CaptureResult, _Call
+    from .session import Capture, _Call
 
 __all__ = ["assemble"]
 
@@ -59,7 +60,7 @@ def _rows_of(calls: list[_Call]) -> tuple[list[list[int]], dict[int, int]]:
 
 def assemble(cap: Capture) -> CaptureResult:
     """Turn a finished capture's records into a :class:`CaptureResult` (plain numpy and floats)."""
-    from .session import MAX_CALLS, CaptureResult, LayerRecord
+    from .session import MAX_CALLS
 
     calls = cap._calls
     g_idx = [i for i, c in enumerate(calls) if c.grad_stats is not None]

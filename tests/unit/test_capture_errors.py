@@ -142,3 +142,27 @@ def test_widget_shows_the_error_card_and_the_fallback_escapes_it() -> None:
     assert w2.raised == {} and "nbd-raised" not in w2.fallback_html()
     w.close()
     w2.close()
+
+
+def test_our_failure_never_replaces_the_users_exception(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nbdebug.capture.assemble as asm
+
+    real, calls = asm.assemble, []
+
+    def flaky(cap):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            raise ZeroDivisionError("bug in nbdebug")
+        return real(cap)
+
+    monkeypatch.setattr(asm, "assemble", flaky)
+    m = beginner_cnn()
+    with pytest.raises(RuntimeError, match="mat1 and mat2"):
+        with Capture(m) as cap:
+            m(torch.randn(4, 3, 12, 12))
+    assert hook_count(m) == 0 and cap.result.layers == []
+    assert cap.result.notes[-1] == "nbdebug could not summarise what ran before the error: ZeroDivisionError: bug in nbdebug"
+    with pytest.raises(ZeroDivisionError):  # without a user exception, our bug is not hidden
+        calls.clear()
+        with Capture(m):
+            m[0](torch.randn(1, 3, 5, 5))

@@ -253,9 +253,9 @@ def _summary(rows: list, flags: list[list[str]], diags: list[Diagnosis], result:
              error: ErrorReport | None = None) -> str:
     head = f"{len(rows)} layers"
     if error is not None:
-        return f"{head} ran, then {error.headline}"
+        return f"{_plural(len(rows), 'layer')} ran, then {error.headline}"
     if result.raised is not None:
-        return f"{head} ran; the cell raised {result.raised} outside the model's modules"
+        return f"{_plural(len(rows), 'layer')} ran; the cell raised {result.raised} outside the model's modules"
     if not rows:
         return "no layer ran inside the cell (did the cell call the model?)"
     parts: list[str] = []

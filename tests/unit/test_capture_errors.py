@@ -121,7 +121,7 @@ def test_raising_outside_the_model_and_keyboard_interrupt() -> None:
             m(torch.randn(1, 2))
             raise ValueError("bad target")
     assert cap.result.error is None and cap.result.raised == "ValueError: bad target"
-    assert diagnose(cap.result).summary == "1 layers ran; the cell raised ValueError: bad target outside the model's modules"
+    assert diagnose(cap.result).summary == "1 layer ran; the cell raised ValueError: bad target outside the model's modules"
 
 
 def test_widget_shows_the_error_card_and_the_fallback_escapes_it() -> None:

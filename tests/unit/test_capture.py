@@ -225,7 +225,7 @@ def test_repeated_calls_get_separate_rows_and_passes_merge() -> None:
         m(torch.randn(3, 2))
     res = cap.result
     assert [r.name for r in res.layers] == ["0", "1", "2", "1#2"]
-    assert all(r.calls == 2 for r in res.layers) and res.forward_passes == 2
+    assert all(r.calls == 2 for r in res.layers) and res.forward_passes == res.steps == 2
     assert res["0"].stats["numel"] == 12
 
 

@@ -353,10 +353,13 @@ def spatial_layers(
     grid_hw: tuple[int, int] | None = None,
     reshape: Reshape = None,
 ) -> list[SpatialLayer]:
-    """The recorded calls whose output has a spatial grid (see :func:`infer_grid`), in completion
-    order (a container after its children); ``calls`` counts the calls of each module."""
+    """The recorded calls whose floating-point output has a spatial grid (see :func:`infer_grid`), in
+    completion order (a container after its children); ``calls`` counts the calls of each module.
+    Integer and bool outputs (masks, indices) are left out."""
     out: list[SpatialLayer] = []
     for order, rec in enumerate(records):
+        if not rec.dtype.is_floating_point:  # masks, indices: not activations to explain or tile
+            continue
         try:
             grid = infer_grid(rec.shape, input_hw=input_hw, grid_hw=grid_hw, reshape=reshape if isinstance(reshape, str) else None)
         except ValueError:

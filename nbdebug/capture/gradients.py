@@ -22,7 +22,9 @@ import torch
 from torch import nn
 
 from .hooks import HookSet, no_param_grads
-from .state import preserve_buffers
+from .probe import run_eagerly
+from .select import unwrap_compiled
+from .state import preserve_buffers, suspend_hooks
 
 __all__ = ["LayerDidNotRun", "autograd_inputs", "class_grads", "layer_pass"]
 
@@ -91,8 +93,9 @@ def layer_pass(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
 
     Differentiate inside the block (:func:`class_grads`): until it ends nbdebug's forward runs on
     clones of the buffers, parameters do not require grad, gradients are enabled (also when
-    called under ``no_grad``/``inference_mode``) and the hook stays, and all of that also covers
-    the recomputation of checkpointed segments during backward. ``call`` is the 0-based call of a
+    called under ``no_grad``/``inference_mode``), the user's own hooks are set aside (not called
+    again) and ours stays, and all of that also covers the recomputation of checkpointed segments
+    during backward. A ``torch.compile``d model runs as its eager module. ``call`` is the 0-based call of a
     module that runs several times (None: the last call). The output is replaced by
     ``leaf.clone()`` so in-place ops downstream cannot touch the leaf. Pass the inputs through
     :func:`autograd_inputs` first.
@@ -103,6 +106,7 @@ def layer_pass(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
     ``no_grad``; when the layer sits inside one, the pass is repeated with the (detached copies of
     the) inputs requiring grad so the segment's output carries a graph.
     """
+    model = unwrap_compiled(model)
     target = model.get_submodule(module)
     leaves: list[torch.Tensor] = []
     seen = [0]
@@ -133,9 +137,9 @@ def layer_pass(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
         return _swap_first(out, swap)
 
     with (torch.inference_mode(False), preserve_buffers(model), no_param_grads(model), torch.enable_grad(),
-          warnings.catch_warnings(), HookSet() as hooks):
+          warnings.catch_warnings(), suspend_hooks(model), HookSet() as hooks):
         warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")
-        hooks.forward(target, hook)
+        hooks.forward(target, run_eagerly(hook))  # (a model compiled in place: dynamo leaves it alone)
         for attempt in range(2):
             leaves.clear()
             seen[0] = 0

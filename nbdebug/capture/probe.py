@@ -26,9 +26,15 @@ from .budget import DEFAULT_MAX_BYTES
 from .hooks import HookSet
 from .leaves import first_tensor
 from .names import call_name
+from .select import unwrap_compiled
 from .weak import ModelRef
 
-__all__ = ["CallRecord", "OutputProbe"]
+__all__ = ["CallRecord", "OutputProbe", "run_eagerly"]
+
+
+def run_eagerly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run as plain Python even inside a ``torch.compile``d model (dynamo does not trace it)."""
+    return torch.compiler.disable(fn, recursive=True)
 
 
 @dataclass(frozen=True)
@@ -127,11 +133,11 @@ class OutputProbe:
     def __enter__(self) -> OutputProbe:
         model = self._model.get()
         try:
-            self._hooks.forward_pre(model, self._pre, with_kwargs=True)
-            self._hooks.forward(model, self._post)
-            for name, module in model.named_modules():
+            self._hooks.forward_pre(model, run_eagerly(self._pre), with_kwargs=True)
+            self._hooks.forward(model, run_eagerly(self._post))
+            for name, module in unwrap_compiled(model).named_modules():  # a compiled model's own names
                 if name:
-                    self._hooks.forward(module, self._make_hook(name, type(module).__name__))
+                    self._hooks.forward(module, run_eagerly(self._make_hook(name, type(module).__name__)))
         except BaseException:
             self._hooks.remove()
             raise

@@ -17,7 +17,50 @@ from torch import nn
 
 from .hooks import hook_count
 
-__all__ = ["fingerprint", "preserve_buffers", "preserve_modes"]
+__all__ = ["fingerprint", "preserve_buffers", "preserve_modes", "suspend_hooks", "user_hook_count"]
+
+#: the per-module hook tables a forward/backward pass consults
+_HOOK_TABLES = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+
+
+def user_hook_count(model: nn.Module) -> int:
+    """Forward/backward hooks on ``model`` and its submodules (the ones :func:`suspend_hooks` sets aside)."""
+    return sum(len(getattr(m, "_forward_hooks", {})) + len(getattr(m, "_forward_pre_hooks", {}))
+               + len(getattr(m, "_backward_hooks", {})) + len(getattr(m, "_backward_pre_hooks", {}))
+               for m in model.modules())
+
+
+@contextmanager
+def suspend_hooks(model: nn.Module) -> Iterator[None]:
+    """Set the user's module hooks aside for nbdebug's own passes, and put the same tables back.
+
+    A re-run of nbdebug's must not call the user's hooks again (a hook that records activations
+    would see extra calls the cell never made). Inside the block every module has empty hook
+    tables (hooks nbdebug registers there are dropped with them); afterwards the original table
+    objects are back, so the user's handles still remove their hooks. Global module hooks
+    (``register_module_forward_hook``) are left alone.
+    """
+    saved: list[tuple[nn.Module, str, Any]] = []
+    try:
+        for m in model.modules():
+            for attr in _HOOK_TABLES:
+                table = m.__dict__.get(attr)
+                if table is not None and len(table):
+                    saved.append((m, attr, table))
+                    m.__dict__[attr] = type(table)()
+        yield
+    finally:
+        for m, attr, table in saved:
+            m.__dict__[attr] = table
+
 
 
 def _version(t: torch.Tensor) -> int | None:

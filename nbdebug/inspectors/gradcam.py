@@ -44,6 +44,8 @@ from ..capture import preserve_buffers, split_call_name
 from ..capture.gradients import LayerDidNotRun, autograd_inputs, class_grads, layer_pass
 from ..capture.names import call_name
 from ..capture.probe import OutputProbe
+from ..capture.select import unwrap_compiled
+from ..capture.state import suspend_hooks
 
 __all__ = ["CamMaps", "GradCamResult", "LayerError", "Probed", "Target", "cams_from", "class_names_for", "compute_cams", "grad_cam"]
 
@@ -226,9 +228,12 @@ class Probed:
 
 
 def probe(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], reshape: Reshape = None) -> Probed:
-    """Spatial layers of ``model`` from one inference pass of nbdebug's own (buffers untouched)."""
+    """Spatial layers of ``model`` from one inference pass of nbdebug's own (buffers untouched, the
+    user's hooks not called)."""
     size = InputSize()
-    with OutputProbe(model, on_first_call=size) as pr, preserve_buffers(model), torch.no_grad(), warnings.catch_warnings():
+    model = unwrap_compiled(model)
+    with (suspend_hooks(model), OutputProbe(model, on_first_call=size) as pr, preserve_buffers(model), torch.no_grad(),
+          warnings.catch_warnings()):
         warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")  # reentrant checkpoint
         model(*args, **kwargs)
     layers = spatial_layers(pr.records, pr.calls, input_hw=size.hw, grid_hw=grid_from_config(model, size.hw), reshape=reshape)
@@ -297,7 +302,7 @@ def grad_cam(
     pr = probe_result
     if pr is None and layer is not None:  # named layer: no probe pass, the CAM's own forward decides
         base, k = split_call_name(layer)
-        model.get_submodule(base)  # AttributeError early for unknown names
+        unwrap_compiled(model).get_submodule(base)  # AttributeError early for unknown names
         chosen, auto, layers = SpatialLayer(call_name(base, k), base, k, k + 1, (), None, 0, ""), False, []  # type: ignore[arg-type]
     else:
         pr = pr or probe(model, args, kwargs, reshape)

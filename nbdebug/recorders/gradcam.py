@@ -30,6 +30,7 @@ from ..adapters.vision import (
 from ..capture import ModelCall, ModelRef, select_modules, split_call_name
 from ..capture.gradients import autograd_inputs
 from ..capture.probe import OutputProbe
+from ..capture.state import user_hook_count
 from ..inspectors.gradcam import (
     CamMaps,
     GradCamResult,
@@ -245,6 +246,9 @@ class GradCamRecorder(Recorder):
         mode = f" (your cell ran under torch.{mode})" if mode in ("no_grad", "inference_mode") else ""
         notes.append(f"nbdebug ran the model once more on your cell's input, tracking gradients from {chosen.name} on{mode}; "
                      "parameters' .grad, buffers and training mode are left as they were")
+        hooks = user_hook_count(model)
+        if hooks:
+            notes.append(f"nbdebug's re-run did not call your {hooks} hook(s) on the model (your cell's call did, as usual)")
         if model.training:
             notes.append("the model is in training mode: dropout and batch statistics apply to that run as in your cell")
         if self._calls > 1:

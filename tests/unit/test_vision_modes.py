@@ -147,26 +147,43 @@ def test_half_precision_models_on_cpu(dtype: torch.dtype) -> None:
     assert hook_count(half) == 0
 
 
-def test_users_own_hooks_are_kept_and_still_called() -> None:
+def test_users_own_hooks_are_kept_and_not_called_by_nbdebugs_own_passes() -> None:
     model = small_cnn()
     x = torch.randn(1, 3, 12, 12)
-    calls: list[int] = []
-    handle = model[4].register_forward_hook(lambda m, i, o: (calls.append(1), o * 2)[1])  # changes the output
+    ref, *_ = grad_cam(model, x, layer="3", topk=2)  # before any hook
+    seen: list[tuple[int, ...]] = []
+    handles = [model[4].register_forward_hook(lambda m, i, o: seen.append(tuple(o.shape))),
+               model[0].register_forward_pre_hook(lambda m, i: seen.append(("pre",)))]  # type: ignore[arg-type]
     try:
-        ref, classes, *_ = grad_cam(model, x, layer="3", topk=2)  # reference: Grad-CAM with the hook
-        n_before = len(calls)
         rec = GradCamRecorder(model, gradcam_layer="3", cam_topk=2)
         with rec:
             model(x)
         res = rec.result()
-        assert len(calls) == n_before + 2  # the cell's call and nbdebug's re-run both went through it
+        assert rec.session is not None
+        rec.session.maps_for("0")  # and an on-demand layer
+        assert seen == [("pre",), (1, 16, 6, 6)]  # the cell's call only: the hooks saw what they would have
         np.testing.assert_allclose(res.cams, ref.cams, atol=1e-6)
-        assert hook_count(model) == 1  # the user's hook is still there, ours are gone
+        assert any("did not call your 2 hook(s)" in n for n in res.notes)
+        assert hook_count(model) == 2  # the user's hooks are kept, ours are gone
+        model(x)
+        assert len(seen) == 4  # and still called afterwards
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_a_hook_that_changes_the_output_is_reported() -> None:
+    model = small_cnn()
+    x = torch.randn(1, 3, 12, 12)
+    handle = model[5].register_forward_hook(lambda m, i, o: o * 2)
+    try:
+        rec = GradCamRecorder(model, gradcam_layer="3", cam_topk=1)
+        with rec:
+            model(x)
+        res = rec.result()
     finally:
         handle.remove()
-    # and the hook really mattered: without it the scores (hence the CAMs' scale) differ
-    plain, *_ = grad_cam(model, x, layer="3", targets=[int(c) for c in classes[0]])
-    assert not np.allclose(plain.cams, ref.cams)
+    assert any("differ from your cell's" in n for n in res.notes) and any("did not call your 1 hook" in n for n in res.notes)
 
 
 def test_loop_explains_the_first_call_and_says_so() -> None:
@@ -316,3 +333,52 @@ def test_a_cell_that_raises_inside_the_model() -> None:
     assert fm.applies() is None and list(fm.result().layers) == ["0", "1"]  # what ran before is shown
     assert any("raised during its first call" in n for n in fm.result().notes)
     assert hook_count(model) == 0
+
+
+def test_integer_and_bool_outputs_are_not_layers() -> None:
+    class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4, 3)
+            self.mask, self.argmax = Gt(), Argmax()
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            h = self.conv(x)
+            h = h.masked_fill(self.mask(h), 0.0)
+            logits = self.fc(h.mean((2, 3)))
+            return logits, self.argmax(logits)
+
+    torch.manual_seed(3)
+    model = Masked()
+    x = torch.randn(2, 3, 6, 6)
+    cam, fm = GradCamRecorder(model, cam_topk=2), FeatureMapsRecorder(model)
+    with cam, fm:
+        model(x)
+    res = cam.result()
+    assert res.layers == ["conv"] and res.layer == "conv" and list(fm.result().layers) == ["conv"]
+    ref, *_ = grad_cam(model, x, layer="conv", targets=res.classes[0].tolist())
+    np.testing.assert_allclose(res.cams[0], ref.cams[0], atol=1e-6)
+
+
+class Gt(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x > 1e3  # a bool map, all False
+
+
+class Argmax(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.argmax(dim=1)
+
+
+def test_compiled_model_keeps_its_own_layer_names() -> None:
+    model = small_cnn()
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(2, 3, 12, 12)
+    cam, fm = GradCamRecorder(compiled, gradcam_layer="3", cam_topk=2), FeatureMapsRecorder(compiled)
+    with cam, fm:
+        compiled(x)
+    res = cam.result()
+    ref, *_ = grad_cam(model, x, layer="3", targets=res.classes[0].tolist())
+    assert "3" in res.layers and not any(n.startswith("_orig_mod") for n in res.layers)
+    np.testing.assert_allclose(res.cams[0], ref.cams[0], atol=1e-5)
+    assert list(fm.result().layers)[:2] == ["0", "1"] and hook_count(compiled) == 0

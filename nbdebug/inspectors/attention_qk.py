@@ -137,8 +137,10 @@ def _probs(x: LayerQK, h0: int, h1: int, r0: int, r1: int, bias: torch.Tensor | 
     rep = max(1, H // Hkv)
     k1 = x.k.shape[1] if k1 is None else k1
     qc = x.q[h0:h1, r0:r1].float()
-    kv = torch.arange(h0, h1, device=x.k.device) // rep
-    kc = x.k[:, k0:k1].index_select(0, kv).float().transpose(1, 2)
+    if rep == 1:
+        kc = x.k[h0:h1, k0:k1].float().transpose(1, 2)
+    else:
+        kc = x.k[:, k0:k1].index_select(0, torch.arange(h0, h1, device=x.k.device) // rep).float().transpose(1, 2)
     bias = _bias(x, r0, r1, k0, k1) if bias is None else bias
     if x.softcap:
         s = torch.bmm(qc, kc).mul_(x.scaling / x.softcap).tanh_().mul_(x.softcap).add_(bias)
@@ -147,14 +149,23 @@ def _probs(x: LayerQK, h0: int, h1: int, r0: int, r1: int, bias: torch.Tensor | 
     return s.softmax(-1)
 
 
-def _plan(x: LayerQK, chunk_bytes: int) -> tuple[int, int]:
-    """Heads and rows per chunk so that three float32 chunk-sized tensors fit in ``chunk_bytes``."""
+def _plan(x: LayerQK, chunk_bytes: int, s: int) -> tuple[int, int]:
+    """Heads and rows per chunk so that three float32 chunk-sized tensors fit in ``chunk_bytes``.
+
+    Banded (causal) layers get 8+ row blocks (a block never computes keys none of its rows sees);
+    rows come in multiples of the thumbnail bin height when the bins are even, so blocks pool
+    without padding.
+    """
     H, T = x.q.shape[0], x.q.shape[1]
     elems = max(T, chunk_bytes // 12)
-    hc = max(1, min(H, elems // (T * T)))
-    rc = T if hc > 1 else max(1, min(T, elems // T))
+    rc = T
     if x.ranges.dense is None and T >= 256 and not bool((x.ranges.hi == T - 1).all()):
-        rc = min(rc, -(-T // 8))  # banded (causal): 8+ row blocks skip the keys no row of a block sees
+        rc = -(-T // 8)
+    rc = max(1, min(rc, elems // T))
+    w = T // s if T % s == 0 else 0
+    if w and rc >= w:
+        rc = rc // w * w
+    hc = max(1, min(H, elems // (rc * T)))
     return hc, rc
 
 
@@ -175,7 +186,8 @@ def summarize_qk(x: LayerQK, thumb: int = 64, chunk_bytes: int = CHUNK_BYTES) ->
     ent, nent, diag, prev = (torch.zeros(H, device=dev) for _ in range(4))
     col = torch.zeros(H, T, device=dev)
     pooled = torch.zeros(H, s, s, device=dev)
-    hc, rc = _plan(x, chunk_bytes)
+    hc, rc = _plan(x, chunk_bytes, s)
+    w = T // s if T % s == 0 else 0  # even bins: pool by reshaping
     for r0 in range(0, T, rc):
         r1 = min(T, r0 + rc)
         k0, k1 = x.ranges.key_span(r0, r1)
@@ -198,6 +210,8 @@ def summarize_qk(x: LayerQK, thumb: int = 64, chunk_bytes: int = CHUNK_BYTES) ->
                 prev[h0:h1] += (p.gather(2, pi.view(1, -1, 1).expand(h1 - h0, -1, 1)).squeeze(2) * pok).sum(-1)
             if r1 - r0 == T and k1 - k0 == T:  # whole rows at once: the same pooling as head_stats
                 pooled[h0:h1] = (F.adaptive_avg_pool2d(p, (s, s)) if s < T else p) * (b_hi - b_lo).float().to(dev).view(1, s, 1)
+            elif w and r0 % w == 0 and r1 % w == 0 and k0 % w == 0 and k1 % w == 0:  # aligned block: reshape-pool
+                pooled[h0:h1, r0 // w : r1 // w, k0 // w : k1 // w] += F.avg_pool2d(p, w) * w  # (× bin height: see below)
             else:  # rows in chunks: column-pool (full width), then add each row to its bins
                 if k1 - k0 < T:
                     p = F.pad(p, (k0, T - k1))

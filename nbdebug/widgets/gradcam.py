@@ -79,7 +79,10 @@ class GradCamWidget(NBWidget):
 
     @rpc("view")
     def _view(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Image and every target class's CAM of one sample and layer (uint8, one buffer each)."""
+        """Image and every target class's CAM of one sample and layer (uint8, one buffer each).
+
+        ``layer`` is a call name (``act``, ``act#2``); a layer not computed yet is computed on demand
+        (a deleted model answers with the ModelGoneError message as the error)."""
         sample = int(params.get("sample", self.sample))
         layer = str(params.get("layer") or self.layer)
         if not 0 <= sample < self.batch:
@@ -89,7 +92,7 @@ class GradCamWidget(NBWidget):
         arrays: dict[str, Any] = {"cams": u8, "peak": peak}
         if self._result.image is not None:
             arrays["image"] = self._result.image[sample]
-        info = {"layer": layer, "sample": sample, "zero_grad": maps.zero_grad, "note": maps.note,
+        info = {"layer": maps.layer, "sample": sample, "zero_grad": maps.zero_grad, "note": maps.note,
                 "grid": maps.grid.describe(), "low_hw": list(maps.low.shape[-2:])}
         return info, arrays
 

@@ -147,6 +147,8 @@ def test_a_module_called_twice_has_one_name_per_call_everywhere(sh) -> None:  # 
     assert [n for n in w.layers if n.startswith("act")] == ["act", "act#2"]  # never act#0 / act#1
     content, _ = w.handle_request("view", {"layer": "act"})
     assert content["result"]["layer"] == "act" and set(cam.maps) == {"act", "act#2"}
+    content, _ = w.handle_request("view", {"layer": "act#1"})  # "#1" is accepted for the first call
+    assert content["result"]["layer"] == "act" and set(cam.maps) == {"act", "act#2"}
     res = sh.run_cell("%%nndebug shared --view featuremaps -o fm\nshared(x)")
     assert res.success, res.error_in_exec
     fm, w = sh.user_ns["fm"], sh.user_ns["_nndebug_widget"]

@@ -183,7 +183,7 @@ def clean(m: torch.nn.Module, hooks: int, impl: str = "sdpa") -> None:
     assert not any(k in _ACTIVE for k in m.modules())
 
 
-@pytest.mark.parametrize("T,heads,kv,chunk", [(9, 4, 2, 1 << 20), (150, 4, 4, 4000 * 12), (300, 2, 1, 1 << 24)])
+@pytest.mark.parametrize("T,heads,kv,chunk", [(9, 4, 2, 1 << 20), (150, 4, 4, 4000 * 12), (300, 2, 1, 1 << 24), (512, 2, 2, 1 << 20), (512, 3, 1, 1 << 24)])
 def test_chunked_summaries_from_queries_and_keys_equal_head_stats(T: int, heads: int, kv: int, chunk: int) -> None:
     torch.manual_seed(T)
     q, k = torch.randn(heads, T, 8), torch.randn(kv, T, 8)
@@ -379,3 +379,19 @@ def test_applies_says_why_not() -> None:
     with AttentionRecorder(m, seq_index=0) as rec2:  # 0 is honoured (not "or default")
         m(torch.randint(1, 60, (2, 4)))
     assert rec2.applies() is None and rec2.batch_index == 0
+
+
+def test_sliding_window_summaries_match_the_masked_probabilities() -> None:
+    T, W = 320, 40
+    torch.manual_seed(2)
+    q, k = torch.randn(2, T, 8), torch.randn(2, T, 8)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    allowed = (j <= i) & (j > i - W)
+    ranges = key_ranges(allowed[None, None], True, T)
+    assert isinstance(ranges, KeyRanges) and ranges.dense is None and ranges.is_causal
+    p = (q @ k.transpose(1, 2) * 0.3).masked_fill(~allowed, -float("inf")).softmax(-1)
+    ref, ours = head_stats(p), summarize_qk(LayerQK(q, k, ranges, 0.3), chunk_bytes=1 << 20)  # blocks skip unseen keys
+    for key in ("entropy", "col_mass", "diagonal", "prev_token", "max_mass", "thumb_max"):
+        np.testing.assert_allclose(ours[key].numpy(), ref[key].numpy(), atol=2e-6, err_msg=key)
+    np.testing.assert_allclose(ours["norm_entropy"].numpy(), (-(torch.special.xlogy(p, p)).sum(-1)[:, 1:] / allowed.sum(-1)[1:].float().log()).mean(-1).numpy(), atol=2e-6)
+    np.testing.assert_allclose(head_probs(LayerQK(q, k, ranges, 0.3), 1, 100, 200, chunk_bytes=1 << 16)[0], p[1, 100:200, 100:200].numpy(), atol=1e-6)

@@ -19,48 +19,64 @@ from .hooks import hook_count
 
 __all__ = ["fingerprint", "preserve_buffers", "preserve_modes", "suspend_hooks", "user_hook_count"]
 
-#: the per-module hook tables a forward/backward pass consults
-_HOOK_TABLES = (
-    "_forward_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-    "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs",
-    "_backward_hooks",
-    "_backward_pre_hooks",
-)
+#: hooks defined in these packages are part of how the model computes (weight_norm, pruning,
+#: transformers' output capturing, accelerate's offloading): they run in nbdebug's passes too
+_LIBRARIES = ("torch", "transformers", "accelerate", "peft", "timm", "torchvision", "bitsandbytes", "optimum")
+_KEYED = {"_forward_hooks": ("_forward_hooks_with_kwargs", "_forward_hooks_always_called"),
+          "_forward_pre_hooks": ("_forward_pre_hooks_with_kwargs",), "_backward_hooks": (), "_backward_pre_hooks": ()}
+
+
+def _is_users(fn: Any) -> bool:
+    """Whether a hook was written by the user (not by a library the model is built with)."""
+    while hasattr(fn, "func"):  # functools.partial
+        fn = fn.func
+    fn = getattr(fn, "__func__", fn)  # bound method
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return str(module).split(".")[0] not in _LIBRARIES
 
 
 def user_hook_count(model: nn.Module) -> int:
-    """Forward/backward hooks on ``model`` and its submodules (the ones :func:`suspend_hooks` sets aside)."""
-    return sum(len(getattr(m, "_forward_hooks", {})) + len(getattr(m, "_forward_pre_hooks", {}))
-               + len(getattr(m, "_backward_hooks", {})) + len(getattr(m, "_backward_pre_hooks", {}))
-               for m in model.modules())
+    """The user's own forward/backward hooks on ``model`` and its submodules (the ones
+    :func:`suspend_hooks` sets aside; library hooks such as transformers' are not counted)."""
+    return sum(_is_users(fn) for m in model.modules() for attr in _KEYED for fn in (m.__dict__.get(attr) or {}).values())
 
 
 @contextmanager
 def suspend_hooks(model: nn.Module) -> Iterator[None]:
-    """Set the user's module hooks aside for nbdebug's own passes, and put the same tables back.
+    """Set the user's own module hooks aside for nbdebug's own passes, and put the same tables back.
 
     A re-run of nbdebug's must not call the user's hooks again (a hook that records activations
-    would see extra calls the cell never made). Inside the block every module has empty hook
-    tables (hooks nbdebug registers there are dropped with them); afterwards the original table
-    objects are back, so the user's handles still remove their hooks. Global module hooks
+    would see extra calls the cell never made). Hooks defined by libraries (``torch`` weight norm
+    and pruning, ``transformers`` output capturing, ``accelerate``) stay: they are part of the
+    model's computation. Inside the block each module with a user hook has new tables without it
+    (hooks nbdebug registers there are dropped with them); afterwards the original table objects
+    are back, so the user's handles still remove their hooks. Global module hooks
     (``register_module_forward_hook``) are left alone.
     """
-    saved: list[tuple[nn.Module, str, Any]] = []
+    saved: list[tuple[nn.Module, dict[str, Any]]] = []
     try:
         for m in model.modules():
-            for attr in _HOOK_TABLES:
-                table = m.__dict__.get(attr)
-                if table is not None and len(table):
-                    saved.append((m, attr, table))
-                    m.__dict__[attr] = type(table)()
+            tables = {attr: m.__dict__.get(attr) for attr in _KEYED}
+            if not any(_is_users(fn) for t in tables.values() for fn in (t or {}).values()):
+                continue
+            originals: dict[str, Any] = {}
+            for attr, side in _KEYED.items():
+                table = tables[attr]
+                if table is None:
+                    continue
+                kept = type(table)((k, fn) for k, fn in table.items() if not _is_users(fn))
+                originals[attr] = table
+                m.__dict__[attr] = kept
+                for extra in side:
+                    flags = m.__dict__.get(extra)
+                    if flags is not None:
+                        originals[extra] = flags
+                        m.__dict__[extra] = type(flags)((k, v) for k, v in flags.items() if k in kept)
+            saved.append((m, originals))
         yield
     finally:
-        for m, attr, table in saved:
-            m.__dict__[attr] = table
-
+        for m, originals in saved:
+            m.__dict__.update(originals)
 
 
 def _version(t: torch.Tensor) -> int | None:

@@ -382,3 +382,24 @@ def test_compiled_model_keeps_its_own_layer_names() -> None:
     assert "3" in res.layers and not any(n.startswith("_orig_mod") for n in res.layers)
     np.testing.assert_allclose(res.cams[0], ref.cams[0], atol=1e-5)
     assert list(fm.result().layers)[:2] == ["0", "1"] and hook_count(compiled) == 0
+
+
+def test_suspend_hooks_sets_only_the_users_hooks_aside() -> None:
+    from nbdebug.capture.state import suspend_hooks, user_hook_count
+
+    conv = nn.utils.parametrizations.weight_norm(nn.Conv2d(3, 4, 3))  # parametrized: no hook
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated in favour of the parametrization
+        legacy = torch.nn.utils.weight_norm(nn.Linear(4, 2))  # weight norm as a library pre-hook
+    model = nn.Sequential(conv, nn.ReLU(), legacy)
+    calls: list[str] = []
+    model[1].register_forward_hook(lambda m, i, o: calls.append("user"))
+    table = legacy._forward_pre_hooks
+    assert user_hook_count(model) == 1 and len(table) == 1
+    with suspend_hooks(model):
+        assert len(legacy._forward_pre_hooks) == 1 and len(model[1]._forward_hooks) == 0
+        with torch.no_grad():
+            legacy.weight_v.mul_(2)  # the library hook recomputes .weight from weight_g/weight_v
+            y = legacy(torch.ones(1, 4))
+        assert torch.allclose(y, torch.ones(1, 4) @ legacy.weight.T + legacy.bias)
+    assert calls == [] and legacy._forward_pre_hooks is table and len(model[1]._forward_hooks) == 1

@@ -3,7 +3,9 @@ again on the shown call's inputs when a view recomputes something on demand.
 
 Every such forward runs under ``torch.no_grad()`` on clones of the buffers
 (:func:`~nbdebug.capture.state.preserve_buffers`), without a KV cache (``use_cache=False``; a cache
-object the user passed is never touched), with whatever hooks the caller has installed.
+object the user passed is never touched), and with every module hook suspended but the calling
+view's own (:func:`suspend_hooks`): the user's hooks (counters, loggers) and other views (the
+thermometer's steps) never see a forward the cell did not run. The views say so.
 
 >>> replay = Replay(call, batch_index=0)        # call: a ModelCall(model, watch_generate=True)
 >>> if call.generated:                          # doctest: +SKIP
@@ -12,15 +14,41 @@ object the user passed is never touched), with whatever hooks the caller has ins
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
+from .hooks import HookSet
 from .inputs import ModelCall
 from .state import preserve_buffers
 
-__all__ = ["Replay", "forward_again", "generation_note", "int_option"]
+__all__ = ["Replay", "forward_again", "generation_note", "int_option", "suspend_hooks"]
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+@contextmanager
+def suspend_hooks(model: nn.Module, keep: Iterable[HookSet] = ()) -> Iterator[None]:
+    """Module hooks of ``model`` other than those of the ``keep`` hook sets are set aside while the
+    block runs and put back afterwards, in their original order (also on KeyboardInterrupt)."""
+    ids = {h.id for hs in keep for h in hs._handles}
+    saved: list[tuple[dict[int, Any], dict[int, Any]]] = []
+    try:
+        for m in model.modules():
+            for attr in _HOOK_DICTS:
+                d = getattr(m, attr, None)
+                if d and any(k not in ids for k in d):
+                    saved.append((d, dict(d)))
+                    for k in [k for k in d if k not in ids]:
+                        del d[k]
+        yield
+    finally:
+        for d, before in saved:
+            d.clear()
+            d.update(before)
 
 
 def int_option(value: Any, default: int) -> int:
@@ -36,9 +64,10 @@ def _no_cache(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def forward_again(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``model(*args, **kwargs)`` under no_grad, on cloned buffers, without a KV cache."""
-    with torch.no_grad(), preserve_buffers(model):
+def forward_again(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], keep: Iterable[HookSet] = ()) -> Any:
+    """``model(*args, **kwargs)`` under no_grad, on cloned buffers, without a KV cache, with only the
+    ``keep`` hook sets' hooks running."""
+    with torch.no_grad(), preserve_buffers(model), suspend_hooks(model, keep):
         return model(*args, **_no_cache(model, kwargs))
 
 
@@ -74,8 +103,9 @@ class Replay:
         """``(args, kwargs)`` to run the shown forward again (kept by reference, not copied)."""
         return self.args, self.kwargs
 
-    def run(self, model: nn.Module) -> None:
-        """One forward on the final sequence of the generation the cell ran (KeyboardInterrupt propagates)."""
+    def run(self, model: nn.Module, keep: Iterable[HookSet] = ()) -> None:
+        """One forward on the final sequence of the generation the cell ran, with only the ``keep``
+        hooks (the view's own) running. KeyboardInterrupt propagates; other errors become a note."""
         final = self._call.final_sequence()
         if final is None:
             return
@@ -83,24 +113,24 @@ class Replay:
         b = min(self.batch_index, ids.shape[0] - 1)
         row = ids[b]
         mask = (self._call.kwargs or {}).get("attention_mask")
-        keep = torch.ones(row.shape[0], dtype=torch.bool, device=row.device)
+        real = torch.ones(row.shape[0], dtype=torch.bool, device=row.device)
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[1] == n0:
-            keep[:n0] = mask[min(b, mask.shape[0] - 1)].to(row.device) != 0
-        prompt = int(keep[:n0].sum())
-        row = row[keep]
+            real[:n0] = mask[min(b, mask.shape[0] - 1)].to(row.device) != 0
+        prompt = int(real[:n0].sum())
+        row = row[real]
         self._args, self._kwargs = (), {"input_ids": row[None]}
         self.how, self.length, self.prompt = how, int(row.shape[0]), prompt
         try:
-            self.call(model)
+            self.call(model, keep)
             self.replayed = True
         except Exception as exc:  # the cell itself succeeded: say what happened instead of raising
             self.error = f"{type(exc).__name__}: {exc}"
 
-    def call(self, model: nn.Module) -> Any:
-        """Run ``model`` on the shown inputs under no_grad, on cloned buffers, without a KV cache."""
+    def call(self, model: nn.Module, keep: Iterable[HookSet] = ()) -> Any:
+        """Run ``model`` on the shown inputs (see :func:`forward_again`)."""
         self.running = True
         try:
-            return forward_again(model, self.args, self.kwargs)
+            return forward_again(model, self.args, self.kwargs, keep)
         finally:
             self.running = False
 
@@ -118,7 +148,7 @@ def generation_note(call: ModelCall, replay: Replay, view: str) -> str:
         after = ("generate()" if replay.how.startswith("the sequence generate")
                  else "the decoding loop, on the tokens it fed to the model (the last sampled token never entered it)")
         return (f"{view} of the final {replay.length}-token sequence ({replay.prompt} prompt + {gen} generated), "
-                f"recomputed in one forward after {after}")
+                f"recomputed in one forward after {after} (your own hooks were not called again)")
     if replay.error:
         return f"the cell generated tokens, but the forward on the final sequence failed ({replay.error}); the first call is shown"
     if call.calls > 1:

@@ -89,6 +89,7 @@ class AttentionRecorder(Recorder):
         self.why_no_probe = probe_supported(model, [m for _, m in self.parts.attentions])
         self.path = ""
         self._stack = ExitStack()
+        self._hooks = HookSet()
         self._call = ModelCall(model, watch_generate=True)
         self._replay = Replay(self._call, self.batch_index)
         self._index = {id(m): i for i, (_n, m) in enumerate(self.parts.attentions)}
@@ -186,7 +187,7 @@ class AttentionRecorder(Recorder):
         return hook
 
     def _install(self, stack: ExitStack, model: nn.Module) -> None:
-        hooks = stack.enter_context(HookSet())
+        hooks = self._hooks = stack.enter_context(HookSet())
         hooks.forward_pre(model, self._top_pre)
         if self.why_no_probe is None:
             self.path = stack.enter_context(
@@ -211,7 +212,7 @@ class AttentionRecorder(Recorder):
         try:
             if exc_type is None and self._call.generated:
                 self._reset()
-                self._replay.run(self.model)  # one forward on the final sequence, same hooks
+                self._replay.run(self.model, [self._hooks])  # one forward on the final sequence, only our hooks
         finally:
             self._stack.close()
 

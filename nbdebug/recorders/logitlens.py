@@ -140,6 +140,7 @@ class LogitLensRecorder(Recorder):
         self._call = ModelCall(model, watch_generate=True)
         self._replay = Replay(self._call, self.batch_index)
         self._stack = ExitStack()
+        self._hooks = HookSet()
         self._reset()
         self._lens: LogitLens | None = None
         self._result: LensResult | None = None
@@ -198,7 +199,7 @@ class LogitLensRecorder(Recorder):
         try:
             model = self.model
             self._stack.enter_context(self._call)
-            hooks = self._stack.enter_context(HookSet())
+            hooks = self._hooks = self._stack.enter_context(HookSet())
             hooks.forward_pre(model, self._top_pre)
             hooks.forward_pre(self.parts.blocks[0][1], self._pre0, with_kwargs=True)
             for i, (_n, block) in enumerate(self.parts.blocks):
@@ -213,7 +214,7 @@ class LogitLensRecorder(Recorder):
         try:
             if exc_type is None and self._call.generated:
                 self._reset()
-                self._replay.run(self.model)  # one forward on the final sequence, same hooks
+                self._replay.run(self.model, [self._hooks])  # one forward on the final sequence, only our hooks
         finally:
             self._stack.close()
 

@@ -248,14 +248,18 @@ def test_outputs_unchanged_and_heads_equal_eager(family: str) -> None:
 def test_generate_covers_the_final_sequence(family: str) -> None:
     m = tiny(family)
     ids = torch.randint(1, 60, (1, 5))
+    calls: list[int] = []
+    mine = m.register_forward_hook(lambda *_: calls.append(1))  # the user's own hook counts forwards
     hooks = hook_count(m)
     with AttentionRecorder(m) as rec:
         out = m.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
     clean(m, hooks)
+    assert len(calls) == 6  # exactly the forwards generate() ran: our extra forward does not call it
+    mine.remove()
     res = rec.result()
     assert out.shape == (1, 11) and res.shape == (2, 2, 11)
     assert res.generated == [False] * 5 + [True] * 6
-    assert res.notes[0] == "attention of the final 11-token sequence (5 prompt + 6 generated), recomputed in one forward after generate()"
+    assert res.notes[0] == "attention of the final 11-token sequence (5 prompt + 6 generated), recomputed in one forward after generate() (your own hooks were not called again)"
     assert res.tokens == [f"#{int(i)}" for i in out[0]]
     ref = eager_reference(m, out)
     for layer in range(2):
@@ -395,3 +399,17 @@ def test_sliding_window_summaries_match_the_masked_probabilities() -> None:
         np.testing.assert_allclose(ours[key].numpy(), ref[key].numpy(), atol=2e-6, err_msg=key)
     np.testing.assert_allclose(ours["norm_entropy"].numpy(), (-(torch.special.xlogy(p, p)).sum(-1)[:, 1:] / allowed.sum(-1)[1:].float().log()).mean(-1).numpy(), atol=2e-6)
     np.testing.assert_allclose(head_probs(LayerQK(q, k, ranges, 0.3), 1, 100, 200, chunk_bytes=1 << 16)[0], p[1, 100:200, 100:200].numpy(), atol=1e-6)
+
+
+def test_generate_with_left_padding_shows_the_real_tokens() -> None:
+    m = tiny("llama")
+    ids = torch.randint(1, 60, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0  # item 1 is left-padded: 4 real prompt tokens
+    with AttentionRecorder(m, seq_index=1) as rec:
+        out = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    res = rec.result()
+    real = out[1, 2:][None]  # what item 1 really is: 4 prompt + 3 generated tokens
+    assert res.shape[2] == 7 and res.generated == [False] * 4 + [True] * 3
+    assert res.tokens == [f"#{int(i)}" for i in real[0]]
+    np.testing.assert_allclose(res.head(1, 1), eager_reference(m, real)[1][0, 1].numpy(), atol=1e-5)

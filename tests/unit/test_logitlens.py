@@ -203,7 +203,7 @@ def test_generate_covers_the_final_sequence() -> None:
     res = rec.result()
     assert out.shape == (1, 11) and res.top_ids.shape == (3, 11, K)
     assert res.lens.generated == [False] * 5 + [True] * 6
-    assert res.notes[0] == "logit lens of the final 11-token sequence (5 prompt + 6 generated), recomputed in one forward after generate()"
+    assert res.notes[0] == "logit lens of the final 11-token sequence (5 prompt + 6 generated), recomputed in one forward after generate() (your own hooks were not called again)"
     ref = hand_lens(m, out).exp()
     np.testing.assert_array_equal(res.top_ids, ref.topk(K, -1).indices.numpy())
     np.testing.assert_allclose(res.top_probs, ref.topk(K, -1).values.numpy(), atol=1e-6)

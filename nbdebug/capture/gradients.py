@@ -157,6 +157,20 @@ def layer_pass(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
         yield output, leaves[-1]
 
 
+def _reentrant_checkpoint(t: torch.Tensor, limit: int = 100_000) -> bool:
+    """Whether ``t``'s graph goes through a reentrant ``torch.utils.checkpoint`` segment."""
+    todo, seen = [t.grad_fn], set()
+    while todo and len(seen) < limit:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if "CheckpointFunction" in type(fn).__name__:
+            return True
+        todo.extend(f for f, _ in fn.next_functions)
+    return False
+
+
 def _via_backward(picked: torch.Tensor, leaf: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
     """Reentrant ``torch.utils.checkpoint`` hides the leaf from ``autograd.grad`` (its segment is
     differentiated by a backward of its own); ``.backward()`` reaches it. Only our own tensors
@@ -200,6 +214,6 @@ def class_grads(picked: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
                                            allow_unused=True, retain_graph=True)
         except RuntimeError as exc:  # an op without a batching rule, or reentrant checkpointing
             grads = None if "heckpoint" in str(exc) else _one_by_one(picked, leaf, grad_out)
-        if grads is None:  # not reachable by autograd.grad: reentrant checkpointing, or truly unused
+        if grads is None and _reentrant_checkpoint(picked):  # hidden from autograd.grad
             grads = _via_backward(picked, leaf, grad_out)
-    return grads if grads.shape == zeros.shape else zeros
+    return grads if grads is not None and grads.shape == zeros.shape else zeros

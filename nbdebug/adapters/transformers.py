@@ -214,8 +214,12 @@ def find_parts(
 
     Explicit ``final_norm=`` (a module or function), ``unembed=`` (a Linear/Embedding or a
     ``(V, d)`` weight) and ``blocks=`` override what is found. Raises :class:`AdapterError` naming
-    what is missing and which argument supplies it.
+    what is missing and which argument supplies it. A ``torch.compile``d model is described by its
+    original module (the same submodules, named without the ``_orig_mod.`` prefix).
     """
+    orig = getattr(model, "_orig_mod", None)
+    if isinstance(orig, nn.Module) and type(model).__name__ == "OptimizedModule":
+        model = orig
     if _is_hooked_transformer(model):
         parts = _hooked_transformer_parts(model)
     else:

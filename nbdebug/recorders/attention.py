@@ -113,6 +113,7 @@ class AttentionRecorder(Recorder):
         self._problem = ""
         self._capturing = False
         self._mask_kwargs: dict[str, Any] = {}
+        self._completed = False  # the shown forward returned
 
     # -- capture: which call is shown -------------------------------------------------------------
     def _top_pre(self, *_: Any) -> None:
@@ -123,6 +124,8 @@ class AttentionRecorder(Recorder):
             self._mask_kwargs = kwargs
 
     def _top_post(self, *_: Any) -> None:
+        if self._capturing:
+            self._completed = True
         self._capturing = False
 
     def _chunk_bytes(self) -> int:
@@ -239,7 +242,8 @@ class AttentionRecorder(Recorder):
             if self._seen == 0:
                 raise RuntimeError("the cell did not run the model: nothing to show")
             if self._seen < len(names):
-                raise RuntimeError(f"attention seen in {self._seen} of {len(names)} layers")
+                raised = "" if self._completed else "the model raised (or was interrupted) during its forward: "
+                raise RuntimeError(f"{raised}attention seen in {self._seen} of {len(names)} layers")
             ck = self._chunk_bytes()
             layers = [s if s is not None else {k: (v.cpu() if isinstance(v, torch.Tensor) else v)
                                                for k, v in summarize_qk(x, chunk_bytes=ck).items()}  # type: ignore[arg-type]

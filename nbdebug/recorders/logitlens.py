@@ -234,6 +234,9 @@ class LogitLensRecorder(Recorder):
         missing = [i for i, r in enumerate(self._resid) if r is None]
         if len(missing) == len(self._resid):
             raise RuntimeError("the cell did not run the model: nothing to show")
+        if missing and not self._seen:  # the forward never returned: the cell raised inside the model
+            raise RuntimeError(f"the model raised (or was interrupted) during its forward, after {len(self._resid) - len(missing) - 1} "
+                               f"of {len(self._resid) - 1} blocks: no complete residual stream to show")
         if missing:
             raise RuntimeError(f"residual stream missing at rows {missing} (blocks not called?)")
         resid = torch.stack([r for r in self._resid if r is not None])  # (R, T, d)

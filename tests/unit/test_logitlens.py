@@ -314,3 +314,18 @@ def test_applies_without_a_call() -> None:
     assert rec.applies() == "the cell did not run the model: nothing to show"
     with pytest.raises(ValueError, match="lens-topk"):
         LogitLensRecorder(m, lens_topk=0)
+
+
+def test_a_forward_that_raises_is_a_one_line_reason() -> None:
+    m = tiny_lm("llama")
+
+    def boom(*_: object) -> None:
+        raise RuntimeError("user hook failed")
+
+    handle = m.model.layers[1].register_forward_hook(boom)  # registered first: runs before our hook
+    with pytest.raises(RuntimeError, match="user hook failed"):
+        with LogitLensRecorder(m) as rec:
+            with torch.no_grad():
+                m(torch.randint(0, 64, (1, 4)))
+    handle.remove()
+    assert rec.applies() == "the model raised (or was interrupted) during its forward, after 1 of 2 blocks: no complete residual stream to show"

@@ -9,6 +9,9 @@ import torch
 from torch import nn
 
 HOSTILE = "<img src=x onerror=alert(1)>"
+#: Widgets hold their model weakly (a deleted model is collected): the builders keep theirs alive here,
+#: as a notebook variable would.
+MODELS: list[nn.Module] = []
 
 
 def _cnn() -> nn.Module:
@@ -24,6 +27,7 @@ def thermometer() -> Any:
     from nbdebug.widgets.thermometer import ThermometerWidget
 
     m = _cnn()
+    MODELS.append(m)
     with Capture(m) as cap:
         m(torch.rand(2, 3, 16, 16)).sum().backward()
     return ThermometerWidget.from_capture(cap.result)
@@ -33,6 +37,7 @@ def featuremaps() -> Any:
     from nbdebug.recorders.featuremaps import FeatureMapsRecorder
 
     m = _cnn()
+    MODELS.append(m)
     with FeatureMapsRecorder(m) as rec:
         m(torch.rand(2, 3, 16, 16))
     return rec.widget()
@@ -42,6 +47,7 @@ def gradcam() -> Any:
     from nbdebug.recorders.gradcam import GradCamRecorder
 
     m = _cnn()
+    MODELS.append(m)
     names = {i: f"{HOSTILE} class {i}" for i in range(6)}
     with GradCamRecorder(m, class_names=names, cam_topk=3) as rec:
         m(torch.rand(2, 3, 16, 16))
@@ -54,6 +60,7 @@ def attention() -> Any:
 
     torch.manual_seed(0)
     m = tiny_lm("gpt2")
+    MODELS.append(m)
     toks = ["A", HOSTILE, "Ġb", "Ċ", "c", "d", "e", "f"]
     with AttentionRecorder(m, tokens=toks) as rec:
         m(torch.randint(1, 60, (1, 8)))
@@ -66,6 +73,7 @@ def logitlens() -> Any:
 
     torch.manual_seed(0)
     m = tiny_lm("llama", vocab=200, layers=3)
+    MODELS.append(m)
     toks = ["A", HOSTILE, "b", "c", "d", "e", "f", "g", "h"]
     with LogitLensRecorder(m, lens_topk=4, tokens=toks) as rec, torch.no_grad():
         m(torch.randint(0, 200, (1, 9)))

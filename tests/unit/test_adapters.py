@@ -16,7 +16,7 @@ from nbdebug.adapters.transformers import (  # noqa: E402
     find_parts,
     require_lens,
 )
-from nbdebug.capture import fingerprint, same_fingerprint  # noqa: E402
+from nbdebug.capture import fingerprint, hook_count, same_fingerprint  # noqa: E402
 
 V = 64
 
@@ -165,3 +165,33 @@ def test_transformer_lens_hooked_transformer() -> None:
     assert a.path == "hooks"
     for layer in range(2):
         assert torch.allclose(torch.as_tensor(a.attention[layer]).float(), cache["pattern", layer][0], atol=1e-3)
+
+
+def test_model_call_generate_watch_nests_and_restores_in_any_order() -> None:
+    from transformers.generation.utils import GenerationMixin
+
+    from nbdebug.capture import ModelCall
+
+    original = GenerationMixin.generate
+    m = tiny_lm("gpt2")
+    a, b = ModelCall(m, watch_generate=True), ModelCall(m, watch_generate=True)
+    a.__enter__()
+    b.__enter__()
+    assert GenerationMixin.generate is not original  # one wrapper for both watchers
+    out = m.generate(torch.randint(1, 60, (1, 3)), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    assert torch.equal(a.sequences, out) and torch.equal(b.sequences, out) and a.calls == b.calls == 2
+    a.__exit__(None, None, None)  # not in LIFO order
+    assert GenerationMixin.generate is not original
+    b.__exit__(None, None, None)
+    assert GenerationMixin.generate is original and hook_count(m) == 0
+    other = tiny_lm("gpt2")  # a watcher of one model ignores another model's generate
+    with ModelCall(m, watch_generate=True) as c:
+        other.generate(torch.randint(1, 60, (1, 3)), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    assert c.sequences is None and c.calls == 0 and not c.generated
+
+
+def test_compiled_model_parts_keep_their_names() -> None:
+    m = tiny_lm("llama")
+    parts = find_parts(torch.compile(m))  # compiling is lazy: nothing runs here
+    assert parts.blocks[0][0] == "model.layers.0" and parts.blocks[0][1] is m.model.layers[0]
+    assert parts.final_norm_name == "model.norm" and parts.final_norm is m.model.norm

@@ -1,0 +1,398 @@
+"""The real-use matrix: how each mode runs a user's cell, and what each view must show afterwards.
+
+A *cell* is one (mode, view) pair. :func:`run` builds a fresh tiny model, runs the user's code once
+on an identical copy without nbdebug (the reference) and once under ``nbdebug.debug(model, view)``,
+then checks: the view's content (exact names, values against the reference), hooks back to the
+user's count, parameters/buffers/``.grad``/modes/attributes equal to the reference run's, the
+attention implementation restored, and — when the mode leaves a graph — that the user's graph
+still backpropagates to the same gradients. A view that cannot serve a mode must say so in one line
+(``Debug.skipped``/``note()``), never raise.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+import nbdebug
+from nbdebug.capture import fingerprint, hook_count, same_fingerprint
+
+from . import models as M
+
+LANG = ("gpt2", "llama")
+#: modes whose cell leaves an autograd graph the user may still backpropagate through
+GRAPH_MODES = {"plain", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
+RAISING = {"exception": ValueError, "keyboard_interrupt": KeyboardInterrupt}
+NAN_STEP = 6  # 1-based: the 6th call of the model's forward makes the first non-finite value
+STEPS = 8
+
+
+@dataclass
+class Outcome:
+    """What one cell saw (for the checks and the Works-with table)."""
+
+    view: str
+    note: str = ""  # the one-line note when the view did not show
+    result: Any = None
+    widget: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# -- models and inputs ---------------------------------------------------------------------------
+def family_of(mode: str, view: str) -> str:
+    if "[" in view:
+        return view.split("[")[1].rstrip("]")
+    if mode == "not_applicable":
+        return "mlp" if view in ("featuremaps", "gradcam") else "cnn"
+    if mode == "shape_error":
+        return "shape_error"
+    return "cnn"
+
+
+def view_name(view: str) -> str:
+    return view.split("[")[0]
+
+
+def build(mode: str, family: str) -> tuple[nn.Module, Any]:
+    if family == "cnn":
+        ckpt = {"ckpt_reentrant": True, "ckpt_nonreentrant": False}.get(mode)
+        model: nn.Module = M.tiny_cnn(ckpt=ckpt, int_outputs=mode == "int_outputs")
+        inp: Any = M.image()
+    elif family == "mlp":
+        model, inp = M.mlp(), torch.randn(2, 6, generator=torch.Generator().manual_seed(3))
+    elif family == "shape_error":
+        model, inp = M.shape_error_cnn(), torch.randn(4, 3, 12, 12, generator=torch.Generator().manual_seed(3))
+    else:
+        model, inp = M.tiny_lm(family), M.prompt()
+        if mode == "hf_ckpt":
+            model.gradient_checkpointing_enable()
+            model.train()
+            for m in model.modules():  # dropout off, so the reference run is identical
+                if isinstance(m, nn.Dropout):
+                    m.p = 0.0
+    if mode in ("fp16", "bf16"):
+        dt = torch.float16 if mode == "fp16" else torch.bfloat16
+        model = model.to(dt)
+        if inp.is_floating_point():
+            inp = inp.to(dt)
+    return model, inp
+
+
+class Raiser:
+    """A user's forward hook that raises (``armed``) and remembers the exception instances it raised."""
+
+    def __init__(self, exc: type[BaseException]) -> None:
+        self.exc = exc
+        self.raised: list[BaseException] = []
+
+    def __call__(self, _m: nn.Module, _a: Any, _o: Any) -> None:
+        e = self.exc("raised by the user's hook")
+        self.raised.append(e)
+        raise e
+
+
+class Counter:
+    """A user's forward hook counting its calls (it must be kept and called as often as without nbdebug)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, *_: Any) -> None:
+        self.calls += 1
+
+
+def raise_site(model: nn.Module, family: str) -> nn.Module:
+    """Where the mid-cell exception comes from: ``conv2`` (CNN) or the last transformer block."""
+    if family == "cnn":
+        return model.conv2
+    return model.get_submodule("transformer.h.1" if family == "gpt2" else "model.layers.1")
+
+
+def user_hook_sites(model: nn.Module, family: str) -> list[nn.Module]:
+    if family == "cnn":
+        return [model.relu, model.conv1]  # the shared module (2 calls per forward) and a plain one
+    return [raise_site(model, family)]
+
+
+# -- the user's code -----------------------------------------------------------------------------
+def mode_context(mode: str) -> AbstractContextManager[Any]:
+    if mode == "no_grad":
+        return torch.no_grad()
+    if mode == "inference_mode":
+        return torch.inference_mode()
+    if mode == "autocast":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def user_code(mode: str, family: str, model: nn.Module, inp: Any) -> Any:
+    """The cell body. Returns what the user keeps (the output; a list of outputs for loops)."""
+    lm = family in LANG
+    with mode_context(mode):
+        if mode in ("generate", "generate_user_hooks"):
+            return model.generate(inp, max_new_tokens=M.NEW_TOKENS, do_sample=False, pad_token_id=0)
+        if mode == "nan_loop":
+            outs = []
+            for step in range(1, STEPS + 1):
+                x = inp if step != NAN_STEP else torch.full_like(inp, torch.finfo(inp.dtype).max)
+                outs.append(model(x))
+            return outs
+        if mode == "hf_ckpt":
+            out = model(inp, labels=inp)
+            out.loss.backward()
+            return out
+        out = model(inp)
+        if mode in ("ckpt_reentrant", "ckpt_nonreentrant"):
+            logits(out, lm).float().sum().backward()
+        return out
+
+
+def logits(out: Any, lm: bool) -> torch.Tensor:
+    if lm:
+        return out.logits
+    return out[0] if isinstance(out, tuple) else out
+
+
+def backward(out: Any, lm: bool) -> None:
+    logits(out, lm).float().sum().backward()
+
+
+def reference_activations(model: nn.Module, fn: Callable[[nn.Module], Any]) -> dict[str, torch.Tensor]:
+    """Every leaf module call's output in the first forward, by call name (a plain-hook run on a copy)."""
+    from nbdebug.capture.names import call_name
+
+    m = copy.deepcopy(model)
+    acts: dict[str, torch.Tensor] = {}
+    seen: dict[str, int] = {}
+    state = {"calls": 0}
+    handles = [m.register_forward_pre_hook(lambda *_: state.__setitem__("calls", state["calls"] + 1))]
+    for name, mod in m.named_modules():
+        if name and not list(mod.children()):
+            def hook(_m: nn.Module, _a: Any, out: Any, name: str = name) -> None:
+                if state["calls"] != 1 or not isinstance(out, torch.Tensor):
+                    return
+                k = seen.get(name, 0)
+                seen[name] = k + 1
+                acts[call_name(name, k)] = out.detach().clone()
+            handles.append(mod.register_forward_hook(hook))
+    try:
+        fn(m)
+    except (Exception, KeyboardInterrupt):
+        pass
+    for h in handles:
+        h.remove()
+    return acts
+
+
+# -- running one cell ------------------------------------------------------------------------
+def options_for(mode: str, view: str) -> dict[str, Any]:
+    if mode == "shared" and view == "gradcam":
+        return {"gradcam_layer": "relu#2"}
+    return {}
+
+
+def debug_views(mode: str, view: str) -> str:
+    return f"thermometer,{view_name(view)}" if mode == "not_applicable" else view_name(view)
+
+
+def outcome_of(dbg: Any, view: str) -> Outcome:
+    """The view's result and widget, or the one-line note it left instead (never an exception)."""
+    v = view_name(view)
+    widgets = dbg.widgets()
+    results = dbg.results
+    skipped = getattr(dbg, "skipped", {})
+    if v in results and v not in skipped:
+        shown = dict(zip(dbg.views, widgets)) if len(widgets) == len(dbg.views) else {}
+        return Outcome(view, result=results[v], widget=shown.get(v))
+    return Outcome(view, note=str(skipped.get(v, "")))
+
+
+def one_line(note: str) -> bool:
+    return bool(note) and "\n" not in note and "Traceback" not in note and len(note) <= 300
+
+
+def attn_impl(model: nn.Module) -> str | None:
+    cfg = getattr(model, "config", None)
+    return getattr(cfg, "_attn_implementation", None)
+
+
+def close_all(dbg: Any) -> None:
+    dash = getattr(dbg, "_dashboard", None)
+    if dash is not None:
+        dash.close()
+    for w in dbg.widgets():
+        w.close()
+
+
+def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
+    """Run one cell and apply ``check(outcome, ctx)``; returns the outcome (for the table)."""
+    from .checks import widget_count
+
+    family = family_of(mode, view)
+    lm = family in LANG
+    widgets_before = widget_count()
+    model, inp = build(mode, family)
+    user: dict[str, Any] = {}
+    if mode in RAISING:
+        user["raiser"] = Raiser(RAISING[mode])
+        raise_site(model, family).register_forward_hook(user["raiser"])
+    if mode in ("user_hooks", "generate_user_hooks"):
+        user["counters"] = [Counter() for _ in user_hook_sites(model, family)]
+        for site, c in zip(user_hook_sites(model, family), user["counters"]):
+            site.register_forward_hook(c)
+    ref = copy.deepcopy(model)
+    acts = reference_activations(model, lambda m: user_code(mode, family, m, inp))
+    hooks_before = hook_count(model)
+    impl_before = attn_impl(model)
+    expect_exc = RAISING.get(mode) or (RuntimeError if mode == "shape_error" else None)
+
+    torch.manual_seed(0)
+    try:
+        ref_out = user_code(mode, family, ref, inp)
+    except BaseException as exc:
+        assert expect_exc is not None and isinstance(exc, expect_exc), exc
+        ref_out = None
+    ref_counts = [h.calls for site in user_hook_sites(ref, family) for h in site._forward_hooks.values()
+                  if isinstance(h, Counter)] if "counters" in user else []
+
+    torch.manual_seed(0)
+    dbg = nbdebug.debug(model, view=debug_views(mode, view), **options_for(mode, view))
+    out = None
+    if expect_exc is not None:
+        raised: BaseException | None = None
+        try:
+            with dbg:
+                out = user_code(mode, family, model, inp)
+        except BaseException as exc:
+            raised = exc
+        assert raised is not None, "the user's exception did not propagate"
+        if mode in RAISING:
+            assert raised is user["raiser"].raised[-1], f"a different exception came out: {raised!r}"
+        else:
+            assert type(raised) is RuntimeError and "mat1 and mat2" in str(raised), raised
+    else:
+        with dbg:
+            out = user_code(mode, family, model, inp)
+    res = outcome_of(dbg, view)
+    ctx = dict(mode=mode, view=view, family=family, lm=lm, model=model, ref=ref, inp=inp, out=out,
+               ref_out=ref_out, acts=acts, dbg=dbg, user=user, widgets_before=widgets_before)
+    check(res, ctx)
+    assert hook_count(model) == hooks_before, f"hooks {hooks_before} -> {hook_count(model)}"
+    assert attn_impl(model) == impl_before, f"attention implementation {impl_before} -> {attn_impl(model)}"
+    if "counters" in user:
+        assert [c.calls for c in user["counters"]] == ref_counts, "the user's hooks were not called as without nbdebug"
+    if mode == "pending_backward":
+        fetch_more(res)  # an on-demand fetch between the forward and the user's backward
+    if mode in GRAPH_MODES:
+        backward(out, lm)
+        backward(ref_out, lm)
+    diffs = same_fingerprint(fingerprint(ref), fingerprint(model))
+    assert diffs == [], f"model state differs from a run without nbdebug: {diffs}"
+    close_all(dbg)
+    return res
+
+
+def fetch_more(res: Outcome) -> None:
+    """Ask the widget for something it has not computed yet (another Grad-CAM layer, lens columns)."""
+    w = res.widget
+    if w is None:
+        return
+    v = view_name(res.view)
+    if v == "gradcam":
+        other = "relu" if w.layer != "relu" else "relu#2"
+        w.handle_request("view", {"layer": other, "sample": 0})
+    elif v == "logitlens":
+        w.handle_request("columns", {"start": 0, "end": w.n_pos})
+    elif v == "featuremaps":
+        w.handle_request("page", {"layer": w.layer, "sample": 0})
+    elif v == "attention":
+        w.handle_request("head", {"layer": 0, "head": 0})
+    elif v == "thermometer":
+        w.handle_request("histogram", {"row": 0})
+
+
+def run_del_model(view: str) -> tuple[bool, list[str]]:
+    """Build the views, drop everything but the results and widgets, ``del model``; is it gone?
+
+    Returns (model collected, answers of one on-demand fetch per widget: "ok" or the error text).
+    """
+    import weakref
+
+    family = family_of("del_model", view)
+    model, inp = build("del_model", family)
+    dbg = nbdebug.debug(model, view=view_name(view))
+    with dbg:
+        out = user_code("del_model", family, model, inp)
+    res = outcome_of(dbg, view)
+    assert res.result is not None, f"view not shown: {res.note}"
+    keep = (res.result, res.widget)
+    wr = weakref.ref(model)
+    del model, out, dbg
+    res.extra.clear()
+    gc.collect()
+    gone = wr() is None
+    answers: list[str] = []
+    sent: list[dict[str, Any]] = []
+    w = keep[1]
+    w.send = lambda content, buffers=None: sent.append(content)  # what the browser would receive
+    for method, params in fetches(view_name(view), w):
+        sent.clear()
+        w._handle_request(w, {"type": "request", "id": 1, "method": method, "params": params}, [])
+        answers.append("ok" if sent and sent[0].get("ok") else str(sent[0].get("error") if sent else "no answer"))
+    w.close()
+    return gone, answers
+
+
+def fetches(v: str, w: Any) -> list[tuple[str, dict[str, Any]]]:
+    if v == "gradcam":
+        return [("view", {"layer": "relu" if w.layer != "relu" else "relu#2", "sample": 0})]
+    if v == "logitlens":
+        return [("columns", {"start": 0, "end": w.n_pos}), ("cell", {"row": 0, "pos": 0})]
+    if v == "featuremaps":
+        return [("page", {"layer": w.layer, "sample": 0})]
+    if v == "attention":
+        return [("head", {"layer": 0, "head": 0})]
+    return [("histogram", {"row": 0})]
+
+
+def close(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor, half: bool) -> bool:
+    x = torch.as_tensor(np.asarray(a, dtype=np.float32))
+    y = torch.as_tensor(np.asarray(b.detach().float().cpu() if isinstance(b, torch.Tensor) else b, dtype=np.float32))
+    tol = 3e-2 if half else 1e-3
+    return x.shape == y.shape and bool(torch.allclose(x, y, atol=tol, rtol=tol))
+
+
+def run_compiled(view: str, compiled: nn.Module, orig: nn.Module, check: Callable[..., None]) -> Outcome:
+    """A ``torch.compile``d eval-mode model (compiled once per session): the view works or says so in one line."""
+    from .checks import widget_count
+
+    family = family_of("compiled", view)
+    lm = family in LANG
+    inp = M.image() if family == "cnn" else M.prompt()
+    widgets_before = widget_count()
+    ref = copy.deepcopy(orig)
+    acts = reference_activations(orig, lambda m: m(inp))
+    with torch.no_grad():
+        ref_out = ref(inp)
+    before = fingerprint(orig)
+    dbg = nbdebug.debug(compiled, view=view_name(view))
+    with dbg:
+        out = compiled(inp)
+    assert torch.allclose(logits(out, lm), logits(ref_out, lm), atol=1e-5), "the compiled cell's output changed"
+    res = outcome_of(dbg, view)
+    ctx = dict(mode="compiled", view=view, family=family, lm=lm, model=compiled, ref=ref, inp=inp, out=out,
+               ref_out=ref_out, acts=acts, dbg=dbg, user={}, widgets_before=widgets_before)
+    check(res, ctx)
+    diffs = same_fingerprint(before, fingerprint(orig))
+    assert diffs == [], f"model state changed: {diffs}"
+    assert hook_count(compiled) == before["hooks"]
+    close_all(dbg)
+    return res

@@ -1,0 +1,255 @@
+"""What each view must show in each mode (called by :func:`cells.run` with the cell's context)."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import models as M
+from .cells import NAN_STEP, RAISING, Outcome, close, logits, mode_context, one_line, view_name
+
+HALF = {"fp16", "bf16", "autocast"}
+#: modes in which a view may legitimately not show (it must then leave a one-line note)
+NOTE_OK = {
+    ("exception", "gradcam"), ("keyboard_interrupt", "gradcam"), ("shape_error", "gradcam"),
+    ("exception", "attention"), ("keyboard_interrupt", "attention"),
+    ("exception", "logitlens"), ("keyboard_interrupt", "logitlens"),
+}
+NOTE_WORDS = {"compiled": "compile"}  # a note for a compiled model must say so
+
+
+def check(res: Outcome, ctx: dict[str, Any]) -> None:
+    mode, view = ctx["mode"], ctx["view"]
+    v = view_name(view)
+    if mode == "not_applicable":
+        check_not_applicable(res, ctx)
+        return
+    if res.result is None:
+        assert (mode, v) in NOTE_OK or mode in NOTE_WORDS, f"view not shown: {res.note!r}"
+        assert one_line(res.note), f"not a one-line note: {res.note!r}"
+        if mode in NOTE_WORDS:
+            assert NOTE_WORDS[mode] in res.note.lower(), res.note
+        if mode in RAISING or mode == "shape_error":  # the note says why: the cell raised, not a guess
+            assert re.search(r"rais|interrupt|exception|error", res.note, re.I), f"the note does not say the model raised: {res.note!r}"
+        return
+    for n in getattr(res.result, "notes", []) or []:
+        assert one_line(n), f"note is not one line: {n!r}"
+    {"thermometer": check_thermometer, "featuremaps": check_featuremaps, "gradcam": check_gradcam,
+     "attention": check_attention, "logitlens": check_logitlens}[v](res, ctx)
+
+
+def _names_ok(names: list[str]) -> None:
+    bad = [n for n in names if re.search(r"#[01]$", n) or "_orig_mod" in n]
+    assert not bad, f"names outside the scheme (relu, relu#2 …): {bad}"
+
+
+# -- thermometer ----------------------------------------------------------------------------
+def cnn_rows(mode: str) -> list[str]:
+    if mode == "int_outputs":
+        return ["conv1", "bn", "relu", "conv2", "relu#2", "mask", "pool", "flat", "fc", "argmax"]
+    if mode in RAISING:
+        return ["conv1", "bn", "relu"]  # conv2's (user) hook raised: the rest never ran
+    if mode == "shape_error":
+        return ["conv", "relu", "flat"]
+    return list(M.CNN_ROWS)
+
+
+def report_text(report: Any) -> str:
+    return " ".join([report.summary, *(d.message for d in report.diagnoses), *report.notes])
+
+
+def check_thermometer(res: Outcome, ctx: dict[str, Any]) -> None:
+    from nbdebug.inspectors.thermometer import diagnose
+
+    mode, cap = ctx["mode"], res.result
+    names = [r.name for r in cap.layers]
+    _names_ok(names)
+    if res.widget is not None:
+        assert [r["name"] for r in res.widget.layers] == names
+    report = diagnose(cap)
+    if ctx["lm"]:
+        assert names and "lm_head" in names, names
+        assert not [n for n in names if "#" in n], f"extra rows (recomputation?): {[n for n in names if '#' in n]}"
+        if mode.startswith("generate"):
+            assert cap.forward_passes == M.NEW_TOKENS, cap.forward_passes
+        if mode == "hf_ckpt":
+            assert cap.backward_ran and cap["lm_head"].grad is not None
+            assert len(names) == len(set(names))
+        return
+    expected = cnn_rows(mode)
+    if mode in RAISING or mode == "shape_error":
+        assert names[: len(expected)] == expected and "fc" not in names and "head" not in names[:3], names
+    else:
+        assert names == expected, names
+    # values: the first conv's output mean equals the reference run's (a plain hook on a copy)
+    first = expected[0]
+    ref = ctx["acts"][first].float()
+    if mode != "nan_loop":
+        got = cap[first].stats["mean"]
+        assert abs(got - float(ref.mean())) <= 1e-3 * (1 + abs(float(ref.mean()))), (got, float(ref.mean()))
+    if mode in ("ckpt_reentrant", "ckpt_nonreentrant"):
+        assert cap.backward_ran and cap["relu#2"].grad is not None, "no gradient rows"
+    if mode == "int_outputs":
+        for row in ("mask", "argmax"):
+            i = names.index(row)
+            assert {"dead", "saturated"}.isdisjoint(report.flags[i]), (row, report.flags[i])
+        assert cap["mask"].dtype == "bool" and cap["argmax"].dtype == "int64"
+    if mode == "nan_loop":
+        text = report_text(report)
+        assert f"step {NAN_STEP}" in text and "`conv1`" in text, text
+        i = names.index("conv1")
+        assert "nan_origin_fwd" in report.flags[i], report.flags
+    if mode == "shape_error":
+        text = report_text(report)
+        assert "`head`" in text and "512" in text and "800" in text, text
+
+
+# -- feature maps -----------------------------------------------------------------------------
+def check_featuremaps(res: Outcome, ctx: dict[str, Any]) -> None:
+    mode, fm = ctx["mode"], res.result
+    keys = list(fm.layers)
+    _names_ok(keys)
+    if res.widget is not None:
+        assert [lay["name"] for lay in res.widget.layers] == keys
+    if mode == "shape_error":
+        assert {"conv", "relu"} <= set(keys), keys
+        return
+    want = ["conv1", "bn", "relu"] if mode in RAISING else list(M.CNN_SPATIAL)
+    assert set(want) <= set(keys), keys
+    assert not {"conv2#2", "relu#3", "bn#2", "conv1#2"} & set(keys), f"recomputation rows: {keys}"
+    probe = want[-1]  # relu#2 (or relu when the cell raised at conv2)
+    data = fm.layers[probe].data
+    ref = ctx["acts"][probe]
+    assert close(data.float()[: ref.shape[0]], ref[: data.shape[0]], mode in {"fp16", "bf16", "autocast"}), probe
+
+
+# -- Grad-CAM ---------------------------------------------------------------------------------
+def hand_cam(model: torch.nn.Module, act: torch.Tensor, classes: np.ndarray) -> torch.Tensor:
+    """Grad-CAM at relu#2 by hand: pool is a mean over h·w, so d logit_c / dA = W_fc[c] / (h·w)."""
+    A = act.float()
+    W = model.fc.weight.detach().float()
+    hw = A.shape[-1] * A.shape[-2]
+    cams = []
+    for b in range(A.shape[0]):
+        alpha = W[torch.as_tensor(classes[b])] / hw  # K×C
+        cams.append(torch.relu(torch.einsum("kc,chw->khw", alpha, A[b])))
+    return torch.stack(cams)
+
+
+def check_gradcam(res: Outcome, ctx: dict[str, Any]) -> None:
+    mode, cam = ctx["mode"], res.result
+    _names_ok(list(cam.layers))
+    assert {"relu", "relu#2"} <= set(cam.layers) or mode == "shape_error", cam.layers
+    assert cam.layer == "relu#2", cam.layer
+    B = M.IMAGE_SHAPE[0]
+    assert cam.cams.shape == (B, M.N_CLASSES, 8, 8), cam.cams.shape
+    first = ctx["ref_out"][0] if mode == "nan_loop" else ctx["ref_out"]
+    ref_logits = logits(first, False).float()
+    assert (cam.classes[:, 0] == ref_logits.argmax(1).numpy()).all(), (cam.classes[:, 0], ref_logits.argmax(1))
+    low = torch.as_tensor(np.asarray(cam.maps["relu#2"].low, dtype=np.float32))
+    ref = hand_cam(ctx["ref"], ctx["acts"]["relu#2"], cam.classes)
+    cos = torch.nn.functional.cosine_similarity(low.flatten(2), ref.flatten(2), dim=-1, eps=1e-12)
+    live = ref.flatten(2).amax(-1) > 0
+    assert bool((cos[live] > (0.98 if mode in HALF else 0.999)).all()), cos
+    if res.widget is not None:
+        assert "relu#2" in res.widget.layers and res.widget.layer == cam.layer
+        info, _ = res.widget.handle_request("view", {"layer": "relu", "sample": 0})
+        assert info["result"]["layer"] == "relu"
+
+
+# -- attention --------------------------------------------------------------------------------
+def reference_attention(ctx: dict[str, Any], ids: torch.Tensor) -> torch.Tensor:
+    """(L, H, T, T) from output_attentions on an eager copy, under the same mode context."""
+    m = copy.deepcopy(ctx["ref"])
+    for mod in m.modules():  # the user's hooks (counters, raisers) are not part of the reference
+        mod._forward_hooks.clear()
+    m.set_attn_implementation("eager")
+    mode = "plain" if ctx["mode"] in ("generate", "generate_user_hooks", "hf_ckpt") else ctx["mode"]
+    with torch.no_grad(), mode_context(mode):
+        out = m(ids, output_attentions=True)
+    return torch.stack([a[0] for a in out.attentions]).float()
+
+
+def generated_marks(result: Any) -> list[bool] | None:
+    for obj in (result, getattr(result, "lens", None)):
+        for name in ("generated", "is_generated", "generated_mask"):
+            val = getattr(obj, name, None)
+            if val is not None and len(val):
+                return [bool(x) for x in np.asarray(val).tolist()]
+    return None
+
+
+def final_ids(ctx: dict[str, Any]) -> torch.Tensor:
+    return ctx["out"] if ctx["mode"].startswith("generate") else ctx["inp"]
+
+
+def check_attention(res: Outcome, ctx: dict[str, Any]) -> None:
+    att = res.result
+    ids = final_ids(ctx)
+    T = ids.shape[1]
+    assert tuple(att.shape) == (2, 2, T), (att.shape, T)
+    assert len(att.tokens) == T
+    ref = reference_attention(ctx, ids)
+    got = torch.stack([torch.stack([torch.as_tensor(np.asarray(att.head(i, h), dtype=np.float32)) for h in range(2)]) for i in range(2)])
+    assert close(got, ref, ctx["mode"] in HALF), float((got - ref).abs().max()) if got.shape == ref.shape else got.shape
+    if res.widget is not None:
+        assert res.widget.seq_len == T and res.widget.n_layers == 2
+    if ctx["mode"].startswith("generate"):
+        assert generated_marks(att) == [False] * M.PROMPT_LEN + [True] * M.NEW_TOKENS, "generated tokens not marked"
+
+
+# -- logit lens -------------------------------------------------------------------------------
+def check_logitlens(res: Outcome, ctx: dict[str, Any]) -> None:
+    lens = res.result
+    blocks = ["transformer.h.0", "transformer.h.1"] if ctx["family"] == "gpt2" else ["model.layers.0", "model.layers.1"]
+    if ctx["mode"] in RAISING:  # the user's hook raised after block 1: what ran is embed and block 0
+        assert list(lens.row_names)[:2] == ["embed", blocks[0]], lens.row_names
+        return
+    assert list(lens.row_names) == ["embed", *blocks], lens.row_names
+    ids = final_ids(ctx)
+    T = ids.shape[1]
+    top1 = np.asarray(lens.top_ids)[-1, :, 0]
+    assert top1.shape == (T,), top1.shape
+    if ctx["mode"].startswith("generate"):
+        # greedy generation: the final row's top-1 at position t is the token generated at t+1
+        gen = ids[0, M.PROMPT_LEN:].numpy()
+        assert (top1[M.PROMPT_LEN - 1 : T - 1] == gen).all(), (top1, gen)
+        assert generated_marks(lens) == [False] * M.PROMPT_LEN + [True] * M.NEW_TOKENS, "generated tokens not marked"
+        return
+    own = logits(ctx["out"], True)[0].float().argmax(-1).numpy()
+    assert (top1 == own).all(), (top1, own)
+    assert "matches" in lens.check, lens.check
+
+
+# -- a view that does not apply ------------------------------------------------------------------
+WIDGET_CLASS = {"featuremaps": "FeatureMapsWidget", "gradcam": "GradCamWidget", "attention": "AttentionWidget", "logitlens": "LogitLensWidget"}
+
+
+def check_not_applicable(res: Outcome, ctx: dict[str, Any]) -> None:
+    v = view_name(ctx["view"])
+    dbg = ctx["dbg"]
+    assert res.result is None, f"{v} shown on a {ctx['family']}"
+    assert one_line(res.note), f"no one-line note for {v}: {res.note!r}"
+    note = dbg.note() if callable(getattr(dbg, "note", None)) else ""
+    assert v in note and one_line(note), note
+    assert list(dbg.results) == ["thermometer"], list(dbg.results)
+    shown = dbg.widgets()
+    assert [type(w).__name__ for w in shown] == ["ThermometerWidget"], shown
+    # applies() is asked before any widget exists: no front-end model was created (and closed) for it
+    assert widget_count(WIDGET_CLASS[v]) == ctx["widgets_before"].get(WIDGET_CLASS[v], 0), f"a {v} widget was created"
+    dash = dbg.dashboard()
+    assert any(v in n for n in dash.notes), dash.notes
+
+
+def widget_count(cls_name: str | None = None) -> Any:
+    """Live ipywidgets by class name (or the count of one class)."""
+    from collections import Counter
+
+    from ipywidgets.widgets.widget import _instances
+
+    counts = Counter(type(w).__name__ for w in list(_instances.values()))
+    return counts if cls_name is None else counts.get(cls_name, 0)

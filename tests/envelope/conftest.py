@@ -1,0 +1,69 @@
+"""Fixtures of the real-use matrix: compiled models (compiled once per session), a fresh IPython
+shell, and the "Works with" table written from the matrix's outcomes (``NBDEBUG_WORKS_WITH=path``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from . import models as M
+
+
+@pytest.fixture(scope="session")
+def compiled() -> dict[str, tuple[torch.nn.Module, torch.nn.Module]]:
+    """family → (compiled, original): an eval-mode TinyCNN and tiny GPT-2, each compiled and warmed up once.
+
+    ``backend="eager"``: TorchDynamo traces, guards and graph-breaks exactly as with the default
+    backend (that is what hooks interact with), without Inductor's code generation, which would
+    cost tens of seconds on every recompilation the views' hooks trigger.
+    """
+    out: dict[str, tuple[torch.nn.Module, torch.nn.Module]] = {}
+    cnn = M.tiny_cnn().eval()
+    out["cnn"] = (torch.compile(cnn, backend="eager"), cnn)
+    gpt2 = M.tiny_lm("gpt2")
+    out["gpt2"] = (torch.compile(gpt2, backend="eager"), gpt2)
+    with torch.no_grad():
+        out["cnn"][0](M.image())
+        out["gpt2"][0](M.prompt())
+    return out
+
+
+@pytest.fixture
+def shell() -> Iterator[Any]:
+    """A fresh IPython shell with nbdebug loaded; displays recorded in ``shell.displayed``."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    InteractiveShell.clear_instance()
+    sh = InteractiveShell.instance()
+    displayed: list[object] = []
+    sh.display_pub.publish = lambda data, metadata=None, **kw: displayed.append(data)  # type: ignore[method-assign]
+    sh.displayed = displayed  # type: ignore[attr-defined]
+    assert sh.run_cell("%load_ext nbdebug").success
+    yield sh
+    InteractiveShell.clear_instance()
+
+
+# -- the Works-with table ----------------------------------------------------------------------
+_OUTCOMES: dict[tuple[str, str], str] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    props = dict(report.user_properties)
+    keys = props.get("cells") or ([props["cell"]] if "cell" in props else [])
+    if not keys or report.when not in ("call", "setup") or (report.when == "setup" and report.passed):
+        return
+    for key in keys:
+        _OUTCOMES[tuple(key)] = (props.get("note") or "✓") if report.passed else "✗"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = os.environ.get("NBDEBUG_WORKS_WITH")
+    if not path or not _OUTCOMES:
+        return
+    from .works_with import write_table
+
+    write_table(path, _OUTCOMES)

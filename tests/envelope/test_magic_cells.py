@@ -1,0 +1,133 @@
+"""The matrix through ``%%nndebug`` in a fresh IPython shell: a few modes, and 100 re-runs."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import pytest
+
+from nbdebug.capture import hook_count
+
+from . import models as M
+
+SETUP = """
+import torch, gc, weakref
+from envelope import models as M
+model = M.tiny_cnn(); x = M.image()
+mlp = M.mlp(); v = torch.randn(2, 6)
+lm = M.tiny_lm("gpt2"); ids = M.prompt()
+"""
+
+
+@pytest.fixture
+def sh(shell):  # type: ignore[no-untyped-def]
+    assert shell.run_cell(SETUP).success
+    return shell
+
+
+def shown(sh: Any) -> list[dict]:
+    return [d for d in sh.displayed if "application/vnd.jupyter.widget-view+json" in d]
+
+
+def test_inference_mode_cell(sh, capsys, record_property) -> None:  # type: ignore[no-untyped-def]
+    record_property("cell", ("inference_mode", "thermometer"))
+    res = sh.run_cell("%%nndebug model -o cap\nwith torch.inference_mode():\n    y = model(x)")
+    assert res.success, res.error_in_exec
+    assert [r.name for r in sh.user_ns["cap"].layers] == M.CNN_ROWS
+    assert len(shown(sh)) == 1 and "nbdebug" not in capsys.readouterr().err
+    assert hook_count(sh.user_ns["model"]) == 0
+
+
+def test_view_that_does_not_apply_is_one_quiet_note(sh, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Issue 9 item 3: `--view thermometer,gradcam` on an MLP shows the thermometer and one note."""
+    res = sh.run_cell("%%nndebug mlp --view thermometer,gradcam\nmlp(v).sum().backward()")
+    assert res.success, res.error_in_exec
+    assert capsys.readouterr().err == ""
+    assert len(shown(sh)) == 1
+    dash = sh.user_ns["_nndebug_widget"]
+    assert list(getattr(dash, "views", {}) or {}) in (["thermometer"], []), dash
+    notes = list(dash.notes)
+    assert len(notes) == 1 and "gradcam" in notes[0] and "\n" not in notes[0], notes
+
+
+def test_view_all_on_a_cnn_says_nothing_on_stderr(sh, capsys) -> None:  # type: ignore[no-untyped-def]
+    from ipywidgets.widgets.widget import _instances
+
+    res = sh.run_cell("%%nndebug model --view all\nmodel(x)")
+    assert res.success, res.error_in_exec
+    assert capsys.readouterr().err == ""  # "attention, logitlens skipped" is a quiet note, not a warning
+    dash = sh.user_ns["_nndebug_widget"]
+    assert any("attention" in n and "logitlens" in n for n in dash.notes), dash.notes
+    live = {type(w).__name__ for w in list(_instances.values())}
+    assert not {"AttentionWidget", "LogitLensWidget"} & live
+
+
+def test_user_exception_propagates_unchanged(sh) -> None:  # type: ignore[no-untyped-def]
+    cell = """
+class Boom(Exception): pass
+def raiser(m, a, o): raise Boom("mine")
+h = model.conv2.register_forward_hook(raiser)
+"""
+    assert sh.run_cell(cell).success
+    res = sh.run_cell("%%nndebug model --view thermometer,featuremaps,gradcam\ny = model(x)")
+    assert type(res.error_in_exec).__name__ == "Boom" and str(res.error_in_exec) == "mine"
+    assert len(shown(sh)) == 1
+    assert hook_count(sh.user_ns["model"]) == 1  # only the user's hook
+    assert sh.run_cell("h.remove()").success
+
+
+def test_keyboard_interrupt_inside_a_language_model(sh) -> None:  # type: ignore[no-untyped-def]
+    cell = """
+impl = lm.config._attn_implementation
+def stop(m, a, o): raise KeyboardInterrupt
+h = lm.transformer.h[1].register_forward_hook(stop)
+"""
+    assert sh.run_cell(cell).success
+    res = sh.run_cell("%%nndebug lm --view attention,logitlens,thermometer\nlm(ids)")
+    assert isinstance(res.error_in_exec, KeyboardInterrupt)
+    assert hook_count(sh.user_ns["lm"]) == 1
+    assert sh.run_cell("assert lm.config._attn_implementation == impl\nh.remove()").success
+
+
+def test_layer_option_names_the_second_call(sh) -> None:  # type: ignore[no-untyped-def]
+    res = sh.run_cell("%%nndebug model --view gradcam --layer relu#2 -o cam\nmodel(x)")
+    assert res.success, res.error_in_exec
+    assert sh.user_ns["cam"].layer == "relu#2"
+    assert sh.run_cell("%%nndebug model --view featuremaps -o fm\nmodel(x)").success
+    assert {"relu", "relu#2"} <= set(sh.user_ns["fm"].layers)
+    assert {"relu", "relu#2"} <= {lay["name"] for lay in sh.user_ns["_nndebug_widget"].layers}
+
+
+@pytest.mark.parametrize(("var", "views"), [("model", "gradcam,featuremaps,thermometer"), ("lm", "attention,logitlens,thermometer")])
+def test_deleted_model_is_freed(sh, var: str, views: str, record_property) -> None:  # type: ignore[no-untyped-def]
+    record_property("cells", [("del_model", v) for v in views.split(",")])
+    arg = "x" if var == "model" else "ids"
+    assert sh.run_cell(f"%%nndebug {var} --view {views}\nout = {var}({arg})").success
+    assert sh.run_cell(f"r = weakref.ref({var}); del {var}, out; gc.collect()").success
+    assert sh.run_cell("assert r() is None, 'the model is still alive'").success
+
+
+@pytest.mark.parametrize(("var", "views"), [("model", "thermometer,featuremaps,gradcam"), ("lm", "attention,logitlens,thermometer")])
+def test_100_reruns(sh, var: str, views: str, record_property) -> None:  # type: ignore[no-untyped-def]
+    """0 hooks, no widget growth, no memory growth after 100 runs of the same cell."""
+    from ipywidgets.widgets.widget import _instances
+
+    record_property("cells", [("reruns", v) for v in views.split(",")])
+    arg = "x" if var == "model" else "ids"
+    cell = f"%%nndebug {var} --view {views}\nout = {var}({arg})"
+    for _ in range(3):
+        assert sh.run_cell(cell).success
+    gc.collect()
+    live = len(_instances)
+    objects = len(gc.get_objects())  # cheaper than tracemalloc, which would triple the loop's time
+    for _ in range(100):
+        res = sh.run_cell(cell)
+        assert res.success, res.error_in_exec
+        sh.displayed.clear()
+    gc.collect()
+    grown = len(gc.get_objects()) - objects
+    assert hook_count(sh.user_ns[var]) == 0
+    assert len(_instances) == live, (live, len(_instances))
+    # IPython keeps each cell's input history (a few objects a run); a kept capture would be hundreds
+    assert grown < 2_000, grown

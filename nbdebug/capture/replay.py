@@ -23,7 +23,8 @@ from torch import nn
 
 from .hooks import HookSet
 from .inputs import ModelCall
-from .state import preserve_buffers
+from .state import _is_users, preserve_buffers
+from .state import suspend_hooks as state_suspend_hooks
 
 __all__ = ["Replay", "forward_again", "generation_note", "int_option", "suspend_hooks"]
 
@@ -32,17 +33,24 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_back
 
 @contextmanager
 def suspend_hooks(model: nn.Module, keep: Iterable[HookSet] = ()) -> Iterator[None]:
-    """Module hooks of ``model`` other than those of the ``keep`` hook sets are set aside while the
-    block runs and put back afterwards, in their original order (also on KeyboardInterrupt)."""
+    """:func:`nbdebug.capture.state.suspend_hooks` that keeps the hooks of the ``keep`` hook sets
+    (the view's own) running: the user's hooks and other nbdebug views' are set aside, library hooks
+    (transformers, accelerate, torch weight norm...) stay; everything is put back in its original
+    order afterwards (also on KeyboardInterrupt)."""
     ids = {h.id for hs in keep for h in hs._handles}
+    if not ids:
+        with state_suspend_hooks(model):
+            yield
+        return
     saved: list[tuple[dict[int, Any], dict[int, Any]]] = []
     try:
         for m in model.modules():
             for attr in _HOOK_DICTS:
-                d = getattr(m, attr, None)
-                if d and any(k not in ids for k in d):
+                d = m.__dict__.get(attr)
+                drop = [k for k, fn in (d or {}).items() if k not in ids and _is_users(fn)]
+                if d is not None and drop:
                     saved.append((d, dict(d)))
-                    for k in [k for k in d if k not in ids]:
+                    for k in drop:
                         del d[k]
         yield
     finally:

@@ -64,7 +64,7 @@ def view_name(view: str) -> str:
 def build(mode: str, family: str) -> tuple[nn.Module, Any]:
     if family == "cnn":
         ckpt = {"ckpt_reentrant": True, "ckpt_nonreentrant": False}.get(mode)
-        model: nn.Module = M.tiny_cnn(ckpt=ckpt, int_outputs=mode == "int_outputs")
+        model: nn.Module = M.tiny_cnn(ckpt=ckpt, int_outputs=mode == "int_outputs", interrupt=mode == "interrupt_in_forward")
         inp: Any = M.image()
     elif family == "mlp":
         model, inp = M.mlp(), torch.randn(2, 6, generator=torch.Generator().manual_seed(3))
@@ -196,7 +196,41 @@ def reference_activations(model: nn.Module, fn: Callable[[nn.Module], Any]) -> d
 def options_for(mode: str, view: str) -> dict[str, Any]:
     if mode == "shared" and view == "gradcam":
         return {"gradcam_layer": "relu#2"}
+    if mode == "budget0":
+        return {"max_bytes": 0}
     return {}
+
+
+class Float64Watch:
+    """Records ops that produce float64 tensors while active (half-precision stats accumulate in
+    float32; MPS has no float64). The models and cells themselves create none."""
+
+    def __init__(self, active: bool) -> None:
+        self.active = active
+        self.hits: list[str] = []
+        self._mode: Any = None
+
+    def __enter__(self) -> Float64Watch:
+        if self.active:
+            from torch.utils._python_dispatch import TorchDispatchMode
+            from torch.utils._pytree import tree_leaves
+
+            hits = self.hits
+
+            class Watch(TorchDispatchMode):
+                def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                    out = func(*args, **(kwargs or {}))
+                    if any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in tree_leaves(out)):
+                        hits.append(str(func))
+                    return out
+
+            self._mode = Watch()
+            self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(*exc)
 
 
 def debug_views(mode: str, view: str) -> str:
@@ -252,7 +286,7 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
     acts = reference_activations(model, lambda m: user_code(mode, family, m, inp))
     hooks_before = hook_count(model)
     impl_before = attn_impl(model)
-    expect_exc = RAISING.get(mode) or (RuntimeError if mode == "shape_error" else None)
+    expect_exc = RAISING.get(mode) or {"shape_error": RuntimeError, "interrupt_in_forward": KeyboardInterrupt}.get(mode)
 
     torch.manual_seed(0)
     try:
@@ -276,11 +310,14 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
         assert raised is not None, "the user's exception did not propagate"
         if mode in RAISING:
             assert raised is user["raiser"].raised[-1], f"a different exception came out: {raised!r}"
+        elif mode == "interrupt_in_forward":
+            assert type(raised) is KeyboardInterrupt and str(raised) == "raised inside the model's forward", repr(raised)
         else:
             assert type(raised) is RuntimeError and "mat1 and mat2" in str(raised), raised
     else:
-        with dbg:
+        with Float64Watch(mode in ("fp16", "bf16", "autocast")) as f64, dbg:
             out = user_code(mode, family, model, inp)
+        assert not f64.hits, f"float64 tensors created during a half-precision capture: {sorted(set(f64.hits))[:5]}"
     res = outcome_of(dbg, view)
     ctx = dict(mode=mode, view=view, family=family, lm=lm, model=model, ref=ref, inp=inp, out=out,
                ref_out=ref_out, acts=acts, dbg=dbg, user=user, widgets_before=widgets_before)

@@ -15,6 +15,7 @@ from .cells import NAN_STEP, RAISING, Outcome, close, logits, mode_context, one_
 HALF = {"fp16", "bf16", "autocast"}
 #: modes in which a view may legitimately not show (it must then leave a one-line note)
 NOTE_OK = {
+    ("interrupt_in_forward", "gradcam"),
     ("exception", "gradcam"), ("keyboard_interrupt", "gradcam"), ("shape_error", "gradcam"),
     ("exception", "attention"), ("keyboard_interrupt", "attention"),
     ("exception", "logitlens"), ("keyboard_interrupt", "logitlens"),
@@ -28,12 +29,15 @@ def check(res: Outcome, ctx: dict[str, Any]) -> None:
     if mode == "not_applicable":
         check_not_applicable(res, ctx)
         return
+    if mode == "budget0":
+        check_budget(res, ctx)
+        return
     if res.result is None:
         assert (mode, v) in NOTE_OK or mode in NOTE_WORDS, f"view not shown: {res.note!r}"
         assert one_line(res.note), f"not a one-line note: {res.note!r}"
         if mode in NOTE_WORDS:
             assert NOTE_WORDS[mode] in res.note.lower(), res.note
-        if mode in RAISING or mode == "shape_error":  # the note says why: the cell raised, not a guess
+        if mode in RAISING or mode in ("shape_error", "interrupt_in_forward"):  # the note says why: the cell raised, not a guess
             assert re.search(r"rais|interrupt|exception|error", res.note, re.I), f"the note does not say the model raised: {res.note!r}"
         return
     for n in getattr(res.result, "notes", []) or []:
@@ -53,6 +57,8 @@ def cnn_rows(mode: str) -> list[str]:
         return ["conv1", "bn", "relu", "conv2", "relu#2", "mask", "pool", "flat", "fc", "argmax"]
     if mode in RAISING:
         return ["conv1", "bn", "relu"]  # conv2's (user) hook raised: the rest never ran
+    if mode == "interrupt_in_forward":
+        return ["conv1", "bn", "relu", "conv2"]  # the forward itself stopped after conv2
     if mode == "shape_error":
         return ["conv", "relu", "flat"]
     return list(M.CNN_ROWS)
@@ -81,7 +87,7 @@ def check_thermometer(res: Outcome, ctx: dict[str, Any]) -> None:
             assert len(names) == len(set(names))
         return
     expected = cnn_rows(mode)
-    if mode in RAISING or mode == "shape_error":
+    if mode in RAISING or mode in ("shape_error", "interrupt_in_forward"):
         assert names[: len(expected)] == expected and "fc" not in names and "head" not in names[:3], names
     else:
         assert names == expected, names
@@ -118,7 +124,7 @@ def check_featuremaps(res: Outcome, ctx: dict[str, Any]) -> None:
     if mode == "shape_error":
         assert {"conv", "relu"} <= set(keys), keys
         return
-    want = ["conv1", "bn", "relu"] if mode in RAISING else list(M.CNN_SPATIAL)
+    want = ["conv1", "bn", "relu"] if mode in RAISING else ["conv1", "bn", "relu", "conv2"] if mode == "interrupt_in_forward" else list(M.CNN_SPATIAL)
     assert set(want) <= set(keys), keys
     assert not {"conv2#2", "relu#3", "bn#2", "conv1#2"} & set(keys), f"recomputation rows: {keys}"
     probe = want[-1]  # relu#2 (or relu when the cell raised at conv2)
@@ -223,6 +229,25 @@ def check_logitlens(res: Outcome, ctx: dict[str, Any]) -> None:
     own = logits(ctx["out"], True)[0].float().argmax(-1).numpy()
     assert (top1 == own).all(), (top1, own)
     assert "matches" in lens.check, lens.check
+
+
+# -- --max-bytes 0 ----------------------------------------------------------------------------
+BUDGET = re.compile(r"budget|max.bytes", re.I)
+
+
+def check_budget(res: Outcome, ctx: dict[str, Any]) -> None:
+    """``max_bytes=0`` is honoured (not replaced by the default) and the view says what it dropped."""
+    if res.result is None:
+        assert one_line(res.note) and BUDGET.search(res.note), f"not shown, and the note does not name the budget: {res.note!r}"
+        return
+    notes = list(getattr(res.result, "notes", []) or [])
+    if ctx["view"] == "thermometer":
+        from nbdebug.inspectors.thermometer import diagnose
+
+        notes = diagnose(res.result).notes
+        assert all(r.sample is None and r.histogram is None for r in res.result.layers), "values kept with max_bytes=0"
+    assert any(BUDGET.search(n) for n in notes), f"no note says what the budget dropped: {notes}"
+    assert all(one_line(n) for n in notes), notes
 
 
 # -- a view that does not apply ------------------------------------------------------------------

@@ -29,7 +29,7 @@ from . import models as M
 
 LANG = ("gpt2", "llama")
 #: modes whose cell leaves an autograd graph the user may still backpropagate through
-GRAPH_MODES = {"plain", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
+GRAPH_MODES = {"plain", "channels_last", "input_grad", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
 RAISING = {"exception": ValueError, "keyboard_interrupt": KeyboardInterrupt}
 NAN_STEP = 6  # 1-based: the 6th call of the model's forward makes the first non-finite value
 STEPS = 8
@@ -78,6 +78,9 @@ def build(mode: str, family: str) -> tuple[nn.Module, Any]:
             for m in model.modules():  # dropout off, so the reference run is identical
                 if isinstance(m, nn.Dropout):
                     m.p = 0.0
+    if mode == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+        inp = inp.contiguous(memory_format=torch.channels_last)
     if mode in ("fp16", "bf16"):
         dt = torch.float16 if mode == "fp16" else torch.bfloat16
         model = model.to(dt)
@@ -288,9 +291,13 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
     impl_before = attn_impl(model)
     expect_exc = RAISING.get(mode) or {"shape_error": RuntimeError, "interrupt_in_forward": KeyboardInterrupt}.get(mode)
 
+    ref_inp = inp.detach().clone()
+    if mode == "input_grad":  # a saliency-style cell: the user wants d(out)/d(x) in x.grad
+        inp.requires_grad_(True)
+        ref_inp.requires_grad_(True)
     torch.manual_seed(0)
     try:
-        ref_out = user_code(mode, family, ref, inp)
+        ref_out = user_code(mode, family, ref, ref_inp)
     except BaseException as exc:
         assert expect_exc is not None and isinstance(exc, expect_exc), exc
         ref_out = None
@@ -318,6 +325,7 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
         with Float64Watch(mode in ("fp16", "bf16", "autocast")) as f64, dbg:
             out = user_code(mode, family, model, inp)
         assert not f64.hits, f"float64 tensors created during a half-precision capture: {sorted(set(f64.hits))[:5]}"
+    same_output(mode, out, ref_out, lm)
     res = outcome_of(dbg, view)
     ctx = dict(mode=mode, view=view, family=family, lm=lm, model=model, ref=ref, inp=inp, out=out,
                ref_out=ref_out, acts=acts, dbg=dbg, user=user, widgets_before=widgets_before)
@@ -328,13 +336,34 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
         assert [c.calls for c in user["counters"]] == ref_counts, "the user's hooks were not called as without nbdebug"
     if mode == "pending_backward":
         fetch_more(res)  # an on-demand fetch between the forward and the user's backward
+    if mode == "input_grad":
+        assert inp.grad is None, "nbdebug wrote the input's .grad"
     if mode in GRAPH_MODES:
         backward(out, lm)
         backward(ref_out, lm)
+    if mode == "input_grad":
+        assert inp.grad is not None and torch.equal(inp.grad, ref_inp.grad), "the input's gradient differs from a run without nbdebug"
     diffs = same_fingerprint(fingerprint(ref), fingerprint(model))
     assert diffs == [], f"model state differs from a run without nbdebug: {diffs}"
     close_all(dbg)
     return res
+
+
+def same_output(mode: str, out: Any, ref_out: Any, lm: bool) -> None:
+    """The cell computes what it computes without nbdebug (same values, same dtype)."""
+    if out is None:
+        return
+    if mode.startswith("generate"):
+        assert torch.equal(out, ref_out), "generate() produced other tokens under nbdebug"
+        return
+    pairs = zip(out, ref_out) if mode == "nan_loop" else [(out, ref_out)]
+    half = mode in ("fp16", "bf16", "autocast")
+    for a, b in pairs:
+        x, y = logits(a, lm), logits(b, lm)
+        assert x.dtype == y.dtype, f"output dtype {y.dtype} -> {x.dtype}"
+        tol = 1e-2 if half else 1e-5
+        assert torch.allclose(x.float(), y.float(), atol=tol, rtol=tol, equal_nan=True), \
+            f"the cell's output changed under nbdebug (max |diff| {float((x.float() - y.float()).abs().nan_to_num().max()):.2e})"
 
 
 def fetch_more(res: Outcome) -> None:

@@ -18,16 +18,17 @@ from .checks import check
 CNN = ["thermometer", "featuremaps", "gradcam"]
 LANG = ["attention[gpt2]", "attention[llama]", "logitlens[gpt2]", "logitlens[llama]"]
 ALL = CNN + LANG
+ALL_T = [*ALL, "thermometer[llama]"]  # and the thermometer on a language model
 #: mode → the views it applies to (thermometer[gpt2]: the thermometer on a language model)
 MODES: dict[str, list[str]] = {
-    "plain": ALL,
+    "plain": ALL_T,
     "no_grad": ALL,
-    "inference_mode": ALL,
-    "autocast": ALL,
-    "pending_backward": ALL,
+    "inference_mode": ALL_T,
+    "autocast": ALL_T,
+    "pending_backward": ALL_T,
     "user_hooks": ALL,
-    "exception": ALL,
-    "keyboard_interrupt": ALL,
+    "exception": ALL_T,
+    "keyboard_interrupt": ALL_T,
     "shape_error": CNN,
     "interrupt_in_forward": CNN,
     "nan_loop": CNN,
@@ -37,10 +38,12 @@ MODES: dict[str, list[str]] = {
     "ckpt_reentrant": CNN,
     "ckpt_nonreentrant": CNN,
     "hf_ckpt": ["thermometer[gpt2]", *LANG],
-    "fp16": ALL,
-    "bf16": ALL,
+    "fp16": ALL_T,
+    "bf16": ALL_T,
     "int_outputs": CNN,
-    "budget0": ALL,
+    "channels_last": CNN,
+    "input_grad": CNN,
+    "budget0": ALL_T,
     "not_applicable": ["featuremaps", "gradcam", "attention", "logitlens"],
 }
 

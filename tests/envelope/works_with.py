@@ -27,6 +27,8 @@ LABELS = {
     "fp16": "float16 model",
     "bf16": "bfloat16 model",
     "int_outputs": "integer / bool outputs",
+    "channels_last": "channels-last CNN",
+    "input_grad": "input with `requires_grad` (saliency)",
     "budget0": "`--max-bytes 0` (nothing kept beyond stats)",
     "del_model": "`del model` afterwards (freed)",
     "not_applicable": "view does not apply (MLP / CNN)",
@@ -41,7 +43,7 @@ def _merge(marks: list[str]) -> str:
         return "✓"
     if any(m == "✗" for m in marks):
         return "✗" if all(m == "✗" for m in marks) else "partly (" + ", ".join(sorted(set(marks))) + ")"
-    notes = sorted({m for m in marks if m != "✓"})
+    notes = sorted({m if len(m) <= 70 else m[:69] + "…" for m in marks if m != "✓"})
     return "note: " + "; ".join(n.replace("|", "/") for n in notes)
 
 

@@ -116,6 +116,14 @@ describe("thermometer", () => {
     });
   });
 
+  it("shows the dtype of integer/bool outputs next to their shape", () => {
+    const layers = [...LAYERS.slice(0, 2), { ...LAYERS[2], dtype: "int64" }];
+    const el = mount(makeModel({ layers }));
+    const shapes = Array.from(el.querySelectorAll<HTMLElement>(".nbd-row .nbd-shape"));
+    expect(shapes.map((s) => s.textContent)).toEqual(["[2, 4, 8, 8]", "[2, 4, 8, 8]", "[2, 10] int64"]);
+    expect(shapes[0].querySelector(".nbd-dtype")).toBeNull();
+  });
+
   it("shows flags, badges, zero fraction and gradient bars from the stats", () => {
     const el = mount(makeModel());
     const rows = el.querySelectorAll<HTMLElement>(".nbd-row");

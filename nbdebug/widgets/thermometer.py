@@ -135,7 +135,10 @@ class ThermometerWidget(NBWidget):
         head = "".join(f"<th>{c}</th>" for c in ["#", "layer", "type", "shape", *cols, "flags"])
         body = []
         for i, name in enumerate(r.names):
-            cells = [str(i), html.escape(name), html.escape(r.types[i]), html.escape("×".join(map(str, r.shapes[i])))]
+            shape = "×".join(map(str, r.shapes[i]))
+            if not r.dtypes[i].startswith(("float", "bfloat", "complex")):  # masks, indices: counts
+                shape += f" {r.dtypes[i]}"
+            cells = [str(i), html.escape(name), html.escape(r.types[i]), html.escape(shape)]
             cells += [_fmt(r.table[i, j]) for j in idx]
             cells.append(html.escape(", ".join(r.flags[i])))
             style = ' style="background:#fdecea"' if r.flags[i] else ""

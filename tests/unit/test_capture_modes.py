@@ -247,6 +247,12 @@ def test_integer_and_bool_outputs_are_not_activations() -> None:
     assert rep.summary.endswith("no problems found")
     note = next(n for n in rep.notes if "integer/bool" in n)
     assert "2 integer/bool outputs (`1[0]`, `1[1]`)" in note and "never flagged dead" in note
+    from nbdebug.widgets.thermometer import ThermometerWidget
+
+    w = ThermometerWidget(rep, res)
+    page = w.fallback_html()
+    assert "<td>6 int64</td>" in page and "<td>6 bool</td>" in page and "<td>6×3</td>" in page
+    w.close()
 
 
 def test_user_graphs_stay_valid_and_our_hooks_do_not_fire_after_the_cell() -> None:

@@ -187,6 +187,11 @@ function gradCell(stats: StatTable, i: number, g: Scale | null): HTMLElement {
   ]);
 }
 
+/** Integer and bool outputs (masks, indices, argmax): shown with their dtype, never flagged dead. */
+export function isCountDtype(dtype: string | undefined): boolean {
+  return !!dtype && !/^(float|bfloat|complex)/.test(dtype);
+}
+
 /** One grid row for layer `i`. */
 export function buildRow(layer: Layer, i: number, stats: StatTable, scales: Scales, legend: Legend): HTMLElement {
   const flags = Array.isArray(layer.flags) ? layer.flags : [];
@@ -199,7 +204,11 @@ export function buildRow(layer: Layer, i: number, stats: StatTable, scales: Scal
     h("div", { class: "nbd-idx", text: i }),
     nameCell,
     h("div", { class: "nbd-type", text: layer.type ?? "", title: layer.type ?? "" }),
-    h("div", { class: "nbd-shape", text: shape, title: `${shape} ${layer.dtype ?? ""}`.trim() }),
+    h("div", { class: "nbd-shape", title: `${shape} ${layer.dtype ?? ""}`.trim() }, [
+      shape,
+      // integer/bool outputs (masks, indices) are counts, not activations: say so
+      isCountDtype(layer.dtype) ? h("span", { class: "nbd-dtype", text: ` ${layer.dtype}` }) : null,
+    ]),
     thermometerCell(stats, i, scales.act),
     zeroCell(stats, i),
     badgeCell(stats, i),

@@ -33,6 +33,7 @@ export const CSS = `
 .nbdebug-thermometer .nbd-raised-error { font-weight: 400; color: var(--nbd-fg2); }
 .nbdebug-thermometer .nbd-raised-problems { margin: 2px 0; padding-left: 1.2em; }
 .nbdebug-thermometer .nbd-raised-label { color: var(--nbd-fg2); }
+.nbdebug-thermometer .nbd-dtype { color: var(--nbd-fg2); font-size: 0.9em; }
 .nbdebug-thermometer .nbd-notes { margin: 0 0 6px; padding-left: 1.2em; color: var(--nbd-fg2); font-size: 0.92em; }
 .nbdebug-thermometer .nbd-bar-row { display: flex; flex-wrap: wrap; gap: 6px 14px; align-items: center; margin: 4px 0 6px; }
 .nbdebug-thermometer .nbd-legend { display: flex; flex-wrap: wrap; gap: 4px 10px; font-size: 0.9em; color: var(--nbd-fg2); }

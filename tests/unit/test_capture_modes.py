@@ -251,7 +251,7 @@ def test_integer_and_bool_outputs_are_not_activations() -> None:
 
     w = ThermometerWidget(rep, res)
     page = w.fallback_html()
-    assert "<td>6 int64</td>" in page and "<td>6 bool</td>" in page and "<td>6×3</td>" in page
+    assert "<td>6 int64</td>" in page and "<td>6×3 bool</td>" in page and "<td>6×3</td>" in page
     w.close()
 
 

@@ -330,3 +330,28 @@ def test_compiled_model_rows_have_the_plain_names() -> None:
     assert unwrap_compiled(compiled) is m and unwrap_compiled(m) is m
     assert [n for n, _ in select_modules(compiled)] == [n for n, _ in select_modules(m)] == ["0", "1", "2"]
     assert [n for n, _ in select_modules(compiled, "re:[02]")] == ["0", "2"]
+
+
+@pytest.mark.parametrize("at_call", [2, 5])  # forward hook (2nd layer), gradient hook (in backward)
+def test_keyboard_interrupt_inside_our_own_hook(monkeypatch: pytest.MonkeyPatch, at_call: int) -> None:
+    import nbdebug.capture.session as session
+
+    real, n = session.tensor_stats, [0]
+
+    def interrupted(*a: object, **k: object) -> object:
+        n[0] += 1
+        if n[0] == at_call:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(session, "tensor_stats", interrupted)
+    m = mlp()
+    before = fingerprint(m)
+    with pytest.raises(KeyboardInterrupt):
+        with Capture(m):
+            m(torch.randn(2, 4)).sum().backward()
+    assert hook_count(m) == 0
+    assert [d for d in same_fingerprint(before, fingerprint(m)) if not d.startswith("grads")] == []
+    calls = n[0]
+    m(torch.randn(2, 4)).sum().backward()
+    assert n[0] == calls  # none of our hooks runs after the interrupted cell

@@ -29,7 +29,7 @@ from . import models as M
 
 LANG = ("gpt2", "llama")
 #: modes whose cell leaves an autograd graph the user may still backpropagate through
-GRAPH_MODES = {"plain", "channels_last", "input_grad", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
+GRAPH_MODES = {"plain", "channels_last", "input_grad", "dropout", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
 RAISING = {"exception": ValueError, "keyboard_interrupt": KeyboardInterrupt}
 NAN_STEP = 6  # 1-based: the 6th call of the model's forward makes the first non-finite value
 STEPS = 8
@@ -64,7 +64,8 @@ def view_name(view: str) -> str:
 def build(mode: str, family: str) -> tuple[nn.Module, Any]:
     if family == "cnn":
         ckpt = {"ckpt_reentrant": True, "ckpt_nonreentrant": False}.get(mode)
-        model: nn.Module = M.tiny_cnn(ckpt=ckpt, int_outputs=mode == "int_outputs", interrupt=mode == "interrupt_in_forward")
+        model: nn.Module = M.tiny_cnn(ckpt=ckpt, int_outputs=mode == "int_outputs", interrupt=mode == "interrupt_in_forward",
+                                      dropout=mode == "dropout")
         inp: Any = M.image()
     elif family == "mlp":
         model, inp = M.mlp(), torch.randn(2, 6, generator=torch.Generator().manual_seed(3))
@@ -301,6 +302,7 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
     except BaseException as exc:
         assert expect_exc is not None and isinstance(exc, expect_exc), exc
         ref_out = None
+    ref_rng = torch.get_rng_state()
     ref_counts = [h.calls for site in user_hook_sites(ref, family) for h in site._forward_hooks.values()
                   if isinstance(h, Counter)] if "counters" in user else []
 
@@ -336,6 +338,7 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
         assert [c.calls for c in user["counters"]] == ref_counts, "the user's hooks were not called as without nbdebug"
     if mode == "pending_backward":
         fetch_more(res)  # an on-demand fetch between the forward and the user's backward
+    assert torch.equal(torch.get_rng_state(), ref_rng), "nbdebug consumed random numbers: the user's next draws differ"
     if mode == "input_grad":
         assert inp.grad is None, "nbdebug wrote the input's .grad"
     if mode in GRAPH_MODES:

@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 IMAGE_SHAPE = (2, 3, 8, 8)
 N_CLASSES = 5
 #: every leaf module call of TinyCNN in one forward, in the order they complete
-CNN_ROWS = ["conv1", "bn", "relu", "conv2", "relu#2", "pool", "flat", "fc"]
+CNN_ROWS = ["conv1", "bn", "relu", "conv2", "relu#2", "pool", "flat", "drop", "fc"]
 #: the rows with a spatial (B×C×H×W) output
 CNN_SPATIAL = ["conv1", "bn", "relu", "conv2", "relu#2"]
 #: prompt length and number of generated tokens of the language cells
@@ -50,7 +50,7 @@ class Argmax(nn.Module):
 class TinyCNN(nn.Module):
     """conv1 → bn → relu → conv2 → relu (the same module again) → pool → flat → fc."""
 
-    def __init__(self, ckpt: bool | None = None, int_outputs: bool = False, interrupt: bool = False) -> None:
+    def __init__(self, ckpt: bool | None = None, int_outputs: bool = False, interrupt: bool = False, dropout: bool = False) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
         self.bn = nn.BatchNorm2d(4)
@@ -59,6 +59,7 @@ class TinyCNN(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.flat = nn.Flatten()
         self.fc = nn.Linear(6, N_CLASSES)
+        self.drop = nn.Dropout(0.5) if dropout else nn.Identity()
         self.ckpt = ckpt
         self.int_outputs = int_outputs
         self.interrupt = interrupt  # the user's own code stops the forward right after conv2
@@ -80,7 +81,7 @@ class TinyCNN(nn.Module):
             h = checkpoint(self._stage2, h, use_reentrant=self.ckpt)
         if self.int_outputs:
             h = h.masked_fill(self.mask(h), 0.0)
-        logits = self.fc(self.flat(self.pool(h)))
+        logits = self.fc(self.drop(self.flat(self.pool(h))))
         if self.int_outputs:
             return logits, self.argmax(logits)
         return logits

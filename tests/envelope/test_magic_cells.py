@@ -131,3 +131,24 @@ def test_100_reruns(sh, var: str, views: str, record_property) -> None:  # type:
     assert len(_instances) == live, (live, len(_instances))
     # IPython keeps each cell's input history (a few objects a run); a kept capture would be hundreds
     assert grown < 2_000, grown
+
+
+def test_max_bytes_units_and_zero(sh) -> None:  # type: ignore[no-untyped-def]
+    """Issue 9 items 9 and 12: `--max-bytes 64MB` is accepted; `%config NNDebugMagics.max_bytes = 0` is honoured."""
+    res = sh.run_cell("%%nndebug model --max-bytes 64MB -o cap\nmodel(x).sum().backward()")
+    assert res.success, res.error_in_exec
+    assert all(r.sample is not None for r in sh.user_ns["cap"].layers)
+    assert sh.run_cell("%config NNDebugMagics.max_bytes = 0").success
+    res = sh.run_cell("%%nndebug model -o cap\nmodel(x).sum().backward()")
+    assert res.success, res.error_in_exec
+    assert all(r.sample is None for r in sh.user_ns["cap"].layers), "max_bytes=0 replaced by the default"
+    assert any("budget" in n or "max-bytes" in n for n in sh.user_ns["_nndebug_widget"].notes)
+
+
+def test_view_all_on_a_language_model(sh, capsys) -> None:  # type: ignore[no-untyped-def]
+    res = sh.run_cell("%%nndebug lm --view all -o r\nout = lm(ids)")
+    assert res.success, res.error_in_exec
+    assert capsys.readouterr().err == ""
+    assert set(sh.user_ns["r"]) == {"thermometer", "attention", "logitlens"}, list(sh.user_ns["r"])
+    dash = sh.user_ns["_nndebug_widget"]
+    assert len(dash.notes) == 1 and "featuremaps" in dash.notes[0] and "gradcam" in dash.notes[0], dash.notes

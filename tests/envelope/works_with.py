@@ -28,6 +28,7 @@ LABELS = {
     "bf16": "bfloat16 model",
     "int_outputs": "integer / bool outputs",
     "channels_last": "channels-last CNN",
+    "dropout": "dropout in training mode",
     "input_grad": "input with `requires_grad` (saliency)",
     "budget0": "`--max-bytes 0` (nothing kept beyond stats)",
     "del_model": "`del model` afterwards (freed)",

@@ -98,6 +98,9 @@ def preserve_buffers(model: nn.Module) -> Iterator[None]:
     mode saves its running statistics for backward) stays valid. A forward that mutates a buffer
     through a reference of its own (not through the module) is caught as a safety net: that buffer
     is restored bit for bit from a copy (which does bump its version, unavoidably).
+
+    The random number generators are forked too (CPU and the model's CUDA devices): dropout in a
+    training-mode re-run draws its masks without moving the user's random stream.
     """
     owners: list[tuple[dict[str, Any], str, torch.Tensor]] = []
     clones: dict[int, torch.Tensor] = {}
@@ -112,10 +115,12 @@ def preserve_buffers(model: nn.Module) -> Iterator[None]:
     originals = {id(b): b for _, _, b in owners}
     versions = {key: _version(b) for key, b in originals.items()}
     pristine = {key: c.clone() for key, c in clones.items()}  # the safety net's copy (buffers are small)
+    cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     try:
         for table, name, buf in owners:
             table[name] = clones[id(buf)]
-        yield
+        with torch.random.fork_rng(devices=cuda):
+            yield
     finally:
         for table, name, buf in owners:
             table[name] = buf

@@ -13,6 +13,17 @@ import torch
 from . import models as M
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread() -> Iterator[None]:
+    """The matrix's tensors are tiny: with two intra-op threads on a busy 2-core machine every op
+    waits for the other thread (a 7×16 matmul takes ~0.4 ms instead of ~10 µs). One thread, then
+    restored for the other tiers."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def compiled() -> dict[str, tuple[torch.nn.Module, torch.nn.Module]]:
     """family → (compiled, original): an eval-mode TinyCNN and tiny GPT-2, each compiled and warmed up once.

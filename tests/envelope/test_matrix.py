@@ -50,11 +50,6 @@ MODES: dict[str, list[str]] = {
 
 #: (mode, view) → "issue 9 item N: symptom" for cells that fail on the current tree (strict xfail)
 XFAIL: dict[tuple[str, str], str] = {
-    ("budget0", "gradcam"): "issue 9 item 9: Grad-CAM ignores max_bytes (never reads it): with max_bytes=0 it keeps "
-    "every CAM and the image and no note says what the budget dropped",
-    ("dropout", "gradcam"): "issue 9 (the cell behaves as without nbdebug): Grad-CAM's re-run of a train-mode model with "
-    "Dropout draws new masks from the global RNG, so the user's next random numbers differ from a run without nbdebug "
-    "(torch.random.fork_rng around the re-run; replaying the cell's RNG state would also reproduce its masks)",
 }
 
 

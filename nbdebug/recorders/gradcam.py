@@ -27,7 +27,15 @@ from ..adapters.vision import (
     image_hw,
     spatial_layers,
 )
-from ..capture import ModelCall, ModelRef, select_modules, split_call_name
+from ..capture import (
+    DEFAULT_MAX_BYTES,
+    ModelCall,
+    ModelRef,
+    format_bytes,
+    parse_bytes,
+    select_modules,
+    split_call_name,
+)
 from ..capture.gradients import autograd_inputs
 from ..capture.probe import OutputProbe
 from ..capture.state import user_hook_count
@@ -86,8 +94,12 @@ class GradCamSession:
     are the cell's inputs as :func:`~nbdebug.capture.gradients.autograd_inputs` returns them.
     """
 
-    def __init__(self, model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], layers: list[SpatialLayer], *, method: str, reshape: Any) -> None:
+    def __init__(self, model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], layers: list[SpatialLayer], *, method: str,
+                 reshape: Any, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self._model = ModelRef(model)
+        self.max_bytes = max_bytes
+        self.pinned: str | None = None  # the layer the view opens on: always kept
+        self.dropped: set[str] = set()  # layers whose CAMs did not fit the budget (recomputed when asked)
         self.args = tuple(args)
         self.kwargs = dict(kwargs)
         self.layers = layers
@@ -106,15 +118,40 @@ class GradCamSession:
         )
         if self.classes is None:
             self.classes = classes
-        self.maps[layer.name] = maps
+        self._cache(layer.name, maps)
         return maps, logits
 
+    def pin(self, name: str, maps: CamMaps) -> None:
+        """Keep ``name``'s CAMs whatever the budget (the layer the view shows first)."""
+        self.pinned = name
+        self._cache(name, maps)
+
+    @staticmethod
+    def _size(maps: CamMaps) -> int:
+        return int(maps.cams.nbytes + maps.low.nbytes)
+
+    def kept_bytes(self) -> int:
+        return sum(self._size(m) for n, m in self.maps.items() if n != self.pinned)
+
+    def _cache(self, name: str, maps: CamMaps) -> None:
+        """Cache a layer's CAMs within ``max_bytes`` (the pinned layer aside): oldest layers go first."""
+        self.maps.pop(name, None)
+        self.maps[name] = maps
+        while self.kept_bytes() > self.max_bytes:
+            old = next((n for n in self.maps if n != self.pinned), None)
+            if old is None:
+                break
+            del self.maps[old]
+            self.dropped.add(old)
+        if name in self.maps:
+            self.dropped.discard(name)
+
     def maps_for(self, name: str) -> CamMaps:
-        """CAMs of layer ``name`` (a call name) for the same target classes (computed once, then cached)."""
+        """CAMs of layer ``name`` (a call name) for the same target classes (cached within the budget)."""
         if name not in self.maps:
             layer, _ = pick_layer(self.layers, name)
             if layer.name not in self.maps:
-                self.compute(layer)
+                return self.compute(layer)[0]
             return self.maps[layer.name]
         return self.maps[name]
 
@@ -159,6 +196,7 @@ class GradCamRecorder(Recorder):
         self.reshape = o.get("reshape")
         self.sample = int(o.get("sample") or 0)
         self.colormap = str(o.get("colormap") or "inferno")
+        self.max_bytes = parse_bytes(o.get("max_bytes"))
         self._call: ModelCall | None = ModelCall(model)
         self._size = InputSize()
         self._probe = OutputProbe(model, on_first_call=self._size)
@@ -226,7 +264,7 @@ class GradCamRecorder(Recorder):
         layers = self._layers
         chosen, auto = pick_layer(layers, self.layer, self._probe.describe_all())
         model = self.model
-        session = GradCamSession(model, *self._inputs, layers, method=self.method, reshape=self.reshape)
+        session = GradCamSession(model, *self._inputs, layers, method=self.method, reshape=self.reshape, max_bytes=self.max_bytes)
         self.session = session
         has_names = self.class_names is not None or getattr(getattr(model, "config", None), "id2label", None)
         name_of = class_names_for(model, self.class_names, 0) if has_names else str
@@ -240,6 +278,13 @@ class GradCamRecorder(Recorder):
                                  f"{cand.name} is the last one the scores depend on")
                     chosen, maps = cand, m2
                     break
+        session.pin(chosen.name, maps)
+        if session.dropped:
+            notes.append(f"--max-bytes budget of {format_bytes(self.max_bytes)}: the CAMs of {len(session.dropped)} other layer(s) "
+                         "were not kept (recomputed when you pick them); the shown layer's are")
+        elif self.max_bytes < session._size(maps):
+            notes.append(f"--max-bytes budget of {format_bytes(self.max_bytes)}: only the shown layer's CAMs "
+                         f"({format_bytes(session._size(maps))}) are kept; other layers are recomputed when you pick them")
         if maps.note:
             notes.append(maps.note)
         mode = self._probe.grad_mode

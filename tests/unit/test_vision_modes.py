@@ -403,3 +403,36 @@ def test_suspend_hooks_sets_only_the_users_hooks_aside() -> None:
             y = legacy(torch.ones(1, 4))
         assert torch.allclose(y, torch.ones(1, 4) @ legacy.weight.T + legacy.bias)
     assert calls == [] and legacy._forward_pre_hooks is table and len(model[1]._forward_hooks) == 1
+
+
+# -- 9. one memory policy: Grad-CAM keeps other layers' CAMs within --max-bytes ----------------
+def test_gradcam_keeps_other_layers_within_max_bytes_and_recomputes_the_rest() -> None:
+    torch.manual_seed(0)
+    model = bn_cnn().eval()
+    x = torch.randn(2, 3, 12, 12)
+    unbounded = GradCamRecorder(model, cam_topk=2)
+    with unbounded:
+        model(x)
+    unbounded.result()
+    ref = {name: unbounded.session.maps_for(name).cams.copy() for name in ("2", "5", "0")}  # type: ignore[union-attr]
+    rec = GradCamRecorder(model, cam_topk=2, max_bytes="0")
+    with rec:
+        model(x)
+    res = rec.result()
+    session = rec.session
+    assert session is not None and session.pinned == res.layer == "5"
+    assert any("--max-bytes budget of 0 B" in n for n in res.notes), res.notes
+    for name in ("2", "0"):  # computed on demand, equal to the unbounded ones, not kept
+        np.testing.assert_array_equal(session.maps_for(name).cams, ref[name])
+        assert name not in session.maps and name in session.dropped
+    assert list(session.maps) == ["5"] and session.kept_bytes() == 0
+    np.testing.assert_array_equal(session.maps_for("5").cams, ref["5"])
+    one = max(session._size(unbounded.session.maps_for(n)) for n in ("2", "0"))  # type: ignore[union-attr]
+    roomy = GradCamRecorder(model, cam_topk=2, max_bytes=one)  # room for one more layer than the shown one
+    with roomy:
+        model(x)
+    roomy.result()
+    s2 = roomy.session
+    assert s2 is not None
+    s2.maps_for("2"), s2.maps_for("0")
+    assert list(s2.maps) == ["5", "0"] and s2.dropped == {"2"} and s2.kept_bytes() <= one

@@ -33,6 +33,7 @@ GRAPH_MODES = {"plain", "channels_last", "input_grad", "dropout", "autocast", "p
 RAISING = {"exception": ValueError, "keyboard_interrupt": KeyboardInterrupt}
 NAN_STEP = 6  # 1-based: the 6th call of the model's forward makes the first non-finite value
 STEPS = 8
+PAD = 2  # left-padding of item 1 in the padded mode
 
 
 @dataclass
@@ -73,6 +74,12 @@ def build(mode: str, family: str) -> tuple[nn.Module, Any]:
         model, inp = M.shape_error_cnn(), torch.randn(4, 3, 12, 12, generator=torch.Generator().manual_seed(3))
     else:
         model, inp = M.tiny_lm(family), M.prompt()
+        if mode == "padded":  # a batch of two, the second left-padded by 2 (how generate() batches are padded)
+            ids = torch.cat([inp, inp.roll(1, dims=1)])
+            mask = torch.ones_like(ids)
+            mask[1, :PAD] = 0
+            ids[1, :PAD] = 0
+            inp = {"input_ids": ids, "attention_mask": mask}
         if mode == "hf_ckpt":
             model.gradient_checkpointing_enable()
             model.train()
@@ -149,6 +156,18 @@ def user_code(mode: str, family: str, model: nn.Module, inp: Any) -> Any:
                 x = inp if step != NAN_STEP else torch.full_like(inp, torch.finfo(inp.dtype).max)
                 outs.append(model(x))
             return outs
+        if mode == "train_step":  # a few SGD steps: parameters change inside the cell
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            outs = []
+            for _ in range(3):
+                opt.zero_grad()
+                out = model(inp)
+                out.float().pow(2).mean().backward()
+                opt.step()
+                outs.append(out)
+            return outs
+        if isinstance(inp, dict):
+            return model(**inp)
         if mode == "hf_ckpt":
             out = model(inp, labels=inp)
             out.loss.backward()
@@ -202,6 +221,8 @@ def options_for(mode: str, view: str) -> dict[str, Any]:
         return {"gradcam_layer": "relu#2"}
     if mode == "budget0":
         return {"max_bytes": 0}
+    if mode == "padded":
+        return {"seq_index": 1}
     return {}
 
 
@@ -292,7 +313,7 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
     impl_before = attn_impl(model)
     expect_exc = RAISING.get(mode) or {"shape_error": RuntimeError, "interrupt_in_forward": KeyboardInterrupt}.get(mode)
 
-    ref_inp = inp.detach().clone()
+    ref_inp = {k: v.clone() for k, v in inp.items()} if isinstance(inp, dict) else inp.detach().clone()
     if mode == "input_grad":  # a saliency-style cell: the user wants d(out)/d(x) in x.grad
         inp.requires_grad_(True)
         ref_inp.requires_grad_(True)
@@ -359,7 +380,7 @@ def same_output(mode: str, out: Any, ref_out: Any, lm: bool) -> None:
     if mode.startswith("generate"):
         assert torch.equal(out, ref_out), "generate() produced other tokens under nbdebug"
         return
-    pairs = zip(out, ref_out) if mode == "nan_loop" else [(out, ref_out)]
+    pairs = zip(out, ref_out) if mode in ("nan_loop", "train_step") else [(out, ref_out)]
     half = mode in ("fp16", "bf16", "autocast")
     for a, b in pairs:
         x, y = logits(a, lm), logits(b, lm)

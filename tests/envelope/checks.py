@@ -98,9 +98,11 @@ def check_thermometer(res: Outcome, ctx: dict[str, Any]) -> None:
     # values: the first conv's output mean equals the reference run's (a plain hook on a copy)
     first = expected[0]
     ref = ctx["acts"][first].float()
-    if mode != "nan_loop":
+    if mode not in ("nan_loop", "train_step"):
         got = cap[first].stats["mean"]
         assert abs(got - float(ref.mean())) <= 1e-3 * (1 + abs(float(ref.mean()))), (got, float(ref.mean()))
+    if mode == "train_step":
+        assert cap.forward_passes == 3 and cap.backward_ran and cap["fc"].grad is not None
     if mode in ("ckpt_reentrant", "ckpt_nonreentrant"):
         assert cap.backward_ran and cap["relu#2"].grad is not None, "no gradient rows"
     if mode == "int_outputs":
@@ -157,9 +159,9 @@ def check_gradcam(res: Outcome, ctx: dict[str, Any]) -> None:
     assert cam.layer == "relu#2", cam.layer
     B = M.IMAGE_SHAPE[0]
     assert cam.cams.shape == (B, M.N_CLASSES, 8, 8), cam.cams.shape
-    first = ctx["ref_out"][0] if mode == "nan_loop" else ctx["ref_out"]
+    first = ctx["ref_out"][0] if mode in ("nan_loop", "train_step") else ctx["ref_out"]
     ref_logits = logits(first, False).float()
-    if mode == "dropout":  # the re-run must replay the cell's dropout masks, or say its scores differ
+    if mode in ("dropout", "train_step"):  # the re-run must replay the cell's dropout masks, or say its scores differ
         if any("differ" in n for n in cam.notes):
             return
     assert (cam.classes[:, 0] == ref_logits.argmax(1).numpy()).all(), (cam.classes[:, 0], ref_logits.argmax(1))
@@ -182,6 +184,11 @@ def reference_attention(ctx: dict[str, Any], ids: torch.Tensor) -> torch.Tensor:
         mod._forward_hooks.clear()
     m.set_attn_implementation("eager")
     mode = "plain" if ctx["mode"] in ("generate", "generate_user_hooks", "hf_ckpt") else ctx["mode"]
+    if ctx["mode"] == "padded":
+        real = ctx["inp"]["attention_mask"][1].nonzero().squeeze(1)
+        with torch.no_grad():
+            out = m(**ctx["inp"], output_attentions=True)
+        return torch.stack([a[1][:, real][:, :, real] for a in out.attentions]).float()
     with torch.no_grad(), mode_context(mode):
         out = m(ids, output_attentions=True)
     return torch.stack([a[0] for a in out.attentions]).float()
@@ -197,6 +204,10 @@ def generated_marks(result: Any) -> list[bool] | None:
 
 
 def final_ids(ctx: dict[str, Any]) -> torch.Tensor:
+    """The sequence the language views show: generated, the real tokens of item 1 (padded), or the prompt."""
+    if ctx["mode"] == "padded":
+        inp = ctx["inp"]
+        return inp["input_ids"][1:2, inp["attention_mask"][1].bool()]
     return ctx["out"] if ctx["mode"].startswith("generate") else ctx["inp"]
 
 
@@ -235,7 +246,11 @@ def check_logitlens(res: Outcome, ctx: dict[str, Any]) -> None:
         assert any("generate" in n for n in lens.notes), f"the view does not say how generated tokens were covered: {lens.notes}"
         assert generated_marks(lens) == [False] * M.PROMPT_LEN + [True] * M.NEW_TOKENS, "generated tokens not marked"
         return
-    own = logits(ctx["out"], True)[0].float().argmax(-1).numpy()
+    if ctx["mode"] == "padded":
+        real = ctx["inp"]["attention_mask"][1].bool()
+        own = logits(ctx["out"], True)[1, real].float().argmax(-1).numpy()
+    else:
+        own = logits(ctx["out"], True)[0].float().argmax(-1).numpy()
     assert (top1 == own).all(), (top1, own)
     assert "matches" in lens.check, lens.check
 

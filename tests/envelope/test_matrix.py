@@ -44,6 +44,8 @@ MODES: dict[str, list[str]] = {
     "channels_last": CNN,
     "input_grad": CNN,
     "dropout": CNN,
+    "train_step": CNN,
+    "padded": LANG,
     "budget0": ALL_T,
     "not_applicable": ["featuremaps", "gradcam", "attention", "logitlens"],
 }

@@ -29,6 +29,8 @@ LABELS = {
     "int_outputs": "integer / bool outputs",
     "channels_last": "channels-last CNN",
     "dropout": "dropout in training mode",
+    "train_step": "training loop (optimizer steps) in the cell",
+    "padded": "padded batch (`attention_mask`, `--seq-index 1`)",
     "input_grad": "input with `requires_grad` (saliency)",
     "budget0": "`--max-bytes 0` (nothing kept beyond stats)",
     "del_model": "`del model` afterwards (freed)",

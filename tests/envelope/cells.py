@@ -27,9 +27,9 @@ from nbdebug.capture import fingerprint, hook_count, same_fingerprint
 
 from . import models as M
 
-LANG = ("gpt2", "llama")
+LANG = ("gpt2", "llama", "bert")
 #: modes whose cell leaves an autograd graph the user may still backpropagate through
-GRAPH_MODES = {"plain", "channels_last", "input_grad", "dropout", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
+GRAPH_MODES = {"plain", "nonsquare", "kwargs_call", "channels_last", "input_grad", "dropout", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
 RAISING = {"exception": ValueError, "keyboard_interrupt": KeyboardInterrupt}
 NAN_STEP = 6  # 1-based: the 6th call of the model's forward makes the first non-finite value
 STEPS = 8
@@ -67,7 +67,7 @@ def build(mode: str, family: str) -> tuple[nn.Module, Any]:
         ckpt = {"ckpt_reentrant": True, "ckpt_nonreentrant": False}.get(mode)
         model: nn.Module = M.tiny_cnn(ckpt=ckpt, int_outputs=mode == "int_outputs", interrupt=mode == "interrupt_in_forward",
                                       dropout=mode == "dropout")
-        inp: Any = M.image()
+        inp: Any = M.image((8, 12) if mode == "nonsquare" else (8, 8))
     elif family == "mlp":
         model, inp = M.mlp(), torch.randn(2, 6, generator=torch.Generator().manual_seed(3))
     elif family == "shape_error":
@@ -81,7 +81,11 @@ def build(mode: str, family: str) -> tuple[nn.Module, Any]:
             ids[1, :PAD] = 0
             inp = {"input_ids": ids, "attention_mask": mask}
         if mode == "hf_ckpt":
-            model.gradient_checkpointing_enable()
+            import warnings
+
+            with warnings.catch_warnings():  # transformers 5 renames it; users still call this name
+                warnings.simplefilter("ignore", FutureWarning)
+                model.gradient_checkpointing_enable()
             model.train()
             for m in model.modules():  # dropout off, so the reference run is identical
                 if isinstance(m, nn.Dropout):
@@ -124,7 +128,7 @@ def raise_site(model: nn.Module, family: str) -> nn.Module:
     """Where the mid-cell exception comes from: ``conv2`` (CNN) or the last transformer block."""
     if family == "cnn":
         return model.conv2
-    return model.get_submodule("transformer.h.1" if family == "gpt2" else "model.layers.1")
+    return model.get_submodule({"gpt2": "transformer.h.1", "bert": "encoder.layer.1"}.get(family, "model.layers.1"))
 
 
 def user_hook_sites(model: nn.Module, family: str) -> list[nn.Module]:
@@ -168,6 +172,8 @@ def user_code(mode: str, family: str, model: nn.Module, inp: Any) -> Any:
             return outs
         if isinstance(inp, dict):
             return model(**inp)
+        if mode == "kwargs_call":
+            return model(x=inp)
         if mode == "hf_ckpt":
             out = model(inp, labels=inp)
             out.loss.backward()
@@ -180,7 +186,7 @@ def user_code(mode: str, family: str, model: nn.Module, inp: Any) -> Any:
 
 def logits(out: Any, lm: bool) -> torch.Tensor:
     if lm:
-        return out.logits
+        return out.logits if hasattr(out, "logits") else out.last_hidden_state
     return out[0] if isinstance(out, tuple) else out
 
 

@@ -157,8 +157,8 @@ def check_gradcam(res: Outcome, ctx: dict[str, Any]) -> None:
     _names_ok(list(cam.layers))
     assert {"relu", "relu#2"} <= set(cam.layers) or mode == "shape_error", cam.layers
     assert cam.layer == "relu#2", cam.layer
-    B = M.IMAGE_SHAPE[0]
-    assert cam.cams.shape == (B, M.N_CLASSES, 8, 8), cam.cams.shape
+    B, _, H, W = ctx["inp"].shape
+    assert cam.cams.shape == (B, M.N_CLASSES, H, W), (cam.cams.shape, ctx["inp"].shape)
     first = ctx["ref_out"][0] if mode in ("nan_loop", "train_step") else ctx["ref_out"]
     ref_logits = logits(first, False).float()
     if mode in ("dropout", "train_step"):  # the re-run must replay the cell's dropout masks, or say its scores differ

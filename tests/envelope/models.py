@@ -92,9 +92,9 @@ def tiny_cnn(**kw: Any) -> TinyCNN:
     return TinyCNN(**kw).train()
 
 
-def image() -> torch.Tensor:
+def image(hw: tuple[int, int] = IMAGE_SHAPE[2:]) -> torch.Tensor:
     g = torch.Generator().manual_seed(1)
-    return torch.randn(IMAGE_SHAPE, generator=g)
+    return torch.randn(*IMAGE_SHAPE[:2], *hw, generator=g)
 
 
 def mlp() -> nn.Module:

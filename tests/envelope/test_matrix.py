@@ -18,11 +18,11 @@ from .checks import check
 CNN = ["thermometer", "featuremaps", "gradcam"]
 LANG = ["attention[gpt2]", "attention[llama]", "logitlens[gpt2]", "logitlens[llama]"]
 ALL = CNN + LANG
-ALL_T = [*ALL, "thermometer[llama]"]  # and the thermometer on a language model
+ALL_T = [*ALL, "thermometer[llama]", "attention[bert]"]  # + the thermometer on Llama, attention on a BERT encoder
 #: mode → the views it applies to (thermometer[gpt2]: the thermometer on a language model)
 MODES: dict[str, list[str]] = {
     "plain": ALL_T,
-    "no_grad": ALL,
+    "no_grad": [*ALL, "attention[bert]"],
     "inference_mode": ALL_T,
     "autocast": ALL_T,
     "pending_backward": ALL_T,
@@ -45,9 +45,11 @@ MODES: dict[str, list[str]] = {
     "input_grad": CNN,
     "dropout": CNN,
     "train_step": CNN,
-    "padded": LANG,
+    "nonsquare": CNN,
+    "kwargs_call": CNN,
+    "padded": [*LANG, "attention[bert]"],
     "budget0": ALL_T,
-    "not_applicable": ["featuremaps", "gradcam", "attention", "logitlens"],
+    "not_applicable": ["featuremaps", "gradcam", "attention", "logitlens", "logitlens[bert]"],
 }
 
 #: (mode, view) → "issue 9 item N: symptom" for cells that fail on the current tree (strict xfail)

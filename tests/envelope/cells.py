@@ -29,7 +29,7 @@ from . import models as M
 
 LANG = ("gpt2", "llama", "bert")
 #: modes whose cell leaves an autograd graph the user may still backpropagate through
-GRAPH_MODES = {"plain", "nonsquare", "kwargs_call", "channels_last", "input_grad", "dropout", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
+GRAPH_MODES = {"plain", "parametrized", "nonsquare", "kwargs_call", "channels_last", "input_grad", "dropout", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
 RAISING = {"exception": ValueError, "keyboard_interrupt": KeyboardInterrupt}
 NAN_STEP = 6  # 1-based: the 6th call of the model's forward makes the first non-finite value
 STEPS = 8
@@ -90,6 +90,11 @@ def build(mode: str, family: str) -> tuple[nn.Module, Any]:
             for m in model.modules():  # dropout off, so the reference run is identical
                 if isinstance(m, nn.Dropout):
                     m.p = 0.0
+    if mode == "parametrized":  # weight_norm / spectral_norm style: conv1 and conv2 get parametrizations
+        from torch.nn.utils.parametrizations import weight_norm
+
+        weight_norm(model.conv1)
+        weight_norm(model.conv2)
     if mode == "channels_last":
         model = model.to(memory_format=torch.channels_last)
         inp = inp.contiguous(memory_format=torch.channels_last)
@@ -204,7 +209,8 @@ def reference_activations(model: nn.Module, fn: Callable[[nn.Module], Any]) -> d
     state = {"calls": 0}
     handles = [m.register_forward_pre_hook(lambda *_: state.__setitem__("calls", state["calls"] + 1))]
     for name, mod in m.named_modules():
-        if name and not list(mod.children()):
+        # leaves: modules without children (a parametrized module's `parametrizations` do not count)
+        if name and ".parametrizations" not in name and not [c for c, _ in mod.named_children() if c != "parametrizations"]:
             def hook(_m: nn.Module, _a: Any, out: Any, name: str = name) -> None:
                 if state["calls"] != 1 or not isinstance(out, torch.Tensor):
                     return

@@ -30,6 +30,7 @@ LABELS = {
     "channels_last": "channels-last CNN",
     "dropout": "dropout in training mode",
     "train_step": "training loop (optimizer steps) in the cell",
+    "parametrized": "parametrized layers (`weight_norm`)",
     "nonsquare": "non-square images (8×12)",
     "kwargs_call": "model called with keywords (`model(x=x)`)",
     "padded": "padded batch (`attention_mask`, `--seq-index 1`)",

@@ -98,6 +98,8 @@ def build(mode: str, family: str) -> tuple[nn.Module, Any]:
     if mode == "channels_last":
         model = model.to(memory_format=torch.channels_last)
         inp = inp.contiguous(memory_format=torch.channels_last)
+    if mode == "dtype_error":  # the beginner's other error: a half model, a float32 batch
+        model = model.half()
     if mode in ("fp16", "bf16"):
         dt = torch.float16 if mode == "fp16" else torch.bfloat16
         model = model.to(dt)
@@ -323,7 +325,7 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
     acts = reference_activations(model, lambda m: user_code(mode, family, m, inp))
     hooks_before = hook_count(model)
     impl_before = attn_impl(model)
-    expect_exc = RAISING.get(mode) or {"shape_error": RuntimeError, "interrupt_in_forward": KeyboardInterrupt}.get(mode)
+    expect_exc = RAISING.get(mode) or {"shape_error": RuntimeError, "dtype_error": RuntimeError, "interrupt_in_forward": KeyboardInterrupt}.get(mode)
 
     ref_inp = {k: v.clone() for k, v in inp.items()} if isinstance(inp, dict) else inp.detach().clone()
     if mode == "input_grad":  # a saliency-style cell: the user wants d(out)/d(x) in x.grad
@@ -354,6 +356,8 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
             assert raised is user["raiser"].raised[-1], f"a different exception came out: {raised!r}"
         elif mode == "interrupt_in_forward":
             assert type(raised) is KeyboardInterrupt and str(raised) == "raised inside the model's forward", repr(raised)
+        elif mode == "dtype_error":
+            assert type(raised) is RuntimeError and "Half" in str(raised), raised
         else:
             assert type(raised) is RuntimeError and "mat1 and mat2" in str(raised), raised
     else:

@@ -15,6 +15,7 @@ from .cells import NAN_STEP, RAISING, Outcome, close, logits, mode_context, one_
 HALF = {"fp16", "bf16", "autocast"}
 #: modes in which a view may legitimately not show (it must then leave a one-line note)
 NOTE_OK = {
+    ("dtype_error", "featuremaps"), ("dtype_error", "gradcam"),
     ("interrupt_in_forward", "gradcam"),
     ("exception", "gradcam"), ("keyboard_interrupt", "gradcam"), ("shape_error", "gradcam"),
     ("exception", "attention"), ("keyboard_interrupt", "attention"),
@@ -37,7 +38,7 @@ def check(res: Outcome, ctx: dict[str, Any]) -> None:
         assert one_line(res.note), f"not a one-line note: {res.note!r}"
         if mode in NOTE_WORDS:
             assert NOTE_WORDS[mode] in res.note.lower(), res.note
-        if mode in RAISING or mode in ("shape_error", "interrupt_in_forward"):  # the note says why: the cell raised, not a guess
+        if mode in RAISING or mode in ("shape_error", "dtype_error", "interrupt_in_forward"):  # the note says why: the cell raised, not a guess
             assert re.search(r"rais|interrupt|exception|error", res.note, re.I), f"the note does not say the model raised: {res.note!r}"
         return
     for n in getattr(res.result, "notes", []) or []:
@@ -89,6 +90,10 @@ def check_thermometer(res: Outcome, ctx: dict[str, Any]) -> None:
         if mode == "hf_ckpt":
             assert cap.backward_ran and cap["lm_head"].grad is not None
             assert len(names) == len(set(names))
+        return
+    if mode == "dtype_error":  # nothing ran: conv1 raised on its first input
+        text = report_text(report)
+        assert "`conv1`" in text and "float16" in text and "float32" in text, text
         return
     expected = cnn_rows(mode)
     if mode in RAISING or mode in ("shape_error", "interrupt_in_forward"):

@@ -15,6 +15,7 @@ LABELS = {
     "exception": "exception mid-cell",
     "keyboard_interrupt": "KeyboardInterrupt mid-cell",
     "shape_error": "shape mismatch inside the model",
+    "dtype_error": "dtype mismatch (half model, float32 batch)",
     "interrupt_in_forward": "KeyboardInterrupt inside `forward`",
     "nan_loop": "loop, NaN at step k",
     "generate": "`model.generate()`",

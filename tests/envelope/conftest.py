@@ -13,11 +13,11 @@ import torch
 from . import models as M
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def one_thread() -> Iterator[None]:
     """The matrix's tensors are tiny: with two intra-op threads on a busy 2-core machine every op
     waits for the other thread (a 7×16 matmul takes ~0.4 ms instead of ~10 µs). One thread, then
-    restored for the other tiers."""
+    restored after each module (other tiers run in the same session)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -25,7 +25,7 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def compiled() -> dict[str, tuple[torch.nn.Module, torch.nn.Module]]:
+def compiled() -> Iterator[dict[str, tuple[torch.nn.Module, torch.nn.Module]]]:
     """family → (compiled, original): an eval-mode TinyCNN and tiny GPT-2, each compiled and warmed up once.
 
     ``backend="eager"``: TorchDynamo traces, guards and graph-breaks exactly as with the default
@@ -40,7 +40,8 @@ def compiled() -> dict[str, tuple[torch.nn.Module, torch.nn.Module]]:
     with torch.no_grad():
         out["cnn"][0](M.image())
         out["gpt2"][0](M.prompt())
-    return out
+    yield out
+    torch._dynamo.reset()  # the rest of the session starts without our compiled code
 
 
 @pytest.fixture

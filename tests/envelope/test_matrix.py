@@ -47,6 +47,7 @@ MODES: dict[str, list[str]] = {
     "dropout": CNN,
     "train_step": CNN,
     "nonsquare": CNN,
+    "double_backward": CNN,
     "parametrized": CNN,
     "kwargs_call": CNN,
     "padded": [*LANG, "attention[bert]"],

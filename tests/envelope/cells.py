@@ -98,6 +98,8 @@ def build(mode: str, family: str) -> tuple[nn.Module, Any]:
     if mode == "channels_last":
         model = model.to(memory_format=torch.channels_last)
         inp = inp.contiguous(memory_format=torch.channels_last)
+    if mode == "frozen":  # a frozen (inference-only) model: no parameter requires grad
+        model.requires_grad_(False)
     if mode == "dtype_error":  # the beginner's other error: a half model, a float32 batch
         model = model.half()
     if mode in ("fp16", "bf16"):
@@ -325,6 +327,9 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
         raise_site(model, family).register_forward_hook(user["raiser"])
     if mode in ("user_hooks", "generate_user_hooks"):
         user["counters"] = [Counter() for _ in user_hook_sites(model, family)]
+        # and a full backward hook, as Captum or a Grad-CAM library would leave (conv2 / the last block)
+        user["bwd"] = Counter()
+        raise_site(model, family).register_full_backward_hook(user["bwd"])
         for site, c in zip(user_hook_sites(model, family), user["counters"]):
             site.register_forward_hook(c)
     ref = copy.deepcopy(model)
@@ -387,6 +392,10 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
     if mode in GRAPH_MODES:
         backward(out, lm)
         backward(ref_out, lm)
+    if "bwd" in user:
+        ref_bwd = next(h for h in raise_site(ref, family)._backward_hooks.values() if isinstance(h, Counter))
+        assert mode != "user_hooks" or ref_bwd.calls >= 1, "test setup: the backward hook never ran"
+        assert user["bwd"].calls == ref_bwd.calls, f"the user's backward hook ran {user['bwd'].calls} times, {ref_bwd.calls} without nbdebug"
     if mode == "input_grad":
         assert inp.grad is not None and torch.equal(inp.grad, ref_inp.grad), "the input's gradient differs from a run without nbdebug"
     diffs = same_fingerprint(fingerprint(ref), fingerprint(model))

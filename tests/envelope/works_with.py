@@ -33,6 +33,7 @@ LABELS = {
     "train_step": "training loop (optimizer steps) in the cell",
     "parametrized": "parametrized layers (`weight_norm`)",
     "double_backward": "gradient penalty (`autograd.grad(create_graph=True)`)",
+    "frozen": "frozen model (`requires_grad_(False)`)",
     "nonsquare": "non-square images (8×12)",
     "kwargs_call": "model called with keywords (`model(x=x)`)",
     "padded": "padded batch (`attention_mask`, `--seq-index 1`)",

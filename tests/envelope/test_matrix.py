@@ -2,7 +2,7 @@
 
 Each cell runs a user's cell on a fresh tiny model under ``nbdebug.debug(model, view=...)`` and on
 an identical copy without nbdebug, then checks the view's content, hooks, model state and graph
-(see ``cells.py``/``checks.py``). A cell the product does not pass yet is a strict xfail naming the
+(``usercode.py``: models, cell bodies, references; ``cells.py``: running a cell; ``checks.py``: what each view must show). A cell the product does not pass yet is a strict xfail naming the
 issue-9 item and the symptom: when a fix makes it pass, the xfail fails and the mark must go.
 """
 

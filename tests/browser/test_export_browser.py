@@ -60,11 +60,12 @@ def test_thermometer_export(page, tmp_path) -> None:  # type: ignore[no-untyped-
 
 def test_featuremaps_export_and_missing_answer(page, tmp_path) -> None:  # type: ignore[no-untyped-def]
     root, blocked = _open(page, _export(tmp_path, "featuremaps"), "featuremaps")
-    assert root.locator(".nbd-tile").count() == 8
-    assert wait_canvas_nonblank(page, '.nbdebug-featuremaps .nbd-tile[data-channel="0"] canvas', minimum=20) >= 20
-    root.locator("select.nbd-layer").select_option("3")  # another layer's first page: precomputed
-    page.wait_for_function("document.querySelectorAll('.nbdebug-featuremaps .nbd-tile').length === 16")
+    # The view opens on the deepest spatial layer ("4", 16 channels of 8×8)
+    assert root.locator(".nbd-tile").count() == 16
     assert wait_canvas_nonblank(page, '.nbdebug-featuremaps .nbd-tile[data-channel="15"] canvas', minimum=5) >= 5
+    root.locator("select.nbd-layer").select_option("0")  # another layer's first page: precomputed
+    page.wait_for_function("document.querySelectorAll('.nbdebug-featuremaps .nbd-tile').length === 8")
+    assert wait_canvas_nonblank(page, '.nbdebug-featuremaps .nbd-tile[data-channel="0"] canvas', minimum=20) >= 20
     screenshot(page, "export-featuremaps")
     root.locator("select.nbd-sort").select_option("mean")  # not in the table: answered ok=false
     page.get_by_text("not available in the exported file").first.wait_for()

@@ -32,6 +32,7 @@ from .names import call_name
 from .result import CaptureResult, LayerRecord
 from .select import LayerFilter, select_modules
 from .stats import IDX, SATURATING, Raw, device_histogram, merge_raw, tensor_stats
+from .weak import ModelRef
 
 __all__ = ["Capture", "CaptureResult", "LayerRecord"]
 
@@ -97,8 +98,8 @@ class Capture:
         bins: int = 32,
         device_path: bool | None = None,
     ) -> None:
-        self.model = model
-        self.modules = select_modules(model, layers)
+        self._model = ModelRef(model)  # weak: a result or widget outliving the cell never keeps the model
+        self.modules = select_modules(model, layers)  # strong until __exit__ (hooks need them), then dropped
         self.grads = grads
         self.histograms = histograms
         self.sample_size = int(sample_size)
@@ -170,8 +171,8 @@ class Capture:
             return None
         ref, idx, version = hit
         src = ref()
-        if src is None or src.data_ptr() != t.data_ptr() or _version(t) != version:
-            return None
+        if t.is_inference() or src is None or src.data_ptr() != t.data_ptr() or _version(t) != version:
+            return None  # inference tensors have no version counter: an in-place op cannot be seen
         raw = self._calls[idx].raw
         return raw.copy() if isinstance(raw, np.ndarray) else raw.clone()  # type: ignore[union-attr]
 
@@ -302,6 +303,11 @@ class Capture:
         src = self._calls[call.input_calls[0]].shape if call.input_calls else None
         return call.key, src
 
+    @property
+    def model(self) -> nn.Module:
+        """The captured model (raises :class:`~nbdebug.capture.ModelGoneError` once it is deleted)."""
+        return self._model.get()
+
     # -- context manager --------------------------------------------------------------------
     def __enter__(self) -> Capture:
         self._t0 = time.perf_counter()
@@ -341,5 +347,7 @@ class Capture:
             self._calls = []
             self.result = assemble(self)
             self.result.notes.append(f"nbdebug could not summarise what ran before the error: {type(err).__name__}: {err}")
+        finally:
+            self.modules = []  # the model's submodules (and their parameters) are not ours to keep
         self._calls = []
 

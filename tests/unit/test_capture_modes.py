@@ -355,3 +355,32 @@ def test_keyboard_interrupt_inside_our_own_hook(monkeypatch: pytest.MonkeyPatch,
     calls = n[0]
     m(torch.randn(2, 4)).sum().backward()
     assert n[0] == calls  # none of our hooks runs after the interrupted cell
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_inplace_relu_under_inference_mode_has_its_own_stats(device_path: bool) -> None:
+    """Inference tensors have no version counter: an in-place ReLU's row must not reuse the Linear's stats."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 16), nn.ReLU(inplace=True), nn.Linear(16, 2))
+    x = torch.randn(8, 4)
+    rows = {}
+    for mode in (torch.no_grad, torch.inference_mode):
+        with Capture(m, device_path=device_path) as cap, mode():
+            m(x)
+        rows[mode.__name__] = [(r.name, r.stats["min"], r.stats["zero_frac"]) for r in cap.result.layers]
+    assert rows["inference_mode"] == rows["no_grad"]
+    relu = torch.relu(m[0](x))
+    assert rows["no_grad"][1] == ("1", 0.0, pytest.approx(float((relu == 0).float().mean())))
+
+
+def test_capture_does_not_keep_the_model_alive() -> None:
+    import gc
+    import weakref
+
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with Capture(m) as cap:
+        m(torch.randn(2, 4))
+    ref = weakref.ref(m)
+    del m
+    gc.collect()
+    assert ref() is None and cap.result is not None and len(cap.result.layers) == 2

@@ -27,6 +27,9 @@ NOTE_WORDS = {"compiled": "compile"}  # a note for a compiled model must say so
 def check(res: Outcome, ctx: dict[str, Any]) -> None:
     mode, view = ctx["mode"], ctx["view"]
     v = view_name(view)
+    if v == "all":
+        check_all(ctx)
+        return
     if mode == "not_applicable":
         check_not_applicable(res, ctx)
         return
@@ -45,6 +48,24 @@ def check(res: Outcome, ctx: dict[str, Any]) -> None:
         assert one_line(n), f"note is not one line: {n!r}"
     {"thermometer": check_thermometer, "featuremaps": check_featuremaps, "gradcam": check_gradcam,
      "attention": check_attention, "logitlens": check_logitlens}[v](res, ctx)
+
+
+VIEWS = ("thermometer", "featuremaps", "gradcam", "attention", "logitlens")
+
+
+def check_all(ctx: dict[str, Any]) -> None:
+    """``view="all"``: every view that applies is shown and correct, as when it runs alone (views run
+    together must not disturb each other); the others are one quiet note each."""
+    dbg = ctx["dbg"]
+    applies = ("thermometer", "attention", "logitlens") if ctx["lm"] else ("thermometer", "featuremaps", "gradcam")
+    widgets = dict(zip(dbg.views, dbg.widgets()))
+    for v in applies:
+        sub = Outcome(v, result=dbg.results.get(v), widget=widgets.get(v), note=str(dbg.skipped.get(v, "")))
+        check(sub, {**ctx, "view": f"{v}[{ctx['family']}]" if ctx["lm"] else v})
+    for v in set(VIEWS) - set(applies):
+        assert v not in dbg.results and one_line(str(dbg.skipped.get(v, ""))), (v, dbg.skipped.get(v))
+    note = dbg.note()
+    assert one_line(note) and all(v in note for v in set(VIEWS) - set(applies)), note
 
 
 def _names_ok(names: list[str]) -> None:

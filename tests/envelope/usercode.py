@@ -37,6 +37,8 @@ class Outcome:
 
 # -- models and inputs ---------------------------------------------------------------------------
 def family_of(mode: str, view: str) -> str:
+    if mode == "shape_error":
+        return "shape_error"
     if "[" in view:
         return view.split("[")[1].rstrip("]")
     if mode == "not_applicable":

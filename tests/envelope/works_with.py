@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-VIEWS = ["thermometer", "featuremaps", "gradcam", "attention", "logitlens"]
+VIEWS = ["thermometer", "featuremaps", "gradcam", "attention", "logitlens", "all"]
 LABELS = {
     "plain": "plain forward (train-mode BatchNorm)",
     "no_grad": "`torch.no_grad()`",
@@ -65,7 +65,7 @@ def write_table(path: str, outcomes: dict[tuple[str, str], str]) -> None:
         "",
         "Generated from `tests/envelope` (the real-use matrix): ✓ the view is correct in that mode,",
         "`note: …` the view is replaced by that one-line note, ✗ not yet (a strict xfail in the matrix),",
-        "— not applicable. Language views were run on tiny GPT-2 and Llama models (attention also on a BERT encoder).",
+        "— not applicable; `all`: every view at once (`--view all`), each as correct as alone. Language views were run on tiny GPT-2 and Llama models (attention also on a BERT encoder).",
         "",
         "| mode | " + " | ".join(VIEWS) + " |",
         "| --- | " + " | ".join("---" for _ in VIEWS) + " |",

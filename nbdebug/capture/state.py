@@ -8,14 +8,14 @@ compare before and after a capture.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
-from .hooks import hook_count
+from .hooks import HookSet, hook_count
 
 __all__ = ["fingerprint", "preserve_buffers", "preserve_modes", "suspend_hooks", "user_hook_count"]
 
@@ -42,7 +42,7 @@ def user_hook_count(model: nn.Module) -> int:
 
 
 @contextmanager
-def suspend_hooks(model: nn.Module) -> Iterator[None]:
+def suspend_hooks(model: nn.Module, keep: Iterable[HookSet] = ()) -> Iterator[None]:
     """Set the user's own module hooks aside for nbdebug's own passes, and put the same tables back.
 
     A re-run of nbdebug's must not call the user's hooks again (a hook that records activations
@@ -52,19 +52,27 @@ def suspend_hooks(model: nn.Module) -> Iterator[None]:
     (hooks nbdebug registers there are dropped with them); afterwards the original table objects
     are back, so the user's handles still remove their hooks. Global module hooks
     (``register_module_forward_hook``) are left alone.
+
+    The hooks of the ``keep`` hook sets (the calling view's own) keep running too. A hook removed
+    during the block (by its handle) stays removed afterwards.
     """
+    ids = {h.id for hs in keep for h in hs._handles}
     saved: list[tuple[nn.Module, dict[str, Any]]] = []
+
+    def drop(k: int, fn: Any) -> bool:
+        return k not in ids and _is_users(fn)
+
     try:
         for m in model.modules():
             tables = {attr: m.__dict__.get(attr) for attr in _KEYED}
-            if not any(_is_users(fn) for t in tables.values() for fn in (t or {}).values()):
+            if not any(drop(k, fn) for t in tables.values() for k, fn in (t or {}).items()):
                 continue
             originals: dict[str, Any] = {}
             for attr, side in _KEYED.items():
                 table = tables[attr]
                 if table is None:
                     continue
-                kept = type(table)((k, fn) for k, fn in table.items() if not _is_users(fn))
+                kept = type(table)((k, fn) for k, fn in table.items() if not drop(k, fn))
                 originals[attr] = table
                 m.__dict__[attr] = kept
                 for extra in side:

@@ -30,7 +30,17 @@ from ..adapters.transformers import ModelParts, eager_attention, find_parts
 from ..capture import HookSet, ModelCall, ModelRef, parse_bytes
 from ..capture.attention_probe import QKCall, probe_attention, probe_supported
 from ..capture.budget import format_bytes
-from ..capture.replay import Replay, forward_again, generation_note, int_option
+from ..capture.replay import (
+    Replay,
+    ReplayMember,
+    forward_again,
+    generation_note,
+    int_option,
+    join,
+    leave,
+    nothing_shown,
+    replay_final,
+)
 from ..inspectors.attention import AttentionAccumulator, AttentionResult, build_result
 from ..inspectors.attention_qk import (
     CHUNK_BYTES,
@@ -93,7 +103,11 @@ class AttentionRecorder(Recorder):
         self._call = ModelCall(model, watch_generate=True)
         self._replay = Replay(self._call, self.batch_index)
         self._index = {id(m): i for i, (_n, m) in enumerate(self.parts.attentions)}
+        before = set(vars(self))
         self._reset()
+        self._state_keys = sorted(set(vars(self)) - before)  # what the shared forward replaces
+        self._aside: dict[str, Any] = {}
+        self._member = ReplayMember(self._replay, lambda: self._hooks, self._begin_replay, self._end_replay)
         self._result: AttentionResult | None = None
         self._widget: Any = None
         self._applies: str | None = None
@@ -209,15 +223,30 @@ class AttentionRecorder(Recorder):
         except BaseException:
             self._stack.close()
             raise
+        join(model, self._member)
         return self
 
     def __exit__(self, exc_type: Any, *exc: object) -> None:
         try:
-            if exc_type is None and self._call.generated:
-                self._reset()
-                self._replay.run(self.model, [self._hooks])  # one forward on the final sequence, only our hooks
+            if exc_type is None and self._call.generated:  # one forward on the final sequence, shared
+                replay_final(self.model, self._member)    # by the language views, only their hooks
         finally:
-            self._stack.close()
+            try:
+                if self._model_ref.alive:
+                    leave(self._model_ref.get(), self._member)
+            finally:
+                self._stack.close()
+
+    # -- the shared forward on the final sequence: fresh state, the first call's back if it fails -----
+    def _begin_replay(self) -> None:
+        self._aside = {k: getattr(self, k) for k in self._state_keys}
+        self._reset()
+
+    def _end_replay(self, ok: bool) -> None:
+        aside, self._aside = self._aside, {}
+        if not ok:
+            for k, v in aside.items():
+                setattr(self, k, v)
 
     # -- results ---------------------------------------------------------------------------------
     def applies(self) -> str | None:
@@ -240,7 +269,7 @@ class AttentionRecorder(Recorder):
             if self._problem:
                 raise RuntimeError(f"attention cannot be shown: {self._problem}")
             if self._seen == 0:
-                raise RuntimeError("the cell did not run the model: nothing to show")
+                raise RuntimeError(nothing_shown(self._replay))
             if self._seen < len(names):
                 raised = "" if self._completed else "the model raised (or was interrupted) during its forward: "
                 raise RuntimeError(f"{raised}attention seen in {self._seen} of {len(names)} layers")
@@ -268,7 +297,7 @@ class AttentionRecorder(Recorder):
                 if self._missing:
                     raise RuntimeError(f"{self._missing[0]} returned no attention weights (path: {self.path}); load the "
                                        "model with attn_implementation='eager'")
-                raise RuntimeError("the cell did not run the model: nothing to show")
+                raise RuntimeError(nothing_shown(self._replay))
             T = self._acc.layers[0]["col_mass"].shape[-1] if self._acc.layers else 0
             res = self._acc.result(self._tokens(row_ids, T), names, self.path)
             res.notes.append(f"probabilities from eager attention ({self.why_no_probe})")

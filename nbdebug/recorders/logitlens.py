@@ -34,7 +34,16 @@ from ..adapters.text import (
 from ..adapters.transformers import ModelParts, find_parts, require_lens
 from ..capture import HookSet, ModelCall, ModelRef, parse_bytes
 from ..capture.budget import format_bytes
-from ..capture.replay import Replay, generation_note, int_option
+from ..capture.replay import (
+    Replay,
+    ReplayMember,
+    generation_note,
+    int_option,
+    join,
+    leave,
+    nothing_shown,
+    replay_final,
+)
 from ..inspectors.logitlens import LensResult, LogitLens
 from ..views import Recorder
 
@@ -141,7 +150,11 @@ class LogitLensRecorder(Recorder):
         self._replay = Replay(self._call, self.batch_index)
         self._stack = ExitStack()
         self._hooks = HookSet()
+        before = set(vars(self))
         self._reset()
+        self._state_keys = sorted(set(vars(self)) - before)  # what the shared forward replaces
+        self._aside: dict[str, Any] = {}
+        self._member = ReplayMember(self._replay, lambda: self._hooks, self._begin_replay, self._end_replay)
         self._lens: LogitLens | None = None
         self._result: LensResult | None = None
         self._widget: Any = None
@@ -208,15 +221,30 @@ class LogitLensRecorder(Recorder):
         except BaseException:
             self._stack.close()
             raise
+        join(model, self._member)
         return self
 
     def __exit__(self, exc_type: Any, *exc: object) -> None:
         try:
-            if exc_type is None and self._call.generated:
-                self._reset()
-                self._replay.run(self.model, [self._hooks])  # one forward on the final sequence, only our hooks
+            if exc_type is None and self._call.generated:  # one forward on the final sequence, shared
+                replay_final(self.model, self._member)    # by the language views, only their hooks
         finally:
-            self._stack.close()
+            try:
+                if self._model_ref.alive:
+                    leave(self._model_ref.get(), self._member)
+            finally:
+                self._stack.close()
+
+    # -- the shared forward on the final sequence: fresh state, the first call's back if it fails -----
+    def _begin_replay(self) -> None:
+        self._aside = {k: getattr(self, k) for k in self._state_keys}
+        self._reset()
+
+    def _end_replay(self, ok: bool) -> None:
+        aside, self._aside = self._aside, {}
+        if not ok:
+            for k, v in aside.items():
+                setattr(self, k, v)
 
     # -- lens --------------------------------------------------------------------------------------
     def applies(self) -> str | None:
@@ -233,7 +261,7 @@ class LogitLensRecorder(Recorder):
             return self._lens
         missing = [i for i, r in enumerate(self._resid) if r is None]
         if len(missing) == len(self._resid):
-            raise RuntimeError("the cell did not run the model: nothing to show")
+            raise RuntimeError(nothing_shown(self._replay))
         if missing and not self._seen:  # the forward never returned: the cell raised inside the model
             raise RuntimeError(f"the model raised (or was interrupted) during its forward, after {len(self._resid) - len(missing) - 1} "
                                f"of {len(self._resid) - 1} blocks: no complete residual stream to show")

@@ -413,3 +413,97 @@ def test_generate_with_left_padding_shows_the_real_tokens() -> None:
     assert res.shape[2] == 7 and res.generated == [False] * 4 + [True] * 3
     assert res.tokens == [f"#{int(i)}" for i in real[0]]
     np.testing.assert_allclose(res.head(1, 1), eager_reference(m, real)[1][0, 1].numpy(), atol=1e-5)
+
+
+# -- review fixes: one shared replay, first call kept when it fails, suspend_hooks(keep=) -------------
+def limited(m: torch.nn.Module, longest: int) -> list[int]:
+    """Make ``m`` raise on inputs longer than ``longest`` tokens (like a long sequence running out of
+    memory); returns the list of input lengths of every forward it runs."""
+    seen: list[int] = []
+    original = m.forward
+
+    def forward(*args: object, **kwargs: object) -> object:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        n = int(ids.shape[1]) if isinstance(ids, torch.Tensor) else -1
+        seen.append(n)
+        if n > longest:
+            raise RuntimeError(f"{n} tokens do not fit")
+        return original(*args, **kwargs)
+
+    m.forward = forward  # type: ignore[method-assign]
+    return seen
+
+
+def test_failed_replay_keeps_the_first_call_and_says_so() -> None:
+    m = tiny("llama")
+    ids = torch.randint(1, 60, (1, 4))
+    ref = eager_reference(m, ids)
+    seen = limited(m, 4)
+    with AttentionRecorder(m) as rec:
+        with torch.no_grad():
+            out = m(ids, use_cache=True)
+            for _ in range(3):  # a decoding loop with the KV cache; the final sequence (7 tokens) fails
+                out = m(out.logits[:, -1:].argmax(-1), past_key_values=out.past_key_values, use_cache=True)
+    assert seen == [4, 1, 1, 1, 7]
+    assert rec.applies() is None
+    res = rec.result()
+    assert res.shape == (2, 2, 4) and res.generated == []
+    assert res.notes[0] == ("the cell generated tokens, but the forward on the final sequence failed "
+                            "(RuntimeError: 7 tokens do not fit); the first call is shown")
+    np.testing.assert_allclose(res.head(1, 1), ref[1][0, 1].numpy(), atol=1e-5)  # the prompt's own heads
+    with AttentionRecorder(m) as rec2:  # generate(): no first call of the cell's own to fall back on
+        m.generate(torch.randint(1, 60, (1, 3)), max_new_tokens=3, do_sample=False)
+    del m.forward
+    assert rec2.applies() == ("the cell generated tokens, but the forward on the final sequence failed "
+                              "(RuntimeError: 6 tokens do not fit): nothing to show")
+
+
+@pytest.mark.parametrize("order", ["attention first", "lens first"])
+def test_one_forward_on_the_final_sequence_serves_both_language_views(order: str) -> None:
+    from contextlib import ExitStack
+
+    from nbdebug.capture.replay import _GROUPS
+    from nbdebug.recorders.logitlens import LogitLensRecorder
+
+    m = tiny("llama")
+    ids = torch.randint(1, 60, (1, 5))
+    hooks = hook_count(m)
+    seen = limited(m, 100)
+    recs = [AttentionRecorder(m), LogitLensRecorder(m)]
+    with ExitStack() as stack:  # exits in reverse order: the last entered runs the shared forward
+        for r in recs if order == "attention first" else recs[::-1]:
+            stack.enter_context(r)
+        out = m.generate(ids, max_new_tokens=4, do_sample=False)
+    assert seen == [5, 1, 1, 1, 9]  # generate()'s four forwards and ONE of ours for both views
+    del m.forward  # the test's counter
+    clean(m, hooks)
+    assert m not in _GROUPS
+    att, lens = recs[0].result(), recs[1].result()
+    assert att.shape == (2, 2, 9) and att.generated == [False] * 5 + [True] * 4
+    assert lens.lens.generated == att.generated and lens.top_ids.shape[1] == 9
+    assert "final 9-token sequence" in att.notes[0] and "final 9-token sequence" in lens.notes[0]
+    np.testing.assert_allclose(att.head(1, 0), eager_reference(m, out)[1][0, 0].numpy(), atol=1e-5)
+    with torch.no_grad():
+        logits = m(out).logits[0, -1]
+    assert int(lens.top_ids[-1, -1, 0]) == int(logits.argmax())
+
+
+def test_suspend_hooks_keeps_the_given_hook_sets_and_removals_stick() -> None:
+    from nbdebug.capture import HookSet
+    from nbdebug.capture.state import suspend_hooks
+
+    lin = torch.nn.Linear(2, 2)
+    calls: list[str] = []
+    user = lin.register_forward_hook(lambda *_: calls.append("user"))
+    gone = lin.register_forward_hook(lambda *_: calls.append("gone"))
+    with HookSet() as ours, HookSet() as other:
+        ours.forward(lin, lambda *_: calls.append("ours"))
+        other.forward(lin, lambda *_: calls.append("other view"))
+        with suspend_hooks(lin, keep=[ours]):
+            gone.remove()  # removed while set aside: stays removed
+            lin(torch.ones(1, 2))
+        assert calls == ["ours"]
+        lin(torch.ones(1, 2))
+        assert calls == ["ours", "user", "ours", "other view"]
+    user.remove()
+    assert hook_count(lin) == 0

@@ -334,3 +334,30 @@ def test_a_forward_that_raises_is_a_one_line_reason() -> None:
                 m(torch.randint(0, 64, (1, 4)))
     handle.remove()
     assert rec.applies() == "the model raised (or was interrupted) during its forward, after 1 of 2 blocks: no complete residual stream to show"
+
+
+def test_failed_replay_keeps_the_first_call_and_says_so() -> None:
+    m = tiny_lm("llama", vocab=300)
+    ids = torch.randint(1, 300, (1, 4))
+    ref = hand_lens(m, ids).exp()
+    original = m.forward
+
+    def forward(*args: object, **kwargs: object) -> object:  # a long sequence that does not fit
+        x = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(x, torch.Tensor) and x.shape[1] > 4:
+            raise RuntimeError(f"{x.shape[1]} tokens do not fit")
+        return original(*args, **kwargs)
+
+    m.forward = forward  # type: ignore[method-assign]
+    with LogitLensRecorder(m, lens_topk=K) as rec:
+        with torch.no_grad():
+            out = m(ids, use_cache=True)
+            for _ in range(2):  # a decoding loop with the KV cache: the 6-token final forward fails
+                out = m(out.logits[:, -1:].argmax(-1), past_key_values=out.past_key_values, use_cache=True)
+    del m.forward
+    assert rec.applies() is None
+    res = rec.result()
+    assert res.notes[0] == ("the cell generated tokens, but the forward on the final sequence failed "
+                            "(RuntimeError: 6 tokens do not fit); the first call is shown")
+    assert res.top_ids.shape[1] == 4 and res.lens.generated == []
+    np.testing.assert_array_equal(res.top_ids, ref.topk(K, -1).indices.numpy())

@@ -35,6 +35,7 @@ __all__ = [
     "find_image",
     "image_for_display",
     "infer_grid",
+    "parse_floats",
     "spatial_layers",
     "to_nchw",
 ]
@@ -256,6 +257,17 @@ def describe_normalisation(mean: Sequence[float], std: Sequence[float]) -> str:
         if np.allclose(mean, m[: len(mean)], atol=1e-3) and np.allclose(std, s[: len(std)], atol=1e-3):
             return name
     return f"mean={[round(v, 4) for v in mean]}, std={[round(v, 4) for v in std]}"
+
+
+def parse_floats(value: Any) -> list[float] | None:
+    """An image mean/std as the user writes it (``"0.485,0.456,0.406"``, a number, a sequence); None/"" → None."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        return [float(v) for v in value.replace(" ", "").split(",") if v]
+    if isinstance(value, (int, float)):
+        return [float(value)]
+    return [float(v) for v in value]
 
 
 def image_for_display(

@@ -3,8 +3,11 @@
 :func:`layer_pass` runs the model once more on the cell's inputs with the target layer's
 output swapped for a leaf (so the graph starts there), on clones of the buffers, with parameters
 not requiring grad; :func:`class_grads` then differentiates K scores with respect to that leaf
-in one batched backward. The user's model, its ``.grad`` and any graph the user still holds are
-left alone.
+in one batched backward; :func:`target_grads` does both for a selector of the scores, and
+:func:`probe_pass` runs one inference pass under an :class:`~nbdebug.capture.probe.OutputProbe` (the
+shape of every module call, to find the layers Grad-CAM can explain). These are the model passes
+behind Grad-CAM; the CAM math is in :mod:`nbdebug.inspectors.gradcam`. The user's model, its
+``.grad`` and any graph the user still holds are left alone.
 
 >>> args, kwargs = autograd_inputs(args, kwargs)                           # doctest: +SKIP
 >>> with layer_pass(model, args, kwargs, "layer4", None) as (output, leaf):  # doctest: +SKIP
@@ -22,11 +25,11 @@ import torch
 from torch import nn
 
 from .hooks import HookSet, no_param_grads
-from .probe import run_eagerly
+from .probe import OutputProbe, run_eagerly
 from .select import unwrap_compiled
 from .state import preserve_buffers, suspend_hooks
 
-__all__ = ["LayerDidNotRun", "autograd_inputs", "class_grads", "layer_pass"]
+__all__ = ["LayerDidNotRun", "autograd_inputs", "class_grads", "layer_pass", "probe_pass", "target_grads"]
 
 
 class LayerDidNotRun(ValueError):
@@ -217,3 +220,26 @@ def class_grads(picked: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
         if grads is None and _reentrant_checkpoint(picked):  # hidden from autograd.grad
             grads = _via_backward(picked, leaf, grad_out)
     return grads if grads is not None and grads.shape == zeros.shape else zeros
+
+
+def target_grads(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], module: str, call: int | None,
+                 pick: Callable[[Any], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(activation, gradients)`` of ``module``'s output (call ``call``; None: the last) in one
+    :func:`layer_pass`: ``pick(output)`` chooses the B×K scores, differentiated in one batched
+    backward (:func:`class_grads`, K×(activation shape)). Both are detached from any graph.
+    """
+    with layer_pass(model, args, kwargs, module, call) as (output, leaf):
+        grads = class_grads(pick(output), leaf)
+    return leaf.detach(), grads.detach()
+
+
+def probe_pass(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
+               on_first_call: Callable[[tuple[Any, ...], dict[str, Any]], None] | None = None) -> OutputProbe:
+    """One inference pass of nbdebug's own under an :class:`~nbdebug.capture.probe.OutputProbe`
+    (shapes only): no grad, buffers cloned with the RNG forked, the user's hooks not called."""
+    model = unwrap_compiled(model)
+    with (suspend_hooks(model), OutputProbe(model, on_first_call=on_first_call) as pr, preserve_buffers(model),
+          torch.no_grad(), warnings.catch_warnings()):
+        warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")  # reentrant checkpoint
+        model(*args, **kwargs)
+    return pr

@@ -1,23 +1,18 @@
-"""Grad-CAM and Grad-CAM++ on any layer with a spatial output, for CNNs and vision transformers.
+"""Grad-CAM and Grad-CAM++ on any layer with a spatial output, for CNNs and vision transformers: the math.
 
-One forward pass of nbdebug's own (:func:`~nbdebug.capture.gradients.layer_pass`: gradients
-tracked only from the target layer onward, its output swapped for a leaf copy, parameters frozen,
-buffers cloned so a graph the user still holds stays valid) and one batched backward through the
-part of the model after the layer give the CAMs of all target classes at once. This module holds
-no hooks: it picks layers and targets and turns activations and gradients into CAMs
-(:func:`cams_from`, pure). The model is left as it was: ``.grad`` untouched, buffers and their
-version counters untouched, ``training`` never switched, every hook removed.
+Pure computation, no hooks and no model passes: :func:`cam_maps` turns a layer's activation and the
+gradients of K class scores with respect to it into CAMs (:func:`cams_from`), :func:`resolve_targets`
+picks the classes, :func:`pick_layer` / :func:`fallback_layers` the layer. The passes that produce
+activations and gradients (one forward of nbdebug's own, one batched backward) are
+:func:`~nbdebug.capture.gradients.target_grads` / :func:`~nbdebug.capture.gradients.probe_pass`, run
+by :mod:`nbdebug.recorders.gradcam` (``grad_cam()`` there is the whole thing without a widget).
 
     weights_k = mean_ij dScore_c / dA_kij          (Grad-CAM)
     CAM       = ReLU(sum_k weights_k A_k), bilinearly upsampled to the input size
-
->>> res = grad_cam(model, (x,), layer="layer4", targets="topk", topk=5)   # doctest: +SKIP
->>> res.cams.shape            # (batch, classes, H, W) at input resolution
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,27 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..adapters.outputs import class_scores
-from ..adapters.vision import (
-    GridInfo,
-    InputSize,
-    Reshape,
-    SpatialLayer,
-    find_image,
-    grid_from_config,
-    image_hw,
-    infer_grid,
-    spatial_layers,
-    to_nchw,
-)
-from ..capture import preserve_buffers, split_call_name
-from ..capture.gradients import LayerDidNotRun, autograd_inputs, class_grads, layer_pass
-from ..capture.names import call_name
-from ..capture.probe import OutputProbe
-from ..capture.select import unwrap_compiled
-from ..capture.state import suspend_hooks
+from ..adapters.vision import GridInfo, Reshape, SpatialLayer, infer_grid, to_nchw
+from ..capture.names import call_name, split_call_name
 
-__all__ = ["CamMaps", "GradCamResult", "LayerError", "Probed", "Target", "cams_from", "class_names_for", "compute_cams", "grad_cam"]
+__all__ = [
+    "CamMaps", "GradCamResult", "LayerError", "Target", "cam_maps", "cams_from", "class_names_for", "fallback_layers",
+    "parse_target", "pick_layer", "resolve_targets",
+]
 
 #: "topk", a class index, a class name, or a list of indices/names (the same for every sample).
 Target = str | int | Sequence[int | str] | None
@@ -113,7 +94,19 @@ def class_names_for(model: nn.Module, names: Any, n_classes: int) -> Callable[[i
     return lambda i: seq[i] if 0 <= i < len(seq) else str(i)
 
 
-def _resolve_targets(targets: Target, logits: torch.Tensor, topk: int, name_of: Callable[[int], str]) -> torch.Tensor:
+def parse_target(value: Any) -> Target:
+    """A ``--target`` as written: ``topk`` (also None, "", ``top``, ``auto``), ``3``, ``tabby``, ``3,tabby``."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "topk", "top", "auto")):
+        return "topk"
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        items: list[int | str] = [int(p) if p.lstrip("-").isdigit() else p for p in parts]
+        return items[0] if len(items) == 1 else items
+    return value
+
+
+def resolve_targets(targets: Target, logits: torch.Tensor, topk: int, name_of: Callable[[int], str]) -> torch.Tensor:
+    """B×K class indices from the B×N scores: the top ``topk`` of each sample, or the named/indexed classes."""
     b, n = logits.shape
     if targets is None or (isinstance(targets, str) and targets.lower() in ("topk", "top", "auto")):
         return logits.detach().topk(min(topk, n), dim=1).indices
@@ -162,82 +155,37 @@ def cams_from(act: torch.Tensor, grads: torch.Tensor, method: str, size: tuple[i
     return up, low, bool((grads == 0).all())
 
 
-def compute_cams(
-    model: nn.Module,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
+def cam_maps(
     layer: SpatialLayer,
+    act: torch.Tensor,
+    grads: torch.Tensor,
     *,
-    targets: Target = "topk",
-    topk: int = 5,
-    classes: torch.Tensor | None = None,
     method: str = "gradcam",
     reshape: Reshape = None,
     output_hw: tuple[int, int] | None = None,
-    name_of: Callable[[int], str] = str,
-) -> tuple[CamMaps, torch.Tensor, torch.Tensor]:
-    """CAMs of ``layer`` for the target classes: ``(maps, classes B×K, logits B×N)``.
+    grid_hw: tuple[int, int] | None = None,
+) -> CamMaps:
+    """CAMs of ``layer`` from its output ``act`` and ``grads`` (K×(act shape), one per target class).
 
-    One forward of nbdebug's own (:func:`~nbdebug.capture.gradients.layer_pass`: graph from the
-    layer on, buffers cloned, parameters frozen) and one batched backward for all K classes.
-    ``args``/``kwargs`` should have gone through :func:`~nbdebug.capture.gradients.autograd_inputs`.
+    ``layer.grid`` None (a layer named by the caller without a probe pass): the activation's shape
+    decides (``grid_hw``: a ViT config's patch grid). ``output_hw``: the input image's size.
     """
-    try:
-        with layer_pass(model, args, kwargs, layer.module, layer.call) as (output, leaf):
-            logits = class_scores(output)
-            if classes is None:
-                classes = _resolve_targets(targets, logits, topk, name_of)
-            classes = classes.to(logits.device)
-            grads = class_grads(logits.gather(1, classes), leaf)
-    except LayerDidNotRun as exc:
-        raise LayerError(str(exc)) from None
-    logits, leaf = logits.detach(), leaf.detach()
     grid = layer.grid
-    if grid is None:  # a layer named by the caller without a probe pass: the shape decides now
-        grid = infer_grid(tuple(leaf.shape), input_hw=output_hw, grid_hw=grid_from_config(model, output_hw),
-                          reshape=reshape if isinstance(reshape, str) else None)
+    if grid is None:
+        grid = infer_grid(tuple(act.shape), input_hw=output_hw, grid_hw=grid_hw, reshape=reshape if isinstance(reshape, str) else None)
         if grid is None and callable(reshape):
             grid = GridInfo("custom", 0, 0, 0)
         if grid is None:
-            raise LayerError(f"layer {layer.name!r} has no spatial output (shape {list(leaf.shape)})")
-        layer = SpatialLayer(layer.name, layer.module, layer.call, layer.calls, tuple(leaf.shape), grid, layer.order, layer.kind)
+            raise LayerError(f"layer {layer.name!r} has no spatial output (shape {list(act.shape)})")
     with torch.no_grad():
-        act = to_nchw(leaf.detach(), grid, reshape).float()  # B×C×h×w
+        a = to_nchw(act, grid, reshape).float()  # B×C×h×w
         g = to_nchw(grads, grid, reshape).float().transpose(0, 1)  # B×K×C×h×w
-        up, low, zero = cams_from(act, g, method, output_hw)
+        up, low, zero = cams_from(a, g, method, output_hw)
     note = ""
     if zero:
         note = (f"the scores do not depend on {layer.name}'s grid positions (gradient is zero), "
                 "e.g. a transformer layer after the last attention only feeds the class token")
-    maps = CamMaps(layer.name, grid, up.cpu().numpy(), low.cpu().numpy(), zero, note)
-    return maps, classes.detach(), logits
-
-
-class Probed:
-    """The spatial layers of one forward pass (see :func:`probe`), and a description of every output."""
-
-    def __init__(self, layers: list[SpatialLayer], described: str) -> None:
-        self.layers = layers
-        self.described = described
-
-    def spatial(self) -> list[SpatialLayer]:
-        return self.layers
-
-    def describe_all(self) -> str:
-        return self.described
-
-
-def probe(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], reshape: Reshape = None) -> Probed:
-    """Spatial layers of ``model`` from one inference pass of nbdebug's own (buffers untouched, the
-    user's hooks not called)."""
-    size = InputSize()
-    model = unwrap_compiled(model)
-    with (suspend_hooks(model), OutputProbe(model, on_first_call=size) as pr, preserve_buffers(model), torch.no_grad(),
-          warnings.catch_warnings()):
-        warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")  # reentrant checkpoint
-        model(*args, **kwargs)
-    layers = spatial_layers(pr.records, pr.calls, input_hw=size.hw, grid_hw=grid_from_config(model, size.hw), reshape=reshape)
-    return Probed(layers, pr.describe_all())
+    return CamMaps(layer.name, grid, up.cpu().numpy(), low.cpu().numpy(), zero, note)
 
 
 def pick_layer(layers: list[SpatialLayer], requested: str | None, describe: str = "") -> tuple[SpatialLayer, bool]:
@@ -275,63 +223,3 @@ def fallback_layers(layers: list[SpatialLayer], failed: SpatialLayer, limit: int
         return earlier
     norms = [lay for lay in earlier if lay.is_norm][:3]
     return norms + [lay for lay in earlier if lay not in norms]
-
-
-def grad_cam(
-    model: nn.Module,
-    args: Sequence[Any] | torch.Tensor,
-    kwargs: Mapping[str, Any] | None = None,
-    *,
-    layer: str | None = None,
-    targets: Target = "topk",
-    topk: int = 5,
-    method: str = "gradcam",
-    class_names: Any = None,
-    reshape: Reshape = None,
-    probe_result: Probed | None = None,
-) -> tuple[CamMaps, torch.Tensor, torch.Tensor, list[SpatialLayer], bool]:
-    """Grad-CAM of ``model`` called as ``model(*args, **kwargs)``; see :func:`compute_cams`.
-
-    Returns ``(maps, classes, logits, spatial_layers, auto)``. With ``layer=None`` the last layer with
-    a spatial output is used; if the scores do not depend on its grid (a ViT's final norm only
-    feeds the class token) earlier layers are tried, norms first, until one does.
-    """
-    if isinstance(args, torch.Tensor):
-        args = (args,)
-    args, kwargs = autograd_inputs(args, kwargs or {})
-    pr = probe_result
-    if pr is None and layer is not None:  # named layer: no probe pass, the CAM's own forward decides
-        base, k = split_call_name(layer)
-        unwrap_compiled(model).get_submodule(base)  # AttributeError early for unknown names
-        chosen, auto, layers = SpatialLayer(call_name(base, k), base, k, k + 1, (), None, 0, ""), False, []  # type: ignore[arg-type]
-    else:
-        pr = pr or probe(model, args, kwargs, reshape)
-        layers = pr.spatial()
-        chosen, auto = pick_layer(layers, layer, pr.describe_all())
-    img = find_image(args, kwargs)
-    out_hw = image_hw(img) if img is not None else None
-    name_of: Callable[[int], str] = str
-    if class_names is not None or getattr(getattr(model, "config", None), "id2label", None):
-        name_of = class_names_for(model, class_names, 0)
-    common = dict(targets=targets, topk=topk, method=method, reshape=reshape, output_hw=out_hw, name_of=name_of)
-    try:
-        maps, classes, logits = compute_cams(model, args, kwargs, chosen, **common)  # type: ignore[arg-type]
-    except LayerError:
-        if pr is not None:
-            raise
-        pr = probe(model, args, kwargs, reshape)  # say which layers would qualify
-        pick_layer(pr.spatial(), layer, pr.describe_all())
-        raise
-    if auto and maps.zero_grad:
-        for cand in fallback_layers(layers, chosen):
-            m2, _, _ = compute_cams(model, args, kwargs, cand, classes=classes, **common)  # type: ignore[arg-type]
-            if not m2.zero_grad:
-                m2.note = f"auto layer: {chosen.name} gave a zero gradient, so the last layer the scores depend on is used"
-                maps, chosen = m2, cand
-                break
-    return maps, classes, logits, layers, auto
-
-
-def infer_grid_for(model: nn.Module, shape: Sequence[int], input_hw: tuple[int, int] | None) -> GridInfo | None:
-    """:func:`infer_grid` with the patch grid of HF configs filled in."""
-    return infer_grid(shape, input_hw=input_hw, grid_hw=grid_from_config(model, input_hw))

@@ -23,7 +23,7 @@ from ..adapters.vision import (
     infer_grid,
     spatial_layers,
 )
-from ..capture import ModelRef, format_bytes, parse_bytes, select_modules, split_call_name
+from ..capture import format_bytes, parse_bytes, select_modules, split_call_name
 from ..capture.probe import OutputProbe
 from ..inspectors.featuremaps import SORT_KEYS, FeatureMapLayer, FeatureMapsResult
 from ..views import Recorder
@@ -39,19 +39,11 @@ class FeatureMapsRecorder(Recorder):
     one (often a padding or stem layer).
     """
 
-    @property  # type: ignore[override]
-    def model(self) -> nn.Module:
-        return self._model_ref.get()
-
-    @model.setter
-    def model(self, value: nn.Module) -> None:
-        self._model_ref = ModelRef(value)
-
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
         o = options
         self.names = {n for n, _ in select_modules(model, o.get("layers"))}
-        self.sample = int(o.get("sample") or 0)
+        self.sample = 0 if o.get("sample") is None else int(o["sample"])
         self.colormap = str(o.get("colormap") or "viridis")
         self.sort = str(o.get("fm_sort") or "index")
         if self.sort not in SORT_KEYS:
@@ -61,10 +53,9 @@ class FeatureMapsRecorder(Recorder):
             raise ValueError(f"--norm {self.norm!r}: use 'channel' or 'shared'")
         self.reshape = o.get("reshape")
         self.max_bytes = parse_bytes(o.get("max_bytes"))
-        max_samples = o.get("max_samples")
-        self.max_samples = 32 if max_samples is None else int(max_samples)
+        self.max_samples = 32 if o.get("max_samples") is None else int(o["max_samples"])
         if self.max_samples < 1:
-            raise ValueError(f"max_samples={max_samples!r}: keep at least one sample (use max_bytes=0 to keep no maps)")
+            raise ValueError(f"max_samples={o['max_samples']!r}: keep at least one sample (use max_bytes=0 to keep no maps)")
         self._size = InputSize()
         self._grid_hw: tuple[tuple[int, int] | None] | None = None
         self.probe = OutputProbe(

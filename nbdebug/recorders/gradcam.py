@@ -1,5 +1,10 @@
 """Recorder of the Grad-CAM view: remembers the cell's model call, then computes CAMs on it.
 
+:func:`grad_cam` is the same computation without a cell or a widget (on a model and its input);
+:func:`compute_cams` one layer's CAMs. They run nbdebug's passes
+(:func:`~nbdebug.capture.gradients.target_grads`, :func:`~nbdebug.capture.gradients.probe_pass`) and
+hand activations and gradients to the pure :mod:`nbdebug.inspectors.gradcam`.
+
 The cell runs untouched (a :class:`~nbdebug.capture.ModelCall` and a shape-only
 :class:`~nbdebug.capture.probe.OutputProbe` watch it). Afterwards nbdebug runs the model once
 more on the same input with gradients tracked from the target layer on (also when the cell ran
@@ -10,69 +15,56 @@ holds stays valid. The recorder, the session and the widget hold the model weakl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..adapters.outputs import logits_of
+from ..adapters.outputs import class_scores, logits_of
 from ..adapters.vision import (
     InputSize,
+    Reshape,
     SpatialLayer,
     find_image,
     grid_from_config,
     image_for_display,
     image_hw,
+    parse_floats,
     spatial_layers,
 )
 from ..capture import (
     DEFAULT_MAX_BYTES,
     ModelCall,
     ModelRef,
+    call_name,
     format_bytes,
     parse_bytes,
     select_modules,
     split_call_name,
 )
-from ..capture.gradients import autograd_inputs
+from ..capture.gradients import LayerDidNotRun, autograd_inputs, probe_pass, target_grads
 from ..capture.probe import OutputProbe
+from ..capture.select import unwrap_compiled
 from ..capture.state import user_hook_count
 from ..inspectors.gradcam import (
     CamMaps,
     GradCamResult,
+    LayerError,
     Target,
+    cam_maps,
     class_names_for,
-    compute_cams,
     fallback_layers,
+    parse_target,
     pick_layer,
+    resolve_targets,
 )
 from ..views import Recorder
 
-__all__ = ["GradCamRecorder", "GradCamSession"]
+__all__ = ["GradCamRecorder", "GradCamSession", "compute_cams", "grad_cam", "probe"]
 
 METHODS = ("gradcam", "gradcam++")
-
-
-def _floats(value: Any) -> list[float] | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, str):
-        return [float(v) for v in value.replace(" ", "").split(",") if v]
-    if isinstance(value, (int, float)):
-        return [float(value)]
-    return [float(v) for v in value]
-
-
-def _target(value: Any) -> Target:
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "topk", "top", "auto")):
-        return "topk"
-    if isinstance(value, str):
-        parts = [p.strip() for p in value.split(",") if p.strip()]
-        items: list[int | str] = [int(p) if p.lstrip("-").isdigit() else p for p in parts]
-        return items[0] if len(items) == 1 else items
-    return value
 
 
 def _names(value: Any, ns: dict[str, Any] | None) -> Any:
@@ -84,6 +76,117 @@ def _names(value: Any, ns: dict[str, Any] | None) -> Any:
             return [v.strip() for v in value.split(",")]
         raise ValueError(f"--class-names: no variable named {value!r} in the notebook")
     return value
+
+
+def _spatial(model: nn.Module, pr: OutputProbe, hw: tuple[int, int] | None, reshape: Reshape) -> list[SpatialLayer]:
+    return spatial_layers(pr.records, pr.calls, input_hw=hw, grid_hw=grid_from_config(model, hw), reshape=reshape)
+
+
+def compute_cams(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    layer: SpatialLayer,
+    *,
+    targets: Target = "topk",
+    topk: int = 5,
+    classes: torch.Tensor | None = None,
+    method: str = "gradcam",
+    reshape: Reshape = None,
+    output_hw: tuple[int, int] | None = None,
+    name_of: Callable[[int], str] = str,
+) -> tuple[CamMaps, torch.Tensor, torch.Tensor]:
+    """CAMs of ``layer`` for the target classes: ``(maps, classes B×K, logits B×N)``.
+
+    One forward of nbdebug's own (graph from the layer on, buffers cloned, parameters frozen) and
+    one batched backward for all K classes (:func:`~nbdebug.capture.gradients.target_grads`).
+    ``args``/``kwargs`` should have gone through :func:`~nbdebug.capture.gradients.autograd_inputs`.
+    """
+    seen: dict[str, torch.Tensor] = {}
+
+    def pick(output: Any) -> torch.Tensor:
+        logits = class_scores(output)
+        chosen = resolve_targets(targets, logits, topk, name_of) if classes is None else classes
+        seen["logits"], seen["classes"] = logits.detach(), chosen.to(logits.device)
+        return logits.gather(1, seen["classes"])
+
+    try:
+        act, grads = target_grads(model, args, kwargs, layer.module, layer.call, pick)
+    except LayerDidNotRun as exc:
+        raise LayerError(str(exc)) from None
+    grid_hw = grid_from_config(model, output_hw) if layer.grid is None else None
+    maps = cam_maps(layer, act, grads, method=method, reshape=reshape, output_hw=output_hw, grid_hw=grid_hw)
+    return maps, seen["classes"].detach(), seen["logits"]
+
+
+def probe(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], reshape: Reshape = None) -> tuple[list[SpatialLayer], str]:
+    """``(spatial layers, every output described)`` of ``model`` from one inference pass of nbdebug's
+    own (:func:`~nbdebug.capture.gradients.probe_pass`)."""
+    size = InputSize()
+    pr = probe_pass(model, args, kwargs, on_first_call=size)
+    return _spatial(unwrap_compiled(model), pr, size.hw, reshape), pr.describe_all()
+
+
+def grad_cam(
+    model: nn.Module,
+    args: Sequence[Any] | torch.Tensor,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    layer: str | None = None,
+    targets: Target = "topk",
+    topk: int = 5,
+    method: str = "gradcam",
+    class_names: Any = None,
+    reshape: Reshape = None,
+) -> tuple[CamMaps, torch.Tensor, torch.Tensor, list[SpatialLayer], bool]:
+    """Grad-CAM of ``model`` called as ``model(*args, **kwargs)``; see :func:`compute_cams`.
+
+    Returns ``(maps, classes, logits, spatial_layers, auto)``. With ``layer=None`` the last layer with
+    a spatial output is used; if the scores do not depend on its grid (a ViT's final norm only
+    feeds the class token) earlier layers are tried, norms first, until one does.
+    """
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    args, kwargs = autograd_inputs(args, kwargs or {})
+    layers: list[SpatialLayer] = []
+    if layer is not None:  # named layer: no probe pass, the CAM's own forward decides
+        base, k = split_call_name(layer)
+        unwrap_compiled(model).get_submodule(base)  # AttributeError early for unknown names
+        chosen, auto = SpatialLayer(call_name(base, k), base, k, k + 1, (), None, 0, ""), False  # type: ignore[arg-type]
+    else:
+        layers, described = probe(model, args, kwargs, reshape)
+        chosen, auto = pick_layer(layers, layer, described)
+    img = find_image(args, kwargs)
+    out_hw = image_hw(img) if img is not None else None
+    name_of: Callable[[int], str] = str
+    if class_names is not None or getattr(getattr(model, "config", None), "id2label", None):
+        name_of = class_names_for(model, class_names, 0)
+    common = dict(targets=targets, topk=topk, method=method, reshape=reshape, output_hw=out_hw, name_of=name_of)
+    try:
+        maps, classes, logits = compute_cams(model, args, kwargs, chosen, **common)  # type: ignore[arg-type]
+    except LayerError:
+        if layer is None:
+            raise
+        qualify, described = probe(model, args, kwargs, reshape)
+        pick_layer(qualify, layer, described)  # raises, saying which layers would qualify
+        raise
+    if auto:
+        found = _nonzero_fallback(layers, chosen, maps, lambda cand: compute_cams(model, args, kwargs, cand, classes=classes, **common)[0])  # type: ignore[arg-type]
+        if found is not None:
+            found[1].note = f"auto layer: {chosen.name} gave a zero gradient, so the last layer the scores depend on is used"
+            maps = found[1]
+    return maps, classes, logits, layers, auto
+
+
+def _nonzero_fallback(layers: list[SpatialLayer], chosen: SpatialLayer, maps: CamMaps,
+                      compute: Callable[[SpatialLayer], CamMaps]) -> tuple[SpatialLayer, CamMaps] | None:
+    """When the auto layer's gradient is zero: the first :func:`fallback_layers` candidate whose is not."""
+    if maps.zero_grad:
+        for cand in fallback_layers(layers, chosen):
+            m2 = compute(cand)
+            if not m2.zero_grad:
+                return cand, m2
+    return None
 
 
 class GradCamSession:
@@ -164,14 +267,6 @@ class GradCamRecorder(Recorder):
     is gone). A cell that calls the model several times is explained on its first call.
     """
 
-    @property  # type: ignore[override]
-    def model(self) -> nn.Module:
-        return self._model_ref.get()
-
-    @model.setter
-    def model(self, value: nn.Module) -> None:
-        self._model_ref = ModelRef(value)
-
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
         o = options
@@ -180,9 +275,8 @@ class GradCamRecorder(Recorder):
             # Unknown names fail before the cell runs (the magic turns this into a UsageError);
             # whether the layer has a spatial output is only known after the run.
             select_modules(model, split_call_name(self.layer)[0])
-        self.target = _target(o.get("target"))
-        topk = o.get("cam_topk")
-        self.topk = 5 if topk is None else int(topk)
+        self.target = parse_target(o.get("target"))
+        self.topk = 5 if o.get("cam_topk") is None else int(o["cam_topk"])
         if self.topk < 1:
             raise ValueError(f"--topk {self.topk}: explain at least one class")
         self.method = str(o.get("cam_method") or "gradcam").lower().replace("-", "")
@@ -191,16 +285,17 @@ class GradCamRecorder(Recorder):
         if self.method not in METHODS:
             raise ValueError(f"unknown Grad-CAM method {o.get('cam_method')!r}; use gradcam or gradcam++")
         self.class_names = _names(o.get("class_names"), o.get("user_ns"))
-        self.mean = _floats(o.get("image_mean"))
-        self.std = _floats(o.get("image_std"))
+        self.mean = parse_floats(o.get("image_mean"))
+        self.std = parse_floats(o.get("image_std"))
         self.reshape = o.get("reshape")
-        self.sample = int(o.get("sample") or 0)
+        self.sample = 0 if o.get("sample") is None else int(o["sample"])
         self.colormap = str(o.get("colormap") or "inferno")
         self.max_bytes = parse_bytes(o.get("max_bytes"))
         self._call: ModelCall | None = ModelCall(model)
         self._size = InputSize()
         self._probe = OutputProbe(model, on_first_call=self._size)
         self._seen = False
+        self._interrupted = False
         self._calls = 0
         self._inputs: tuple[tuple[Any, ...], dict[str, Any]] = ((), {})
         self._theirs: torch.Tensor | None = None  # the cell's class scores (detached)
@@ -220,6 +315,8 @@ class GradCamRecorder(Recorder):
         return self
 
     def __exit__(self, *exc: object) -> None:
+        kind = exc[0] if exc else None
+        self._interrupted = isinstance(kind, type) and issubclass(kind, KeyboardInterrupt)
         try:
             self._probe.__exit__(*exc)
         finally:
@@ -237,12 +334,13 @@ class GradCamRecorder(Recorder):
         scores = logits_of(call.output)
         self._output_shape = None if scores is None else list(scores.shape)
         self._theirs = scores.detach() if scores is not None and scores.dim() == 2 else None
-        hw = self._size.hw
-        self._layers = spatial_layers(self._probe.records, self._probe.calls, input_hw=hw,
-                                      grid_hw=grid_from_config(self.model, hw), reshape=self.reshape)
+        self._layers = _spatial(self.model, self._probe, self._size.hw, self.reshape)
 
     def applies(self) -> str | None:
-        """None, or why there is nothing to explain: the model never ran, no spatial layer, no class scores."""
+        """None, or why there is nothing to explain: the cell was interrupted (Ctrl-C: no new passes
+        then), the model never ran, no spatial layer, no class scores."""
+        if self._interrupted:
+            return "the cell was interrupted; Grad-CAM would need a new forward and backward — re-run the cell to see it"
         if not self._seen:
             return "the cell never called the model, so there is nothing to explain"
         if not self._probe.completed:
@@ -270,14 +368,11 @@ class GradCamRecorder(Recorder):
         name_of = class_names_for(model, self.class_names, 0) if has_names else str
         maps, logits = session.compute(chosen, targets=self.target, topk=self.topk, name_of=name_of)
         notes: list[str] = []
-        if auto and maps.zero_grad:
-            for cand in fallback_layers(layers, chosen):
-                m2, _ = session.compute(cand)
-                if not m2.zero_grad:
-                    notes.append(f"{chosen.name} (the last layer with a spatial output) has a zero gradient; "
-                                 f"{cand.name} is the last one the scores depend on")
-                    chosen, maps = cand, m2
-                    break
+        found = _nonzero_fallback(layers, chosen, maps, lambda cand: session.compute(cand)[0]) if auto else None
+        if found is not None:
+            notes.append(f"{chosen.name} (the last layer with a spatial output) has a zero gradient; "
+                         f"{found[0].name} is the last one the scores depend on")
+            chosen, maps = found
         session.pin(chosen.name, maps)
         if session.dropped:
             notes.append(f"--max-bytes budget of {format_bytes(self.max_bytes)}: the CAMs of {len(session.dropped)} other layer(s) "

@@ -13,15 +13,10 @@ from ..views import Recorder
 from ..widgets.thermometer import ThermometerWidget
 
 
-def _opt(options: dict[str, Any], key: str, default: float) -> float:
-    """A numeric option; 0 is a value, only a missing one (None) takes the default."""
-    value = options.get(key)
-    return default if value is None else float(value)
-
-
 class ThermometerRecorder(Recorder):
     """Options read: ``layers``, ``histograms``, ``max_bytes`` (``64MB`` or bytes), ``sample_size``,
-    ``dead_threshold``, ``vanishing``, ``exploding``, ``device_path``. Zero values are honoured."""
+    ``dead_threshold``, ``vanishing``, ``exploding``, ``device_path``. Zero values are honoured (only a
+    missing option, None, takes the default)."""
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -31,14 +26,14 @@ class ThermometerRecorder(Recorder):
             o.get("layers"),
             histograms=bool(o.get("histograms")),
             max_bytes=parse_bytes(o.get("max_bytes")),
-            sample_size=int(_opt(o, "sample_size", 4096)),
+            sample_size=4096 if o.get("sample_size") is None else int(o["sample_size"]),
             device_path=o.get("device_path"),
         )
         defaults = Thresholds()
         self.thresholds = Thresholds(
-            dead=_opt(o, "dead_threshold", defaults.dead),
-            vanishing=_opt(o, "vanishing", defaults.vanishing),
-            exploding=_opt(o, "exploding", defaults.exploding),
+            dead=defaults.dead if o.get("dead_threshold") is None else float(o["dead_threshold"]),
+            vanishing=defaults.vanishing if o.get("vanishing") is None else float(o["vanishing"]),
+            exploding=defaults.exploding if o.get("exploding") is None else float(o["exploding"]),
         )
 
     def __enter__(self) -> ThermometerRecorder:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import contextlib
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -9,9 +13,11 @@ import torch.nn.functional as F
 from captum.attr import LayerAttribution, LayerGradCam
 from torch import nn
 
+from nbdebug.adapters.vision import SpatialLayer
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint
-from nbdebug.inspectors.gradcam import LayerError, grad_cam
-from nbdebug.recorders.gradcam import GradCamRecorder
+from nbdebug.capture.gradients import probe_pass, target_grads
+from nbdebug.inspectors.gradcam import LayerError, cam_maps, parse_target
+from nbdebug.recorders.gradcam import GradCamRecorder, grad_cam
 from nbdebug.testing import ResNetShaped
 
 
@@ -346,3 +352,98 @@ def test_hf_backbone_whose_pooled_output_feeds_the_head() -> None:
         up = F.interpolate(cam, size=(64, 64), mode="bilinear", align_corners=False)[0, 0]
         np.testing.assert_allclose(maps.cams[0, k], up.detach().numpy(), atol=1e-5)
     model.zero_grad(set_to_none=True)
+
+
+# -- the split: passes in capture/gradients.py, CAM math in the inspector -------------------------
+HAND_A = torch.tensor([[[[1.0, 3.0], [3.0, 3.0]], [[1.0, 0.0], [3.0, 6.0]]]])  # hand_model's conv output on HAND_X
+
+
+def test_cam_maps_is_the_hand_computation_without_a_model() -> None:
+    # gradients of hand_model's class1 and class0 w.r.t. its conv output: fc weight / 4, constant over the grid
+    grads = torch.tensor([1 / 8, 1 / 16, 1 / 4, -1 / 4]).view(2, 1, 2, 1, 1).expand(2, 1, 2, 2, 2)
+    layer = SpatialLayer("0", "0", 0, 1, (), None, 0, "")  # type: ignore[arg-type]  # grid from the shape
+    maps = cam_maps(layer, HAND_A, grads, output_hw=(2, 2))
+    ref, *_ = grad_cam(hand_model(), HAND_X, layer="0", targets=[1, 0])
+    assert maps.grid.layout == "nchw" and not maps.zero_grad and maps.note == ""
+    np.testing.assert_allclose(maps.low[0, 0], [[1 / 8 + 1 / 16, 3 / 8], [3 / 8 + 3 / 16, 3 / 8 + 6 / 16]], atol=1e-6)
+    np.testing.assert_allclose(maps.low[0, 1], [[0.0, 0.75], [0.0, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(maps.cams, ref.cams, atol=1e-6)
+    zero = cam_maps(layer, HAND_A, torch.zeros(2, 1, 2, 2, 2))
+    assert zero.zero_grad and "gradient is zero" in zero.note and not zero.low.any()
+    with pytest.raises(LayerError, match="no spatial output"):
+        cam_maps(SpatialLayer("fc", "fc", 0, 1, (), None, 0, ""), torch.ones(1, 2), torch.ones(1, 1, 2))  # type: ignore[arg-type]
+
+
+def test_target_grads_and_probe_pass_leave_the_model_and_the_users_hooks_alone() -> None:
+    model = hand_model().train()
+    calls: list[str] = []
+    handle = model[0].register_forward_hook(lambda *_: calls.append("user"))
+    try:
+        before = fingerprint(model)
+        act, grads = target_grads(model, (HAND_X,), {}, "0", None, lambda out: out[:, [1, 0]])
+        assert torch.equal(act, HAND_A) and not act.requires_grad and grads.shape == (2, 1, 2, 2, 2)
+        expected = torch.tensor([1 / 8, 1 / 16, 1 / 4, -1 / 4]).view(2, 1, 2, 1, 1).expand(2, 1, 2, 2, 2)
+        torch.testing.assert_close(grads, expected)
+        pr = probe_pass(model, (HAND_X,), {})
+        assert [(r.name, tuple(r.shape)) for r in pr.records][:2] == [("0", (1, 2, 2, 2)), ("1", (1, 2, 1, 1))]
+        assert calls == [] and hook_count(model) == 1  # the user's hook: set aside, not removed
+        assert same_fingerprint(before, fingerprint(model)) == [] and model.training
+    finally:
+        handle.remove()
+    assert hook_count(model) == 0
+
+
+def test_inspectors_hold_no_hooks_and_run_no_passes() -> None:
+    """ARCHITECTURE.md: inspectors are pure computation; the passes live in capture/ (and recorders run them)."""
+    import nbdebug.inspectors as pkg
+
+    root = Path(pkg.__file__).parent
+    banned_modules = {"gradients", "hooks", "probe", "state", "replay", "attention_probe", "inputs"}  # (session: its result types)
+    banned_names = {"HookSet", "layer_pass", "preserve_buffers", "suspend_hooks", "OutputProbe", "Capture", "ModelCall"}
+    found = set()
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found |= {f"{path.name}: {node.module}" for part in node.module.split(".") if part in banned_modules}
+                found |= {f"{path.name}: {a.name}" for a in node.names if a.name in banned_names | banned_modules}
+            if isinstance(node, ast.Attribute) and node.attr.startswith("register_") and "hook" in node.attr:
+                found.add(f"{path.name}: .{node.attr}")
+    assert found == set()
+    import nbdebug.inspectors.gradcam as inspector
+
+    assert not {"grad_cam", "compute_cams", "probe", "infer_grid_for"} & set(vars(inspector))
+
+
+def test_parse_target_as_written() -> None:
+    assert [parse_target(v) for v in (None, "", " TopK ", "auto")] == ["topk"] * 4
+    assert parse_target("3") == 3 and parse_target("-1") == -1 and parse_target("tabby") == "tabby"
+    assert parse_target("3, tabby,") == [3, "tabby"] and parse_target([1, 2]) == [1, 2]
+
+
+CALLS: list[int] = []
+
+
+class Counted(nn.Sequential):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        CALLS.append(1)
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("interrupted", [True, False])
+def test_after_ctrl_c_the_recorder_runs_no_pass_of_its_own(interrupted: bool) -> None:
+    model = Counted(*hand_model())
+    CALLS.clear()
+    rec = GradCamRecorder(model)
+    with pytest.raises(KeyboardInterrupt) if interrupted else contextlib.nullcontext():
+        with rec:
+            model(HAND_X)
+            if interrupted:
+                raise KeyboardInterrupt
+    assert len(CALLS) == 1
+    if interrupted:
+        assert rec.applies() == ("the cell was interrupted; Grad-CAM would need a new forward and backward "
+                                 "— re-run the cell to see it")
+        assert len(CALLS) == 1
+    else:  # the same cell not interrupted: the view applies and runs its own forward
+        assert rec.applies() is None
+        assert rec.result().layer == "0" and len(CALLS) == 2

@@ -13,6 +13,7 @@ from nbdebug.adapters.vision import (
     find_image,
     image_for_display,
     infer_grid,
+    parse_floats,
     spatial_layers,
     to_nchw,
 )
@@ -205,3 +206,12 @@ def test_logits_of_every_output_shape() -> None:
     assert class_scores((cls,)) is cls
     with pytest.raises(ValueError, match=r"not class scores .*\[2, 4, 9\]"):
         class_scores(CausalLMOutputWithPast(logits=lm))
+
+
+def test_parse_floats_reads_mean_and_std_as_written() -> None:
+    assert parse_floats(None) is None and parse_floats("") is None
+    assert parse_floats("0.485, 0.456,0.406") == [0.485, 0.456, 0.406]
+    assert parse_floats(0) == [0.0] and parse_floats(0.5) == [0.5]  # 0 is a value
+    assert parse_floats((1, 2)) == [1.0, 2.0]
+    with pytest.raises(ValueError):
+        parse_floats("0.5,abc")

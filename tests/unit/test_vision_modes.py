@@ -18,9 +18,8 @@ from torch.utils.checkpoint import checkpoint
 
 from nbdebug.capture import fingerprint, hook_count, preserve_buffers, same_fingerprint
 from nbdebug.capture.weak import MODEL_GONE, ModelGoneError
-from nbdebug.inspectors.gradcam import grad_cam
 from nbdebug.recorders.featuremaps import FeatureMapsRecorder
-from nbdebug.recorders.gradcam import GradCamRecorder
+from nbdebug.recorders.gradcam import GradCamRecorder, grad_cam
 
 
 def bn_cnn(momentum: float | None = 0.1) -> nn.Sequential:

@@ -239,13 +239,17 @@ def test_user_errors_stay_usage_errors_before_the_cell_runs(shell, line: str, me
     assert hook_count(shell.user_ns["model"]) == 0
 
 
-def test_keyboard_interrupt_propagates_unchanged_and_the_views_show_what_ran(shell) -> None:  # type: ignore[no-untyped-def]
+def test_keyboard_interrupt_propagates_unchanged_and_the_views_show_what_ran(shell, created) -> None:  # type: ignore[no-untyped-def]
     assert shell.run_cell(CNN).success
     before = fingerprint(shell.user_ns["model"])
     res = shell.run_cell("%%nndebug model --view thermometer,gradcam\nout = model(x)\nraise KeyboardInterrupt")
     assert isinstance(res.error_in_exec, KeyboardInterrupt)
     dash = shell.user_ns["_nndebug_widget"]
-    assert list(dash.views) == ["thermometer", "gradcam"]
+    # Grad-CAM would need a forward and backward of its own after the user pressed Ctrl-C: it says so instead
+    assert list(dash.views) == ["thermometer"]
+    assert dash.notes == ["not shown: gradcam (the cell was interrupted; Grad-CAM would need a new forward and backward "
+                          "— re-run the cell to see it)"]
+    assert "GradCamWidget" not in created
     assert [r["name"] for r in dash["thermometer"].layers] == ["0", "1", "2", "3", "4"]
     model = shell.user_ns["model"]
     assert hook_count(model) == 0 and same_fingerprint(before, fingerprint(model)) == []

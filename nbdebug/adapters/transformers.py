@@ -27,6 +27,7 @@ __all__ = [
     "eager_attention",
     "find_parts",
     "require_lens",
+    "restore_attn_implementation",
 ]
 
 # Names tried, in order, for each part (relative to any submodule of the model).
@@ -304,9 +305,52 @@ def attention_implementation(model: nn.Module) -> str | None:
     return getattr(cfg, "_attn_implementation", None) if cfg is not None else None
 
 
+def _attn_configs(model: nn.Module) -> list[Any]:
+    """Every config whose attention implementation a switch can change: the model's, its sub-configs
+    (at any depth) and the configs of Hugging Face sub-models, each once."""
+    seen: dict[int, Any] = {}
+    todo = [getattr(model, "config", None)] + [getattr(m, "config", None) for m in model.modules()]
+    while todo:
+        cfg = todo.pop(0)
+        if cfg is None or id(cfg) in seen or not hasattr(cfg, "_attn_implementation"):
+            continue
+        seen[id(cfg)] = cfg
+        todo += [getattr(cfg, k, None) for k in getattr(cfg, "sub_configs", None) or {}]
+    return list(seen.values())
+
+
+@contextmanager
+def restore_attn_implementation(model: nn.Module) -> Iterator[None]:
+    """Put back every config's own attention implementation afterwards, exactly as it was.
+
+    ``set_attn_implementation("sdpa")`` sets one implementation on every sub-config and sub-model; a
+    model whose sub-configs differ (a vision tower on eager, the text model on SDPA) would come back
+    changed. The top-level implementation is restored through the setter (when there is one), then
+    each config's own value is written back as it was.
+    """
+    configs = _attn_configs(model)
+    saved = [(cfg, vars(cfg).get("_attn_implementation_internal", cfg._attn_implementation)) for cfg in configs]
+    top = attention_implementation(model)
+    try:
+        yield
+    finally:
+        setter = getattr(model, "set_attn_implementation", None)
+        try:
+            if callable(setter) and attention_implementation(model) != top:
+                setter(top)
+        finally:
+            for cfg, value in saved:
+                if "_attn_implementation_internal" in vars(cfg):
+                    if cfg._attn_implementation_internal != value:
+                        cfg._attn_implementation_internal = value
+                elif cfg._attn_implementation != value:
+                    cfg._attn_implementation = value
+
+
 @contextmanager
 def eager_attention(model: nn.Module) -> Iterator[str]:
-    """Switch an HF model to eager attention (which returns the probabilities), restore after.
+    """Switch an HF model to eager attention (which returns the probabilities), restore after
+    (every sub-config's own implementation too: :func:`restore_attn_implementation`).
 
     Yields the path that runs: ``"eager"`` (already eager), ``"eager (switched from sdpa)"``, or
     ``"hooks"`` for non-HF models (TransformerLens patterns are always materialised).
@@ -318,17 +362,10 @@ def eager_attention(model: nn.Module) -> Iterator[str]:
     if before == "eager":
         yield "eager"
         return
-    setter = getattr(model, "set_attn_implementation", None)
-    if setter is None:  # transformers 4.x without the setter
-        cfg = model.config  # type: ignore[attr-defined]
-        cfg._attn_implementation = "eager"
-        try:
-            yield f"eager (switched from {before})"
-        finally:
-            cfg._attn_implementation = before
-        return
-    setter("eager")
-    try:
+    with restore_attn_implementation(model):
+        setter = getattr(model, "set_attn_implementation", None)
+        if setter is None:  # transformers 4.x without the setter
+            model.config._attn_implementation = "eager"  # type: ignore[union-attr]
+        else:
+            setter("eager")
         yield f"eager (switched from {before})"
-    finally:
-        setter(before)

@@ -5,7 +5,9 @@ Hugging Face models dispatch attention through ``ALL_ATTENTION_FUNCTIONS[config.
 (``nbdebug_probe_<previous>``) that calls the previous one (SDPA, eager, flash...) for the outputs
 and hands ``(module, query, key, mask, scaling, softcap)`` to a callback: the model's outputs stay
 bit-identical and no ``T × T`` probability tensor is materialised unless the callback builds one.
-The previous implementation is restored on exit (also on exceptions and KeyboardInterrupt).
+The previous implementation is restored on exit (every sub-config's own, also on exceptions and
+KeyboardInterrupt), and the probe leaves transformers' global attention/mask registries as they were
+once the last probe using it exits.
 
 >>> with probe_attention(model, {attn_module: on_qk}) as path:   # doctest: +SKIP
 ...     model(ids)
@@ -14,6 +16,7 @@ The previous implementation is restored on exit (also on exceptions and Keyboard
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +25,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from ..adapters.transformers import restore_attn_implementation
 
 __all__ = ["QKCall", "probe_attention", "probe_supported"]
 
@@ -78,16 +83,42 @@ def _make_probe(previous: str) -> Callable[..., Any]:
     return probe
 
 
+# probe name -> [active probes, (registry, value) pairs we added to transformers' global mappings]
+_REGISTERED: dict[str, tuple[int, list[tuple[dict[str, Any], Any]]]] = {}
+_LOCK = threading.Lock()
+
+
 def _register(previous: str) -> str:
+    """Register ``nbdebug_probe_<previous>`` (and its mask function) while at least one probe uses it."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
     name = PREFIX + previous
-    if name not in ALL_ATTENTION_FUNCTIONS:
-        AttentionInterface.register(name, _make_probe(previous))
-    if name not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping and previous in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
-        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[previous])
+    with _LOCK:
+        n, added = _REGISTERED.get(name, (0, []))
+        if n == 0:
+            added = []
+            if name not in ALL_ATTENTION_FUNCTIONS:
+                AttentionInterface.register(name, _make_probe(previous))
+                added.append((AttentionInterface._global_mapping, AttentionInterface._global_mapping[name]))
+            masks = AttentionMaskInterface._global_mapping
+            if name not in ALL_MASK_ATTENTION_FUNCTIONS and previous in masks:
+                AttentionMaskInterface.register(name, masks[previous])
+                added.append((masks, masks[name]))
+        _REGISTERED[name] = (n + 1, added)
     return name
+
+
+def _unregister(name: str) -> None:
+    """The last probe using ``name`` exited: take out what :func:`_register` put in (if still ours)."""
+    with _LOCK:
+        n, added = _REGISTERED.pop(name, (0, []))
+        if n > 1:
+            _REGISTERED[name] = (n - 1, added)
+            return
+        for mapping, value in added:
+            if mapping.get(name) is value:
+                del mapping[name]
 
 
 def probe_supported(model: nn.Module, modules: list[nn.Module]) -> str | None:
@@ -125,15 +156,15 @@ def probe_attention(model: nn.Module, callbacks: dict[nn.Module, Callable[[QKCal
     """
     previous: str = model.config._attn_implementation  # type: ignore[union-attr]
     name = _register(previous)
-    for m, cb in callbacks.items():
-        _ACTIVE[m] = cb
-    switched = False
     try:
-        model.set_attn_implementation(name)  # type: ignore[operator]
-        switched = True
-        yield f"{previous} + query/key probe"
+        for m, cb in callbacks.items():
+            _ACTIVE[m] = cb
+        with restore_attn_implementation(model):
+            model.set_attn_implementation(name)  # type: ignore[operator]
+            yield f"{previous} + query/key probe"
     finally:
-        for m in callbacks:
-            _ACTIVE.pop(m, None)
-        if switched or getattr(model.config, "_attn_implementation", previous) != previous:  # type: ignore[union-attr]
-            model.set_attn_implementation(previous)  # type: ignore[operator]
+        try:
+            for m in callbacks:
+                _ACTIVE.pop(m, None)
+        finally:
+            _unregister(name)

@@ -507,3 +507,36 @@ def test_suspend_hooks_keeps_the_given_hook_sets_and_removals_stick() -> None:
         assert calls == ["ours", "user", "ours", "other view"]
     user.remove()
     assert hook_count(lin) == 0
+
+
+def test_probe_leaves_transformers_registries_and_sub_configs_as_they_were() -> None:
+    import copy
+
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    from nbdebug.adapters.transformers import eager_attention
+    from nbdebug.capture.attention_probe import probe_attention
+
+    attn, masks = dict(AttentionInterface._global_mapping), dict(AttentionMaskInterface._global_mapping)
+    m = tiny("llama")
+    m.model.config = copy.deepcopy(m.config)  # a sub-model with its own config and implementation
+    m.model.config._attn_implementation_internal = "eager"
+    ids = torch.randint(1, 60, (1, 6))
+    g = tiny("gpt2")
+    with AttentionRecorder(m) as rec, AttentionRecorder(g) as other:
+        assert "nbdebug_probe_sdpa" in AttentionInterface._global_mapping
+        m(ids)
+    q = tiny("qwen2")
+    with probe_attention(m, {}):  # nested probes of two models: registered until the last one exits
+        with probe_attention(q, {}):
+            pass
+        assert "nbdebug_probe_sdpa" in AttentionInterface._global_mapping
+    assert rec.applies() is None and other.applies() is not None  # the other model never ran
+    assert dict(AttentionInterface._global_mapping) == attn and dict(AttentionMaskInterface._global_mapping) == masks
+    assert not any(k.startswith("nbdebug_") for k in [*attn, *masks])
+    assert m.config._attn_implementation == "sdpa" and m.model.config._attn_implementation == "eager"
+    m.model.config._attn_implementation_internal = "flex_attention"
+    with eager_attention(m) as path:
+        assert path == "eager (switched from sdpa)" and m.config._attn_implementation == "eager"
+    assert m.config._attn_implementation == "sdpa" and m.model.config._attn_implementation == "flex_attention"

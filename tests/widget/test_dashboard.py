@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import traitlets
+from shell_cells import CNN, lm
 from torch import nn
 
 from nbdebug.api import Debug
@@ -12,20 +13,8 @@ from nbdebug.capture import fingerprint, hook_count, same_fingerprint
 from nbdebug.widgets.dashboard import Dashboard
 from nbdebug.widgets.thermometer import ThermometerWidget
 
-CNN = """
-import torch, torch.nn as nn
-torch.manual_seed(0)
-model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(),
-                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3))
-x = torch.randn(2, 3, 8, 8)
-"""
+LM = lm("lm", "ids")
 
-LM = """
-import torch
-from nbdebug.adapters.offline import tiny_lm
-lm = tiny_lm("gpt2")
-ids = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(0))
-"""
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
 

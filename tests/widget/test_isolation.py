@@ -16,6 +16,8 @@ import pytest
 import torch
 import traitlets
 from IPython.core.error import UsageError
+from shell_cells import MLP  # tests/widget is on sys.path (rootdir-relative imports)
+from shell_cells import SMALL_CNN as CNN
 from torch import nn
 
 from nbdebug import views
@@ -25,20 +27,6 @@ from nbdebug.widgets.dashboard import Dashboard
 from nbdebug.widgets.thermometer import ThermometerWidget
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
-
-MLP = """
-import torch, torch.nn as nn
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-x = torch.randn(5, 4)
-"""
-
-CNN = """
-import torch, torch.nn as nn
-torch.manual_seed(0)
-model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
-x = torch.randn(2, 3, 8, 8)
-"""
 
 
 def widgets_shown(sh: Any) -> list[dict]:

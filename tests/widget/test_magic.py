@@ -90,7 +90,8 @@ def test_exception_propagates_and_widget_still_shows(sh) -> None:  # type: ignor
 def test_keyboard_interrupt_leaves_no_hooks(sh) -> None:  # type: ignore[no-untyped-def]
     sh.run_cell("from nbdebug.capture import fingerprint, same_fingerprint\nbefore = fingerprint(model)")
     res = sh.run_cell("%%nndebug model\nmodel(x)\nraise KeyboardInterrupt")
-    assert res.error_in_exec is not None or not res.success
+    assert not res.success and type(res.error_in_exec) is KeyboardInterrupt  # propagated as raised, not wrapped
+    assert hook_count(sh.user_ns["model"]) == 0
     assert sh.run_cell("assert same_fingerprint(before, fingerprint(model)) == []").success
 
 

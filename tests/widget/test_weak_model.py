@@ -11,32 +11,11 @@ import gc
 
 import pytest
 import torch
+from shell_cells import CNN, LM, MLP
 from torch import nn
 
 from nbdebug.api import Debug
 from nbdebug.capture import ModelGoneError
-
-MLP = """
-import torch, torch.nn as nn
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-x = torch.randn(5, 4)
-"""
-
-CNN = """
-import torch, torch.nn as nn
-torch.manual_seed(0)
-model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(),
-                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3))
-x = torch.randn(2, 3, 8, 8)
-"""
-
-LM = """
-import torch
-from nbdebug.adapters.offline import tiny_lm
-model = tiny_lm("gpt2")
-x = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(0))
-"""
 
 CASES = [
     ("mlp", MLP, "thermometer", "out = model(x); out.sum().backward()"),
@@ -92,6 +71,38 @@ def test_debug_api_does_not_keep_the_model() -> None:
     with pytest.raises(ModelGoneError, match="re-run the cell"):
         _ = dbg.model
     w.close()
+
+
+BEFORE_WIDGETS = [
+    ("thermometer", False, lambda m, x: m(x).sum().backward()),
+    ("featuremaps", True, lambda m, x: m(x)),
+    ("gradcam", True, lambda m, x: m(x)),
+    ("all", True, lambda m, x: m(x).sum().backward()),
+]
+
+
+@pytest.mark.parametrize(("view", "cnn", "body"), BEFORE_WIDGETS, ids=[v for v, _, _ in BEFORE_WIDGETS])
+def test_debug_api_result_read_then_model_deleted_before_any_widget_is_built(view: str, cnn: bool, body) -> None:  # type: ignore[no-untyped-def]
+    """``d = nbdebug.debug(m); with d: m(x); d.result; del m`` → collected, though no widget was ever built
+    (the session/recorders alone must not keep the model until widgets take it weakly)."""
+    import weakref
+
+    import nbdebug
+
+    torch.manual_seed(0)
+    if cnn:
+        m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+        x = torch.randn(2, 3, 8, 8)
+    else:
+        m, x = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)), torch.randn(5, 4)
+    ref = weakref.ref(m)
+    d = nbdebug.debug(m, view)
+    with d:
+        body(m, x)
+    assert d.result is not None
+    del m, body
+    gc.collect()
+    assert ref() is None, f"{view}: the Debug (no widget built yet) still holds the model"
 
 
 def test_recorder_model_is_a_weak_attribute() -> None:

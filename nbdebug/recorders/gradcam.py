@@ -326,9 +326,10 @@ class GradCamRecorder(Recorder):
                 self._keep(call)
 
     def _keep(self, call: ModelCall) -> None:
-        """What the view needs from the cell's call, without the model or the user's graph."""
+        """What the view needs from the cell's call, without the model or the user's graph (nothing
+        after Ctrl-C: the view then does not apply)."""
         self._seen, self._calls = call.seen, call.calls
-        if not call.seen:
+        if not call.seen or self._interrupted:
             return
         self._inputs = autograd_inputs(call.args or (), call.kwargs or {})
         scores = logits_of(call.output)

@@ -434,9 +434,10 @@ def test_after_ctrl_c_the_recorder_runs_no_pass_of_its_own(interrupted: bool) ->
     model = Counted(*hand_model())
     CALLS.clear()
     rec = GradCamRecorder(model)
+    x = HAND_X.clone()
     with pytest.raises(KeyboardInterrupt) if interrupted else contextlib.nullcontext():
         with rec:
-            model(HAND_X)
+            model(x)
             if interrupted:
                 raise KeyboardInterrupt
     assert len(CALLS) == 1

@@ -51,6 +51,8 @@ MODES: dict[str, list[str]] = {
     "double_backward": CNN,
     "parametrized": CNN,
     "kwargs_call": CNN,
+    "inputs_embeds": ["thermometer[llama]", *LANG],
+    "tuple_output": LANG,
     "padded": [*LANG, "attention[bert]"],
     "budget0": ALL_T,
     "not_applicable": ["featuremaps", "gradcam", "attention", "logitlens", "logitlens[bert]"],
@@ -73,6 +75,10 @@ XFAIL: dict[tuple[str, str], str] = {
     ("dtype_error", "featuremaps"): "issue 9 item 11: a half model called on a float32 batch raises in conv1, and the "
     "feature-map view's note says 'the cell never called the model' instead of saying the model raised",
 }
+for _v in ("logitlens[gpt2]", "logitlens[llama]", "all[gpt2]", "all[llama]"):
+    XFAIL[("tuple_output", _v)] = ("issue 9 (cells users have): with return_dict=False the output is (loss, logits, …) and "
+                                   "the lens' check line ('final row vs model logits: top-1 matches') is empty: the "
+                                   "recorder's _logits_of only looks at .logits or a 3-D first element")
 XFAIL[("parametrized", "all[cnn]")] = XFAIL[("parametrized", "thermometer")]
 XFAIL[("dtype_error", "all[cnn]")] = XFAIL[("dtype_error", "featuremaps")]
 

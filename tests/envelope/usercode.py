@@ -17,7 +17,7 @@ from . import models as M
 
 LANG = ("gpt2", "llama", "bert")
 #: modes whose cell leaves an autograd graph the user may still backpropagate through
-GRAPH_MODES = {"plain", "parametrized", "nonsquare", "kwargs_call", "channels_last", "input_grad", "dropout", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
+GRAPH_MODES = {"plain", "inputs_embeds", "tuple_output", "parametrized", "nonsquare", "kwargs_call", "channels_last", "input_grad", "dropout", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
 RAISING = {"exception": ValueError, "keyboard_interrupt": KeyboardInterrupt}
 NAN_STEP = 6  # 1-based: the 6th call of the model's forward makes the first non-finite value
 STEPS = 8
@@ -179,6 +179,10 @@ def user_code(mode: str, family: str, model: nn.Module, inp: Any) -> Any:
             return model(**inp)
         if mode == "kwargs_call":
             return model(x=inp)
+        if mode == "inputs_embeds":  # soft prompts, multimodal inputs: no token ids at all
+            return model(inputs_embeds=model.get_input_embeddings()(inp).detach())
+        if mode == "tuple_output":
+            return model(inp, labels=inp, return_dict=False)
         if mode == "hf_ckpt":
             out = model(inp, labels=inp)
             out.loss.backward()
@@ -190,6 +194,8 @@ def user_code(mode: str, family: str, model: nn.Module, inp: Any) -> Any:
 
 
 def logits(out: Any, lm: bool) -> torch.Tensor:
+    if lm and isinstance(out, tuple):  # return_dict=False: (loss, logits, ...)
+        return out[1] if out[0].dim() == 0 else out[0]
     if lm:
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
     return out[0] if isinstance(out, tuple) else out

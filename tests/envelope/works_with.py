@@ -36,6 +36,8 @@ LABELS = {
     "frozen": "frozen model (`requires_grad_(False)`)",
     "nonsquare": "non-square images (8×12)",
     "kwargs_call": "model called with keywords (`model(x=x)`)",
+    "inputs_embeds": "`model(inputs_embeds=...)` (no token ids)",
+    "tuple_output": "`return_dict=False` (tuple outputs)",
     "padded": "padded batch (`attention_mask`, `--seq-index 1`)",
     "input_grad": "input with `requires_grad` (saliency)",
     "budget0": "`--max-bytes 0` (nothing kept beyond stats)",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,11 +31,16 @@ CHUNK_BYTES = 16 * 2**20
 @dataclass
 class KeyRanges:
     """Which keys each query row may attend to: ``lo[i] ≤ j ≤ hi[i]`` (causal, sliding window,
-    bidirectional), or a ``dense (T, T)`` bool mask when the pattern is not an interval per row."""
+    bidirectional), or a ``dense (T, T)`` bool mask when the pattern is not an interval per row.
+
+    ``lo``/``hi`` live on the CPU; what the chunked computations need from them (Python bounds, device
+    copies) is derived once per object and cached, so summarising many layers that share one mask
+    does not read or copy anything per layer."""
 
     lo: torch.Tensor
     hi: torch.Tensor
     dense: torch.Tensor | None = None
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def causal(cls, T: int) -> KeyRanges:
@@ -49,27 +54,47 @@ class KeyRanges:
     def T(self) -> int:
         return int(self.lo.shape[0])
 
+    def _bounds(self) -> tuple[list[int], list[int]]:
+        if "bounds" not in self._cache:
+            self._cache["bounds"] = (self.lo.tolist(), self.hi.tolist())
+        return self._cache["bounds"]
+
     @property
     def is_causal(self) -> bool:
-        return self.dense is None and self.T > 1 and bool((self.hi == torch.arange(self.T)).all())
+        return self.dense is None and self.T > 1 and self._bounds()[1] == list(range(self.T))
 
-    def keys(self) -> torch.Tensor:
-        """Number of visible keys per row."""
-        return self.dense.sum(-1) if self.dense is not None else self.hi - self.lo + 1
+    @property
+    def sees_last_key(self) -> bool:
+        """Every row may attend to the last key (not banded)."""
+        return all(h == self.T - 1 for h in self._bounds()[1])
+
+    def on(self, device: torch.device | str | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(lo, hi, dense)`` on ``device`` (copied once per device)."""
+        key = ("on", str(device))
+        if key not in self._cache:
+            self._cache[key] = (self.lo.to(device), self.hi.to(device), None if self.dense is None else self.dense.to(device))
+        return self._cache[key]
+
+    def keys(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Number of visible keys per row (on ``device``)."""
+        lo, hi, dense = self.on(device) if device is not None else (self.lo, self.hi, self.dense)
+        return dense.sum(-1) if dense is not None else hi - lo + 1
 
     def allowed(self, r0: int, r1: int, device: torch.device | None = None, k0: int = 0, k1: int | None = None) -> torch.Tensor:
         """``(r1-r0, k1-k0)`` bool: which keys ``k0:k1`` query rows ``r0:r1`` may attend to."""
         k1 = self.T if k1 is None else k1
-        if self.dense is not None:
-            return self.dense[r0:r1, k0:k1].to(device)
+        lo, hi, dense = self.on(device)
+        if dense is not None:
+            return dense[r0:r1, k0:k1]
         j = torch.arange(k0, k1, device=device)
-        return (j >= self.lo[r0:r1, None].to(device)) & (j <= self.hi[r0:r1, None].to(device))
+        return (j >= lo[r0:r1, None]) & (j <= hi[r0:r1, None])
 
     def key_span(self, r0: int, r1: int) -> tuple[int, int]:
         """Keys ``[k0, k1)`` that rows ``r0:r1`` can see at all (causal rows never see later keys)."""
         if self.dense is not None:
             return 0, self.T
-        return int(self.lo[r0:r1].min()), int(self.hi[r0:r1].max()) + 1
+        lo, hi = self._bounds()
+        return min(lo[r0:r1]), max(hi[r0:r1]) + 1
 
     @property
     def nbytes(self) -> int:
@@ -110,13 +135,18 @@ def key_ranges(mask: torch.Tensor | None, is_causal: bool, T: int, item: int = 0
 
 @dataclass
 class LayerQK:
-    """One layer's queries ``(H, T, dh)`` and keys ``(Hkv, T, dh)`` of one sequence, and how they combine."""
+    """One layer's queries ``(H, T, dh)`` and keys ``(Hkv, T, dh)`` of one sequence, and how they combine.
+
+    ``scale`` (a 0-d float32 tensor on the queries' device, or None) multiplies every ``q·k``: float16
+    copies of float32 queries/keys are stored divided by a power of two so that they cannot overflow.
+    """
 
     q: torch.Tensor
     k: torch.Tensor
     ranges: KeyRanges
     scaling: float
     softcap: float | None = None
+    scale: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
@@ -137,6 +167,8 @@ def _probs(x: LayerQK, h0: int, h1: int, r0: int, r1: int, bias: torch.Tensor | 
     rep = max(1, H // Hkv)
     k1 = x.k.shape[1] if k1 is None else k1
     qc = x.q[h0:h1, r0:r1].float()
+    if x.scale is not None:
+        qc = qc * x.scale
     if rep == 1:
         kc = x.k[h0:h1, k0:k1].float().transpose(1, 2)
     else:
@@ -159,7 +191,7 @@ def _plan(x: LayerQK, chunk_bytes: int, s: int) -> tuple[int, int]:
     H, T = x.q.shape[0], x.q.shape[1]
     elems = max(T, chunk_bytes // 12)
     rc = T
-    if x.ranges.dense is None and T >= 256 and not bool((x.ranges.hi == T - 1).all()):
+    if x.ranges.dense is None and T >= 256 and not x.ranges.sees_last_key:
         rc = -(-T // 8)
     rc = max(1, min(rc, elems // T))
     w = T // s if T % s == 0 else 0
@@ -178,11 +210,12 @@ def summarize_qk(x: LayerQK, thumb: int = 64, chunk_bytes: int = CHUNK_BYTES) ->
     causal = x.ranges.is_causal
     first = 1 if (causal and T > 1) else 0
     n = T - first
-    keys = x.ranges.keys().to(dev).float()
+    keys = x.ranges.keys(dev).float()
     norm = torch.log(keys).clamp_min(1e-12)
     s = min(T, thumb)
-    bins = torch.arange(s)
+    bins = torch.arange(s, device=dev)
     b_lo, b_hi = (bins * T) // s, ((bins + 1) * T + s - 1) // s  # adaptive pooling bins
+    height = (b_hi - b_lo).float().view(1, s, 1)
     ent, nent, diag, prev = (torch.zeros(H, device=dev) for _ in range(4))
     col = torch.zeros(H, T, device=dev)
     pooled = torch.zeros(H, s, s, device=dev)
@@ -209,18 +242,18 @@ def summarize_qk(x: LayerQK, thumb: int = 64, chunk_bytes: int = CHUNK_BYTES) ->
             if T > 1:
                 prev[h0:h1] += (p.gather(2, pi.view(1, -1, 1).expand(h1 - h0, -1, 1)).squeeze(2) * pok).sum(-1)
             if r1 - r0 == T and k1 - k0 == T:  # whole rows at once: the same pooling as head_stats
-                pooled[h0:h1] = (F.adaptive_avg_pool2d(p, (s, s)) if s < T else p) * (b_hi - b_lo).float().to(dev).view(1, s, 1)
+                pooled[h0:h1] = (F.adaptive_avg_pool2d(p, (s, s)) if s < T else p) * height
             elif w and r0 % w == 0 and r1 % w == 0 and k0 % w == 0 and k1 % w == 0:  # aligned block: reshape-pool
                 pooled[h0:h1, r0 // w : r1 // w, k0 // w : k1 // w] += F.avg_pool2d(p, w) * w  # (× bin height: see below)
             else:  # rows in chunks: column-pool (full width), then add each row to its bins
                 if k1 - k0 < T:
                     p = F.pad(p, (k0, T - k1))
                 cp = F.adaptive_avg_pool1d(p, s) if s < T else p  # (hc, rc, s)
-                member = ((rows[None, :].cpu() >= b_lo[:, None]) & (rows[None, :].cpu() < b_hi[:, None])).float().to(dev)
+                member = ((rows[None, :] >= b_lo[:, None]) & (rows[None, :] < b_hi[:, None])).float()
                 pooled[h0:h1] += torch.matmul(member, cp)
                 del cp
             del p
-    pooled /= (b_hi - b_lo).float().to(dev).view(1, s, 1)
+    pooled /= height
     mx = pooled.flatten(1).amax(-1).clamp_min(1e-12)
     out: dict[str, Any] = {
         "entropy": ent / max(n, 1),

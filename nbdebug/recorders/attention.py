@@ -65,10 +65,13 @@ def _weights_of(output: Any) -> torch.Tensor | None:
     return None
 
 
-def _store_dtype(t: torch.Tensor, half: bool) -> torch.dtype:
-    if t.dtype in (torch.float16, torch.bfloat16) or not half:
-        return t.dtype
-    return torch.float16 if float(t.abs().amax()) < 6e4 else torch.bfloat16
+def _half_copy(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(t / s)`` as float16 and ``s``, a power of two ≥ 1 chosen on the device (no host read) so that
+    no finite value overflows float16 (|x| ≤ 2¹⁴ after scaling); dividing by a power of two is exact."""
+    amax = t.detach().abs().amax().float()
+    amax = torch.where(torch.isfinite(amax), amax, torch.ones_like(amax))
+    s = torch.exp2(torch.ceil(torch.log2(amax.clamp_min(1.0) / 2**14))).clamp_min(1.0)
+    return (t / s).to(torch.float16), s
 
 
 class AttentionRecorder(Recorder):
@@ -123,6 +126,7 @@ class AttentionRecorder(Recorder):
         self._masks: dict[int, tuple[torch.Tensor | None, KeyRanges | str]] = {}
         self._ids: torch.Tensor | None = None
         self._positions: torch.Tensor | None = None
+        self._positions_dev: torch.Tensor | None = None
         self._missing: list[str] = []
         self._problem = ""
         self._capturing = False
@@ -159,8 +163,9 @@ class AttentionRecorder(Recorder):
             self._positions = valid_positions(self._mask_kwargs, self.batch_index, q.shape[1])
         self._seen += 1
         if self._positions is not None:
-            pos = self._positions.to(q.device)
-            q, k = q.index_select(1, pos), k.index_select(1, pos)
+            if self._positions_dev is None or self._positions_dev.device != q.device:
+                self._positions_dev = self._positions.to(q.device)  # once, not per layer
+            q, k = q.index_select(1, self._positions_dev), k.index_select(1, self._positions_dev)
         T = q.shape[1]
         key = id(qk.mask)
         if key not in self._masks:
@@ -174,16 +179,19 @@ class AttentionRecorder(Recorder):
         budget = max(0, self.max_bytes * 3 // 4 - L * q.shape[0] * (T * 4 + 64 * 64))
         if self._seen == 1 and q.dtype == torch.float32 and L * per > budget:
             self._half = True  # float32 queries/keys of every layer would not fit: keep float16
-        dtype = _store_dtype(q, self._half)
-        size = (q.numel() + k.numel()) * torch.finfo(dtype).bits // 8 + ranges.nbytes
+        half = self._half and q.dtype == torch.float32
+        size = (q.numel() + k.numel()) * (2 if half else q.element_size()) + ranges.nbytes
         x = LayerQK(q, k, ranges, qk.scaling, qk.softcap)
         if self._kept_bytes + size <= budget:
-            x.q, x.k = q.to(dtype, copy=True), k.to(dtype, copy=True)
+            if half:  # float16 copies scaled on the device: no overflow, no host read per layer
+                (x.q, sq), (x.k, sk) = _half_copy(q), _half_copy(k)
+                x.scale = sq * sk
+            else:
+                x.q, x.k = q.clone(), k.clone()
             self._kept[i] = x
             self._kept_bytes += size
-        else:  # over budget: summarise now, recompute this layer on demand
-            self._stats[i] = {kk: (v.cpu() if isinstance(v, torch.Tensor) else v)
-                              for kk, v in summarize_qk(x, chunk_bytes=self._chunk_bytes()).items()}
+        else:  # over budget: summarise now (kept on the device until result()), recompute on demand
+            self._stats[i] = summarize_qk(x, chunk_bytes=self._chunk_bytes())
 
     # -- hooks path: probabilities returned by eager attention ------------------------------------
     def _on_attention(self, index: int) -> Any:
@@ -274,8 +282,7 @@ class AttentionRecorder(Recorder):
                 raised = "" if self._completed else "the model raised (or was interrupted) during its forward: "
                 raise RuntimeError(f"{raised}attention seen in {self._seen} of {len(names)} layers")
             ck = self._chunk_bytes()
-            layers = [s if s is not None else {k: (v.cpu() if isinstance(v, torch.Tensor) else v)
-                                               for k, v in summarize_qk(x, chunk_bytes=ck).items()}  # type: ignore[arg-type]
+            layers = [_to_host(s if s is not None else summarize_qk(x, chunk_bytes=ck))  # type: ignore[arg-type]
                       for s, x in zip(self._stats, self._kept, strict=True)]
             T = int(layers[0]["col_mass"].shape[-1])
             toks = self._tokens(row_ids, T)
@@ -326,6 +333,10 @@ class AttentionRecorder(Recorder):
 
             self._widget = AttentionWidget(self.result())
         return self._widget
+
+
+def _to_host(stats: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in stats.items()}
 
 
 def _span(idx: list[int]) -> str:

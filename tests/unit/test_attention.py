@@ -540,3 +540,59 @@ def test_probe_leaves_transformers_registries_and_sub_configs_as_they_were() -> 
     with eager_attention(m) as path:
         assert path == "eager (switched from sdpa)" and m.config._attn_implementation == "eager"
     assert m.config._attn_implementation == "sdpa" and m.model.config._attn_implementation == "flex_attention"
+
+
+def half_budget(layers: int, T: int, heads: int = 2, kv: int = 1, dh: int = 8) -> int:
+    """--max-bytes where float32 queries/keys of every layer do not fit but float16 ones do."""
+    n = (heads + kv) * T * dh
+    need = layers * (n * 2 + 16 * T) * 6 // 5 + layers * heads * (T * 4 + 64 * 64)
+    assert layers * (n * 4 + 16 * T) > need - layers * heads * (T * 4 + 64 * 64)
+    return need * 4 // 3 + 8
+
+
+def test_float16_copies_of_huge_keys_do_not_overflow() -> None:
+    m = tiny("llama")
+    with torch.no_grad():
+        for layer in m.model.layers:  # keys far beyond float16's 65504, queries small
+            layer.self_attn.k_proj.weight.mul_(1e6)
+            layer.self_attn.q_proj.weight.mul_(1e-6)
+    ids = torch.randint(1, 60, (1, 12))
+    with AttentionRecorder(m, max_bytes=half_budget(2, 12)) as rec:
+        with torch.no_grad():
+            m(ids)
+    res = rec.result()
+    kept = res.detail.layers
+    assert all(x is not None and x.k.dtype == torch.float16 and x.scale is not None for x in kept)
+    assert float(kept[0].k.float().abs().max()) <= 2**14 and torch.isfinite(kept[0].k).all()
+    assert float(kept[0].scale) > 1  # the keys were beyond float16's range
+    ref = eager_reference(m, ids)
+    for layer in range(2):
+        np.testing.assert_allclose(res.head(layer, 1), ref[layer][0, 1].numpy(), atol=1e-2)
+        assert not np.isnan(res.metrics["entropy"][layer]).any()
+
+
+@pytest.mark.parametrize("budget", ["half", "none"])
+def test_host_reads_during_the_forward_do_not_grow_with_layers(budget: str) -> None:
+    from test_capture_syncs import DispatchSpy, count_host_syncs
+
+    T = 40
+    counts = []
+    for layers in (2, 6):
+        m = tiny_lm_layers(layers)
+        ids = torch.randint(1, 60, (1, T))
+        with AttentionRecorder(m, max_bytes=half_budget(layers, T) if budget == "half" else 0) as rec:
+            spy = DispatchSpy()
+            with count_host_syncs() as py, spy, torch.no_grad():
+                m(ids)
+            counts.append((dict(py), dict(spy.syncs)))
+        res = rec.result()
+        dtypes = {x.q.dtype for x in res.detail.layers if x is not None}
+        assert dtypes == ({torch.float16} if budget == "half" else set())  # kept as float16 / summarised
+        assert res.metrics["entropy"].shape == (layers, 2)
+    assert counts[0] == counts[1], counts  # per mask / per forward, never per layer
+
+
+def tiny_lm_layers(layers: int) -> torch.nn.Module:
+    from nbdebug.adapters.offline import tiny_lm
+
+    return tiny_lm("llama", layers=layers)

@@ -121,12 +121,16 @@ def check_thermometer(res: Outcome, ctx: dict[str, Any]) -> None:
         assert names[: len(expected)] == expected and "fc" not in names and "head" not in names[:3], names
     else:
         assert names == expected, names
-    # values: the first conv's output mean equals the reference run's (a plain hook on a copy)
-    first = expected[0]
-    ref = ctx["acts"][first].float()
+    # values: every row's mean equals the reference run's (plain hooks on a copy, cloned at hook time,
+    # so an in-place ReLU after bn must not show up in bn's row)
     if mode not in ("nan_loop", "train_step"):
-        got = cap[first].stats["mean"]
-        assert abs(got - float(ref.mean())) <= 1e-3 * (1 + abs(float(ref.mean()))), (got, float(ref.mean()))
+        for name in names:
+            ref = ctx["acts"].get(name)
+            if ref is None or not ref.is_floating_point():
+                continue
+            got, want = cap[name].stats["mean"], float(ref.float().mean())
+            tol = (2e-2 if mode in HALF else 1e-4) * (1 + abs(want))
+            assert abs(got - want) <= tol, (name, got, want)
     if mode == "train_step":
         assert cap.forward_passes == 3 and cap.backward_ran and cap["fc"].grad is not None
     if mode in ("ckpt_reentrant", "ckpt_nonreentrant"):
@@ -159,10 +163,10 @@ def check_featuremaps(res: Outcome, ctx: dict[str, Any]) -> None:
     want = ["conv1", "bn", "relu"] if mode in RAISING else ["conv1", "bn", "relu", "conv2"] if mode == "interrupt_in_forward" else list(M.CNN_SPATIAL)
     assert set(want) <= set(keys), keys
     assert not {"conv2#2", "relu#3", "bn#2", "conv1#2"} & set(keys), f"recomputation rows: {keys}"
-    probe = want[-1]  # relu#2 (or relu when the cell raised at conv2)
-    data = fm.layers[probe].data
-    ref = ctx["acts"][probe]
-    assert close(data.float()[: ref.shape[0]], ref[: data.shape[0]], mode in {"fp16", "bf16", "autocast"}), probe
+    half = mode in {"fp16", "bf16", "autocast"}
+    for name in want:  # every map equals the reference output at hook time (copies, not references)
+        data, ref = fm.layers[name].data, ctx["acts"][name]
+        assert close(data.float()[: ref.shape[0]], ref[: data.shape[0]], half), name
 
 
 # -- Grad-CAM ---------------------------------------------------------------------------------

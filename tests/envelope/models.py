@@ -50,11 +50,12 @@ class Argmax(nn.Module):
 class TinyCNN(nn.Module):
     """conv1 → bn → relu → conv2 → relu (the same module again) → pool → flat → fc."""
 
-    def __init__(self, ckpt: bool | None = None, int_outputs: bool = False, interrupt: bool = False, dropout: bool = False) -> None:
+    def __init__(self, ckpt: bool | None = None, int_outputs: bool = False, interrupt: bool = False, dropout: bool = False,
+                 inplace: bool = False) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
         self.bn = nn.BatchNorm2d(4)
-        self.relu = nn.ReLU()
+        self.relu = nn.ReLU(inplace=inplace)
         self.conv2 = nn.Conv2d(4, 6, 3, padding=1)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.flat = nn.Flatten()

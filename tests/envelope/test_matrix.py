@@ -47,6 +47,7 @@ MODES: dict[str, list[str]] = {
     "dropout": CNN,
     "train_step": CNN,
     "nonsquare": CNN,
+    "inplace_relu": CNN,
     "frozen": ALL,
     "double_backward": CNN,
     "parametrized": CNN,

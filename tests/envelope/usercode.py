@@ -17,7 +17,7 @@ from . import models as M
 
 LANG = ("gpt2", "llama", "bert")
 #: modes whose cell leaves an autograd graph the user may still backpropagate through
-GRAPH_MODES = {"plain", "inputs_embeds", "tuple_output", "parametrized", "nonsquare", "kwargs_call", "channels_last", "input_grad", "dropout", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
+GRAPH_MODES = {"plain", "inplace_relu", "inputs_embeds", "tuple_output", "parametrized", "nonsquare", "kwargs_call", "channels_last", "input_grad", "dropout", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
 RAISING = {"exception": ValueError, "keyboard_interrupt": KeyboardInterrupt}
 NAN_STEP = 6  # 1-based: the 6th call of the model's forward makes the first non-finite value
 STEPS = 8
@@ -56,7 +56,7 @@ def build(mode: str, family: str) -> tuple[nn.Module, Any]:
     if family == "cnn":
         ckpt = {"ckpt_reentrant": True, "ckpt_nonreentrant": False}.get(mode)
         model: nn.Module = M.tiny_cnn(ckpt=ckpt, int_outputs=mode == "int_outputs", interrupt=mode == "interrupt_in_forward",
-                                      dropout=mode == "dropout")
+                                      dropout=mode == "dropout", inplace=mode == "inplace_relu")
         inp: Any = M.image((8, 12) if mode == "nonsquare" else (8, 8))
     elif family == "mlp":
         model, inp = M.mlp(), torch.randn(2, 6, generator=torch.Generator().manual_seed(3))
@@ -224,6 +224,7 @@ def reference_activations(model: nn.Module, fn: Callable[[nn.Module], Any]) -> d
                 seen[name] = k + 1
                 acts[call_name(name, k)] = out.detach().clone()
             handles.append(mod.register_forward_hook(hook))
+    torch.manual_seed(0)  # the same random draws (dropout) as the two runs compared
     try:
         fn(m)
     except (Exception, KeyboardInterrupt):

@@ -34,6 +34,7 @@ LABELS = {
     "parametrized": "parametrized layers (`weight_norm`)",
     "double_backward": "gradient penalty (`autograd.grad(create_graph=True)`)",
     "frozen": "frozen model (`requires_grad_(False)`)",
+    "inplace_relu": "`ReLU(inplace=True)`",
     "nonsquare": "non-square images (8×12)",
     "kwargs_call": "model called with keywords (`model(x=x)`)",
     "inputs_embeds": "`model(inputs_embeds=...)` (no token ids)",

@@ -5,15 +5,18 @@
 >>> call.args, call.kwargs, call.output   # the first top-level call inside the block
 
 With ``watch_generate=True`` it also recognises ``model.generate(...)`` (the language views then
-recompute their view on the final sequence): the ``generate`` method of the model's class is
-wrapped while the block runs (the wrapper only records what ``generate`` returned for this model;
-the class is restored on exit), and KV-cache steps of a hand-written decoding loop are recognised
-from the calls themselves (``past_key_values`` holding earlier tokens).
+recompute their view on the final sequence): the class that defines ``generate`` (for Hugging Face
+models that is ``GenerationMixin``, shared by every HF model in the process) has its ``generate``
+wrapped while the block runs. The wrapper calls the original for every model and records what it
+returned only for the watched model; the original is put back when the last watcher exits. KV-cache
+steps of a hand-written decoding loop are recognised from the calls themselves (``past_key_values``
+holding earlier tokens).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 from typing import Any
 
@@ -27,6 +30,7 @@ __all__ = ["ModelCall"]
 
 # class -> (original generate, number of active watchers); one wrapper per class however many watch
 _PATCHED: dict[type, tuple[Any, int]] = {}
+_PATCH_LOCK = threading.Lock()
 _WATCHERS: weakref.WeakSet[ModelCall] = weakref.WeakSet()
 
 
@@ -72,9 +76,12 @@ def _cache_length(kwargs: dict[str, Any]) -> int:
 
 
 class ModelCall:
-    """Records the first call of ``model`` (args, kwargs, output, grad mode) while entered.
+    """Records the first call of ``model`` (args, kwargs, grad mode; its output with ``keep_output``)
+    while entered.
 
-    References are kept, not copies: views re-run the model on exactly what the user passed.
+    References are kept, not copies: views re-run the model on exactly what the user passed. A KV
+    cache passed as ``past_key_values`` is not kept (it grows with every step of a generation; the
+    views' own forwards run without one). ``keep_output=False`` keeps no output either.
     ``calls`` counts every top-level call, so views can say "the cell ran the model 3 times; the
     first call is shown". The model itself is held weakly (``model`` raises
     :class:`~nbdebug.capture.weak.ModelGoneError` once it is deleted).
@@ -84,8 +91,9 @@ class ModelCall:
     of a KV cache (a hand-written decoding loop); :meth:`final_sequence` combines them.
     """
 
-    def __init__(self, model: nn.Module, *, watch_generate: bool = False) -> None:
+    def __init__(self, model: nn.Module, *, watch_generate: bool = False, keep_output: bool = True) -> None:
         self._ref: ModelRef[nn.Module] = ModelRef(model)
+        self.keep_output = keep_output
         self.args: tuple[Any, ...] | None = None
         self.kwargs: dict[str, Any] | None = None
         self.output: Any = None
@@ -112,7 +120,8 @@ class ModelCall:
     def _pre(self, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.calls += 1
         if self.args is None:
-            self.args, self.kwargs = args, dict(kwargs)
+            self.args = args
+            self.kwargs = {k: v for k, v in kwargs.items() if k != "past_key_values"}
             self.grad_enabled = torch.is_grad_enabled()
         if self.watch_generate and self.in_generate == 0:
             from ..adapters.text import input_ids_of
@@ -128,7 +137,7 @@ class ModelCall:
                 self._loop, self._fed = False, []
 
     def _post(self, _m: nn.Module, _args: Any, _kwargs: Any, output: Any) -> None:
-        if self.output is None and self.calls == 1:
+        if self.keep_output and self.output is None and self.calls == 1:
             self.output = output
 
     def _record_generate(self, out: Any) -> None:
@@ -162,24 +171,26 @@ class ModelCall:
         if self.watch_generate:
             owner = _generate_owner(model)
             if owner is not None:
-                original, n = _PATCHED.get(owner, (vars(owner)["generate"], 0))
-                if n == 0:
-                    owner.generate = _wrap_generate(original)  # type: ignore[attr-defined]
-                _PATCHED[owner] = (original, n + 1)
-                self._patched = owner
-                _WATCHERS.add(self)
+                with _PATCH_LOCK:
+                    original, n = _PATCHED.get(owner, (vars(owner)["generate"], 0))
+                    if n == 0:
+                        owner.generate = _wrap_generate(original)  # type: ignore[attr-defined]
+                    _PATCHED[owner] = (original, n + 1)
+                    self._patched = owner
+                    _WATCHERS.add(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         try:
             self._hooks.remove()
         finally:
-            _WATCHERS.discard(self)
-            owner, self._patched = self._patched, None
-            if owner is not None:
-                original, n = _PATCHED[owner]
-                if n <= 1:
-                    owner.generate = original  # type: ignore[attr-defined]
-                    del _PATCHED[owner]
-                else:
-                    _PATCHED[owner] = (original, n - 1)
+            with _PATCH_LOCK:
+                _WATCHERS.discard(self)
+                owner, self._patched = self._patched, None
+                if owner is not None:
+                    original, n = _PATCHED[owner]
+                    if n <= 1:
+                        owner.generate = original  # type: ignore[attr-defined]
+                        del _PATCHED[owner]
+                    else:
+                        _PATCHED[owner] = (original, n - 1)

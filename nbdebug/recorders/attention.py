@@ -103,7 +103,7 @@ class AttentionRecorder(Recorder):
         self.path = ""
         self._stack = ExitStack()
         self._hooks = HookSet()
-        self._call = ModelCall(model, watch_generate=True)
+        self._call = ModelCall(model, watch_generate=True, keep_output=False)
         self._replay = Replay(self._call, self.batch_index)
         self._index = {id(m): i for i, (_n, m) in enumerate(self.parts.attentions)}
         before = set(vars(self))

@@ -146,7 +146,7 @@ class LogitLensRecorder(Recorder):
         self.parts = find_parts(model, final_norm=options.get("final_norm"), unembed=options.get("unembed"))
         require_lens(self.parts, model)
         self.target_id, self.target_label = resolve_target(options.get("target_token"), self.tokenizer)
-        self._call = ModelCall(model, watch_generate=True)
+        self._call = ModelCall(model, watch_generate=True, keep_output=False)
         self._replay = Replay(self._call, self.batch_index)
         self._stack = ExitStack()
         self._hooks = HookSet()

@@ -596,3 +596,27 @@ def tiny_lm_layers(layers: int) -> torch.nn.Module:
     from nbdebug.adapters.offline import tiny_lm
 
     return tiny_lm("llama", layers=layers)
+
+
+def test_model_call_keeps_no_kv_cache_and_output_only_when_asked() -> None:
+    import gc
+    import weakref
+
+    from nbdebug.capture import ModelCall
+
+    m = tiny("llama")
+    ids = torch.randint(1, 60, (1, 4))
+    caches: list[weakref.ref] = []
+    handle = m.register_forward_pre_hook(
+        lambda _m, a, kw: caches.append(weakref.ref(kw["past_key_values"])) if kw.get("past_key_values") is not None else None,
+        with_kwargs=True)
+    with ModelCall(m, watch_generate=True, keep_output=False) as lang, ModelCall(m) as cam:
+        m.generate(ids, max_new_tokens=3, do_sample=False)
+    handle.remove()
+    assert lang.generated and lang.calls == cam.calls == 3
+    assert "past_key_values" not in lang.kwargs and "past_key_values" not in cam.kwargs
+    assert lang.output is None and cam.output is not None  # Grad-CAM's default: the output is kept
+    del cam
+    gc.collect()
+    assert caches and all(r() is None for r in caches)  # nothing of ours holds generate()'s KV cache
+    assert torch.equal(lang.final_sequence()[0][0, :4], ids[0])

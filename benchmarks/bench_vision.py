@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from nbdebug.inspectors.featuremaps import encode_page
-from nbdebug.inspectors.gradcam import compute_cams, probe
+from nbdebug.recorders.gradcam import compute_cams, probe
 from nbdebug.testing import ResNetShaped
 from nbdebug.widgets._transport import pack_arrays
 
@@ -97,7 +97,7 @@ def bench_gradcam(reps: int) -> None:
     print("-" * len(header))
     for batch in (1, 8):
         x = torch.randn(batch, 3, 224, 224)
-        layer4 = next(lay for lay in probe(model, (x,), {}).spatial() if lay.name == "layer4")
+        layer4 = next(lay for lay in probe(model, (x,), {})[0] if lay.name == "layer4")
         lgc = LayerGradCam(model, model.layer4)
         with torch.no_grad():
             top5 = model(x).topk(5, dim=1).indices

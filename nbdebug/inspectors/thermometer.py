@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..capture.errors import ErrorSite, TensorInfo
-from ..capture.session import CaptureResult
+from ..capture.result import CaptureResult
 
 __all__ = ["COLUMNS", "LEGEND", "Diagnosis", "ErrorReport", "ThermometerReport", "Thresholds", "diagnose", "explain_error"]
 

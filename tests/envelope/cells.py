@@ -57,6 +57,8 @@ def options_for(mode: str, view: str) -> dict[str, Any]:
         return {"max_bytes": 0}
     if mode == "padded":
         return {"seq_index": 1}
+    if mode in ("fp16", "bf16", "autocast"):  # histograms computed on the device too: float32, no float64
+        return {"histograms": True}
     return {}
 
 

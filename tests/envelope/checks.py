@@ -109,6 +109,10 @@ def check_thermometer(res: Outcome, ctx: dict[str, Any]) -> None:
             got, want = cap[name].stats["mean"], float(ref.float().mean())
             tol = (2e-2 if mode in HALF else 1e-4) * (1 + abs(want))
             assert abs(got - want) <= tol, (name, got, want)
+    if mode in HALF:  # histograms=True: exact, on the device, for every floating-point row
+        for r in cap.layers:
+            if r.dtype.startswith(("float", "bfloat")):
+                assert r.histogram is not None and int(np.sum(r.histogram[0])) == int(r.stats["numel"]), (r.name, r.histogram)
     if ctx["lm"]:
         if mode in RAISING:  # the user's hook on the last block raised: it ran, lm_head did not
             last = "transformer.h.1.mlp.c_proj" if ctx["family"] == "gpt2" else "model.layers.1.mlp.down_proj"

@@ -152,3 +152,25 @@ def test_view_all_on_a_language_model(sh, capsys) -> None:  # type: ignore[no-un
     assert set(sh.user_ns["r"]) == {"thermometer", "attention", "logitlens"}, list(sh.user_ns["r"])
     dash = sh.user_ns["_nndebug_widget"]
     assert len(dash.notes) == 1 and "featuremaps" in dash.notes[0] and "gradcam" in dash.notes[0], dash.notes
+
+
+def test_pending_backward_in_the_next_cell(sh) -> None:  # type: ignore[no-untyped-def]
+    """Issue 9 item 2 through the magic: Grad-CAM in one cell, the user's backward in the next."""
+    assert sh.run_cell("ref = __import__('copy').deepcopy(model); ref(x).sum().backward()").success
+    res = sh.run_cell("%%nndebug model --view gradcam,thermometer\nout = model(x)")
+    assert res.success, res.error_in_exec
+    res = sh.run_cell("out.sum().backward()")
+    assert res.success, res.error_in_exec
+    code = "assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))"
+    assert sh.run_cell(code).success
+
+
+def test_generate_through_the_magic(sh) -> None:  # type: ignore[no-untyped-def]
+    cell = "%%nndebug lm --view attention,logitlens -o r\nout = lm.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)"
+    res = sh.run_cell(cell)
+    assert res.success, res.error_in_exec
+    T = M.PROMPT_LEN + M.NEW_TOKENS
+    r = sh.user_ns["r"]
+    assert r["attention"].shape[2] == T and r["logitlens"].top_ids.shape[1] == T
+    assert hook_count(sh.user_ns["lm"]) == 0
+    assert sh.user_ns["out"].shape == (1, T)

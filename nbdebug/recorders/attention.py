@@ -287,7 +287,8 @@ class AttentionRecorder(Recorder):
             T = int(layers[0]["col_mass"].shape[-1])
             toks = self._tokens(row_ids, T)
             dropped = [i for i, x in enumerate(self._kept) if x is None]
-            rerun = _make_rerun(self.model, [m for _n, m in self.parts.attentions], self._replay, self.batch_index, self._positions)
+            rerun = _make_rerun(self.model, [m for _n, m in self.parts.attentions], self._replay, self.batch_index,
+                                self._positions, cache_bytes=self.max_bytes - self._kept_bytes)
             detail = AttentionDetail(list(self._kept), rerun=rerun if dropped else None, chunk_bytes=ck)
             res = build_result(layers, toks, names, self.path, detail=detail)
             kept = len(names) - len(dropped)
@@ -298,7 +299,7 @@ class AttentionRecorder(Recorder):
                 + f"; --max-bytes {format_bytes(self.max_bytes)}), not the {len(names)}×{res.shape[1]}×{T}×{T} "
                 "probabilities: a clicked head is recomputed from them"
                 + (f"; layers {_span(dropped)} did not fit: summarised during the forward, their heads recomputed "
-                   "by running the model again" if dropped else ""))
+                   "by running the model again up to that layer (the last one kept while it fits)" if dropped else ""))
         else:
             if self._acc is None:
                 if self._missing:
@@ -343,15 +344,24 @@ def _span(idx: list[int]) -> str:
     return f"{idx[0]}–{idx[-1]}" if len(idx) > 1 and idx == list(range(idx[0], idx[-1] + 1)) else ", ".join(map(str, idx))
 
 
+class _Stop(Exception):
+    """Raised from the probe once the wanted layer was seen: the rest of the forward is skipped."""
+
+
 def _make_rerun(model: nn.Module, modules: list[nn.Module], replay: Replay, item: int,
-                positions: torch.Tensor | None) -> Any:
+                positions: torch.Tensor | None, cache_bytes: int = 0) -> Any:
     """``rerun(layer) -> LayerQK``: that layer's queries/keys by running the model again on the shown
-    inputs. Holds the model and its modules weakly (``ModelGoneError`` once deleted)."""
+    inputs, up to that layer only (the forward stops there). The last re-run layer is kept while its
+    queries/keys fit in ``cache_bytes`` (clicking through its heads runs the model once). Holds the
+    model and its modules weakly (``ModelGoneError`` once deleted)."""
     model_ref = ModelRef(model)
     refs = [ModelRef(m) for m in modules]
     args, kwargs = replay.inputs()
+    last: dict[int, LayerQK] = {}
 
     def rerun(layer: int) -> LayerQK:
+        if layer in last:
+            return last[layer]
         got: dict[str, LayerQK] = {}
 
         def grab(qk: QKCall) -> None:
@@ -363,12 +373,19 @@ def _make_rerun(model: nn.Module, modules: list[nn.Module], replay: Replay, item
             if isinstance(ranges, str):
                 raise RuntimeError(ranges)
             got["x"] = LayerQK(q.clone(), k.clone(), ranges, qk.scaling, qk.softcap)
+            raise _Stop  # later layers, the norm and the head are not needed
 
         m = model_ref.get()
         with probe_attention(m, {refs[layer].get(): grab}):
-            forward_again(m, args, kwargs)
+            try:
+                forward_again(m, args, kwargs)
+            except _Stop:
+                pass
         if "x" not in got:
             raise RuntimeError(f"layer {layer} was not called when the model ran again")
+        last.clear()
+        if got["x"].nbytes <= cache_bytes:
+            last[layer] = got["x"]
         return got["x"]
 
     return rerun

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -620,3 +621,36 @@ def test_model_call_keeps_no_kv_cache_and_output_only_when_asked() -> None:
     gc.collect()
     assert caches and all(r() is None for r in caches)  # nothing of ours holds generate()'s KV cache
     assert torch.equal(lang.final_sequence()[0][0, :4], ids[0])
+
+
+def test_rerun_stops_after_the_layer_and_keeps_the_last_one() -> None:
+    m = tiny_lm_layers(3)
+    ids = torch.randint(1, 60, (1, 10))
+    ref = eager_reference(m, ids)
+    ran: list[int] = []
+
+    def counted(f: Any, i: int) -> Any:
+        def forward(*a: Any, **k: Any) -> Any:
+            ran.append(i)
+            return f(*a, **k)
+
+        return forward
+
+    for i, block in enumerate(m.model.layers):  # counts each block's forwards (not a hook: ours run too)
+        block.forward = counted(block.forward, i)
+    budget = (3 * 2 * (10 * 4 + 64 * 64) + 700) * 4 // 3 + 4  # one float16 layer (640 bytes) kept
+    with AttentionRecorder(m, max_bytes=budget) as rec:
+        m(ids)
+    res = rec.result()
+    kept = [x is not None for x in res.detail.layers]
+    assert kept == [True, False, False] and ran == [0, 1, 2]
+    ran.clear()
+    for h in (0, 1, 0):  # one forward for every head of layer 1, stopped after layer 1
+        np.testing.assert_allclose(res.head(1, h), ref[1][0, h].numpy(), atol=1e-5)
+    assert ran == [0, 1]
+    np.testing.assert_allclose(res.head(2, 1), ref[2][0, 1].numpy(), atol=1e-5)
+    np.testing.assert_allclose(res.head(1, 1), ref[1][0, 1].numpy(), atol=1e-5)
+    assert ran == [0, 1, 0, 1, 2, 0, 1]  # only the last re-run layer is kept
+    for block in m.model.layers:
+        del block.forward
+    assert hook_count(m) == 0 and m.config._attn_implementation == "sdpa"

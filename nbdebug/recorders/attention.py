@@ -9,8 +9,9 @@ held weakly). Other models (TransformerLens, attention outside the AttentionInte
 to eager attention and their probabilities read by hooks, kept only if they fit in ``max_bytes``.
 
 For ``model.generate(...)`` (or a KV-cache decoding loop) the view covers the final sequence: one
-extra forward on it after the cell, under ``no_grad``, on clones of the buffers. Otherwise the first
-top-level call of the cell is shown.
+extra forward on it after the cell, under ``no_grad``, on clones of the buffers, shared with the
+logit lens when both views run (:func:`~nbdebug.capture.replay.replay_final`); if it fails, the
+first call is shown with a note. Otherwise the first top-level call of the cell is shown.
 
 >>> with AttentionRecorder(model, tokenizer=tok) as rec:     # doctest: +SKIP
 ...     model(**tok("The capital of France is", return_tensors="pt"))

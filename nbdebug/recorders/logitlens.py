@@ -2,7 +2,7 @@
 
 While the cell runs, hooks keep the input of the first block (embeddings, already scaled where the
 model scales them) and every block's output for the first top-level call (after ``generate()``:
-of one extra forward on the final sequence), within ``max_bytes`` (the last positions that fit). Afterwards the lens is
+of one extra forward on the final sequence, shared with the attention view), within ``max_bytes`` (the last positions that fit). Afterwards the lens is
 computed with the model's own final norm and unembedding: the last position's column at once (what
 the view shows first), the rest when the view asks or when ``result()`` is called. The lens holds
 the model's final norm, projection and unembedding weakly: once the model is deleted, a column or

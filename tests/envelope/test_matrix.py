@@ -111,7 +111,7 @@ def test_cell(mode: str, view: str, record_property) -> None:  # type: ignore[no
         record_property("note", res.note)
 
 
-COMPILED = ["thermometer", "featuremaps", "gradcam", "attention[gpt2]", "logitlens[gpt2]"]
+COMPILED = ["thermometer", "featuremaps", "gradcam", "attention[gpt2]", "logitlens[gpt2]", "thermometer[gpt2]", "all[cnn]", "all[gpt2]"]
 
 
 @pytest.mark.parametrize(("mode", "view"), _params({"compiled": COMPILED}))

@@ -212,10 +212,11 @@ def fetch_more(res: Outcome) -> None:
         w.handle_request("histogram", {"row": 0})
 
 
-def run_del_model(view: str) -> tuple[bool, list[str]]:
-    """Build the views, drop everything but the results and widgets, ``del model``; is it gone?
+def run_del_model(view: str) -> tuple[bool, list[tuple[str, str]]]:
+    """Build the views, drop everything but the results and widgets (what the magic keeps), ``del
+    model``; is it gone? ``view`` may be ``all[family]`` (the dashboard's views).
 
-    Returns (model collected, answers of one on-demand fetch per widget: "ok" or the error text).
+    Returns (model collected, (view, answer) of on-demand fetches: "ok" or the error text sent back).
     """
     import weakref
 
@@ -224,23 +225,26 @@ def run_del_model(view: str) -> tuple[bool, list[str]]:
     dbg = nbdebug.debug(model, view=view_name(view))
     with dbg:
         out = user_code("del_model", family, model, inp)
-    res = outcome_of(dbg, view)
-    assert res.result is not None, f"view not shown: {res.note}"
-    keep = (res.result, res.widget)
+    results = dbg.results
+    widgets = dict(zip(dbg.views, dbg.widgets()))
+    dash = dbg.dashboard() if view_name(view) == "all" else None
+    assert view_name(view) == "all" or view_name(view) in widgets, f"view not shown: {dbg.skipped}"
     wr = weakref.ref(model)
     del model, out, dbg
-    res.extra.clear()
     gc.collect()
     gone = wr() is None
-    answers: list[str] = []
+    answers: list[tuple[str, str]] = []
     sent: list[dict[str, Any]] = []
-    w = keep[1]
-    w.send = lambda content, buffers=None: sent.append(content)  # what the browser would receive
-    for method, params in fetches(view_name(view), w):
-        sent.clear()
-        w._handle_request(w, {"type": "request", "id": 1, "method": method, "params": params}, [])
-        answers.append("ok" if sent and sent[0].get("ok") else str(sent[0].get("error") if sent else "no answer"))
-    w.close()
+    for v, w in widgets.items():
+        w.send = lambda content, buffers=None: sent.append(content)  # what the browser would receive
+        for method, params in fetches(v, w):
+            sent.clear()
+            w._handle_request(w, {"type": "request", "id": 1, "method": method, "params": params}, [])
+            answers.append((v, "ok" if sent and sent[0].get("ok") else str(sent[0].get("error") if sent else "no answer")))
+        w.close()
+    if dash is not None:
+        dash.close()
+    del results
     return gone, answers
 
 

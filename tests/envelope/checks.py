@@ -167,6 +167,8 @@ def check_featuremaps(res: Outcome, ctx: dict[str, Any]) -> None:
     want = ["conv1", "bn", "relu"] if mode in RAISING else ["conv1", "bn", "relu", "conv2"] if mode == "interrupt_in_forward" else list(M.CNN_SPATIAL)
     assert set(want) <= set(keys), keys
     assert not {"conv2#2", "relu#3", "bn#2", "conv1#2"} & set(keys), f"recomputation rows: {keys}"
+    if res.widget is not None:  # item 12: opens on an informative layer (the deepest spatial one / Grad-CAM's)
+        assert res.widget.layer == want[-1], (res.widget.layer, want[-1])
     half = mode in {"fp16", "bf16", "autocast"}
     for name in want:  # every map equals the reference output at hook time (copies, not references)
         data, ref = fm.layers[name].data, ctx["acts"][name]

@@ -174,3 +174,13 @@ def test_generate_through_the_magic(sh) -> None:  # type: ignore[no-untyped-def]
     assert r["attention"].shape[2] == T and r["logitlens"].top_ids.shape[1] == T
     assert hook_count(sh.user_ns["lm"]) == 0
     assert sh.user_ns["out"].shape == (1, T)
+
+
+def test_zero_threshold_is_honoured(sh) -> None:  # type: ignore[no-untyped-def]
+    """Item 12: `--dead-threshold 0` means "any fraction of zeros", not the default 0.99."""
+    assert sh.run_cell("%%nndebug model --dead-threshold 0\nmodel(x)").success
+    flags = {lay["name"]: lay["flags"] for lay in sh.user_ns["_nndebug_widget"].layers}
+    assert "dead" in flags["conv1"], flags
+    assert sh.run_cell("%%nndebug model\nmodel(x)").success
+    flags = {lay["name"]: lay["flags"] for lay in sh.user_ns["_nndebug_widget"].layers}
+    assert "dead" not in flags["conv1"], flags

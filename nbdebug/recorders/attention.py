@@ -28,19 +28,15 @@ from torch import nn
 
 from ..adapters.text import input_ids_of, resolve_option, token_strings, valid_positions
 from ..adapters.transformers import ModelParts, eager_attention, find_parts
-from ..capture import HookSet, ModelCall, ModelRef, parse_bytes
+from ..capture import HookSet, ModelRef, parse_bytes
 from ..capture.attention_probe import QKCall, probe_attention, probe_supported
 from ..capture.budget import format_bytes
 from ..capture.replay import (
     Replay,
-    ReplayMember,
     forward_again,
     generation_note,
     int_option,
-    join,
-    leave,
     nothing_shown,
-    replay_final,
 )
 from ..inspectors.attention import AttentionAccumulator, AttentionResult, build_result
 from ..inspectors.attention_qk import (
@@ -51,7 +47,7 @@ from ..inspectors.attention_qk import (
     key_ranges,
     summarize_qk,
 )
-from ..views import Recorder
+from ._language import LanguageRecorder
 
 __all__ = ["AttentionRecorder"]
 
@@ -75,7 +71,7 @@ def _half_copy(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t / s).to(torch.float16), s
 
 
-class AttentionRecorder(Recorder):
+class AttentionRecorder(LanguageRecorder):
     """Captures per-head attention while entered; ``result()`` → :class:`AttentionResult`.
 
     Options (magic flags or keywords): ``tokens`` (list of strings, or the name of one),
@@ -83,14 +79,6 @@ class AttentionRecorder(Recorder):
     (what the view keeps: queries/keys or matrices; ``64MB`` or an int), ``user_ns``.
     Holds the model weakly (``self.model`` raises ``ModelGoneError`` once it is gone).
     """
-
-    @property  # type: ignore[override]
-    def model(self) -> nn.Module:
-        return self._model_ref.get()
-
-    @model.setter
-    def model(self, value: nn.Module) -> None:
-        self._model_ref = ModelRef(value)
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -102,19 +90,10 @@ class AttentionRecorder(Recorder):
         self.parts: ModelParts = find_parts(model)
         self.why_no_probe = probe_supported(model, [m for _, m in self.parts.attentions])
         self.path = ""
-        self._stack = ExitStack()
-        self._hooks = HookSet()
-        self._call = ModelCall(model, watch_generate=True, keep_output=False)
-        self._replay = Replay(self._call, self.batch_index)
         self._index = {id(m): i for i, (_n, m) in enumerate(self.parts.attentions)}
-        before = set(vars(self))
-        self._reset()
-        self._state_keys = sorted(set(vars(self)) - before)  # what the shared forward replaces
-        self._aside: dict[str, Any] = {}
-        self._member = ReplayMember(self._replay, lambda: self._hooks, self._begin_replay, self._end_replay)
         self._result: AttentionResult | None = None
         self._widget: Any = None
-        self._applies: str | None = None
+        self._setup(model, self.batch_index)
 
     def _reset(self) -> None:
         L = len(self.parts.attentions)
@@ -224,47 +203,9 @@ class AttentionRecorder(Recorder):
                 hooks.forward(mod, self._on_attention(i))
         hooks.forward(model, self._top_post)
 
-    def __enter__(self) -> AttentionRecorder:
-        try:
-            model = self.model
-            self._stack.enter_context(self._call)
-            self._install(self._stack, model)
-        except BaseException:
-            self._stack.close()
-            raise
-        join(model, self._member)
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: object) -> None:
-        try:
-            if exc_type is None and self._call.generated:  # one forward on the final sequence, shared
-                replay_final(self.model, self._member)    # by the language views, only their hooks
-        finally:
-            try:
-                if self._model_ref.alive:
-                    leave(self._model_ref.get(), self._member)
-            finally:
-                self._stack.close()
-
-    # -- the shared forward on the final sequence: fresh state, the first call's back if it fails -----
-    def _begin_replay(self) -> None:
-        self._aside = {k: getattr(self, k) for k in self._state_keys}
-        self._reset()
-
-    def _end_replay(self, ok: bool) -> None:
-        aside, self._aside = self._aside, {}
-        if not ok:
-            for k, v in aside.items():
-                setattr(self, k, v)
-
     # -- results ---------------------------------------------------------------------------------
-    def applies(self) -> str | None:
-        if self._applies is None and self._result is None:
-            try:
-                self.result()
-            except Exception as exc:
-                self._applies = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return self._applies
+    def _prepare(self) -> None:
+        self.result()
 
     def result(self) -> AttentionResult:
         if self._result is not None:

@@ -32,20 +32,15 @@ from ..adapters.text import (
     valid_positions,
 )
 from ..adapters.transformers import ModelParts, find_parts, require_lens
-from ..capture import HookSet, ModelCall, ModelRef, parse_bytes
+from ..capture import HookSet, ModelRef, parse_bytes
 from ..capture.budget import format_bytes
 from ..capture.replay import (
-    Replay,
-    ReplayMember,
     generation_note,
     int_option,
-    join,
-    leave,
     nothing_shown,
-    replay_final,
 )
 from ..inspectors.logitlens import LensResult, LogitLens
-from ..views import Recorder
+from ._language import LanguageRecorder
 
 __all__ = ["LogitLensRecorder", "resolve_target"]
 
@@ -115,7 +110,7 @@ def _weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, list[str]]:
     return normed, weight_fn, bias_fn, notes
 
 
-class LogitLensRecorder(Recorder):
+class LogitLensRecorder(LanguageRecorder):
     """Captures residual streams while entered; ``result()`` → :class:`LensResult`.
 
     Options: ``tokenizer`` (object or name), ``tokens``, ``target_token`` (text, id or ``#id``;
@@ -124,14 +119,6 @@ class LogitLensRecorder(Recorder):
     fit), ``final_norm``/``unembed`` (explicit parts), ``translators`` (tuned lens: one callable per
     layer, e.g. ``lambda h, i=i: tl.transform_hidden(h, i)``). Holds the model weakly.
     """
-
-    @property  # type: ignore[override]
-    def model(self) -> nn.Module:
-        return self._model_ref.get()
-
-    @model.setter
-    def model(self, value: nn.Module) -> None:
-        self._model_ref = ModelRef(value)
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -146,21 +133,12 @@ class LogitLensRecorder(Recorder):
         self.parts = find_parts(model, final_norm=options.get("final_norm"), unembed=options.get("unembed"))
         require_lens(self.parts, model)
         self.target_id, self.target_label = resolve_target(options.get("target_token"), self.tokenizer)
-        self._call = ModelCall(model, watch_generate=True, keep_output=False)
-        self._replay = Replay(self._call, self.batch_index)
-        self._stack = ExitStack()
-        self._hooks = HookSet()
-        before = set(vars(self))
-        self._reset()
-        self._state_keys = sorted(set(vars(self)) - before)  # what the shared forward replaces
-        self._aside: dict[str, Any] = {}
-        self._member = ReplayMember(self._replay, lambda: self._hooks, self._begin_replay, self._end_replay)
         self._lens: LogitLens | None = None
         self._result: LensResult | None = None
         self._widget: Any = None
-        self._applies: str | None = None
         self.check = ""
         self.notes: list[str] = []
+        self._setup(model, self.batch_index)
 
     def _reset(self) -> None:
         self._resid: list[torch.Tensor | None] = [None] * (self.parts.n_layers + 1)
@@ -208,52 +186,17 @@ class LogitLensRecorder(Recorder):
             self._seen = True
         self._capturing = False
 
-    def __enter__(self) -> LogitLensRecorder:
-        try:
-            model = self.model
-            self._stack.enter_context(self._call)
-            hooks = self._hooks = self._stack.enter_context(HookSet())
-            hooks.forward_pre(model, self._top_pre)
-            hooks.forward_pre(self.parts.blocks[0][1], self._pre0, with_kwargs=True)
-            for i, (_n, block) in enumerate(self.parts.blocks):
-                hooks.forward(block, self._post(i))
-            hooks.forward(model, self._top_post)
-        except BaseException:
-            self._stack.close()
-            raise
-        join(model, self._member)
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: object) -> None:
-        try:
-            if exc_type is None and self._call.generated:  # one forward on the final sequence, shared
-                replay_final(self.model, self._member)    # by the language views, only their hooks
-        finally:
-            try:
-                if self._model_ref.alive:
-                    leave(self._model_ref.get(), self._member)
-            finally:
-                self._stack.close()
-
-    # -- the shared forward on the final sequence: fresh state, the first call's back if it fails -----
-    def _begin_replay(self) -> None:
-        self._aside = {k: getattr(self, k) for k in self._state_keys}
-        self._reset()
-
-    def _end_replay(self, ok: bool) -> None:
-        aside, self._aside = self._aside, {}
-        if not ok:
-            for k, v in aside.items():
-                setattr(self, k, v)
+    def _install(self, stack: ExitStack, model: nn.Module) -> None:
+        hooks = self._hooks = stack.enter_context(HookSet())
+        hooks.forward_pre(model, self._top_pre)
+        hooks.forward_pre(self.parts.blocks[0][1], self._pre0, with_kwargs=True)
+        for i, (_n, block) in enumerate(self.parts.blocks):
+            hooks.forward(block, self._post(i))
+        hooks.forward(model, self._top_post)
 
     # -- lens --------------------------------------------------------------------------------------
-    def applies(self) -> str | None:
-        if self._applies is None and self._lens is None:
-            try:
-                self.lens()
-            except Exception as exc:
-                self._applies = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return self._applies
+    def _prepare(self) -> None:
+        self.lens()
 
     def lens(self) -> LogitLens:
         """The lens engine with the last position's column already computed."""

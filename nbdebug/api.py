@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from .capture.hooks import COMPILED_NOTE, hooks_see_compiled
 from .capture.weak import ModelRef
 from .views import VIEWS, NotApplicableError, Recorder, get_recorder
 
@@ -97,6 +98,8 @@ class Debug:
         self._recorders: dict[str, Recorder] = {}
         self._entered: list[str] = []
         self._settled = False
+        self._eager: Any = None  # hooks_see_compiled() while the block runs
+        self.notes: list[str] = []  # about the whole run (not one view)
         self._results: dict[str, Any] = {}
         self._widgets: dict[str, Any] | None = None
         self._dashboard: Any = None
@@ -137,6 +140,9 @@ class Debug:
 
     # -- the block ----------------------------------------------------------------------------
     def __enter__(self) -> Debug:
+        self._eager = hooks_see_compiled(self.model)
+        if self._eager.__enter__() and COMPILED_NOTE not in self.notes:
+            self.notes.append(COMPILED_NOTE)
         for v in self.views:
             rec = self._recorders[v]
             try:
@@ -170,6 +176,9 @@ class Debug:
                 self._skip(v, err)
             except BaseException as err:
                 pending = pending or err
+        eager, self._eager = self._eager, None
+        if eager is not None:
+            eager.__exit__(None, None, None)
         self._hold = None
         return pending
 
@@ -231,13 +240,12 @@ class Debug:
         return ws[0]
 
     def note(self) -> str:
-        """One line saying which views are not shown and why ("" when all are)."""
+        """One line saying which views are not shown and why, then notes about the whole run ("" when none)."""
         by_reason: dict[str, list[str]] = {}
         for v, why in self.skipped.items():
             by_reason.setdefault(why, []).append(v)
-        if not by_reason:
-            return ""
-        return "not shown: " + "; ".join(f"{', '.join(vs)} ({why})" for why, vs in by_reason.items())
+        parts = ["not shown: " + "; ".join(f"{', '.join(vs)} ({why})" for why, vs in by_reason.items())] if by_reason else []
+        return "; ".join(parts + self.notes)
 
     def dashboard(self) -> Any:
         """All the views in one :class:`~nbdebug.widgets.dashboard.Dashboard` (tabs, linked selections)."""

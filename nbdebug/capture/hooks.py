@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["HookSet", "hook_count", "no_param_grads"]
+__all__ = ["COMPILED_NOTE", "HookSet", "hook_count", "hooks_see_compiled", "is_compiled", "no_param_grads"]
 
 
 class HookSet:
@@ -84,3 +84,33 @@ def no_param_grads(model: nn.Module) -> Iterator[None]:
     finally:
         for p, flag in flags:
             p.requires_grad_(flag)
+
+
+#: what a view says when the cell's compiled model ran eagerly under nbdebug
+COMPILED_NOTE = ("torch.compile'd model: it ran eagerly while nbdebug watched (hooks added after compiling "
+                 "are not seen by compiled code); it runs compiled again after the cell")
+
+
+def is_compiled(model: nn.Module) -> bool:
+    """Whether ``model`` or a submodule is ``torch.compile``d (an ``OptimizedModule`` wrapper, or
+    compiled in place with ``module.compile()``)."""
+    return any(type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
+               for m in model.modules())
+
+
+@contextmanager
+def hooks_see_compiled(model: nn.Module) -> Iterator[bool]:
+    """While entered, compiled code runs eagerly (``torch.compiler.set_stance("force_eager")``) when
+    ``model`` is compiled, so that hooks registered after compiling fire: TorchDynamo does not guard
+    on module hooks, so a graph compiled before would silently skip them (no rows, no attention).
+    Yields whether it did; the stance in force before is restored on every exit path.
+    """
+    stance = getattr(torch.compiler, "set_stance", None)
+    if stance is None or not is_compiled(model):
+        yield False
+        return
+    ctx = stance("force_eager")  # sets the stance now; __exit__ restores the previous one
+    try:
+        yield True
+    finally:
+        ctx.__exit__(None, None, None)

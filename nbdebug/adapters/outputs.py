@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..capture.leaves import first_tensor
+from ..capture.leaves import first_tensor, tensor_leaves
 
 __all__ = ["class_scores", "logits_of"]
 
@@ -31,16 +31,23 @@ def logits_of(output: Any, *, ndim: int | tuple[int, ...] | None = None) -> torc
     (dicts), the output itself when it is a tensor, else the first tensor leaf of a tuple/list/dict
     (``(logits, features)``, ``(logits, past_key_values)``). With ``ndim`` (e.g. ``2`` for
     batch×classes, ``3`` for batch×tokens×vocab, or a tuple of allowed ranks) a tensor of another
-    rank gives None.
+    rank gives None, and in a tuple/list/dict the first leaf of that rank is taken (HF's
+    ``return_dict=False`` with labels gives ``(loss, logits, …)``).
     """
+    ranks = None if ndim is None else ((ndim,) if isinstance(ndim, int) else tuple(ndim))
     logits = getattr(output, "logits", None)
     if not isinstance(logits, torch.Tensor) and isinstance(output, Mapping):
         logits = output.get("logits")
     if not isinstance(logits, torch.Tensor):
-        logits = output if isinstance(output, torch.Tensor) else first_tensor(output)
+        if isinstance(output, torch.Tensor):
+            logits = output
+        elif ranks is None:
+            logits = first_tensor(output)
+        else:
+            logits = next((t for _, t in tensor_leaves(output) if t.dim() in ranks), None)
     if not isinstance(logits, torch.Tensor):
         return None
-    if ndim is not None and logits.dim() not in ((ndim,) if isinstance(ndim, int) else ndim):
+    if ranks is not None and logits.dim() not in ranks:
         return None
     return logits
 

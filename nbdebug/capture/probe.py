@@ -26,7 +26,7 @@ from .budget import DEFAULT_MAX_BYTES
 from .hooks import HookSet
 from .leaves import first_tensor
 from .names import call_name
-from .select import unwrap_compiled
+from .select import model_modules, unwrap_compiled
 from .weak import ModelRef
 
 __all__ = ["CallRecord", "OutputProbe", "run_eagerly"]
@@ -135,9 +135,8 @@ class OutputProbe:
         try:
             self._hooks.forward_pre(model, run_eagerly(self._pre), with_kwargs=True)
             self._hooks.forward(model, run_eagerly(self._post))
-            for name, module in unwrap_compiled(model).named_modules():  # a compiled model's own names
-                if name:
-                    self._hooks.forward(module, run_eagerly(self._make_hook(name, type(module).__name__)))
+            for name, module in model_modules(unwrap_compiled(model)):  # a compiled model's own names
+                self._hooks.forward(module, run_eagerly(self._make_hook(name, type(module).__name__)))
         except BaseException:
             self._hooks.remove()
             raise

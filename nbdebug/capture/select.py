@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 from typing import Union
 
 from torch import nn
+from torch.nn.utils.parametrize import is_parametrized
 
-__all__ = ["LayerFilter", "LayerNotFoundError", "select_modules", "unwrap_compiled"]
+__all__ = ["LayerFilter", "LayerNotFoundError", "model_modules", "select_modules", "unwrap_compiled"]
 
 LayerFilter = Union[None, str, Sequence[str], Callable[[str], bool], type, tuple[type, ...]]  # noqa: UP007 (runtime alias on 3.10)
 
@@ -34,7 +35,15 @@ class LayerNotFoundError(KeyError):
 
 
 def _is_leaf(m: nn.Module) -> bool:
-    return next(iter(m.children()), None) is None
+    """No children, or only the ``parametrizations`` of a parametrized module (weight_norm...): the
+    module's own output is the activation; its parametrizations compute weights, not activations."""
+    return all(name == "parametrizations" and is_parametrized(m) for name, _ in m.named_children())
+
+
+def model_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``named_modules()`` without the root and without parametrization internals
+    (``conv1.parametrizations.weight.0``): the modules whose calls are activations."""
+    return [(n, m) for n, m in model.named_modules() if n and ".parametrizations." not in f".{n}."]
 
 
 def _pattern_matcher(pat: str) -> Callable[[str], bool] | None:
@@ -65,7 +74,7 @@ def select_modules(
     ``leaves_only=False``.
     """
     model = unwrap_compiled(model)
-    named = [(n, m) for n, m in model.named_modules() if n]
+    named = model_modules(model)
     if not named:
         return [("", model)]
     leaf_default = True if leaves_only is None else leaves_only

@@ -98,7 +98,8 @@ class Capture:
         bins: int = 32,
         device_path: bool | None = None,
     ) -> None:
-        self._model = ModelRef(model)  # weak: a result or widget outliving the cell never keeps the model
+        self._model = ModelRef(model)  # weak after __exit__: a result outliving the cell never keeps the model
+        self._hold: nn.Module | None = model  # strong until __exit__
         self.modules = select_modules(model, layers)  # strong until __exit__ (hooks need them), then dropped
         self.grads = grads
         self.histograms = histograms
@@ -349,5 +350,6 @@ class Capture:
             self.result.notes.append(f"nbdebug could not summarise what ran before the error: {type(err).__name__}: {err}")
         finally:
             self.modules = []  # the model's submodules (and their parameters) are not ours to keep
+            self._hold = None
         self._calls = []
 

@@ -43,6 +43,7 @@ class FeatureMapsRecorder(Recorder):
         super().__init__(model, **options)
         o = options
         self.names = {n for n, _ in select_modules(model, o.get("layers"))}
+        self._chosen = o.get("layers") is not None  # the user narrowed the layers (notes say "selected")
         self.sample = 0 if o.get("sample") is None else int(o["sample"])
         self.colormap = str(o.get("colormap") or "viridis")
         self.sort = str(o.get("fm_sort") or "index")
@@ -101,6 +102,8 @@ class FeatureMapsRecorder(Recorder):
         if self.result().layers:
             return None
         if not self.probe.records:
+            if self.probe.steps and not self.probe.completed:
+                return "the model raised before any layer produced an output"
             return "the cell never called the model"
         if self.probe.dropped:
             return f"no layer fits the memory budget (--max-bytes {format_bytes(self.max_bytes)})"
@@ -120,7 +123,8 @@ class FeatureMapsRecorder(Recorder):
             batch = max(batch, int(sl.shape[0]))
         notes: list[str] = []
         if not pr.records:
-            notes.append("the cell never called the model")
+            notes.append("the model raised before any layer produced an output" if pr.steps and not pr.completed
+                         else "the cell never called the model")
         if pr.records and not pr.completed:
             notes.append("the model raised during its first call: the layers that ran before it are shown")
         if pr.steps > 1:
@@ -130,7 +134,7 @@ class FeatureMapsRecorder(Recorder):
         if flat:
             shapes = {r.module: r.shape for r in pr.records}
             listed = ", ".join(f"{n} {list(shapes[n])}" for n in flat[:6])
-            notes.append(f"{len(flat)} selected layer(s) have no spatial output and are not shown: {listed}{' …' if len(flat) > 6 else ''}")
+            notes.append(f"{len(flat)} {'selected ' if self._chosen else ''}layer(s) have no spatial output and are not shown: {listed}{' …' if len(flat) > 6 else ''}")
         if pr.dropped:
             names = [n for n, _ in pr.dropped]
             need = sum(b for _, b in pr.dropped)

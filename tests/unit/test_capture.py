@@ -279,3 +279,15 @@ def test_aliased_outputs_reuse_stats_but_in_place_changes_are_seen() -> None:
         assert r[name].stats["max"] == pytest.approx(ref.max().item(), abs=1e-6)
     assert r["3"].stats["mean"] == pytest.approx(ref.mean().item() + 1, abs=1e-6)  # in place: recomputed
     assert r["4"].stats["mean"] == pytest.approx(y.mean().item(), abs=1e-6)
+
+
+def test_parametrized_modules_are_leaves_and_their_parametrizations_not_rows() -> None:
+    from torch.nn.utils.parametrizations import weight_norm
+
+    from nbdebug.capture import select_modules
+
+    m = nn.Sequential(weight_norm(nn.Conv2d(3, 4, 3)), nn.ReLU(), weight_norm(nn.Linear(4, 2)))
+    assert [n for n, _ in select_modules(m)] == ["0", "1", "2"]
+    with Capture(m[:2]) as cap:
+        m[:2](torch.randn(1, 3, 5, 5))
+    assert [r.name for r in cap.result.layers] == ["0", "1"] and cap.result.layers[0].shape == (1, 4, 3, 3)

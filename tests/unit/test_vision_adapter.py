@@ -215,3 +215,13 @@ def test_parse_floats_reads_mean_and_std_as_written() -> None:
     assert parse_floats((1, 2)) == [1.0, 2.0]
     with pytest.raises(ValueError):
         parse_floats("0.5,abc")
+
+
+def test_logits_of_a_tuple_with_the_loss_first() -> None:
+    """HF ``return_dict=False`` with labels: ``(loss, logits, past)``; the rank picks the logits."""
+    from nbdebug.adapters.outputs import logits_of
+
+    loss, logits = torch.tensor(1.5), torch.randn(2, 5, 11)
+    assert logits_of((loss, logits, (torch.zeros(2, 5, 4),)), ndim=3) is logits
+    assert logits_of((loss, logits)) is loss  # without a rank: the first tensor, as documented
+    assert logits_of((loss,), ndim=3) is None

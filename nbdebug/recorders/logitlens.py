@@ -49,14 +49,16 @@ def resolve_target(target: Any, tokenizer: Any) -> tuple[int | None, str]:
     """Token id (and a label) for ``--target-token``: an id, ``"#id"``, or text encoding to one token."""
     if target is None or target == "":
         return None, ""
-    if isinstance(target, (int, np.integer)):
-        return int(target), f"#{int(target)}"
     text = str(target)
-    if text.startswith("#") and text[1:].isdigit():
-        return int(text[1:]), text
+    tid = int(target) if isinstance(target, (int, np.integer)) else int(text[1:]) if text.startswith("#") and text[1:].isdigit() else None
+    if tid is None and tokenizer is None and text.isdigit():
+        tid = int(text)
+    if tid is not None:
+        try:  # the token's text next to its id when the tokenizer can say it
+            return tid, f"{tokenizer.decode([tid])!r} (#{tid})" if tokenizer is not None else f"#{tid}"
+        except Exception:
+            return tid, f"#{tid}"
     if tokenizer is None:
-        if text.isdigit():
-            return int(text), f"#{text}"
         raise ValueError(f"--target-token {text!r} needs --tokenizer (or pass a token id)")
     ids = tokenizer.encode(text, add_special_tokens=False)
     if not ids:

@@ -124,6 +124,8 @@ def test_target_token_option_and_tokens() -> None:
     assert resolve_target("#12", None) == (12, "#12")
     assert resolve_target("A", Tok()) == (65 % 64, "'A'")
     assert resolve_target("AB", Tok())[1] == "'AB' (first of 2 tokens)"
+    assert resolve_target("#12", Tok()) == (12, "'<12>' (#12)")  # an id is labelled with its text when possible
+    assert resolve_target(5, Tok()) == (5, "'<5>' (#5)")
     with pytest.raises(ValueError, match="tokenizer"):
         resolve_target("Paris", None)
     m = tiny_lm("gpt2")

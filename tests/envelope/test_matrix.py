@@ -67,21 +67,7 @@ for _mode, _views in list(MODES.items()):
                                if any(v in own for v in _views))]
 
 #: (mode, view) → "issue 9 item N: symptom" for cells that fail on the current tree (strict xfail)
-XFAIL: dict[tuple[str, str], str] = {
-    ("parametrized", "thermometer"): "issue 9 (cells users have; capture/select.py leaves): with weight_norm on conv1/conv2 "
-    "the rows are 'conv1.parametrizations.weight.0' (the weight tensor shown as an activation) and the convs' own "
-    "outputs are missing; a parametrized module should be a leaf and its parametrizations not rows",
-    ("parametrized", "featuremaps"): "issue 9 (same cause): featuremaps shows 'conv1.parametrizations.weight.0' (a 4×3×3×3 "
-    "weight read as N×C×H×W) and has no conv1/conv2 layer",
-    ("dtype_error", "featuremaps"): "issue 9 item 11: a half model called on a float32 batch raises in conv1, and the "
-    "feature-map view's note says 'the cell never called the model' instead of saying the model raised",
-}
-for _v in ("logitlens[gpt2]", "logitlens[llama]", "all[gpt2]", "all[llama]"):
-    XFAIL[("tuple_output", _v)] = ("issue 9 (cells users have): with return_dict=False the output is (loss, logits, …) and "
-                                   "the lens' check line ('final row vs model logits: top-1 matches') is empty: the "
-                                   "recorder's _logits_of only looks at .logits or a 3-D first element")
-XFAIL[("parametrized", "all[cnn]")] = XFAIL[("parametrized", "thermometer")]
-XFAIL[("dtype_error", "all[cnn]")] = XFAIL[("dtype_error", "featuremaps")]
+XFAIL: dict[tuple[str, str], str] = {}
 
 
 def no_interrupt(fn, *args):  # type: ignore[no-untyped-def]

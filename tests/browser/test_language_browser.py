@@ -55,7 +55,7 @@ def _check_language_views(page, server, name: str) -> None:
     att = wait_widget(page, "attention")
     assert att.locator(".nba-head").count() == 4
     assert "heads put > 50% on" in att.locator(".nba-summary").first.text_content()
-    assert "eager (switched from sdpa)" in att.locator(".nba-path").text_content()
+    assert "sdpa + query/key probe" in att.locator(".nba-path").text_content()  # the model keeps SDPA
     assert canvas_nonblank(page, '.nbdebug-attention .nba-head[data-layer="1"][data-head="0"] canvas') > 0
     att.locator('.nba-head[data-layer="1"][data-head="0"]').click()
     detail = page.locator('.nbdebug-attention .nba-detail[data-ready="1"]')

@@ -62,7 +62,7 @@ def test_feature_grid_draws_and_enlarges(page, lab) -> None:  # type: ignore[no-
     open_and_run(page, lab, "vision_fm")
     root = wait_widget(page, "featuremaps")
     page.wait_for_selector(".nbdebug-featuremaps .nbd-tile canvas")
-    assert root.locator(".nbd-tile").count() == 8
+    assert root.locator(".nbd-tile").count() == 12  # opens on the deepest spatial layer, "2"
     for ch in (0, 5):
         assert wait_canvas_nonblank(page, f'.nbdebug-featuremaps .nbd-tile[data-channel="{ch}"] canvas', minimum=20) >= 20
     root.locator('.nbd-tile[data-channel="5"]').click()
@@ -70,11 +70,11 @@ def test_feature_grid_draws_and_enlarges(page, lab) -> None:  # type: ignore[no-
     big.wait_for(state="visible")
     assert canvas_nonblank(page, ".nbdebug-featuremaps .nbd-big canvas.nbd-map") > 100
     run_code_and_wait_text(page, "print('selected', _nndebug_widget.selected)", "selected 5")
-    # another layer is fetched on demand: 12 channels at 16×16
-    root.locator("select.nbd-layer").select_option("2")
-    page.wait_for_function("document.querySelectorAll('.nbdebug-featuremaps .nbd-tile').length === 12")
+    # another layer is fetched on demand: 8 channels at 32×32
+    root.locator("select.nbd-layer").select_option("0")
+    page.wait_for_function("document.querySelectorAll('.nbdebug-featuremaps .nbd-tile').length === 8")
     w = page.evaluate("document.querySelector('.nbdebug-featuremaps .nbd-tile canvas').width")
-    assert w == 16
+    assert w == 32
     screenshot(page, "vision-featuremaps", root)
 
 

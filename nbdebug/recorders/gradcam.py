@@ -329,25 +329,30 @@ class GradCamRecorder(Recorder):
         """What the view needs from the cell's call, without the model or the user's graph (nothing
         after Ctrl-C: the view then does not apply)."""
         self._seen, self._calls = call.seen, call.calls
-        if not call.seen or self._interrupted:
+        if not call.seen:
+            return
+        self._layers = _spatial(self.model, self._probe, self._size.hw, self.reshape)  # from the probe: no pass
+        if self._interrupted:
             return
         self._inputs = autograd_inputs(call.args or (), call.kwargs or {})
         scores = logits_of(call.output)
         self._output_shape = None if scores is None else list(scores.shape)
         self._theirs = scores.detach() if scores is not None and scores.dim() == 2 else None
-        self._layers = _spatial(self.model, self._probe, self._size.hw, self.reshape)
 
     def applies(self) -> str | None:
         """None, or why there is nothing to explain: the cell was interrupted (Ctrl-C: no new passes
         then), the model never ran, no spatial layer, no class scores."""
-        if self._interrupted:
-            return "the cell was interrupted; Grad-CAM would need a new forward and backward — re-run the cell to see it"
         if not self._seen:
             return "the cell never called the model, so there is nothing to explain"
+        no_spatial = "no layer has a spatial output (B×C×H×W, B×H×W×C or a token grid)"
+        if self._probe.completed and not self._layers:  # what the model is, before what happened later in the cell
+            return no_spatial
+        if self._interrupted:
+            return "the cell was interrupted; Grad-CAM would need a new forward and backward — re-run the cell to see it"
         if not self._probe.completed:
             return "the model raised during its first call, so there are no class scores to explain"
         if not self._layers:
-            return "no layer has a spatial output (B×C×H×W, B×H×W×C or a token grid)"
+            return no_spatial
         if self._theirs is None:
             return f"the model's output is not class scores (batch×classes); got shape {self._output_shape}"
         return None

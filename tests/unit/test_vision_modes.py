@@ -435,3 +435,21 @@ def test_gradcam_keeps_other_layers_within_max_bytes_and_recomputes_the_rest() -
     assert s2 is not None
     s2.maps_for("2"), s2.maps_for("0")
     assert list(s2.maps) == ["5", "0"] and s2.dropped == {"2"} and s2.kept_bytes() <= one
+
+
+def test_gradcam_on_a_language_model_interrupted_after_its_forward_says_what_the_model_is() -> None:
+    """Ctrl-C after the forward: the reason is the model's (no spatial layer), not the interruption."""
+    from nbdebug.adapters.offline import tiny_lm
+
+    m = tiny_lm("gpt2")
+    rec = GradCamRecorder(m)
+    with pytest.raises(KeyboardInterrupt), rec:
+        m(torch.randint(1, 60, (1, 6)))
+        raise KeyboardInterrupt
+    assert rec.applies() == "no layer has a spatial output (B×C×H×W, B×H×W×C or a token grid)"
+    cnn = bn_cnn().eval()
+    rec = GradCamRecorder(cnn)
+    with pytest.raises(KeyboardInterrupt), rec:
+        cnn(torch.randn(1, 3, 8, 8))
+        raise KeyboardInterrupt
+    assert rec.applies() is not None and rec.applies().startswith("the cell was interrupted")

@@ -7,23 +7,11 @@ import attention from "../src/attention";
 import featuremaps from "../src/featuremaps";
 import gradcam from "../src/gradcam";
 import { FakeModel, f32View } from "./fakeModel";
+import { mount, tick, unmountAll } from "./mount";
 
 const HOSTILE = "<img src=x onerror=alert(1)>";
-const tick = () => new Promise((r) => setTimeout(r, 0));
 
-let cleanup: (() => void) | null = null;
-afterEach(() => {
-  cleanup?.();
-  cleanup = null;
-  document.body.replaceChildren();
-});
-
-function mount(render: (a: { model: FakeModel; el: HTMLElement }) => () => void, m: FakeModel): HTMLElement {
-  const el = document.createElement("div");
-  document.body.appendChild(el);
-  cleanup = render({ model: m, el });
-  return el;
-}
+afterEach(unmountAll);
 
 const requests = (m: FakeModel, method: string) => m.sent.filter((s) => s.content?.method === method).map((s) => s.content.params);
 
@@ -42,8 +30,7 @@ describe("layer set from Python", () => {
     sel.dispatchEvent(new Event("change"));
     expect(m.get("layer")).toBe("1");
     expect(requests(m, "page").map((p) => p.layer)).toEqual(["0", "2", "1"]);
-    cleanup?.();
-    cleanup = null;
+    unmountAll();
     expect(m.handlers.get("change:layer") ?? []).toEqual([]);
   });
 
@@ -61,8 +48,7 @@ describe("layer set from Python", () => {
     sel.value = "b";
     sel.dispatchEvent(new Event("change"));
     expect(requests(m, "view").map((p) => p.layer)).toEqual(["b", "a", "b"]);
-    cleanup?.();
-    cleanup = null;
+    unmountAll();
     expect(m.handlers.get("change:layer") ?? []).toEqual([]);
   });
 });

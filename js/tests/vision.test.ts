@@ -6,23 +6,11 @@ import { afterEach, describe, expect, it } from "vitest";
 import featuremaps from "../src/featuremaps";
 import gradcam from "../src/gradcam";
 import { FakeModel, f32View } from "./fakeModel";
+import { mount, tick, unmountAll } from "./mount";
 
-const tick = () => new Promise((r) => setTimeout(r, 0));
 const GONE = "the model was deleted (or garbage-collected) after the cell ran; re-run the cell to inspect it again";
 
-let cleanup: (() => void) | null = null;
-afterEach(() => {
-  cleanup?.();
-  cleanup = null;
-  document.body.replaceChildren();
-});
-
-function mount(render: (a: { model: FakeModel; el: HTMLElement }) => () => void, m: FakeModel): HTMLElement {
-  const el = document.createElement("div");
-  document.body.appendChild(el);
-  cleanup = render({ model: m, el });
-  return el;
-}
+afterEach(unmountAll);
 
 function camModel(): FakeModel {
   return new FakeModel({

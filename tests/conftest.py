@@ -4,6 +4,26 @@ InteractiveShell), tests/models (offline pretrained models), tests/browser (real
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture
+def shell() -> Iterator[Any]:
+    """A fresh IPython shell with nbdebug loaded and displays recorded in ``shell.displayed``
+    (the widget and real-use tiers run the magic through it)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    InteractiveShell.clear_instance()
+    sh = InteractiveShell.instance()
+    displayed: list[object] = []
+    sh.display_pub.publish = lambda data, metadata=None, **kw: displayed.append(data)  # type: ignore[method-assign]
+    sh.displayed = displayed  # type: ignore[attr-defined]
+    assert sh.run_cell("%load_ext nbdebug").success
+    yield sh
+    InteractiveShell.clear_instance()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
@@ -42,21 +41,6 @@ def compiled() -> Iterator[dict[str, tuple[torch.nn.Module, torch.nn.Module]]]:
         out["gpt2"][0](M.prompt())
     yield out
     torch._dynamo.reset()  # the rest of the session starts without our compiled code
-
-
-@pytest.fixture
-def shell() -> Iterator[Any]:
-    """A fresh IPython shell with nbdebug loaded; displays recorded in ``shell.displayed``."""
-    from IPython.core.interactiveshell import InteractiveShell
-
-    InteractiveShell.clear_instance()
-    sh = InteractiveShell.instance()
-    displayed: list[object] = []
-    sh.display_pub.publish = lambda data, metadata=None, **kw: displayed.append(data)  # type: ignore[method-assign]
-    sh.displayed = displayed  # type: ignore[attr-defined]
-    assert sh.run_cell("%load_ext nbdebug").success
-    yield sh
-    InteractiveShell.clear_instance()
 
 
 # -- the Works-with table ----------------------------------------------------------------------

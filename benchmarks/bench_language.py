@@ -65,6 +65,20 @@ def state_bytes(widget: Any) -> int:
     return total + len(text.encode())
 
 
+def capture_round(rec: Any, run: Any, fwd: list[float], ready: list[float], last: dict[str, Any]) -> Any:
+    """One captured forward: its time into ``fwd``, the time to a built widget after it into ``ready``,
+    the widget's state size into ``last["bytes"]``; returns the widget."""
+    t0 = time.perf_counter()
+    with rec:
+        run()
+    t1 = time.perf_counter()
+    w = rec.widget()
+    last["bytes"] = state_bytes(w)
+    ready.append(time.perf_counter() - t1)
+    fwd.append(t1 - t0)
+    return w
+
+
 def bench_attention(model: torch.nn.Module, eager: torch.nn.Module, T: int, rounds: int, bertviz_max: int) -> dict[str, Any]:
     ids = torch.randint(0, 50257, (1, T))
     toks = [f"tok{i}" for i in range(T)]
@@ -74,15 +88,7 @@ def bench_attention(model: torch.nn.Module, eager: torch.nn.Module, T: int, roun
     last: dict[str, Any] = {}
 
     def capture() -> Any:
-        rec = AttentionRecorder(model, tokens=toks)
-        t0 = time.perf_counter()
-        with rec:
-            model(ids)
-        t1 = time.perf_counter()
-        w = rec.widget()
-        last["bytes"] = state_bytes(w)
-        ready_times.append(time.perf_counter() - t1)
-        fwd_times.append(t1 - t0)
+        w = capture_round(AttentionRecorder(model, tokens=toks), lambda: model(ids), fwd_times, ready_times, last)
         last["result"] = w.result
         w.close()
         return w.result
@@ -137,17 +143,8 @@ def bench_budget(T: int, rounds: int, max_bytes: str = "64MB") -> dict[str, Any]
     last: dict[str, Any] = {}
 
     def capture() -> Any:
-        rec = AttentionRecorder(model, max_bytes=max_bytes)
-        t0 = time.perf_counter()
-        with rec:
-            model(ids)
-        t1 = time.perf_counter()
-        w = rec.widget()
-        last["bytes"] = state_bytes(w)
-        ready.append(time.perf_counter() - t1)
-        fwd.append(t1 - t0)
-        last["w"] = w
-        return w
+        last["w"] = capture_round(AttentionRecorder(model, max_bytes=max_bytes), lambda: model(ids), fwd, ready, last)
+        return last["w"]
 
     with torch.no_grad():
         long = T > 2048  # minutes per capture on a CPU: one round, no warm-up

@@ -6,6 +6,11 @@
 Without the magic: ``nbdebug.debug(model, view=...)`` (a context manager whose ``show()`` displays
 the views), ``nbdebug.thermometer(model, fn)``, ``nbdebug.Capture`` (the stats capture alone),
 ``nbdebug.head_view(attentions, tokens)`` (BertViz-style).
+
+Training: ``nbdebug.doctor(model, inputs, targets)`` (the pre-training checklist, a
+``DoctorReport``), ``nbdebug.NonFiniteError`` (raised by ``--break-on nonfinite``),
+``nbdebug.TrainerCallback()`` (Hugging Face ``Trainer``) and ``nbdebug.LightningCallback()``
+(PyTorch Lightning); neither callback imports its framework before one is created.
 """
 
 from __future__ import annotations
@@ -23,13 +28,22 @@ _LAZY = {
     "Capture": "nbdebug.capture.session",
     "head_view": "nbdebug.widgets.attention",
     "model_view": "nbdebug.widgets.attention",
+    "doctor": "nbdebug.doctor",
+    "DoctorReport": "nbdebug.doctor",
+    "NonFiniteError": "nbdebug.capture.incidents",
+    "TrainerCallback": "nbdebug.integrations.hf",
+    "LightningCallback": "nbdebug.integrations.lightning",
 }
 __all__ = ["__version__", "load_ipython_extension", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        # cached: importing the submodule `nbdebug.doctor` just bound the *module* to `nbdebug.doctor`;
+        # the public name is the function of the same name
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'nbdebug' has no attribute {name!r}")
 
 

@@ -1,0 +1,194 @@
+"""The one training watch behind every framework callback.
+
+A :class:`TrainingWatch` opens an ``nbdebug.debug(model, view, step_on="optimizer")`` capture when
+training starts and closes it when training ends. Frameworks do not always say when training ends:
+``transformers.Trainer`` calls no callback when ``train()`` raises (or is interrupted). So the capture
+is also closed, each time with every hook removed:
+
+- when the notebook cell that ran the training ends (IPython's ``post_run_cell`` event), with the
+  cell's exception, if the framework never said training ended;
+- when the next training starts with the same callback (a second ``train()``);
+- by :meth:`TrainingWatch.close` (``cb.close()``), for scripts that catch the exception themselves;
+- when the callback is garbage-collected, or at interpreter exit (a ``weakref.finalize``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+__all__ = ["TrainingWatch", "in_notebook", "unwrap"]
+
+STEP_ON = "optimizer"
+
+
+def unwrap(model: Any) -> nn.Module:
+    """The user's module inside ``DataParallel`` / ``DistributedDataParallel`` (what the trainer trains)."""
+    for _ in range(8):
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        else:
+            break
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"nbdebug needs the torch.nn.Module being trained, got {type(model).__name__}")
+    return model
+
+
+def _shell() -> Any:
+    """The running IPython shell, or None (plain Python, or IPython not installed)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def in_notebook() -> bool:
+    """Whether output can be displayed as a widget (an IPython kernel is running this code)."""
+    sh = _shell()
+    return sh is not None and getattr(sh, "kernel", None) is not None
+
+
+class _Open:
+    """An open capture, with what closes it. Holds neither the callback nor the watch (a finalizer
+    and the post-cell event keep this object), only a weak way to tell the watch it was closed."""
+
+    def __init__(self, dbg: Any, on_closed: Callable[[Any], None]) -> None:
+        self.dbg: Any = dbg
+        self.on_closed = on_closed
+        self.shell: Any = None
+
+    def listen_to_cells(self) -> None:
+        sh = _shell()
+        if sh is not None and hasattr(sh, "events"):
+            sh.events.register("post_run_cell", self.on_cell_end)
+            self.shell = sh
+
+    def on_cell_end(self, result: Any = None) -> None:
+        """The cell that ran the training ended and the framework never said training ended."""
+        exc = getattr(result, "error_in_exec", None)
+        self.close(exc if isinstance(exc, BaseException) else None)
+
+    def close(self, exc: BaseException | None = None) -> None:
+        dbg, self.dbg = self.dbg, None
+        if self.shell is not None:
+            try:
+                self.shell.events.unregister("post_run_cell", self.on_cell_end)
+            except ValueError:
+                pass
+            self.shell = None
+        if dbg is None:
+            return
+        try:
+            if exc is None:
+                dbg.__exit__(None, None, None)
+            else:
+                dbg.__exit__(type(exc), exc, exc.__traceback__)
+        finally:
+            try:
+                self.on_closed(dbg)
+            except Exception:  # the watch is gone (finalizer at exit): the hooks are removed all the same
+                pass
+
+
+class TrainingWatch:
+    """Runs one view's capture over a training run (see the module docstring for when it closes).
+
+    ``result`` is the run's :class:`~nbdebug.capture.result.CaptureResult` (with the history API:
+    ``steps``, ``step_index``, ``series()``, ``incident``, ``to_pandas()``…) once training ended;
+    ``widget`` the view's widget (the live one, updated while training runs, when ``live``).
+    ``note`` says why there is no result (the view did not apply), else "".
+    """
+
+    def __init__(self, view: str = "thermometer", *, live: bool = True, **options: Any) -> None:
+        self.view = view
+        self.live = bool(live)
+        self.options = {k: v for k, v in options.items() if v is not None}
+        self.result: Any = None
+        self.widget: Any = None
+        self.note = ""
+        self.runs = 0  # training runs watched (a second train() is a new run)
+        self._open: _Open | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._shown = False
+
+    @property
+    def running(self) -> bool:
+        """Whether a capture is open (training in progress, or ended without saying so)."""
+        return self._open is not None and self._open.dbg is not None
+
+    def start(self, model: Any) -> None:
+        """Open the capture around ``model`` (the one being trained); closes a previous run left open."""
+        from ..api import debug
+
+        self.close()
+        module = unwrap(model)
+        self.result, self.widget, self.note, self._shown = None, None, "", False
+        dbg = debug(module, self.view, step_on=STEP_ON, live=self.live, **self.options)
+        dbg.__enter__()
+        self.runs += 1
+        opened = _Open(dbg, _weak_call(self, "_closed"))
+        self._open = opened
+        opened.listen_to_cells()
+        self._finalizer = weakref.finalize(self, opened.close)
+        if self.live and in_notebook():
+            self._show_live(dbg)
+
+    def stop(self, exc: BaseException | None = None) -> None:
+        """Close the capture (training ended; ``exc`` when it raised); a no-op when none is open."""
+        opened = self._open
+        if opened is not None:
+            opened.close(exc)
+
+    def close(self) -> None:
+        """Remove every hook now if a run is still open (e.g. after ``train()`` raised in a script)."""
+        self.stop(None)
+
+    # -- display ------------------------------------------------------------------------------
+    def _show_live(self, dbg: Any) -> None:
+        """Display the view while training runs (the widget updates itself as steps arrive)."""
+        from IPython.display import display
+
+        live = getattr(dbg, "live_widget", None)
+        w = live() if callable(live) else live
+        if w is not None:
+            display(w)
+            self.widget, self._shown = w, True
+
+    def _closed(self, dbg: Any) -> None:
+        """Called once the capture is closed: keep the result and the widget, display it if not yet shown."""
+        self._open = None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        try:
+            self.result = dbg.result
+        except LookupError as exc:  # the view did not apply: say why, build no widget
+            self.note = str(exc)
+            return
+        try:
+            w = dbg.widget()
+        except LookupError as exc:
+            self.note = str(exc)
+            return
+        if not self._shown and in_notebook():
+            from IPython.display import display
+
+            display(w)
+            self._shown = True
+        self.widget = w
+
+
+def _weak_call(obj: Any, name: str) -> Callable[[Any], None]:
+    """``getattr(obj, name)(x)`` while ``obj`` lives, without keeping it alive."""
+    ref = weakref.ref(obj)
+
+    def call(x: Any) -> None:
+        o = ref()
+        if o is not None:
+            getattr(o, name)(x)
+
+    return call

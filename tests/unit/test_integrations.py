@@ -1,0 +1,293 @@
+"""Where training already lives: nbdebug.TrainerCallback (transformers.Trainer) and
+nbdebug.LightningCallback, on tiny random-init models on the CPU (nothing downloaded)."""
+
+from __future__ import annotations
+
+import gc
+import math
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from nbdebug.capture.hooks import hook_count
+
+STEPS = 6
+LR = 1e-3
+
+
+# -- import weight ------------------------------------------------------------------------------
+def test_import_stays_light() -> None:
+    """`import nbdebug`, the callbacks' names and `%load_ext nbdebug` import no framework or exporter."""
+    code = (
+        "import sys, nbdebug\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "assert InteractiveShell.instance().run_cell('%load_ext nbdebug').success\n"
+        "nbdebug.TrainerCallback, nbdebug.LightningCallback\n"
+        "import nbdebug.integrations.hf, nbdebug.integrations.lightning\n"
+        "print(sorted(m for m in ('transformers', 'pandas', 'lightning', 'pytorch_lightning', 'tensorboard', 'accelerate') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_lazy_names_resolve() -> None:
+    import nbdebug
+    from nbdebug.integrations.hf import TrainerCallback
+    from nbdebug.integrations.lightning import LightningCallback
+
+    assert nbdebug.TrainerCallback is TrainerCallback
+    assert nbdebug.LightningCallback is LightningCallback
+    assert {"TrainerCallback", "LightningCallback", "doctor", "DoctorReport", "NonFiniteError"} <= set(nbdebug.__all__)
+
+
+# -- Hugging Face Trainer ----------------------------------------------------------------------
+transformers = pytest.importorskip("transformers")
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __init__(self, n: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, 40, (n, 8), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def _gpt2() -> nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+class _Logs(transformers.TrainerCallback):
+    """The Trainer's own logged training loss per optimizer step."""
+
+    def __init__(self) -> None:
+        self.loss: dict[int, float] = {}
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
+        if logs and "loss" in logs:
+            self.loss[state.global_step] = float(logs["loss"])
+
+
+def _trainer(model: nn.Module, tmp_path: Any, callbacks: list, steps: int = STEPS) -> Any:
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, per_device_eval_batch_size=8,
+        gradient_accumulation_steps=2, max_steps=steps, eval_strategy="steps", eval_steps=3,
+        logging_steps=1, learning_rate=LR, report_to=[], use_cpu=True, save_strategy="no",
+        disable_tqdm=True, seed=0, dataloader_num_workers=0,
+    )
+    return transformers.Trainer(model=model, args=args, train_dataset=_Tokens(64, 1),
+                                eval_dataset=_Tokens(8, 2), callbacks=callbacks)
+
+
+def test_trainer_callback_is_a_transformers_callback() -> None:
+    import nbdebug
+
+    cb = nbdebug.TrainerCallback(live=False)
+    assert isinstance(cb, transformers.TrainerCallback) and isinstance(cb, nbdebug.TrainerCallback)
+    assert cb.result is None and not cb.running
+
+
+def test_trainer_callback_one_step_per_optimizer_step(tmp_path: Any) -> None:
+    """6 optimizer steps × 2 micro-batches, evaluations after steps 3 and 6: 6 steps, eval kept out,
+    the Trainer's own loss and learning rate per step, and every hook gone afterwards."""
+    import nbdebug
+
+    model = _gpt2()
+    own = hook_count(model)
+    cb, logs = nbdebug.TrainerCallback(live=False), _Logs()
+    _trainer(model, tmp_path, [cb, logs]).train()
+    res = cb.result
+    assert not cb.running and hook_count(model) == own
+    assert res.steps == STEPS
+    assert res.step_index.tolist() == list(range(1, STEPS + 1))
+    assert res.eval_steps == 2  # one eval batch after step 3 and one after step 6
+    # the linear schedule's lr while optimizer step k ran (the Trainer logs the one after it)
+    lr = res.series("lr")
+    assert np.allclose(lr, [LR * (STEPS - k + 1) / STEPS for k in range(1, STEPS + 1)], rtol=1e-6), lr
+    # GPT-2's loss is normalised by the tokens of the whole accumulated batch: the step's loss is
+    # the sum of its micro-batches' losses, which is what the Trainer logs
+    loss = res.series("loss")
+    assert np.allclose(loss, [logs.loss[k] for k in range(1, STEPS + 1)], rtol=1e-5), (loss, logs.loss)
+    first = res.layers[0].name
+    for field in ("mean", "std", "norm", "grad_norm"):
+        s = res.series(first, field)
+        assert s.shape == (STEPS,) and np.isfinite(s).all(), (field, s)
+    assert res.first_nonfinite_step is None and res.incident is None
+    assert cb.widget is not None
+
+
+def test_trainer_callback_does_not_change_the_run(tmp_path: Any) -> None:
+    """The same training with and without the callback ends with bit-identical parameters."""
+    import nbdebug
+
+    ref = _gpt2()
+    _trainer(ref, tmp_path / "ref", []).train()
+    model = _gpt2()
+    _trainer(model, tmp_path / "cb", [nbdebug.TrainerCallback(live=False)]).train()
+    a, b = ref.state_dict(), model.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+class _Boom(transformers.TrainerCallback):
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if state.global_step == 3:
+            raise RuntimeError("boom at step 3")
+
+
+def test_trainer_exception_then_close_then_second_run(tmp_path: Any) -> None:
+    """Trainer calls no callback when train() raises: the capture stays open until cb.close();
+    the same callback then watches a second train() from scratch."""
+    import nbdebug
+
+    model = _gpt2()
+    own = hook_count(model)
+    cb = nbdebug.TrainerCallback(live=False)
+    with pytest.raises(RuntimeError, match="boom at step 3"):
+        _trainer(model, tmp_path / "a", [cb, _Boom()]).train()
+    assert cb.running and hook_count(model) > own
+    cb.close()
+    assert not cb.running and hook_count(model) == own
+    assert cb.result.steps == 3
+    _trainer(model, tmp_path / "b", [cb]).train()
+    assert cb.result.steps == STEPS and hook_count(model) == own
+
+
+def test_trainer_second_run_closes_a_run_left_open(tmp_path: Any) -> None:
+    import nbdebug
+
+    model = _gpt2()
+    own = hook_count(model)
+    cb = nbdebug.TrainerCallback(live=False)
+    with pytest.raises(RuntimeError):
+        _trainer(model, tmp_path / "a", [cb, _Boom()]).train()
+    _trainer(model, tmp_path / "b", [cb]).train()  # on_train_begin closes the first run
+    assert cb.result.steps == STEPS and hook_count(model) == own
+
+
+def test_trainer_exception_in_a_cell_removes_hooks_when_the_cell_ends(shell: Any, tmp_path: Any) -> None:
+    """In IPython the capture closes when the cell that raised ends (post_run_cell), with what it recorded."""
+    import nbdebug
+
+    model = _gpt2()
+    own = hook_count(model)
+    cb = nbdebug.TrainerCallback(live=False)
+    shell.user_ns.update(trainer=_trainer(model, tmp_path, [cb, _Boom()]))
+    res = shell.run_cell("trainer.train()")
+    assert isinstance(res.error_in_exec, RuntimeError)
+    assert not cb.running and hook_count(model) == own
+    assert cb.result.steps == 3
+    assert shell.events.callbacks["post_run_cell"].count(getattr(cb._watch._open, "on_cell_end", None)) == 0
+
+
+def test_trainer_exception_then_garbage_collected(tmp_path: Any) -> None:
+    """Neither close() nor a cell end: dropping the callback and its Trainer removes the hooks."""
+    import nbdebug
+
+    model = _gpt2()
+    own = hook_count(model)
+    cb = nbdebug.TrainerCallback(live=False)
+    trainer = _trainer(model, tmp_path, [cb, _Boom()])
+    try:
+        trainer.train()
+    except RuntimeError:
+        pass
+    assert hook_count(model) > own
+    del cb, trainer
+    gc.collect()
+    assert hook_count(model) == own
+
+
+# -- PyTorch Lightning ---------------------------------------------------------------------------
+def _lightning_module() -> Any:
+    L = pytest.importorskip("lightning.pytorch")
+    import torch.nn.functional as F
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+            self.losses: list[float] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)
+
+        def training_step(self, batch: Any, i: int) -> torch.Tensor:
+            x, y = batch
+            loss = F.cross_entropy(self(x), y)
+            self.losses.append(float(loss))
+            return loss
+
+        def validation_step(self, batch: Any, i: int) -> None:
+            x, y = batch
+            self.log("val_loss", F.cross_entropy(self(x), y))
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    return L, Tiny()
+
+
+def _loader() -> Any:
+    g = torch.Generator().manual_seed(0)
+    ds = torch.utils.data.TensorDataset(torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g))
+    return torch.utils.data.DataLoader(ds, batch_size=4)
+
+
+def _fit(L: Any, module: Any, callbacks: list) -> Any:
+    trainer = L.Trainer(max_steps=STEPS, accumulate_grad_batches=2, val_check_interval=6, limit_val_batches=2,
+                        num_sanity_val_steps=2, callbacks=callbacks, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer.fit(module, _loader(), _loader())
+    return trainer
+
+
+def test_lightning_callback_one_step_per_optimizer_step() -> None:
+    import nbdebug
+
+    L, module = _lightning_module()
+    own = hook_count(module)
+    cb = nbdebug.LightningCallback(live=False)
+    assert isinstance(cb, L.Callback)
+    trainer = _fit(L, module, [cb])
+    res = cb.result
+    assert trainer.global_step == STEPS and hook_count(module) == own
+    assert res.steps == STEPS and res.step_index.tolist() == list(range(1, STEPS + 1))
+    assert res.eval_steps == 4  # two validation batches after 6 and after 12 micro-batches (sanity check not watched)
+    assert np.allclose(res.series("lr"), 0.1)
+    for field in ("mean", "grad_norm", "update_ratio"):
+        assert np.isfinite(res.series("net.0", field)).all(), field
+    assert not math.isnan(res.series("net.2", "param_grad_norm")[-1])
+
+
+def test_lightning_exception_closes_the_capture() -> None:
+    import nbdebug
+
+    L, module = _lightning_module()
+    own = hook_count(module)
+
+    class Boom(L.Callback):
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, *a: Any) -> None:
+            if trainer.global_step == 2:
+                raise RuntimeError("boom")
+
+    cb = nbdebug.LightningCallback(live=False)
+    with pytest.raises(RuntimeError, match="boom"):
+        _fit(L, module, [cb, Boom()])
+    assert not cb.running and hook_count(module) == own
+    assert cb.result.steps == 2

@@ -3,17 +3,33 @@
 >>> res = cap.result                                   # doctest: +SKIP
 >>> res["features.1"].stats["zero_frac"], res.steps, res.first_nonfinite_step   # doctest: +SKIP
 (0.98, 8, 6)
+
+Over time (training loops): ``res.step_index`` are the kept steps, ``res.series("features.1",
+"zero_frac")`` a row's stat at each of them (``agg="min"|"max"``: a decimated bucket's extremes),
+``res.series("loss")`` the loss, ``res.at(41)`` the rows at step 41 as :class:`LayerRecord`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import ErrorSite
+from .history import FIELD_INDEX, HISTORY_FIELDS, SCALARS, History
 
-__all__ = ["CaptureResult", "LayerRecord"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["PHASES", "CaptureResult", "LayerRecord"]
+
+#: where a step's first non-finite value appeared, in the order they happen within a step
+PHASES: tuple[str, ...] = ("forward", "output_grad", "param_grad")
+_STAT_FIELDS = ("mean", "std", "min", "max", "zero_frac", "nan", "inf", "norm", "dead_unit_frac")
+_GRAD_FIELDS = ("mean", "std", "min", "max", "norm", "nan", "inf")
+_OPTIONAL_STATS = ("saturated_frac", "param_norm", "update_ratio")
 
 
 @dataclass
@@ -64,12 +80,114 @@ class CaptureResult:
     backward_origin_row: int | None = None  # consumer of ``backward_nonfinite_row`` with a finite output gradient (same step)
     error: ErrorSite | None = None  # the module that raised, when the cell raised inside the model
     raised: str | None = None  # "RuntimeError: ..." when the cell raised (inside the model or not)
+    # --- over time (issue 10): the capture fills these; the defaults keep hand-built results working
+    history: History | None = None  # per-step row stats (see :mod:`nbdebug.capture.history`)
+    param_grad_nonfinite_step: int | None = None  # 1-based step whose parameter gradients first went non-finite
+    incidents: list[Any] = field(default_factory=list)  # nbdebug.capture.incidents.Incident, in step order
+    skipped: list[int] = field(default_factory=list)  # steps whose optimizer step a GradScaler skipped
+    eval_steps: int = 0  # no-grad forwards inside a training loop (kept out of the history)
+    every: int = 1  # --every N: the history samples every N-th step
+    lrs: dict[str, float] = field(default_factory=dict)  # module → lr of its parameters' group (last step)
+
+    def _first_nonfinite(self) -> tuple[int, int] | None:
+        steps = (self.forward_nonfinite_step, self.backward_nonfinite_step, self.param_grad_nonfinite_step)
+        cands = [(s, phase) for phase, s in enumerate(steps) if s is not None]
+        return min(cands) if cands else None
 
     @property
     def first_nonfinite_step(self) -> int | None:
-        """1-based step in which the first NaN/Inf appeared (forward or backward), or None."""
-        steps = [s for s in (self.forward_nonfinite_step, self.backward_nonfinite_step) if s is not None]
-        return min(steps) if steps else None
+        """1-based step in which the first NaN/Inf appeared (forward output, output gradient or
+        parameter gradient), or None."""
+        first = self._first_nonfinite()
+        return None if first is None else first[0]
+
+    @property
+    def first_nonfinite_phase(self) -> str | None:
+        """Where the first NaN/Inf appeared within its step: "forward" < "output_grad" < "param_grad"."""
+        first = self._first_nonfinite()
+        return None if first is None else PHASES[first[1]]
+
+    @property
+    def incident(self) -> Any | None:
+        """The first "nonfinite" :class:`~nbdebug.capture.incidents.Incident`, or None."""
+        return next((i for i in self.incidents if getattr(i, "kind", None) == "nonfinite"), None)
+
+    @property
+    def skipped_steps(self) -> np.ndarray:
+        """int64: the steps whose optimizer step a GradScaler skipped (inf/NaN gradients): ``skipped``
+        and the kept history steps marked skipped."""
+        steps = set(self.skipped)
+        h = self.history
+        if h is not None and len(h):
+            steps.update(h.step_index[h.scalar("skipped") == 1.0].tolist())
+        return np.array(sorted(steps), dtype=np.int64)
+
+    @property
+    def step_index(self) -> np.ndarray:
+        """int64 ``[K]``: the kept steps (1-based; each a bucket's last step once decimated)."""
+        return np.zeros(0, np.int64) if self.history is None else self.history.step_index
+
+    def _row_of(self, name: str) -> str:
+        """A row name (or a module name → its first row); KeyError listing the valid names."""
+        h = self.history
+        rows = h.rows if h is not None else [r.name for r in self.layers]
+        if name in rows:
+            return name
+        modules = [str(i["module"]) for i in h.row_info] if h is not None else [r.module for r in self.layers]
+        if name in modules:
+            return rows[modules.index(name)]
+        listed = ", ".join(map(repr, rows[:30])) + (" …" if len(rows) > 30 else "")
+        raise KeyError(f"no row {name!r}; valid names: {', '.join(map(repr, SCALARS))} or a row: {listed}")
+
+    def series(self, name: str, field: str | None = None, agg: str = "last") -> np.ndarray:
+        """float64 ``[K]`` aligned with :attr:`step_index`.
+
+        ``field`` (default ``"mean"``, any of :data:`~nbdebug.capture.history.HISTORY_FIELDS`) of row
+        ``name`` (a row name, or a module name for its first row); or the per-step scalar ``name``
+        (``"loss"``, ``"lr"``, ``"skipped"``) when no field is given. ``agg="min"|"max"`` gives each
+        kept bucket's extremes. NaN where unknown (before a row appeared, no loss, …); empty when the
+        result has no history. A bad name or field raises KeyError listing the valid ones.
+        """
+        if agg not in ("last", "min", "max"):
+            raise ValueError(f"agg must be 'last', 'min' or 'max', got {agg!r}")
+        h = self.history
+        if field is None and name in SCALARS:
+            return np.zeros(0) if h is None else h.scalar(name, agg).astype(np.float64)
+        f = "mean" if field is None else field
+        if f not in FIELD_INDEX:
+            raise KeyError(f"no field {f!r}; valid fields: {', '.join(HISTORY_FIELDS)}")
+        row = self._row_of(name)
+        return np.zeros(0) if h is None else h.series(row, f, agg).astype(np.float64)
+
+    def at(self, step: int) -> list[LayerRecord]:
+        """The rows at kept step ``step`` (one of :attr:`step_index`) as :class:`LayerRecord`.
+
+        ``stats``/``grad``/``param_grad_norm`` are that step's values (the merged rows' keys;
+        ``numel`` is one call's, from the row's shape; ``near_zero_frac`` NaN: samples are whole-run;
+        ``param_norm``/``update_ratio`` in ``stats`` when known); ``calls`` is 1 and ``inputs`` index
+        the returned list. Rows absent at that step are left out. KeyError names the nearest kept steps.
+        """
+        h = self.history
+        if h is None:
+            raise KeyError(f"step {step}: this result has no per-step history")
+        values = h.at(step)
+        merged = {r.name: r for r in self.layers}
+        order = [r.name for r in self.layers if r.name in values] + [n for n in values if n not in merged]
+        pos = {n: i for i, n in enumerate(order)}
+        row_ids = {n: i for i, n in enumerate(h.rows)}
+        return [_record_at(n, values[n], merged.get(n), h.row_info[row_ids[n]], step, pos, self.layers) for n in order]
+
+    def to_pandas(self, agg: str = "last") -> pd.DataFrame:
+        """One row per kept step × layer (see :func:`nbdebug.exports.to_pandas`)."""
+        from ..exports import to_pandas
+
+        return to_pandas(self, agg=agg)
+
+    def to_tensorboard(self, logdir: Any, **kwargs: Any) -> str:
+        """Write the history as TensorBoard events (see :func:`nbdebug.exports.to_tensorboard`)."""
+        from ..exports import to_tensorboard
+
+        return to_tensorboard(self, logdir, **kwargs)
 
     def __getitem__(self, name: str) -> LayerRecord:
         for rec in self.layers:
@@ -89,3 +207,37 @@ class CaptureResult:
             f"backward={'yes' if self.backward_ran else 'no'}"
             + (f", raised in `{self.error.module}`" if self.error is not None else "") + ")"
         )
+
+
+def _nan_none(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def _record_at(name: str, v: dict[str, float], rec: LayerRecord | None, info: dict[str, Any], step: int,
+               pos: dict[str, int], layers: list[LayerRecord]) -> LayerRecord:
+    """One row's :class:`LayerRecord` at a step, from its history values (and its whole-run record)."""
+    shape = tuple(rec.shape if rec is not None else info.get("shape") or ())
+    numel = float(np.prod(shape)) if rec is not None or shape else math.nan
+    stats = {"numel": numel, **{k: v[k] for k in _STAT_FIELDS}, "near_zero_frac": math.nan, "near_zero_exact": 0.0}
+    for k in _OPTIONAL_STATS:
+        if not math.isnan(v[k]) or (k == "saturated_frac" and rec is not None and k in rec.stats):
+            stats[k] = v[k]
+    grad = {k: v["grad_" + k] for k in _GRAD_FIELDS}
+    has_grad = any(not math.isnan(x) for x in grad.values())
+    inputs: tuple[int, ...] = ()
+    if rec is not None:
+        inputs = tuple(sorted(pos[layers[j].name] for j in rec.inputs if j < len(layers) and layers[j].name in pos))
+    return LayerRecord(
+        name=name,
+        module=rec.module if rec is not None else str(info.get("module", name)),
+        type=rec.type if rec is not None else str(info.get("type", "")),
+        shape=shape,
+        dtype=rec.dtype if rec is not None else str(info.get("dtype", "")),
+        calls=1,
+        stats=stats,
+        grad={"numel": numel, **grad} if has_grad else None,
+        param_grad_norm=_nan_none(v["param_grad_norm"]),
+        inputs=inputs,
+        external_input_nonfinite=rec.external_input_nonfinite if rec is not None else False,
+        first_step=rec.first_step if rec is not None else step,
+    )

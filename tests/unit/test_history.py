@@ -232,3 +232,88 @@ def test_history_module_does_not_import_torch() -> None:
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert "torch" not in imported
+
+
+# --------------------------------------------------------------------------- CaptureResult API
+def _result(history: History | None, layers=None, **kw):
+    from nbdebug.capture.result import CaptureResult
+
+    return CaptureResult(
+        layers=layers or [], forward_passes=4, backward_ran=True, calls_recorded=8, truncated=False, sample_size=8,
+        near_zero_eps=1e-6, bytes_kept=0, budget_exceeded=False, forward_nonfinite_call=None,
+        backward_nonfinite_row=None, elapsed_s=0.0, steps=4, history=history, **kw,
+    )
+
+
+def _two_layer_result(**kw):
+    from nbdebug.capture.result import LayerRecord
+
+    vals = np.stack([_vals(s, 2) for s in (1, 2, 4)])
+    vals[0, 1] = np.nan  # row "net.1" appears at step 2
+    vals[:, 0, FIELD_INDEX["grad_mean"]:FIELD_INDEX["grad_inf"] + 1] = np.nan  # no output gradient for row 0
+    vals[:, 1, FIELD_INDEX["update_ratio"]] = np.nan
+    h = History.from_arrays([1, 2, 4], ["net.0", "net.1"], vals, {"loss": [2.5, 2.0, 1.0], "skipped": [0, 0, 1]},
+                            [{"module": "net.0", "type": "Linear"}, {"module": "net.1", "type": "Tanh"}])
+    layers = [LayerRecord("net.0", "net.0", "Linear", (4, 3), "float32", 3, {"zero_frac": 0.0}, None, 1.0),
+              LayerRecord("net.1", "net.1", "Tanh", (4, 3), "float32", 2, {"saturated_frac": 0.5}, None, None,
+                          inputs=(0,), first_step=2)]
+    return _result(h, layers, **kw)
+
+
+def test_result_series_step_index_and_errors() -> None:
+    res = _two_layer_result()
+    assert res.step_index.tolist() == [1, 2, 4] and res.step_index.dtype == np.int64
+    s = res.series("net.1", "grad_norm")
+    assert s.dtype == np.float64 and math.isnan(s[0]) and s[1:].tolist() == [2000 + 10 + GN, 4000 + 10 + GN]
+    assert res.series("net.0").tolist() == [1000 + MEAN, 2000 + MEAN, 4000 + MEAN]  # field defaults to mean
+    assert res.series("loss").tolist() == [2.5, 2.0, 1.0] and res.series("skipped", agg="max").tolist() == [0, 0, 1]
+    with pytest.raises(KeyError, match=r"no field 'avg'; valid fields: mean, std, .*update_ratio"):
+        res.series("net.0", "avg")
+    with pytest.raises(KeyError, match=r"no row 'fc'; valid names: 'loss', 'lr', 'skipped' or a row: 'net.0', 'net.1'"):
+        res.series("fc", "mean")
+    empty = _result(None)
+    assert empty.step_index.tolist() == [] and empty.series("loss").size == 0
+    with pytest.raises(KeyError, match="no row"):
+        empty.series("x", "mean")
+
+
+def test_result_at_step_gives_that_steps_rows() -> None:
+    res = _two_layer_result()
+    recs = res.at(2)
+    assert [r.name for r in recs] == ["net.0", "net.1"]
+    a, b = recs
+    assert a.stats["mean"] == 2000 + MEAN and a.stats["zero_frac"] == 2000 + FIELD_INDEX["zero_frac"]
+    assert a.stats["numel"] == 12 and a.calls == 1 and a.type == "Linear"
+    assert a.grad is None and a.param_grad_norm == 2000 + FIELD_INDEX["param_grad_norm"]
+    assert a.stats["update_ratio"] == 2000 + FIELD_INDEX["update_ratio"] and "update_ratio" not in b.stats
+    assert b.grad is not None and b.grad["norm"] == 2000 + 10 + GN and b.grad["numel"] == 12
+    assert b.stats["saturated_frac"] == 2000 + 10 + FIELD_INDEX["saturated_frac"] and b.inputs == (0,)
+    merged_keys = {"numel", "mean", "std", "min", "max", "zero_frac", "nan", "inf", "norm", "near_zero_frac", "dead_unit_frac"}
+    assert merged_keys <= set(a.stats)
+    only = res.at(1)  # net.1 had not appeared yet
+    assert [r.name for r in only] == ["net.0"]
+    with pytest.raises(KeyError, match=r"nearest kept: \[2, 4\]"):
+        res.at(3)
+
+
+def test_result_first_nonfinite_phase_order_and_incidents() -> None:
+    from types import SimpleNamespace
+
+    assert _result(None).first_nonfinite_step is None and _result(None).first_nonfinite_phase is None
+    res = _result(None, forward_nonfinite_step=5, backward_nonfinite_step=5, param_grad_nonfinite_step=5)
+    assert (res.first_nonfinite_step, res.first_nonfinite_phase) == (5, "forward")
+    res = _result(None, forward_nonfinite_step=5, backward_nonfinite_step=5, param_grad_nonfinite_step=4)
+    assert (res.first_nonfinite_step, res.first_nonfinite_phase) == (4, "param_grad")
+    res = _result(None, backward_nonfinite_step=3, param_grad_nonfinite_step=3)
+    assert (res.first_nonfinite_step, res.first_nonfinite_phase) == (3, "output_grad")
+    spike, nan = SimpleNamespace(kind="loss_spike", step=2), SimpleNamespace(kind="nonfinite", step=3)
+    res = _result(None, incidents=[spike, nan])
+    assert res.incident is nan and res.incidents == [spike, nan] and _result(None).incident is None
+
+
+def test_result_skipped_steps_eval_every_lrs() -> None:
+    res = _two_layer_result(skipped=[3], eval_steps=2, every=2, lrs={"net.0": 0.1})
+    assert res.skipped_steps.tolist() == [3, 4] and res.skipped_steps.dtype == np.int64
+    assert (res.eval_steps, res.every, res.lrs) == (2, 2, {"net.0": 0.1})
+    plain = _result(None)
+    assert plain.skipped_steps.tolist() == [] and (plain.eval_steps, plain.every, plain.lrs) == (0, 1, {})

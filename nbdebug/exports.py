@@ -1,0 +1,108 @@
+"""A capture's per-step history, out to the tools people already use: pandas and TensorBoard.
+
+>>> df = result.to_pandas()                     # doctest: +SKIP
+>>> df[df.layer == "fc1"].plot(x="step", y="grad_norm")   # doctest: +SKIP
+>>> result.to_tensorboard("runs/debug")         # doctest: +SKIP
+
+Both are optional extras: ``pip install nbdebug[pandas]`` and ``pip install nbdebug[tensorboard]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .capture.history import HISTORY_FIELDS, SCALARS, History
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .capture.result import CaptureResult
+
+__all__ = ["to_pandas", "to_tensorboard"]
+
+
+def _history(result: CaptureResult) -> History:
+    h = result.history
+    if h is None:
+        raise ValueError("this result has no per-step history (captures made with nbdebug ≥ the training-loop "
+                         "release record one; a hand-built CaptureResult needs history=History.from_arrays(...))")
+    return h
+
+
+def to_pandas(result: CaptureResult, agg: str = "last") -> pd.DataFrame:
+    """One row per kept step × layer: ``step``, ``layer``, ``module``, ``type``, every field of
+    :data:`~nbdebug.capture.history.HISTORY_FIELDS`, and the step's ``loss``, ``lr``, ``skipped``.
+
+    ``agg="min"|"max"`` gives each decimated bucket's extremes instead of its last step. Values are
+    float64 (NaN where unknown: a row before it appeared, no gradient, no loss).
+    """
+    try:
+        import pandas as pd
+    except ImportError as e:
+        raise ImportError("result.to_pandas() needs pandas: pip install nbdebug[pandas]") from e
+    h = _history(result)
+    steps = h.step_index
+    k, r = len(steps), len(h.rows)
+    values = h.values(agg).reshape(k * r, len(HISTORY_FIELDS)).astype(np.float64)
+    cols: dict[str, Any] = {
+        "step": np.repeat(steps, r),
+        "layer": np.tile(np.array(h.rows, dtype=object), k),
+        "module": np.tile(np.array([str(i["module"]) for i in h.row_info], dtype=object), k),
+        "type": np.tile(np.array([str(i["type"]) for i in h.row_info], dtype=object), k),
+    }
+    cols.update({f: values[:, i] for i, f in enumerate(HISTORY_FIELDS)})
+    cols.update({s: np.repeat(h.scalar(s, agg).astype(np.float64), r) for s in SCALARS})
+    return pd.DataFrame(cols)
+
+
+def _tensorboard() -> tuple[Any, Any, Any]:
+    try:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from torch.utils.tensorboard import summary
+        from torch.utils.tensorboard.writer import FileWriter
+    except ImportError as e:
+        raise ImportError("result.to_tensorboard() needs tensorboard: pip install nbdebug[tensorboard]") from e
+    return FileWriter, Summary, summary
+
+
+def to_tensorboard(result: CaptureResult, logdir: str | Path, fields: Sequence[str] | None = None,
+                   agg: str = "last", histograms: bool = True) -> str:
+    """Write the history as TensorBoard events in ``logdir``; returns ``logdir``.
+
+    Scalars ``<row>/<field>`` (every field of :data:`HISTORY_FIELDS`, or ``fields``) at each kept step
+    (NaN values are left out), and ``loss``, ``lr``, ``skipped``; with ``histograms``, each row's kept
+    sample as the histogram ``<row>/values`` at the row's first step. One event per kept step holds
+    all of that step's scalars (``torch.utils.tensorboard``'s writer, batched), so a long history
+    writes quickly. ``tensorboard --logdir <logdir>`` shows them.
+    """
+    file_writer, summary_cls, summary = _tensorboard()
+    h = _history(result)
+    names = list(HISTORY_FIELDS) if fields is None else list(fields)
+    bad = [f for f in names if f not in HISTORY_FIELDS]
+    if bad:
+        raise KeyError(f"no field {bad[0]!r}; valid fields: {', '.join(HISTORY_FIELDS)}")
+    idx = [HISTORY_FIELDS.index(f) for f in names]
+    values = h.values(agg)[:, :, idx]  # [K, R, len(names)]
+    tags = [[f"{row}/{f}" for f in names] for row in h.rows]
+    scalars = {s: h.scalar(s, agg) for s in SCALARS}
+    writer = file_writer(str(logdir))
+    try:
+        for j, step in enumerate(h.step_index.tolist()):
+            entries = [summary_cls.Value(tag=s, simple_value=float(v[j])) for s, v in scalars.items() if not math.isnan(v[j])]
+            vals = values[j]
+            for r, c in zip(*np.nonzero(~np.isnan(vals))):
+                entries.append(summary_cls.Value(tag=tags[r][c], simple_value=float(vals[r, c])))
+            writer.add_summary(summary_cls(value=entries), step)
+        if histograms:
+            for rec in result.layers:
+                if rec.sample is not None and rec.sample.size and np.isfinite(rec.sample).any():
+                    sample = rec.sample[np.isfinite(rec.sample)].astype(np.float64)
+                    writer.add_summary(summary.histogram(f"{rec.name}/values", sample, "auto"), rec.first_step)
+    finally:
+        writer.close()
+    return str(logdir)

@@ -2,9 +2,13 @@
 // statistics on a shared symlog scale, zero fraction, NaN/Inf counts, gradient norms and
 // diagnosis flags. Clicking a row selects it (synced `selected`) and fetches its histogram on
 // demand. Python side: nbdebug/widgets/thermometer.py (ThermometerWidget); contract in its docstring.
-import { fmt, h, replaceChildren, styleElement, type Child } from "./lib/dom";
+import { h, replaceChildren, styleElement } from "./lib/dom";
 import type { AnyModel } from "./lib/rpc";
+import { renderEvents, renderIncidents, withCode } from "./thermometer/cards";
+import { buildHeader as drawHeader, HEADERS } from "./thermometer/header";
 import { DetailPanel } from "./thermometer/histogram";
+import type { HistEvent } from "./thermometer/history";
+import { initialize, messageHandler, shared, sparkCell, SPARK_STATS, syncTrait } from "./thermometer/live";
 import { renderRaised, type Raised } from "./thermometer/raised";
 import {
   StatTable,
@@ -19,34 +23,7 @@ import {
   type Scales,
 } from "./thermometer/rows";
 import { CSS } from "./thermometer/style";
-
-interface HeaderSpec {
-  label: string;
-  sort: string;
-  title: string;
-  /** Sort direction on the first click (numbers: largest first). */
-  desc?: boolean;
-}
-
-const HEADERS: HeaderSpec[] = [
-  { label: "#", sort: "", title: "execution order (click to reset the sort)" },
-  { label: "layer", sort: "name", title: "layer output (module name, [i] for tuple outputs)" },
-  { label: "type", sort: "type", title: "module type" },
-  { label: "shape", sort: "shape", title: "output shape", desc: true },
-  { label: "activations", sort: "std", title: "mean ± std (box), min … max (line), shared symlog scale", desc: true },
-  { label: "zeros", sort: "zero_frac", title: "fraction of exact zeros", desc: true },
-  { label: "NaN / Inf", sort: "nonfinite", title: "non-finite values (∇ = in the gradient)", desc: true },
-  { label: "‖∇‖", sort: "grad_norm", title: "gradient norm of the output (log scale)", desc: true },
-  { label: "flags", sort: "flags", title: "diagnoses for this layer", desc: true },
-];
-
-/** Text with `code` spans (backticks), as text nodes only. */
-function withCode(text: string): Child[] {
-  return String(text ?? "")
-    .split("`")
-    .map((part, i) => (i % 2 === 1 ? h("code", { text: part }) : part))
-    .filter((c) => c !== "");
-}
+import { timeMarks, Timeline, type Position } from "./thermometer/timeline";
 
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
   const root = h("div", { class: "nbdebug-thermometer" });
@@ -56,7 +33,12 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const legendBox = h("div", { class: "nbd-legend" });
   const onlyBox = h("input", { attrs: { type: "checkbox", class: "nbd-only" } });
   const counter = h("span", { class: "nbd-count" });
-  const controls = h("div", { class: "nbd-controls" }, [counter, h("label", {}, [onlyBox, "flagged only"])]);
+  const sparkSel = h("select", { class: "nbd-spark-stat", title: "statistic of the over-time column" });
+  const sparkLabel = h("label", { class: "nbd-spark-choice" }, ["over time: ", sparkSel]);
+  const controls = h("div", { class: "nbd-controls" }, [counter, sparkLabel, h("label", {}, [onlyBox, "flagged only"])]);
+  const timeline = new Timeline((pos) => pick(pos));
+  const incidentsBox = h("div", { class: "nbd-incidents" });
+  const eventsList = h("ul", { class: "nbd-events" });
   const head = h("div", { class: "nbd-head" });
   const body = h("div", { class: "nbd-body" });
   const nothing = h("div", { class: "nbd-nothing", text: "" });
@@ -71,13 +53,18 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     styleElement(CSS),
     summary,
     raisedBox,
+    incidentsBox,
+    timeline.el,
     notes,
     h("div", { class: "nbd-bar-row" }, [legendBox, controls]),
     errorBox,
     table,
     detail.el,
     diagList,
+    eventsList,
   );
+  const live = shared(model);
+  const store = live.store;
   el.appendChild(root);
 
   let layers: Layer[] = [];
@@ -87,6 +74,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   let byName = new Map<string, number>();
   let current = ""; // the selection currently highlighted and shown
   let scales: Scales | null = null;
+  let pos: Position = { slot: 0, whole: false };
+  let timed = false; // the run has a history of 2+ kept steps (or is still running)
+  let storeRow = new Map<string, number>(); // row name → history row
+  let traitIndex = new Map<string, number>(); // row name → index in the `layers` trait (histogram requests)
 
   const reportError = (where: string, err: unknown) => {
     const msg = `${where}: ${err instanceof Error ? err.message : String(err)}`;
@@ -99,34 +90,9 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     }
   };
 
+  const sparkStat = () => (timed ? String(model.get("spark_stat") || "mean") : "");
   function buildHeader(): void {
-    const sortBy = String(model.get("sort_by") ?? "");
-    const desc = Boolean(model.get("sort_desc"));
-    const cells = HEADERS.map((spec) => {
-      const active = spec.sort === sortBy;
-      const arrow = active && spec.sort !== "" ? (desc ? " ▼" : " ▲") : "";
-      const cell = h("div", { class: ["nbd-h", active && "nbd-sorted"], title: spec.title, data: { sort: spec.sort } }, [
-        spec.label + arrow,
-      ]);
-      if (spec.label === "activations" && scales) {
-        // Sub-sorts and a tick axis of the shared scale.
-        const sub = h("span", { class: "nbd-sub" }, ["(", ...["mean", "min", "max"].map((c) => h("span", { text: c, data: { sort: c }, class: c === sortBy ? "nbd-sorted" : "" })), ")"]);
-        cell.appendChild(sub);
-        const axis = h("div", { class: "nbd-axis" });
-        let last = -Infinity;
-        for (const t of scales.act.ticks(6)) {
-          const pos = scales.act.clamped(t);
-          if (pos - last < 9) continue; // labels would overlap
-          last = pos;
-          // Labels at the ends are anchored inside the cell instead of centred on the tick.
-          const shift = pos < 5 ? "0" : pos > 95 ? "-100%" : "-50%";
-          axis.appendChild(h("span", { text: fmt(t), style: { left: `${pos.toFixed(2)}%`, transform: `translateX(${shift})` } }));
-        }
-        cell.appendChild(axis);
-      }
-      return cell;
-    });
-    replaceChildren(head, cells);
+    drawHeader(head, scales, String(model.get("sort_by") ?? ""), Boolean(model.get("sort_desc")), sparkStat());
   }
 
   function applySort(): void {
@@ -163,7 +129,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     const row = rows[i];
     row.classList.add("nbd-selected");
     if (opts.scroll && typeof row.scrollIntoView === "function") row.scrollIntoView({ block: "nearest" });
-    void detail.show(i, name, stats, columns);
+    // histograms are fetched by the row's index in the run's table (the same name at every step)
+    void detail.show(traitIndex.get(name) ?? i, name, stats, columns);
   }
 
   function renderTexts(): void {
@@ -202,15 +169,64 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     );
   }
 
+  /** Where the table is, from the `step` trait: 0 follows the last kept step, -1 is the whole run. */
+  function position(): Position {
+    const n = store.length;
+    const step = Number(model.get("step") ?? 0);
+    if (step < 0 && (model.get("layers") ?? []).length) return { slot: n - 1, whole: true };
+    if (step > 0 && n) return { slot: store.slotOf(step), whole: false };
+    return { slot: n - 1, whole: false };
+  }
+
+  function pick(p: Position): void {
+    const n = store.length;
+    const step = p.whole ? -1 : p.slot >= n - 1 ? 0 : store.step(p.slot);
+    model.set("step", step);
+    model.save_changes();
+    schedule();
+  }
+
+  function renderSparkChoices(): void {
+    const stat = String(model.get("spark_stat") || "mean");
+    const choices = SPARK_STATS.filter((c) => store.hasField(c));
+    replaceChildren(sparkSel, choices.map((c) => h("option", { text: c, attrs: { value: c, selected: c === stat } })));
+    sparkSel.value = stat;
+    sparkLabel.style.display = timed ? "" : "none";
+  }
+
   function rebuild(): void {
-    errorBox.textContent = "";
+    errorBox.textContent = live.error;
     try {
-      layers = model.get("layers") ?? [];
+      syncTrait(model);
+      const running = Boolean(model.get("running"));
+      const merged: Layer[] = model.get("layers") ?? [];
       columns = model.get("columns") ?? [];
-      stats = new StatTable(model.get("stats"), columns, layers.length);
+      traitIndex = new Map();
+      merged.forEach((l, i) => traitIndex.has(String(l.name)) || traitIndex.set(String(l.name), i));
+      storeRow = new Map(store.rows.map((r, i) => [String(r.name), i]));
+      timed = store.length >= 2 || (running && store.length >= 1);
+      root.classList.toggle("nbd-timed", timed);
+      pos = position();
+      let cols = columns;
+      if (timed && !pos.whole) {
+        // the table at one kept step, from the history already in the browser
+        const calls = new Map(merged.map((l) => [String(l.name), Number(l.calls ?? 1)]));
+        cols = [...columns, ...store.fields.filter((f) => !columns.includes(f))];
+        layers = store.layersAt(pos.slot, calls);
+        stats = store.tableAt(pos.slot, cols);
+      } else {
+        layers = merged;
+        stats = new StatTable(model.get("stats"), columns, layers.length);
+      }
       scales = computeScales(stats);
       const legend: Legend = model.get("legend") ?? {};
-      rows = layers.map((l, i) => buildRow(l, i, stats, scales!, legend));
+      const stat = sparkStat();
+      const nan = timeMarks(store).filter((m) => m.cls === "nbd-mark-nan");
+      rows = layers.map((l, i) => {
+        const row = buildRow(l, i, stats, scales!, legend);
+        if (stat) row.appendChild(sparkCell(store, storeRow.get(String(l.name)), stat, pos.whole ? undefined : pos.slot, nan));
+        return row;
+      });
       byName = new Map();
       layers.forEach((l, i) => {
         if (!byName.has(String(l.name))) byName.set(String(l.name), i);
@@ -219,6 +235,13 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       applySort();
       applyFilter();
       renderTexts();
+      timeline.update(store, pos, running);
+      timeline.el.style.display = timed ? "" : "none";
+      renderSparkChoices();
+      const incidents = model.get("incidents") ?? [];
+      renderIncidents(incidentsBox, incidents.length ? incidents : store.incidents);
+      renderEvents(eventsList, (model.get("events") ?? []) as HistEvent[]);
+      columns = cols;
       current = "";
       select(String(model.get("selected") ?? ""), { scroll: true });
     } catch (err) {
@@ -317,12 +340,40 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     ["change:diagnoses", schedule],
     ["change:has_grads", schedule],
     ["change:raised", schedule],
+    ["change:history", schedule],
+    ["change:running", schedule],
+    ["change:step", schedule],
+    ["change:spark_stat", schedule],
+    ["change:incidents", schedule],
+    ["change:events", schedule],
     ["change:flagged_only", applyFilter],
     ["change:sort_by", onSortTrait],
     ["change:sort_desc", onSortTrait],
     ["change:selected", onSelected],
   ];
   for (const [ev, cb] of subs) model.on(ev, cb);
+  // Live updates: the model-level listener (anywidget's initialize) or, without one, this view's.
+  live.views.add(schedule);
+  const onMsg = live.modelListener ? null : messageHandler(model);
+  if (onMsg) model.on("msg:custom", onMsg);
+  const onSpark = () => {
+    model.set("spark_stat", sparkSel.value);
+    model.save_changes();
+  };
+  const onJump = (ev: Event) => {
+    const link = (ev.target as HTMLElement).closest(".nbd-link") ? ((ev.target as HTMLElement).closest("[data-step]") as HTMLElement | null) : null;
+    if (!link) return;
+    const step = Number(link.getAttribute("data-step"));
+    if (step > 0 && store.length) pick({ slot: store.slotOf(step), whole: false });
+    const layer = link.getAttribute("data-layer");
+    if (layer) {
+      model.set("selected", layer);
+      model.save_changes();
+    }
+  };
+  sparkSel.addEventListener("change", onSpark);
+  incidentsBox.addEventListener("click", onJump);
+  eventsList.addEventListener("click", onJump);
 
   rebuild();
   root.dataset.ready = "1";
@@ -334,9 +385,15 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     body.removeEventListener("keydown", onBodyKey);
     diagList.removeEventListener("click", onDiagClick);
     onlyBox.removeEventListener("change", onOnly);
+    sparkSel.removeEventListener("change", onSpark);
+    incidentsBox.removeEventListener("click", onJump);
+    eventsList.removeEventListener("click", onJump);
+    live.views.delete(schedule);
+    if (onMsg) model.off("msg:custom", onMsg);
+    timeline.destroy();
     detail.clear();
     root.remove();
   };
 }
 
-export default { render };
+export default { initialize, render };

@@ -50,6 +50,13 @@ export class StatTable {
     this.data = arr.data instanceof Float32Array ? arr.data : Float32Array.from(arr.data);
   }
 
+  /** A table over `data` (rows × columns, row-major), e.g. one history step's values. */
+  static fromArray(data: Float32Array, columns: string[], rows: number): StatTable {
+    const t = new StatTable(null, columns, rows);
+    t.data = rows && columns.length ? data : null;
+    return t;
+  }
+
   has(col: string): boolean {
     return this.index.has(col);
   }

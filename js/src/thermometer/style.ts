@@ -106,5 +106,34 @@ export const CSS = `
 .nbdebug-thermometer .nbd-diagnoses li { margin: 4px 0; padding: 4px 8px; border-left: 3px solid var(--nbd-chip, #777); background: var(--nbd-bg2); border-radius: 0 4px 4px 0; }
 .nbdebug-thermometer .nbd-diagnoses .nbd-sev { font-size: 0.8em; text-transform: uppercase; color: var(--nbd-fg2); margin-right: 6px; }
 .nbdebug-thermometer .nbd-diagnoses .nbd-suggestion { color: var(--nbd-fg2); font-size: 0.92em; margin-top: 2px; }
+.nbdebug-thermometer.nbd-timed { --nbd-cols: 2.6em minmax(9em, 1.7fr) minmax(5em, 0.8fr) minmax(6em, 0.9fr) minmax(12em, 2.6fr) 6.5em 7em minmax(8em, 1.2fr) minmax(6em, 1.1fr) 118px; }
+.nbdebug-thermometer.nbd-timed .nbd-row, .nbdebug-thermometer.nbd-timed .nbd-head { min-width: 980px; }
+.nbdebug-thermometer .nbd-timeline { margin: 4px 0 6px; }
+.nbdebug-thermometer .nbd-slider-row { display: flex; flex-wrap: wrap; align-items: center; gap: 6px 12px; }
+.nbdebug-thermometer .nbd-slider-box { position: relative; flex: 1 1 260px; min-width: 200px; padding-bottom: 6px; }
+.nbdebug-thermometer .nbd-slider { width: 100%; margin: 0; }
+.nbdebug-thermometer .nbd-slider-ticks { position: absolute; left: 8px; right: 8px; bottom: 0; height: 6px; }
+.nbdebug-thermometer .nbd-tick { position: absolute; width: 2px; height: 6px; margin-left: -1px; background: var(--nbd-fg3); }
+.nbdebug-thermometer .nbd-tick.nbd-mark-nan { background: #b30000; width: 3px; }
+.nbdebug-thermometer .nbd-step-count, .nbdebug-thermometer .nbd-step-label { font-variant-numeric: tabular-nums; white-space: nowrap; }
+.nbdebug-thermometer .nbd-step-count { color: var(--nbd-fg2); }
+.nbdebug-thermometer .nbd-timeline button { font: inherit; font-size: 0.9em; padding: 0 6px; border: 1px solid var(--nbd-border); border-radius: 3px; background: var(--nbd-bg2); color: var(--nbd-fg); cursor: pointer; }
+.nbdebug-thermometer .nbd-timeline button.nbd-on { background: var(--nbd-select); border-color: var(--nbd-accent); }
+.nbdebug-thermometer .nbd-goto-nan { color: #b30000 !important; }
+.nbdebug-thermometer .nbd-loss { margin-top: 2px; }
+.nbdebug-thermometer .nbd-loss-label { color: var(--nbd-fg2); font-size: 0.88em; font-variant-numeric: tabular-nums; }
+.nbdebug-thermometer svg.nbd-spark { display: block; overflow: visible; }
+.nbdebug-thermometer .nbd-spark-line { fill: none; stroke: var(--nbd-accent); stroke-width: 1.2; }
+.nbdebug-thermometer .nbd-spark-band { fill: none; stroke: var(--nbd-accent); stroke-opacity: 0.3; stroke-width: 1; }
+.nbdebug-thermometer .nbd-spark-cursor { stroke: var(--nbd-fg); stroke-opacity: 0.55; stroke-width: 1; }
+.nbdebug-thermometer .nbd-spark-mark { stroke-width: 1; }
+.nbdebug-thermometer .nbd-mark-nan { stroke: #b30000; stroke-width: 1.5; }
+.nbdebug-thermometer .nbd-mark-skip { stroke: var(--nbd-fg3); stroke-dasharray: 2 2; }
+.nbdebug-thermometer .nbd-incidents { display: flex; flex-direction: column; gap: 4px; margin: 4px 0; }
+.nbdebug-thermometer .nbd-incident { border: 1px solid #b30000; border-left-width: 4px; border-radius: 4px; padding: 3px 8px; }
+.nbdebug-thermometer .nbd-incident-loss_spike { border-color: #e6550d; }
+.nbdebug-thermometer .nbd-incident-head { font-weight: 600; }
+.nbdebug-thermometer .nbd-events { margin: 6px 0 0; padding-left: 1.2em; }
+.nbdebug-thermometer .nbd-events li { margin: 2px 0; }
 .nbdebug-thermometer .nbd-link { color: var(--nbd-accent); cursor: pointer; text-decoration: underline; }
 `;

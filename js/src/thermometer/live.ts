@@ -1,0 +1,81 @@
+// One HistoryStore per widget model, shared by its views and filled by the `history` trait and by
+// the kernel's `history` custom messages while the cell runs. anywidget calls `initialize` when the
+// model is created, before any view exists, so no live update is missed while the first view loads;
+// without it (tests, HTML export), each view listens itself while it is mounted.
+import { h } from "../lib/dom";
+import type { AnyModel } from "../lib/rpc";
+import { sparkline, type Mark } from "../lib/sparkline";
+import { HistoryStore } from "./history";
+
+interface Shared {
+  store: HistoryStore;
+  /** The trait value last applied (a live store is never wiped by an unchanged empty trait). */
+  trait: unknown;
+  modelListener: boolean;
+  views: Set<() => void>;
+  error: string;
+}
+
+const SHARED = new WeakMap<AnyModel, Shared>();
+
+export function shared(model: AnyModel): Shared {
+  let s = SHARED.get(model);
+  if (!s) {
+    s = { store: new HistoryStore(), trait: undefined, modelListener: false, views: new Set(), error: "" };
+    SHARED.set(model, s);
+  }
+  return s;
+}
+
+/** Apply the `history` trait if it changed since it was last applied; true when it did. */
+export function syncTrait(model: AnyModel): boolean {
+  const s = shared(model);
+  const value = model.get("history");
+  if (value === s.trait) return false;
+  s.trait = value;
+  s.store.applyTrait(value);
+  return true;
+}
+
+/** The custom-message handler that feeds the store and tells every view to redraw. */
+export function messageHandler(model: AnyModel): (msg: any, buffers?: (DataView | ArrayBuffer)[]) => void {
+  return (msg, buffers) => {
+    const s = shared(model);
+    try {
+      if (!s.store.applyMessage(msg, buffers)) return;
+      s.error = "";
+    } catch (err) {
+      s.error = `nbdebug thermometer: history update: ${err instanceof Error ? err.message : String(err)}`;
+    }
+    s.views.forEach((redraw) => redraw());
+  };
+}
+
+/** anywidget's per-model hook: listen for live updates for the model's whole life. */
+export function initialize({ model }: { model: AnyModel }): () => void {
+  const s = shared(model);
+  syncTrait(model);
+  const onMsg = messageHandler(model);
+  s.modelListener = true;
+  model.on("msg:custom", onMsg);
+  return () => {
+    model.off("msg:custom", onMsg);
+    s.modelListener = false;
+  };
+}
+
+/** Stats drawn on a log scale in the sparklines (norms and ratios span decades). */
+export const LOG_STATS = new Set(["grad_norm", "param_grad_norm", "update_ratio", "norm", "grad_std"]);
+
+/** Choices of the "over time" column, kept to those the history carries. */
+export const SPARK_STATS = ["mean", "std", "max", "min", "zero_frac", "dead_unit_frac", "grad_norm", "param_grad_norm", "update_ratio", "nan"];
+
+/** The "over time" cell of history row `r` (an empty cell when the row has no history). */
+export function sparkCell(store: HistoryStore, r: number | undefined, stat: string, cursor: number | undefined, marks: Mark[]): HTMLElement {
+  const cell = h("div", { class: "nbd-spark-cell" });
+  if (r === undefined || !store.hasField(stat)) return cell;
+  const { y, lo, hi } = store.series(r, stat);
+  const name = store.rows[r]?.name ?? "";
+  cell.appendChild(sparkline(y, { width: 110, height: 18, lo, hi, log: LOG_STATS.has(stat), marks, cursor, title: `${name}: ${stat} over ${y.length} kept steps` }));
+  return cell;
+}

@@ -16,7 +16,24 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["COMPILED_NOTE", "HookSet", "hook_count", "hooks_see_compiled", "is_compiled", "no_param_grads"]
+__all__ = [
+    "COMPILED_NOTE", "HookSet", "hook_count", "hooks_see_compiled", "is_compiled", "no_param_grads",
+    "optimizer_hook_count",
+]
+
+
+class _Callback:
+    """A handle whose ``remove()`` calls ``fn`` once (later calls do nothing), like ``RemovableHandle``."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._fn: Callable[[], Any] | None = fn
+
+    def remove(self) -> None:
+        fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
 
 
 class HookSet:
@@ -27,7 +44,7 @@ class HookSet:
     """
 
     def __init__(self) -> None:
-        self._handles: list[RemovableHandle] = []
+        self._handles: list[RemovableHandle | _Callback] = []
 
     def forward(self, module: nn.Module, fn: Callable[..., Any], *, with_kwargs: bool = False) -> None:
         self._handles.append(module.register_forward_hook(fn, with_kwargs=with_kwargs))
@@ -38,9 +55,39 @@ class HookSet:
     def tensor(self, t: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> None:
         self._handles.append(t.register_hook(fn))
 
+    def optimizer_step_pre(self, fn: Callable[[torch.optim.Optimizer, tuple[Any, ...], dict[str, Any]], None]) -> RemovableHandle:
+        """A global ``torch.optim`` step pre-hook: every optimizer, including those created before."""
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        handle = register_optimizer_step_pre_hook(fn)
+        self._handles.append(handle)
+        return handle
+
+    def optimizer_step_post(self, fn: Callable[[torch.optim.Optimizer, tuple[Any, ...], dict[str, Any]], None]) -> RemovableHandle:
+        """A global ``torch.optim`` step post-hook (called after every optimizer's ``step()``)."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        handle = register_optimizer_step_post_hook(fn)
+        self._handles.append(handle)
+        return handle
+
+    def on_remove(self, fn: Callable[[], Any]) -> _Callback:
+        """Call ``fn`` once when the set is removed (undo a patch on every exit path). The returned
+        handle's ``remove()`` calls it earlier; later removals do nothing."""
+        handle = _Callback(fn)
+        self._handles.append(handle)
+        return handle
+
     def remove(self) -> None:
+        """Remove every handle, the last registered first; one failing removal does not stop the others."""
+        error: BaseException | None = None
         while self._handles:
-            self._handles.pop().remove()
+            try:
+                self._handles.pop().remove()
+            except BaseException as exc:  # keep removing; re-raise the first failure at the end
+                error = error or exc
+        if error is not None:
+            raise error
 
     def __len__(self) -> int:
         return len(self._handles)
@@ -66,6 +113,13 @@ def hook_count(model: nn.Module) -> int:
         ):
             n += len(getattr(m, attr, {}) or {})
     return n
+
+
+def optimizer_hook_count() -> int:
+    """Number of global ``torch.optim`` step hooks (pre and post) registered by anyone (hygiene checks)."""
+    from torch.optim import optimizer
+
+    return len(optimizer._global_optimizer_pre_hooks) + len(optimizer._global_optimizer_post_hooks)
 
 
 @contextmanager

@@ -1,0 +1,481 @@
+"""What the optimizer did to the watched modules each step: update ratios, learning rates, skipped steps.
+
+>>> hooks = HookSet()                                              # doctest: +SKIP
+>>> with hooks, OptimizerWatch(select_modules(model, None), hooks, max_bytes=2**26) as watch:
+...     loss_fn(model(x), y).backward(); opt.step()
+...     upd = watch.take()     # upd.update_ratio["fc"] == ‖Δθ‖/‖θ‖ of fc's own weight and bias
+
+* **Update ratio** ‖Δθ‖/‖θ‖ (θ before the step) of each module over its own parameters
+  (``recurse=False``), per optimizer step, from ``torch.optim``'s *global* step hooks (optimizers
+  created before the capture are covered). The pre-hook copies the parameters the step touches
+  (those with a ``.grad``) and takes their norms, the post-hook diffs and norms the copy: batched
+  ``torch._foreach_*`` ops per device and dtype. A copy that does not fit in ``max_bytes`` means no
+  ratio (and a note), never an approximate one; a hand-written update loop has none either.
+* **Learning rate** of the parameter group holding each module's parameters, read right after the
+  step (what it used; schedulers move it later); ``""`` is the first group's.
+* **GradScaler**: ``torch.amp.GradScaler.step`` is wrapped while any watch is entered (reference
+  counted, restored on every exit path). A scaler that finds inf/NaN gradients does not call
+  ``optimizer.step()``: no step hook firing during ``scaler.step`` is the sign, so no host sync
+  beyond the scaler's own. Fused optimizers (``_step_supports_amp_scaling``) always step; their
+  skip is read from the scaler's ``found_inf`` tensor (kept on the device path, no sync).
+
+Several optimizer steps between two :meth:`OptimizerWatch.take` calls: ``stepped`` counts them,
+each module keeps the numbers of the *last* step that touched it (several optimizers usually own
+disjoint modules, so each module gets its own optimizer's), ``skipped`` is true if any was skipped.
+Numbers are floats on the CPU and 0-d float32 tensors on the device path (accelerators, or
+``on_device=True``) for the capture's one per-step transfer: no ``.item()`` per step there.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .budget import format_bytes
+from .hooks import HookSet
+
+__all__ = ["NO_OPTIMIZER_NOTE", "OptimizerWatch", "StepUpdates", "as_float_later", "loss_of_output", "scaler_patched"]
+
+Number = float | torch.Tensor  # a float, or a 0-d float32 tensor on the device path
+
+#: for the capture's notes when the model trained (gradients flowed) but no torch.optim optimizer stepped it
+NO_OPTIMIZER_NOTE = ("update ratio unavailable: no torch.optim optimizer stepped the model's parameters "
+                     "(a hand-written update loop is not seen)")
+
+
+@dataclass
+class StepUpdates:
+    """What the optimizers did to the watched modules since the previous :meth:`OptimizerWatch.take`.
+
+    ``stepped``: ``optimizer.step()`` calls of optimizers holding the model's parameters.
+    ``skipped``: a GradScaler skipped an optimizer step (inf/NaN gradients): a bool, or a 0-d bool
+    tensor for fused optimizers on the device path. ``update_ratio``: module name → ‖Δθ‖/‖θ‖ (θ
+    before the step; modules without a ratio are absent). ``param_norm``: module name → ‖θ‖ before
+    the step. ``lr``: module name → its parameter group's learning rate, and ``""`` → the first
+    group's. Values are floats, or 0-d float32 tensors on the device path.
+    """
+
+    stepped: int = 0
+    skipped: bool | torch.Tensor = False
+    update_ratio: dict[str, Number] = field(default_factory=dict)
+    param_norm: dict[str, Number] = field(default_factory=dict)
+    lr: dict[str, Number] = field(default_factory=dict)
+
+
+class _Group:
+    """Parameters of one device and dtype in a plan, with where their norms go."""
+
+    __slots__ = ("entries", "params", "positions")
+
+    def __init__(self, params: list[torch.Tensor], entries: torch.Tensor, positions: torch.Tensor | None) -> None:
+        self.params = params
+        self.entries = entries  # module index (in the plan) of each (parameter, module) pair
+        self.positions = positions  # parameter position of each pair (None: one pair per parameter, in order)
+
+
+class _Plan:
+    """What one optimizer steps of the watched modules (cached; rebuilt when its groups or the set of
+    parameters with a gradient change)."""
+
+    __slots__ = ("candidates", "groups", "key", "mask", "module_group", "names", "nbytes", "pending", "posts")
+
+    def __init__(self, key: tuple[int, ...], candidates: list[tuple[torch.Tensor, int, list[str]]]) -> None:
+        self.key = key
+        self.candidates = candidates  # (parameter, its param group, watched modules owning it)
+        self.mask: tuple[bool, ...] | None = None
+        self.groups: list[_Group] = []
+        self.names: list[str] = []
+        self.module_group: list[int] = []
+        self.nbytes = 0
+        self.pending: tuple[list[list[torch.Tensor]], list[list[torch.Tensor] | None]] | None = None
+        self.posts = 0  # completed steps (post-hook calls) of this optimizer
+
+
+# -- GradScaler patch (one per process, shared by every entered watch) ---------------------------
+_scaler_lock = threading.Lock()
+_scaler_watches: list[OptimizerWatch] = []
+_scaler_patch: tuple[type, Any, Any] | None = None  # (class, original step, our step)
+
+
+def _acquire_scaler(watch: OptimizerWatch) -> None:
+    global _scaler_patch
+    with _scaler_lock:
+        _scaler_watches.append(watch)
+        if _scaler_patch is not None:
+            return
+        cls = torch.amp.GradScaler
+        original = cls.__dict__["step"]
+
+        @functools.wraps(original)
+        def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            watches = tuple(_scaler_watches)
+            if not watches or not getattr(self, "_enabled", True):
+                return original(self, optimizer, *args, **kwargs)
+            tokens = [w._scaler_before(optimizer) for w in watches]
+            out = original(self, optimizer, *args, **kwargs)
+            for w, token in zip(watches, tokens):
+                w._scaler_after(optimizer, token)
+            return out
+
+        cls.step = step  # type: ignore[method-assign]
+        _scaler_patch = (cls, original, step)
+
+
+def _release_scaler(watch: OptimizerWatch) -> None:
+    global _scaler_patch
+    with _scaler_lock:
+        for i, w in enumerate(_scaler_watches):
+            if w is watch:
+                del _scaler_watches[i]
+                break
+        if _scaler_watches or _scaler_patch is None:
+            return
+        cls, original, ours = _scaler_patch
+        _scaler_patch = None
+        if cls.__dict__.get("step") is ours:  # someone patched over ours: leave theirs (ours passes through)
+            cls.step = original  # type: ignore[method-assign]
+
+
+def scaler_patched() -> bool:
+    """Whether ``torch.amp.GradScaler.step`` is wrapped right now (for hygiene checks)."""
+    return _scaler_patch is not None
+
+
+class OptimizerWatch:
+    """Context manager watching every ``torch.optim`` optimizer step while entered (see the module doc).
+
+    ``modules``: the watched ``(name, module)`` pairs; ``hooks``: the capture's :class:`HookSet`
+    (every hook and the scaler patch go through it, so they are removed on every exit path even if
+    ``__exit__`` is never reached); ``max_bytes``: the largest parameter copy one step may make.
+    ``model``: an optimizer counts when it holds one of its parameters (default: those of
+    ``modules``, recursively). ``on_device``: numbers as 0-d tensors (default: when the parameters
+    are not on the CPU). ``on_step``: called after every optimizer step (and skipped scaler step)
+    of the model's optimizers, once this watch has counted it.
+    """
+
+    def __init__(
+        self,
+        modules: list[tuple[str, nn.Module]],
+        hooks: HookSet,
+        max_bytes: int,
+        *,
+        model: nn.Module | None = None,
+        on_device: bool | None = None,
+        on_step: Callable[[], Any] | None = None,
+    ) -> None:
+        self.hooks = hooks
+        self.max_bytes = int(max_bytes)
+        self.on_device = on_device
+        self.on_step = on_step
+        self.notes: list[str] = []
+        self.optimizer_steps = 0  # over the whole capture
+        self._modules = {name: weakref.ref(m) for name, m in modules}
+        self._owners: dict[int, tuple[torch.Tensor, list[str]]] = {}  # id(param) → (param, modules owning it)
+        for name, m in modules:
+            for p in m.parameters(recurse=False):
+                self._owners.setdefault(id(p), (p, []))[1].append(name)
+        source = model.parameters() if model is not None else (p for _, m in modules for p in m.parameters())
+        self._model_params = {id(p) for p in source}
+        self._plans: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Plan | None] = weakref.WeakKeyDictionary()
+        self._seen: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._handles: list[Any] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self._stepped = 0
+        self._skipped: bool | torch.Tensor = False
+        self._ratio: dict[str, Number] = {}
+        self._pnorm: dict[str, Number] = {}
+        self._lr: dict[str, Number] = {}
+
+    # -- context manager ----------------------------------------------------------------------
+    def __enter__(self) -> OptimizerWatch:
+        try:
+            self._handles.append(self.hooks.on_remove(self._clear))
+            self._handles.append(self.hooks.optimizer_step_pre(self._pre))
+            self._handles.append(self.hooks.optimizer_step_post(self._post))
+            _acquire_scaler(self)
+            self._handles.append(self.hooks.on_remove(functools.partial(_release_scaler, self)))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Remove this watch's hooks and scaler wrapping (the HookSet's other handles stay)."""
+        while self._handles:
+            self._handles.pop().remove()
+        _release_scaler(self)  # idempotent; covers an __enter__ interrupted before its handle existed
+        self._clear()
+
+    def _clear(self) -> None:
+        """Drop every strong reference to the model's parameters (the result outlives the cell)."""
+        self._plans = weakref.WeakKeyDictionary()
+        self._owners = {}
+
+    # -- results ------------------------------------------------------------------------------
+    def take(self) -> StepUpdates:
+        """What happened since the previous call (see :class:`StepUpdates`), and start afresh."""
+        out = StepUpdates(self._stepped, self._skipped, self._ratio, self._pnorm, self._lr)
+        self._reset()
+        return out
+
+    def state_of(self, module: str) -> dict[str, dict[str, float]]:
+        """Parameter name (``weight``, ``bias``) → ``{"lr", and for each optimizer state entry its value
+        (L2 norm of a tensor: ``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``…; ``step`` as is)}`` for
+        ``module``'s own parameters held by an optimizer that stepped during the capture. Syncs once
+        (for the flight recorder, not per step); ``{}`` when the module or optimizers are gone."""
+        ref = self._modules.get(module)
+        mod = ref() if ref is not None else None
+        if mod is None:
+            return {}
+        out: dict[str, dict[str, float]] = {}
+        pending: list[tuple[dict[str, float], str, torch.Tensor]] = []
+        for pname, p in mod.named_parameters(recurse=False):
+            for opt in list(self._seen):
+                group = next((g for g in opt.param_groups if any(q is p for q in g["params"])), None)
+                if group is None:
+                    continue
+                entry = out[pname] = {"lr": _to_float(group.get("lr"))}
+                for key, value in opt.state.get(p, {}).items():
+                    if isinstance(value, torch.Tensor) and value.numel() and not value.is_complex():
+                        pending.append((entry, str(key), value.detach().float().norm() if value.numel() > 1 else value.detach().float().reshape(())))
+                    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                        entry[str(key)] = float(value)
+                break
+        if pending:
+            with torch.no_grad():
+                values = torch.stack([v.cpu() for _, _, v in pending]).tolist()
+            for (entry, key, _), v in zip(pending, values):
+                entry[key] = v
+        return out
+
+    # -- plans --------------------------------------------------------------------------------
+    def _plan(self, opt: torch.optim.Optimizer) -> _Plan | None:
+        groups = opt.param_groups
+        key = tuple(len(g["params"]) for g in groups)
+        plan = self._plans.get(opt, False)
+        if plan is False or (plan is not None and plan.key != key):
+            plan = self._new_plan(opt, key)
+            self._plans[opt] = plan
+        if plan is not None:
+            self._seen.add(opt)
+            mask = tuple(p.grad is not None for p, _, _ in plan.candidates)
+            if mask != plan.mask:
+                self._group(plan, mask)
+        return plan
+
+    def _new_plan(self, opt: torch.optim.Optimizer, key: tuple[int, ...]) -> _Plan | None:
+        owners, ours = self._owners, self._model_params
+        belongs = False
+        candidates: list[tuple[torch.Tensor, int, list[str]]] = []
+        for gi, g in enumerate(opt.param_groups):
+            for p in g["params"]:
+                belongs = belongs or id(p) in ours
+                hit = owners.get(id(p))
+                if hit is not None and hit[0] is p and p.is_floating_point() and p.layout == torch.strided:
+                    candidates.append((p, gi, hit[1]))
+        return _Plan(key, candidates) if belongs or candidates else None
+
+    def _group(self, plan: _Plan, mask: tuple[bool, ...]) -> None:
+        """Group the parameters that have a gradient by device and dtype (the optimizer steps those)."""
+        plan.mask = mask
+        names: dict[str, int] = {}
+        module_group: list[int] = []
+        by: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int], list[int]]] = {}
+        nbytes = 0
+        for (p, gi, mods), has_grad in zip(plan.candidates, mask):
+            if not has_grad:
+                continue
+            params, entries, positions = by.setdefault((p.device, p.dtype), ([], [], []))
+            for m in mods:
+                if m not in names:
+                    names[m] = len(names)
+                    module_group.append(gi)
+                entries.append(names[m])
+                positions.append(len(params))
+            params.append(p)
+            nbytes += p.numel() * p.element_size()
+        plan.names, plan.module_group, plan.nbytes = list(names), module_group, nbytes
+        device = next(iter(by))[0] if by else None
+        plan.groups = [
+            _Group(params, torch.tensor(entries, device=device),
+                   None if len(positions) == len(params) else torch.tensor(positions, device=device))
+            for params, entries, positions in by.values()
+        ]
+        if plan.groups and nbytes > self.max_bytes:
+            note = (f"update ratio unavailable: a copy of the parameters the optimizer steps ({format_bytes(nbytes)}) "
+                    f"does not fit in --max-bytes ({format_bytes(self.max_bytes)}); parameter norms and learning rates are kept")
+            if note not in self.notes:
+                self.notes.append(note)
+
+    def _device_path(self, plan: _Plan) -> bool:
+        if self.on_device is not None:
+            return self.on_device
+        return bool(plan.groups) and plan.groups[0].params[0].device.type != "cpu"
+
+    # -- hooks --------------------------------------------------------------------------------
+    def _pre(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        plan = self._plan(opt)
+        if plan is None or not plan.groups:
+            return
+        snap = plan.nbytes <= self.max_bytes
+        with torch.no_grad():
+            norms = [_norms(g.params) for g in plan.groups]
+            copies = [_clone(g.params) if snap else None for g in plan.groups]
+        plan.pending = (norms, copies)
+
+    def _post(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        plan = self._plans.get(opt)
+        if plan is None:
+            return
+        plan.posts += 1
+        self._stepped += 1
+        self.optimizer_steps += 1
+        pending, plan.pending = plan.pending, None
+        on_device = self._device_path(plan)
+        if pending is not None:
+            self._record(opt, plan, pending, on_device)
+        self._step_done(opt, plan, on_device)
+
+    def _step_done(self, opt: torch.optim.Optimizer, plan: _Plan, on_device: bool) -> None:
+        """Learning rates of the step (what it used: read before a scheduler moves them), then tell the capture."""
+        lrs = [_number(g.get("lr"), on_device) for g in opt.param_groups]
+        if lrs:
+            self._lr.setdefault("", lrs[0])
+        self._lr.update(zip(plan.names, (lrs[gi] for gi in plan.module_group)))
+        if self.on_step is not None:
+            self.on_step()
+
+    def _record(self, opt: torch.optim.Optimizer, plan: _Plan, pending: tuple[list[list[torch.Tensor]], list[list[torch.Tensor] | None]], on_device: bool) -> None:
+        norms, copies = pending
+        m = len(plan.names)
+        with torch.no_grad():
+            acc: torch.Tensor | None = None  # [‖Δθ‖² per module, ‖θ‖² per module]
+            for g, before, copy in zip(plan.groups, norms, copies):
+                if copy is not None:
+                    torch._foreach_sub_(copy, g.params)  # θ_before − θ_after, in place on our copy
+                    diffs = _norms(copy)
+                    sq = torch.stack([torch.stack(diffs), torch.stack(before)]).float()
+                else:  # no copy (over budget): ‖θ‖ only, the ratio row stays NaN
+                    b = torch.stack(before).float()
+                    sq = torch.stack([torch.full_like(b, torch.nan), b])
+                sq = sq.square()
+                if g.positions is not None:
+                    sq = sq.index_select(1, g.positions)
+                if acc is None:
+                    acc = torch.zeros(2, m, dtype=torch.float32, device=sq.device)
+                acc.index_add_(1, g.entries.to(acc.device), sq.to(acc.device))
+            assert acc is not None
+            norm = acc.sqrt()
+            ratio = norm[0] / norm[1]
+            found_inf = getattr(opt, "found_inf", None)  # set by GradScaler for fused optimizers during step()
+            if isinstance(found_inf, torch.Tensor):
+                skipped = found_inf.to(acc.device).reshape(()) > 0
+                ratio = torch.where(skipped, torch.nan, ratio)
+                if not on_device:
+                    self._skipped = self._skipped is True or bool(skipped)
+                elif self._skipped is False:
+                    self._skipped = skipped
+                elif isinstance(self._skipped, torch.Tensor):
+                    self._skipped = self._skipped | skipped.to(self._skipped.device)
+            if on_device:
+                ratios, pnorms = list(ratio.unbind()), list(norm[1].unbind())
+            else:
+                both = torch.stack([ratio, norm[1]]).tolist()
+                ratios, pnorms = both[0], both[1]
+        if copies[0] is not None:
+            self._ratio.update(zip(plan.names, ratios))
+        self._pnorm.update(zip(plan.names, pnorms))
+
+    def _scaler_before(self, opt: Any) -> int | None:
+        if not isinstance(opt, torch.optim.Optimizer) or not self._handles:
+            return None
+        plan = self._plan(opt)
+        return None if plan is None else plan.posts
+
+    def _scaler_after(self, opt: Any, token: int | None) -> None:
+        """After ``scaler.step(opt)`` returned: no step hook fired in between → the scaler skipped it."""
+        if token is None or getattr(opt, "_step_supports_amp_scaling", False):
+            return  # fused optimizers always run step(); their found_inf is read in the post-hook
+        if not getattr(type(opt).step, "hooked", False):
+            return  # step hooks cannot fire for this class: nothing to conclude
+        plan = self._plans.get(opt)
+        if plan is None or plan.posts != token:
+            return
+        self._skipped = True
+        self._step_done(opt, plan, self._device_path(plan))
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _norms(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """L2 norms in one batched op (accumulated in float32 for half-precision tensors)."""
+    return torch._foreach_norm(ts, 2, dtype=torch.float32) if ts and ts[0].dtype in _HALF else torch._foreach_norm(ts)
+
+
+def _clone(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+    clone = getattr(torch, "_foreach_clone", None)
+    return list(clone(ts)) if clone is not None else [t.clone() for t in ts]
+
+
+def _to_float(x: Any) -> float:
+    if isinstance(x, torch.Tensor):
+        return float(x.detach().float().reshape(-1)[0]) if x.numel() else float("nan")
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _number(x: Any, on_device: bool) -> Number:
+    """A learning rate as a float, or as a 0-d float32 tensor when it is a device tensor."""
+    if isinstance(x, torch.Tensor) and on_device and x.device.type != "cpu":
+        return x.detach().reshape(-1)[0].to(torch.float32, copy=True)
+    return _to_float(x)
+
+
+def loss_of_output(output: Any) -> Any | None:
+    """The loss in a model's own output, detached, or None: a 0-d floating tensor; the ``loss`` of a
+    ``ModelOutput``/dict (Hugging Face models given labels); the first item of a tuple when it is a
+    0-d floating tensor (``return_dict=False`` with labels)."""
+    def scalar(t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and t.dim() == 0 and t.is_floating_point()
+
+    if scalar(output):
+        return output.detach()
+    if isinstance(output, dict):
+        loss = output.get("loss")
+    elif isinstance(output, (tuple, list)):
+        loss = output[0] if output else None
+    else:
+        loss = getattr(output, "loss", None)
+    return loss.detach() if scalar(loss) else None
+
+
+def as_float_later(x: Any) -> float | torch.Tensor:
+    """``x`` (a loss: tensor, number or None) as a float, or as a detached 1-element float32 copy when it
+    is an accelerator tensor (read with the capture's one per-step transfer, never synced here).
+    A tensor of several values gives its mean (a ``reduction="none"`` loss); anything else NaN."""
+    if isinstance(x, torch.Tensor):
+        if not x.numel() or x.is_complex():
+            return float("nan")
+        t = x.detach()
+        t = t.reshape(1) if t.numel() == 1 else t.float().mean().reshape(1)
+        if t.device.type == "cpu":
+            return float(t[0])
+        return t.to(torch.float32, copy=True)
+    if isinstance(x, bool) or x is None:
+        return float("nan")
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")

@@ -77,8 +77,9 @@ def to_tensorboard(result: CaptureResult, logdir: str | Path, fields: Sequence[s
     Scalars ``<row>/<field>`` (every field of :data:`HISTORY_FIELDS`, or ``fields``) at each kept step
     (NaN values are left out), and ``loss``, ``lr``, ``skipped``; with ``histograms``, each row's kept
     sample as the histogram ``<row>/values`` at the row's first step. One event per kept step holds
-    all of that step's scalars (``torch.utils.tensorboard``'s writer, batched), so a long history
-    writes quickly. ``tensorboard --logdir <logdir>`` shows them.
+    all of that step's scalars (``torch.utils.tensorboard``'s writer, batched). Without TensorFlow,
+    tensorboard checksums the file in pure Python: ~10 s for 300 rows × 625 kept steps × 20 fields;
+    pass ``fields`` to write fewer. ``tensorboard --logdir <logdir>`` shows them.
     """
     file_writer, summary_cls, summary = _tensorboard()
     h = _history(result)
@@ -88,16 +89,16 @@ def to_tensorboard(result: CaptureResult, logdir: str | Path, fields: Sequence[s
         raise KeyError(f"no field {bad[0]!r}; valid fields: {', '.join(HISTORY_FIELDS)}")
     idx = [HISTORY_FIELDS.index(f) for f in names]
     values = h.values(agg)[:, :, idx]  # [K, R, len(names)]
-    tags = [[f"{row}/{f}" for f in names] for row in h.rows]
+    encoder = _ScalarBlock([f"{row}/{f}" for row in h.rows for f in names])
     scalars = {s: h.scalar(s, agg) for s in SCALARS}
     writer = file_writer(str(logdir))
     try:
         for j, step in enumerate(h.step_index.tolist()):
-            entries = [summary_cls.Value(tag=s, simple_value=float(v[j])) for s, v in scalars.items() if not math.isnan(v[j])]
-            vals = values[j]
-            for r, c in zip(*np.nonzero(~np.isnan(vals))):
-                entries.append(summary_cls.Value(tag=tags[r][c], simple_value=float(vals[r, c])))
-            writer.add_summary(summary_cls(value=entries), step)
+            block = summary_cls.FromString(encoder.encode(values[j].reshape(-1)))
+            for s, v in scalars.items():
+                if not math.isnan(v[j]):
+                    block.value.add(tag=s, simple_value=float(v[j]))
+            writer.add_summary(block, step)
         if histograms:
             for rec in result.layers:
                 if rec.sample is not None and rec.sample.size and np.isfinite(rec.sample).any():
@@ -106,3 +107,44 @@ def to_tensorboard(result: CaptureResult, logdir: str | Path, fields: Sequence[s
     finally:
         writer.close()
     return str(logdir)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        if not n:
+            out.append(b)
+            return bytes(out)
+        out.append(b | 0x80)
+
+
+class _ScalarBlock:
+    """Encodes a ``Summary`` of many ``simple_value`` scalars (fixed tags) straight from a float32
+    vector: the protobuf wire bytes are a template with the 4 value bytes of each entry patched in,
+    NaN entries cut out, all in numpy. (A Python object per scalar took 17 s for 300 rows × 625
+    steps × 20 fields; this takes 10 s, nearly all of it tensorboard's pure-Python CRC of the
+    event file, which no writer without TensorFlow avoids.)"""
+
+    def __init__(self, tags: Sequence[str]) -> None:
+        records = []
+        for tag in tags:
+            t = tag.encode()
+            value = b"\x0a" + _varint(len(t)) + t + b"\x15" + b"\0\0\0\0"  # Value{tag=1, simple_value=2}
+            records.append(b"\x0a" + _varint(len(value)) + value)  # Summary{repeated value=1}
+        self.lengths = np.array([len(r) for r in records], dtype=np.int64)
+        self.starts = np.cumsum(self.lengths) - self.lengths
+        self.template = np.frombuffer(b"".join(records), dtype=np.uint8)
+        self.value_at = ((self.starts + self.lengths - 4)[:, None] + np.arange(4)).reshape(-1)
+
+    def encode(self, values: np.ndarray) -> bytes:
+        """The ``Summary`` bytes for ``values`` (float32, one per tag; NaN ones left out)."""
+        buf = self.template.copy()
+        buf[self.value_at] = np.ascontiguousarray(values, dtype="<f4").view(np.uint8)
+        keep = ~np.isnan(values)
+        if keep.all():
+            return buf.tobytes()
+        lengths = self.lengths[keep]
+        out_starts = np.cumsum(lengths) - lengths
+        take = np.arange(int(lengths.sum())) + np.repeat(self.starts[keep] - out_starts, lengths)
+        return buf[take].tobytes()

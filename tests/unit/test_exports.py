@@ -112,3 +112,19 @@ def test_to_tensorboard_missing_names_the_extra(monkeypatch, tmp_path) -> None:
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     with pytest.raises(ImportError, match=r"pip install nbdebug\[tensorboard\]"):
         _hand_built().to_tensorboard(tmp_path)
+
+
+def test_scalar_block_encoding_matches_protobuf() -> None:
+    try:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+    except ImportError:
+        pytest.skip("tensorboard is not installed")
+    from nbdebug.exports import _ScalarBlock
+
+    tags = ["a/mean", "blöck.0/grad_norm", "x" * 200 + "/max"]  # non-ASCII; a tag length needing a 2-byte varint
+    values = np.array([1.5, np.nan, -3.25e-7], np.float32)
+    expected = Summary(value=[Summary.Value(tag=t, simple_value=float(v)) for t, v in zip(tags, values) if not np.isnan(v)])
+    assert _ScalarBlock(tags).encode(values) == expected.SerializeToString()
+    full = np.array([0.0, 2.0, np.inf], np.float32)
+    parsed = Summary.FromString(_ScalarBlock(tags).encode(full))
+    assert [(v.tag, v.simple_value) for v in parsed.value] == list(zip(tags, [0.0, 2.0, float("inf")]))

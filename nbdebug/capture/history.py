@@ -327,6 +327,20 @@ class History:
         return self._count[: self._k].copy()
 
     @property
+    def stride(self) -> int:
+        """Appended steps per full bucket: 1 until the first decimation, doubled by each one."""
+        return self._stride
+
+    def copy(self) -> History:
+        """An independent copy (e.g. to continue a finished run's history without changing it)."""
+        new = History.__new__(History)
+        new.__dict__.update(self.__dict__)
+        new.rows, new.row_info, new._row_of = list(self.rows), [dict(i) for i in self.row_info], dict(self._row_of)
+        new._v, new._s = [a.copy() for a in self._v], [a.copy() for a in self._s]
+        new._first, new._last, new._count, new._ver = (a.copy() for a in (self._first, self._last, self._count, self._ver))
+        return new
+
+    @property
     def decimated(self) -> bool:
         """Some kept slot stands for more than one step."""
         return self._stride > 1 or bool(self._k and self._count[: self._k].max() > 1)

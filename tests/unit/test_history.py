@@ -317,3 +317,16 @@ def test_result_skipped_steps_eval_every_lrs() -> None:
     assert (res.eval_steps, res.every, res.lrs) == (2, 2, {"net.0": 0.1})
     plain = _result(None)
     assert plain.skipped_steps.tolist() == [] and (plain.eval_steps, plain.every, plain.lrs) == (0, 1, {})
+
+
+def test_copy_is_independent_and_stride_doubles() -> None:
+    h = _filled(range(1, 5), rows=1, max_bytes=3 * History.slot_bytes(1))
+    assert h.stride == 2 and h.step_index.tolist() == [2, 4]  # [1, 2] [3] → [3, 4] folds in
+    c = h.copy()
+    c.append(5, np.array([0]), _vals(5, 1) + 0.5, {})
+    c.update(4, np.array([0]), _vals(4, 1) - 9999)
+    c.row_id("new", {})
+    assert c.step_index.tolist() == [2, 4, 5] and c.rows == ["r0", "new"] and c.steps == 5
+    assert h.step_index.tolist() == [2, 4] and h.rows == ["r0"] and h.steps == 4
+    np.testing.assert_array_equal(h.values("min")[:, 0, 0], [1000.0, 3000.0])
+    np.testing.assert_array_equal(c.values("min")[:, 0, 0], [1000.0, 4000.0 - 9999, 5000.5])

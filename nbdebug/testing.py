@@ -2,14 +2,20 @@
 
 >>> model = ResNetShaped()              # torchvision's resnet18 layout and module names
 >>> small = ResNetShaped(width=8, classes=10)
+>>> model, reference = offloaded_llama(tmp_path)   # doctest: +SKIP  (accelerate: CPU + disk device_map)
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import pathlib
+from typing import Any
+
 import torch
 from torch import nn
 
-__all__ = ["BasicBlock", "ResNetShaped"]
+__all__ = ["BasicBlock", "ResNetShaped", "offload_map", "offloaded_llama"]
 
 
 class BasicBlock(nn.Module):
@@ -55,3 +61,64 @@ class ResNetShaped(nn.Module):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def _llama_config(tied: bool, layers: int, hidden: int, vocab: int) -> Any:
+    import transformers as T
+
+    return T.LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=vocab, tie_word_embeddings=tied)
+
+
+def offload_map(layers: int, tied: bool = False) -> dict[str, str]:
+    """The CPU + disk ``device_map`` of :func:`offloaded_llama`: embeddings and the first half of the
+    blocks on the CPU, the other blocks, the final norm and ``lm_head`` on disk. With tied
+    embeddings the embedding goes to disk too (it IS the unembedding; accelerate cannot run a tied
+    weight split between a CPU module and a disk one)."""
+    dm = {"model.embed_tokens": "disk" if tied else "cpu", "model.rotary_emb": "cpu"}
+    dm.update({f"model.layers.{i}": "cpu" if i < layers // 2 else "disk" for i in range(layers)})
+    dm.update({"model.norm": "disk", "lm_head": "disk"})
+    return dm
+
+
+def offloaded_llama(tmp_path: str | os.PathLike[str], *, tied: bool = False, split: str = "map", layers: int = 4,
+                    hidden: int = 64, vocab: int = 512, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, nn.Module]:
+    """A random-init Llama-shaped model saved to ``tmp_path`` and reloaded with accelerate spreading it
+    over the CPU and disk (``offload_folder`` inside ``tmp_path``), and the same checkpoint loaded
+    without offload (the reference). Both in eval mode, in ``dtype`` (the weights are drawn in float32,
+    seeded, and saved in ``dtype``).
+
+    ``split="map"``: the explicit map of :func:`offload_map`; ``split="max_memory"``:
+    ``device_map="auto"`` with a CPU ``max_memory`` of ~70 % of the weights (the rest goes to disk).
+
+    >>> model, reference = offloaded_llama(tmp_path)     # doctest: +SKIP
+    >>> model.lm_head.weight.device, model.hf_device_map["lm_head"]
+    (device(type='meta'), 'disk')
+    """
+    import transformers as T
+    from transformers.utils import logging as hf_logging
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        torch.manual_seed(0)
+        name = f"llama-{layers}x{hidden}-v{vocab}{'-tied' if tied else ''}-{str(dtype).replace('torch.', '')}"
+        path = pathlib.Path(tmp_path) / name
+        model = T.LlamaForCausalLM(_llama_config(tied, layers, hidden, vocab)).to(dtype)
+        model.save_pretrained(path)
+        size = sum(p.numel() * p.element_size() for p in model.parameters())
+        del model
+        reference = T.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+        if split == "map":
+            kw: dict[str, Any] = {"device_map": offload_map(layers, tied)}
+        elif split == "max_memory":
+            kw = {"device_map": "auto", "max_memory": {"cpu": int(0.7 * size)}}
+        else:
+            raise ValueError(f"split={split!r}: 'map' or 'max_memory'")
+        offload = path / f"offload-{split}"
+        model = T.AutoModelForCausalLM.from_pretrained(path, offload_folder=offload, dtype=dtype, **kw).eval()
+        return model, reference
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()

@@ -13,7 +13,7 @@ imported). Nothing here changes the model: :func:`find_parts` only reads module 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,8 @@ class ModelParts:
     maps a normed residual ``(..., d)`` to logits ``(..., V)``; ``unembed_weight``/``unembed_bias``
     expose it as a matrix when it is one (so the logit lens can chunk over the vocabulary).
     ``final_norm`` is the model's own module (LayerNorm, RMSNorm, Gemma's ``1 + w`` RMSNorm...).
+    On an accelerate ``device_map`` model with offload, ``unembed_weight`` may sit on ``meta``: read
+    it as ``unembed_module.weight`` inside ``capture.state.loaded_weights(unembed_module)``.
     """
 
     family: str
@@ -58,6 +60,7 @@ class ModelParts:
     final_norm_name: str = ""
     unembed_weight: torch.Tensor | None = None  # (V, d)
     unembed_bias: torch.Tensor | None = None  # (V,)
+    unembed_module: nn.Module | None = None  # whose .weight/.bias they are (read by attribute: accelerate swaps them)
     pre_unembed: Callable[[torch.Tensor], torch.Tensor] | None = None  # e.g. OPT's project_out
     softcap: float | None = None  # Gemma 2 final logit softcapping
     encoder: bool = False
@@ -84,9 +87,15 @@ class ModelParts:
         """Unembed an already-normed residual (full vocabulary; use for small inputs only)."""
         if self.unembed_weight is None:
             raise AdapterError(f"{self.family}: no unembedding found; pass unembed=")
-        z = normed @ self.unembed_weight.T.to(normed.dtype)
-        if self.unembed_bias is not None:
-            z = z + self.unembed_bias.to(z.dtype)
+        from ..capture.state import loaded_weights
+
+        mod = self.unembed_module
+        with loaded_weights(mod) if mod is not None else nullcontext():
+            w = mod.weight if mod is not None else self.unembed_weight
+            b = getattr(mod, "bias", None) if mod is not None else self.unembed_bias
+            z = normed.to(w.device) @ w.T.to(normed.dtype)
+            if b is not None:
+                z = z + b.to(z.dtype)
         if self.softcap:
             z = torch.tanh(z / self.softcap) * self.softcap
         return z
@@ -229,12 +238,12 @@ def find_parts(
         parts.final_norm, parts.final_norm_name = final_norm, "final_norm= (given)"
     if unembed is not None:
         if isinstance(unembed, torch.Tensor):
-            parts.unembed_weight, parts.unembed_bias = unembed, None
+            parts.unembed_weight, parts.unembed_bias, parts.unembed_module = unembed, None, None
         else:
             w, b = _linear_parts(unembed)
             if w is None:
                 raise AdapterError("unembed= must be an nn.Linear, nn.Embedding or a (vocab, d) weight tensor")
-            parts.unembed_weight, parts.unembed_bias = w, b
+            parts.unembed_weight, parts.unembed_bias, parts.unembed_module = w, b, unembed
     return parts
 
 
@@ -272,6 +281,7 @@ def _hf_parts(model: nn.Module, blocks: list[nn.Module] | None) -> ModelParts:
         if head is not None:
             parts.notes.append("no LM head: using the (tied) input embedding as unembedding")
     parts.unembed_weight, parts.unembed_bias = _linear_parts(head)
+    parts.unembed_module = head if parts.unembed_weight is not None else None
     proj = getattr(getattr(model, "model", model), "decoder", None)
     proj = getattr(proj, "project_out", None)
     if isinstance(proj, nn.Module):  # OPT-350m: hidden -> word_embed_proj_dim before the head

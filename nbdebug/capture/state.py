@@ -17,7 +17,8 @@ from torch import nn
 
 from .hooks import HookSet, hook_count
 
-__all__ = ["fingerprint", "preserve_buffers", "preserve_modes", "suspend_hooks", "user_hook_count"]
+__all__ = ["execution_device", "fingerprint", "loaded_weights", "offloaded", "preserve_buffers", "preserve_modes",
+           "suspend_hooks", "user_hook_count"]
 
 #: hooks defined in these packages are part of how the model computes (weight_norm, pruning,
 #: transformers' output capturing, accelerate's offloading): they run in nbdebug's passes too
@@ -151,6 +152,40 @@ def preserve_modes(model: nn.Module) -> Iterator[None]:
     finally:
         for m, flag in modes:
             m.training = flag
+
+
+def offloaded(module: nn.Module) -> bool:
+    """Whether accelerate keeps ``module``'s own weights off the device (``device_map`` with CPU or disk
+    offload): they sit on the ``meta`` device until its ``AlignDevicesHook`` loads them for a forward."""
+    hook = getattr(module, "_hf_hook", None)
+    return bool(getattr(hook, "offload", False)) and hasattr(hook, "pre_forward") and hasattr(hook, "weights_map")
+
+
+def execution_device(module: nn.Module) -> torch.device | None:
+    """Where ``module``'s forward runs: its accelerate hook's ``execution_device`` (a ``device_map``
+    model), else the device of its first parameter not on ``meta``; None when it has none."""
+    dev = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+    if dev is not None:
+        return torch.device(dev)
+    for p in module.parameters():
+        if p.device.type != "meta":
+            return p.device
+    return None
+
+
+@contextmanager
+def loaded_weights(module: nn.Module) -> Iterator[None]:
+    """Inside the block ``module``'s own offloaded weights are on its execution device, loaded by its
+    accelerate hook exactly as for a forward (``accelerate.utils.align_module_device``); afterwards
+    they are back on ``meta`` (nothing stays materialised). A module that is not offloaded is left
+    alone. Read the weights by attribute inside the block (accelerate swaps the parameter objects)."""
+    if not offloaded(module):
+        yield
+        return
+    from accelerate.utils import align_module_device
+
+    with align_module_device(module):
+        yield
 
 
 def fingerprint(model: nn.Module) -> dict[str, Any]:

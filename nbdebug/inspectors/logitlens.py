@@ -5,7 +5,7 @@ chunks with a running top-k and a running log-sum-exp (plus the sums needed for 
 target token's rank and the KL divergence to the final layer), and positions are processed in
 blocks so the working set stays a few tens of MB whatever the sequence length.
 
->>> lens = LogitLens(residuals, parts, k=10)             # residuals: (rows, T, d)  # doctest: +SKIP
+>>> lens = LogitLens(residuals, normed_fn, weight, k=10)  # residuals: (rows, T, d)  # doctest: +SKIP
 >>> col = lens.columns([T - 1])                          # what the view shows first
 >>> table = lens.result()                                # every (row, position)
 """
@@ -13,6 +13,7 @@ blocks so the working set stays a few tens of MB whatever the sequence length.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +37,7 @@ def lens_stats(
 ) -> dict[str, torch.Tensor]:
     """Softmax statistics of ``normed (R, P, d) @ weight.T (V, d)`` without materialising ``(R, P, V)``.
 
+    Runs where ``weight`` is (``normed`` is moved there: the residuals travel, never the unembedding).
     Row ``R - 1`` is the reference for the KL divergence (``KL(p_final ‖ p_row)`` per position).
     ``targets (P,)`` (``-1`` = none) gives each position's target-token probability and rank
     (0 = top-1). Returns float32/int64 tensors shaped ``(R, P[, k])``.
@@ -44,10 +46,10 @@ def lens_stats(
     V = weight.shape[0]
     k = min(k, V)
     # Rows ordered position-major: (P, R) so each position's final row sits at r = R - 1.
-    x = normed.transpose(0, 1).reshape(P * R, d).float().contiguous()
+    dev = weight.device
+    x = normed.to(dev).transpose(0, 1).reshape(P * R, d).float().contiguous()
     N = P * R
     C = max(256, min(chunk, budget // max(N, 1)))
-    dev = x.device
     m = torch.full((N,), -float("inf"), device=dev)
     s = torch.zeros(N, device=dev)
     t = torch.zeros(N, device=dev)  # Σ e·(z - m)
@@ -194,10 +196,15 @@ class LensResult:
 class LogitLens:
     """Holds the residual streams of one sequence and computes lens columns on demand (cached).
 
-    ``residuals``: ``(rows, T, d)`` — embeddings, then each block's output. ``normed_fn`` applies
+    ``residuals``: ``(rows, T, d)`` — embeddings, then each block's output — or a list of ``rows``
+    ``(T, d)`` tensors, each on the device of its block (a ``device_map`` model): the positions a
+    request needs are moved, one position block at a time, to ``device`` (default: the last row's,
+    i.e. next to the final norm) and the normed rows on to the unembedding's device. ``normed_fn`` applies
     the model's final norm (and any projection before the head); ``weight``/``bias`` are the
     unembedding, or functions returning it (so a view can hold the model's parameters weakly: such a
-    function raises ``ModelGoneError`` once the model is deleted). The weight is never converted
+    function raises ``ModelGoneError`` once the model is deleted); ``loaded`` (optional) returns a
+    context manager inside which they can be read (accelerate offload: the weights are loaded once
+    per request, not per position block, and put back on ``meta`` afterwards). The weight is never converted
     to float32 as a whole: vocabulary chunks of ``chunk`` rows are, one at a time. ``translators`` (tuned lens): one callable per row but the last (or per row,
     ``None`` = identity) mapping a residual to the translated residual before the final norm. Columns are computed in position blocks and remembered, so the first column the
     view shows costs one small GEMM and the rest are filled when asked (or by :meth:`result`).
@@ -205,7 +212,7 @@ class LogitLens:
 
     def __init__(
         self,
-        residuals: torch.Tensor,
+        residuals: torch.Tensor | Sequence[torch.Tensor],
         normed_fn: Callable[[torch.Tensor], torch.Tensor],
         weight: torch.Tensor | Callable[[], torch.Tensor],
         bias: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
@@ -221,8 +228,12 @@ class LogitLens:
         translators: Sequence[Callable[[torch.Tensor], torch.Tensor] | None] | None = None,
         chunk: int = 4096,
         generated: Sequence[bool] | None = None,
+        device: torch.device | None = None,
+        loaded: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.residuals = residuals
+        self.device = device if device is not None else residuals[-1].device
+        self._loaded = loaded or nullcontext
         self.normed_fn = normed_fn
         self._weight = weight
         self._bias = bias
@@ -230,7 +241,7 @@ class LogitLens:
         self.generated = list(generated) if generated is not None else []
         self.k = k
         self.softcap = softcap
-        R, T, _ = residuals.shape
+        R, T = len(residuals), int(residuals[0].shape[0])
         self.R, self.T = R, T
         self.targets = targets if targets is not None else torch.full((T,), -1, dtype=torch.long)
         self.row_names = list(row_names) if row_names is not None else ["embed"] + [f"block {i}" for i in range(R - 1)]
@@ -257,8 +268,21 @@ class LogitLens:
 
     @property
     def weight(self) -> torch.Tensor:
-        """The ``(V, d)`` unembedding (``ModelGoneError`` if it was given weakly and the model is gone)."""
+        """The ``(V, d)`` unembedding (``ModelGoneError`` if it was given weakly and the model is gone;
+        on ``meta`` for an offloaded model outside ``loaded()``)."""
         return self._weight() if callable(self._weight) else self._weight
+
+    def _head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(weight, bias)`` readable now (call inside ``self._loaded()``)."""
+        w = self.weight
+        if w.device.type == "meta":
+            raise RuntimeError("the unembedding is on the meta device (offloaded by accelerate) and was not loaded: pass loaded=")
+        return w, self.bias
+
+    def _rows(self, rows: Sequence[int], idx: torch.Tensor) -> torch.Tensor:
+        """``(len(rows), P, d)`` residuals at positions ``idx``, gathered on ``self.device``."""
+        out = [self.residuals[r].index_select(0, idx.to(self.residuals[r].device)).to(self.device) for r in rows]
+        return torch.stack(out)
 
     @property
     def bias(self) -> torch.Tensor | None:
@@ -278,9 +302,10 @@ class LogitLens:
     @torch.no_grad()
     def _compute(self, pos: list[int]) -> None:
         idx = torch.tensor(pos, dtype=torch.long)
-        h = self.residuals.index_select(1, idx.to(self.residuals.device))
+        h = self._rows(range(self.R), idx)
         normed = self.normed_fn(self._translate(h, range(self.R)))
-        st = lens_stats(normed, self.weight, self.bias, k=self.k, targets=self.targets[idx], softcap=self.softcap, chunk=self.chunk)
+        weight, bias = self._head()
+        st = lens_stats(normed, weight, bias, k=self.k, targets=self.targets[idx], softcap=self.softcap, chunk=self.chunk)
         for key, v in st.items():
             self.table[key][:, pos] = v.cpu().numpy()
         self.done[pos] = True
@@ -289,8 +314,10 @@ class LogitLens:
         """Lens statistics of ``positions`` (every row), computed now unless already cached."""
         pos = sorted({int(p) % self.T for p in positions})
         todo = [p for p in pos if not self.done[p]]
-        for i in range(0, len(todo), self.position_block):
-            self._compute(todo[i : i + self.position_block])
+        if todo:
+            with self._loaded():  # offloaded weights: loaded once for the whole request
+                for i in range(0, len(todo), self.position_block):
+                    self._compute(todo[i : i + self.position_block])
         self._learn([int(i) for i in np.unique(self.table["top_ids"][:, pos])])
         return {key: v[:, pos] for key, v in self.table.items()}
 
@@ -307,16 +334,17 @@ class LogitLens:
     @torch.no_grad()
     def cell(self, row: int, pos: int, k: int = 20) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` ids and probabilities of one cell (one matrix-vector product)."""
-        h = self.residuals[row, pos][None, None]
-        x = self.normed_fn(self._translate(h, [row]))[0, 0].float()
-        weight, bias = self.weight, self.bias
-        V = weight.shape[0]
-        z = torch.empty(V, device=x.device)
-        for c0 in range(0, V, self.chunk):  # float32 copies of one vocabulary chunk at a time, never (V, d)
-            c1 = min(V, c0 + self.chunk)
-            torch.mv(weight[c0:c1].float(), x, out=z[c0:c1])
-        if bias is not None:
-            z = z + bias.float()
+        h = self._rows([row], torch.tensor([pos], dtype=torch.long))  # (1, 1, d)
+        with self._loaded():
+            weight, bias = self._head()
+            x = self.normed_fn(self._translate(h, [row]))[0, 0].to(weight.device).float()
+            V = weight.shape[0]
+            z = torch.empty(V, device=x.device)
+            for c0 in range(0, V, self.chunk):  # float32 copies of one vocabulary chunk at a time, never (V, d)
+                c1 = min(V, c0 + self.chunk)
+                torch.mv(weight[c0:c1].float(), x, out=z[c0:c1])
+            if bias is not None:
+                z = z + bias.float()
         if self.softcap:
             z = torch.tanh(z / self.softcap) * self.softcap
         p = torch.softmax(z, -1)

@@ -16,7 +16,7 @@ cell not computed yet answers with the ``ModelGoneError`` message.
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from ..capture.replay import (
     int_option,
     nothing_shown,
 )
+from ..capture.state import execution_device, loaded_weights
 from ..inspectors.logitlens import LensResult, LogitLens
 from ._language import LanguageRecorder
 
@@ -75,9 +76,30 @@ def _hidden_of(output: Any) -> torch.Tensor | None:
     return None
 
 
-def _weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, list[str]]:
-    """``(normed_fn, weight_fn, bias_fn, notes)`` holding the model's modules and parameters weakly."""
+def _weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, Any, list[str]]:
+    """``(normed_fn, weight_fn, bias_fn, loaded, notes)`` holding the model's modules and parameters weakly.
+
+    When the unembedding is a module's own ``weight`` (``lm_head``), it is read through the module
+    at each request (accelerate's offload replaces the parameter objects at every forward) inside
+    ``loaded()`` (:func:`~nbdebug.capture.state.loaded_weights`: its hook loads them, then puts them
+    back on ``meta``)."""
     notes: list[str] = []
+    head = parts.unembed_module
+    if head is not None:  # find_parts sets it only when the unembedding is its .weight
+        head_ref = ModelRef(head)
+
+        def loaded() -> Any:
+            return loaded_weights(head_ref.get())
+
+        def head_weight() -> torch.Tensor:
+            return head_ref.get().weight.detach()
+
+        def head_bias() -> torch.Tensor | None:
+            b = getattr(head_ref.get(), "bias", None)
+            return None if b is None else b.detach()
+
+        normed = _weak_parts(ModelParts(parts.family, [], [], parts.final_norm, pre_unembed=parts.pre_unembed))[0]
+        return normed, head_weight, head_bias, loaded, notes
 
     def weak(obj: Any) -> Any:
         if obj is None:
@@ -109,7 +131,16 @@ def _weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, list[str]]:
     def bias_fn() -> torch.Tensor | None:
         return None if bias is None else bias().detach()
 
-    return normed, weight_fn, bias_fn, notes
+    return normed, weight_fn, bias_fn, nullcontext, notes
+
+
+def _head_device(parts: ModelParts, resid: list[torch.Tensor]) -> torch.device:
+    """Where the lens gathers the residuals: where the final norm runs (else the head, else the last block)."""
+    for mod in (parts.final_norm, parts.unembed_module):
+        dev = execution_device(mod) if isinstance(mod, nn.Module) else None
+        if dev is not None:
+            return dev
+    return resid[-1].device
 
 
 class LogitLensRecorder(LanguageRecorder):
@@ -212,7 +243,7 @@ class LogitLensRecorder(LanguageRecorder):
                                f"of {len(self._resid) - 1} blocks: no complete residual stream to show")
         if missing:
             raise RuntimeError(f"residual stream missing at rows {missing} (blocks not called?)")
-        resid = torch.stack([r for r in self._resid if r is not None])  # (R, T, d)
+        resid = [r for r in self._resid if r is not None]  # R × (T, d), each where its block ran
         self._resid = []
         off = self._offset
         ids_all = self._ids
@@ -224,10 +255,10 @@ class LogitLensRecorder(LanguageRecorder):
             row = row[off:] if row is not None else None
             pos = pos[pos >= off] - off if pos is not None else None
         if pos is not None:
-            resid = resid.index_select(1, pos.to(resid.device))
+            resid = [r.index_select(0, pos.to(r.device)) for r in resid]
             row = row[pos.to(row.device)] if row is not None else None
             self.notes.append(f"padding removed: {len(pos)} real tokens of item {self.batch_index}")
-        T = resid.shape[1]
+        T = resid[0].shape[0]
         toks = token_strings(row, tokens=None if off else self.tokens, tokenizer=self.tokenizer, model=self.model, length=T)
         if len(toks) < T and row is not None:  # tokens given for the prompt; generated ones after them
             toks = toks + token_strings(row[len(toks):], tokenizer=self.tokenizer, model=self.model)
@@ -240,7 +271,7 @@ class LogitLensRecorder(LanguageRecorder):
             label = "next input token (last position: the model's own prediction)"
         p = self.parts
         names = ["embed"] + [f"{n}" for n, _ in p.blocks]
-        normed, weight, bias, notes = _weak_parts(p)
+        normed, weight, bias, loaded, notes = _weak_parts(p)
         self.notes += notes
         gen = self._replay.generated_flags(self._replay.length)
         if gen:
@@ -253,6 +284,7 @@ class LogitLensRecorder(LanguageRecorder):
             k=self.k, targets=targets, softcap=p.softcap, row_names=names, tokens=toks,
             decode=decoder_for(self.tokenizer, self.model), target_label=label,
             translators=self.options.get("translators"), generated=gen,
+            device=_head_device(p, resid), loaded=loaded,
         )
         if lens.translators:
             self.notes.append("tuned lens: the given translators are applied before the final norm")

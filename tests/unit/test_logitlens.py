@@ -283,8 +283,8 @@ def test_cell_never_converts_the_whole_unembedding_to_float32() -> None:
         ids, probs = lens.cell(1, 2, k=5)
     assert 0 < Biggest.largest < V * d // 2  # one vocabulary chunk at a time
     with torch.no_grad():
-        h = lens.residuals[1, 2].float()
-        ref = torch.softmax(m.lm_head.weight.float() @ m.model.norm(lens.residuals[1, 2][None].to(torch.bfloat16))[0].float(), -1)
+        h = lens.residuals[1][2].float()
+        ref = torch.softmax(m.lm_head.weight.float() @ m.model.norm(lens.residuals[1][2][None].to(torch.bfloat16))[0].float(), -1)
     assert ids.tolist() == ref.topk(5).indices.tolist() and h.numel() == d
     np.testing.assert_allclose(probs, ref.topk(5).values.numpy(), atol=1e-5)
 

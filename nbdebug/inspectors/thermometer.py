@@ -17,14 +17,27 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..capture.errors import ErrorSite, TensorInfo
+from ..capture.history import FIELD_INDEX
 from ..capture.result import CaptureResult
+from .history import (
+    FLAG_BITS,
+    SUGGEST,
+    Diagnosis,
+    Event,
+    Thresholds,
+    diagnoses_at,
+    events,
+    flag_names,
+    input_graph,
+    step_flags,
+)
 
-__all__ = ["COLUMNS", "LEGEND", "Diagnosis", "ErrorReport", "ThermometerReport", "Thresholds", "diagnose", "explain_error"]
+__all__ = ["COLUMNS", "LEGEND", "Diagnosis", "ErrorReport", "Event", "ThermometerReport", "Thresholds", "diagnose", "explain_error"]
 
 COLUMNS = (
     "mean", "std", "min", "max", "zero_frac", "near_zero_frac", "nan", "inf", "numel",
     "grad_norm", "grad_mean", "grad_std", "grad_min", "grad_max", "grad_nan", "grad_inf",
-    "param_grad_norm",
+    "param_grad_norm", "dead_unit_frac", "update_ratio",
 )
 
 LEGEND: dict[str, dict[str, str]] = {
@@ -36,37 +49,9 @@ LEGEND: dict[str, dict[str, str]] = {
     "saturated": {"label": "saturated", "color": "#3182bd", "description": "bounded activation stuck at its bounds"},
     "exploding": {"label": "exploding grad", "color": "#d62728", "description": "gradient norm above the exploding threshold"},
     "vanishing": {"label": "vanishing grad", "color": "#969696", "description": "gradient norm below the vanishing threshold"},
+    "dead_units": {"label": "dead units", "color": "#9e9ac8", "description": "many units (channels / features) zero for every sample of the step"},
+    "update_ratio": {"label": "update ratio", "color": "#ff7f0e", "description": "update/parameter ratio ‖Δθ‖/‖θ‖ outside [1e-4, 1e-2] (healthy ~1e-3)"},
 }
-
-SUGGEST = {
-    "dead": "Check the init (Kaiming/He for ReLU layers) and the bias of the layer before it, lower the learning rate, or try LeakyReLU/GELU.",
-    "saturated": "Scale the pre-activations down (init, normalisation before the activation) or lower the learning rate.",
-    "nan_origin_fwd": "Look at this layer's op for log/sqrt/division of values ≤ 0 or overflow (add an epsilon, clamp), and at its weights (NaN from an earlier bad step?).",
-    "nan_origin_bwd": "The backward of this layer produced NaN/Inf from finite gradients: look for sqrt/log/pow at 0, division by small numbers; clip gradients or add an epsilon.",
-    "exploding": "Clip gradients (torch.nn.utils.clip_grad_norm_), lower the learning rate, or add normalisation.",
-    "vanishing": "Use residual connections or normalisation, ReLU-family activations, and check the init scale.",
-}
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Configurable diagnosis thresholds (all also settable from the magic / %config)."""
-
-    dead: float = 0.99  # fraction of exact zeros that makes an activation dead
-    saturated: float = 0.5  # fraction of mass within 1e-3 of the bounds
-    vanishing: float = 1e-7  # gradient L2 norm below this → vanishing
-    exploding: float = 1e3  # gradient L2 norm above this → exploding
-    ratio: float = 1e-4  # first/last layer gradient-norm ratio below this → vanishing toward the input
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    code: str
-    severity: str  # "error" | "warning" | "info"
-    layer: str  # row name, or "" for model-wide findings
-    message: str
-    suggestion: str
-
 
 @dataclass
 class ThermometerReport:
@@ -87,6 +72,10 @@ class ThermometerReport:
     steps: int = 1  # calls of the model's forward in the cell
     first_nonfinite_step: int | None = None  # 1-based step where the first NaN/Inf appeared
     error: ErrorReport | None = None  # the cell raised inside the model: where, and what does not fit
+    step: int | None = None  # the step the table and flags are at (None: merged over the whole run)
+    events: list[Event] = field(default_factory=list)  # rows that changed state over the kept steps
+    step_index: np.ndarray | None = None  # int64 [K]: the kept steps (None without a history)
+    history_flags: np.ndarray | None = None  # uint16 [K, rows] FLAG_BITS of every row at every kept step
 
     def column(self, name: str) -> np.ndarray:
         return self.table[:, COLUMNS.index(name)]
@@ -99,8 +88,87 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def diagnose(result: CaptureResult, thresholds: Thresholds | None = None) -> ThermometerReport:
+def diagnose(result: CaptureResult, thresholds: Thresholds | None = None, step: int | str | None = None) -> ThermometerReport:
+    """Table, flags and diagnoses of ``result``.
+
+    With a per-step history of more than one step (or an explicit ``step``), everything is decided
+    AT one kept step (default: the last; ``report.step`` says which), with ``report.events`` (rows
+    that changed state over time: became dead, gradient fell, update ratio) and the flags of every
+    kept step (``report.history_flags``). ``step="run"`` (or a single-step result) gives the merged
+    whole-run table, decided on the merged stats. A step that was not kept raises KeyError naming
+    the nearest kept steps.
+    """
     th = thresholds or Thresholds()
+    hist = getattr(result, "history", None)
+    if step != "run" and hist is not None and len(hist) and (hist.steps > 1 or isinstance(step, int)):
+        rep = diagnose_at(result, th, None if step is None else int(step))
+        rep.error = _error_report(result)
+        if rep.error is not None:
+            rep.diagnoses.insert(0, Diagnosis("raised", "error", "", rep.error.headline, rep.error.suggestion))
+            rep.summary = f"{_plural(len(rep.names), 'layer')} ran, then {rep.error.headline}"
+        return rep
+    return _diagnose_run(result, th)
+
+
+def diagnose_at(result: CaptureResult, th: Thresholds, step: int | None) -> ThermometerReport:
+    """The report at one kept step of ``result.history`` (the last when ``step`` is None)."""
+    h = result.history
+    steps = h.step_index
+    j = len(steps) - 1 if step is None else h.slot_of(step)
+    s = int(steps[j])
+    rows = result.layers
+    hrows = list(h.rows)
+    graph = input_graph(rows, hrows)
+    info = h.row_info
+    values = h.values("last")
+    types = [str(i.get("type", "")) for i in info]
+    bits = step_flags(values, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=graph)
+    # At the run's first non-finite step, the capture's per-call check names the origins exactly.
+    hid = {n: i for i, n in enumerate(hrows)}
+    for st, row, code in ((result.forward_nonfinite_step, (result.forward_nonfinite_call or (None,))[0], "nan_origin_fwd"),
+                          (result.backward_nonfinite_step,
+                           result.backward_origin_row if result.backward_origin_row is not None else result.backward_nonfinite_row,
+                           "nan_origin_bwd")):
+        k = np.flatnonzero(steps == st) if st is not None and row is not None else []
+        if len(k) and rows[row].name in hid:
+            b = np.uint16(FLAG_BITS[code])
+            bad = (bits[k[0]] & b) > 0
+            bits[k[0], bad] = (bits[k[0], bad] & ~b) | np.uint16(FLAG_BITS["nonfinite"])
+            bits[k[0], hid[rows[row].name]] = (bits[k[0], hid[rows[row].name]] & ~np.uint16(FLAG_BITS["nonfinite"])) | b
+    evs = events(h, th, inputs=graph, flags=bits)
+    first = result.first_nonfinite_step
+    first_row = None
+    inc = getattr(result, "incident", None)
+    if inc is not None:
+        first_row = inc.row
+    elif first is not None and first == result.forward_nonfinite_step and result.forward_nonfinite_call is not None:
+        first_row = rows[result.forward_nonfinite_call[0]].name
+    diags, parts, ratio = diagnoses_at(j, values, steps, hrows, types, bits, evs, th,
+                                       None if first is None else (first, first_row))
+    # The table in result.layers order (the widget's row index is the layer index).
+    table = np.full((len(rows), len(COLUMNS)), np.nan)
+    pick = [hid.get(r.name, -1) for r in rows]
+    for c, col in enumerate(COLUMNS):
+        if col in FIELD_INDEX:
+            table[:, c] = [values[j, i, FIELD_INDEX[col]] if i >= 0 else np.nan for i in pick]
+    present = np.isfinite(table).any(axis=1)
+    table[:, COLUMNS.index("numel")] = [float(np.prod(r.shape)) if p else np.nan for r, p in zip(rows, present)]
+    flags = [flag_names(int(bits[j, i])) if i >= 0 else [] for i in pick]
+    hflags = np.stack([bits[:, i] if i >= 0 else np.zeros(len(steps), np.uint16) for i in pick], axis=1) if rows else bits[:, :0]
+    head = f"step {s}: {_plural(len(rows), 'layer')}"
+    summary = f"{head}: " + ", ".join(parts) if parts else f"{head}: no problems found"
+    notes = list(result.notes) + list(getattr(h, "notes", []))
+    notes.append(f"table and flags at step {s} of {result.steps} ({_plural(len(steps), 'kept step')}); flags are decided "
+                 "per step, events over the kept steps; numel is one call's, near-zero is only in the whole-run table")
+    return ThermometerReport(
+        names=[r.name for r in rows], modules=[r.module for r in rows], types=[r.type for r in rows],
+        shapes=[r.shape for r in rows], dtypes=[r.dtype for r in rows], calls=[r.calls for r in rows],
+        table=table, flags=flags, diagnoses=diags, summary=summary, notes=list(dict.fromkeys(notes)), grad_ratio=ratio,
+        steps=result.steps, first_nonfinite_step=first, step=s, events=evs, step_index=steps, history_flags=hflags,
+    )
+
+
+def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
     rows = result.layers
     n = len(rows)
     table = np.full((n, len(COLUMNS)), np.nan)
@@ -114,6 +182,11 @@ def diagnose(result: CaptureResult, thresholds: Thresholds | None = None) -> The
                 table[i, j] = math.nan if r.param_grad_norm is None else r.param_grad_norm
             else:
                 table[i, j] = r.stats.get(col, math.nan)
+    hist = getattr(result, "history", None)
+    if hist is not None and len(hist):  # the update ratio of the last step (not a merged quantity)
+        last = hist.values("last")[-1]
+        pos = {n: i for i, n in enumerate(hist.rows)}
+        table[:, COLUMNS.index("update_ratio")] = [last[pos[r.name], FIELD_INDEX["update_ratio"]] if r.name in pos else np.nan for r in rows]
     flags: list[list[str]] = [[] for _ in rows]
     diags: list[Diagnosis] = []
 
@@ -177,6 +250,17 @@ def diagnose(result: CaptureResult, thresholds: Thresholds | None = None) -> The
                                f"`{r.name}` ({r.type}) outputs {zf:.1%} exact zeros: its units are dead and pass no gradient.",
                                SUGGEST["dead"]))
 
+    # Dead units (channels/features zero for every sample), on the first row of a chain only.
+    def units_dead(j: int) -> bool:
+        return rows[j].is_float and rows[j].stats.get("dead_unit_frac", math.nan) >= th.dead_units
+
+    for i, r in enumerate(rows):
+        if "dead" in flags[i] or not units_dead(i) or (r.inputs and all(units_dead(j) for j in r.inputs)):
+            continue
+        flags[i].append("dead_units")
+        diags.append(Diagnosis("dead_units", "warning", r.name,
+                               f"`{r.name}` ({r.type}): {r.stats['dead_unit_frac']:.0%} of its units are zero for every sample.",
+                               SUGGEST["dead_units"]))
     for i, r in enumerate(rows):
         sat = r.stats.get("saturated_frac")
         if r.is_float and sat is not None and sat >= th.saturated:
@@ -190,7 +274,7 @@ def diagnose(result: CaptureResult, thresholds: Thresholds | None = None) -> The
     gn = table[:, COLUMNS.index("grad_norm")]
     pn = table[:, COLUMNS.index("param_grad_norm")]
     have = [i for i in range(n) if np.isfinite(gn[i]) or np.isfinite(pn[i])]
-    any_dead = any("dead" in f for f in flags)
+    any_dead = any("dead" in f or "dead_units" in f for f in flags)
     for i in have:
         size = pn[i] if np.isfinite(pn[i]) else gn[i]
         if np.nanmax([gn[i], pn[i]]) > th.exploding:

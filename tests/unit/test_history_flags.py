@@ -1,0 +1,316 @@
+"""Per-step flags, events and the report at a step, on hand-built histories with exact expectations;
+every number a message cites checked against the table / ``result.at(step)``; then a real digits
+MLP trained at lr=3.0 (the issue's collapse: dead units after a too-large update, not "vanishing")."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from nbdebug.capture.history import HISTORY_FIELDS, History
+from nbdebug.capture.result import CaptureResult, LayerRecord
+from nbdebug.inspectors.history import (
+    FLAG_BITS,
+    Thresholds,
+    events,
+    flag_names,
+    input_graph,
+    step_flags,
+)
+from nbdebug.inspectors.thermometer import COLUMNS, ThermometerReport, diagnose
+
+F = len(HISTORY_FIELDS)
+
+
+def fields(k: int, r: int, **cols: Sequence[Sequence[float]]) -> dict[str, np.ndarray]:
+    """field → [K, R] (NaN where not given); ``cols`` values are per row lists of K values."""
+    return {f: np.asarray(v, dtype=np.float64).T.reshape(k, r) for f, v in cols.items()}
+
+
+def result_of(h: History, types: Sequence[str], inputs: Sequence[tuple[int, ...]], dtypes: Sequence[str] | None = None,
+              **kw: object) -> CaptureResult:
+    """A CaptureResult whose rows are ``h``'s rows (merged stats = the last step's, enough here)."""
+    last = h.values()[-1]
+    layers = [
+        LayerRecord(name=n, module=n, type=t, shape=(4, 8), dtype=(dtypes[i] if dtypes else "float32"), calls=h.appended,
+                    stats={"numel": 32.0, "zero_frac": float(last[i, 4]), "nan": 0.0, "inf": 0.0, "mean": 0.0},
+                    grad=None, param_grad_norm=None, inputs=tuple(inputs[i]))
+        for i, (n, t) in enumerate(zip(h.rows, types))
+    ]
+    base: dict[str, object] = dict(
+        layers=layers, forward_passes=h.appended, backward_ran=True, calls_recorded=0, truncated=False, sample_size=4096,
+        near_zero_eps=1e-6, bytes_kept=0, budget_exceeded=False, forward_nonfinite_call=None, backward_nonfinite_row=None,
+        elapsed_s=0.0, steps=h.steps, history=h,
+    )
+    base.update(kw)
+    return CaptureResult(**base)  # type: ignore[arg-type]
+
+
+# -- the collapse, by hand: Linear `0` → ReLU `1` → MaxPool `2` → Linear `3` ------------------------
+ROWS = ["0", "1", "2", "3"]
+TYPES = ["Linear", "ReLU", "MaxPool1d", "Linear"]
+CHAIN = [(), (0,), (1,), (2,)]
+
+
+def collapse() -> History:
+    nan = math.nan
+    v = fields(
+        5, 4,
+        dead_unit_frac=[[0, 0, 0, 0, 0], [0.1, 0.2, 0.95, 0.97, 0.97], [0.1, 0.2, 0.95, 0.97, 0.97], [0, 0, 0, 0, 0]],
+        zero_frac=[[0, 0, 0, 0, 0], [0.5, 0.5, 0.98, 0.98, 0.98], [0.5, 0.5, 0.98, 0.98, 0.98], [0, 0, 0, 0, 0]],
+        update_ratio=[[1e-3, 0.31, 1e-3, 1e-3, 1e-3], [nan] * 5, [nan] * 5, [1e-3, 0.02, 1e-3, 1e-3, 5e-5]],
+        param_grad_norm=[[2.0, 1.5, 1e-3, 1.9e-3, 1e-4], [nan] * 5, [nan] * 5, [0.5] * 5],
+        grad_norm=[[1.0, 1.0, 1e-9, 1e-9, 1e-9], [1.0] * 5, [1.0] * 5, [0.2] * 5],
+        nan=[[0] * 5] * 4, inf=[[0] * 5] * 4, grad_nan=[[0] * 5] * 4, grad_inf=[[0] * 5] * 4,
+    )
+    return History.from_arrays([1, 2, 3, 4, 5], ROWS, v, {"loss": [2.3, 2.2, 2.303, 2.303, 2.303]},
+                               row_info=[{"type": t, "dtype": "float32"} for t in TYPES])
+
+
+def test_flag_bits_are_distinct_powers_of_two() -> None:
+    bits = list(FLAG_BITS.values())
+    assert len(set(bits)) == len(bits) == 9 and all(b & (b - 1) == 0 for b in bits) and max(bits) < 2**16
+    assert flag_names(FLAG_BITS["dead_units"] | FLAG_BITS["update_ratio"]) == ["dead_units", "update_ratio"]
+
+
+def test_step_flags_of_the_collapse() -> None:
+    h = collapse()
+    bits = step_flags(h.values(), TYPES, Thresholds(), inputs=CHAIN)
+    assert bits.dtype == np.uint16 and bits.shape == (5, 4)
+    names = [[flag_names(int(b)) for b in row] for row in bits]
+    assert [n[1] for n in names] == [[], [], ["dead_units"], ["dead_units"], ["dead_units"]]
+    assert all(n[2] == [] for n in names)  # the pool after the dead ReLU inherits it: not news
+    assert [n[0] for n in names] == [[], ["update_ratio"], [], [], []]  # 0.31 > 1e-2
+    assert [n[3] for n in names] == [[], ["update_ratio"], [], [], ["update_ratio"]]  # 0.02, then 5e-5 < 1e-4
+    # A 1e-9 parameter gradient behind the dead ReLU is the dead story; without the dead units it is vanishing.
+    v = h.values()
+    v[2:, 0, HISTORY_FIELDS.index("param_grad_norm")] = 1e-9
+    cut = step_flags(v, TYPES, Thresholds(), inputs=CHAIN)
+    assert [flag_names(int(b)) for b in cut[:, 0]] == [[], ["update_ratio"], [], [], []]
+    v[:, :, HISTORY_FIELDS.index("dead_unit_frac")] = 0.0
+    v[:, :, HISTORY_FIELDS.index("zero_frac")] = 0.0
+    alive = step_flags(v, TYPES, Thresholds(), inputs=CHAIN)
+    assert [flag_names(int(b)) for b in alive[:, 0]] == [[], ["update_ratio"], ["vanishing"], ["vanishing"], ["vanishing"]]
+
+
+def test_thresholds_are_configurable() -> None:
+    h = collapse()
+    bits = step_flags(h.values(), TYPES, Thresholds(dead_units=0.15, update_high=0.5, update_low=0.0), inputs=CHAIN)
+    assert [flag_names(int(b)) for b in bits[:, 1]] == [[], ["dead_units"], ["dead_units"], ["dead_units"], ["dead_units"]]
+    assert not (bits[:, [0, 3]] & FLAG_BITS["update_ratio"]).any()
+
+
+def test_events_of_the_collapse_exact() -> None:
+    evs = events(collapse(), inputs=CHAIN)
+    assert [(e.step, e.row, e.code) for e in evs] == [  # by step, then row order
+        (2, "0", "update_ratio"), (2, "3", "update_ratio"), (3, "0", "grad_fell"), (3, "1", "became_dead"),
+    ]
+    by = {(e.row, e.code): e for e in evs}
+    assert by[("1", "became_dead")].message == (
+        "ReLU `1`: 95% of units dead from step 3, after an update ratio of 0.31 at step 2 in `0` (learning rate too high)"
+    )
+    assert "Lower the learning rate" in by[("1", "became_dead")].suggestion
+    assert by[("0", "grad_fell")].message == "`0`: parameter-gradient norm fell from 2 at step 1 to 0.001 at step 3 (10^3 smaller)"
+    assert by[("0", "update_ratio")].message == "`0`: update ratio ‖Δθ‖/‖θ‖ of 0.31 at step 2, too large: the learning rate is too high for this layer"
+    assert by[("3", "update_ratio")].message.startswith("`3`: update ratio ‖Δθ‖/‖θ‖ of 0.02 at step 2, too large")
+    # only the first out-of-range step of a row is an event (step 5's 5e-5 is a flag, not a new event)
+    assert sum(e.row == "3" and e.code == "update_ratio" for e in evs) == 1
+
+
+def test_became_dead_cites_the_largest_update_when_no_layer_feeds_it() -> None:
+    h = collapse()
+    evs = events(h, inputs=[(), (), (1,), (2,)])  # ReLU `1` with no captured input
+    e = next(e for e in evs if e.code == "became_dead")
+    assert e.message == ("ReLU `1`: 95% of units dead from step 3, after an update ratio of 0.31 at step 2 in `0` "
+                         "(the largest in the model; learning rate too high)")
+
+
+def test_no_became_dead_when_dead_from_the_start_or_recovering() -> None:
+    base = dict(update_ratio=[[1e-3] * 4, [math.nan] * 4])
+    dead_always = History.from_arrays([1, 2, 3, 4], ["0", "1"], fields(4, 2, dead_unit_frac=[[0] * 4, [0.95] * 4], **base),
+                                      row_info=[{"type": "Linear"}, {"type": "ReLU"}])
+    assert [e.code for e in events(dead_always)] == []
+    recovers = History.from_arrays([1, 2, 3, 4], ["0", "1"], fields(4, 2, dead_unit_frac=[[0] * 4, [0.1, 0.95, 0.3, 0.1]], **base),
+                                   row_info=[{"type": "Linear"}, {"type": "ReLU"}])
+    assert [e.code for e in events(recovers)] == []
+    # gradual: 0.6 (flagged, below became_dead) then 0.92: the event is at the step it reached 0.9
+    gradual = History.from_arrays([1, 2, 3, 4], ["0", "1"], fields(4, 2, dead_unit_frac=[[0] * 4, [0.1, 0.6, 0.92, 0.93]], **base),
+                                  row_info=[{"type": "Linear"}, {"type": "ReLU"}])
+    (e,) = events(gradual)
+    assert (e.step, e.message) == (3, "ReLU `1`: 92% of units dead from step 3, after an update ratio of 0.001 at step 2 in `0`")
+
+
+def test_integer_rows_are_never_dead() -> None:
+    v = fields(2, 2, zero_frac=[[1.0, 1.0], [1.0, 1.0]], dead_unit_frac=[[1.0, 1.0], [1.0, 1.0]])
+    h = History.from_arrays([1, 2], ["mask", "h"], v)
+    vals = h.values()
+    bits = step_flags(vals, ["Gt", "ReLU"], dtypes=["bool", "float32"], inputs=[(), ()])
+    assert [flag_names(int(b)) for b in bits[-1]] == [[], ["dead", "dead_units"]]
+
+
+def test_nan_origins_per_step_follow_the_input_graph() -> None:
+    # step 1 finite; step 2: `a` NaN from finite inputs, `b` inherits; step 3: forward finite, the
+    # gradient turns NaN in `c`'s backward (finite at its output, NaN at `b`, its input, and before).
+    v = {"nan": np.array([[0, 0, 0], [0, 5, 5], [0, 0, 0]]), "inf": np.zeros((3, 3)),
+         "grad_nan": np.array([[0, 0, 0], [0, 0, 0], [4, 4, 0]]), "grad_inf": np.zeros((3, 3))}
+    h = History.from_arrays([1, 2, 3], ["a0", "b", "c"], v)
+    chain = [(), (0,), (1,)]
+    bits = step_flags(h.values(), ["Linear", "Log", "Linear"], inputs=chain)
+    assert [[flag_names(int(b)) for b in row] for row in bits] == [
+        [[], [], []],
+        [[], ["nan_origin_fwd"], ["nonfinite"]],
+        [["nonfinite"], ["nonfinite"], ["nan_origin_bwd"]],
+    ]
+    # two branches from `a0`: both NaN outputs are origins (neither fed the other)
+    branch = step_flags(h.values(), ["Linear", "Log", "Log"], inputs=[(), (0,), (0,)])
+    assert [flag_names(int(b)) for b in branch[1]] == [[], ["nan_origin_fwd"], ["nan_origin_fwd"]]
+    # a non-finite output gradient of a row nothing captured consumed: the loss or code after it
+    v2 = fields(1, 2, nan=[[0], [0]], grad_nan=[[3], [3]])
+    last = step_flags(History.from_arrays([1], ["x", "y"], v2).values(), ["Linear", "Linear"], inputs=[(), (0,)])
+    assert [flag_names(int(b)) for b in last[0]] == [["nonfinite"], ["nan_origin_bwd"]]
+
+
+def test_exploding_uses_either_norm() -> None:
+    v = fields(2, 2, grad_norm=[[1.0, 2e3], [1.0, 1.0]], param_grad_norm=[[math.nan, math.nan], [5.0, 1.0]])
+    bits = step_flags(History.from_arrays([1, 2], ["a", "b"], v).values(), ["Linear", "Linear"])
+    assert [flag_names(int(b)) for b in bits[:, 0]] == [[], ["exploding"]]
+    assert not bits[:, 1].any()
+
+
+# -- the report at a step ------------------------------------------------------------------------
+NUM = r"(-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
+
+
+def fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def check_numbers(res: CaptureResult, rep: ThermometerReport) -> int:
+    """Every number an event or a per-step diagnosis cites is the value at the step it names, in
+    ``result.at(step)`` and in the report's table when the report is at that step. Returns how many
+    numbers were checked."""
+    checked = 0
+
+    def at(step: int, row: str) -> LayerRecord:
+        return next(r for r in res.at(step) if r.name == row)
+
+    for e in rep.events:
+        if e.code == "became_dead":
+            m = re.search(r"`([^`]+)`: (\d+)% of units dead from step (\d+)", e.message)
+            assert m and m.group(1) == e.row and int(m.group(3)) == e.step, e.message
+            assert f"{at(e.step, e.row).stats['dead_unit_frac']:.0%}" == m.group(2) + "%"
+            checked += 1
+            m2 = re.search(rf"an update ratio of {NUM} at step (\d+) in `([^`]+)`", e.message)
+            if m2:
+                assert fmt(at(int(m2.group(2)), m2.group(3)).stats["update_ratio"]) == m2.group(1), e.message
+                assert int(m2.group(2)) == res.step_index[list(res.step_index).index(e.step) - 1]
+                checked += 1
+        elif e.code == "grad_fell":
+            m = re.search(rf"fell from {NUM} at step (\d+) to {NUM} at step (\d+) \(10\^(\d+) smaller\)", e.message)
+            assert m and int(m.group(4)) == e.step, e.message
+            a, b = at(int(m.group(2)), e.row), at(e.step, e.row)
+            key = "param_grad_norm" if "parameter" in e.message else None
+            va = a.param_grad_norm if key else a.grad["norm"]  # type: ignore[index]
+            vb = b.param_grad_norm if key else b.grad["norm"]  # type: ignore[index]
+            assert (fmt(va), fmt(vb)) == (m.group(1), m.group(3)) and int(m.group(5)) == math.floor(math.log10(va / vb))
+            checked += 2
+        elif e.code == "update_ratio":
+            m = re.search(rf"of {NUM} at step (\d+)", e.message)
+            assert m and int(m.group(2)) == e.step and fmt(at(e.step, e.row).stats["update_ratio"]) == m.group(1)
+            checked += 1
+    s = rep.step
+    for d in rep.diagnoses:
+        if d.code == "dead_units":
+            m = re.search(rf"(\d+)%(?: of its units are zero for every sample)? at step {s}", d.message)
+            assert m, d.message
+            i = rep.names.index(d.layer)
+            assert f"{rep.column('dead_unit_frac')[i]:.0%}" == m.group(1) + "%" == f"{at(s, d.layer).stats['dead_unit_frac']:.0%}"
+            checked += 1
+        if d.code == "update_ratio":
+            for row, num in re.findall(rf"`([^`]+)` {NUM}", d.message):
+                i = rep.names.index(row)
+                assert fmt(rep.column("update_ratio")[i]) == num == fmt(at(s, row).stats["update_ratio"])
+                checked += 1
+    return checked
+
+
+def test_report_at_the_last_step_tells_the_dead_story_not_vanishing() -> None:
+    res = result_of(collapse(), TYPES, CHAIN)
+    rep = diagnose(res)
+    assert rep.step == 5 and rep.step_index.tolist() == [1, 2, 3, 4, 5]
+    assert COLUMNS[-2:] == ("dead_unit_frac", "update_ratio")
+    assert rep.flags == [[], ["dead_units"], [], ["update_ratio"]]
+    assert rep.column("dead_unit_frac").tolist() == pytest.approx([0.0, 0.97, 0.97, 0.0])
+    assert rep.column("update_ratio")[3] == pytest.approx(5e-5)
+    d = next(d for d in rep.diagnoses if d.code == "dead_units")
+    assert d.message == ("ReLU `1`: 95% of units dead from step 3, after an update ratio of 0.31 at step 2 in `0` "
+                         "(learning rate too high); 97% at step 5.")
+    assert rep.summary.startswith("step 5: 4 layers: dead units in 1 layer (1) from step 3 (learning rate too high)")
+    assert "vanishing" not in rep.summary and not any(d.code == "vanishing" for d in rep.diagnoses)
+    assert rep.history_flags.shape == (5, 4) and int(rep.history_flags[2, 1]) == FLAG_BITS["dead_units"]
+    assert check_numbers(res, rep) >= 7
+
+
+def test_report_at_an_earlier_step_and_whole_run() -> None:
+    res = result_of(collapse(), TYPES, CHAIN)
+    rep = diagnose(res, step=2)
+    assert rep.step == 2 and rep.flags == [["update_ratio"], [], [], ["update_ratio"]]
+    assert rep.column("update_ratio")[0] == pytest.approx(0.31)
+    d = next(d for d in rep.diagnoses if d.code == "update_ratio")
+    assert d.message == "update ratio ‖Δθ‖/‖θ‖ out of the healthy range at step 2 in 2 layers: `0` 0.31, `3` 0.02."
+    assert not any(d.code == "dead_units" for d in rep.diagnoses)  # not dead yet at step 2
+    assert check_numbers(res, rep) >= 2
+    with pytest.raises(KeyError, match="nearest kept"):
+        diagnose(res, step=7)
+    whole = diagnose(res, step="run")
+    assert whole.step is None and whole.events == []
+
+
+def test_single_step_result_is_the_merged_report() -> None:
+    h = History.from_arrays([1], ["0", "1"], fields(1, 2, update_ratio=[[2e-3], [math.nan]]))
+    res = result_of(h, ["Linear", "ReLU"], [(), (0,)])
+    rep = diagnose(res)
+    assert rep.step is None and rep.events == []
+    assert rep.column("update_ratio")[0] == pytest.approx(2e-3)  # the last step's ratio in the merged table
+
+
+def test_decimated_history_story_names_kept_steps() -> None:
+    h = History(max_bytes=4 * 1024)  # room for a few slots only: decimates
+    for name, t in zip(ROWS, TYPES):
+        h.row_id(name, {"type": t, "dtype": "float32"})
+    fi = {f: i for i, f in enumerate(HISTORY_FIELDS)}
+    for s in range(1, 41):
+        v = np.full((4, F), np.nan, np.float32)
+        v[:, fi["dead_unit_frac"]] = [0, 0.1 if s < 20 else 0.96, 0.1 if s < 20 else 0.96, 0]
+        v[:, fi["update_ratio"]] = [0.5 if s == 19 else 1e-3, np.nan, np.nan, 1e-3]
+        h.append(s, np.arange(4), v, {})
+    assert h.decimated
+    res = result_of(h, TYPES, CHAIN)
+    rep = diagnose(res)
+    e = next(e for e in rep.events if e.code == "became_dead")
+    assert e.step in res.step_index.tolist() and check_numbers(res, rep) >= 1
+
+
+def test_input_graph_maps_layer_indices_to_history_rows() -> None:
+    res = result_of(collapse(), TYPES, CHAIN)
+    assert input_graph(res.layers, ["3", "1", "0", "x"]) == [(), (2,), (), ()]  # `2` absent from these rows
+
+
+def test_step_flags_and_events_are_fast() -> None:
+    rng = np.random.default_rng(0)
+    k, r = 1000, 300
+    v = rng.random((k, r, F), dtype=np.float32)
+    v[:, :, HISTORY_FIELDS.index("nan")] = 0
+    h = History.from_arrays(np.arange(1, k + 1), [f"r{i}" for i in range(r)], v, max_bytes=2**30)
+    types = ["ReLU"] * r
+    t = time.perf_counter()
+    for _ in range(5):
+        bits = step_flags(h.values(), types)
+        events(h, flags=bits)
+    per = (time.perf_counter() - t) / 5
+    assert per < 0.25, f"{per * 1e3:.0f} ms per update"  # loaded 2-core machine; ~30 ms measured alone

@@ -1,0 +1,248 @@
+"""Training-loop overhead of the per-step history (issue 10), next to wandb.watch and detect_anomaly.
+
+    python benchmarks/bench_training.py [--rounds 5] [--threads 1] [--steps 10000] [--quick]
+
+(a) small CNN (3 conv layers, 32 channels, 32×32 inputs, batch 32, ReLU, a linear head, SGD), a
+    40-step loop: plain, ``nbdebug.Capture`` (full history, every step), ``nbdebug.debug(model,
+    "thermometer")`` (what ``%%nndebug`` runs; building the widget afterwards is timed apart), and,
+    when they work offline, ``wandb.watch(model, log="all", log_freq=1)`` (``WANDB_MODE=offline``)
+    and ``torch.autograd.detect_anomaly()``. Target: Capture and debug ≤ 1.15× plain.
+(b) digits-sized model (2 conv + 2 linear on 8×8, batch 16), a 100-step loop, where the fixed cost
+    per hook call dominates. Target ≤ 1.5× plain.
+(c) a 300-row model (150 Linear+ReLU pairs, width 32, batch 8) for 10,000 steps under
+    ``max_bytes=64MB``: history bytes, process RSS growth, time per step vs plain.
+One process, interleaved rounds (A, B, C, A, B, C…), medians. ``torch.set_num_threads`` (default
+1) keeps two runs of the same loop comparable on a shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import interleaved, table
+
+import nbdebug
+from nbdebug.capture.budget import format_bytes, parse_bytes
+from nbdebug.capture.session import Capture
+
+
+def small_cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(32 * 32 * 32, 10),
+    )
+
+
+def digits_model() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(16 * 8 * 8, 32), nn.ReLU(), nn.Linear(32, 10),
+    )
+
+
+def deep_mlp(pairs: int = 150, width: int = 32) -> nn.Module:
+    layers: list[nn.Module] = []
+    for _ in range(pairs):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+class Loop:
+    """``steps`` SGD steps on one fixed batch (data loading is not what is measured)."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float = 0.01) -> None:
+        self.model, self.x, self.y, self.steps = model, x, y, steps
+        self.opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        self.loss: torch.Tensor | None = None
+
+    def __call__(self, after_step: Callable[[torch.Tensor], None] | None = None) -> None:
+        for _ in range(self.steps):
+            self.opt.zero_grad(set_to_none=True)
+            out = self.model(self.x)
+            loss = F.cross_entropy(out, self.y) if self.y.dtype == torch.long else F.mse_loss(out, self.y)
+            loss.backward()
+            self.opt.step()
+            self.loss = loss
+            if after_step is not None:
+                after_step(loss)
+
+
+def history_steps(result: object) -> str:
+    hist = getattr(result, "history", None)
+    if hist is None:
+        return "no history (Capture without issue 10's history)"
+    return f"{len(hist.step_index)} kept steps, {format_bytes(hist.nbytes)}"
+
+
+def wandb_variant(model: nn.Module, loop: Loop, tmp: str) -> tuple[Callable[[], object] | None, str]:
+    """``wandb.watch(model, log="all", log_freq=1)`` around the loop, offline; (None, why) if it cannot run."""
+    os.environ["WANDB_MODE"] = "offline"
+    os.environ.setdefault("WANDB_SILENT", "true")
+    try:
+        import wandb
+
+        run = wandb.init(project="nbdebug-bench", dir=tmp, mode="offline", reinit=True)
+    except Exception as exc:  # not installed, or cannot start offline here
+        return None, f"wandb unavailable: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+    def fn() -> object:
+        run.watch(model, log="all", log_freq=1)
+        try:
+            loop(lambda loss: run.log({"loss": loss.item()}))
+        finally:
+            run.unwatch(model)
+        return None
+
+    return fn, f"wandb {wandb.__version__} offline"
+
+
+def anomaly_variant(loop: Loop) -> Callable[[], object]:
+    def fn() -> object:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Anomaly Detection has been enabled…" every round
+            with torch.autograd.detect_anomaly():
+                loop()
+        return None
+
+    return fn
+
+
+def bench_loop(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, rounds: int,
+               references: bool, tmp: str) -> tuple[list[tuple[str, ...]], list[str]]:
+    loop = Loop(model, x, y, steps)
+    kept: dict[str, object] = {}
+    widget_times: list[float] = []
+
+    def plain() -> object:
+        loop()
+        return None
+
+    def capture() -> object:
+        with Capture(model) as cap:
+            loop()
+        kept["capture"] = cap.result
+        return None
+
+    def debug() -> object:
+        with nbdebug.debug(model, "thermometer") as dbg:
+            loop()
+        t = time.perf_counter()
+        w = dbg.widget()  # what the magic displays afterwards: timed apart, not part of the loop
+        widget_times.append(time.perf_counter() - t)
+        try:
+            w.close()
+        except Exception:
+            pass
+        return None
+
+    variants: dict[str, Callable[[], object]] = {"plain": plain, "nbdebug Capture": capture, "nbdebug.debug (%%nndebug)": debug}
+    notes: list[str] = []
+    if references:
+        fn, why = wandb_variant(model, loop, tmp)
+        if fn is not None:
+            variants['wandb.watch log="all" freq 1'] = fn
+        notes.append(why)
+        variants["detect_anomaly"] = anomaly_variant(loop)
+    t = interleaved(variants, rounds=rounds, warmup=1)
+    rows = [(name, k, f"{v * 1e3:.1f}", f"{v / steps * 1e3:.2f}", f"{v / t['plain']:.3f}") for k, v in t.items()]
+    debug_total = t["nbdebug.debug (%%nndebug)"]
+    widget_times.sort()
+    wt = widget_times[len(widget_times) // 2]
+    notes.append(f"{name}: widget construction after the loop {wt * 1e3:.1f} ms (median), excluded from the debug row; "
+                 f"with it: {(debug_total + wt) / t['plain']:.3f}× plain")
+    notes.append(f"{name}: Capture result {history_steps(kept.get('capture'))}")
+    return rows, notes
+
+
+def memory_run(steps: int) -> list[str]:
+    """10,000 steps of a 300-row model under max_bytes=64MB: history bytes, RSS growth, time per step."""
+    import psutil
+
+    torch.manual_seed(0)
+    model = deep_mlp()
+    x, y = torch.randn(8, 32), torch.randn(8, 32)
+    proc = psutil.Process()
+    plain_loop = Loop(model, x, y, min(steps, 500), lr=1e-3)
+    plain_loop()  # warm up
+    t = time.perf_counter()
+    plain_loop()
+    plain_step = (time.perf_counter() - t) / plain_loop.steps
+    loop = Loop(model, x, y, steps, lr=1e-3)
+    rss0 = proc.memory_info().rss
+    peak = rss0
+    done = [0]
+
+    def watch_rss(_loss: torch.Tensor) -> None:
+        nonlocal peak
+        done[0] += 1
+        if done[0] % 250 == 0:
+            peak = max(peak, proc.memory_info().rss)
+
+    t = time.perf_counter()
+    with Capture(model, max_bytes=parse_bytes("64MB")) as cap:
+        loop(watch_rss)
+    total = time.perf_counter() - t
+    peak = max(peak, proc.memory_info().rss)
+    res = cap.result
+    hist = getattr(res, "history", None)
+    rows = len(hist.rows) if hist is not None else len(res.layers)
+    lines = [
+        f"300-row model (150 Linear+ReLU, width 32, batch 8), {steps} steps, max_bytes=64MB: {rows} rows",
+        f"  history: {history_steps(res)}; steps seen {getattr(res, 'steps', '?')}",
+        f"  process RSS growth: peak {format_bytes(peak - rss0)}, after the capture {format_bytes(max(proc.memory_info().rss - rss0, 0))}",
+        f"  time per step: {total / steps * 1e3:.2f} ms under Capture vs {plain_step * 1e3:.2f} ms plain ({total / steps / plain_step:.2f}×)",
+    ]
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    ap.add_argument("--steps", type=int, default=10_000, help="steps of the memory run (c)")
+    ap.add_argument("--no-references", action="store_true", help="skip wandb.watch and detect_anomaly")
+    ap.add_argument("--quick", action="store_true", help="few steps and rounds, to check the script runs")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    rounds, mem_steps = (2, 300) if a.quick else (a.rounds, a.steps)
+    torch.manual_seed(0)
+    rows: list[tuple[str, ...]] = []
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cnn = small_cnn()
+        r, n = bench_loop("small CNN b32 32² (40 steps)", cnn, torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,)),
+                          8 if a.quick else 40, rounds, not a.no_references, tmp)
+        rows += r
+        notes += n
+        digits = digits_model()
+        r, n = bench_loop("digits 2conv+2lin b16 8² (100 steps)", digits, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)),
+                          20 if a.quick else 100, rounds, False, tmp)
+        rows += r
+        notes += n
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {rounds} interleaved rounds, "
+          f"load average {os.getloadavg()[0]:.2f} at the end")
+    print(table(rows, ("loop", "variant", "ms (median)", "ms/step", "× plain")))
+    print("targets: small CNN Capture/debug ≤ 1.15×, digits ≤ 1.5×")
+    for line in notes:
+        print(line)
+    for line in memory_run(mem_steps):
+        print(line)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end (2 cores: above ~1 another process shared them)")
+
+
+if __name__ == "__main__":
+    main()

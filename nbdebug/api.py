@@ -85,6 +85,12 @@ class Debug:
 
     The model is held weakly (strongly only while the block runs); once the widgets are built the
     recorders are dropped, so neither this object nor the widgets keep a deleted model alive.
+
+    ``live=True`` (the magic's default): when one view was asked for and its recorder offers
+    ``live_widget()`` (the thermometer), that widget is created right after every recorder entered
+    and displayed at once in IPython (``live_widgets``); it updates while the block runs and
+    ``widgets()`` returns the same widget with its final state, which ``show()`` does not display a
+    second time. With several views there is no live display: the dashboard comes at the end.
     """
 
     def __init__(self, model: nn.Module, view: str | list[str] = "thermometer", **options: Any) -> None:
@@ -103,6 +109,9 @@ class Debug:
         self._results: dict[str, Any] = {}
         self._widgets: dict[str, Any] | None = None
         self._dashboard: Any = None
+        self.live = bool(options.get("live"))
+        self.live_widgets: list[Any] = []  # displayed when the block started
+        self._live_handles: list[Any] = []  # their IPython display handles
         # Recorders are built (and option values, layer names validated) before any user code runs.
         for v in self.requested:
             try:
@@ -162,7 +171,43 @@ class Debug:
                 self._exit_all(None, None, None)
                 raise
             self._entered.append(v)
+        self._start_live()
         return self
+
+    def _start_live(self) -> None:
+        """Create and display the live widget (one view asked for, ``live=True``, in IPython)."""
+        if not self.live or self.tabbed:
+            return
+        try:
+            from IPython import get_ipython
+            from IPython.display import display
+        except ImportError:  # pragma: no cover - IPython is a dependency
+            return
+        if get_ipython() is None:
+            return
+        for v in self._entered:
+            make = getattr(self._recorders[v], "live_widget", None)
+            if make is None:
+                continue
+            try:
+                w = make()
+                handle = display(w, display_id=True)
+            except Exception as exc:  # no live view; the final one still comes
+                self.notes.append(_gist(f"no live view: {type(exc).__name__}: {exc}"))
+                continue
+            self.live_widgets.append(w)
+            self._live_handles.append(handle)
+
+    def settle_live(self) -> None:
+        """Once the widgets have their final state: refresh the live displays in place (same widget,
+        so a saved notebook's static fallback shows the final state, not the "running" one)."""
+        handles, self._live_handles = self._live_handles, []
+        for w, handle in zip(self.live_widgets, handles):
+            try:
+                if handle is not None:
+                    handle.update(w)
+            except Exception:
+                pass
 
     def _exit_all(self, *exc: Any) -> BaseException | None:
         """Exit every entered recorder (last first), each isolated; returns a KeyboardInterrupt
@@ -273,7 +318,9 @@ class Debug:
             display(self.dashboard())
             return
         for w in ws:
-            display(w)
+            if not any(w is x for x in self.live_widgets):  # shown when the block started
+                display(w)
+        self.settle_live()
         if self.note():
             display(ViewNote(self.note()))
 

@@ -184,6 +184,7 @@ class NNDebugMagics(Magics):
         options = {k: _unquote(v) for k, v in vars(args).items() if k not in ("model", "view", "output")}
         options["layers"] = self._layer_filter(options.get("layers"))
         options["user_ns"] = self.shell.user_ns
+        options.setdefault("live", True)  # one view: shown when the cell starts, updated while it runs
         for name in ("max_bytes", "sample_size", "dead_threshold", "vanishing", "exploding"):
             if options.get(name) is None:  # 0 is a value, not "unset"
                 options[name] = getattr(self, name)
@@ -205,6 +206,7 @@ class NNDebugMagics(Magics):
                 pass
         try:
             with dbg:
+                self._live[key] = list(dbg.live_widgets)  # closed on re-run even if showing fails
                 value = self._run(code)
         finally:
             self._show(dbg, key, args.output)
@@ -228,13 +230,16 @@ class NNDebugMagics(Magics):
             else:
                 shown = widgets
                 result = dbg.result if widgets else None
-            self._live[key] = shown
+            live = list(dbg.live_widgets)
+            self._live[key] = shown + [w for w in live if not any(w is x for x in shown)]
             ns[RESULT_NAME] = result
             ns[WIDGET_NAME] = shown[0] if shown else None
             if output:
                 ns[output] = result
             for w in shown:
-                display(w)
+                if not any(w is x for x in live):  # the live widget is on screen already
+                    display(w)
+            dbg.settle_live()
             if note and not (dbg.tabbed and widgets):  # the dashboard shows the note itself
                 display(ViewNote(note))
         except Exception as exc:  # showing the views must never hide the cell's value or error

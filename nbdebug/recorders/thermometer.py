@@ -1,7 +1,18 @@
-"""Recorder of the thermometer view: a stats :class:`~nbdebug.capture.session.Capture` around the code."""
+"""Recorder of the thermometer view: a stats :class:`~nbdebug.capture.session.Capture` around the code,
+and the live widget that follows a training loop while the cell runs.
+
+Live protocol (see :class:`~nbdebug.api.Debug`): right after every recorder entered, ``Debug`` calls
+:meth:`ThermometerRecorder.live_widget` when the live view is wanted and displays it; the capture's
+``on_step`` callback then pushes the new history slots to it, at most :data:`MAX_RATE` times a
+second, and once more at exit; :meth:`ThermometerRecorder.widget` returns that same widget with its
+final state (nothing is displayed twice).
+"""
 
 from __future__ import annotations
 
+import inspect
+import sys
+import time
 from typing import Any
 
 from torch import nn
@@ -12,15 +23,66 @@ from ..inspectors.thermometer import Thresholds, diagnose
 from ..views import Recorder
 from ..widgets.thermometer import ThermometerWidget
 
+MAX_RATE = 4.0  # live updates per second, at most
+
+
+def capture_kwargs(options: dict[str, Any]) -> dict[str, Any]:
+    """The training options (contract §6) as :class:`Capture` keyword arguments; ValueError on a bad
+    value (the magic turns it into a UsageError before the cell runs)."""
+    try:  # OPTIM's validation, when it is there
+        from ..views import training_capture_kwargs  # type: ignore[attr-defined]
+    except ImportError:
+        training_capture_kwargs = None
+    if training_capture_kwargs is not None:
+        return dict(training_capture_kwargs(options))
+    o, out = options, {}
+    if o.get("every") is not None:
+        every = int(o["every"])
+        if every < 1:
+            raise ValueError(f"--every takes an integer ≥ 1, got {o['every']!r}")
+        out["every"] = every
+    ns = o.get("user_ns") or {}
+    if o.get("loss_var"):
+        name = str(o["loss_var"])
+        out["loss"] = lambda: ns.get(name)
+    if o.get("break_on") is not None:
+        if o["break_on"] != "nonfinite":
+            raise ValueError(f"--break-on takes 'nonfinite', got {o['break_on']!r}")
+        out["break_on"] = "nonfinite"
+    if o.get("continue_from"):
+        var = o["continue_from"]
+        prev = ns.get(var) if isinstance(var, str) else var
+        if not isinstance(prev, CaptureResult):
+            raise ValueError(f"--continue takes the name of an earlier result (a CaptureResult, e.g. `-o run1` then "
+                             f"`--continue run1`), got {type(prev).__name__}")
+        out["resume"] = prev
+    if o.get("step_on") is not None:
+        out["step_on"] = o["step_on"]
+    return out
+
+
+def _accepted(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Only the keyword arguments this Capture knows (the per-step ones land with the capture)."""
+    params = inspect.signature(Capture.__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
 
 class ThermometerRecorder(Recorder):
     """Options read: ``layers``, ``histograms``, ``max_bytes`` (``64MB`` or bytes), ``sample_size``,
-    ``dead_threshold``, ``vanishing``, ``exploding``, ``device_path``. Zero values are honoured (only a
-    missing option, None, takes the default)."""
+    ``dead_threshold``, ``vanishing``, ``exploding``, ``device_path``, the training options
+    (``every``, ``loss_var``, ``break_on``, ``continue_from``, ``step_on``) and ``live`` (show the
+    widget while the cell runs). Zero values are honoured (only a missing option, None, takes the
+    default)."""
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
         o = options
+        self.live = bool(o.get("live"))
+        self._widget: ThermometerWidget | None = None
+        self._last_push = 0.0
+        self._pushing = True
         self.capture = Capture(
             model,
             o.get("layers"),
@@ -28,6 +90,7 @@ class ThermometerRecorder(Recorder):
             max_bytes=parse_bytes(o.get("max_bytes")),
             sample_size=4096 if o.get("sample_size") is None else int(o["sample_size"]),
             device_path=o.get("device_path"),
+            **_accepted({**capture_kwargs(o), "on_step": self._on_step}),
         )
         defaults = Thresholds()
         self.thresholds = Thresholds(
@@ -41,12 +104,45 @@ class ThermometerRecorder(Recorder):
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.capture.__exit__(*exc)
+        try:
+            self.capture.__exit__(*exc)
+        finally:
+            if self._widget is not None:
+                self._push()  # always one final update (what the throttle held back)
 
+    # -- live --------------------------------------------------------------------------------
+    def live_widget(self) -> ThermometerWidget:
+        """The widget shown while the cell runs (created once; :meth:`widget` returns it at the end)."""
+        if self._widget is None:
+            self._widget = ThermometerWidget.waiting(self.thresholds)
+        return self._widget
+
+    def _on_step(self, cap: Any = None) -> None:
+        """The capture's per-step callback: push at most :data:`MAX_RATE` times a second."""
+        if self._widget is None or time.monotonic() - self._last_push < 1.0 / MAX_RATE:
+            return
+        self._push()
+
+    def _push(self) -> None:
+        w, hist = self._widget, getattr(self.capture, "history", None)
+        if w is None or hist is None or not self._pushing:
+            return
+        try:
+            w.push_history(hist, incidents=list(getattr(self.capture, "incidents", None) or []), thresholds=self.thresholds)
+        except Exception as exc:  # a live update must never break the user's loop
+            self._pushing = False
+            sys.stderr.write(f"nbdebug: live updates stopped: {type(exc).__name__}: {exc}\n")
+        self._last_push = time.monotonic()
+
+    # -- after the run -----------------------------------------------------------------------
     def result(self) -> CaptureResult:
         assert self.capture.result is not None, "the recorder has not run yet"
         return self.capture.result
 
     def widget(self) -> ThermometerWidget:
         res = self.result()
-        return ThermometerWidget(diagnose(res, self.thresholds), res)
+        report = diagnose(res, self.thresholds)
+        if self._widget is not None:
+            self._widget.finish(report, res)
+            return self._widget
+        return ThermometerWidget(report, res, self.thresholds)

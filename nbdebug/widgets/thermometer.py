@@ -1,10 +1,23 @@
-"""The layer thermometer widget: one row per captured layer, histograms fetched on click.
+"""The layer thermometer widget: one row per captured layer, histograms fetched on click, and the
+per-step history of a training loop (step slider, sparklines, loss curve, incidents, events).
 
 >>> w = ThermometerWidget.from_capture(cap.result)       # doctest: +SKIP
 >>> w.selected = "features.1"                            # doctest: +SKIP  (highlights the row)
+>>> w.step = 41                                          # doctest: +SKIP  (the table at step 41; 0: last, -1: whole run)
 
 Synced up front: names, types, shapes, flags and diagnoses (small JSON) and the stats table as one
 float32 binary buffer. Histograms cross only when a row is clicked (``histogram`` request).
+
+History (``history`` trait and live messages, read by ``js/src/thermometer/history.ts``): JSON
+``fields`` (:data:`WIRE_FIELDS`), ``rows`` (name, module, type, shape, dtype), ``flag_bits``,
+``total_steps``, ``first_nonfinite_step``, ``group`` (kept slots merged per sent slot) and arrays
+``steps`` int32 [K], ``last`` float32 [K, R, F] (the bucket's last step), ``lo``/``hi`` (its min/max,
+only when steps were merged), ``flags`` uint16 [K, R], ``loss``/``loss_lo``/``loss_hi``/``lr``/
+``skipped`` [K]. While the cell runs, :meth:`ThermometerWidget.push_history` sends only the slots
+changed since the last push as a custom message ``{"type": "history", "from": slot, "reset": bool}``
+with binary buffers (a decimation of the history, or more than :data:`LIVE_BYTES` in the browser,
+resends the whole, downsampled to :data:`TRAIT_BYTES`). The final state is in the traits,
+downsampled to :data:`TRAIT_BYTES` (a note says so) so a saved notebook stays small.
 """
 
 from __future__ import annotations
@@ -12,17 +25,32 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import traitlets
 
+from ..capture.history import FIELD_INDEX, History
 from ..capture.session import CaptureResult
+from ..inspectors.history import FLAG_BITS, step_flags
 from ..inspectors.thermometer import COLUMNS, LEGEND, ThermometerReport, Thresholds, diagnose
 from ._base import NBWidget, rpc
-from ._transport import encode_array
+from ._transport import encode_array, pack_arrays
 
-__all__ = ["ThermometerWidget"]
+__all__ = ["LIVE_BYTES", "TRAIT_BYTES", "WIRE_FIELDS", "ThermometerWidget"]
+
+#: per-row history fields sent to the browser (what the table, the detail panel and sparklines show)
+WIRE_FIELDS: tuple[str, ...] = (
+    "mean", "std", "min", "max", "zero_frac", "nan", "inf", "dead_unit_frac", "saturated_frac",
+    "grad_norm", "grad_std", "grad_nan", "grad_inf", "param_grad_norm", "update_ratio",
+)
+_WIRE_IDX = np.array([FIELD_INDEX[f] for f in WIRE_FIELDS], dtype=np.intp)
+_NONFINITE = np.array([WIRE_FIELDS.index(f) for f in ("nan", "inf", "grad_nan", "grad_inf")], dtype=np.intp)
+#: bytes of history in the traits (the initial payload stays under 4 MB with the rows' JSON)
+TRAIT_BYTES = 3_500_000
+#: bytes of history a running cell lets the browser hold before it resends a downsampled whole
+LIVE_BYTES = 16 * 2**20
 
 
 class ThermometerWidget(NBWidget):
@@ -32,7 +60,10 @@ class ThermometerWidget(NBWidget):
     ``stats`` (binary float32 [rows, columns]), ``diagnoses``, ``legend``, ``summary``, ``notes``,
     ``has_grads``, ``raised`` (the module that raised and what does not fit), ``steps``,
     ``first_nonfinite_step``; UI state synced both ways: ``selected``, ``flagged_only``, ``sort_by``,
-    ``sort_desc``. ``report`` and ``capture`` keep the Python-side data.
+    ``sort_desc``, ``step`` (the step the table shows: 0 the last, -1 the whole run) and
+    ``spark_stat`` (the statistic of the over-time column). Over time: ``history`` (see the module
+    docstring), ``incidents``, ``events``, ``running`` (True while the cell runs). ``report`` and
+    ``capture`` keep the Python-side data.
     """
 
     _view_name_ = "thermometer"
@@ -55,32 +86,117 @@ class ThermometerWidget(NBWidget):
     flagged_only = traitlets.Bool(False).tag(sync=True)
     sort_by = traitlets.Unicode("").tag(sync=True)
     sort_desc = traitlets.Bool(True).tag(sync=True)
+    #: the kept step the table shows: 0 follows the last step, -1 is the whole run (merged rows)
+    step = traitlets.Int(0).tag(sync=True)
+    spark_stat = traitlets.Unicode("mean").tag(sync=True)
+    history = traitlets.Dict().tag(sync=True)
+    incidents = traitlets.List().tag(sync=True)
+    events = traitlets.List().tag(sync=True)
+    running = traitlets.Bool(False).tag(sync=True)
 
-    def __init__(self, report: ThermometerReport, capture: CaptureResult | None = None, **kwargs: Any) -> None:
+    def __init__(self, report: ThermometerReport, capture: CaptureResult | None = None,
+                 thresholds: Thresholds | None = None, **kwargs: Any) -> None:
         self.report = report
         self.capture = capture
-        super().__init__(
+        self.thresholds = thresholds
+        self._feed = _Feed()
+        super().__init__(**self._state(report, capture, thresholds), **kwargs)
+
+    @staticmethod
+    def _state(report: ThermometerReport, capture: CaptureResult | None, thresholds: Thresholds | None) -> dict[str, Any]:
+        """The traits showing ``report`` (and ``capture``'s history, downsampled for the traits)."""
+        run = report
+        hist = getattr(capture, "history", None)
+        timed = hist is not None and len(hist) >= 2 and report.step is not None
+        if timed:  # the table's "whole run" choice: merged rows, decided on merged stats
+            run = diagnose(capture, thresholds, step="run")
+        state = dict(
             layers=[
                 {"name": n, "module": m, "type": t, "shape": list(s), "dtype": d, "flags": f, "calls": c}
-                for n, m, t, s, d, f, c in zip(report.names, report.modules, report.types, report.shapes,
-                                               report.dtypes, report.flags, report.calls)
+                for n, m, t, s, d, f, c in zip(run.names, run.modules, run.types, run.shapes,
+                                               run.dtypes, run.flags, run.calls)
             ],
             columns=list(COLUMNS),
-            stats=encode_array(report.table.astype(np.float32).reshape(len(report.names), len(COLUMNS))),
+            stats=encode_array(run.table.astype(np.float32).reshape(len(run.names), len(COLUMNS))),
             diagnoses=[dataclasses.asdict(d) for d in report.diagnoses],
             legend=LEGEND,
             summary=report.summary,
-            notes=report.notes,
+            notes=list(report.notes),
             has_grads=bool(capture.backward_ran) if capture is not None else bool(np.isfinite(report.column("grad_norm")).any()),
             raised=_raised_trait(report),
             steps=report.steps,
             first_nonfinite_step=report.first_nonfinite_step or 0,
-            **kwargs,
+            events=[dataclasses.asdict(e) for e in report.events],
+            incidents=[_incident(i) for i in getattr(capture, "incidents", None) or []],
+            history={},
         )
+        if timed:
+            group = _group_for(len(hist), len(hist.rows), hist.decimated, TRAIT_BYTES)
+            flags = _layer_flags_to_rows(report, hist)
+            arrays, meta = _payload(hist, 0, group, flags=flags, first_nonfinite=report.first_nonfinite_step or 0)
+            state["history"] = {**meta, **{k: encode_array(v) for k, v in arrays.items()}}
+            if group > 1:
+                state["notes"].append(
+                    f"the widget shows {len(arrays['steps'])} of the {len(hist)} kept steps (each the last of {group} kept "
+                    f"steps, with their min/max) to keep the notebook under {TRAIT_BYTES / 2**20:.1f} MB; "
+                    "result.series() and result.at() have every kept step"
+                )
+        return state
+
+    @classmethod
+    def waiting(cls, thresholds: Thresholds | None = None, summary: str = "running: waiting for the first step") -> ThermometerWidget:
+        """An empty widget shown when the cell starts; :meth:`push_history` fills it live and
+        :meth:`finish` gives it the final state."""
+        empty = ThermometerReport(names=[], modules=[], types=[], shapes=[], dtypes=[], calls=[],
+                                  table=np.zeros((0, len(COLUMNS))), flags=[], diagnoses=[], summary=summary)
+        return cls(empty, None, thresholds, running=True)
+
+    def finish(self, report: ThermometerReport, capture: CaptureResult | None) -> None:
+        """The final state: every trait from ``report`` (one sync message), the live flag off."""
+        self.report, self.capture = report, capture
+        state = self._state(report, capture, self.thresholds)
+        with self.hold_sync():
+            for k, v in {**state, "running": False}.items():
+                setattr(self, k, v)
+
+    def push_history(self, history: History, *, incidents: Sequence[Any] = (), types: Sequence[str] | None = None,
+                     thresholds: Thresholds | None = None) -> bool:
+        """Send the browser the history slots changed since the last push (a custom message with
+        binary buffers); False when nothing changed. Decimation or more than :data:`LIVE_BYTES` in
+        the browser: the whole, downsampled to :data:`TRAIT_BYTES`."""
+        f = self._feed
+        token, first = history.changes_since(f.token)
+        k = len(history)
+        incidents = [_incident(i) for i in incidents]
+        if k == 0 or (f.token and first >= k and len(incidents) == f.incidents):
+            return False
+        reset = f.token == 0 or first == 0
+        banded = history.decimated or f.group > 1
+        if not reset and -(-k // f.group) * _slot_bytes(len(history.rows), banded) > LIVE_BYTES:
+            reset = True
+        if reset:
+            f.group = _group_for(k, len(history.rows), history.decimated, TRAIT_BYTES)
+        start = 0 if reset else min(first, k - 1) // f.group
+        info = types if types is not None else [str(i.get("type", "")) for i in history.row_info]
+        arrays, meta = _payload(history, start, f.group, thresholds=thresholds, types=info,
+                                first_nonfinite=0 if reset else f.nonfinite)
+        if thresholds is None:
+            thresholds = self.thresholds
+        f.nonfinite = meta["first_nonfinite_step"]
+        content = {"type": "history", "from": start, "reset": reset, **meta}
+        if not reset:
+            content.pop("rows")
+        if len(incidents) != f.incidents:
+            content["incidents"] = incidents
+            f.incidents = len(incidents)
+        body, buffers = pack_arrays(content, arrays)
+        self.send(body, buffers)
+        f.token, f.sent = token, start + len(arrays["steps"])
+        return True
 
     @classmethod
     def from_capture(cls, result: CaptureResult, thresholds: Thresholds | None = None) -> ThermometerWidget:
-        return cls(diagnose(result, thresholds), result)
+        return cls(diagnose(result, thresholds), result, thresholds)
 
     @traitlets.validate("selected")
     def _check_selected(self, proposal: Any) -> str:
@@ -93,6 +209,8 @@ class ThermometerWidget(NBWidget):
     @rpc("histogram")
     def _histogram(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         row = int(params["row"])
+        if self.capture is None and self.running:
+            raise ValueError("the cell is still running: histograms are available once it has finished")
         if self.capture is None or not 0 <= row < len(self.capture.layers):
             raise IndexError(f"row {row} out of range")
         rec = self.capture.layers[row]
@@ -147,9 +265,12 @@ class ThermometerWidget(NBWidget):
             f"<li><b>{html.escape(d.code)}</b>: {html.escape(d.message)} <i>{html.escape(d.suggestion)}</i></li>"
             for d in r.diagnoses
         )
+        diags += "".join(f"<li>step {e.step}: {html.escape(e.message)}</li>" for e in r.events)
+        cards = "".join(f'<p style="border-left:4px solid #b30000;padding-left:6px">step {i["step"]}: {html.escape(i["message"])}</p>'
+                        for i in self.incidents)
         return (
             f'<div class="nbdebug-thermometer-static"><p><b>nbdebug thermometer</b>: {html.escape(r.summary)}</p>'
-            f"{_error_html(r)}<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+            f"{_error_html(r)}{cards}{_loss_svg(self.capture)}<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
             f"<ul>{diags}</ul></div>"
         )
 
@@ -159,6 +280,97 @@ class ThermometerWidget(NBWidget):
 
     def __repr__(self) -> str:
         return f"ThermometerWidget({self.report.summary})"
+
+
+@dataclasses.dataclass
+class _Feed:
+    """What the browser holds of a running cell's history."""
+
+    token: int = 0  # History.changes_since token of the last push
+    group: int = 1  # kept slots merged into one sent slot
+    sent: int = 0  # slots the browser holds
+    nonfinite: int = 0  # first step with a NaN/Inf seen in what was sent
+    incidents: int = 0
+
+
+def _slot_bytes(rows: int, banded: bool) -> int:
+    """Bytes one sent slot costs: the fields (and their min/max when banded), flags, scalars."""
+    return rows * (len(WIRE_FIELDS) * 4 * (3 if banded else 1) + 2) + 32
+
+
+def _group_for(k: int, rows: int, decimated: bool, budget: int) -> int:
+    """Kept slots per sent slot so that ``k`` kept slots fit in ``budget`` bytes (1: every slot)."""
+    if k * _slot_bytes(rows, decimated) <= budget:
+        return 1
+    fit = max(1, budget // _slot_bytes(rows, True))
+    return -(-k // fit)
+
+
+def _payload(h: History, start: int, group: int, *, flags: np.ndarray | None = None, types: Sequence[str] = (),
+             thresholds: Thresholds | None = None, first_nonfinite: int = 0) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Arrays and JSON of the sent slots from ``start`` on (``group`` kept slots each: the last one's
+    values, the min/max over the group). ``flags`` [K, R] (the final report's) or computed per step."""
+    s0 = start * group
+    last = h.values("last", s0)
+    n = last.shape[0]
+    starts = np.arange(0, n, group)
+    ends = np.minimum(starts + group, n) - 1
+    banded = h.decimated or group > 1
+    if flags is None:
+        bits = step_flags(last[ends], list(types), thresholds, dtypes=[str(i.get("dtype", "")) for i in h.row_info])
+    else:
+        bits = np.ascontiguousarray(flags[s0:][ends], dtype=np.uint16)
+    arrays: dict[str, np.ndarray] = {
+        "steps": h.step_index[s0:][ends],
+        "last": last[ends][:, :, _WIRE_IDX],
+        "flags": bits,
+        "loss": h.scalar("loss", "last", s0)[ends],
+        "lr": h.scalar("lr", "last", s0)[ends],
+        "skipped": np.fmax.reduceat(h.scalar("skipped", "max", s0), starts) if n else np.zeros(0, np.float32),
+    }
+    if banded and n:
+        arrays["lo"] = np.fmin.reduceat(h.values("min", s0)[:, :, _WIRE_IDX], starts, axis=0)
+        arrays["hi"] = np.fmax.reduceat(h.values("max", s0)[:, :, _WIRE_IDX], starts, axis=0)
+        arrays["loss_lo"] = np.fmin.reduceat(h.scalar("loss", "min", s0), starts)
+        arrays["loss_hi"] = np.fmax.reduceat(h.scalar("loss", "max", s0), starts)
+    if not first_nonfinite and n:
+        vals = arrays.get("hi", arrays["last"])[:, :, _NONFINITE]
+        bad = np.flatnonzero((np.nan_to_num(vals, nan=0.0) > 0).any(axis=(1, 2)))
+        if bad.size:
+            first_nonfinite = int(arrays["steps"][bad[0]])
+    meta = {
+        "fields": list(WIRE_FIELDS),
+        "rows": [{"name": str(i.get("name")), "module": str(i.get("module", "")), "type": str(i.get("type", "")),
+                  "shape": [int(x) for x in (i.get("shape") or ())], "dtype": str(i.get("dtype", ""))} for i in h.row_info],
+        "flag_bits": dict(FLAG_BITS),
+        "total_steps": int(h.steps),
+        "first_nonfinite_step": int(first_nonfinite),
+        "group": int(group),
+    }
+    return arrays, meta
+
+
+def _layer_flags_to_rows(report: ThermometerReport, h: History) -> np.ndarray | None:
+    """The report's per-step flags ([K, layers], origins decided exactly) in the history's row order."""
+    hf = report.history_flags
+    if hf is None or hf.shape[0] != len(h):
+        return None
+    out = np.zeros((len(h), len(h.rows)), np.uint16)
+    pos = {n: i for i, n in enumerate(h.rows)}
+    for j, name in enumerate(report.names):
+        if name in pos:
+            out[:, pos[name]] = hf[:, j]
+    return out
+
+
+def _incident(inc: Any) -> dict[str, Any]:
+    """An incident as JSON for the cards (tensors and parameter stats stay in Python)."""
+    if isinstance(inc, dict):
+        return inc
+    get = lambda k: getattr(inc, k, None)  # noqa: E731
+    return {"kind": str(get("kind") or ""), "step": int(get("step") or 0), "module": get("module"), "row": get("row"),
+            "phase": get("phase"), "message": str(get("message") or ""),
+            "value": None if get("value") is None else float(get("value"))}
 
 
 def _raised_trait(report: ThermometerReport) -> dict[str, Any]:
@@ -182,6 +394,26 @@ def _error_html(report: ThermometerReport) -> str:
         f"<ul>{items}</ul>"
         f"<p>inputs: {esc('; '.join(e.inputs) or 'none')}<br>parameters: {esc('; '.join(e.params) or 'none')}</p></div>"
     )
+
+
+def _loss_svg(capture: CaptureResult | None, width: int = 480, height: int = 60) -> str:
+    """The loss per kept step as an inline SVG polyline (at most ``width`` points; no script)."""
+    hist = getattr(capture, "history", None)
+    if hist is None or len(hist) < 2:
+        return ""
+    loss, steps = hist.scalar("loss").astype(np.float64), hist.step_index
+    ok = np.isfinite(loss)
+    if ok.sum() < 2:
+        return ""
+    pick = np.unique(np.linspace(0, len(loss) - 1, min(len(loss), width)).round().astype(int))
+    pick = pick[ok[pick]]
+    lo, hi = float(loss[ok].min()), float(loss[ok].max())
+    x = (pick / max(1, len(loss) - 1)) * (width - 2) + 1
+    y = height - 2 - (loss[pick] - lo) / ((hi - lo) or 1.0) * (height - 4)
+    pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(x, y))
+    return (f"<p>loss, steps {int(steps[0])}–{int(steps[-1])} (min {_fmt(lo)}, max {_fmt(hi)}, last {_fmt(float(loss[-1]))})</p>"
+            f'<svg width="{width}" height="{height}" style="border-bottom:1px solid #ccc">'
+            f'<polyline fill="none" stroke="#1976d2" points="{pts}"/></svg>')
 
 
 def _fmt(x: float) -> str:

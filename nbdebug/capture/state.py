@@ -188,10 +188,27 @@ def loaded_weights(module: nn.Module) -> Iterator[None]:
         yield
 
 
+def _stored(model: nn.Module, name: str, p: torch.Tensor) -> torch.Tensor:
+    """A parameter's value to compare: a clone, or for a weight accelerate keeps on ``meta`` the copy
+    its hook loads from (CPU or disk offload; the meta tensor itself when there is none)."""
+    if p.device.type != "meta":
+        return p.detach().clone()
+    prefix, _, leaf = name.rpartition(".")
+    module = model.get_submodule(prefix) if prefix else model
+    try:
+        value = module._hf_hook.weights_map[leaf] if offloaded(module) else None
+    except Exception:  # not in the offload map (a tied weight loaded from elsewhere): compared by shape
+        value = None
+    return value.detach().clone() if isinstance(value, torch.Tensor) else p.detach()
+
+
 def fingerprint(model: nn.Module) -> dict[str, Any]:
-    """Everything a capture must not change, as comparable plain data (tensors cloned)."""
+    """Everything a capture must not change, as comparable plain data (tensors cloned). Parameters
+    accelerate keeps on ``meta`` (``device_map`` offload) are compared through the copy it loads them
+    from, and every parameter's device is recorded (nothing may stay materialised)."""
     return {
-        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+        "params": {n: _stored(model, n, p) for n, p in model.named_parameters()},
+        "devices": {n: str(p.device) for n, p in model.named_parameters()},
         "requires_grad": {n: p.requires_grad for n, p in model.named_parameters()},
         "grads": {
             n: (None if p.grad is None else p.grad.detach().clone())
@@ -207,8 +224,8 @@ def fingerprint(model: nn.Module) -> dict[str, Any]:
 def same_fingerprint(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """Differences between two fingerprints, as readable strings (empty list: identical)."""
     diffs: list[str] = []
-    for key in ("requires_grad", "training", "attrs"):
-        if a[key] != b[key]:
+    for key in ("requires_grad", "training", "attrs", "devices"):
+        if a.get(key) != b.get(key):
             diffs.append(key)
     if a["hooks"] != b["hooks"]:
         diffs.append(f"hooks {a['hooks']} -> {b['hooks']}")
@@ -220,6 +237,9 @@ def same_fingerprint(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
             y = b[key][name]
             if (x is None) != (y is None):
                 diffs.append(f"{key}[{name}] None-ness")
+            elif x is not None and "meta" in (x.device.type, y.device.type):
+                if x.shape != y.shape or x.dtype != y.dtype:
+                    diffs.append(f"{key}[{name}] shape")
             elif x is not None and not (x.shape == y.shape and torch.equal(x.nan_to_num(), y.nan_to_num()) and torch.equal(x.isnan(), y.isnan())):
                 diffs.append(f"{key}[{name}] values")
     return diffs

@@ -11,6 +11,7 @@ every option, and knows nothing else about views.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch import nn
 
 from .capture.weak import ModelRef
 
-__all__ = ["VIEWS", "NotApplicableError", "Recorder", "ViewSpec", "get_recorder"]
+__all__ = ["VIEWS", "NotApplicableError", "Recorder", "ViewSpec", "get_recorder", "training_options"]
 
 
 class NotApplicableError(Exception):
@@ -107,6 +108,10 @@ register(
         arguments=(
             (("--histograms",), dict(action="store_true", help="keep a 32-bin histogram of every layer's output up front (otherwise fetched on click)")),
             (("--dead-threshold",), dict(type=float, default=None, dest="dead_threshold", help="fraction of exact zeros that makes a layer dead (default 0.99)")),
+            (("--every",), dict(type=int, default=None, dest="every", metavar="N", help="training loops: keep every N-th step in the history, plus the last and the first non-finite one (default 1: every step); the NaN/Inf check still runs on every step")),
+            (("--loss",), dict(default=None, dest="loss_var", metavar="NAME", help="variable holding the step's loss, read as each step ends, e.g. --loss loss (default: the model's output when it is a scalar or has .loss)")),
+            (("--break-on",), dict(default=None, dest="break_on", choices=["nonfinite"], help="raise nbdebug.NonFiniteError at the first NaN/Inf forward output so %%debug opens in that module's call (what was recorded is still shown); may sync once per module call on accelerators")),
+            (("--continue",), dict(default=None, dest="continue_from", metavar="VAR", help="append this cell's steps to an earlier run: the -o VAR of an earlier %%%%nndebug cell (step numbers and history continue)")),
         ),
     )
 )
@@ -168,3 +173,81 @@ register(
         ),
     )
 )
+
+
+# -- the thermometer's training options → Capture keyword arguments --------------------------------
+_CONTINUE_HINT = "pass the -o variable of an earlier %%nndebug cell, e.g. `%%nndebug model -o run` then `--continue run`"
+
+
+def training_options(options: Mapping[str, Any], user_ns: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``Capture`` keyword arguments (``every``, ``loss``, ``break_on``, ``resume``, ``step_on``) from the
+    thermometer's options, checked before the cell runs: a bad value is a ``ValueError`` saying what
+    to write (the magic shows it as a ``UsageError``).
+
+    Reads ``every`` (int ≥ 1), ``loss_var`` (``--loss NAME``: a variable, dotted paths allowed, read
+    from ``user_ns`` each time the loss is asked for) or ``loss`` (Python: a function returning the
+    loss), ``break_on`` (None | "nonfinite"), ``continue_from`` (``--continue VAR``: the name of an
+    earlier cell's result, or the result itself from Python; ``resume`` too) and ``step_on``
+    ("forward" | "optimizer"). ``user_ns`` defaults to ``options["user_ns"]`` (the magic puts it there).
+
+    >>> training_options({"every": 10, "break_on": "nonfinite"})["every"]
+    10
+    """
+    ns = options.get("user_ns") if user_ns is None else user_ns
+    every = options.get("every")
+    if every is None:
+        every = 1
+    elif isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"--every takes a positive number of steps, e.g. --every 10 (got {every!r})")
+    loss = options.get("loss")
+    name = options.get("loss_var")
+    if name is not None:
+        parts = str(name).split(".")
+        if not all(p.isidentifier() for p in parts):
+            raise ValueError(f"--loss takes the name of the variable holding the loss, e.g. --loss loss (got {name!r})")
+        if ns is None:
+            raise ValueError("--loss NAME reads a notebook variable; from Python pass loss=lambda: <the loss>")
+        loss = _reader(ns, parts)
+    elif loss is not None and not callable(loss):
+        raise ValueError("loss= takes a function returning the step's loss, e.g. loss=lambda: loss")
+    break_on = options.get("break_on")
+    if break_on not in (None, "nonfinite"):
+        raise ValueError(f"--break-on takes nonfinite (got {break_on!r})")
+    step_on = options.get("step_on")
+    step_on = "forward" if step_on is None else step_on
+    if step_on not in ("forward", "optimizer"):
+        raise ValueError(f"step_on takes 'forward' or 'optimizer' (got {step_on!r})")
+    cont = options.get("continue_from")
+    cont = options.get("resume") if cont is None else cont
+    return {"every": every, "loss": loss, "break_on": break_on, "resume": None if cont is None else _resume(cont, ns),
+            "step_on": step_on}
+
+
+def _reader(ns: Mapping[str, Any], parts: list[str]) -> Callable[[], Any]:
+    def read() -> Any:
+        obj = ns.get(parts[0])
+        for part in parts[1:]:
+            if obj is None:
+                return None
+            obj = obj.get(part) if isinstance(obj, Mapping) else getattr(obj, part, None)
+        return obj
+
+    return read
+
+
+def _resume(cont: Any, ns: Mapping[str, Any] | None) -> Any:
+    from .capture.result import CaptureResult
+
+    label = cont if isinstance(cont, str) else type(cont).__name__
+    obj = cont
+    if isinstance(cont, str):
+        if not cont.isidentifier():
+            raise ValueError(f"--continue takes a variable name: {_CONTINUE_HINT}")
+        if ns is None or cont not in ns:
+            raise ValueError(f"--continue {cont}: no variable named {cont!r}; {_CONTINUE_HINT}")
+        obj = ns[cont]
+    if isinstance(obj, Mapping):  # the -o of several views at once: view → result
+        obj = obj.get("thermometer", obj)
+    if not isinstance(obj, CaptureResult):
+        raise ValueError(f"--continue {label}: that is a {type(obj).__name__}, not the result of a thermometer run; {_CONTINUE_HINT}")
+    return obj

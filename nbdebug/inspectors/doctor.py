@@ -123,7 +123,8 @@ class DoctorReport:
             bundle = self.widget()._repr_mimebundle_(**kwargs)
         except Exception:  # no widget front-end (plain terminal, broken install): the table still shows
             return {"text/plain": repr(self), "text/html": self._repr_html_()}
-        return bundle
+        data, meta = bundle if isinstance(bundle, tuple) else (bundle, {})
+        return {**data, "text/plain": repr(self)}, meta
 
 
 _MARK = {"pass": "✓", "fail": "✗", "skip": "–"}

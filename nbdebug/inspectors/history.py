@@ -142,7 +142,8 @@ def _fields(v: np.ndarray, names: Sequence[str]) -> dict[str, np.ndarray]:
 
 
 def step_flags(values: np.ndarray, types: Sequence[str], thresholds: Thresholds | None = None, *,
-               dtypes: Sequence[str] | None = None, inputs: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+               dtypes: Sequence[str] | None = None, inputs: Sequence[Sequence[int]] | None = None,
+               skipped: np.ndarray | None = None) -> np.ndarray:
     """uint16 ``[K, R]`` bitmask (:data:`FLAG_BITS`) of every row at every kept step.
 
     ``values``: ``[K, R, F]`` in ``HISTORY_FIELDS`` order (NaN where unknown); ``types``: module class
@@ -155,7 +156,9 @@ def step_flags(values: np.ndarray, types: Sequence[str], thresholds: Thresholds 
     gradient or parameter-gradient norm above ``exploding``; vanishing = the parameter-gradient norm
     (else the output-gradient norm) below ``vanishing`` unless a later row has dead units (the dead
     units cut it: that is the dead story, not vanishing); update_ratio outside [update_low,
-    update_high] (an exact 0, a layer the optimizer did not move, is not flagged).
+    update_high] (an exact 0, a layer the optimizer did not move, is not flagged). ``skipped``: ``[K]``
+    steps whose optimizer step a GradScaler skipped (``History.scalar("skipped") == 1``): their
+    non-finite gradients are expected, never NaN/exploding flags.
 
     A step's flags depend on that step's values alone: live, compute only the slots that changed
     (``History.changes_since``) and keep the others (~0.5 ms for a few slots of 300 rows; the whole
@@ -176,6 +179,8 @@ def step_flags(values: np.ndarray, types: Sequence[str], thresholds: Thresholds 
     with np.errstate(invalid="ignore"):
         bad_f = (col["nan"] > 0) | (col["inf"] > 0)
         bad_g = (col["grad_nan"] > 0) | (col["grad_inf"] > 0)
+        ok_g = np.ones((k, 1), bool) if skipped is None else ~(np.asarray(skipped)[:k, None] > 0)
+        bad_g &= ok_g
         zeros = isf & (col["zero_frac"] >= th.dead)
         dead = zeros & ~(has_in & _over_inputs(zeros, pad, True, "all"))
         units = isf & (col["dead_unit_frac"] >= th.dead_units)
@@ -188,7 +193,7 @@ def step_flags(values: np.ndarray, types: Sequence[str], thresholds: Thresholds 
         turned = ~bad_g & _over_inputs(bad_g & ~bad_f, pad, False, "any")
         origin_b = fwd_ok & ((turned) | (bad_g & ~consumed[None, :r]))
         gn, pn = col["grad_norm"], col["param_grad_norm"]
-        exploding = np.fmax(gn, pn) > th.exploding
+        exploding = (np.fmax(gn, pn) > th.exploding) & ok_g
         size = np.where(np.isfinite(pn), pn, gn)
         deadish = dead | dead_units | (zeros & isf)
         later = np.zeros_like(deadish)
@@ -271,7 +276,8 @@ def events(history: Any, thresholds: Thresholds | None = None, *, inputs: Sequen
     info = list(getattr(history, "row_info", [{}] * len(rows)))
     types = [str(i.get("type", "")) for i in info]
     if flags is None:
-        flags = step_flags(v, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=inputs)
+        skipped = history.scalar("skipped") == 1 if hasattr(history, "scalar") else None
+        flags = step_flags(v, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=inputs, skipped=skipped)
     k, r = v.shape[:2]
     out: list[tuple[int, int, int, Event]] = []
     if k == 0 or r == 0:

@@ -122,7 +122,8 @@ def diagnose_at(result: CaptureResult, th: Thresholds, step: int | None) -> Ther
     info = h.row_info
     values = h.values("last")
     types = [str(i.get("type", "")) for i in info]
-    bits = step_flags(values, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=graph)
+    bits = step_flags(values, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=graph,
+                      skipped=h.scalar("skipped") == 1)
     # At the run's first non-finite step, the capture's per-call check names the origins exactly.
     hid = {n: i for i, n in enumerate(hrows)}
     for st, row, code in ((result.forward_nonfinite_step, (result.forward_nonfinite_call or (None,))[0], "nan_origin_fwd"),

@@ -182,6 +182,19 @@ def test_exploding_uses_either_norm() -> None:
     assert not bits[:, 1].any()
 
 
+def test_a_skipped_step_s_inf_gradients_are_not_flags() -> None:
+    inf = math.inf
+    v = fields(3, 2, grad_inf=[[0, 6, 0], [0, 6, 0]], grad_nan=[[0, 0, 0], [0, 0, 0]], grad_norm=[[1, inf, 1], [1, inf, 1]],
+               nan=[[0] * 3, [0] * 3], inf=[[0] * 3, [0] * 3])
+    h = History.from_arrays([1, 2, 3], ["a", "b"], v, {"skipped": [0.0, 1.0, 0.0]})
+    plain = step_flags(h.values(), ["Linear", "Linear"], inputs=[(), (0,)])
+    assert [flag_names(int(b)) for b in plain[1]] == [["nonfinite", "exploding"], ["nan_origin_bwd", "exploding"]]
+    scaled = step_flags(h.values(), ["Linear", "Linear"], inputs=[(), (0,)], skipped=h.scalar("skipped") == 1)
+    assert not scaled.any()
+    res = result_of(h, ["Linear", "Linear"], [(), (0,)])
+    assert not diagnose(res, step=2).history_flags.any() and events(h) == []
+
+
 # -- the report at a step ------------------------------------------------------------------------
 NUM = r"(-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
 
@@ -314,3 +327,4 @@ def test_step_flags_and_events_are_fast() -> None:
         events(h, flags=bits)
     per = (time.perf_counter() - t) / 5
     assert per < 0.25, f"{per * 1e3:.0f} ms per update"  # loaded 2-core machine; ~30 ms measured alone
+

@@ -1,0 +1,222 @@
+"""The live thermometer: history pushed as custom messages while a loop runs (only new slots, at most
+4 a second, one final), final state in the traits (whole history, ≤ 4 MB at 10k steps × 300 rows),
+and the magic/API wiring (shown once, when the cell starts; KeyboardInterrupt keeps the steps)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from ipywidgets.widgets.widget import _remove_buffers
+
+from nbdebug.capture.history import FIELD_INDEX, HISTORY_FIELDS, History
+from nbdebug.capture.result import CaptureResult, LayerRecord
+from nbdebug.inspectors.history import FLAG_BITS
+from nbdebug.widgets import thermometer as tw
+from nbdebug.widgets._transport import decode_array
+from nbdebug.widgets.thermometer import WIRE_FIELDS, ThermometerWidget
+
+F = len(HISTORY_FIELDS)
+WIRE = [FIELD_INDEX[f] for f in WIRE_FIELDS]
+
+
+def rows_history(r: int, max_bytes: int = 2**40) -> tuple[History, np.ndarray]:
+    h = History(max_bytes)
+    ids = np.array([h.row_id(f"l{i}", {"module": f"l{i}", "type": "Linear", "shape": (4, 8), "dtype": "float32"})
+                    for i in range(r)])
+    return h, ids
+
+
+def step_values(step: int, r: int) -> np.ndarray:
+    """Distinct values per (step, row, field), healthy: no NaN/Inf, few zeros, update ratio 1e-3."""
+    v = (step + np.arange(r)[:, None] * 0.1 + np.arange(F)[None, :] * 0.001).astype(np.float32)
+    for f in ("nan", "inf", "grad_nan", "grad_inf", "dead_unit_frac", "saturated_frac"):
+        v[:, FIELD_INDEX[f]] = 0
+    v[:, FIELD_INDEX["zero_frac"]] = 0.1
+    v[:, FIELD_INDEX["update_ratio"]] = 1e-3
+    return v
+
+
+def sent_arrays(content: dict[str, Any], buffers: list[Any]) -> dict[str, np.ndarray]:
+    return {name: decode_array({"view": buffers[m["buffer"]], "dtype": m["dtype"], "shape": m["shape"]})
+            for name, m in content["arrays"].items()}
+
+
+@pytest.fixture
+def outbox(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, dict[str, Any], list[Any]]]:
+    """Every custom message a thermometer widget sends (a fake comm): (time, content, buffers)."""
+    box: list[tuple[float, dict[str, Any], list[Any]]] = []
+
+    def send(self: Any, content: Any, buffers: Any = None) -> None:
+        box.append((time.monotonic(), content, list(buffers or [])))
+
+    monkeypatch.setattr(ThermometerWidget, "send", send)
+    return box
+
+
+def test_push_sends_only_new_slots_with_exact_values(outbox) -> None:  # type: ignore[no-untyped-def]
+    h, ids = rows_history(3)
+    w = ThermometerWidget.waiting()
+    assert w.running and w.history == {}
+    seen: list[int] = []
+    for step in range(1, 8):
+        h.append(step, ids, step_values(step, 3), {"loss": 1.0 / step, "lr": 0.1, "skipped": float(step == 5)})
+        if step in (2, 3, 7):
+            assert w.push_history(h)
+            content, buffers = outbox[-1][1:]
+            a = sent_arrays(content, buffers)
+            assert content["type"] == "history" and content["from"] == len(seen)
+            seen += a["steps"].tolist()
+            np.testing.assert_array_equal(a["last"], h.values("last", content["from"])[:, :, WIRE])
+            np.testing.assert_allclose(a["loss"], [1.0 / s for s in a["steps"]], rtol=1e-6)
+            assert a["flags"].dtype == np.uint16 and a["flags"].shape == (len(a["steps"]), 3)
+            assert "lo" not in a  # nothing merged: no band
+    assert seen == list(range(1, 8))  # every step exactly once, in order
+    assert [c["reset"] for _, c, _ in outbox] == [True, False, False]
+    assert "rows" in outbox[0][1] and "rows" not in outbox[1][1]
+    assert outbox[-1][1]["total_steps"] == 7
+    np.testing.assert_array_equal(sent_arrays(*outbox[-1][1:])["skipped"], [0, 1, 0, 0])  # steps 4..7
+    assert not w.push_history(h)  # nothing new: nothing sent
+    # late gradients for step 7 change its slot: only that slot is sent again
+    late = np.full((1, F), np.nan, np.float32)
+    late[0, FIELD_INDEX["grad_norm"]] = 0.5
+    h.update(7, ids[:1], late)
+    assert w.push_history(h)
+    content, buffers = outbox[-1][1:]
+    a = sent_arrays(content, buffers)
+    assert content["from"] == 6 and a["steps"].tolist() == [7]
+    assert a["last"][0, 0, WIRE_FIELDS.index("grad_norm")] == 0.5
+    w.close()
+
+
+def test_nonfinite_step_and_flags_follow_the_values(outbox) -> None:  # type: ignore[no-untyped-def]
+    h, ids = rows_history(2)
+    w = ThermometerWidget.waiting()
+    for step in range(1, 5):
+        v = step_values(step, 2)
+        if step == 3:
+            v[1, FIELD_INDEX["nan"]] = 4  # row 1's output has NaN at step 3
+        if step >= 2:
+            v[0, FIELD_INDEX["zero_frac"]] = 1.0  # row 0 dead from step 2
+        h.append(step, ids, v, {"loss": 1.0})
+    assert w.push_history(h)
+    content, buffers = outbox[-1][1:]
+    a = sent_arrays(content, buffers)
+    assert content["first_nonfinite_step"] == 3 and content["flag_bits"] == FLAG_BITS
+    dead = (a["flags"][:, 0] & FLAG_BITS["dead"]) > 0
+    assert dead.tolist() == [False, True, True, True]
+    assert ((a["flags"][:, 1] & FLAG_BITS["nonfinite"] | a["flags"][:, 1] & FLAG_BITS["nan_origin_fwd"]) > 0).tolist() == [False, False, True, False]
+    w.close()
+
+
+def test_decimation_and_browser_budget_resend_a_bounded_whole(outbox, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    r = 4
+    h, ids = rows_history(r, max_bytes=History.slot_bytes(r) * 16)  # 16 slots, then pairwise merges
+    w = ThermometerWidget.waiting()
+    for step in range(1, 17):
+        h.append(step, ids, step_values(step, r), {"loss": float(step)})
+    w.push_history(h)
+    h.append(17, ids, step_values(17, r), {"loss": 17.0})  # decimates: 9 buckets
+    assert h.decimated
+    assert w.push_history(h)
+    content, buffers = outbox[-1][1:]
+    a = sent_arrays(content, buffers)
+    assert content["reset"] and content["from"] == 0 and "rows" in content
+    np.testing.assert_array_equal(a["steps"], h.step_index)
+    np.testing.assert_array_equal(a["lo"], h.values("min")[:, :, WIRE])  # bands: spikes survive
+    np.testing.assert_array_equal(a["hi"], h.values("max")[:, :, WIRE])
+    np.testing.assert_array_equal(a["loss_hi"], h.scalar("loss", "max"))
+    # the browser may hold at most LIVE_BYTES: beyond, the whole again, downsampled to TRAIT_BYTES
+    h2, ids2 = rows_history(r)
+    w2 = ThermometerWidget.waiting()
+    banded = tw._slot_bytes(r, True)
+    monkeypatch.setattr(tw, "LIVE_BYTES", banded * 5)  # 13 plain slots fit, 14 do not
+    monkeypatch.setattr(tw, "TRAIT_BYTES", banded * 4)
+    for step in range(1, 15):
+        h2.append(step, ids2, step_values(step, r), {"loss": float(step)})
+        w2.push_history(h2)
+    resets = [c["from"] for _, c, _ in outbox[-14:] if c["reset"]]
+    assert resets == [0, 0]  # the first push, then at 14 slots
+    content, buffers = outbox[-1][1:]
+    a = sent_arrays(content, buffers)
+    assert content["group"] == 4 and a["steps"].tolist() == [4, 8, 12, 14]  # each group's last step
+    np.testing.assert_array_equal(a["last"][1], h2.values("last")[7][:, WIRE])
+    np.testing.assert_array_equal(a["lo"][1], h2.values("min")[4:8].min(axis=0)[:, WIRE])
+    np.testing.assert_array_equal(a["hi"][1], h2.values("max")[4:8].max(axis=0)[:, WIRE])
+    assert sum(len(b) for b in buffers) <= banded * 4
+    h2.append(15, ids2, step_values(15, r), {"loss": 15.0})
+    w2.push_history(h2)  # in the open group: only that group is resent
+    content, buffers = outbox[-1][1:]
+    assert not content["reset"] and content["from"] == 3
+    assert sent_arrays(content, buffers)["steps"].tolist() == [15]
+    w.close()
+    w2.close()
+
+
+def hand_result(h: History) -> CaptureResult:
+    """A CaptureResult around a hand-built history (rows' merged stats = their last step's)."""
+    last = h.values("last")[-1]
+    layers = []
+    for i, info in enumerate(h.row_info):
+        stats = {f: float(last[i, FIELD_INDEX[f]]) for f in HISTORY_FIELDS if not f.startswith(("grad_", "param_"))}
+        stats.update(near_zero_frac=stats["zero_frac"], numel=32.0)
+        layers.append(LayerRecord(name=info["name"], module=info["module"], type=info["type"], shape=tuple(info["shape"]),
+                                  dtype=info["dtype"], calls=h.appended, stats=stats, grad=None, param_grad_norm=None))
+    return CaptureResult(layers=layers, forward_passes=h.steps, backward_ran=False, calls_recorded=h.appended * len(layers),
+                         truncated=False, sample_size=4096, near_zero_eps=1e-6, bytes_kept=0, budget_exceeded=False,
+                         forward_nonfinite_call=None, backward_nonfinite_row=None, elapsed_s=0.0, steps=h.steps, history=h)
+
+
+def test_final_traits_hold_the_whole_history_and_fallback() -> None:
+    h, ids = rows_history(3)
+    for step in range(1, 21):
+        h.append(step, ids, step_values(step, 3), {"loss": 10.0 / step})
+    w = ThermometerWidget.from_capture(hand_result(h))
+    hist = w.history
+    np.testing.assert_array_equal(decode_array(hist["steps"]), np.arange(1, 21))
+    np.testing.assert_array_equal(decode_array(hist["last"]), h.values("last")[:, :, WIRE])
+    assert hist["rows"][2]["name"] == "l2" and hist["group"] == 1 and not w.running
+    assert [r["name"] for r in w.layers] == ["l0", "l1", "l2"] and w.report.step == 20
+    page = w.fallback_html()
+    assert "<polyline" in page and "loss, steps 1–20" in page and "<script" not in page
+    assert len(page.encode()) < 200_000
+    w.close()
+
+
+def test_payload_at_10k_steps_300_rows_stays_under_4mb() -> None:
+    r, k = 300, 10_000
+    h, ids = rows_history(r, max_bytes=64 * 2**20)
+    base = step_values(1, r)
+    for step in range(1, k + 1):
+        base[:, FIELD_INDEX["mean"]] = step
+        h.append(step, ids, base, {"loss": 1.0 / step})
+    assert h.steps == k and h.decimated
+    w = ThermometerWidget.from_capture(hand_result(h))
+    state, _paths, buffers = _remove_buffers(w.get_state())
+    import json
+
+    size = sum(len(bytes(b)) for b in buffers) + len(json.dumps(state, default=str))
+    assert size <= 4 * 2**20, size
+    steps = decode_array(w.history["steps"])
+    assert steps[-1] == k and w.history["group"] > 1 and "lo" in w.history
+    assert any("to keep the notebook under" in n for n in w.notes)
+    # the last sent slot is the run's last step, its band covers the merged steps' means
+    means = decode_array(w.history["lo"])[:, 0, WIRE_FIELDS.index("mean")]
+    assert means[-1] <= steps[-2] + 1 and decode_array(w.history["last"])[-1, 0, 0] == k
+    w.close()
+
+
+def test_per_update_cost_300_rows(outbox) -> None:  # type: ignore[no-untyped-def]
+    h, ids = rows_history(300)
+    w = ThermometerWidget.waiting()
+    times = []
+    for step in range(1, 201):
+        h.append(step, ids, step_values(step, 300), {"loss": 1.0})
+        if step % 4 == 0:  # 4 new steps per update (a loop at 16 steps/s)
+            t = time.perf_counter()
+            w.push_history(h)
+            times.append(time.perf_counter() - t)
+    assert float(np.median(times)) < 0.02, times  # measured ~0.6 ms on 2 loaded cores
+    w.close()

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..capture.history import FIELD_INDEX
 
-__all__ = ["FLAG_BITS", "Diagnosis", "Event", "Thresholds", "events", "flag_names", "input_graph", "step_flags"]
+__all__ = ["FLAG_BITS", "Diagnosis", "Event", "Thresholds", "events", "flag_names", "input_graph", "step_flags", "values_per_unit"]
 
 #: one bit per flag in :func:`step_flags`' uint16 mask (decoded in this order by :func:`flag_names`)
 FLAG_BITS: dict[str, int] = {
@@ -54,6 +54,17 @@ class Thresholds:
     update_low: float = 1e-4  # update ratio ‖Δθ‖/‖θ‖ healthy range (Karpathy: ~1e-3)
     update_high: float = 1e-2
     grad_fell: float = 3.0  # "grad_fell" event: gradient norm fell by ≥ 10^grad_fell from its first kept value
+    unit_values: int = 4  # fewest values per unit (batch × positions) for dead units: with 1 sample half a ReLU's units are 0
+
+
+def values_per_unit(shape: Sequence[int] | None) -> float:
+    """Values each unit (dim 1: channels of N×C×…, features of N×F) has in one call of ``shape``;
+    NaN when unknown or 0-D (no dead-unit decision is then withheld), 0 for 1-D outputs (no batch)."""
+    if not shape:
+        return math.nan
+    if len(shape) < 2 or not shape[1]:
+        return 0.0
+    return float(np.prod(shape)) / shape[1]
 
 
 @dataclass(frozen=True)
@@ -143,7 +154,7 @@ def _fields(v: np.ndarray, names: Sequence[str]) -> dict[str, np.ndarray]:
 
 def step_flags(values: np.ndarray, types: Sequence[str], thresholds: Thresholds | None = None, *,
                dtypes: Sequence[str] | None = None, inputs: Sequence[Sequence[int]] | None = None,
-               skipped: np.ndarray | None = None) -> np.ndarray:
+               skipped: np.ndarray | None = None, shapes: Sequence[Sequence[int] | None] | None = None) -> np.ndarray:
     """uint16 ``[K, R]`` bitmask (:data:`FLAG_BITS`) of every row at every kept step.
 
     ``values``: ``[K, R, F]`` in ``HISTORY_FIELDS`` order (NaN where unknown); ``types``: module class
@@ -158,7 +169,8 @@ def step_flags(values: np.ndarray, types: Sequence[str], thresholds: Thresholds 
     units cut it: that is the dead story, not vanishing); update_ratio outside [update_low,
     update_high] (an exact 0, a layer the optimizer did not move, is not flagged). ``skipped``: ``[K]``
     steps whose optimizer step a GradScaler skipped (``History.scalar("skipped") == 1``): their
-    non-finite gradients are expected, never NaN/exploding flags.
+    non-finite gradients are expected, never NaN/exploding flags. ``shapes``: output shapes; dead units
+    need ``unit_values`` values per unit (one sample's zeros say nothing about a unit).
 
     A step's flags depend on that step's values alone: live, compute only the slots that changed
     (``History.changes_since``) and keep the others (~0.5 ms for a few slots of 300 rows; the whole
@@ -184,6 +196,9 @@ def step_flags(values: np.ndarray, types: Sequence[str], thresholds: Thresholds 
         zeros = isf & (col["zero_frac"] >= th.dead)
         dead = zeros & ~(has_in & _over_inputs(zeros, pad, True, "all"))
         units = isf & (col["dead_unit_frac"] >= th.dead_units)
+        if shapes is not None:
+            per = np.array([values_per_unit(sh) for sh in shapes], np.float64)
+            units &= ~(per < th.unit_values)[None, :r]
         dead_units = units & ~(has_in & _over_inputs(units, pad, True, "all"))
         saturated = isf & (col["saturated_frac"] >= th.saturated)
         origin_f = bad_f & ~_over_inputs(bad_f, pad, False, "any")
@@ -277,7 +292,8 @@ def events(history: Any, thresholds: Thresholds | None = None, *, inputs: Sequen
     types = [str(i.get("type", "")) for i in info]
     if flags is None:
         skipped = history.scalar("skipped") == 1 if hasattr(history, "scalar") else None
-        flags = step_flags(v, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=inputs, skipped=skipped)
+        flags = step_flags(v, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=inputs, skipped=skipped,
+                           shapes=[i.get("shape") for i in info])
     k, r = v.shape[:2]
     out: list[tuple[int, int, int, Event]] = []
     if k == 0 or r == 0:

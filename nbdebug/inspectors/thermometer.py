@@ -30,6 +30,7 @@ from .history import (
     flag_names,
     input_graph,
     step_flags,
+    values_per_unit,
 )
 
 __all__ = ["COLUMNS", "LEGEND", "Diagnosis", "ErrorReport", "Event", "ThermometerReport", "Thresholds", "diagnose", "explain_error"]
@@ -122,8 +123,9 @@ def diagnose_at(result: CaptureResult, th: Thresholds, step: int | None) -> Ther
     info = h.row_info
     values = h.values("last")
     types = [str(i.get("type", "")) for i in info]
-    bits = step_flags(values, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=graph,
-                      skipped=h.scalar("skipped") == 1)
+    skipped = h.scalar("skipped") == 1
+    bits = step_flags(values, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=graph, skipped=skipped,
+                      shapes=[i.get("shape") for i in info])
     # At the run's first non-finite step, the capture's per-call check names the origins exactly.
     hid = {n: i for i, n in enumerate(hrows)}
     for st, row, code in ((result.forward_nonfinite_step, (result.forward_nonfinite_call or (None,))[0], "nan_origin_fwd"),
@@ -131,7 +133,7 @@ def diagnose_at(result: CaptureResult, th: Thresholds, step: int | None) -> Ther
                            result.backward_origin_row if result.backward_origin_row is not None else result.backward_nonfinite_row,
                            "nan_origin_bwd")):
         k = np.flatnonzero(steps == st) if st is not None and row is not None else []
-        if len(k) and rows[row].name in hid:
+        if len(k) and rows[row].name in hid and not (code == "nan_origin_bwd" and skipped[k[0]]):
             b = np.uint16(FLAG_BITS[code])
             bad = (bits[k[0]] & b) > 0
             bits[k[0], bad] = (bits[k[0], bad] & ~b) | np.uint16(FLAG_BITS["nonfinite"])
@@ -156,6 +158,8 @@ def diagnose_at(result: CaptureResult, th: Thresholds, step: int | None) -> Ther
     table[:, COLUMNS.index("numel")] = [float(np.prod(r.shape)) if p else np.nan for r, p in zip(rows, present)]
     flags = [flag_names(int(bits[j, i])) if i >= 0 else [] for i in pick]
     hflags = np.stack([bits[:, i] if i >= 0 else np.zeros(len(steps), np.uint16) for i in pick], axis=1) if rows else bits[:, :0]
+    if result.raised is not None:
+        parts.append(f"the cell raised {result.raised.split(':')[0]}")
     head = f"step {s}: {_plural(len(rows), 'layer')}"
     summary = f"{head}: " + ", ".join(parts) if parts else f"{head}: no problems found"
     notes = list(result.notes) + list(getattr(h, "notes", []))
@@ -253,7 +257,8 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
 
     # Dead units (channels/features zero for every sample), on the first row of a chain only.
     def units_dead(j: int) -> bool:
-        return rows[j].is_float and rows[j].stats.get("dead_unit_frac", math.nan) >= th.dead_units
+        return (rows[j].is_float and rows[j].stats.get("dead_unit_frac", math.nan) >= th.dead_units
+                and not values_per_unit(rows[j].shape) < th.unit_values)
 
     for i, r in enumerate(rows):
         if "dead" in flags[i] or not units_dead(i) or (r.inputs and all(units_dead(j) for j in r.inputs)):

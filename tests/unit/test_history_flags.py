@@ -195,6 +195,16 @@ def test_a_skipped_step_s_inf_gradients_are_not_flags() -> None:
     assert not diagnose(res, step=2).history_flags.any() and events(h) == []
 
 
+def test_dead_units_need_several_values_per_unit() -> None:
+    # one sample: half a ReLU's features are zero by chance, which says nothing about the units
+    v = fields(1, 1, dead_unit_frac=[[0.5]])
+    vals = History.from_arrays([1], ["r"], v).values()
+    for shape, flagged in (((1, 8), False), ((3, 8), False), ((4, 8), True), ((1, 8, 2, 2), True), (None, True)):
+        bits = step_flags(vals, ["ReLU"], shapes=[shape])
+        assert bool(bits[0, 0] & FLAG_BITS["dead_units"]) is flagged, shape
+    assert not step_flags(vals, ["ReLU"], Thresholds(unit_values=1), shapes=[(1, 8)])[0, 0] == 0
+
+
 # -- the report at a step ------------------------------------------------------------------------
 NUM = r"(-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
 

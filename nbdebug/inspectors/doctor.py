@@ -225,10 +225,14 @@ def judge_overfit(curve: list[float], *, kind: str, classes: int | None, referen
         ev["softmax_floor"] = sf
         tail = finite[-max(len(finite) // 5, 2):]
         flat = len(tail) > 1 and max(tail) - min(tail) <= 0.02 * max(abs(min(tail)), 1e-12) + 1e-4
-        if probabilities or (flat and abs(floor - sf) <= FLOOR_TOLERANCE * sf):
-            return CheckResult("fail", ev, advice + f"It flattens near ln(1 + (C−1)/e) = {sf:.3g}, the floor when the "
-                               "outputs are already probabilities: remove the softmax at the end of the model "
-                               "(cross_entropy applies log-softmax itself).")
+        near = flat and abs(floor - sf) <= FLOOR_TOLERANCE * sf
+        if probabilities or near:
+            ev["outputs_are_probabilities"] = probabilities
+            why = (f"It flattens near ln(1 + (C−1)/e) = {sf:.3g}" if near else
+                   f"The outputs are already probabilities (non-negative, summing to 1), so it cannot go below "
+                   f"ln(1 + (C−1)/e) = {sf:.3g}")
+            return CheckResult("fail", ev, advice + why + ", the floor of a double softmax: remove the softmax at the "
+                               "end of the model (cross_entropy applies log-softmax itself).")
     return CheckResult("fail", ev, advice + "Check the model can fit (capacity, learning rate, a bug in the loss or "
                        "labels); raise `steps` if the curve is still falling.")
 
@@ -239,8 +243,11 @@ def judge_dead_units(layers: list[tuple[str, int, int]], samples: int) -> CheckR
         return skip("no layer output with units to check")
     worst = max(layers, key=lambda r: r[1] / max(r[2], 1))
     bad = [(n, d, u) for n, d, u in layers if u and d / u > DEAD_FRACTION]
-    ev: dict[str, Any] = {"samples": samples, "worst_layer": worst[0], "worst_frac": worst[1] / max(worst[2], 1),
-                          "layers": [n for n, d, _ in layers if d], "dead_frac": [round(d / max(u, 1), 4) for _, d, u in layers if d]}
+    ev: dict[str, Any] = {"samples": samples, "worst_frac": worst[1] / max(worst[2], 1)}
+    if worst[1]:
+        ev["worst_layer"] = worst[0]
+        ev["layers"] = [n for n, d, _ in layers if d]
+        ev["dead_frac"] = [round(d / max(u, 1), 4) for _, d, u in layers if d]
     if bad:
         names = ", ".join(f"`{n}` {d}/{u}" for n, d, u in bad[:3])
         return CheckResult("fail", ev, f"units zero for all {samples} samples: {names}. A large negative bias or "

@@ -91,6 +91,12 @@ def test_numbers_equal_the_reference_computations() -> None:
     assert ev["logit_std"] == pytest.approx(float(out.std()), rel=1e-5)
     assert report.checks["input_dependence"].evidence["max_change"] == pytest.approx(float(change), rel=1e-6)
     assert report.checks["batch_independence"].evidence["max_leak"] == 0.0
+    with torch.no_grad():
+        h = model[:4](x)
+    dead = int((h == 0).all(0).sum())  # units of the second ReLU zero for every sample
+    assert dead > 0 and (model[:2](x) == 0).all(0).sum() == 0
+    assert report.checks["dead_units"].evidence == {"samples": 64, "worst_frac": dead / 64, "worst_layer": "3",
+                                                    "layers": ["3"], "dead_frac": [round(dead / 64, 4)]}
     means, stds = x.mean(0), x.std(0, correction=0)
     ev = report.checks["input_scale"].evidence
     assert ev["channels"] == D and ev["std"] == pytest.approx(float(stds.max()), rel=1e-5)
@@ -147,6 +153,7 @@ def test_double_softmax_is_caught_by_overfit_batch() -> None:
     assert ev["softmax_floor"] == pytest.approx(math.log1p((C - 1) / math.e))
     assert ev["floor"] == pytest.approx(softmax_floor(C), rel=1e-3)
     assert ev["reached_at"] == -1 and ev["steps"] == 200
+    assert ev["outputs_are_probabilities"] is True
     assert "ln(1 + (C−1)/e)" in report.checks["overfit_batch"].advice
 
 

@@ -1,33 +1,472 @@
-"""The host side of a :class:`~nbdebug.capture.session.Capture`: device stats → rows, in one sync.
+"""The host side of a :class:`~nbdebug.capture.session.Capture`: each step's device stats → rows and
+one :class:`~nbdebug.capture.history.History` entry, in one transfer per step; the result at exit.
 
-Every device tensor a capture kept (stat vectors, gradient stats, samples, histograms, input
-checks, parameter-gradient norms) crosses to the host in :func:`assemble` through
-:func:`~nbdebug.capture.stats.to_host_rows` and :func:`~nbdebug.capture.transfer.to_host`: a
-fixed number of transfers per device, however many layers and steps there were.
+:func:`close_step` brings everything a step recorded (stat vectors, gradient stats, dead-unit
+masks, input checks, parameter-gradient norms, optimizer numbers, the loss) to the host with
+:func:`~nbdebug.capture.stats.packed_to_host` (one ``.cpu()`` per device, whatever the number of
+layers), which is also the step's non-finite check; :func:`commit` folds it into the whole-run rows
+and the history; :func:`assemble` builds the :class:`CaptureResult` at exit.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from .budget import format_bytes
+from .history import FIELD_INDEX, HISTORY_FIELDS
+from .incidents import Incident, copy_within, describe_nonfinite, param_stats
 from .result import CaptureResult, LayerRecord
-from .stats import SATURATING, merge, nonfinite, summarize, to_host_rows
-from .transfer import to_host
+from .stats import IDX, N_FIELDS, DeviceStats, nonfinite, packed_to_host, raw_from_host, summarize
 
 if TYPE_CHECKING:
-    from .session import Capture, _Call
+    from .session import Capture, _Call, _Row
 
-__all__ = ["assemble"]
+__all__ = ["assemble", "close_step", "commit", "finish"]
+
+_F = len(HISTORY_FIELDS)
+_FI = FIELD_INDEX
+_STAT = ("mean", "std", "min", "max", "zero_frac", "norm", "nan", "inf")
+_STAT_COLS = [_FI[k] for k in _STAT]
+_GRAD_COLS = [_FI["grad_" + k] for k in ("mean", "std", "min", "max", "norm", "nan", "inf")]
+_GRAD_KEYS = ("mean", "std", "min", "max", "norm", "nan", "inf")
+
+
+class _Fetch:
+    """Collects what a step needs from the device; :meth:`run` brings it over in one transfer."""
+
+    def __init__(self, batch: bool) -> None:
+        self.batch = batch
+        self.tensors: list[torch.Tensor | None] = []
+
+    def add(self, x: Any) -> int:
+        """Slot of ``x`` (a tensor, a DeviceStats, a number or None)."""
+        self.tensors.append(x)  # type: ignore[arg-type]
+        return len(self.tensors) - 1
+
+    def run(self) -> list[Any]:
+        items = self.tensors
+        out: list[Any] = list(items)
+        dev: list[torch.Tensor | None] = []
+        where: list[tuple[int, int]] = []  # (item, position in dev); DeviceStats take two
+        for i, x in enumerate(items):
+            if isinstance(x, DeviceStats):
+                where.append((i, len(dev)))
+                dev += [x.floats, x.counts]
+            elif isinstance(x, torch.Tensor):
+                if x.device.type == "cpu" and not self.batch:
+                    out[i] = x.detach().numpy()
+                else:
+                    where.append((i, len(dev)))
+                    dev.append(x)
+        if dev:
+            host = packed_to_host(dev)
+            for i, j in where:
+                out[i] = raw_from_host(host[j], host[j + 1]) if isinstance(items[i], DeviceStats) else host[j]
+        return out
+
+
+@dataclass
+class _StepData:
+    """One closed step on the host, waiting to be committed (or dropped as an evaluation)."""
+
+    calls: list[Any]
+    rows: list[Any]  # _Row of each merged step row
+    raw: np.ndarray  # [n, N_FIELDS] merged per row
+    grad: np.ndarray  # [n, N_FIELDS] (NaN rows: no gradient)
+    values: np.ndarray  # [n, F] float32 for the history
+    alive: list[np.ndarray | None]  # per row: units non-zero in some call of the step (None: all / n.a.)
+    counts: list[int]  # calls per row
+    first_call: list[Any]  # per row: its first call of the step
+    checks_bad: dict[int, bool]  # id(call) → an external input was non-finite
+    scalars: dict[str, float]
+    skipped: bool
+    lrs: dict[str, float]
+    fwd: tuple[Any, bool, str] | None = None  # (first non-finite call, inputs finite, "NaN"/"Inf")
+    fwd_incident: Incident | None = None
+    bwd: tuple[Any, Any] | None = None  # (call with the first non-finite output gradient, origin consumer)
+    pg: str | None = None  # first module whose parameter gradients were non-finite
+    incidents: list[Incident] = field(default_factory=list)
+
+
+def _f(x: Any) -> float:
+    a = np.asarray(x, dtype=np.float64).reshape(-1)
+    return float(a.mean()) if a.size else math.nan
+
+
+def _group(rows: list[Any], raws: np.ndarray) -> tuple[list[Any], np.ndarray, list[int], list[int]]:
+    """Merge raw rows of the same row: (rows in order, merged raws, calls per row, index of each input)."""
+    pos: dict[int, int] = {}
+    uniq: list[Any] = []
+    inv: list[int] = []
+    for r in rows:
+        j = pos.get(r.id)
+        if j is None:
+            j = pos[r.id] = len(uniq)
+            uniq.append(r)
+        inv.append(j)
+    if len(uniq) == len(rows):
+        return uniq, raws, [1] * len(rows), inv
+    n = len(uniq)
+    out = np.zeros((n, N_FIELDS))
+    inv_a = np.asarray(inv)
+    np.add.at(out, inv_a, raws)
+    mn, mx = np.full(n, np.inf), np.full(n, -np.inf)
+    np.minimum.at(mn, inv_a, raws[:, IDX["min"]])
+    np.maximum.at(mx, inv_a, raws[:, IDX["max"]])
+    out[:, IDX["min"]], out[:, IDX["max"]] = mn, mx
+    return uniq, out, np.bincount(inv_a, minlength=n).tolist(), inv
+
+
+def _stat_values(raw: np.ndarray, grad: np.ndarray, rows: list[Any]) -> np.ndarray:
+    vals = np.full((len(rows), _F), np.nan, np.float32)
+    s = summarize(raw)
+    for k, col in zip(_STAT, _STAT_COLS):
+        vals[:, col] = s[k]
+    sat = np.fromiter((r.sat for r in rows), bool, len(rows))
+    if sat.any():
+        vals[sat, _FI["saturated_frac"]] = s["extra_frac"][sat]
+    g = summarize(grad)
+    for k, col in zip(_GRAD_KEYS, _GRAD_COLS):
+        vals[:, col] = g[k]
+    return vals
+
+
+def _or(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    if a is None or b is None:
+        return None
+    return a | b if a.shape == b.shape else None
+
+
+def close_step(cap: Capture) -> None:
+    """Bring the open step to the host (one transfer) and commit it (or hold it back: a no-grad step
+    before any training forward)."""
+    calls: list[_Call] = cap._step_calls
+    if cap._pg_norms is None and cap._pg_fresh:
+        cap._take_param_norms()
+    pg, cap._pg_norms = cap._pg_norms, None
+    cap._pg_fresh.clear()
+    upd = cap.watch.take() if cap.watch is not None else None
+    losses = list(cap._losses)
+    if cap.loss_fn is not None:
+        from .optim import as_float_later
+
+        try:
+            v = cap.loss_fn()
+        except Exception:  # the user's name may not exist yet
+            v = None
+        if v is not None:
+            losses = [as_float_later(v)]
+    late, cap._late = cap._late, []
+    if not calls and not late and upd is None:
+        return
+    fetch = _Fetch(cap.device_path)
+    s_raw = [fetch.add(c.raw) for c in calls]
+    s_grad = [fetch.add(c.grad_stats) for c in calls]
+    s_alive = [fetch.add(c.alive) for c in calls]
+    s_checks = [[fetch.add(t) for t in c.input_checks] for c in calls]
+    s_late = [fetch.add(c.late) for c in late]
+    s_pg = fetch.add(torch.stack(pg[1]) if pg is not None else None)
+    s_loss = [fetch.add(x) for x in losses]
+    opt_keys: list[tuple[str, str]] = []
+    s_opt: list[int] = []
+    if upd is not None:
+        for kind in ("update_ratio", "param_norm", "lr"):
+            for mod, v in getattr(upd, kind).items():
+                opt_keys.append((kind, mod))
+                s_opt.append(fetch.add(v))
+        s_skip = fetch.add(upd.skipped)
+    host = fetch.run()  # THE transfer of this step
+
+    _flush_late(cap, late, [host[i] for i in s_late])
+    if not calls:
+        return
+    raws = np.stack([host[i] for i in s_raw])
+    grads = np.full((len(calls), N_FIELDS), np.nan)
+    for j, i in enumerate(s_grad):
+        if host[i] is not None:
+            grads[j] = host[i]
+    rows, raw, counts, inv = _group([c.row for c in calls], raws)
+    grad = grads if len(rows) == len(calls) else _group_grads(grads, inv, len(rows))
+    alive: list[np.ndarray | None] = [None] * len(rows)
+    first_call: list[Any] = [None] * len(rows)
+    seen = [False] * len(rows)
+    for j, c in enumerate(calls):
+        r = inv[j]
+        a = host[s_alive[j]]  # None: every unit non-zero in this call
+        if not seen[r]:
+            seen[r], first_call[r], alive[r] = True, c, a
+        else:
+            alive[r] = _or(alive[r], a)
+    values = _stat_values(raw, grad, rows)
+    for r, row in enumerate(rows):
+        if row.units:
+            a = alive[r]
+            values[r, _FI["dead_unit_frac"]] = 0.0 if a is None else (float(np.count_nonzero(~a)) / a.size if a.size == row.units else math.nan)
+    # parameter-gradient norms (one per module, on its first row) and optimizer numbers
+    pg_bad: list[str] = []
+    module_norm: dict[str, float] = {}
+    if pg is not None:
+        sq: dict[str, float] = {}
+        for p, n in zip(pg[0], np.asarray(host[s_pg], dtype=np.float64).reshape(-1)):
+            for mod in cap._param_owner.get(id(p), ()):
+                sq[mod] = sq.get(mod, 0.0) + float(n) ** 2
+        module_norm = {m: math.sqrt(v) for m, v in sq.items()}
+        pg_bad = [m for m, v in module_norm.items() if not math.isfinite(v)]
+    opt: dict[str, dict[str, float]] = {"update_ratio": {}, "param_norm": {}, "lr": {}}
+    for (kind, mod), i in zip(opt_keys, s_opt):
+        opt[kind][mod] = _f(host[i])
+    skipped = bool(np.any(host[s_skip])) if upd is not None else False
+    row_pos = {row.id: r for r, row in enumerate(rows)}
+    for field_, per_module in (("param_grad_norm", module_norm), ("param_norm", opt["param_norm"]),
+                               ("update_ratio", opt["update_ratio"])):
+        for mod, v in per_module.items():
+            first = cap.first_row.get(mod)
+            if first is not None and first.id in row_pos:
+                values[row_pos[first.id], _FI[field_]] = v
+    loss = float(np.mean([_f(host[i]) for i in s_loss])) if s_loss else math.nan
+    lr = opt["lr"].get("", math.nan)
+    checks_bad = {id(c): any(not np.all(np.isfinite(host[i])) for i in s_checks[j]) for j, c in enumerate(calls) if s_checks[j]}
+    data = _StepData(calls, rows, raw, grad, values, alive, counts, first_call, checks_bad,
+                     {"loss": loss, "lr": lr, "skipped": 1.0 if skipped else 0.0}, skipped,
+                     {m: v for m, v in opt["lr"].items() if m})
+    # the step's non-finite check, in phase order
+    for j, c in enumerate(calls):
+        if nonfinite(raws[j]):
+            what = "NaN" if raws[j, IDX["nan"]] > 0 else "Inf"
+            data.fwd = (c, not checks_bad.get(id(c), False), what)
+            if cap._hot is not None and cap._hot_call is c:
+                data.fwd_incident = cap._hot
+            elif c.held is not None:
+                data.fwd_incident = forward_incident(cap, c, *c.held)
+            break
+    if not skipped:
+        data.bwd = _backward_origin(calls, grads)
+        data.pg = pg_bad[0] if pg_bad else None
+        if data.pg is not None:
+            data.pg = min(pg_bad, key=lambda m: cap.first_row[m].id if m in cap.first_row else 1 << 30)
+    for j, c in enumerate(calls):
+        c.closed = True
+        c.raw = c.alive = c.held = None
+        c.input_checks = []
+        c.grad_stats = None if np.isnan(grads[j, 0]) else grads[j]
+    if not cap._open_grad and not cap._seen_training:
+        cap._pending.append(data)
+        if len(cap._pending) >= 16:
+            cap._commit_pending()
+    else:
+        commit(cap, data)
+
+
+def _group_grads(grads: np.ndarray, inv: list[int], n: int) -> np.ndarray:
+    out = np.full((n, N_FIELDS), np.nan)
+    for j, r in enumerate(inv):
+        g = grads[j]
+        if np.isnan(g[0]):
+            continue
+        if np.isnan(out[r, 0]):
+            out[r] = g
+        else:
+            mn, mx = min(out[r, IDX["min"]], g[IDX["min"]]), max(out[r, IDX["max"]], g[IDX["max"]])
+            out[r] += g
+            out[r, IDX["min"]], out[r, IDX["max"]] = mn, mx
+    return out
+
+
+def _backward_origin(calls: list[Any], grads: np.ndarray) -> tuple[Any, Any] | None:
+    """First non-finite output gradient in backward order, and the consumer whose output gradient was
+    still finite (the backward of that consumer made it)."""
+    pos = {id(c): j for j, c in enumerate(calls)}
+    for _, j in sorted((c.grad_order, j) for j, c in enumerate(calls) if c.grad_order >= 0 and not np.isnan(grads[j, 0])):
+        if nonfinite(grads[j]):
+            bad = calls[j]
+            for c in calls:
+                k = pos[id(c)]
+                if c is not bad and bad in c.input_calls and not np.isnan(grads[k, 0]) and not nonfinite(grads[k]):
+                    return bad, c
+            return bad, None
+    return None
+
+
+def _flush_late(cap: Capture, late: list[Any], raws: list[Any]) -> None:
+    """Gradients of closed steps (a delayed backward): merged rows, History.update, the backward check."""
+    if not late:
+        return
+    by_step: dict[int, list[tuple[Any, np.ndarray]]] = {}
+    for c, raw in zip(late, raws):
+        c.late = None
+        if raw is None:
+            continue
+        row = c.row
+        row.grad = raw.copy() if row.grad is None else _merge2(row.grad, raw)
+        c.grad_stats = raw.copy() if c.grad_stats is None else _merge2(c.grad_stats, raw)
+        if c.step:
+            by_step.setdefault(c.step, []).append((c, c.grad_stats))
+    for step, items in sorted(by_step.items()):
+        rows, idx = [], {}
+        for c, g in items:
+            if c.row.id not in idx:
+                idx[c.row.id] = len(rows)
+                rows.append((c.row, g))
+            else:
+                k = idx[c.row.id]
+                rows[k] = (rows[k][0], _merge2(rows[k][1], g))
+        vals = np.full((len(rows), _F), np.nan, np.float32)
+        gs = summarize(np.stack([g for _, g in rows]))
+        for k, col in zip(_GRAD_KEYS, _GRAD_COLS):
+            vals[:, col] = gs[k]
+        hids = np.array([r.hid for r, _ in rows])
+        if (hids >= 0).all():
+            cap.history.update(step, hids, vals)
+        if cap.bwd_step is None:
+            calls = [c for c, _ in items]
+            hit = _backward_origin(calls, np.stack([g for _, g in items]))
+            if hit is not None:
+                cap.bwd_step, cap.bwd_row = step, hit[0].row.id
+                cap.bwd_origin = hit[1].row.id if hit[1] is not None else None
+
+
+def _merge2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out = a + b
+    out[IDX["min"]], out[IDX["max"]] = min(a[IDX["min"]], b[IDX["min"]]), max(a[IDX["max"]], b[IDX["max"]])
+    return out
+
+
+def forward_incident(cap: Capture, call: Any, inputs: Any, output: Any) -> Incident:
+    """The flight recorder's snapshot of the call that made the first non-finite forward output
+    (step and message are filled when the step is committed)."""
+    budget = max(0, cap.max_bytes - cap._bytes)
+    leaves = [t for t in (inputs if isinstance(inputs, (tuple, list)) else (inputs,)) if isinstance(t, torch.Tensor)]
+    ins, n_in = copy_within(list(leaves), budget)
+    out, n_out = copy_within(output, budget - n_in)
+    cap._bytes += n_in + n_out
+    return Incident("nonfinite", 0, call.module, call.row.key, "forward", "", ins, out,
+                    params=_param_stats(cap, call.module), optimizer=_opt_state(cap, call.module))
+
+
+def _param_stats(cap: Capture, module: str) -> dict[str, dict[str, float]]:
+    m = cap.module_of.get(module)
+    return param_stats(m) if m is not None else {}
+
+
+def _opt_state(cap: Capture, module: str) -> dict[str, dict[str, float]]:
+    try:
+        return cap.watch.state_of(module) if cap.watch is not None else {}
+    except Exception:
+        return {}
+
+
+def _previous(cap: Capture, row: Any) -> dict[str, float] | None:
+    if cap.prev_values is None or cap.prev_rows is None or row.hid < 0:
+        return None
+    hit = np.flatnonzero(cap.prev_rows == row.hid)
+    if not hit.size:
+        return None
+    v = cap.prev_values[hit[0]]
+    return {f: float(v[i]) for i, f in enumerate(HISTORY_FIELDS)}
+
+
+def commit(cap: Capture, data: _StepData) -> None:
+    """Fold a closed step into the whole-run rows, the first-non-finite bookkeeping, the incidents and
+    the history (``every``), then call ``on_step``."""
+    cap.step += 1
+    step = cap.step
+    hist = cap.history
+    for c in data.calls:
+        c.step = step
+    for r, row in enumerate(data.rows):
+        if row.hid < 0:
+            row.hid = hist.row_id(row.key, {"module": row.module, "type": row.type, "shape": row.shape, "dtype": row.dtype})
+        raw, g = data.raw[r], data.grad[r]
+        if row.calls == 0:
+            row.raw = raw.copy()
+            row.first_step = step
+            c0 = data.first_call[r]
+            row.inputs = tuple(dict.fromkeys(c.row.id for c in c0.input_calls))
+            row.ext_nonfinite = data.checks_bad.get(id(c0), False)
+            row.alive = data.alive[r]
+        else:
+            row.raw = _merge2(row.raw, raw)
+            row.alive = _or(row.alive, data.alive[r])
+        if not np.isnan(g[0]):
+            row.grad = g.copy() if row.grad is None else _merge2(row.grad, g)
+        row.calls += data.counts[r]
+    if data.skipped:
+        cap.skipped.append(step)
+    cap.lrs.update(data.lrs)
+    hids = np.fromiter((row.hid for row in data.rows), np.intp, len(data.rows))
+    first_bad = False
+    new: list[Incident] = []
+    have = any(i.kind == "nonfinite" for i in cap.incidents)
+    if cap.fwd_step is None and data.fwd is not None:
+        c, finite, what = data.fwd
+        cap.fwd_step, cap.fwd_origin, first_bad = step, (c.row.id, finite), True
+        inc = data.fwd_incident or Incident("nonfinite", step, c.module, c.row.key, "forward", "",
+                                            params=_param_stats(cap, c.module), optimizer=_opt_state(cap, c.module))
+        inc.step, inc.previous = step, _previous(cap, c.row)
+        inc.message = describe_nonfinite(step, c.module, c.row.key, "forward", what, inc.inputs, finite)
+        new.append(inc)
+    if cap.bwd_step is None and data.bwd is not None:
+        bad, origin = data.bwd
+        cap.bwd_step, cap.bwd_row, first_bad = step, bad.row.id, True
+        cap.bwd_origin = origin.row.id if origin is not None else None
+        if not have and not new:
+            src = origin if origin is not None else bad
+            new.append(Incident("nonfinite", step, src.module, src.row.key, "output_grad",
+                                describe_nonfinite(step, src.module, src.row.key, "output_grad", "", None, None),
+                                params=_param_stats(cap, src.module), previous=_previous(cap, src.row),
+                                optimizer=_opt_state(cap, src.module)))
+    if cap.pg_step is None and data.pg is not None:
+        cap.pg_step, first_bad = step, True
+        if not have and not new:
+            row = cap.first_row.get(data.pg)
+            new.append(Incident("nonfinite", step, data.pg, row.key if row else None, "param_grad",
+                                describe_nonfinite(step, data.pg, row.key if row else data.pg, "param_grad", "", None, None),
+                                params=_param_stats(cap, data.pg), previous=_previous(cap, row) if row else None,
+                                optimizer=_opt_state(cap, data.pg)))
+    loss = data.scalars["loss"]
+    med = cap.spikes.check(loss) if not math.isnan(loss) else None
+    if med is not None:
+        new.append(Incident("loss_spike", step, None, None, None,
+                            f"step {step}: loss {loss:.4g} is {loss / med:.1f}× the running median {med:.4g}",
+                            value=loss, median=med))
+    cap.incidents += new
+    first = cap.resume.steps + 1 if cap.resume is not None else 1
+    if (step - first) % cap.every == 0 or first_bad:
+        hist.append(step, hids, data.values, data.scalars)
+        cap.unappended = None
+        if cap.on_step is not None:
+            cap.on_step(cap)
+    else:
+        cap.unappended = (step, hids, data.values, data.scalars)
+    cap.prev_values, cap.prev_rows = data.values, hids
+
+
+def finish(cap: Capture) -> None:
+    """At exit: close the open step, commit held-back no-grad steps, late gradients, the last step."""
+    if cap._open:
+        cap._close_step()
+    cap._commit_pending()
+    if cap._late:
+        late, cap._late = cap._late, []
+        fetch = _Fetch(cap.device_path)
+        slots = [fetch.add(c.late) for c in late]
+        host = fetch.run()
+        _flush_late(cap, late, [host[i] for i in slots])
+    if cap.unappended is not None:
+        cap.history.append(*cap.unappended)
+        cap.unappended = None
+        if cap.on_step is not None:
+            cap.on_step(cap)
 
 
 def _param_grad_norms(cap: Capture) -> dict[str, torch.Tensor]:
-    """L2 norm of each selected module's own fresh parameter gradients, still on the device."""
+    """L2 norm of each selected module's own fresh parameter gradients at exit, still on the device."""
     out: dict[str, torch.Tensor] = {}
     for name, module in cap.modules:
         grads = []
@@ -46,126 +485,145 @@ def _param_grad_norms(cap: Capture) -> dict[str, torch.Tensor]:
     return out
 
 
-def _rows_of(calls: list[_Call]) -> tuple[list[list[int]], dict[int, int]]:
-    """Calls grouped by row name in order of first appearance, and each call's row."""
-    row_of: dict[str, int] = {}
-    members: list[list[int]] = []
-    for i, c in enumerate(calls):
-        r = row_of.setdefault(c.key, len(members))
-        if r == len(members):
-            members.append([])
-        members[r].append(i)
-    return members, {i: row_of[c.key] for i, c in enumerate(calls)}
-
-
 def assemble(cap: Capture) -> CaptureResult:
-    """Turn a finished capture's records into a :class:`CaptureResult` (plain numpy and floats)."""
-    from .session import MAX_CALLS
-
-    calls = cap._calls
-    g_idx = [i for i, c in enumerate(calls) if c.grad_stats is not None]
-    both = to_host_rows([c.raw for c in calls] + [calls[i].grad_stats for i in g_idx])  # type: ignore[misc]
-    raws = both[: len(calls)]
-    grads = dict(zip(g_idx, both[len(calls) :]))
-    norms = _param_grad_norms(cap)
-    # Everything else in one batched transfer: samples, histograms, input checks, norms.
-    tensors: list[torch.Tensor | None] = []
-    for c in calls:
-        tensors += [c.sample, c.hist, *c.input_checks]
-    tensors += list(norms.values())
-    host = iter(to_host(tensors, batch_cpu=cap.device_path))
-    samples, hists, checks = [], [], []
-    for c in calls:
-        samples.append(next(host))
-        hists.append(next(host))
-        checks.append([next(host) for _ in c.input_checks])
-    param_norms = {name: float(v[0]) for name, v in zip(norms, host)}  # type: ignore[index]
-
-    members, call_row = _rows_of(calls)
+    """Turn a finished capture into a :class:`CaptureResult` (plain numpy and floats)."""
+    rows = [r for r in cap._rows if r.calls > 0 and r.raw is not None]
+    norms = _param_grad_norms(cap) if cap.modules else {}
+    fetch = _Fetch(cap.device_path)
+    s_sample = [fetch.add(r.sample) for r in rows]
+    s_hist = [fetch.add(r.hist) for r in rows]
+    s_norm = {name: fetch.add(v) for name, v in norms.items()}
+    host = fetch.run()
+    param_norms = {name: float(np.asarray(host[i]).reshape(-1)[0]) for name, i in s_norm.items()}
+    pos = {r.id: i for i, r in enumerate(rows)}
+    prev = _resumed_rows(cap)
     layers = []
-    for idxs in members:
-        i0 = idxs[0]
-        c0 = calls[i0]
-        s = {k: float(v[0]) for k, v in summarize(merge(raws[idxs])[None]).items()}
-        g_rows = [grads[i] for i in idxs if i in grads]
-        g = {k: float(v[0]) for k, v in summarize(merge(np.stack(g_rows))[None]).items()} if g_rows else None
-        sample = samples[i0]
+    for r, row in zip(range(len(rows)), rows):
+        raw = row.raw
+        calls = row.calls
+        first_step = row.first_step
+        old = prev.get(row.key)
+        if old is not None:
+            raw, calls, first_step = _merge2(old[0], raw), calls + old[1], old[2]
+        s = {k: float(v[0]) for k, v in summarize(raw[None]).items()}
+        g = {k: float(v[0]) for k, v in summarize(row.grad[None]).items()} if row.grad is not None else None
+        sample = host[s_sample[r]]
         if sample is not None and sample.size:
             s["near_zero_frac"] = float(np.mean(np.abs(sample) < cap.near_zero_eps))
             s["near_zero_exact"] = float(sample.size >= s["numel"])
         else:
             s["near_zero_frac"] = math.nan
             s["near_zero_exact"] = 0.0
-        if c0.type in SATURATING:
+        if row.sat:
             s["saturated_frac"] = s["extra_frac"]
         s.pop("extra_frac", None)
+        if row.units:
+            a = row.alive
+            s["dead_unit_frac"] = 0.0 if a is None else (float(np.count_nonzero(~a)) / a.size)
         hist = None
-        h = hists[i0]
+        h = host[s_hist[r]]
         if h is not None:
             lo, hi = float(h[-2]), float(h[-1])
             if not (math.isfinite(lo) and math.isfinite(hi)):
                 lo, hi = 0.0, 0.0
             edges = np.linspace(lo, hi if hi > lo else lo + 1.0, cap.bins + 1)
-            hist = (h[:-2].astype(np.float64), edges)
-        layers.append(
-            LayerRecord(
-                name=c0.key, module=c0.module, type=c0.type, shape=c0.shape, dtype=c0.dtype, calls=len(idxs),
-                stats=s, grad=g,
-                param_grad_norm=param_norms.pop(c0.module, None),  # on the module's first row
-                sample=None if sample is None else np.array(sample, dtype=np.float32),
-                histogram=hist,
-                inputs=tuple(sorted({call_row[j] for j in c0.input_calls})),
-                external_input_nonfinite=any(not np.all(np.isfinite(x)) for x in checks[i0]),
-                first_step=max(c0.step, 1),
-            )
-        )
-
-    # First non-finite forward output in execution order: its step is the first step with one.
-    fwd = fwd_step = None
-    for i, c in enumerate(calls):
-        if nonfinite(raws[i]):
-            fwd = (call_row[i], not any(not np.all(np.isfinite(x)) for x in checks[i]))
-            fwd_step = max(c.step, 1)
-            break
-    # First non-finite output gradient in backward order, and the consumer (same step) whose
-    # output gradient was still finite: the backward of that consumer made it.
-    bwd = bwd_step = bwd_origin = None
-    for _, i in sorted((c.grad_order, i) for i, c in enumerate(calls) if c.grad_order >= 0):
-        if nonfinite(grads[i]):
-            bwd, bwd_step = call_row[i], max(calls[i].step, 1)
-            for j, c in enumerate(calls):
-                if i in c.input_calls and j != i and c.step == calls[i].step and j in grads and not nonfinite(grads[j]):
-                    bwd_origin = call_row[j]
-                    break
-            break
-
-    notes: list[str] = []
+            hist = (np.asarray(h[:-2], dtype=np.float64), edges)
+        first = cap.first_row.get(row.module)
+        layers.append(LayerRecord(
+            name=row.key, module=row.module, type=row.type, shape=row.shape, dtype=row.dtype, calls=calls,
+            stats=s, grad=g,
+            param_grad_norm=param_norms.get(row.module) if first is row else None,  # on the module's first row
+            sample=None if sample is None else np.array(sample, dtype=np.float32),
+            histogram=hist,
+            inputs=tuple(sorted(pos[i] for i in (row.inputs or ()) if i in pos)),
+            external_input_nonfinite=row.ext_nonfinite,
+            first_step=max(first_step, 1),
+        ))
+    notes = list(cap.notes)
     if cap._budget_exceeded:
         notes.append(
             f"byte budget of {format_bytes(cap.max_bytes)} reached: kept {format_bytes(cap._bytes)} of samples/histograms, "
-            f"dropped {format_bytes(cap._dropped_bytes)} for later layers (stats are kept for every layer; raise max_bytes to keep them)"
-        )
+            f"dropped {format_bytes(cap._dropped_bytes)} for later layers (stats are kept for every layer; raise max_bytes to keep them)")
     if cap._truncated:
-        notes.append(f"more than {MAX_CALLS:,} layer calls: later calls were not recorded")
-    steps = cap._passes if cap._passes else (1 if calls else 0)
-    return CaptureResult(
+        from .session import MAX_CALLS
+
+        notes.append(f"more than {MAX_CALLS:,} layer calls in one step: later calls were not recorded")
+    if cap.eval_steps:
+        notes.append(f"{cap.eval_steps} evaluation forward(s) under no_grad/inference_mode were not steps "
+                     "(kept out of the rows and the history)")
+    if cap.watch is not None:
+        notes += [n for n in getattr(cap.watch, "notes", []) if n not in notes]
+    notes += [n for n in cap.history.notes if n not in notes]
+    res0 = cap.resume
+    steps = cap.step
+    fwd = (pos[cap.fwd_origin[0]], cap.fwd_origin[1]) if cap.fwd_origin is not None and cap.fwd_origin[0] in pos else None
+    res = CaptureResult(
         layers=layers,
-        forward_passes=steps,
-        backward_ran=bool(grads),
-        calls_recorded=len(calls),
+        forward_passes=cap._passes + (res0.forward_passes if res0 is not None else 0),
+        backward_ran=any(r.grad is not None for r in rows) or (res0 is not None and res0.backward_ran),
+        calls_recorded=sum(r.calls for r in rows),
         truncated=cap._truncated,
         sample_size=cap.sample_size,
         near_zero_eps=cap.near_zero_eps,
         bytes_kept=cap._bytes,
         budget_exceeded=cap._budget_exceeded,
         forward_nonfinite_call=fwd,
-        backward_nonfinite_row=bwd,
+        backward_nonfinite_row=pos.get(cap.bwd_row) if cap.bwd_row is not None else None,
         elapsed_s=time.perf_counter() - cap._t0,
         notes=notes,
         steps=steps,
-        forward_nonfinite_step=fwd_step,
-        backward_nonfinite_step=bwd_step,
-        backward_origin_row=bwd_origin,
+        forward_nonfinite_step=cap.fwd_step,
+        backward_nonfinite_step=cap.bwd_step,
+        backward_origin_row=pos.get(cap.bwd_origin) if cap.bwd_origin is not None else None,
         error=cap._error,
         raised=cap._raised,
+        history=cap.history,
+        param_grad_nonfinite_step=cap.pg_step,
+        incidents=list(cap.incidents),
+        skipped=list(cap.skipped),
+        eval_steps=cap.eval_steps,
+        every=cap.every,
+        lrs=dict(cap.lrs),
     )
+    if res0 is not None:
+        _continue(res, res0)
+    return res
+
+
+def _resumed_rows(cap: Capture) -> dict[str, tuple[np.ndarray, int, int]]:
+    """``resume``: each earlier row as a raw row rebuilt from its merged stats, its calls, first step."""
+    res0 = cap.resume
+    out: dict[str, tuple[np.ndarray, int, int]] = {}
+    if res0 is None:
+        return out
+    for rec in res0.layers:
+        s = rec.stats
+        n = s.get("numel", math.nan)
+        raw = np.zeros(N_FIELDS)
+        raw[IDX["numel"]] = n
+        raw[IDX["sum"]] = s.get("mean", math.nan) * n
+        raw[IDX["sumsq"]] = s.get("norm", math.nan) ** 2
+        raw[IDX["min"]], raw[IDX["max"]] = s.get("min", math.nan), s.get("max", math.nan)
+        raw[IDX["nonzero"]] = (1.0 - s.get("zero_frac", math.nan)) * n
+        raw[IDX["nan"]], raw[IDX["inf"]] = s.get("nan", 0.0), s.get("inf", 0.0)
+        raw[IDX["extra"]] = s.get("saturated_frac", 0.0) * n
+        out[rec.name] = (raw, rec.calls, rec.first_step)
+    return out
+
+
+def _continue(res: CaptureResult, res0: CaptureResult) -> None:
+    """``resume``: first non-finite steps, incidents, skipped steps and counts carry over."""
+    for attr in ("forward_nonfinite_step", "backward_nonfinite_step", "param_grad_nonfinite_step"):
+        old = getattr(res0, attr)
+        if old is not None:
+            setattr(res, attr, old)
+    if res0.forward_nonfinite_call is not None and res0.forward_nonfinite_step is not None:
+        name = res0.layers[res0.forward_nonfinite_call[0]].name
+        idx = next((i for i, r in enumerate(res.layers) if r.name == name), None)
+        res.forward_nonfinite_call = None if idx is None else (idx, res0.forward_nonfinite_call[1])
+    res.skipped = list(res0.skipped) + res.skipped
+    res.eval_steps += res0.eval_steps
+    res.calls_recorded += res0.calls_recorded
+    names = {r.name for r in res.layers}
+    res.layers += [replace(r, inputs=()) for r in res0.layers if r.name not in names]
+    res.lrs = {**res0.lrs, **res.lrs}

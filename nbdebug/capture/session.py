@@ -1,23 +1,30 @@
-"""`Capture`: per-layer statistics of outputs and output gradients while user code runs.
+"""`Capture`: per-layer statistics of outputs and output gradients while user code runs, per step.
 
 >>> with Capture(model) as cap:                      # doctest: +SKIP
-...     loss = criterion(model(x), y); loss.backward()
->>> cap.result.layers[0].name, cap.result.layers[0].stats["mean"]   # doctest: +SKIP
+...     for x, y in data:
+...         opt.zero_grad(); loss = criterion(model(x), y); loss.backward(); opt.step()
+>>> cap.result.layers[0].stats["mean"], cap.result.series("0", "mean")   # doctest: +SKIP
 
-Everything is computed on the tensors' device; the host sees the numbers once, at ``__exit__``.
-A *step* is one call of the model's top-level ``forward``: rows merge every step, and the NaN/Inf
-origin is decided in the first step where a non-finite value appeared. Forward passes that
-autograd runs during backward (gradient checkpointing recomputation) are not new calls: their
-output gradients land on the original rows.
-Hooks are removed on every exit path (exception, KeyboardInterrupt included) and the model is left
-exactly as it was: no attributes, no ``.grad`` of our own, no mode changes.
+A *step* is one grad-enabled call of the model's top-level ``forward`` (its backward and the
+optimizer step that follow belong to it; ``step_on="optimizer"`` ends a step after each
+``optimizer.step()`` instead, so gradient-accumulation micro-batches merge). When a step closes
+(at the next step's forward, or at exit) its calls are folded into the whole-run rows and one
+:class:`~nbdebug.capture.history.History` entry, in one host transfer on the device path (no
+per-layer sync). Evaluation: once a grad-enabled forward has been seen, forwards under
+``no_grad``/``inference_mode`` are not steps (counted in ``eval_steps``, not recorded). No-grad
+forwards *before* the first grad-enabled one are held back: they become evaluation when training
+starts, and steps when it never does (an inference cell), or once 16 of them are waiting.
+Forward passes that autograd runs during backward (checkpoint recomputation) are not new calls.
+Hooks are removed on every exit path and the model is left exactly as it was.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,36 +33,65 @@ from torch import nn
 
 from .budget import DEFAULT_MAX_BYTES
 from .errors import ErrorSite, locate
+from .history import History
 from .hooks import HookSet
+from .incidents import Incident, LossSpikes, NonFiniteError
 from .leaves import tensor_leaves
 from .names import call_name
 from .result import CaptureResult, LayerRecord
 from .select import LayerFilter, select_modules
-from .stats import IDX, SATURATING, Raw, device_histogram, merge_raw, tensor_stats
+from .stats import IDX, SATURATING, Raw, device_histogram, merge_raw, tensor_stats, unit_alive
 from .weak import ModelRef
 
 __all__ = ["Capture", "CaptureResult", "LayerRecord"]
 
-_NAN, _INF = IDX["nan"], IDX["inf"]
-MAX_CALLS = 200_000  # per-call records kept (a long training loop in one cell is summarised)
+_NAN, _INF, _NZ, _N, _MIN, _MAX = IDX["nan"], IDX["inf"], IDX["nonzero"], IDX["numel"], IDX["min"], IDX["max"]
+MAX_CALLS = 200_000  # per-call records kept per step
+PENDING_NO_GRAD = 16  # no-grad forwards held back before the first training forward
+
+
+class _Row:
+    """One row of the whole run (merged over its calls in every step)."""
+
+    __slots__ = ("calls", "dtype", "ext_nonfinite", "first_step", "grad", "hist", "id", "inputs", "key", "module",
+                 "raw", "sample", "sample_tried", "shape", "sat", "type", "units", "alive", "hid")
+
+    def __init__(self, rid: int, key: str, module: str, type_: str, shape: tuple[int, ...], dtype: str) -> None:
+        self.id, self.key, self.module, self.type, self.shape, self.dtype = rid, key, module, type_, shape, dtype
+        self.calls = 0
+        self.raw: np.ndarray | None = None  # merged raw stats (host)
+        self.grad: np.ndarray | None = None  # merged output-gradient raw stats (host)
+        self.sample: torch.Tensor | np.ndarray | None = None
+        self.sample_tried = False
+        self.hist: torch.Tensor | np.ndarray | None = None
+        self.inputs: tuple[int, ...] | None = None  # row ids feeding its first folded call
+        self.ext_nonfinite = False
+        self.first_step = 0
+        self.units = 0  # units per call (dim 1), 0 when not applicable
+        self.alive: np.ndarray | None = None  # units non-zero in some call of the run (None: all, so far)
+        self.sat = type_ in SATURATING
+        self.hid = -1  # its History row id (assigned when first folded)
 
 
 class _Call:
-    """One recorded tensor leaf of one module call (device tensors until the final sync)."""
+    """One recorded tensor leaf of one module call in the open step."""
 
-    __slots__ = ("dtype", "grad_order", "grad_stats", "hist", "hooked", "input_calls", "input_checks",
-                 "key", "module", "raw", "sample", "shape", "step", "type")
+    __slots__ = ("alive", "closed", "grad_order", "grad_stats", "held", "hooked", "input_calls", "input_checks",
+                 "late", "module", "raw", "row", "shape", "step")
 
-    def __init__(self, key: str, module: str, type_: str, shape: tuple[int, ...], dtype: str, step: int) -> None:
-        self.key, self.module, self.type, self.shape, self.dtype, self.step = key, module, type_, shape, dtype, step
+    def __init__(self, row: _Row, module: str, shape: tuple[int, ...]) -> None:
+        self.row, self.module, self.shape = row, module, shape
         self.raw: Raw | None = None
         self.grad_stats: Raw | None = None
+        self.late: Raw | None = None  # gradient stats that arrived after the step closed
         self.grad_order = -1
-        self.hooked = False  # an output-gradient hook was registered in the original forward
-        self.sample: torch.Tensor | None = None
-        self.hist: torch.Tensor | None = None
-        self.input_calls: list[int] = []
+        self.hooked = False
+        self.alive: torch.Tensor | None = None  # bool [units] (None: every unit non-zero, or n/a)
+        self.input_calls: list[_Call] = []
         self.input_checks: list[torch.Tensor] = []
+        self.held: tuple[Any, Any] | None = None  # (inputs, output) until the step's check (device path)
+        self.closed = False
+        self.step = 0  # filled when the step is committed
 
 
 def _in_backward() -> bool:
@@ -74,15 +110,20 @@ def device_path_default() -> bool:
 
 
 class Capture:
-    """Context manager recording statistics of selected modules' outputs (and their gradients).
+    """Context manager recording statistics of selected modules' outputs (and their gradients) per step.
 
     Parameters: ``layers`` (see :func:`nbdebug.capture.select_modules`; default: every leaf
     module), ``grads`` (hook output gradients when a backward runs inside the block),
     ``histograms`` (exact 32-bin histograms of every output, computed on the device),
-    ``sample_size`` (values kept per layer for on-demand histograms and the near-zero fraction;
-    exact for smaller tensors), ``max_bytes`` (budget for everything kept beyond scalar stats),
-    ``near_zero_eps``, ``device_path`` (keep stats on the device and sync once at exit even on
-    the CPU; default from ``NBDEBUG_DEVICE_PATH``; always on for accelerators).
+    ``sample_size`` (values kept per layer for on-demand histograms and the near-zero fraction),
+    ``max_bytes`` (budget for everything kept beyond scalar stats, and the history), ``near_zero_eps``,
+    ``device_path`` (keep stats on the device and sync once per step even on the CPU; default from
+    ``NBDEBUG_DEVICE_PATH``; always on for accelerators), ``every`` (the history keeps steps 1, 1+N, …,
+    the last and the first non-finite one; the check runs every step), ``step_on`` (``"forward"`` or
+    ``"optimizer"``), ``loss`` (returns the step's loss; default: the model's output when it is a scalar
+    or has ``.loss``), ``break_on`` (``"nonfinite"``: raise :class:`NonFiniteError` at the first
+    non-finite forward output; syncs once per module call on accelerators), ``resume`` (a previous
+    result: steps and history continue), ``on_step`` (called with the capture after each appended step).
     """
 
     def __init__(
@@ -97,7 +138,21 @@ class Capture:
         near_zero_eps: float = 1e-6,
         bins: int = 32,
         device_path: bool | None = None,
+        every: int = 1,
+        step_on: str = "forward",
+        loss: Callable[[], Any] | None = None,
+        break_on: str | None = None,
+        resume: CaptureResult | None = None,
+        on_step: Callable[[Capture], None] | None = None,
     ) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be an integer ≥ 1, got {every!r}")
+        if step_on not in ("forward", "optimizer"):
+            raise ValueError(f"step_on must be 'forward' or 'optimizer', got {step_on!r}")
+        if break_on not in (None, "nonfinite"):
+            raise ValueError(f"break_on must be None or 'nonfinite', got {break_on!r}")
+        if resume is not None and not isinstance(resume, CaptureResult):
+            raise ValueError(f"resume must be a CaptureResult (an earlier run's result), got {type(resume).__name__}")
         self._model = ModelRef(model)  # weak after __exit__: a result outliving the cell never keeps the model
         self._hold: nn.Module | None = model  # strong until __exit__
         self.modules = select_modules(model, layers)  # strong until __exit__ (hooks need them), then dropped
@@ -108,45 +163,151 @@ class Capture:
         self.near_zero_eps = near_zero_eps
         self.bins = bins
         self.device_path = device_path_default() if device_path is None else bool(device_path)
+        self.every, self.step_on, self.loss_fn, self.break_on = every, step_on, loss, break_on
+        self.resume, self.on_step = resume, on_step
         self.result: CaptureResult | None = None
+        self.history = copy.deepcopy(resume.history) if resume is not None and resume.history is not None else History(self.max_bytes)
         self._hooks = HookSet()
-        self._calls: list[_Call] = []
-        self._by_tensor: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
-        # (data_ptr, numel, dtype) of recorded contiguous outputs → (tensor, call, version): an
-        # output that aliases one of them unchanged (Identity, Dropout in eval, Flatten, views)
-        # has the same stats, so they are copied instead of recomputed.
-        self._by_storage: dict[tuple[int, int, torch.dtype], tuple[weakref.ref[torch.Tensor], int, int]] = {}
-        # module name → index of the first leaf of each of its calls in the current step
-        self._occurrence: dict[str, list[int]] = {}
-        self._claimed: set[int] = set()  # calls whose recomputation (checkpointing) was hooked in this step
+        self.watch: Any = None  # OptimizerWatch while entered
+        self._rows: list[_Row] = []
+        self._row_of: dict[str, _Row] = {}
+        self.first_row: dict[str, _Row] = {}  # module name → its first row (param/optimizer stats go there)
+        self.module_of: dict[str, nn.Module] = dict(self.modules)
+        self._step_calls: list[_Call] = []
+        self._by_tensor: dict[int, tuple[weakref.ref[torch.Tensor], _Call]] = {}
+        # (data_ptr, numel, dtype) of recorded contiguous outputs → (tensor, call, version): an output
+        # that aliases one of them unchanged (Identity, Dropout in eval, Flatten, views) has the same
+        # stats, so they are copied instead of recomputed.
+        self._by_storage: dict[tuple[int, int, torch.dtype], tuple[weakref.ref[torch.Tensor], _Call, int | None]] = {}
+        self._occurrence: dict[str, list[list[_Call]]] = {}  # module → leaves of each of its calls in this pass
+        self._claimed: set[int] = set()  # id of first leaves whose recomputation was hooked in this step
+        self.step = resume.steps if resume is not None else 0  # last committed step
         self._passes = 0
+        self._open = False  # a step is being recorded
+        self._open_grad = False  # ... and it is a training step
+        self._eval = False  # the current top-level pass is an evaluation (not recorded)
+        self._seen_training = False
+        self.eval_steps = 0
+        self._pending: list[Any] = []  # closed no-grad steps not yet known to be steps or evaluation
+        self._late: list[_Call] = []  # calls of closed steps whose gradients arrived late
         self._grad_counter = 0
         self._bytes = 0
         self._dropped_bytes = 0
         self._budget_exceeded = False
         self._truncated = False
+        self._losses: list[Any] = []  # the open step's losses (floats or device tensors)
+        self._pg_fresh: dict[int, torch.Tensor] = {}  # params whose .grad a backward of this step wrote
+        self._pg_queued = False
+        self._pg_norms: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self._param_owner: dict[int, list[str]] = {}
         self._grad_snapshot: dict[int, tuple[int, int | None]] = {}
         self._t0 = 0.0
         self._error: ErrorSite | None = None
         self._raised: str | None = None
+        # first non-finite bookkeeping (filled when steps close; see assemble.close_step)
+        self.fwd_origin: tuple[int, bool] | None = None
+        self.fwd_step: int | None = resume.forward_nonfinite_step if resume is not None else None
+        self.bwd_row: int | None = None
+        self.bwd_origin: int | None = None
+        self.bwd_step: int | None = resume.backward_nonfinite_step if resume is not None else None
+        self.pg_step: int | None = resume.param_grad_nonfinite_step if resume is not None else None
+        self.incidents: list[Incident] = list(resume.incidents) if resume is not None else []
+        self.skipped: list[int] = []
+        self.lrs: dict[str, float] = {}
+        self.spikes = LossSpikes()
+        self.prev_values: np.ndarray | None = None  # the last committed step's history values (rows × fields)
+        self.prev_rows: np.ndarray | None = None
+        self.unappended: Any = None  # the last committed step when --every left it out
+        self._hot: Incident | None = None  # CPU path: the forward incident snapshotted in the hook
+        self._hot_call: _Call | None = None
+        self._broke = False
+        self.notes: list[str] = []
 
-    # -- hooks -------------------------------------------------------------------------------
+    # -- steps --------------------------------------------------------------------------------
     def _on_root_pre(self, *_: Any) -> None:
         if _in_backward():  # the whole model recomputed by checkpointing: not a new step
             return
+        grad = torch.is_grad_enabled()
+        if not grad and self._seen_training:
+            self._eval = True
+            self.eval_steps += 1
+            return
+        self._eval = False
+        if grad and not self._seen_training:
+            if self._open and not self._open_grad:
+                self._close_step()  # held back: it becomes an evaluation just below
+            self._seen_training = True
+            if self._pending:
+                self.eval_steps += len(self._pending)
+                self._pending.clear()
+        if self._open and (self.step_on == "forward" or not grad or not self._open_grad):
+            self._close_step()
+        if not self._open:
+            self._open, self._open_grad = True, grad
         self._passes += 1
         self._occurrence.clear()
         self._claimed.clear()
 
+    def _on_root_out(self, _m: nn.Module, _args: Any, output: Any) -> None:
+        if self._eval or _in_backward() or self.loss_fn is not None:
+            return
+        from .optim import as_float_later, loss_of_output
+
+        loss = loss_of_output(output)
+        if loss is not None:
+            self._losses.append(as_float_later(loss))
+
+    def _on_optimizer_step(self) -> None:
+        if self.step_on == "optimizer" and self._open and self._open_grad:
+            self._close_step()
+
+    def _close_step(self) -> None:
+        """Fold the open step into the rows and the history (see :func:`assemble.close_step`)."""
+        from .assemble import close_step
+
+        self._open = False
+        try:
+            close_step(self)
+        except Exception as err:  # never break the user's loop with ours: the step is lost, a note says so
+            note = f"nbdebug could not summarise a step: {type(err).__name__}: {err}"
+            if note not in self.notes:
+                self.notes.append(note)
+        finally:
+            self._step_calls = []
+            self._by_tensor.clear()
+            self._by_storage.clear()
+            self._losses = []
+            self._pg_norms = None
+            self._hot, self._hot_call = None, None
+
+    def _commit_pending(self) -> None:
+        from .assemble import commit
+
+        pending, self._pending = self._pending, []
+        for data in pending:
+            commit(self, data)
+
+    # -- forward hooks -------------------------------------------------------------------------
+    def _new_row(self, key: str, module: str, type_: str, t: torch.Tensor) -> _Row:
+        row = _Row(len(self._rows), key, module, type_, tuple(t.shape), str(t.dtype).replace("torch.", ""))
+        self._rows.append(row)
+        self._row_of[key] = row
+        self.first_row.setdefault(module, row)
+        return row
+
     def _link_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any], call: _Call, check: bool) -> None:
         """Link a call to the captured calls that produced its inputs (by tensor identity).
 
-        Inputs not produced by a captured call are checked for NaN/Inf only when ``check`` (the
-        output was non-finite, or the device cannot tell without a sync): that check is what
-        separates "this layer made the NaN" from "the NaN came in with the input". The check
-        stays on the device (float32 min/max; never float64 there).
+        Inputs not produced by a captured call of this step are checked for NaN/Inf only when
+        ``check`` (the output was non-finite, or the device cannot tell without a sync): that check
+        separates "this layer made the NaN" from "the NaN came in with the input". The check stays
+        on the device (float32 min/max; never float64 there).
         """
-        for _, t in tensor_leaves((args, kwargs)):
+        if not kwargs and len(args) == 1 and isinstance(args[0], torch.Tensor):
+            leaves: Any = (args[0],)
+        else:
+            leaves = [t for _, t in tensor_leaves((args, kwargs))]
+        for t in leaves:
             if not t.is_floating_point():
                 continue
             hit = self._by_tensor.get(id(t))
@@ -158,23 +319,19 @@ class Capture:
                 call.input_checks.append(torch.stack([mn, mx]).to(torch.float32))
 
     def _aliased_stats(self, t: torch.Tensor) -> Raw | None:
-        """Stats of an already-recorded tensor with the same elements, or None.
-
-        Same start, size and dtype over a contiguous range of a storage that is still alive (so
-        the address cannot have been reused), and an unchanged version counter (shared by views,
-        bumped by in-place ops): the same values. Inference tensors have no version counter and
-        are always recomputed.
-        """
-        if not t.is_contiguous() or not t.numel():
+        """Stats of an already-recorded tensor of this step with the same elements, or None (same
+        start, size and dtype of a live storage, unchanged version counter; inference tensors have
+        none and are always recomputed)."""
+        if not self._by_storage or not t.is_contiguous() or not t.numel():
             return None
         hit = self._by_storage.get((t.data_ptr(), t.numel(), t.dtype))
         if hit is None:
             return None
-        ref, idx, version = hit
+        ref, call, version = hit
         src = ref()
         if t.is_inference() or src is None or src.data_ptr() != t.data_ptr() or _version(t) != version:
-            return None  # inference tensors have no version counter: an in-place op cannot be seen
-        raw = self._calls[idx].raw
+            return None
+        raw = call.raw
         return raw.copy() if isinstance(raw, np.ndarray) else raw.clone()  # type: ignore[union-attr]
 
     def _keep(self, nbytes: int) -> bool:
@@ -192,65 +349,116 @@ class Capture:
         x = t.detach().reshape(-1)
         if n <= self.sample_size:
             return x.float().clone()
-        # An evenly strided sample: a cheap strided copy (a random gather costs ~10× more). The
-        # step is made odd and not a multiple of 3, 5 or 7 so that it does not lock onto channel
-        # or spatial periods.
+        # An evenly strided sample; the step is odd and not a multiple of 3, 5 or 7 so that it does
+        # not lock onto channel or spatial periods.
         step = n // self.sample_size
         while step > 1 and any(step % p == 0 for p in (2, 3, 5, 7)):
             step -= 1
         return x[step // 2 :: step][: self.sample_size].float().clone()
 
-    def _make_forward_hook(self, name: str, module: nn.Module) -> Any:
-        type_name = type(module).__name__
+    def _make_forward_hook(self, name: str, mod: nn.Module) -> Any:
+        type_name = type(mod).__name__
         saturation = SATURATING.get(type_name)
         on_device = self.device_path
+        may_alias = saturation is None and not any(True for _ in mod.parameters(recurse=False))
+        tensor_cls = torch.Tensor
+        occurrence, row_of, by_tensor, by_storage = self._occurrence, self._row_of, self._by_tensor, self._by_storage
 
-        def hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        def hook(module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            if self._eval:
+                return
             if _in_backward():
                 self._on_recompute(name, output)
                 return
-            if len(self._calls) >= MAX_CALLS:
+            if not self._open:  # a selected submodule called outside the model's forward
+                self._open, self._open_grad = True, torch.is_grad_enabled()
+                self._passes += 1
+            if len(self._step_calls) >= MAX_CALLS:
                 self._truncated = True
                 return
-            starts = self._occurrence.get(name)
+            leaves = ((name, output),) if isinstance(output, tensor_cls) else tensor_leaves(output, name)
+            starts = occurrence.get(name)
             if starts is None:
-                starts = self._occurrence[name] = []
+                starts = occurrence[name] = []
             k = len(starts)
-            step = self._passes
             new: list[tuple[_Call, torch.Tensor]] = []
-            for leaf_name, t in tensor_leaves(output, name):
+            check = on_device
+            for leaf_name, t in leaves:
                 if t.is_complex():
                     continue
-                call = _Call(call_name(leaf_name, k), name, type_name, tuple(t.shape), str(t.dtype).replace("torch.", ""), step)
-                call.raw = self._aliased_stats(t) if saturation is None else None
-                if call.raw is None:
-                    call.raw = tensor_stats(t, saturation=saturation, on_device=on_device)
+                key = leaf_name if k == 0 else call_name(leaf_name, k)
+                row = row_of.get(key)
+                if row is None:
+                    row = self._new_row(key, name, type_name, t)
+                call = _Call(row, name, tuple(t.shape))
+                raw = self._aliased_stats(t) if may_alias else None
+                if raw is None:
+                    raw = tensor_stats(t, saturation=saturation, on_device=on_device)
+                call.raw = raw
+                if t.dim() >= 2 and t.is_floating_point():
+                    if on_device or not isinstance(raw, np.ndarray):
+                        call.alive = unit_alive(t)
+                    elif raw[_NZ] < raw[_N]:
+                        call.alive = unit_alive(t, 1 if raw[_MIN] >= 0 else (-1 if raw[_MAX] <= 0 else 0))
+                    if not row.units:
+                        row.units = t.shape[1]
+                if not check and (not isinstance(raw, np.ndarray) or raw[_NAN] + raw[_INF] > 0):
+                    check = True
                 new.append((call, t))
             if not new:
                 return
-            starts.append(len(self._calls))
-            # The module's inputs belong to its first leaf; later leaves share the links.
-            check = any(not isinstance(c.raw, np.ndarray) or c.raw[_NAN] + c.raw[_INF] > 0 for c, _ in new)
-            self._link_inputs(args, kwargs, new[0][0], check)
+            starts.append([c for c, _ in new])
+            first = new[0][0]
+            self._link_inputs(inputs, kwargs, first, check)
             grads = self.grads and torch.is_grad_enabled()
+            step_calls = self._step_calls
             for call, t in new:
-                if call is not new[0][0]:
-                    call.input_calls = new[0][0].input_calls
-                if self._passes <= 1:  # samples/histograms describe the first forward pass
-                    call.sample = self._sample(t)
+                if call is not first:
+                    call.input_calls = first.input_calls
+                row = call.row
+                if not row.sample_tried:
+                    row.sample_tried = True
+                    row.sample = self._sample(t)
                     if self.histograms and t.numel() and self._keep(self.bins * 4 + 8):
-                        call.hist = device_histogram(t, self.bins)
-                idx = len(self._calls)
-                self._calls.append(call)
+                        row.hist = device_histogram(t, self.bins)
+                step_calls.append(call)
                 ref = weakref.ref(t)
-                self._by_tensor[id(t)] = (ref, idx)
+                by_tensor[id(t)] = (ref, call)
                 if t.is_contiguous() and t.numel():
-                    self._by_storage[(t.data_ptr(), t.numel(), t.dtype)] = (ref, idx, _version(t))
+                    by_storage[(t.data_ptr(), t.numel(), t.dtype)] = (ref, call, _version(t))
                 if grads and t.requires_grad:
                     call.hooked = True
                     self._hooks.tensor(t, self._make_grad_hook(call))
+            if check and self._hot is None:
+                self._check_forward(module, inputs, kwargs, output, new)
 
         return hook
+
+    def _check_forward(self, module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any,
+                       new: list[tuple[_Call, torch.Tensor]]) -> None:
+        """The flight recorder's forward part: on the CPU the first non-finite output is known here
+        (copy the call now); on the device path hold the call's inputs/output until the step's check,
+        or (``break_on``) sync now."""
+        from .assemble import forward_incident
+
+        first = new[0][0]
+        if self.device_path and self.break_on is None:
+            if self.fwd_step is None:
+                first.held = (inputs, output)
+            return
+        bad = any(float(c.raw.counts[2:4].sum()) > 0 if not isinstance(c.raw, np.ndarray) else c.raw[_NAN] + c.raw[_INF] > 0
+                  for c, _ in new)
+        if not bad:
+            return
+        if self.fwd_step is None and self._hot is None:
+            self._hot, self._hot_call = forward_incident(self, first, inputs, output), first
+        if self.break_on == "nonfinite" and not self._broke:
+            self._broke = True
+            step = self.step + len(self._pending) + 1
+            raise NonFiniteError(
+                f"step {step}: `{first.row.key}` produced a non-finite output (break_on='nonfinite'); "
+                f"`inputs`, `output` and `module` are in this frame",
+                step=step, module=first.module, row=first.row.key, inputs=inputs, output=output)
 
     def _on_recompute(self, name: str, output: Any) -> None:
         """A forward run by autograd during backward (checkpointing): no new call or row.
@@ -267,27 +475,29 @@ class Capture:
         if not leaves or not leaves[0].requires_grad:
             return
         shape = tuple(leaves[0].shape)
-        free = [i for i in starts if not self._calls[i].hooked and self._calls[i].shape == shape]
+        free = [c for c in starts if not c[0].hooked and c[0].shape == shape]
         if not free:
             return
-        first = next((i for i in free if i not in self._claimed), None)
+        first = next((c for c in free if id(c[0]) not in self._claimed), None)
         if first is None:  # a second backward through the same graph (retain_graph)
-            self._claimed.difference_update(free)
+            self._claimed.difference_update(id(c[0]) for c in free)
             first = free[0]
-        self._claimed.add(first)
-        for i, t in enumerate(leaves):
-            j = first + i
-            if j >= len(self._calls) or self._calls[j].module != name:
-                break
+        self._claimed.add(id(first[0]))
+        for call, t in zip(first, leaves):
             if t.requires_grad:
-                self._hooks.tensor(t, self._make_grad_hook(self._calls[j]))
+                self._hooks.tensor(t, self._make_grad_hook(call))
 
     def _make_grad_hook(self, call: _Call) -> Any:
         on_device = self.device_path
 
         def grad_hook(g: torch.Tensor) -> None:
             stats = tensor_stats(g, on_device=on_device)
-            call.grad_stats = stats if call.grad_stats is None else merge_raw(call.grad_stats, stats)
+            if call.closed:  # a delayed backward: folded with the next step (History.update)
+                if call.late is None:
+                    self._late.append(call)
+                call.late = stats if call.late is None else merge_raw(call.late, stats)
+            else:
+                call.grad_stats = stats if call.grad_stats is None else merge_raw(call.grad_stats, stats)
             if call.grad_order < 0:
                 call.grad_order = self._grad_counter
                 self._grad_counter += 1
@@ -295,14 +505,68 @@ class Capture:
 
         return grad_hook
 
+    # -- parameter gradients ------------------------------------------------------------------
+    def _on_param_grad(self, p: torch.Tensor) -> None:
+        self._pg_fresh[id(p)] = p
+        if not self._pg_queued:
+            self._pg_queued = True
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+            except Exception:  # no engine callback: norms are taken when the step closes
+                self._pg_queued = False
+
+    def _on_backward_end(self) -> None:
+        """End of a backward: one ``_foreach_norm`` over the parameters whose gradients it wrote."""
+        self._pg_queued = False
+        self._take_param_norms()
+
+    def _take_param_norms(self) -> None:
+        params = [p for p in self._pg_fresh.values() if p.grad is not None and p.grad.layout == torch.strided]
+        if not params:
+            return
+        grads = [p.grad.detach() for p in params]  # type: ignore[union-attr]
+        with torch.no_grad():
+            half = [g for g in grads if g.dtype in (torch.float16, torch.bfloat16)]
+            if half:
+                grads = [g.float() if g.dtype in (torch.float16, torch.bfloat16) else g for g in grads]
+            by_dtype: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+            for i, g in enumerate(grads):
+                by_dtype.setdefault((g.device, g.dtype), []).append(i)
+            norms: list[torch.Tensor] = [None] * len(grads)  # type: ignore[list-item]
+            for idxs in by_dtype.values():
+                for i, n in zip(idxs, torch._foreach_norm([grads[i] for i in idxs])):
+                    norms[i] = n.to(torch.float32)
+        self._pg_norms = (params, norms)
+
+    def _watch_params(self) -> None:
+        """Post-accumulate-grad hooks on the selected modules' own parameters (removed at exit)."""
+        for name, module in self.modules:
+            for p in module.parameters(recurse=False):
+                if not p.requires_grad or not p.is_leaf:
+                    continue
+                owners = self._param_owner.get(id(p))
+                if owners is not None:
+                    owners.append(name)
+                    continue
+                self._param_owner[id(p)] = [name]
+                was_none = p._post_accumulate_grad_hooks is None
+                handle = p.register_post_accumulate_grad_hook(self._on_param_grad)
+
+                def undo(p: torch.Tensor = p, handle: Any = handle, was_none: bool = was_none) -> None:
+                    handle.remove()
+                    if was_none and not p._post_accumulate_grad_hooks:
+                        p._post_accumulate_grad_hooks = None
+
+                self._hooks.on_remove(undo)
+
     def _producer(self, t: torch.Tensor) -> tuple[str, tuple[int, ...] | None] | None:
         """Row name of the captured call that produced ``t``, and that call's first input shape."""
         hit = self._by_tensor.get(id(t))
         if hit is None or hit[0]() is not t:
             return None
-        call = self._calls[hit[1]]
-        src = self._calls[call.input_calls[0]].shape if call.input_calls else None
-        return call.key, src
+        call = hit[1]
+        src = call.input_calls[0].shape if call.input_calls else None
+        return call.row.key, src
 
     @property
     def model(self) -> nn.Module:
@@ -312,44 +576,64 @@ class Capture:
     # -- context manager --------------------------------------------------------------------
     def __enter__(self) -> Capture:
         self._t0 = time.perf_counter()
-        self._grad_snapshot = {
-            id(p): (id(p.grad), _version(p.grad)) for p in self.model.parameters() if p.grad is not None
-        }
+        model = self.model
+        self._grad_snapshot = {id(p): (id(p.grad), _version(p.grad)) for p in model.parameters() if p.grad is not None}
         try:
-            self._hooks.forward_pre(self.model, self._on_root_pre)
+            self._hooks.forward_pre(model, self._on_root_pre)
+            if self.loss_fn is None:
+                self._hooks.forward(model, self._on_root_out)
             for name, module in self.modules:
                 self._hooks.forward(module, self._make_forward_hook(name, module), with_kwargs=True)
+            if self.grads:
+                self._watch_params()
+            try:
+                from .optim import OptimizerWatch
+            except ImportError:  # pragma: no cover - optim lands separately
+                OptimizerWatch = None  # noqa: N806
+            if OptimizerWatch is not None:
+                self.watch = OptimizerWatch(self.modules, self._hooks, self.max_bytes, model=model,
+                                            on_device=True if self.device_path else None,
+                                            on_step=self._on_optimizer_step)
+                self.watch.__enter__()
         except BaseException:
             self._hooks.remove()
             raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None, tb: Any = None) -> None:
-        self._hooks.remove()
-        try:
-            if exc is not None:
-                text = str(exc).strip().splitlines()
-                self._raised = type(exc).__name__ + (f": {text[0]}" if text else "")
-                try:
-                    self._error = locate(exc, self.model, self._producer, tb)
-                except Exception:  # never mask the user's exception with ours
-                    self._error = None
-        finally:
-            self._by_tensor.clear()
-            self._by_storage.clear()
-        from .assemble import assemble
+        from .assemble import assemble, finish
 
+        if exc is not None:
+            text = str(exc).strip().splitlines()
+            self._raised = type(exc).__name__ + (f": {text[0]}" if text else "")
+            try:
+                self._error = None if isinstance(exc, NonFiniteError) else locate(exc, self.model, self._producer, tb)
+            except Exception:  # never mask the user's exception with ours
+                self._error = None
         try:
-            self.result = assemble(self)
-        except Exception as err:
-            if exc is None:
-                raise
-            # The user's exception is what the cell must show: ours becomes a note.
-            self._calls = []
-            self.result = assemble(self)
-            self.result.notes.append(f"nbdebug could not summarise what ran before the error: {type(err).__name__}: {err}")
+            self._hooks.remove()
         finally:
-            self.modules = []  # the model's submodules (and their parameters) are not ours to keep
-            self._hold = None
-        self._calls = []
-
+            try:
+                finish(self)
+            except Exception as err:
+                if exc is None:
+                    raise
+                self.notes.append(f"nbdebug could not fold the last step: {type(err).__name__}: {err}")
+            try:
+                self.result = assemble(self)
+            except Exception as err:
+                if exc is None:
+                    raise
+                # The user's exception is what the cell must show: ours becomes a note.
+                self._rows = []
+                self.result = assemble(self)
+                self.result.notes.append(f"nbdebug could not summarise what ran before the error: {type(err).__name__}: {err}")
+            finally:
+                self.modules, self.module_of = [], {}  # the model's submodules (and their parameters) are not ours to keep
+                self._hold = None
+                self.watch = None
+                self._step_calls, self._late, self._pending = [], [], []
+                self._by_tensor.clear()
+                self._by_storage.clear()
+                self._pg_fresh.clear()
+                self._pg_norms = None

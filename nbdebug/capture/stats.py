@@ -223,3 +223,81 @@ def device_histogram(t: torch.Tensor, bins: int) -> torch.Tensor:
     idx = ((x - lo) / width * bins).nan_to_num(0.0).clamp(0, bins - 1).long()
     counts = torch.zeros(bins, device=x.device).scatter_add_(0, idx, fin.float())
     return torch.cat([counts, torch.stack([lo, hi])])
+
+
+def unit_alive(t: torch.Tensor, sign: int = 0) -> torch.Tensor | None:
+    """bool ``[C]``: which units of ``t`` are non-zero for at least one sample (NaN counts as non-zero).
+
+    A unit is dim 1 (channels of N×C×…, features of N×C); 0-d/1-d and non-float tensors give None.
+    ``sign`` is what the caller knows of the values: ``1`` all ≥ 0 (ReLU: a plain max suffices),
+    ``-1`` all ≤ 0, ``0`` unknown (max of the absolute values). Reductions only: no host sync.
+    """
+    if t.dim() < 2 or not t.is_floating_point() or t.numel() == 0:
+        return None
+    x = t.detach()
+    c = x.shape[1]
+    if sign < 0:
+        m = x.amin(0)
+    else:
+        m = (x if sign > 0 else x.abs()).amax(0)
+    if m.dim() > 1:
+        m = m.reshape(c, -1).amax(1) if sign >= 0 else m.reshape(c, -1).amin(1)
+    return m != 0
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t`` flattened as int64 without losing a bit (float32 through its int32 bit pattern)."""
+    x = t.detach().reshape(-1)
+    if x.dtype == torch.float32:
+        return x.contiguous().view(torch.int32).to(torch.int64)
+    if x.dtype == torch.float64:
+        return x.contiguous().view(torch.int64)
+    if x.is_floating_point():
+        return x.float().contiguous().view(torch.int32).to(torch.int64)
+    return x.to(torch.int64)
+
+
+def packed_to_host(tensors: Sequence[torch.Tensor | None]) -> list[np.ndarray | None]:
+    """Host copies (numpy, original shapes) of ``tensors`` in ONE transfer per device.
+
+    Everything is packed into one int64 buffer on its device (float32 through its bit pattern,
+    half precision widened to float32, bools and integers as int64) and crosses with a single
+    ``.cpu()``; float tensors come back as float32 (float64 stays float64), the rest as int64/bool.
+    """
+    out: list[np.ndarray | None] = [None] * len(tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t is not None:
+            by_device.setdefault(t.device, []).append(i)
+    for idxs in by_device.values():
+        flat = torch.cat([_bits(tensors[i]) for i in idxs]).cpu().numpy()  # type: ignore[arg-type]
+        pos = 0
+        for i in idxs:
+            t = tensors[i]
+            assert t is not None
+            n = t.numel()
+            chunk = flat[pos : pos + n]
+            pos += n
+            if t.dtype == torch.float64:
+                arr = chunk.view(np.float64)
+            elif t.is_floating_point():
+                arr = chunk.astype(np.int32).view(np.float32)
+            elif t.dtype == torch.bool:
+                arr = chunk.astype(bool)
+            else:
+                arr = chunk
+            out[i] = arr.reshape(tuple(t.shape))
+    return out
+
+
+def raw_tensors(raw: DeviceStats) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two tensors of a :class:`DeviceStats` (for :func:`packed_to_host`)."""
+    return raw.floats, raw.counts
+
+
+def raw_from_host(floats: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """A host raw row from the two host arrays of a :class:`DeviceStats`."""
+    out = np.empty(N_FIELDS)
+    out[_F_IDX] = floats
+    out[_C_IDX] = counts
+    return out

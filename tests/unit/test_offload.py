@@ -108,6 +108,16 @@ def test_reading_the_unembedding_directly_fails(untied: tuple[Any, Any]) -> None
     assert m.lm_head.weight.device.type == "meta"
 
 
+def test_model_parts_logits_load_the_offloaded_head(untied: tuple[Any, Any]) -> None:
+    from nbdebug.adapters.transformers import find_parts
+
+    m, ref = untied
+    h = torch.randn(3, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(find_parts(m).logits(h), ref.lm_head(h), rtol=0, atol=1e-6)
+    assert m.lm_head.weight.device.type == "meta"
+
+
 def test_lens_on_offloaded_model_equals_reference_and_hand_lens(pair: tuple[Any, Any]) -> None:
     m, ref = pair
     ids = ids_of()

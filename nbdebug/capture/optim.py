@@ -29,6 +29,7 @@ Numbers are floats on the CPU and 0-d float32 tensors on the device path (accele
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import weakref
 from collections.abc import Callable
@@ -70,14 +71,23 @@ class StepUpdates:
 
 
 class _Group:
-    """Parameters of one device and dtype in a plan, with where their norms go."""
+    """Parameters of one device and dtype in a plan, and which module each norm belongs to."""
 
-    __slots__ = ("entries", "params", "positions")
+    __slots__ = ("_index", "entries", "params", "positions")
 
-    def __init__(self, params: list[torch.Tensor], entries: torch.Tensor, positions: torch.Tensor | None) -> None:
+    def __init__(self, params: list[torch.Tensor], entries: list[int], positions: list[int]) -> None:
         self.params = params
         self.entries = entries  # module index (in the plan) of each (parameter, module) pair
-        self.positions = positions  # parameter position of each pair (None: one pair per parameter, in order)
+        self.positions = positions  # parameter position (in ``params``) of each pair
+        self._index: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``entries`` and ``positions`` (None when one pair per parameter, in order) as device tensors."""
+        if self._index is None or self._index[0].device != device:
+            identity = self.positions == list(range(len(self.params)))
+            self._index = (torch.tensor(self.entries, device=device),
+                           None if identity else torch.tensor(self.positions, device=device))
+        return self._index
 
 
 class _Plan:
@@ -265,8 +275,9 @@ class OptimizerWatch:
         if plan is False or (plan is not None and plan.key != key):
             plan = self._new_plan(opt, key)
             self._plans[opt] = plan
+            if plan is not None:
+                self._seen.add(opt)
         if plan is not None:
-            self._seen.add(opt)
             mask = tuple(p.grad is not None for p, _, _ in plan.candidates)
             if mask != plan.mask:
                 self._group(plan, mask)
@@ -304,12 +315,7 @@ class OptimizerWatch:
             params.append(p)
             nbytes += p.numel() * p.element_size()
         plan.names, plan.module_group, plan.nbytes = list(names), module_group, nbytes
-        device = next(iter(by))[0] if by else None
-        plan.groups = [
-            _Group(params, torch.tensor(entries, device=device),
-                   None if len(positions) == len(params) else torch.tensor(positions, device=device))
-            for params, entries, positions in by.values()
-        ]
+        plan.groups = [_Group(params, entries, positions) for params, entries, positions in by.values()]
         if plan.groups and nbytes > self.max_bytes:
             note = (f"update ratio unavailable: a copy of the parameters the optimizer steps ({format_bytes(nbytes)}) "
                     f"does not fit in --max-bytes ({format_bytes(self.max_bytes)}); parameter norms and learning rates are kept")
@@ -356,44 +362,65 @@ class OptimizerWatch:
 
     def _record(self, opt: torch.optim.Optimizer, plan: _Plan, pending: tuple[list[list[torch.Tensor]], list[list[torch.Tensor] | None]], on_device: bool) -> None:
         norms, copies = pending
-        m = len(plan.names)
         with torch.no_grad():
-            acc: torch.Tensor | None = None  # [‖Δθ‖² per module, ‖θ‖² per module]
-            for g, before, copy in zip(plan.groups, norms, copies):
+            diffs: list[list[torch.Tensor]] = []
+            for g, copy in zip(plan.groups, copies):
                 if copy is not None:
                     torch._foreach_sub_(copy, g.params)  # θ_before − θ_after, in place on our copy
-                    diffs = _norms(copy)
-                    sq = torch.stack([torch.stack(diffs), torch.stack(before)]).float()
-                else:  # no copy (over budget): ‖θ‖ only, the ratio row stays NaN
-                    b = torch.stack(before).float()
-                    sq = torch.stack([torch.full_like(b, torch.nan), b])
-                sq = sq.square()
-                if g.positions is not None:
-                    sq = sq.index_select(1, g.positions)
-                if acc is None:
-                    acc = torch.zeros(2, m, dtype=torch.float32, device=sq.device)
-                acc.index_add_(1, g.entries.to(acc.device), sq.to(acc.device))
-            assert acc is not None
-            norm = acc.sqrt()
-            ratio = norm[0] / norm[1]
-            found_inf = getattr(opt, "found_inf", None)  # set by GradScaler for fused optimizers during step()
-            if isinstance(found_inf, torch.Tensor):
-                skipped = found_inf.to(acc.device).reshape(()) > 0
-                ratio = torch.where(skipped, torch.nan, ratio)
-                if not on_device:
-                    self._skipped = self._skipped is True or bool(skipped)
-                elif self._skipped is False:
-                    self._skipped = skipped
-                elif isinstance(self._skipped, torch.Tensor):
-                    self._skipped = self._skipped | skipped.to(self._skipped.device)
-            if on_device:
-                ratios, pnorms = list(ratio.unbind()), list(norm[1].unbind())
-            else:
-                both = torch.stack([ratio, norm[1]]).tolist()
-                ratios, pnorms = both[0], both[1]
-        if copies[0] is not None:
+                    diffs.append(_norms(copy))
+            found_inf = getattr(opt, "found_inf", None)  # set by GradScaler on fused optimizers during step()
+            if not isinstance(found_inf, torch.Tensor):
+                found_inf = None
+            aggregate = self._aggregate_on_device if on_device else self._aggregate
+            ratios, pnorms = aggregate(plan, norms, diffs, found_inf)
+        if diffs:
             self._ratio.update(zip(plan.names, ratios))
         self._pnorm.update(zip(plan.names, pnorms))
+
+    def _aggregate(self, plan: _Plan, norms: list[list[torch.Tensor]], diffs: list[list[torch.Tensor]],
+                   found_inf: torch.Tensor | None) -> tuple[list[float], list[float]]:
+        """CPU: per-parameter norms to the host in one op per group, summed per module in Python."""
+        m = len(plan.names)
+        d2, b2 = [0.0] * m, [0.0] * m
+        for k, g in enumerate(plan.groups):
+            n = len(g.params)
+            values = torch.stack(norms[k] + diffs[k] if diffs else norms[k]).tolist()
+            for pos, mi in zip(g.positions, g.entries):
+                b2[mi] += values[pos] ** 2
+                if diffs:
+                    d2[mi] += values[n + pos] ** 2
+        pnorms = [math.sqrt(b) for b in b2]
+        skipped = found_inf is not None and bool(found_inf.reshape(-1)[0] > 0)
+        if skipped:
+            self._skipped = True
+        nan = float("nan")
+        ratios = [nan if skipped else (math.sqrt(d) / b if b else (nan if d == 0 else math.inf)) for d, b in zip(d2, pnorms)]
+        return ratios, pnorms
+
+    def _aggregate_on_device(self, plan: _Plan, norms: list[list[torch.Tensor]], diffs: list[list[torch.Tensor]],
+                             found_inf: torch.Tensor | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Device path: everything stays a tensor (0-d results), no host sync."""
+        acc: torch.Tensor | None = None  # [‖Δθ‖² per module, ‖θ‖² per module]
+        for k, g in enumerate(plan.groups):
+            b = torch.stack(norms[k]).float()
+            sq = torch.stack([torch.stack(diffs[k]).float() if diffs else torch.full_like(b, torch.nan), b]).square()
+            if acc is None:
+                acc = torch.zeros(2, len(plan.names), dtype=torch.float32, device=sq.device)
+            entries, positions = g.index(acc.device)
+            if positions is not None:
+                sq = sq.index_select(1, positions.to(sq.device))
+            acc.index_add_(1, entries, sq.to(acc.device))
+        assert acc is not None
+        norm = acc.sqrt()
+        ratio = norm[0] / norm[1]
+        if found_inf is not None:
+            skipped = found_inf.to(acc.device).reshape(-1)[0] > 0
+            ratio = torch.where(skipped, torch.nan, ratio)
+            if isinstance(self._skipped, torch.Tensor):
+                self._skipped = self._skipped | skipped.to(self._skipped.device)
+            elif self._skipped is False:
+                self._skipped = skipped
+        return list(ratio.unbind()), list(norm[1].unbind())
 
     def _scaler_before(self, opt: Any) -> int | None:
         if not isinstance(opt, torch.optim.Optimizer) or not self._handles:

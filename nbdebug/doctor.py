@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import time
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -291,7 +293,8 @@ def doctor(model: nn.Module, inputs: Any, targets: torch.Tensor, loss_fn: Callab
         names, norms, unused, grad_bad = _grad_norms(net)
         checks["dead_units"] = judge.judge_dead_units(rows, batch)
         checks["gradient_flow"] = judge.judge_gradient_flow(names, norms, unused)
-        origin, phase = (bad[0], "forward") if bad else ("loss", "loss") if not math.isfinite(loss0) else \
+        origin, phase = ("input", "input") if x.is_floating_point() and not bool(torch.isfinite(x).all()) else \
+            (bad[0], "forward") if bad else ("loss", "loss") if not math.isfinite(loss0) else \
             (grad_bad, "param_grad") if grad_bad else (None, None)
         # pass 2 -----------------------------------------------------------------------------
         net.eval()
@@ -367,7 +370,8 @@ def _are_probabilities(out: torch.Tensor, dim: int, loss_fn: Callable[..., Any])
     name = (getattr(loss_fn, "__name__", "") or type(loss_fn).__name__).lower()
     if "nll" in name or out.numel() == 0:
         return False
-    return bool((out >= 0).all()) and bool(torch.allclose(out.float().sum(dim), torch.ones(()), atol=1e-3))
+    total = out.float().sum(dim)
+    return bool((out >= 0).all()) and bool(torch.allclose(total, torch.ones_like(total), atol=1e-3))
 
 
 def _channel_stats(x: torch.Tensor) -> tuple[list[float], list[float]]:
@@ -377,3 +381,15 @@ def _channel_stats(x: torch.Tensor) -> tuple[list[float], list[float]]:
     v = x.detach().float()
     v = v.reshape(1, -1) if v.dim() < 2 else v.transpose(0, 1).reshape(v.shape[1], -1)
     return v.mean(1).tolist(), v.std(1, correction=0).tolist()
+
+
+class _DoctorModule(types.ModuleType):
+    """``nbdebug.doctor`` names both this module and its function: importing the submodule (``from
+    nbdebug.doctor import DoctorReport``) binds the *module* to the package attribute, so calling the
+    module runs the checklist and ``nbdebug.doctor(model, x, y)`` works whatever was imported first."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> DoctorReport:
+        return doctor(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _DoctorModule

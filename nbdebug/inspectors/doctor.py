@@ -291,6 +291,9 @@ def judge_nonfinite(origin: str | None, phase: str | None, step: int | None) -> 
         ev["step"] = step
         return CheckResult("fail", ev, f"the loss became NaN/Inf at overfit step {step}: lower the learning rate or "
                            "clip gradients.")
+    if phase == "input":
+        return CheckResult("fail", ev, "the inputs already contain NaN/Inf: clean the data (missing values, "
+                           "division by a zero std in normalisation).")
     return CheckResult("fail", ev, f"NaN/Inf first appears in `{origin}` ({phase}): check that layer's inputs "
                        "(log of ≤ 0, division by ~0, overflow in half precision).")
 

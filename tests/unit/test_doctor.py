@@ -248,6 +248,22 @@ def test_nan_is_caught_by_nonfinite_with_its_layer() -> None:
     assert report.checks["nonfinite"].evidence == {"origin": "1", "phase": "forward"}
 
 
+def test_nan_in_the_inputs_is_named_as_such() -> None:
+    x, y = digits()
+    x[3, 5] = math.nan
+    check = doctor(mlp(), x, y, steps=0).checks["nonfinite"]
+    assert check.status == "fail" and check.evidence == {"origin": "input", "phase": "input"}
+
+
+def test_nbdebug_doctor_is_callable_whatever_was_imported_first() -> None:
+    import nbdebug
+    import nbdebug.doctor as module
+
+    x, y = digits(16)
+    assert isinstance(module(mlp(), x, y, steps=1), DoctorReport)
+    assert isinstance(nbdebug.doctor(mlp(), x, y, steps=1), DoctorReport)
+
+
 @pytest.mark.parametrize("scale,word", [(1e-5, "vanish"), (1e5, "explode")])
 def test_gradient_flow_ratio(scale: float, word: str) -> None:
     x, y = digits()

@@ -31,7 +31,19 @@ import numpy as np
 
 from ..capture.history import FIELD_INDEX
 
-__all__ = ["FLAG_BITS", "Diagnosis", "Event", "Thresholds", "events", "flag_names", "input_graph", "step_flags", "values_per_unit"]
+__all__ = [
+    "FLAG_BITS",
+    "Diagnosis",
+    "Event",
+    "Thresholds",
+    "dead_summary",
+    "diagnoses_at",
+    "events",
+    "flag_names",
+    "input_graph",
+    "step_flags",
+    "values_per_unit",
+]
 
 #: one bit per flag in :func:`step_flags`' uint16 mask (decoded in this order by :func:`flag_names`)
 FLAG_BITS: dict[str, int] = {
@@ -368,6 +380,21 @@ def _names(xs: list[str]) -> str:
     return ", ".join(xs[:3]) + ("…" if len(xs) > 3 else "")
 
 
+def dead_summary(dead: list[str], units: list[str], story: dict[str, Event]) -> list[str]:
+    """Summary parts for dead layers and layers with dead units; the earliest became-dead story among
+    them adds "from step k (learning rate too high)" to the last part."""
+    parts = []
+    if dead:
+        parts.append(f"{len(dead)} dead layer{'s' * (len(dead) != 1)} ({_names(dead)})")
+    if units:
+        parts.append(f"dead units in {len(units)} layer{'s' * (len(units) != 1)} ({_names(units)})")
+    told = [story[n] for n in dead + units if n in story]
+    if told and parts:
+        e = min(told, key=lambda e: e.step)
+        parts[-1] += f" from step {e.step}" + (" (learning rate too high)" if "learning rate too high" in e.message else "")
+    return parts
+
+
 def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[str], types: Sequence[str],
                  bits: np.ndarray, evs: Sequence[Event], thresholds: Thresholds | None = None,
                  first_nonfinite: tuple[int, str | None] | None = None) -> tuple[list[Diagnosis], list[str], float | None]:
@@ -415,15 +442,7 @@ def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[s
                        else f"{_pct(float(x['dead_unit_frac'][i]))} at step {s}")
             msg = f"{e.message}; {now}." if e else now + "."
             diags.append(Diagnosis(code, "warning", rows[i], msg, e.suggestion if e else SUGGEST[code]))
-    if dead:
-        parts.append(f"{len(dead)} dead layer{'s' * (len(dead) != 1)} ({_names([rows[i] for i in dead])})")
-    if units:
-        p = f"dead units in {len(units)} layer{'s' * (len(units) != 1)} ({_names([rows[i] for i in units])})"
-        told = [story[rows[i]] for i in dead + units if rows[i] in story]
-        if told:
-            e = min(told, key=lambda e: e.step)
-            p += f" from step {e.step}" + (" (learning rate too high)" if "learning rate too high" in e.message else "")
-        parts.append(p)
+    parts += dead_summary([rows[i] for i in dead], [rows[i] for i in units], story)
     for i in rows_with("saturated"):
         diags.append(Diagnosis("saturated", "warning", rows[i],
                                f"{name(i)} has {x['saturated_frac'][i]:.1%} of its outputs within 1e-3 of its bounds at step {s}: saturated, gradients vanish there.",

@@ -25,6 +25,7 @@ from .history import (
     Diagnosis,
     Event,
     Thresholds,
+    dead_summary,
     diagnoses_at,
     events,
     flag_names,
@@ -260,13 +261,17 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
         return (rows[j].is_float and rows[j].stats.get("dead_unit_frac", math.nan) >= th.dead_units
                 and not values_per_unit(rows[j].shape) < th.unit_values)
 
+    # Over a history, rows that died during the run (and stayed dead) tell their story here too.
+    evs = events(hist, th, inputs=input_graph(rows, hist.rows)) if hist is not None and hist.steps > 1 and len(hist) else []
+    died = {e.row: e for e in evs if e.code == "became_dead"}
     for i, r in enumerate(rows):
-        if "dead" in flags[i] or not units_dead(i) or (r.inputs and all(units_dead(j) for j in r.inputs)):
+        e = died.get(r.name)
+        if "dead" in flags[i] or not (e or units_dead(i)) or (not e and r.inputs and all(units_dead(j) for j in r.inputs)):
             continue
         flags[i].append("dead_units")
-        diags.append(Diagnosis("dead_units", "warning", r.name,
-                               f"`{r.name}` ({r.type}): {r.stats['dead_unit_frac']:.0%} of its units are zero for every sample.",
-                               SUGGEST["dead_units"]))
+        msg = (f"{e.message}." if e else
+               f"`{r.name}` ({r.type}): {r.stats['dead_unit_frac']:.0%} of its units are zero for every sample.")
+        diags.append(Diagnosis("dead_units", "warning", r.name, msg, e.suggestion if e else SUGGEST["dead_units"]))
     for i, r in enumerate(rows):
         sat = r.stats.get("saturated_frac")
         if r.is_float and sat is not None and sat >= th.saturated:
@@ -285,8 +290,8 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
         size = pn[i] if np.isfinite(pn[i]) else gn[i]
         if np.nanmax([gn[i], pn[i]]) > th.exploding:
             flags[i].append("exploding")
-        elif size < th.vanishing and not (size == 0 and any_dead):
-            # An exactly-zero gradient behind dead units is the dead diagnosis, not a second one.
+        elif size < th.vanishing and not any("dead" in f or "dead_units" in f for f in flags[i + 1:]):
+            # A gradient cut by dead units later in the model is the dead diagnosis, not a second one.
             flags[i].append("vanishing")
     explo = [rows[i].name for i in have if "exploding" in flags[i]]
     vani = [rows[i].name for i in have if "vanishing" in flags[i]]
@@ -302,7 +307,7 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
     act = [i for i in range(n) if np.isfinite(gn[i])]
     if len(act) >= 2:
         first, last = gn[act[0]], gn[act[-1]]
-        if last > 0 and np.isfinite(first) and np.isfinite(last) and not (first == 0 and any_dead):
+        if last > 0 and np.isfinite(first) and np.isfinite(last) and not any_dead:
             ratio = float(first / last)
             if ratio < th.ratio:
                 diags.append(Diagnosis("vanishing", "warning", "",
@@ -316,7 +321,7 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
     error = _error_report(result)
     if error is not None:
         diags.insert(0, Diagnosis("raised", "error", "", error.headline, error.suggestion))
-    summary = _summary(rows, flags, diags, result, error)
+    summary = _summary(rows, flags, diags, result, error, died)
     notes = list(result.notes)
     ints = [r.name for r in rows if not r.is_float]
     if ints:
@@ -335,12 +340,13 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
         names=[r.name for r in rows], modules=[r.module for r in rows], types=[r.type for r in rows],
         shapes=[r.shape for r in rows], dtypes=[r.dtype for r in rows], calls=[r.calls for r in rows],
         table=table, flags=flags, diagnoses=diags, summary=summary, notes=notes, grad_ratio=ratio,
-        steps=result.steps, first_nonfinite_step=result.first_nonfinite_step, error=error,
+        steps=result.steps, first_nonfinite_step=result.first_nonfinite_step, error=error, events=evs,
+        step_index=hist.step_index if hist is not None else None,
     )
 
 
 def _summary(rows: list, flags: list[list[str]], diags: list[Diagnosis], result: CaptureResult,
-             error: ErrorReport | None = None) -> str:
+             error: ErrorReport | None = None, died: dict[str, Event] | None = None) -> str:
     head = f"{len(rows)} layers"
     if error is not None:
         return f"{_plural(len(rows), 'layer')} ran, then {error.headline}"
@@ -349,9 +355,8 @@ def _summary(rows: list, flags: list[list[str]], diags: list[Diagnosis], result:
     if not rows:
         return "no layer ran inside the cell (did the cell call the model?)"
     parts: list[str] = []
-    dead = [rows[i].name for i, f in enumerate(flags) if "dead" in f]
-    if dead:
-        parts.append(f"{_plural(len(dead), 'dead layer')} ({', '.join(dead[:3])}{'…' if len(dead) > 3 else ''})")
+    parts += dead_summary([rows[i].name for i, f in enumerate(flags) if "dead" in f],
+                          [rows[i].name for i, f in enumerate(flags) if "dead_units" in f and "dead" not in f], died or {})
     nan_parts = []
     for d in diags:
         if d.code in ("nan_origin_fwd", "nan_origin_bwd"):

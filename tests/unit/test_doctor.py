@@ -230,6 +230,29 @@ def test_dead_unit_counts_are_exact() -> None:
     assert "`1` 4/6" in ev.advice
 
 
+@pytest.mark.parametrize("make,shape", [(mlp, (64, D)), (cnn, (64, 1, 8, 8))], ids=["mlp", "cnn"])
+def test_dead_units_agree_with_the_thermometer_capture(make, shape) -> None:
+    """The doctor's per-layer dead fraction is the thermometer's ``dead_unit_frac`` for the same forward."""
+    from nbdebug.capture.session import Capture
+
+    x, y = digits()
+    x = x.reshape(shape)
+    model = make()
+    relu = next(m for m in model if isinstance(m, nn.ReLU))
+    idx = list(model).index(relu)
+    with torch.no_grad():
+        model[idx - 1].bias[: model[idx - 1].bias.numel() // 2] -= 3.0  # some units of the first ReLU die
+    report = doctor(model, x, y, steps=0)
+    train = copy.deepcopy(model).train()
+    with Capture(train, grads=False) as cap, torch.no_grad():
+        train(x)
+    ref = {r.name: r.stats["dead_unit_frac"] for r in cap.result.layers
+           if r.stats.get("dead_unit_frac", 0) > 0 and not r.type.startswith("Dropout")}
+    ev = report.checks["dead_units"].evidence
+    assert str(idx) in ref
+    assert dict(zip(ev["layers"], ev["dead_frac"], strict=True)) == pytest.approx({k: round(v, 4) for k, v in ref.items()}, abs=1e-4)
+
+
 def test_raw_pixels_are_caught_by_input_scale() -> None:
     x, y = digits()
     raw = ((x - x.min()) / (x.max() - x.min()) * 255).round()

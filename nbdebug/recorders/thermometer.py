@@ -20,45 +20,10 @@ from torch import nn
 from ..capture.budget import parse_bytes
 from ..capture.session import Capture, CaptureResult
 from ..inspectors.thermometer import Thresholds, diagnose
-from ..views import Recorder
+from ..views import Recorder, training_options
 from ..widgets.thermometer import ThermometerWidget
 
 MAX_RATE = 4.0  # live updates per second, at most
-
-
-def capture_kwargs(options: dict[str, Any]) -> dict[str, Any]:
-    """The training options (contract §6) as :class:`Capture` keyword arguments; ValueError on a bad
-    value (the magic turns it into a UsageError before the cell runs)."""
-    try:  # OPTIM's validation, when it is there
-        from ..views import training_capture_kwargs  # type: ignore[attr-defined]
-    except ImportError:
-        training_capture_kwargs = None
-    if training_capture_kwargs is not None:
-        return dict(training_capture_kwargs(options))
-    o, out = options, {}
-    if o.get("every") is not None:
-        every = int(o["every"])
-        if every < 1:
-            raise ValueError(f"--every takes an integer ≥ 1, got {o['every']!r}")
-        out["every"] = every
-    ns = o.get("user_ns") or {}
-    if o.get("loss_var"):
-        name = str(o["loss_var"])
-        out["loss"] = lambda: ns.get(name)
-    if o.get("break_on") is not None:
-        if o["break_on"] != "nonfinite":
-            raise ValueError(f"--break-on takes 'nonfinite', got {o['break_on']!r}")
-        out["break_on"] = "nonfinite"
-    if o.get("continue_from"):
-        var = o["continue_from"]
-        prev = ns.get(var) if isinstance(var, str) else var
-        if not isinstance(prev, CaptureResult):
-            raise ValueError(f"--continue takes the name of an earlier result (a CaptureResult, e.g. `-o run1` then "
-                             f"`--continue run1`), got {type(prev).__name__}")
-        out["resume"] = prev
-    if o.get("step_on") is not None:
-        out["step_on"] = o["step_on"]
-    return out
 
 
 def _accepted(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +55,7 @@ class ThermometerRecorder(Recorder):
             max_bytes=parse_bytes(o.get("max_bytes")),
             sample_size=4096 if o.get("sample_size") is None else int(o["sample_size"]),
             device_path=o.get("device_path"),
-            **_accepted({**capture_kwargs(o), "on_step": self._on_step}),
+            **_accepted({**training_options(o), "on_step": self._on_step}),
         )
         defaults = Thresholds()
         self.thresholds = Thresholds(

@@ -4,6 +4,7 @@ and the magic/API wiring (shown once, when the cell starts; KeyboardInterrupt ke
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -220,3 +221,107 @@ def test_per_update_cost_300_rows(outbox) -> None:  # type: ignore[no-untyped-de
             times.append(time.perf_counter() - t)
     assert float(np.median(times)) < 0.02, times  # measured ~0.6 ms on 2 loaded cores
     w.close()
+
+
+# -- the magic and the API, with the real per-step capture ---------------------------------------
+SETUP = """
+import time, torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randn(16, 2)
+"""
+
+LOOP = """%%nndebug model --loss loss -o res
+for i in range({n}):
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    time.sleep({pause})
+    {extra}
+"""
+
+
+@pytest.fixture
+def sh(shell):  # type: ignore[no-untyped-def]
+    assert shell.run_cell(SETUP).success
+    return shell
+
+
+def widget_displays(sh) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [d for d in sh.displayed if "application/vnd.jupyter.widget-view+json" in d]
+
+
+def test_magic_loop_is_shown_once_and_updated_at_most_4_times_a_second(sh, outbox) -> None:  # type: ignore[no-untyped-def]
+    t0 = time.monotonic()
+    assert sh.run_cell(LOOP.format(n=60, pause=0.02, extra="")).success
+    elapsed = time.monotonic() - t0
+    res, w = sh.user_ns["res"], sh.user_ns["_nndebug_widget"]
+    # one output: shown when the cell started, refreshed in place at the end (same widget model)
+    shown = widget_displays(sh)
+    ids = {d["application/vnd.jupyter.widget-view+json"]["model_id"] for d in shown}
+    assert ids == {w.model_id} and len(shown) == 2
+    assert "nbdebug thermometer" in shown[-1]["text/html"] and "running" not in shown[-1]["text/html"]
+    # throttled: at most 4 a second, plus the final one
+    times = [t for t, _, _ in outbox]
+    assert len(outbox) <= 4 * elapsed + 2, (len(outbox), elapsed)
+    assert all(b - a >= 0.24 for a, b in itertools.pairwise(times[:-1])), np.diff(times)  # the last: the final one
+    # only the new slots each time; together every step once
+    seen: list[int] = []
+    for _, content, buffers in outbox:
+        steps = sent_arrays(content, buffers)["steps"].tolist()
+        assert content["reset"] == (content is outbox[0][1])
+        assert content["from"] in (len(seen), len(seen) - 1)  # new slots (or the last one, updated)
+        seen = seen[: content["from"]] + steps
+    assert seen == list(range(1, 61)) and res.steps == 60
+    # the final traits hold the whole history, equal to the result's series
+    np.testing.assert_array_equal(decode_array(w.history["steps"]), res.step_index)
+    np.testing.assert_allclose(decode_array(w.history["loss"]), res.series("loss"), rtol=1e-6)
+    np.testing.assert_array_equal(decode_array(w.history["last"])[:, 0, WIRE_FIELDS.index("mean")],
+                                  res.series("0", "mean").astype(np.float32))
+    assert not w.running and w.report.step == 60
+
+
+def test_keyboard_interrupt_mid_loop_keeps_the_steps(sh, outbox) -> None:  # type: ignore[no-untyped-def]
+    from nbdebug.capture import hook_count
+
+    r = sh.run_cell(LOOP.format(n=100, pause=0.0, extra="if i == 24: raise KeyboardInterrupt"))
+    assert type(r.error_in_exec) is KeyboardInterrupt
+    res, w = sh.user_ns["res"], sh.user_ns["_nndebug_widget"]
+    assert res.steps == 25 and res.step_index.tolist() == list(range(1, 26))
+    assert decode_array(w.history["steps"]).tolist() == list(range(1, 26)) and not w.running
+    last = outbox[-1][1]
+    assert last["total_steps"] == 25  # the final live update went out too
+    assert hook_count(sh.user_ns["model"]) == 0
+    assert len(widget_displays(sh)) == 2  # shown at the start, refreshed at the end
+
+
+def test_rerun_closes_the_previous_live_widget(sh, outbox) -> None:  # type: ignore[no-untyped-def]
+    cell = LOOP.format(n=3, pause=0.0, extra="")
+    assert sh.run_cell(cell).success
+    first = sh.user_ns["_nndebug_widget"]
+    assert first.comm is not None
+    assert sh.run_cell(cell).success
+    assert first.comm is None and sh.user_ns["_nndebug_widget"] is not first
+
+
+def test_api_live_shows_at_start_and_show_does_not_repeat_it(sh, outbox) -> None:  # type: ignore[no-untyped-def]
+    code = """
+import nbdebug
+with nbdebug.debug(model, live=True, loss=lambda: loss) as dbg:
+    assert len(dbg.live_widgets) == 1
+    for i in range(5):
+        opt.zero_grad(); loss = nn.functional.mse_loss(model(x), y); loss.backward(); opt.step()
+dbg.show()
+w = dbg.widget()
+"""
+    assert sh.run_cell(code).success
+    w = sh.user_ns["w"]
+    assert w is sh.user_ns["dbg"].live_widgets[0] and w.history["total_steps"] == 5
+    assert {d["application/vnd.jupyter.widget-view+json"]["model_id"] for d in widget_displays(sh)} == {w.model_id}
+    # without live=True nothing is shown until show(); with several views, no live display
+    assert sh.run_cell("d2 = nbdebug.debug(model)\nwith d2: model(x)\nn_live = len(d2.live_widgets)").success
+    assert sh.user_ns["n_live"] == 0
+    assert sh.run_cell("d3 = nbdebug.debug(model, 'thermometer,featuremaps', live=True)\nwith d3: model(x)\nn3 = len(d3.live_widgets)").success
+    assert sh.user_ns["n3"] == 0

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,7 +19,13 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 __all__ = [
-    "COMPILED_NOTE", "HookSet", "hook_count", "hooks_see_compiled", "is_compiled", "no_param_grads",
+    "COMPILED_NOTE",
+    "HookSet",
+    "SharedPatch",
+    "hook_count",
+    "hooks_see_compiled",
+    "is_compiled",
+    "no_param_grads",
     "optimizer_hook_count",
 ]
 
@@ -97,6 +105,56 @@ class HookSet:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+class SharedPatch:
+    """``owner.name`` replaced by ``wrap(original)`` while at least one user holds it: reference counted
+    across nested captures and thread-safe. The last user to leave puts the original back (unless
+    someone patched over ours meanwhile: theirs stays, and ours must pass through when ``users`` is
+    empty). ``users`` lists the current users, in order; the wrapper reads it on every call.
+
+    >>> patch = SharedPatch(torch.amp.GradScaler, "step", make_wrapper)   # doctest: +SKIP
+    >>> patch.hold(hooks, watch)       # undone by hooks.remove() or the returned handle
+    """
+
+    def __init__(self, owner: type, name: str, wrap: Callable[[Any], Any]) -> None:
+        self.owner, self.name, self.wrap = owner, name, wrap
+        self.users: list[Any] = []
+        self._lock = threading.Lock()
+        self._installed: tuple[Any, Any] | None = None  # (original, ours)
+
+    @property
+    def active(self) -> bool:
+        return self._installed is not None
+
+    def acquire(self, user: Any) -> None:
+        with self._lock:
+            self.users.append(user)
+            if self._installed is None:
+                original = self.owner.__dict__[self.name]
+                ours = self.wrap(original)
+                self._installed = (original, ours)  # first: an interrupt after it still restores
+                setattr(self.owner, self.name, ours)
+
+    def release(self, user: Any) -> None:
+        """Idempotent: releasing a user that does not hold the patch does nothing."""
+        with self._lock:
+            for i, u in enumerate(self.users):
+                if u is user:
+                    del self.users[i]
+                    break
+            if self.users or self._installed is None:
+                return
+            original, ours = self._installed
+            self._installed = None
+            if self.owner.__dict__.get(self.name) is ours:
+                setattr(self.owner, self.name, original)
+
+    def hold(self, hooks: HookSet, user: Any) -> _Callback:
+        """Acquire for ``user`` until ``hooks`` is removed (or the returned handle is)."""
+        handle = hooks.on_remove(functools.partial(self.release, user))
+        self.acquire(user)
+        return handle
 
 
 def hook_count(model: nn.Module) -> int:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ import torch
 from torch import nn
 
 from .budget import format_bytes
-from .hooks import HookSet
+from .hooks import HookSet, SharedPatch
 
 __all__ = ["NO_OPTIMIZER_NOTE", "OptimizerWatch", "StepUpdates", "as_float_later", "loss_of_output", "scaler_patched"]
 
@@ -108,54 +107,28 @@ class _Plan:
         self.posts = 0  # completed steps (post-hook calls) of this optimizer
 
 
-# -- GradScaler patch (one per process, shared by every entered watch) ---------------------------
-_scaler_lock = threading.Lock()
-_scaler_watches: list[OptimizerWatch] = []
-_scaler_patch: tuple[type, Any, Any] | None = None  # (class, original step, our step)
+# -- GradScaler: one wrapper per process, shared by every entered watch ---------------------------
+def _wrap_scaler_step(original: Any) -> Any:
+    @functools.wraps(original)
+    def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        watches = tuple(_SCALER.users)
+        if not watches or not getattr(self, "_enabled", True):
+            return original(self, optimizer, *args, **kwargs)
+        tokens = [w._scaler_before(optimizer) for w in watches]
+        out = original(self, optimizer, *args, **kwargs)
+        for w, token in zip(watches, tokens):
+            w._scaler_after(optimizer, token)
+        return out
+
+    return step
 
 
-def _acquire_scaler(watch: OptimizerWatch) -> None:
-    global _scaler_patch
-    with _scaler_lock:
-        _scaler_watches.append(watch)
-        if _scaler_patch is not None:
-            return
-        cls = torch.amp.GradScaler
-        original = cls.__dict__["step"]
-
-        @functools.wraps(original)
-        def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            watches = tuple(_scaler_watches)
-            if not watches or not getattr(self, "_enabled", True):
-                return original(self, optimizer, *args, **kwargs)
-            tokens = [w._scaler_before(optimizer) for w in watches]
-            out = original(self, optimizer, *args, **kwargs)
-            for w, token in zip(watches, tokens):
-                w._scaler_after(optimizer, token)
-            return out
-
-        cls.step = step  # type: ignore[method-assign]
-        _scaler_patch = (cls, original, step)
-
-
-def _release_scaler(watch: OptimizerWatch) -> None:
-    global _scaler_patch
-    with _scaler_lock:
-        for i, w in enumerate(_scaler_watches):
-            if w is watch:
-                del _scaler_watches[i]
-                break
-        if _scaler_watches or _scaler_patch is None:
-            return
-        cls, original, ours = _scaler_patch
-        _scaler_patch = None
-        if cls.__dict__.get("step") is ours:  # someone patched over ours: leave theirs (ours passes through)
-            cls.step = original  # type: ignore[method-assign]
+_SCALER = SharedPatch(torch.amp.GradScaler, "step", _wrap_scaler_step)
 
 
 def scaler_patched() -> bool:
     """Whether ``torch.amp.GradScaler.step`` is wrapped right now (for hygiene checks)."""
-    return _scaler_patch is not None
+    return _SCALER.active
 
 
 class OptimizerWatch:
@@ -211,8 +184,7 @@ class OptimizerWatch:
             self._handles.append(self.hooks.on_remove(self._clear))
             self._handles.append(self.hooks.optimizer_step_pre(self._pre))
             self._handles.append(self.hooks.optimizer_step_post(self._post))
-            _acquire_scaler(self)
-            self._handles.append(self.hooks.on_remove(functools.partial(_release_scaler, self)))
+            self._handles.append(_SCALER.hold(self.hooks, self))
         except BaseException:
             self.__exit__()
             raise
@@ -222,7 +194,7 @@ class OptimizerWatch:
         """Remove this watch's hooks and scaler wrapping (the HookSet's other handles stay)."""
         while self._handles:
             self._handles.pop().remove()
-        _release_scaler(self)  # idempotent; covers an __enter__ interrupted before its handle existed
+        _SCALER.release(self)  # idempotent
         self._clear()
 
     def _clear(self) -> None:

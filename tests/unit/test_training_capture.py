@@ -1,0 +1,351 @@
+"""Capture over a training loop: steps, per-step history values, the first non-finite step and phase,
+dead units, evaluation forwards, delayed backward, --every, --continue, interrupts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from nbdebug.capture import fingerprint, hook_count, same_fingerprint
+from nbdebug.capture.session import Capture
+
+
+class Log(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)
+
+
+class Sqrt(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sqrt(x)
+
+
+def abc() -> nn.Sequential:
+    """a: Linear(2→2) = identity, b: log, c: Linear(2→1) with hand-set weights."""
+    m = nn.Sequential()
+    m.add_module("a", nn.Linear(2, 2))
+    m.add_module("b", Log())
+    m.add_module("c", nn.Linear(2, 1))
+    with torch.no_grad():
+        m.a.weight.copy_(torch.eye(2))
+        m.a.bias.zero_()
+        m.c.weight.copy_(torch.tensor([[0.5, -0.25]]))
+        m.c.bias.fill_(0.1)
+    return m
+
+
+def batches(n: int = 8, bad: int | None = 6) -> list[torch.Tensor]:
+    xs = [torch.full((3, 2), 2.0 + k) + torch.arange(6.0).reshape(3, 2) / 10 for k in range(n)]
+    if bad is not None:
+        xs[bad - 1] = torch.tensor([[1.0, -1.0], [2.0, 2.0], [3.0, 3.0]])  # log of a negative value
+    return xs
+
+
+def train(m: nn.Module, xs: list[torch.Tensor], cap_kw: dict | None = None, lr: float = 1e-3):
+    """SGD on MSE to zero; returns (result, per-step records of what the model really computed)."""
+    opt = torch.optim.SGD(m.parameters(), lr=lr)
+    seen: dict[str, list[torch.Tensor]] = {"a_out": [], "b_in": [], "loss": [], "c_pgn": [], "ratio_c": []}
+    h1 = m.a.register_forward_hook(lambda _m, _i, o: seen["a_out"].append(o.detach().clone()))
+    h2 = m.b.register_forward_hook(lambda _m, i, _o: seen["b_in"].append(i[0].detach().clone()))
+    holder: list[torch.Tensor] = []
+    kw = {"loss": lambda: holder[-1] if holder else None, **(cap_kw or {})}
+    try:
+        with Capture(m, **kw) as cap:
+            for x in xs:
+                opt.zero_grad()
+                loss = m(x).pow(2).mean()
+                holder.append(loss)
+                loss.backward()
+                seen["loss"].append(loss.detach().clone())
+                g = torch.cat([p.grad.reshape(-1) for p in m.c.parameters()])
+                seen["c_pgn"].append(g.norm())
+                before = torch.cat([p.detach().reshape(-1).clone() for p in m.c.parameters()])
+                opt.step()
+                after = torch.cat([p.detach().reshape(-1) for p in m.c.parameters()])
+                seen["ratio_c"].append((before - after).norm() / before.norm())
+    finally:
+        h1.remove()
+        h2.remove()
+    return cap.result, seen
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_nan_in_forward_at_step_6_is_found_with_its_inputs(device_path: bool) -> None:
+    m = abc()
+    res, seen = train(m, batches(), {"device_path": device_path})
+    assert res.steps == 8 and list(res.step_index) == list(range(1, 9))
+    assert res.first_nonfinite_step == 6 and res.first_nonfinite_phase == "forward"
+    assert res.forward_nonfinite_step == 6 and res.layers[res.forward_nonfinite_call[0]].name == "b"
+    inc = res.incident
+    assert inc is not None and inc.kind == "nonfinite" and inc.step == 6 and inc.module == "b" and inc.phase == "forward"
+    assert len(inc.inputs) == 1 and torch.equal(inc.inputs[0], seen["b_in"][5])
+    assert torch.equal(inc.output.isnan(), torch.log(seen["b_in"][5]).isnan())
+    assert "step 6: `b` produced NaN from finite inputs" in inc.message
+    # the previous step's row stats are step 5's values of `b`
+    assert inc.previous is not None and inc.previous["mean"] == pytest.approx(float(torch.log(seen["b_in"][4]).mean()), rel=1e-6)
+    c_inc = res.incidents[0]
+    assert c_inc is inc and all(i.kind in ("nonfinite", "loss_spike") for i in res.incidents)
+    assert res.series("b", "nan")[:6].tolist() == [0, 0, 0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_series_equal_hand_computed_per_step_values(device_path: bool) -> None:
+    m = abc()
+    res, seen = train(m, batches(bad=None), {"device_path": device_path}, lr=1e-2)
+    np.testing.assert_allclose(res.series("a", "mean"), [float(o.mean()) for o in seen["a_out"]], rtol=1e-6)
+    np.testing.assert_allclose(res.series("a", "max"), [float(o.max()) for o in seen["a_out"]], rtol=1e-6)
+    np.testing.assert_allclose(res.series("a", "std"), [float(o.std()) for o in seen["a_out"]], rtol=1e-4)
+    np.testing.assert_allclose(res.series("loss"), [float(v) for v in seen["loss"]], rtol=1e-6)
+    np.testing.assert_allclose(res.series("c", "param_grad_norm"), [float(v) for v in seen["c_pgn"]], rtol=1e-5)
+    np.testing.assert_allclose(res.series("c", "update_ratio"), [float(v) for v in seen["ratio_c"]], rtol=1e-4)
+    np.testing.assert_allclose(res.series("lr"), [1e-2] * 8, rtol=1e-6)
+    assert np.isnan(res.series("b", "param_grad_norm")).all()  # no parameters
+    # grad of the output of c: d(mean(y²))/dy = 2y/3
+    y = [m_out for m_out in seen["a_out"]]
+    assert res.series("c", "grad_norm").shape == (8,) and np.all(np.isfinite(res.series("c", "grad_norm")))
+    assert len(y) == 8 and res.first_nonfinite_step is None and res.incident is None
+    # merged rows still whole-run
+    assert res["a"].calls == 8 and res["a"].stats["mean"] == pytest.approx(float(torch.stack(seen["a_out"]).mean()), rel=1e-6)
+
+
+def test_backward_only_nan_is_output_grad() -> None:
+    m = nn.Sequential(nn.Linear(2, 2), Sqrt(), nn.Linear(2, 1))
+    with torch.no_grad():
+        m[0].weight.copy_(torch.eye(2))
+        m[0].bias.zero_()
+    opt = torch.optim.SGD(m[2].parameters(), lr=1e-3)  # the sqrt's input stays exactly 0 at step 3
+    with Capture(m) as cap:
+        for k in range(4):
+            x = torch.full((2, 2), 0.0 if k == 2 else 1.0 + k)
+            opt.zero_grad()
+            m(x).sum().backward()
+            opt.step()
+    res = cap.result
+    assert res.forward_nonfinite_step is None or res.forward_nonfinite_step > 3
+    assert res.first_nonfinite_step == 3 and res.first_nonfinite_phase == "output_grad"
+    assert res.backward_nonfinite_step == 3 and res.param_grad_nonfinite_step == 3
+    inc = res.incident
+    assert inc.phase == "output_grad" and inc.step == 3 and inc.module == "1" and inc.inputs is None
+    g = res.series("0", "grad_inf")
+    assert g[:2].tolist() == [0, 0] and g[2] > 0
+
+
+class Scale(nn.Module):
+    """y = x · sqrt(|w|): at w = 0 the gradient of w is non-finite while every output gradient is finite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w.abs().sqrt()
+
+
+def test_parameter_gradient_only_nan_is_param_grad() -> None:
+    m = nn.Sequential(nn.Linear(2, 2), Scale(), nn.Linear(2, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    with Capture(m) as cap:
+        for k in range(5):
+            if k == 3:
+                with torch.no_grad():
+                    m[1].w.zero_()
+            opt.zero_grad()
+            m(torch.randn(4, 2)).sum().backward()
+            opt.step()
+    res = cap.result
+    assert res.first_nonfinite_step == 4 and res.first_nonfinite_phase == "param_grad"
+    assert res.param_grad_nonfinite_step == 4 and res.backward_nonfinite_step != 4
+    assert res.incident.module == "1" and res.incident.phase == "param_grad"
+    pgn = res.series("1", "param_grad_norm")
+    assert np.all(np.isfinite(pgn[:3])) and not np.isfinite(pgn[3])
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_eval_forwards_inside_a_training_loop_are_not_steps(device_path: bool) -> None:
+    m = abc()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    xs = batches(4, bad=None)
+    with Capture(m, device_path=device_path) as cap:
+        with torch.no_grad():
+            m(xs[0] * 100)  # a sanity evaluation before training: held back, then an evaluation
+        for x in xs:
+            opt.zero_grad()
+            m(x).pow(2).mean().backward()
+            opt.step()
+            with torch.no_grad():
+                m(x * 100)  # evaluation: not a step
+    res = cap.result
+    assert res.steps == 4 and res.eval_steps == 5 and res["a"].calls == 4
+    assert res.series("a", "max").max() < 100  # no evaluation value leaked into the history
+    assert any("evaluation" in n for n in res.notes)
+
+
+def test_only_no_grad_forwards_are_steps() -> None:
+    m = abc()
+    with Capture(m) as cap, torch.inference_mode():
+        for x in batches(3, bad=None):
+            m(x)
+    assert cap.result.steps == 3 and cap.result.eval_steps == 0 and list(cap.result.step_index) == [1, 2, 3]
+
+
+def test_two_calls_per_step_and_delayed_backward() -> None:
+    relu = nn.ReLU()
+    m = nn.Sequential(nn.Linear(2, 2), relu, nn.Linear(2, 2), relu)
+    x1, x2 = torch.randn(3, 2), torch.randn(3, 2)
+    with Capture(m) as cap:
+        y1 = m(x1)
+        y2 = m(x2)  # closes step 1 before its backward ran
+        (y1.sum() + 2 * y2.sum()).backward()
+    res = cap.result
+    assert [r.name for r in res.layers] == ["0", "1", "2", "1#2"] and res.steps == 2
+    # output gradient of the last ReLU is 1 (step 1) and 2 (step 2) everywhere: norm sqrt(6), 2·sqrt(6)
+    np.testing.assert_allclose(res.series("1#2", "grad_norm"), [math.sqrt(6), 2 * math.sqrt(6)], rtol=1e-6)
+    np.testing.assert_allclose(res.series("1#2", "grad_mean"), [1.0, 2.0])
+    with torch.no_grad():
+        h1, h2 = torch.relu(m[0](x1)), torch.relu(m[0](x2))
+    np.testing.assert_allclose(res.series("1", "mean"), [float(h1.mean()), float(h2.mean())], rtol=1e-6)
+
+
+def dead_model() -> nn.Sequential:
+    m = nn.Sequential(nn.Conv2d(1, 4, 1), nn.ReLU())
+    with torch.no_grad():
+        m[0].weight.fill_(1.0)
+        m[0].bias.copy_(torch.tensor([0.0, -100.0, -100.0, -100.0]))  # 3 of 4 channels dead
+    return m
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_dead_unit_fraction_is_exact(device_path: bool) -> None:
+    m = dead_model()
+    x = torch.randn(5, 1, 3, 3)
+    x[0, 0, 0, 0] = 5.0  # channel 0 alive
+    with Capture(m, device_path=device_path) as cap:
+        m(x)
+        m(x + 150.0)  # step 2: every channel alive (and the 2-D path on the Linear-like shape below)
+    res = cap.result
+    assert res.series("1", "dead_unit_frac").tolist() == [0.75, 0.0]
+    assert res.series("0", "dead_unit_frac").tolist() == [0.0, 0.0]
+    assert res["1"].stats["dead_unit_frac"] == 0.0  # whole run: dead only when zero in every call
+    with Capture(m, device_path=device_path) as cap2:
+        m(x)
+        m(x)
+    assert cap2.result["1"].stats["dead_unit_frac"] == 0.75
+    lin = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    with torch.no_grad():
+        lin[0].weight.fill_(0.0)
+        lin[0].bias.copy_(torch.tensor([1.0, -1.0, 2.0, 0.0]))
+    with Capture(lin, device_path=device_path) as cap3:
+        lin(torch.randn(6, 3))
+    assert cap3.result["1"].stats["dead_unit_frac"] == 0.5 and cap3.result.series("1", "dead_unit_frac").tolist() == [0.5]
+
+
+def test_dead_units_or_across_micro_batches_of_one_step() -> None:
+    m = dead_model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    x = torch.randn(2, 1, 3, 3)
+    with Capture(m, step_on="optimizer") as cap:
+        for _ in range(2):
+            m(x).sum().backward()  # micro-batch 1: channels 1-3 dead
+            m(x + 150.0).sum().backward()  # micro-batch 2: all alive
+            opt.step()
+            opt.zero_grad()
+    res = cap.result
+    assert res.steps == 2 and res["1"].calls == 4
+    assert res.series("1", "dead_unit_frac").tolist() == [0.0, 0.0]
+
+
+def test_every_keeps_first_grid_first_nonfinite_and_last() -> None:
+    m = abc()
+    res, _ = train(m, batches(8, bad=5), {"every": 3})
+    assert res.steps == 8 and res.every == 3
+    assert list(res.step_index) == [1, 4, 5, 7, 8]
+    assert res.first_nonfinite_step == 5
+
+
+def test_resume_continues_steps_history_and_rows() -> None:
+    m = abc()
+    res1, _ = train(m, batches(3, bad=None))
+    res2, seen = train(m, batches(2, bad=None), {"resume": res1})
+    assert res2.steps == 5 and list(res2.step_index) == [1, 2, 3, 4, 5]
+    assert res2["a"].calls == 5 and res1.steps == 3 and list(res1.step_index) == [1, 2, 3]
+    np.testing.assert_allclose(res2.series("a", "mean")[3:], [float(o.mean()) for o in seen["a_out"]], rtol=1e-6)
+    np.testing.assert_allclose(res2.series("a", "mean")[:3], res1.series("a", "mean"))
+
+
+def test_break_on_nonfinite_raises_in_the_hook_and_leaves_the_model_alone() -> None:
+    from nbdebug import NonFiniteError
+
+    m = abc()
+    before = fingerprint(m)
+    xs = batches(8, bad=6)
+    with pytest.raises(NonFiniteError) as info:
+        with Capture(m, break_on="nonfinite") as cap:
+            for x in xs:
+                m(x)
+    err = info.value
+    assert err.step == 6 and err.module == "b" and torch.equal(err.inputs[0], m.a(xs[5]))
+    frame = info.tb
+    while frame.tb_next is not None:
+        frame = frame.tb_next
+    assert {"inputs", "output", "module"} <= set(frame.tb_frame.f_locals)
+    assert hook_count(m) == 0 and same_fingerprint(before, fingerprint(m)) == []
+    res = cap.result
+    assert res.steps == 6 and res.forward_nonfinite_step == 6 and res.incident.module == "b"
+    assert res.raised.startswith("NonFiniteError")
+
+
+def test_keyboard_interrupt_keeps_the_steps_recorded() -> None:
+    m = abc()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    with pytest.raises(KeyboardInterrupt):
+        with Capture(m) as cap:
+            for k, x in enumerate(batches(8, bad=None)):
+                opt.zero_grad()
+                loss = m(x).pow(2).mean()
+                if k == 4:
+                    raise KeyboardInterrupt
+                loss.backward()
+                opt.step()
+    assert hook_count(m) == 0
+    res = cap.result
+    assert res.steps == 5 and list(res.step_index) == [1, 2, 3, 4, 5]
+    assert np.isfinite(res.series("c", "grad_norm")[:4]).all() and np.isnan(res.series("c", "grad_norm")[4])
+
+
+def test_loss_of_output_and_on_step() -> None:
+    class WithLoss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(2, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x).pow(2).mean()  # the model returns its loss
+
+    m = WithLoss()
+    calls: list[int] = []
+    xs = [torch.randn(4, 2) for _ in range(3)]
+    losses = []
+    with Capture(m, on_step=lambda c: calls.append(c.history.steps)) as cap:
+        for x in xs:
+            out = m(x)
+            losses.append(float(out))
+            out.backward()
+    assert calls == [1, 2, 3]
+    np.testing.assert_allclose(cap.result.series("loss"), losses, rtol=1e-6)
+
+
+def test_loss_spike_is_an_incident_without_module() -> None:
+    m = nn.Sequential(nn.Linear(2, 1))
+    losses = [1.0, 1.1, 0.9, 1.0, 1.05, 50.0, 1.0]
+    k = [0]
+    with Capture(m, loss=lambda: losses[k[0]]) as cap:
+        for i in range(len(losses)):
+            m(torch.randn(2, 2))
+            k[0] = i  # the user's `loss` of step i (read when step i closes: next forward, or exit)
+    spikes = [i for i in cap.result.incidents if i.kind == "loss_spike"]
+    assert len(spikes) == 1 and spikes[0].module is None and spikes[0].value == 50.0
+    assert spikes[0].median == pytest.approx(1.0, abs=0.06)

@@ -81,25 +81,9 @@ def _weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, Any, list[str]]:
 
     When the unembedding is a module's own ``weight`` (``lm_head``), it is read through the module
     at each request (accelerate's offload replaces the parameter objects at every forward) inside
-    ``loaded()`` (:func:`~nbdebug.capture.state.loaded_weights`: its hook loads them, then puts them
-    back on ``meta``)."""
+    ``loaded()`` (:func:`~nbdebug.capture.state.loaded_weights`: accelerate's hook loads them, then
+    puts them back on ``meta``). The final norm is called as a module, so its hook loads its own."""
     notes: list[str] = []
-    head = parts.unembed_module
-    if head is not None:  # find_parts sets it only when the unembedding is its .weight
-        head_ref = ModelRef(head)
-
-        def loaded() -> Any:
-            return loaded_weights(head_ref.get())
-
-        def head_weight() -> torch.Tensor:
-            return head_ref.get().weight.detach()
-
-        def head_bias() -> torch.Tensor | None:
-            b = getattr(head_ref.get(), "bias", None)
-            return None if b is None else b.detach()
-
-        normed = _weak_parts(ModelParts(parts.family, [], [], parts.final_norm, pre_unembed=parts.pre_unembed))[0]
-        return normed, head_weight, head_bias, loaded, notes
 
     def weak(obj: Any) -> Any:
         if obj is None:
@@ -116,7 +100,6 @@ def _weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, Any, list[str]]:
         return lambda: obj  # a function given as final_norm=: kept as given
 
     norm, pre = weak(parts.final_norm), weak(parts.pre_unembed)
-    weight, bias = weak(parts.unembed_weight), weak(parts.unembed_bias)
 
     def normed(h: torch.Tensor) -> torch.Tensor:
         if norm is not None:
@@ -124,6 +107,17 @@ def _weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, Any, list[str]]:
         if pre is not None:
             h = pre()(h)
         return h
+
+    if parts.unembed_module is not None:  # find_parts sets it only when the unembedding is its .weight
+        head = ModelRef(parts.unembed_module)
+
+        def head_bias() -> torch.Tensor | None:
+            b = getattr(head.get(), "bias", None)
+            return None if b is None else b.detach()
+
+        return normed, lambda: head.get().weight.detach(), head_bias, lambda: loaded_weights(head.get()), notes
+
+    weight, bias = weak(parts.unembed_weight), weak(parts.unembed_bias)
 
     def weight_fn() -> torch.Tensor:
         return weight().detach()

@@ -177,3 +177,36 @@ def test_histograms_equal_numpy_over_the_finite_values(device_path: bool) -> Non
     np.testing.assert_allclose(edges, ref_edges, rtol=1e-6)
     np.testing.assert_array_equal(counts, ref)
     assert counts.sum() == fin.size == 1000 - 11 - 1
+
+
+def training_run(model: nn.Module, steps: int) -> tuple[Counter[str], Counter[str], Any]:
+    """``steps`` SGD steps on the device path; host reads counted during the loop and at exit."""
+    torch.manual_seed(1)
+    xs = [torch.randn(4, 16) for _ in range(steps)]
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    spy = DispatchSpy()
+    with count_host_syncs() as py:
+        with Capture(model, device_path=True) as cap:
+            with spy:
+                for x in xs:
+                    opt.zero_grad()
+                    model(x).pow(2).mean().backward()
+                    opt.step()
+        total = Counter(py)
+    return total, Counter(spy.syncs), cap.result
+
+
+def test_host_syncs_per_step_do_not_grow_with_depth() -> None:
+    runs = {(n, s): training_run(deep(n), s) for n in (2, 20) for s in (3, 6)}
+    for (n, s), (_, disp, res) in runs.items():
+        assert disp == Counter(), disp  # nothing data-dependent while the loop runs
+        assert res.steps == s and len(res.step_index) == s and res.backward_ran
+        assert np.isfinite(res.series("0", "update_ratio")).all() and np.isfinite(res.series("0", "param_grad_norm")).all()
+    # the same host reads for 8 and 62 layers, and a constant number more per step
+    assert runs[(2, 3)][0] == runs[(20, 3)][0] and runs[(2, 6)][0] == runs[(20, 6)][0]
+    per_step = {k: (runs[(2, 6)][0][k] - runs[(2, 3)][0][k]) / 3 for k in runs[(2, 6)][0]}
+    # ONE transfer per step (``.cpu().numpy()``); the optimizer watch's same-device ``.to(acc.device)``
+    # is counted as a "to cpu" by the spy on the CPU-run device path but moves nothing
+    assert per_step.get("cpu") == 1 and per_step.get("numpy") == 1, per_step
+    assert sum(v for k, v in per_step.items() if k not in ("cpu", "numpy", "to")) == 0 and per_step.get("to", 0) <= 1, per_step
+    assert runs[(20, 6)][0]["item"] == 0 and runs[(20, 6)][0]["tolist"] == 0

@@ -1,0 +1,200 @@
+"""Training-loop cells of the real-use matrix (issue 10): the loop each mode runs, the reference loop's
+own per-step measurements, and running one such cell under ``nbdebug.debug`` with the usual hygiene.
+
+Every mode trains a fresh ``TinyCNN`` (train-mode BatchNorm, the shared ``relu`` called twice) or the
+MLP with cross-entropy and an optimizer made *before* the cell, on batches drawn up front. The
+reference runs the same loop on an identical copy with its own plain hooks (per training forward:
+each row's mean and zero fraction, by call name) and its own ``‖Δθ‖/‖θ‖`` per optimizer step (θ
+before the step); the history under nbdebug must equal those measurements step by step.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import models as M
+
+STEPS = 6
+NAN_AT = 3  # --break-on: the step whose input overflows conv1
+INTERRUPT_AT = 4  # KeyboardInterrupt right after this step's forward
+EVERY = 3
+ACCUM = 2
+SKIP_AT = 3  # GradScaler: the step whose scaled loss overflows (its optimizer step is skipped)
+
+
+@dataclass
+class Loop:
+    """What one mode's loop does (see :func:`loop`)."""
+
+    steps: int = STEPS
+    eval_every: int = 0  # a no-grad eval forward after every N-th step
+    scaler: bool = False  # bf16 autocast + torch.amp.GradScaler("cpu")
+    accum: int = 1  # micro-batches per optimizer step
+    interrupt_at: int | None = None
+    nan_at: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+MODES: dict[str, Loop] = {
+    "train_history": Loop(),
+    "train_eval": Loop(eval_every=2),
+    "grad_scaler": Loop(scaler=True),
+    "every": Loop(steps=10, options={"every": EVERY}),
+    "break_nonfinite": Loop(nan_at=NAN_AT, options={"break_on": "nonfinite"}),
+    "interrupt_loop": Loop(interrupt_at=INTERRUPT_AT),
+    "grad_accum": Loop(steps=8, accum=ACCUM),
+    "grad_accum_opt": Loop(steps=8, accum=ACCUM, options={"step_on": "optimizer"}),
+}
+
+
+def build(mode: str) -> tuple[nn.Module, torch.optim.Optimizer, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The model, its optimizer (made before the cell, with momentum state) and the batches."""
+    spec = MODES[mode]
+    g = torch.Generator().manual_seed(5)
+    if spec.scaler:
+        model: nn.Module = M.mlp()
+        batches = [(torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(spec.steps)]
+        x, y = batches[SKIP_AT - 1]
+        batches[SKIP_AT - 1] = (x * 1e35, y)  # finite forward, a loss that overflows once scaled
+    else:
+        model = M.tiny_cnn()
+        batches = [(torch.randn(*M.IMAGE_SHAPE, generator=g), torch.randint(0, M.N_CLASSES, (M.IMAGE_SHAPE[0],), generator=g))
+                   for _ in range(spec.steps)]
+        if spec.nan_at:
+            x, y = batches[spec.nan_at - 1]
+            batches[spec.nan_at - 1] = (torch.full_like(x, torch.finfo(x.dtype).max), y)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return model, opt, batches
+
+
+def loop(mode: str, model: nn.Module, opt: torch.optim.Optimizer, batches: list[tuple[torch.Tensor, torch.Tensor]],
+         ns: dict[str, Any], scaler: Any = None) -> list[torch.Tensor]:
+    """The cell body: the user's training loop. ``ns["loss"]`` holds the step's loss (``--loss loss``)."""
+    spec = MODES[mode]
+    outs = []
+    for s, (x, y) in enumerate(batches, 1):
+        if (s - 1) % spec.accum == 0:
+            opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16) if spec.scaler else nullcontext():
+            out = model(x)
+            loss = F.cross_entropy(out.float(), y)
+        ns["loss"] = loss
+        if spec.interrupt_at == s:
+            raise KeyboardInterrupt("stopped by the user mid-loop")
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            (loss / spec.accum).backward()
+            if s % spec.accum == 0:
+                opt.step()
+        if spec.eval_every and s % spec.eval_every == 0:
+            model.eval()
+            with torch.no_grad():
+                model(x[:1])
+            model.train()
+        outs.append(out.detach())
+    return outs
+
+
+@dataclass
+class Measured:
+    """The reference loop's own per-step measurements (1-based steps → values)."""
+
+    stats: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # row → [(mean, zero_frac)] per training forward
+    ratio: dict[str, dict[int, float]] = field(default_factory=dict)  # module → {step: ‖Δθ‖/‖θ‖}
+    loss: list[float] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    outs: list[torch.Tensor] = field(default_factory=list)
+    raised: BaseException | None = None
+
+
+def reference(mode: str, model: nn.Module, opt: torch.optim.Optimizer, batches: list[tuple[torch.Tensor, torch.Tensor]],
+              scaler: Any = None) -> Measured:
+    """Run the loop on ``model``/``opt`` (copies of the user's) measuring every step by hand."""
+    from nbdebug.capture.names import call_name
+
+    got = Measured()
+    calls: dict[str, int] = {}
+    step = {"n": 0}
+
+    def pre(_m: nn.Module, _a: Any) -> None:
+        if torch.is_grad_enabled():
+            step["n"] += 1
+            calls.clear()
+
+    handles = [model.register_forward_pre_hook(pre)]
+    for name, mod in model.named_modules():
+        if name and not list(mod.children()):
+            def hook(_m: nn.Module, _a: Any, out: Any, name: str = name) -> None:
+                if not torch.is_grad_enabled() or not isinstance(out, torch.Tensor):
+                    return
+                k = calls.get(name, 0)
+                calls[name] = k + 1
+                o = out.detach().float()
+                got.stats.setdefault(call_name(name, k), []).append((float(o.mean()), float((o == 0).float().mean())))
+            handles.append(mod.register_forward_hook(hook))
+    before: dict[str, list[torch.Tensor]] = {}
+    mods = {n: m for n, m in model.named_modules() if n and list(m.parameters(recurse=False))}
+
+    def opt_pre(*_: Any) -> None:
+        before.clear()
+        before.update({n: [p.detach().clone() for p in m.parameters(recurse=False)] for n, m in mods.items()})
+
+    def opt_post(*_: Any) -> None:
+        for n, m in mods.items():
+            d = sum(float((p.detach() - q).pow(2).sum()) for p, q in zip(m.parameters(recurse=False), before[n])) ** 0.5
+            got.ratio.setdefault(n, {})[step["n"]] = d / sum(float(q.pow(2).sum()) for q in before[n]) ** 0.5
+
+    handles += [opt.register_step_pre_hook(opt_pre), opt.register_step_post_hook(opt_post)]
+    ns = LossLog()
+    real_update = scaler.update if scaler is not None else None
+
+    def update(*a: Any) -> None:  # a skipped step: the scale went down
+        scale = scaler.get_scale()
+        real_update(*a)
+        if scaler.get_scale() < scale:
+            got.skipped.append(step["n"])
+
+    if scaler is not None:
+        scaler.update = update
+    try:
+        got.outs = loop(mode, model, opt, batches, ns, scaler)
+    except BaseException as exc:
+        got.raised = exc
+    finally:
+        for h in handles:
+            h.remove()
+        if scaler is not None:
+            del scaler.update
+    got.loss = ns.seen
+    return got
+
+
+class LossLog(dict):  # type: ignore[type-arg]
+    """The cell's namespace in the reference run: remembers every ``loss`` the loop sets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[float] = []
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key == "loss":
+            self.seen.append(float(value.detach()) if hasattr(value, "detach") else float(value))
+        super().__setitem__(key, value)
+
+
+def copies(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """An identical model and an optimizer over its parameters with the same hyper-parameters and state."""
+    ref = copy.deepcopy(model)
+    ref_opt = type(opt)(ref.parameters(), **opt.defaults)
+    ref_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    return ref, ref_opt

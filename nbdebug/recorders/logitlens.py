@@ -39,7 +39,7 @@ from ..capture.replay import (
     int_option,
     nothing_shown,
 )
-from ..capture.state import execution_device, loaded_weights
+from ..capture.state import execution_device, loaded_weights, offloaded
 from ..inspectors.logitlens import LensResult, LogitLens
 from ._language import LanguageRecorder
 
@@ -267,6 +267,11 @@ class LogitLensRecorder(LanguageRecorder):
         names = ["embed"] + [f"{n}" for n, _ in p.blocks]
         normed, weight, bias, loaded, notes = _weak_parts(p)
         self.notes += notes
+        if p.unembed_module is not None and offloaded(p.unembed_module):
+            name = next((n for n, m in self.model.named_modules() if m is p.unembed_module), "the unembedding")
+            where = getattr(self.model, "hf_device_map", {}).get(name, "")
+            self.notes.append(f"`{name}` is offloaded by accelerate{f' ({where})' if where else ''}: its weights are loaded "
+                              "for each request of this view (as for a forward) and put back")
         gen = self._replay.generated_flags(self._replay.length)
         if gen:
             keep = torch.arange(len(gen))[off:]

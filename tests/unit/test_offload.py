@@ -136,6 +136,7 @@ def test_lens_on_offloaded_model_equals_reference_and_hand_lens(pair: tuple[Any,
     np.testing.assert_array_equal(res.top_ids, top_i.numpy())
     np.testing.assert_allclose(res.top_probs, top_p.numpy(), atol=1e-5)
     assert res.top_ids.shape == (5, 9, K) and "top-1 matches" in res.check
+    assert "`lm_head` is offloaded by accelerate (" in " ".join(res.notes)
     ids_c, probs_c = rec.lens().cell(2, 4, k=7)  # the widget's on-demand cell
     np.testing.assert_array_equal(ids_c, ref_lp[2, 4].topk(7).indices.numpy())
     np.testing.assert_allclose(probs_c, ref_lp[2, 4].exp().topk(7).values.numpy(), atol=1e-5)

@@ -401,7 +401,7 @@ def _loss_svg(capture: CaptureResult | None, width: int = 480, height: int = 60)
     hist = getattr(capture, "history", None)
     if hist is None or len(hist) < 2:
         return ""
-    loss, steps = hist.scalar("loss").astype(np.float64), hist.step_index
+    loss, steps, first = hist.scalar("loss").astype(np.float64), hist.step_index, int(hist.bucket_first[0])
     ok = np.isfinite(loss)
     if ok.sum() < 2:
         return ""
@@ -411,7 +411,7 @@ def _loss_svg(capture: CaptureResult | None, width: int = 480, height: int = 60)
     x = (pick / max(1, len(loss) - 1)) * (width - 2) + 1
     y = height - 2 - (loss[pick] - lo) / ((hi - lo) or 1.0) * (height - 4)
     pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(x, y))
-    return (f"<p>loss, steps {int(steps[0])}–{int(steps[-1])} (min {_fmt(lo)}, max {_fmt(hi)}, last {_fmt(float(loss[-1]))})</p>"
+    return (f"<p>loss, steps {first}–{int(steps[-1])} (min {_fmt(lo)}, max {_fmt(hi)}, last {_fmt(float(loss[-1]))})</p>"
             f'<svg width="{width}" height="{height}" style="border-bottom:1px solid #ccc">'
             f'<polyline fill="none" stroke="#1976d2" points="{pts}"/></svg>')
 

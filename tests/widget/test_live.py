@@ -203,9 +203,18 @@ def test_payload_at_10k_steps_300_rows_stays_under_4mb() -> None:
     steps = decode_array(w.history["steps"])
     assert steps[-1] == k and w.history["group"] > 1 and "lo" in w.history
     assert any("to keep the notebook under" in n for n in w.notes)
+    page = w.fallback_html()  # the static copy: loss curve and the last step's table
+    assert len(page.encode()) <= 200_000 and f"loss, steps 1–{k}" in page and page.count("<tr") == r + 1
     # the last sent slot is the run's last step, its band covers the merged steps' means
     means = decode_array(w.history["lo"])[:, 0, WIRE_FIELDS.index("mean")]
     assert means[-1] <= steps[-2] + 1 and decode_array(w.history["last"])[-1, 0, 0] == k
+    w.close()
+
+
+def test_histogram_request_while_running_says_so() -> None:
+    w = ThermometerWidget.waiting()
+    with pytest.raises(ValueError, match="still running"):
+        w.handle_request("histogram", {"row": 0})
     w.close()
 
 

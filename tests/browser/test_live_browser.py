@@ -1,0 +1,111 @@
+"""The live thermometer in a real JupyterLab: while a ~8 s training loop runs under ``%%nndebug``
+(the cell has no execution count yet, the kernel is busy) the step counter and the table change
+several times; after it ends, the slider shows an earlier step's values (equal to the kernel's
+``res.at(k)``) from data already in the browser, and the slider position reaches the kernel.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .harness import (
+    KERNEL_IDLE_MS,
+    kernel_json,
+    open_notebook,
+    run_code_and_wait_text,
+    run_js,
+    screenshot,
+    wait_widget,
+    write_notebook,
+)
+
+pytestmark = pytest.mark.browser
+
+SETUP = """
+import time, torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+gen = torch.Generator().manual_seed(1)
+"""
+
+STEPS = 80
+LOOP = f"""%%nndebug model --loss loss -o res
+for i in range({STEPS}):
+    x = torch.randn(32, 4, generator=gen) * (1 + i / 20)   # batches of growing scale: the stats move
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(model(x), torch.zeros(32, 2))
+    loss.backward()
+    opt.step()
+    time.sleep(0.1)
+"""
+
+# In the page: every 50 ms, note the step counter, row 0's tooltip and whether the loop cell is
+# still running (no execution count yet and the kernel busy).
+WATCH = """
+    window.__live = [];
+    const cells = app.shell.currentWidget.content.widgets;
+    const kernel = app.shell.currentWidget.sessionContext.session.kernel;
+    window.__liveTimer = setInterval(() => {
+        const root = document.querySelector('.nbdebug-thermometer[data-ready="1"]');
+        if (!root) return;
+        const count = root.querySelector('.nbd-step-count');
+        const cell = root.querySelector('.nbd-row[data-row="0"] .nbd-therm');
+        const busy = cells[2].model.executionCount === null && kernel.status === 'busy';
+        const seen = { count: count ? count.textContent : '', cell: cell ? cell.getAttribute('title') : '', busy };
+        const last = window.__live[window.__live.length - 1];
+        if (!last || last.count !== seen.count || last.cell !== seen.cell || last.busy !== busy) window.__live.push(seen);
+    }, 50);
+    return true;
+"""
+
+
+def _std(title: str) -> float:
+    """The std a thermometer cell's tooltip shows ("mean 0.123 ± std 0.45\nmin …")."""
+    return float(title.split()[4])
+
+
+def test_live_thermometer_lab(page, lab) -> None:
+    write_notebook(lab.root, "live_lab", ["%load_ext nbdebug", SETUP, LOOP])
+    open_notebook(page, lab, "live_lab")
+    run_js(page, WATCH)
+    # Start every cell and return at once: the loop is watched while it runs.
+    run_js(page, "app.commands.execute('notebook:run-all-cells'); return true;")
+    wait_widget(page, "thermometer")
+    page.wait_for_function(
+        "() => { const c = window.jupyterapp.shell.currentWidget.content.widgets[2];"
+        " return c.model.executionCount !== null; }",
+        timeout=KERNEL_IDLE_MS,
+    )
+    seen = page.evaluate("clearInterval(window.__liveTimer), window.__live")
+    busy = [s for s in seen if s["busy"]]
+    counts = [s["count"] for s in busy if s["count"]]
+    assert len(set(counts)) >= 3, seen  # the counter changed at least twice while the cell ran
+    assert all("(running…)" in c for c in counts), counts
+    cells = {s["cell"] for s in busy if s["cell"]}
+    assert len(cells) >= 3, seen  # and so did the table
+    assert int(counts[0].split()[0]) < int(counts[-1].split()[0]) < STEPS
+
+    # After the end: the whole history, the last step shown, no error reported from the front-end.
+    widget = wait_widget(page, "thermometer")
+    widget.locator(".nbd-step-count", has_text=f"{STEPS} steps").wait_for()
+    assert widget.locator(".nbd-step-label").text_content() == f"step {STEPS} of {STEPS}"
+    assert widget.locator(".nbd-body .nbd-spark-cell svg").count() == 3
+    assert widget.locator(".nbd-loss svg path.nbd-spark-line").count() == 1
+    last_title = widget.locator('.nbd-row[data-row="0"] .nbd-therm').get_attribute("title")
+
+    # Drag the slider to step 10: the table shows that step's values, as the kernel has them.
+    k = 10
+    widget.locator("input.nbd-slider").fill(str(k - 1))
+    widget.locator(".nbd-step-label", has_text=f"step {k} of {STEPS}").wait_for()
+    title = widget.locator('.nbd-row[data-row="0"] .nbd-therm').get_attribute("title")
+    ref = kernel_json(page, f"[r.stats['std'] for r in res.at({k}) if r.name == '0']")
+    assert _std(title) == pytest.approx(ref[0], rel=6e-3)
+    assert _std(last_title) > 1.5 * ref[0]  # the last step's inputs are 3x larger: not the same value
+    # The slider position reached the kernel (comm messages and execute requests share the shell channel).
+    run_code_and_wait_text(page, "print('step=', _nndebug_widget.step)", f"step= {k}")
+    # A row click too.
+    widget.locator('.nbd-row[data-row="1"]').click()
+    run_code_and_wait_text(page, "print('selected=' + _nndebug_widget.selected)", "selected=1")
+    assert kernel_json(page, "_nndebug_widget.js_error") == ""
+    screenshot(page, "live-lab", widget)

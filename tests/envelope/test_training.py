@@ -249,3 +249,39 @@ def test_a_step_without_its_own_loss_shows_none() -> None:
     loss = res.series("loss")
     assert loss[: T.NAN_AT - 1].tolist() == pytest.approx(meas.loss[: T.NAN_AT - 1])
     assert math.isnan(loss[T.NAN_AT - 1]), f"step {T.NAN_AT} shows a loss of {loss[T.NAN_AT - 1]} (step {T.NAN_AT - 1}'s)"
+
+
+def test_break_on_and_every_through_the_magic(shell, record_property) -> None:  # type: ignore[no-untyped-def]
+    """``--break-on nonfinite`` raises NonFiniteError out of the cell (0 hooks left, model as the loop
+    left it, the widget of what was recorded shown); ``--every 3`` keeps steps 1, 4, 7, 10."""
+    record_property("cells", [("break_nonfinite", "thermometer"), ("every", "thermometer")])
+    setup = """
+import torch, torch.nn.functional as F
+from envelope import training as T
+from nbdebug.capture import fingerprint, same_fingerprint
+model, opt, batches = T.build("break_nonfinite")
+ref, ref_opt = T.copies(model, opt)
+meas = T.reference("break_nonfinite", ref, ref_opt, batches[: T.NAN_AT - 1]); ref_opt.zero_grad()
+def steps(part):
+    global loss
+    for x, y in part:
+        opt.zero_grad(); loss = F.cross_entropy(model(x), y); loss.backward(); opt.step()
+"""
+    assert shell.run_cell(setup).success
+    before = len(shell.displayed)
+    res = shell.run_cell("%%nndebug model --break-on nonfinite --loss loss -o run\nsteps(batches)")
+    err = res.error_in_exec
+    assert type(err).__name__ == "NonFiniteError" and (err.step, err.module) == (T.NAN_AT, "conv1"), repr(err)
+    assert hook_count(shell.user_ns["model"]) == 0
+    assert same_fingerprint(fingerprint(shell.user_ns["ref"]), fingerprint(shell.user_ns["model"])) == []
+    shown = {d["application/vnd.jupyter.widget-view+json"]["model_id"] for d in shell.displayed[before:]
+             if "application/vnd.jupyter.widget-view+json" in d}
+    assert len(shown) == 1, shell.displayed[before:]  # one widget (live, then updated in place)
+    w = shell.user_ns["_nndebug_widget"]
+    assert [lay["name"] for lay in w.layers][:1] == ["conv1"] and w.first_nonfinite_step == T.NAN_AT
+    assert shell.run_cell("model, opt, batches = T.build('every')").success
+    res = shell.run_cell("%%nndebug model --every 3 --loss loss -o run\nsteps(batches)")
+    assert res.success, res.error_in_exec
+    run = shell.user_ns["run"]
+    assert run.steps == 10 and run.step_index.tolist() == [1, 4, 7, 10] and run.every == 3
+    assert hook_count(shell.user_ns["model"]) == 0

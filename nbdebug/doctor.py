@@ -279,7 +279,7 @@ def doctor(model: nn.Module, inputs: Any, targets: torch.Tensor, loss_fn: Callab
             _unit_hooks(net, hooks, rows, bad)
             out = _call(net, inputs)
             hooks.remove()
-            loss = loss_fn(out, targets)
+            loss = _scalar(loss_fn(out, targets))
             loss0 = float(loss.detach())
             if loss.requires_grad:
                 loss.backward()
@@ -344,7 +344,7 @@ def _overfit(net: nn.Module, opt: torch.optim.Optimizer, loss_fn: Callable[..., 
     with torch.enable_grad():
         for k in range(steps + 1):
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(_call(net, xb), yb)
+            loss = _scalar(loss_fn(_call(net, xb), yb))
             curve.append(float(loss.detach()))
             if k == steps or not math.isfinite(curve[-1]) or (target is not None and curve[-1] <= target):
                 break
@@ -360,9 +360,15 @@ def _mean_baseline(loss_fn: Callable[..., Any], targets: torch.Tensor) -> float 
     mean = targets.detach().mean(0, keepdim=True).expand_as(targets)
     try:
         with torch.no_grad():
-            return float(loss_fn(mean, targets))
+            return float(_scalar(loss_fn(mean, targets)))
     except Exception:
         return None
+
+
+def _scalar(loss: Any) -> torch.Tensor:
+    """The loss as a scalar tensor (a per-sample loss, ``reduction="none"``, is averaged)."""
+    loss = loss if isinstance(loss, torch.Tensor) else torch.as_tensor(loss)
+    return loss.mean() if loss.dim() else loss
 
 
 def _are_probabilities(out: torch.Tensor, dim: int, loss_fn: Callable[..., Any]) -> bool:

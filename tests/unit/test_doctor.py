@@ -312,6 +312,8 @@ def test_mse_regression() -> None:
     assert report.failed == [], repr(report)
     ev = report.checks["init_loss"].evidence
     assert ev["mean_baseline"] == pytest.approx(float(F.mse_loss(y.mean(0, keepdim=True).expand_as(y), y)), rel=1e-6)
+    same = doctor(model, x, y, loss_fn=nn.MSELoss(reduction="none"))  # per-element losses are averaged
+    assert same.checks["init_loss"].evidence == report.checks["init_loss"].evidence
     # off-centre targets: the initial loss is far above predicting their mean
     report = doctor(model, x, y + 100, loss_fn=nn.MSELoss())
     assert report.kind == "regression" and "init_loss" in report.failed

@@ -115,7 +115,8 @@ def _group(rows: list[Any], raws: np.ndarray) -> tuple[list[Any], np.ndarray, li
     n = len(uniq)
     out = np.zeros((n, N_FIELDS))
     inv_a = np.asarray(inv)
-    np.add.at(out, inv_a, raws)
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.add.at(out, inv_a, raws)
     mn, mx = np.full(n, np.inf), np.full(n, -np.inf)
     np.minimum.at(mn, inv_a, raws[:, IDX["min"]])
     np.maximum.at(mx, inv_a, raws[:, IDX["max"]])
@@ -332,7 +333,8 @@ def _flush_late(cap: Capture, late: list[Any], raws: list[Any]) -> None:
 
 
 def _merge2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    out = a + b
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = a + b
     out[IDX["min"]], out[IDX["max"]] = min(a[IDX["min"]], b[IDX["min"]]), max(a[IDX["max"]], b[IDX["max"]])
     return out
 

@@ -24,8 +24,10 @@ from .incidents import Incident, copy_within, describe_nonfinite, param_stats
 from .result import CaptureResult, LayerRecord
 from .stats import IDX, N_FIELDS, DeviceStats, nonfinite, packed_to_host, raw_from_host, summarize
 
+PENDING_NO_GRAD = 16  # no-grad forwards held back before the first training forward (then: an inference cell)
+
 if TYPE_CHECKING:
-    from .session import Capture, _Call, _Row
+    from .session import Capture, _Call
 
 __all__ = ["assemble", "close_step", "commit", "finish"]
 
@@ -258,7 +260,7 @@ def close_step(cap: Capture) -> None:
         c.grad_stats = None if np.isnan(grads[j, 0]) else grads[j]
     if not cap._open_grad and not cap._seen_training:
         cap._pending.append(data)
-        if len(cap._pending) >= 16:
+        if len(cap._pending) >= PENDING_NO_GRAD:
             cap._commit_pending()
     else:
         commit(cap, data)

@@ -47,14 +47,33 @@ __all__ = ["Capture", "CaptureResult", "LayerRecord"]
 
 _NAN, _INF, _NZ, _N, _MIN, _MAX = IDX["nan"], IDX["inf"], IDX["nonzero"], IDX["numel"], IDX["min"], IDX["max"]
 MAX_CALLS = 200_000  # per-call records kept per step
-PENDING_NO_GRAD = 16  # no-grad forwards held back before the first training forward
+
 
 
 class _Row:
     """One row of the whole run (merged over its calls in every step)."""
 
-    __slots__ = ("calls", "dtype", "ext_nonfinite", "first_step", "grad", "hist", "id", "inputs", "key", "module",
-                 "raw", "sample", "sample_tried", "shape", "sat", "type", "units", "alive", "hid")
+    __slots__ = (
+        "alive",
+        "calls",
+        "dtype",
+        "ext_nonfinite",
+        "first_step",
+        "grad",
+        "hid",
+        "hist",
+        "id",
+        "inputs",
+        "key",
+        "module",
+        "raw",
+        "sample",
+        "sample_tried",
+        "sat",
+        "shape",
+        "type",
+        "units",
+    )
 
     def __init__(self, rid: int, key: str, module: str, type_: str, shape: tuple[int, ...], dtype: str) -> None:
         self.id, self.key, self.module, self.type, self.shape, self.dtype = rid, key, module, type_, shape, dtype
@@ -589,7 +608,7 @@ class Capture:
             try:
                 from .optim import OptimizerWatch
             except ImportError:  # pragma: no cover - optim lands separately
-                OptimizerWatch = None  # noqa: N806
+                OptimizerWatch = None
             if OptimizerWatch is not None:
                 self.watch = OptimizerWatch(self.modules, self._hooks, self.max_bytes, model=model,
                                             on_device=True if self.device_path else None,

@@ -198,7 +198,7 @@ def training_run(model: nn.Module, steps: int) -> tuple[Counter[str], Counter[st
 
 def test_host_syncs_per_step_do_not_grow_with_depth() -> None:
     runs = {(n, s): training_run(deep(n), s) for n in (2, 20) for s in (3, 6)}
-    for (n, s), (_, disp, res) in runs.items():
+    for (_n, s), (_, disp, res) in runs.items():
         assert disp == Counter(), disp  # nothing data-dependent while the loop runs
         assert res.steps == s and len(res.step_index) == s and res.backward_ran
         assert np.isfinite(res.series("0", "update_ratio")).all() and np.isfinite(res.series("0", "param_grad_norm")).all()

@@ -137,3 +137,19 @@ def test_saturated_tanh() -> None:
 def test_no_backward_note() -> None:
     rep = run(small_cnn(), torch.randn(1, 3, 8, 8), backward=False)
     assert any("no backward ran" in n for n in rep.notes)
+
+
+def test_dead_units_in_one_step() -> None:
+    # 3 of 4 channels get a bias of -100: zero at every position of every sample (75% of units dead),
+    # while the layer as a whole is not dead (75% zeros < 99%).
+    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 1))
+    with torch.no_grad():
+        m[0].weight.mul_(0.01)
+        m[0].bias.copy_(torch.tensor([-100.0, -100.0, -100.0, 1.0]))
+    rep = run(m, torch.randn(2, 3, 6, 6))
+    assert rep.column("dead_unit_frac")[1] == pytest.approx(0.75)
+    assert rep.flags[1] == ["dead_units"] and rep.flagged("dead") == []
+    d = next(d for d in rep.diagnoses if d.code == "dead_units")
+    assert d.layer == "1" and "75% of its units are zero for every sample" in d.message
+    assert "dead units in 1 layer (1)" in rep.summary
+    assert rep.flags[0] == [] and rep.flags[2] == []  # nothing else: the conv after them reads 1 live channel

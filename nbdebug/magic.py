@@ -170,6 +170,11 @@ class NNDebugMagics(Magics):
         that does not apply to the model (attention on a CNN) or fails is one quiet line instead
         ("not shown: gradcam (...)"); the others are still shown. Bad options are a UsageError
         before the cell runs. Nothing here keeps the model alive after ``del model``.
+
+        Live: with one view that can follow a loop (the thermometer), the widget is shown when the
+        cell starts and updates while it runs (at most 4 times a second, only what is new); at the
+        end the same output is refreshed with the final state (the whole history). With several
+        views nothing is shown until the end (one dashboard).
         """
         __tracebackhide__ = True
         args = parse_argstring(self.nndebug, line)

@@ -316,8 +316,11 @@ def _payload(h: History, start: int, group: int, *, flags: np.ndarray | None = N
     starts = np.arange(0, n, group)
     ends = np.minimum(starts + group, n) - 1
     banded = h.decimated or group > 1
-    if flags is None:
-        bits = step_flags(last[ends], list(types), thresholds, dtypes=[str(i.get("dtype", "")) for i in h.row_info])
+    skipped = np.fmax.reduceat(h.scalar("skipped", "max", s0), starts) if n else np.zeros(0, np.float32)
+    if flags is None:  # a GradScaler-skipped step's inf gradients are expected: not flags
+        bits = step_flags(last[ends], list(types), thresholds, dtypes=[str(i.get("dtype", "")) for i in h.row_info],
+                          skipped=h.scalar("skipped", "last", s0)[ends] > 0,
+                          shapes=[tuple(i.get("shape") or ()) or None for i in h.row_info])
     else:
         bits = np.ascontiguousarray(flags[s0:][ends], dtype=np.uint16)
     arrays: dict[str, np.ndarray] = {
@@ -326,16 +329,16 @@ def _payload(h: History, start: int, group: int, *, flags: np.ndarray | None = N
         "flags": bits,
         "loss": h.scalar("loss", "last", s0)[ends],
         "lr": h.scalar("lr", "last", s0)[ends],
-        "skipped": np.fmax.reduceat(h.scalar("skipped", "max", s0), starts) if n else np.zeros(0, np.float32),
+        "skipped": skipped,
     }
     if banded and n:
         arrays["lo"] = np.fmin.reduceat(h.values("min", s0)[:, :, _WIRE_IDX], starts, axis=0)
         arrays["hi"] = np.fmax.reduceat(h.values("max", s0)[:, :, _WIRE_IDX], starts, axis=0)
         arrays["loss_lo"] = np.fmin.reduceat(h.scalar("loss", "min", s0), starts)
         arrays["loss_hi"] = np.fmax.reduceat(h.scalar("loss", "max", s0), starts)
-    if not first_nonfinite and n:
-        vals = arrays.get("hi", arrays["last"])[:, :, _NONFINITE]
-        bad = np.flatnonzero((np.nan_to_num(vals, nan=0.0) > 0).any(axis=(1, 2)))
+    if not first_nonfinite and n:  # NaN/Inf counts (gradients: not on steps a GradScaler skipped)
+        counts = np.nan_to_num(arrays.get("hi", arrays["last"])[:, :, _NONFINITE], nan=0.0) > 0
+        bad = np.flatnonzero(counts[:, :, :2].any(axis=(1, 2)) | (counts[:, :, 2:].any(axis=(1, 2)) & ~(skipped > 0)))
         if bad.size:
             first_nonfinite = int(arrays["steps"][bad[0]])
     meta = {

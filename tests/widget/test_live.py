@@ -101,14 +101,18 @@ def test_nonfinite_step_and_flags_follow_the_values(outbox) -> None:  # type: ig
             v[1, FIELD_INDEX["nan"]] = 4  # row 1's output has NaN at step 3
         if step >= 2:
             v[0, FIELD_INDEX["zero_frac"]] = 1.0  # row 0 dead from step 2
-        h.append(step, ids, v, {"loss": 1.0})
+        if step == 2:
+            v[:, FIELD_INDEX["grad_inf"]] = 3  # a GradScaler-skipped step: inf gradients expected
+        h.append(step, ids, v, {"loss": 1.0, "skipped": float(step == 2)})
     assert w.push_history(h)
     content, buffers = outbox[-1][1:]
     a = sent_arrays(content, buffers)
     assert content["first_nonfinite_step"] == 3 and content["flag_bits"] == FLAG_BITS
     dead = (a["flags"][:, 0] & FLAG_BITS["dead"]) > 0
     assert dead.tolist() == [False, True, True, True]
-    assert ((a["flags"][:, 1] & FLAG_BITS["nonfinite"] | a["flags"][:, 1] & FLAG_BITS["nan_origin_fwd"]) > 0).tolist() == [False, False, True, False]
+    nonfinite = FLAG_BITS["nonfinite"] | FLAG_BITS["nan_origin_fwd"] | FLAG_BITS["nan_origin_bwd"]
+    assert ((a["flags"][:, 1] & nonfinite) > 0).tolist() == [False, False, True, False]  # not the skipped step
+    assert a["skipped"].tolist() == [0, 1, 0, 0]
     w.close()
 
 

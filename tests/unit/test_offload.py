@@ -265,3 +265,24 @@ def test_lens_with_blocks_on_cpu_and_gpu(tmp_path: Any) -> None:  # pragma: no c
     res, want = lens_of(m, ids).result(), lens_of(ref, ids).result()
     np.testing.assert_array_equal(res.top_ids, want.top_ids)
     np.testing.assert_allclose(res.top_probs, want.top_probs, atol=1e-4)
+
+
+def test_magic_view_all_on_offloaded_model(shell: Any, untied: tuple[Any, Any]) -> None:
+    """``%%nndebug model --view logitlens -o`` (equal to the reference) and ``--view all`` on the offloaded model."""
+    from nbdebug.inspectors.logitlens import LensResult
+
+    m, ref = untied
+    ids = ids_of()
+    shell.user_ns.update(model=m, ids=ids, torch=torch)
+    assert shell.run_cell("with torch.no_grad(): model(ids)").success  # after one forward: the state to keep
+    before = state(m)
+    res = shell.run_cell(f"%%nndebug model --view logitlens --lens-topk {K} -o lens\nwith torch.no_grad():\n    out = model(ids)")
+    assert res.success and res.error_in_exec is None
+    lens = shell.user_ns["lens"]
+    assert isinstance(lens, LensResult)
+    np.testing.assert_array_equal(lens.top_ids, lens_of(ref, ids).result().top_ids)
+    res = shell.run_cell("%%nndebug model --view all\nwith torch.no_grad():\n    out = model(ids)")
+    assert res.success and any("application/vnd.jupyter.widget-view+json" in d for d in shell.displayed)
+    with torch.no_grad():
+        torch.testing.assert_close(shell.user_ns["out"].logits, ref(ids).logits, rtol=0, atol=1e-6)
+    same_state(before, state(m))

@@ -215,6 +215,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--steps", type=int, default=10_000, help="steps of the memory run (c)")
     ap.add_argument("--no-references", action="store_true", help="skip wandb.watch and detect_anomaly")
+    ap.add_argument("--no-memory", action="store_true", help="skip the 10,000-step memory run (c)")
     ap.add_argument("--quick", action="store_true", help="few steps and rounds, to check the script runs")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -239,8 +240,9 @@ def main() -> None:
     print("targets: small CNN Capture/debug ≤ 1.15×, digits ≤ 1.5×")
     for line in notes:
         print(line)
-    for line in memory_run(mem_steps):
-        print(line)
+    if not a.no_memory:
+        for line in memory_run(mem_steps):
+            print(line)
     print(f"load average {os.getloadavg()[0]:.2f} at the end (2 cores: above ~1 another process shared them)")
 
 

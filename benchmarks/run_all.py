@@ -1,4 +1,8 @@
-"""Run every benchmark script in this folder, one after the other (`make bench`)."""
+"""Run every benchmark script in this folder, one after the other (`make bench`).
+
+bench_capture, bench_language, bench_training (training loops, and a 10,000-step memory run that
+takes minutes), bench_vision; arguments (e.g. `--quick`) are passed to each.
+"""
 
 from __future__ import annotations
 

@@ -431,6 +431,11 @@ def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[s
     if first_nonfinite is not None and first_nonfinite[0] <= s:
         fs, frow = first_nonfinite
         parts.append(f"first non-finite value at step {fs}" + (f", in `{frow}`" if frow else ""))
+        if fs < s and not any({"nan_origin_fwd", "nan_origin_bwd", "nonfinite"} & set(f) for f in fl):
+            diags.append(Diagnosis("nonfinite", "error", frow or "",
+                                   f"NaN/Inf first appeared at step {fs}" + (f" in `{frow}`" if frow else "")
+                                   + f"; step {s} is finite again (choose step {fs} to see where it came from).",
+                                   SUGGEST["nan_origin_fwd"]))
     dead, units = rows_with("dead"), [i for i in rows_with("dead_units") if "dead" not in fl[i]]
     for code, idx in (("dead", dead), ("dead_units", units)):
         for i in idx:

@@ -123,7 +123,8 @@ def diagnose_at(result: CaptureResult, th: Thresholds, step: int | None) -> Ther
     graph = input_graph(rows, hrows)
     info = h.row_info
     values = h.values("last")
-    types = [str(i.get("type", "")) for i in info]
+    layer_type = {r.name: r.type for r in rows}
+    types = [layer_type.get(n) or str(i.get("type", "")) for n, i in zip(hrows, info)]
     skipped = h.scalar("skipped") == 1
     bits = step_flags(values, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=graph, skipped=skipped,
                       shapes=[i.get("shape") for i in info])

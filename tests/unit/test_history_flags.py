@@ -296,6 +296,22 @@ def test_report_at_an_earlier_step_and_whole_run() -> None:
     assert whole.flags[1] == ["dead_units"] and "from step 3 (learning rate too high)" in whole.summary, whole.summary
 
 
+def test_nan_at_one_step_then_finite_again() -> None:
+    # an inference loop: `b` (fed by `a`) is NaN at step 2 only. The capture's per-call check says
+    # `b`'s inputs were finite at step 2; the last step's report is clean but says where to look.
+    v = {"nan": np.array([[0, 0], [0, 3], [0, 0]]), "inf": np.zeros((3, 2))}
+    h = History.from_arrays([1, 2, 3], ["a", "b"], v)
+    res = result_of(h, ["Linear", "Log"], [(), (0,)], forward_nonfinite_call=(1, True), forward_nonfinite_step=2)
+    rep = diagnose(res)
+    assert rep.step == 3 and rep.flags == [[], []]
+    d = next(d for d in rep.diagnoses if d.code == "nonfinite")
+    assert d.layer == "b" and d.message == "NaN/Inf first appeared at step 2 in `b`; step 3 is finite again (choose step 2 to see where it came from)."
+    assert "first non-finite value at step 2, in `b`" in rep.summary
+    at2 = diagnose(res, step=2)
+    assert at2.flags == [[], ["nan_origin_fwd"]]
+    assert next(d for d in at2.diagnoses if d.code == "nan_origin_fwd").message == "`b` (Log) outputs NaN/Inf at step 2 while its inputs were finite."
+
+
 def test_single_step_result_is_the_merged_report() -> None:
     h = History.from_arrays([1], ["0", "1"], fields(1, 2, update_ratio=[[2e-3], [math.nan]]))
     res = result_of(h, ["Linear", "ReLU"], [(), (0,)])

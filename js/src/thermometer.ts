@@ -235,7 +235,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       applySort();
       applyFilter();
       renderTexts();
-      timeline.update(store, pos, running);
+      timeline.update(store, pos, running, merged.length > 0);
       timeline.el.style.display = timed ? "" : "none";
       renderSparkChoices();
       const incidents = model.get("incidents") ?? [];

@@ -101,6 +101,7 @@ describe("thermometer over time", () => {
     await tick();
     expect(el.querySelector(".nbd-step-count")!.textContent).toBe("2 steps (running…)");
     expect(el.querySelector(".nbd-step-label")!.textContent).toBe("step 2 of 2");
+    expect((el.querySelector(".nbd-whole") as HTMLElement).style.display).toBe("none"); // merged rows come at the end
     expect(meanOf(el, 0)).toBe(val(2, 0, 0)); // the last step by default
     // only the new slot arrives; earlier ones stay
     send(model, message([3], { from: 2 }));

@@ -214,14 +214,21 @@ export class HistoryStore {
   }
 
   /** The series of one row's field over the kept slots (with its band when decimated). */
-  series(row: number, field: string): { y: number[]; lo: number[]; hi: number[] } {
-    const y: number[] = [];
-    const lo: number[] = [];
-    const hi: number[] = [];
-    for (let k = 0; k < this.slots.length; k++) {
-      y.push(this.get(k, row, field));
-      lo.push(this.get(k, row, field, "lo"));
-      hi.push(this.get(k, row, field, "hi"));
+  series(row: number, field: string): { y: Float32Array; lo: Float32Array; hi: Float32Array } {
+    const n = this.slots.length;
+    const y = new Float32Array(n).fill(NaN);
+    const lo = new Float32Array(n).fill(NaN);
+    const hi = new Float32Array(n).fill(NaN);
+    const j = this.fieldIndex.get(field);
+    if (j === undefined) return { y, lo, hi };
+    const nf = this.fields.length;
+    for (let k = 0; k < n; k++) {
+      const s = this.slots[k];
+      if (row >= s.rows) continue;
+      const at = row * nf + j;
+      y[k] = s.last[at];
+      lo[k] = s.lo ? s.lo[at] : y[k];
+      hi[k] = s.hi ? s.hi[at] : y[k];
     }
     return { y, lo, hi };
   }

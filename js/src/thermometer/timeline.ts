@@ -73,8 +73,9 @@ export class Timeline {
     if (this.store) this.onPick({ slot: this.store.slotOf(this.store.firstNonfinite), whole: false });
   };
 
-  /** Redraw for `store` with the table at `pos`; `running` while the cell still runs. */
-  update(store: HistoryStore, pos: Position, running: boolean): void {
+  /** Redraw for `store` with the table at `pos`; `running` while the cell still runs; `merged`
+   * when the whole run's merged rows exist (they come with the final state). */
+  update(store: HistoryStore, pos: Position, running: boolean, merged = true): void {
     this.store = store;
     const n = store.length;
     const total = store.totalSteps || (n ? store.step(n - 1) : 0);
@@ -83,6 +84,7 @@ export class Timeline {
     this.slider.max = String(Math.max(0, n - 1));
     this.slider.value = String(Math.max(0, pos.slot));
     this.slider.disabled = n < 2;
+    this.whole.style.display = merged ? "" : "none";
     this.whole.setAttribute("aria-pressed", pos.whole ? "true" : "false");
     this.whole.classList.toggle("nbd-on", pos.whole);
     if (pos.whole) {

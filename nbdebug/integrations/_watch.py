@@ -6,7 +6,7 @@ training starts and closes it when training ends. Frameworks do not always say w
 is also closed, each time with every hook removed:
 
 - when the notebook cell that ran the training ends (IPython's ``post_run_cell`` event), with the
-  cell's exception, if the framework never said training ended;
+  cell's exception, if the framework never said training ended (not for training in a thread);
 - when the next training starts with the same callback (a second ``train()``);
 - by :meth:`TrainingWatch.close` (``cb.close()``), for scripts that catch the exception themselves;
 - when the callback is garbage-collected, or at interpreter exit (a ``weakref.finalize``).
@@ -14,13 +14,14 @@ is also closed, each time with every hook removed:
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
-__all__ = ["TrainingWatch", "in_notebook", "unwrap"]
+__all__ = ["TrainingWatch", "unwrap"]
 
 STEP_ON = "optimizer"
 
@@ -46,12 +47,6 @@ def _shell() -> Any:
     return get_ipython()
 
 
-def in_notebook() -> bool:
-    """Whether output can be displayed as a widget (an IPython kernel is running this code)."""
-    sh = _shell()
-    return sh is not None and getattr(sh, "kernel", None) is not None
-
-
 class _Open:
     """An open capture, with what closes it. Holds neither the callback nor the watch (a finalizer
     and the post-cell event keep this object), only a weak way to tell the watch it was closed."""
@@ -62,8 +57,10 @@ class _Open:
         self.shell: Any = None
 
     def listen_to_cells(self) -> None:
+        """Close at the end of the running cell (only when training runs in the kernel's main thread:
+        a training thread outlives the cell that started it)."""
         sh = _shell()
-        if sh is not None and hasattr(sh, "events"):
+        if sh is not None and hasattr(sh, "events") and threading.current_thread() is threading.main_thread():
             sh.events.register("post_run_cell", self.on_cell_end)
             self.shell = sh
 
@@ -113,7 +110,6 @@ class TrainingWatch:
         self.runs = 0  # training runs watched (a second train() is a new run)
         self._open: _Open | None = None
         self._finalizer: weakref.finalize | None = None
-        self._shown = False
 
     @property
     def running(self) -> bool:
@@ -126,7 +122,7 @@ class TrainingWatch:
 
         self.close()
         module = unwrap(model)
-        self.result, self.widget, self.note, self._shown = None, None, "", False
+        self.result, self.widget, self.note = None, None, ""
         dbg = debug(module, self.view, step_on=STEP_ON, live=self.live, **self.options)
         dbg.__enter__()
         self.runs += 1
@@ -134,8 +130,8 @@ class TrainingWatch:
         self._open = opened
         opened.listen_to_cells()
         self._finalizer = weakref.finalize(self, opened.close)
-        if self.live and in_notebook():
-            self._show_live(dbg)
+        # live: Debug displayed the view as it entered (in IPython); it updates as steps arrive
+        self.widget = dbg.live_widgets[0] if getattr(dbg, "live_widgets", None) else None
 
     def stop(self, exc: BaseException | None = None) -> None:
         """Close the capture (training ended; ``exc`` when it raised); a no-op when none is open."""
@@ -147,17 +143,6 @@ class TrainingWatch:
         """Remove every hook now if a run is still open (e.g. after ``train()`` raised in a script)."""
         self.stop(None)
 
-    # -- display ------------------------------------------------------------------------------
-    def _show_live(self, dbg: Any) -> None:
-        """Display the view while training runs (the widget updates itself as steps arrive)."""
-        from IPython.display import display
-
-        live = getattr(dbg, "live_widget", None)
-        w = live() if callable(live) else live
-        if w is not None:
-            display(w)
-            self.widget, self._shown = w, True
-
     def _closed(self, dbg: Any) -> None:
         """Called once the capture is closed: keep the result and the widget, display it if not yet shown."""
         self._open = None
@@ -166,20 +151,11 @@ class TrainingWatch:
             self._finalizer = None
         try:
             self.result = dbg.result
-        except LookupError as exc:  # the view did not apply: say why, build no widget
+            self.widget = dbg.widget()  # the live widget itself, with its final state, when there was one
+        except LookupError as exc:  # the view did not apply: say why (no widget is built)
             self.note = str(exc)
-            return
-        try:
-            w = dbg.widget()
-        except LookupError as exc:
-            self.note = str(exc)
-            return
-        if not self._shown and in_notebook():
-            from IPython.display import display
-
-            display(w)
-            self._shown = True
-        self.widget = w
+        if _shell() is not None:
+            dbg.show()  # displays what the live view did not (the view or the note) and refreshes the live one
 
 
 def _weak_call(obj: Any, name: str) -> Callable[[Any], None]:

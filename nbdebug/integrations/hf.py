@@ -46,6 +46,11 @@ class TrainerCallback:
       ``incident``, ``to_pandas()``, ``to_tensorboard(logdir)``);
     - ``cb.widget``: the view's widget (``cb.widget`` in a cell shows it again).
 
+    The step's loss is the mean of the model's own ``.loss`` over the step's micro-batches. A model
+    that divides each micro-batch's loss by the tokens of the whole accumulated step
+    (``num_items_in_batch``, e.g. GPT-2 in transformers ≥ 4.46) makes the Trainer log their sum,
+    i.e. ``gradient_accumulation_steps`` × nbdebug's value; without accumulation the two are equal.
+
     Options: ``view`` (``"thermometer"``), ``layers`` (the ``--layers`` filter), ``max_bytes``
     (``"64MB"`` or bytes; the history decimates to stay within it), ``every`` (keep every N-th
     step; the non-finite check still runs on every step), ``live`` (update the view while training

@@ -81,10 +81,10 @@ class _Logs(transformers.TrainerCallback):
             self.loss[state.global_step] = float(logs["loss"])
 
 
-def _trainer(model: nn.Module, tmp_path: Any, callbacks: list, steps: int = STEPS) -> Any:
+def _trainer(model: nn.Module, tmp_path: Any, callbacks: list, steps: int = STEPS, accumulate: int = 2) -> Any:
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, per_device_eval_batch_size=8,
-        gradient_accumulation_steps=2, max_steps=steps, eval_strategy="steps", eval_steps=3,
+        gradient_accumulation_steps=accumulate, max_steps=steps, eval_strategy="steps", eval_steps=3,
         logging_steps=1, learning_rate=LR, report_to=[], use_cpu=True, save_strategy="no",
         disable_tqdm=True, seed=0, dataloader_num_workers=0,
     )
@@ -117,16 +117,46 @@ def test_trainer_callback_one_step_per_optimizer_step(tmp_path: Any) -> None:
     # the linear schedule's lr while optimizer step k ran (the Trainer logs the one after it)
     lr = res.series("lr")
     assert np.allclose(lr, [LR * (STEPS - k + 1) / STEPS for k in range(1, STEPS + 1)], rtol=1e-6), lr
-    # GPT-2's loss is normalised by the tokens of the whole accumulated batch: the step's loss is
-    # the sum of its micro-batches' losses, which is what the Trainer logs
+    # nbdebug's step loss is the mean of the micro-batches' own `.loss`; GPT-2 divides each
+    # micro-batch's token-loss sum by the tokens of the whole accumulated step, and the Trainer logs
+    # their sum: exactly 2× here (equal without accumulation: the next test)
     loss = res.series("loss")
-    assert np.allclose(loss, [logs.loss[k] for k in range(1, STEPS + 1)], rtol=1e-5), (loss, logs.loss)
+    assert np.allclose(2 * loss, [logs.loss[k] for k in range(1, STEPS + 1)], rtol=1e-5), (loss, logs.loss)
     first = res.layers[0].name
     for field in ("mean", "std", "norm", "grad_norm"):
         s = res.series(first, field)
         assert s.shape == (STEPS,) and np.isfinite(s).all(), (field, s)
     assert res.first_nonfinite_step is None and res.incident is None
     assert cb.widget is not None
+
+
+def test_trainer_callback_loss_equals_the_trainers_every_2(tmp_path: Any) -> None:
+    """Without gradient accumulation the step's loss is the Trainer's logged loss; `every=2` keeps
+    steps 1, 3, 5 and the last one."""
+    import nbdebug
+
+    model = _gpt2()
+    cb, logs = nbdebug.TrainerCallback(every=2, live=False), _Logs()
+    _trainer(model, tmp_path, [cb, logs], accumulate=1).train()
+    res = cb.result
+    assert res.steps == STEPS and res.every == 2
+    assert res.step_index.tolist() == [1, 3, 5, 6]
+    assert np.allclose(res.series("loss"), [logs.loss[k] for k in (1, 3, 5, 6)], rtol=1e-5), (res.series("loss"), logs.loss)
+
+
+def test_trainer_callback_shows_the_live_view_once(shell: Any, tmp_path: Any) -> None:
+    """In IPython the live thermometer is displayed when training starts and refreshed in place at
+    the end (one widget); `cb.widget` is that widget, with its final state."""
+    import nbdebug
+
+    model = _gpt2()
+    cb = nbdebug.TrainerCallback()
+    shell.user_ns.update(trainer=_trainer(model, tmp_path, [cb], steps=3))
+    assert shell.run_cell("trainer.train()").success
+    views = [d["application/vnd.jupyter.widget-view+json"]["model_id"] for d in shell.displayed
+             if "application/vnd.jupyter.widget-view+json" in d]
+    assert views and set(views) == {cb.widget.model_id}
+    assert cb.result.steps == 3 and not cb.widget.running
 
 
 def test_trainer_callback_does_not_change_the_run(tmp_path: Any) -> None:

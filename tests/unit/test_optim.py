@@ -357,3 +357,32 @@ def test_as_float_later() -> None:
     assert math.isnan(as_float_later(None))
     assert math.isnan(as_float_later("x"))
     assert math.isnan(as_float_later(torch.tensor([])))
+
+
+def test_capture_shows_a_scaler_skipped_step_as_skipped_not_as_an_incident() -> None:
+    """Through the capture: a GradScaler whose first scale overflows skips step 1 (inf gradients);
+    the history marks it skipped with no update ratio, later ratios equal ‖Δθ‖/‖θ‖ measured by hand."""
+    from nbdebug.capture.session import Capture
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127, backoff_factor=2.0**-110)
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+    expected = []
+    with Capture(model) as cap:
+        for _ in range(4):
+            opt.zero_grad()
+            scaler.scale(nn.functional.mse_loss(model(x), y) * 10).backward()
+            before = own(model[0]).clone()
+            scaler.step(opt)
+            scaler.update()
+            expected.append(((own(model[0]) - before).norm() / before.norm()).item())
+    res = cap.result
+    assert expected[0] == 0.0  # the scaler did not step: nothing moved
+    assert list(res.skipped_steps) == [1]
+    assert list(res.series("skipped")) == [1.0, 0.0, 0.0, 0.0]
+    ratio = res.series("0", "update_ratio")
+    assert math.isnan(ratio[0])
+    assert list(ratio[1:]) == pytest.approx(expected[1:], rel=1e-5)
+    assert res.first_nonfinite_step is None and not [i for i in res.incidents if i.kind == "nonfinite"]

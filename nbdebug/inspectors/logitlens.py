@@ -12,8 +12,8 @@ blocks so the working set stays a few tens of MB whatever the sequence length.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -234,6 +234,7 @@ class LogitLens:
         self.residuals = residuals
         self.device = device if device is not None else residuals[-1].device
         self._loaded = loaded or nullcontext
+        self._loaded_depth = 0
         self.normed_fn = normed_fn
         self._weight = weight
         self._bias = bias
@@ -271,6 +272,19 @@ class LogitLens:
         """The ``(V, d)`` unembedding (``ModelGoneError`` if it was given weakly and the model is gone;
         on ``meta`` for an offloaded model outside ``loaded()``)."""
         return self._weight() if callable(self._weight) else self._weight
+
+    @contextmanager
+    def loaded(self) -> Iterator[None]:
+        """The unembedding readable for the whole block (re-entrant: nested requests load it once)."""
+        if self._loaded_depth:
+            yield
+            return
+        with self._loaded():
+            self._loaded_depth += 1
+            try:
+                yield
+            finally:
+                self._loaded_depth -= 1
 
     def _head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(weight, bias)`` readable now (call inside ``self._loaded()``)."""
@@ -315,7 +329,7 @@ class LogitLens:
         pos = sorted({int(p) % self.T for p in positions})
         todo = [p for p in pos if not self.done[p]]
         if todo:
-            with self._loaded():  # offloaded weights: loaded once for the whole request
+            with self.loaded():  # offloaded weights: loaded once for the whole request
                 for i in range(0, len(todo), self.position_block):
                     self._compute(todo[i : i + self.position_block])
         self._learn([int(i) for i in np.unique(self.table["top_ids"][:, pos])])
@@ -335,7 +349,7 @@ class LogitLens:
     def cell(self, row: int, pos: int, k: int = 20) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` ids and probabilities of one cell (one matrix-vector product)."""
         h = self._rows([row], torch.tensor([pos], dtype=torch.long))  # (1, 1, d)
-        with self._loaded():
+        with self.loaded():
             weight, bias = self._head()
             x = self.normed_fn(self._translate(h, [row]))[0, 0].to(weight.device).float()
             V = weight.shape[0]

@@ -287,10 +287,11 @@ class LogitLensRecorder(LanguageRecorder):
         )
         if lens.translators:
             self.notes.append("tuned lens: the given translators are applied before the final norm")
-        if self.target_id is None and row is not None:
-            top, _ = lens.cell(lens.R - 1, T - 1, k=1)
-            targets[-1] = int(top[0])
-        lens.columns([T - 1])
+        with lens.loaded():  # an offloaded head is loaded once for both
+            if self.target_id is None and row is not None:
+                top, _ = lens.cell(lens.R - 1, T - 1, k=1)
+                targets[-1] = int(top[0])
+            lens.columns([T - 1])
         self._check(lens)
         self._lens = lens
         return lens

@@ -145,6 +145,25 @@ def test_lens_on_offloaded_model_equals_reference_and_hand_lens(pair: tuple[Any,
         torch.testing.assert_close(m(ids).logits, logits_before, rtol=0, atol=0)
 
 
+def test_the_offloaded_head_is_loaded_once_per_request(untied: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    import nbdebug.recorders.logitlens as recorder
+
+    m, _ = untied
+    loads: list[str] = []
+
+    def counting(module: torch.nn.Module) -> Any:
+        loads.append(type(module).__name__)
+        return loaded_weights(module)
+
+    monkeypatch.setattr(recorder, "loaded_weights", counting)
+    rec = lens_of(m, ids_of())
+    lens = rec.lens()  # the model's own top-1 at the last position, then that column: one load
+    assert loads == ["Linear"] and lens.done.sum() == 1
+    assert rec.result().top_ids.shape == (5, 9, K)  # the other columns: one request, one load
+    lens.cell(0, 0)
+    assert loads == ["Linear"] * 3 and m.lm_head.weight.device.type == "meta"
+
+
 def test_lens_after_generate_on_offloaded_model(untied: tuple[Any, Any]) -> None:
     m, ref = untied
     ids = ids_of(5, seed=3)

@@ -1,0 +1,361 @@
+"""The spool: how each rank's capture reaches the launching process, as files (no server port).
+
+One directory per run; in it one subdirectory per process that entered ``nbdebug.debug`` in a
+worker, named ``rank{R}-{pid}`` (two processes that both believe they are rank 0 get two
+directories, which is how the reader tells them apart)::
+
+    spool/
+      rank0-4711/
+        meta.json                   rank, world size, where the rank came from, parameter layout
+        c00000001_00000001.npz      one chunk per step: the history slots changed since the last chunk,
+        c00000002_00000002.npz      the parameter/gradient/buffer fingerprints, new incidents (JSON)
+        final.json                  at exit: the merged rows, the error if the cell raised, hooks left
+
+Every file is written to a temporary name and renamed (atomic on POSIX), so a reader never sees
+half a file and a rank that raises or is killed leaves every step it finished. A chunk is
+``numpy.savez`` of plain arrays plus one JSON string: nothing is pickled. The chunk name carries
+the sequence number and the step, so progress is read from a directory listing alone.
+
+This module is pure numpy + JSON (no torch): the launching kernel reads spools without
+``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .history import SCALARS, History
+
+__all__ = ["LAUNCHER_ENV", "SPOOL_ENV", "RankSpool", "SpoolWriter", "incident_json", "progress", "read_rank", "result_of",
+           "scan", "summary_of", "wants_spool"]
+
+SPOOL_ENV = "NBDEBUG_SPOOL"  # the spool directory, set for the workers by the launcher
+LAUNCHER_ENV = "NBDEBUG_SPOOL_LAUNCHER"  # pid of the launching process (it never spools itself)
+FORMAT = 1
+_DIR = re.compile(r"^rank(\d+)-(\d+)$")
+_CHUNK = re.compile(r"^c(\d{8})_(\d+)\.npz$")
+
+
+def wants_spool() -> bool:
+    """Whether ``nbdebug.debug`` in this process should write to a spool: ``NBDEBUG_SPOOL`` is set
+    and this is not the launching process itself."""
+    return bool(os.environ.get(SPOOL_ENV)) and os.environ.get(LAUNCHER_ENV) != str(os.getpid())
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain JSON data from stats dicts, tuples, numpy scalars; anything else (tensors) → None."""
+    if x is None or isinstance(x, (bool, str)):
+        return x
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x)
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return None
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(_jsonable(obj), allow_nan=True)
+
+
+class SpoolWriter:
+    """Writes one process's directory in a spool (see the module doc).
+
+    :meth:`write_step` after every step (only the history slots that changed since the previous
+    chunk), :meth:`write_final` once at exit. ``bytes_written`` / ``chunks`` count what went to disk.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], rank: int, pid: int | None = None) -> None:
+        self.root = Path(root)
+        self.rank = int(rank)
+        self.pid = os.getpid() if pid is None else int(pid)
+        self.dir = self.root / f"rank{self.rank}-{self.pid}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.seq = 0
+        self.chunks = 0
+        self.bytes_written = 0
+        self._token = 0
+        self._rows_sent = 0
+
+    def others(self) -> list[int]:
+        """Pids of other processes that wrote a directory for the same rank in this spool."""
+        out = []
+        for r, pid, _ in scan(self.root):
+            if r == self.rank and pid != self.pid:
+                out.append(pid)
+        return out
+
+    def write_json(self, name: str, obj: Any) -> None:
+        data = _dumps(obj).encode()
+        _write(self.dir / name, data)
+        self.bytes_written += len(data)
+
+    def write_step(self, step: int, history: History | None, arrays: Mapping[str, np.ndarray] | None = None,
+                   info: Mapping[str, Any] | None = None) -> int:
+        """One chunk for ``step``: the history slots changed since the last chunk (all of them after
+        a decimation), ``arrays`` (fingerprints) and ``info`` (JSON: incidents, notes). Returns its bytes."""
+        self.seq += 1
+        meta: dict[str, Any] = {"seq": self.seq, "step": int(step), "time": time.time(), **(info or {})}
+        out: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in (arrays or {}).items()}
+        if history is not None:
+            token, start = history.changes_since(self._token)
+            k, r = len(history), len(history.rows)
+            meta["history"] = {"steps": history.steps, "appended": history.appended, "max_bytes": history.max_bytes}
+            if start < k or r > self._rows_sent:
+                meta["history"].update(start=int(start), rows=r,
+                                       new_rows=[_jsonable(i) for i in history.row_info[self._rows_sent:]])
+                count = history.bucket_steps[start:]
+                out["h_idx"] = np.stack([history.step_index[start:], history.bucket_first[start:], count], axis=1)
+                aggs = ("last", "min", "max") if bool((count > 1).any()) else ("last",)
+                for agg in aggs:  # a bucket of one step has min = max = last: not written twice
+                    out[f"h_{agg}"] = history.values(agg, start)
+                    out[f"s_{agg}"] = np.stack([history.scalar(s, agg, start) for s in SCALARS], axis=1) if k - start else \
+                        np.zeros((0, len(SCALARS)), np.float32)
+            self._token, self._rows_sent = token, r
+        out["meta"] = np.array(_dumps(meta))
+        buf = io.BytesIO()
+        np.savez(buf, **out)
+        data = buf.getvalue()
+        _write(self.dir / f"c{self.seq:08d}_{int(step)}.npz", data)
+        self.chunks += 1
+        self.bytes_written += len(data)
+        return len(data)
+
+    def write_final(self, info: Mapping[str, Any]) -> None:
+        """``final.json``: written once when the process's capture closed (normally or by an error)."""
+        self.write_json("final.json", {"time": time.time(), "chunks": self.seq, **info})
+
+
+# ---------------------------------------------------------------------- reading
+def scan(root: str | os.PathLike[str]) -> list[tuple[int, int, Path]]:
+    """``(rank, pid, dir)`` of every process directory in a spool, by rank then start time."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in os.scandir(root):
+        m = _DIR.match(entry.name)
+        if m and entry.is_dir():
+            try:
+                t = (Path(entry.path) / "meta.json").stat().st_mtime
+            except OSError:
+                t = math.inf
+            found.append((int(m.group(1)), int(m.group(2)), Path(entry.path), t))
+    found.sort(key=lambda x: (x[0], x[3], x[1]))
+    return [(r, pid, p) for r, pid, p, _ in found]
+
+
+def progress(root: str | os.PathLike[str]) -> dict[tuple[int, int], tuple[int, float, bool]]:
+    """``(rank, pid) → (last step written, time of the last write, closed)`` from directory listings only."""
+    out: dict[tuple[int, int], tuple[int, float, bool]] = {}
+    for rank, pid, path in scan(root):
+        step, last, closed = 0, 0.0, False
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            continue
+        for e in entries:
+            m = _CHUNK.match(e.name)
+            if m or e.name in ("meta.json", "final.json"):
+                try:
+                    last = max(last, e.stat().st_mtime)
+                except OSError:
+                    continue
+            if m:
+                step = max(step, int(m.group(2)))
+            closed = closed or e.name == "final.json"
+        out[(rank, pid)] = (step, last, closed)
+    return out
+
+
+@dataclass
+class RankSpool:
+    """What one process wrote: its meta, history, per-step fingerprints, incidents and final summary."""
+
+    rank: int
+    pid: int
+    dir: Path
+    meta: dict[str, Any]
+    final: dict[str, Any] | None  # None: the process never closed its capture (killed, or still running)
+    history: History | None
+    step: int  # the last step a chunk was written for
+    fingerprints: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # step → arrays
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+    chunks: int = 0
+    nbytes: int = 0  # bytes on disk
+    last_write: float = 0.0
+
+
+def _load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class _Slots:
+    """A history rebuilt from chunks: each chunk replaces the slots from its ``start`` on."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.step = np.zeros(0, np.int64)
+        self.first = np.zeros(0, np.int64)
+        self.count = np.zeros(0, np.int64)
+        self.v: list[list[np.ndarray]] = [[], [], []]  # per agg: one [R_at_write, F] matrix per slot
+        self.s: list[list[np.ndarray]] = [[], [], []]
+        self.info: dict[str, Any] = {}
+
+    def add(self, h: dict[str, Any], z: Any) -> None:
+        self.info = h
+        if "start" not in h:
+            return
+        start = int(h["start"])
+        for info in h.get("new_rows", []):
+            if "shape" in info and isinstance(info["shape"], list):
+                info["shape"] = tuple(info["shape"])
+            self.rows.append(info)
+        idx = z["h_idx"].reshape(-1, 3)
+        self.step = np.concatenate([self.step[:start], idx[:, 0]])
+        self.first = np.concatenate([self.first[:start], idx[:, 1]])
+        self.count = np.concatenate([self.count[:start], idx[:, 2]])
+        for i, agg in enumerate(("last", "min", "max")):
+            key = f"h_{agg}" if f"h_{agg}" in z.files else "h_last"
+            skey = f"s_{agg}" if f"s_{agg}" in z.files else "s_last"
+            self.v[i] = self.v[i][:start] + list(z[key])
+            self.s[i] = self.s[i][:start] + list(z[skey])
+
+    def history(self) -> History | None:
+        if not self.info:
+            return None
+        h = History(2**40)
+        for info in self.rows:
+            h.row_id(str(info.get("name")), info)
+        h._ensure_rows()
+        r = len(h.rows)
+        for j in range(len(self.step)):
+            mats = []
+            for per in self.v:
+                m = np.full((r, per[j].shape[1]), np.nan, np.float32)
+                m[: per[j].shape[0]] = per[j]
+                mats.append(m)
+            h._push(int(self.first[j]), int(self.step[j]), int(self.count[j]), mats, [s[j] for s in self.s])
+        h.steps = int(self.info.get("steps", h.steps))
+        h.appended = int(self.info.get("appended", int(self.count.sum())))
+        h.max_bytes = int(self.info.get("max_bytes", h.max_bytes))
+        return h
+
+
+def read_rank(path: str | os.PathLike[str]) -> RankSpool:
+    """Read one process directory (chunks in order; a chunk renamed away mid-read is skipped)."""
+    path = Path(path)
+    m = _DIR.match(path.name)
+    rank, pid = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    meta = _load_json(path / "meta.json") or {}
+    final = _load_json(path / "final.json")
+    chunks = sorted((int(mm.group(1)), int(mm.group(2)), e.name) for e in os.scandir(path) if (mm := _CHUNK.match(e.name)))
+    out = RankSpool(rank, pid, path, meta, final, None, 0)
+    slots = _Slots()
+    for _, step, name in chunks:
+        fp = path / name
+        try:
+            out.nbytes += fp.stat().st_size
+            with np.load(fp, allow_pickle=False) as z:
+                cm = json.loads(str(z["meta"]))
+                if "history" in cm:
+                    slots.add(cm["history"], z)
+                arrays = {k: z[k] for k in z.files if k.startswith("fp_")}
+        except (OSError, ValueError, KeyError):
+            continue
+        if arrays:
+            out.fingerprints[step] = arrays
+        out.incidents.extend(cm.get("incidents") or [])
+        out.step = max(out.step, step)
+        out.last_write = max(out.last_write, float(cm.get("time", 0.0)))
+        out.chunks += 1
+    out.history = slots.history()
+    return out
+
+
+# ---------------------------------------------------------------------- results as JSON
+_DROP = ("layers", "history", "incidents", "error")  # written apart, or not at all (ErrorSite: as text)
+
+
+def summary_of(result: Any) -> dict[str, Any]:
+    """A :class:`~nbdebug.capture.result.CaptureResult` as JSON data: its fields, the merged rows
+    (without samples and histograms), incidents (without tensor copies), the error site as text."""
+    from dataclasses import fields
+
+    out: dict[str, Any] = {f.name: _jsonable(getattr(result, f.name)) for f in fields(result) if f.name not in _DROP}
+    out["layers"] = [{f.name: _jsonable(getattr(r, f.name)) for f in fields(r) if f.name not in ("sample", "histogram")}
+                     for r in result.layers]
+    out["incidents"] = [incident_json(i) for i in result.incidents]
+    site = result.error
+    out["error_site"] = None if site is None else {"module": site.module, "type": site.type, "error": site.error}
+    return out
+
+
+def incident_json(inc: Any) -> dict[str, Any]:
+    """An incident's plain fields (its CPU tensor copies are not spooled)."""
+    keys = ("kind", "step", "module", "row", "phase", "message", "params", "previous", "optimizer", "value", "median")
+    return {k: _jsonable(getattr(inc, k, None)) for k in keys}
+
+
+def _incident(d: dict[str, Any]) -> Any:
+    from .incidents import Incident
+
+    return Incident(**{k: d.get(k) for k in ("kind", "step", "module", "row", "phase", "message")},
+                    params=d.get("params") or {}, previous=d.get("previous"), optimizer=d.get("optimizer") or {},
+                    value=d.get("value"), median=d.get("median"))
+
+
+def result_of(spool: RankSpool) -> Any:
+    """The rank's :class:`~nbdebug.capture.result.CaptureResult`: the merged rows and counters from
+    ``final.json`` and the history from the chunks; a process that never closed its capture gets the
+    history alone (``layers`` empty) and a note saying so."""
+    from dataclasses import fields
+
+    from .result import CaptureResult, LayerRecord
+
+    names = {f.name for f in fields(CaptureResult)}
+    summary = (spool.final or {}).get("result")
+    if summary is None:
+        steps = spool.history.steps if spool.history is not None else spool.step
+        res = CaptureResult(layers=[], forward_passes=steps, backward_ran=False, calls_recorded=0, truncated=False,
+                            sample_size=0, near_zero_eps=0.0, bytes_kept=0, budget_exceeded=False,
+                            forward_nonfinite_call=None, backward_nonfinite_row=None, elapsed_s=math.nan, steps=steps)
+        res.notes.append(f"rank {spool.rank} (pid {spool.pid}) never closed its capture (killed, or still running): "
+                         f"what it wrote up to step {spool.step}")
+    else:
+        kw = {k: v for k, v in summary.items() if k in names and k not in _DROP}
+        for k in ("forward_nonfinite_call",):
+            if kw.get(k) is not None:
+                kw[k] = tuple(kw[k])
+        kw["layers"] = [LayerRecord(**{**r, "shape": tuple(r["shape"]), "inputs": tuple(r.get("inputs") or ())})
+                        for r in summary.get("layers", [])]
+        kw["incidents"] = [_incident(d) for d in summary.get("incidents", [])]
+        res = CaptureResult(**kw)
+    if not res.incidents and spool.incidents:
+        res.incidents = [_incident(d) for d in spool.incidents]
+    res.history = spool.history
+    return res

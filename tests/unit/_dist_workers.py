@@ -1,0 +1,122 @@
+"""Worker functions for tests/unit/test_distributed.py (a module file, so ``spawn`` can import them).
+
+Each worker: one intra-op thread (the fork recipe), gloo on 127.0.0.1, a tiny model wrapped in DDP or
+FSDP2 ``fully_shard``, a few SGD steps inside ``nbdebug.distributed.debug`` (the spool comes from
+``NBDEBUG_SPOOL``), then it checks that nbdebug left no hook on its model and writes what the test
+needs to compare with (hook counts, reference gradient norms) to ``out/rank{R}.json``.
+
+Run as a script (``python tests/unit/_dist_workers.py SCENARIO OUT PORT``) it launches 2 ranks itself,
+like a ``torchrun`` / script launch with ``NBDEBUG_SPOOL`` set by the caller.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+STEPS = 5
+NAN_RANK, NAN_STEP = 1, 3
+DIVERGE_RANK, DIVERGE_AFTER = 1, 2
+RAISE_RANK, RAISE_STEP = 1, 3
+
+
+class Scale(nn.Module):
+    """x * k, with ``k`` a plain float the test sets to NaN on one rank (DDP does not broadcast it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.k = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.k
+
+
+def make_model(scenario: str) -> nn.Module:
+    torch.manual_seed(0)
+    if scenario == "bn":
+        return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    return nn.Sequential(nn.Linear(4, 8), Scale(), nn.ReLU(), nn.Linear(8, 2))
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    torch.set_num_threads(1)  # the fork recipe: the parent's thread pool does not survive fork
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+
+
+def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
+    """One rank of ``scenario``: "ddp", "nan", "diverge", "bn", "raise", "fsdp"."""
+    import nbdebug.distributed as nd
+    from nbdebug.capture.hooks import hook_count, optimizer_hook_count
+
+    _init(rank, world, port)
+    try:
+        model = make_model(scenario)
+        if scenario == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in (model[0], model[3]):
+                fully_shard(layer)
+            wrapped = fully_shard(model)
+        else:
+            wrapped = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+        if scenario == "fsdp":  # FSDP2 adds its own state-dict hooks at its first forward: count after it
+            with torch.no_grad():
+                wrapped(torch.zeros(1, 4))
+        before, opt_before = hook_count(wrapped), optimizer_hook_count()
+        g = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
+        ref: dict[str, float] = {}
+        with nd.debug(wrapped):
+            for step in range(1, STEPS + 1):
+                if scenario == "nan" and rank == NAN_RANK and step == NAN_STEP:
+                    model[1].k = float("nan")
+                x = torch.randn(6, 4, generator=g)
+                loss = wrapped(x).pow(2).mean()
+                if scenario == "raise" and rank == RAISE_RANK and step == RAISE_STEP:
+                    raise RuntimeError(f"boom on rank {rank} at step {step}")
+                loss.backward()
+                if scenario == "fsdp" and step == STEPS:  # the full gradients' norms, gathered (a collective)
+                    ref = {n: float(p.grad.full_tensor().norm()) for n, p in model.named_parameters()}
+                opt.step()
+                opt.zero_grad()
+                if scenario == "diverge" and rank == DIVERGE_RANK and step == DIVERGE_AFTER:
+                    with torch.no_grad():  # outside DDP's sync: this rank's copy only
+                        model[0].weight[0, 0] += 1.0
+        left = hook_count(wrapped) - before
+        opt_left = optimizer_hook_count() - opt_before
+        assert left == 0 and opt_left == 0, f"rank {rank}: nbdebug left {left} module hooks, {opt_left} optimizer hooks"
+        Path(out, f"rank{rank}.json").write_text(json.dumps({"hooks_left": left, "ref_grad_norms": ref, "pid": os.getpid()}))
+    finally:
+        dist.destroy_process_group()
+
+
+def script_main(scenario: str, out: str, port: int) -> None:
+    """A script launch: 2 ranks forked from this fresh process (NBDEBUG_SPOOL comes from the caller)."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(worker, args=(2, port, scenario, out), nprocs=2, start_method="fork")
+
+
+if __name__ == "__main__":
+    script_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+
+
+def no_rank_worker(index: int, out: str) -> None:
+    """No torch.distributed, no RANK: both processes believe they are rank 0 (notebook_launcher on CPU
+    without ACCELERATE_USE_CPU=yes)."""
+    import nbdebug.distributed as nd
+
+    torch.set_num_threads(1)
+    os.environ.pop("RANK", None)
+    model = make_model("ddp")
+    with nd.debug(model):
+        for _ in range(2):
+            model(torch.randn(3, 4)).sum().backward()

@@ -27,7 +27,12 @@ def sh(shell):  # type: ignore[no-untyped-def]
 
 
 def shown(sh: Any) -> list[dict]:
-    return [d for d in sh.displayed if "application/vnd.jupyter.widget-view+json" in d]
+    """The widgets displayed, once each (a live view is displayed when the cell starts, then updated in place)."""
+    out: dict[str, dict] = {}
+    for d in sh.displayed:
+        if "application/vnd.jupyter.widget-view+json" in d:
+            out.setdefault(d["application/vnd.jupyter.widget-view+json"]["model_id"], d)
+    return list(out.values())
 
 
 def test_inference_mode_cell(sh, capsys, record_property) -> None:  # type: ignore[no-untyped-def]

@@ -69,15 +69,32 @@ class StepUpdates:
     lr: dict[str, Number] = field(default_factory=dict)
 
 
+_BATCH = 4  # on the CPU, this many parameters of one shape are copied and normed as one stacked tensor
+
+
 class _Group:
-    """Parameters of one device and dtype in a plan, and which module each norm belongs to."""
+    """Parameters of one device and dtype in a plan (single ones first, then runs of one shape that
+    are stacked on the CPU: one op instead of one per tensor), and which module each norm belongs to."""
 
-    __slots__ = ("_index", "entries", "params", "positions")
+    __slots__ = ("_index", "batches", "entries", "n_single", "params", "positions")
 
-    def __init__(self, params: list[torch.Tensor], entries: list[int], positions: list[int]) -> None:
-        self.params = params
+    def __init__(self, params: list[torch.Tensor], entries: list[int], positions: list[int], stack: bool) -> None:
+        by_shape: dict[tuple[int, ...], list[int]] = {}
+        for i, p in enumerate(params):
+            by_shape.setdefault(tuple(p.shape), []).append(i)
+        runs = [ix for ix in by_shape.values() if stack and len(ix) >= _BATCH]
+        batched = {i for ix in runs for i in ix}
+        order = [i for i in range(len(params)) if i not in batched] + [i for ix in runs for i in ix]
+        where = {old: new for new, old in enumerate(order)}
+        self.params = [params[i] for i in order]
+        self.n_single = len(params) - len(batched)
+        self.batches: list[slice] = []
+        start = self.n_single
+        for ix in runs:
+            self.batches.append(slice(start, start + len(ix)))
+            start += len(ix)
         self.entries = entries  # module index (in the plan) of each (parameter, module) pair
-        self.positions = positions  # parameter position (in ``params``) of each pair
+        self.positions = [where[i] for i in positions]  # parameter position (in ``self.params``) of each pair
         self._index: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -87,6 +104,24 @@ class _Group:
             self._index = (torch.tensor(self.entries, device=device),
                            None if identity else torch.tensor(self.positions, device=device))
         return self._index
+
+    def snapshot(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of the parameters before the step: the single ones, and one stacked tensor per run."""
+        return _clone(self.params[: self.n_single]), [torch.stack(self.params[s]) for s in self.batches]
+
+    def norms(self, copy: tuple[list[torch.Tensor], list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(‖θ_before‖, ‖Δθ‖) per parameter, in ``params`` order, from the snapshot (consumed)."""
+        singles, stacks = copy
+        before: list[torch.Tensor] = []
+        diff: list[torch.Tensor] = []
+        if singles:
+            before.append(torch.stack(_norms(singles)))
+            torch._foreach_sub_(singles, self.params[: self.n_single])  # θ_before − θ_after, on our copy
+            diff.append(torch.stack(_norms(singles)))
+        for s, snap in zip(self.batches, stacks):
+            before.append(_row_norms(snap))
+            diff.append(_row_norms(torch.stack(self.params[s]).sub_(snap)))
+        return torch.cat(before).float(), torch.cat(diff).float()
 
 
 class _Plan:
@@ -103,7 +138,8 @@ class _Plan:
         self.names: list[str] = []
         self.module_group: list[int] = []
         self.nbytes = 0
-        self.pending: tuple[list[list[torch.Tensor]], list[list[torch.Tensor] | None]] | None = None
+        # per group, before the step: the snapshot, or (over budget) the parameter norms
+        self.pending: list[tuple[list[torch.Tensor], list[torch.Tensor]] | torch.Tensor] | None = None
         self.posts = 0  # completed steps (post-hook calls) of this optimizer
 
 
@@ -286,8 +322,12 @@ class OptimizerWatch:
                 positions.append(len(params))
             params.append(p)
             nbytes += p.numel() * p.element_size()
-        plan.names, plan.module_group, plan.nbytes = list(names), module_group, nbytes
-        plan.groups = [_Group(params, entries, positions) for params, entries, positions in by.values()]
+        plan.names, plan.module_group = list(names), module_group
+        stack = self.on_device is not True
+        plan.groups = [_Group(params, entries, positions, stack and dev.type == "cpu")
+                       for (dev, _), (params, entries, positions) in by.items()]
+        # the snapshot, and for stacked runs the stacked parameters after the step
+        plan.nbytes = nbytes = nbytes + sum(p.numel() * p.element_size() for g in plan.groups for p in g.params[g.n_single:])
         if plan.groups and nbytes > self.max_bytes:
             note = (f"update ratio unavailable: a copy of the parameters the optimizer steps ({format_bytes(nbytes)}) "
                     f"does not fit in --max-bytes ({format_bytes(self.max_bytes)}); parameter norms and learning rates are kept")
@@ -304,11 +344,11 @@ class OptimizerWatch:
         plan = self._plan(opt)
         if plan is None or not plan.groups:
             return
-        snap = plan.nbytes <= self.max_bytes
         with torch.no_grad():
-            norms = [_norms(g.params) for g in plan.groups]
-            copies = [_clone(g.params) if snap else None for g in plan.groups]
-        plan.pending = (norms, copies)
+            if plan.nbytes <= self.max_bytes:
+                plan.pending = [g.snapshot() for g in plan.groups]
+            else:
+                plan.pending = [torch.stack(_norms(g.params)).float() for g in plan.groups]
 
     def _post(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         plan = self._plans.get(opt)
@@ -332,34 +372,30 @@ class OptimizerWatch:
         if self.on_step is not None:
             self.on_step()
 
-    def _record(self, opt: torch.optim.Optimizer, plan: _Plan, pending: tuple[list[list[torch.Tensor]], list[list[torch.Tensor] | None]], on_device: bool) -> None:
-        norms, copies = pending
+    def _record(self, opt: torch.optim.Optimizer, plan: _Plan, pending: list[Any], on_device: bool) -> None:
         with torch.no_grad():
-            diffs: list[list[torch.Tensor]] = []
-            for g, copy in zip(plan.groups, copies):
-                if copy is not None:
-                    torch._foreach_sub_(copy, g.params)  # θ_before − θ_after, in place on our copy
-                    diffs.append(_norms(copy))
+            have_diff = not isinstance(pending[0], torch.Tensor)
+            norms = [g.norms(p) if have_diff else (p, None) for g, p in zip(plan.groups, pending)]
             found_inf = getattr(opt, "found_inf", None)  # set by GradScaler on fused optimizers during step()
             if not isinstance(found_inf, torch.Tensor):
                 found_inf = None
             aggregate = self._aggregate_on_device if on_device else self._aggregate
-            ratios, pnorms = aggregate(plan, norms, diffs, found_inf)
-        if diffs:
+            ratios, pnorms = aggregate(plan, norms, found_inf)
+        if have_diff:
             self._ratio.update(zip(plan.names, ratios))
         self._pnorm.update(zip(plan.names, pnorms))
 
-    def _aggregate(self, plan: _Plan, norms: list[list[torch.Tensor]], diffs: list[list[torch.Tensor]],
+    def _aggregate(self, plan: _Plan, norms: list[tuple[torch.Tensor, torch.Tensor | None]],
                    found_inf: torch.Tensor | None) -> tuple[list[float], list[float]]:
         """CPU: per-parameter norms to the host in one op per group, summed per module in Python."""
         m = len(plan.names)
         d2, b2 = [0.0] * m, [0.0] * m
-        for k, g in enumerate(plan.groups):
+        for g, (before, diff) in zip(plan.groups, norms):
             n = len(g.params)
-            values = torch.stack(norms[k] + diffs[k] if diffs else norms[k]).tolist()
+            values = (before if diff is None else torch.cat([before, diff])).tolist()
             for pos, mi in zip(g.positions, g.entries):
                 b2[mi] += values[pos] ** 2
-                if diffs:
+                if diff is not None:
                     d2[mi] += values[n + pos] ** 2
         pnorms = [math.sqrt(b) for b in b2]
         skipped = found_inf is not None and bool(found_inf.reshape(-1)[0] > 0)
@@ -369,13 +405,12 @@ class OptimizerWatch:
         ratios = [nan if skipped else (math.sqrt(d) / b if b else (nan if d == 0 else math.inf)) for d, b in zip(d2, pnorms)]
         return ratios, pnorms
 
-    def _aggregate_on_device(self, plan: _Plan, norms: list[list[torch.Tensor]], diffs: list[list[torch.Tensor]],
+    def _aggregate_on_device(self, plan: _Plan, norms: list[tuple[torch.Tensor, torch.Tensor | None]],
                              found_inf: torch.Tensor | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Device path: everything stays a tensor (0-d results), no host sync."""
         acc: torch.Tensor | None = None  # [‖Δθ‖² per module, ‖θ‖² per module]
-        for k, g in enumerate(plan.groups):
-            b = torch.stack(norms[k]).float()
-            sq = torch.stack([torch.stack(diffs[k]).float() if diffs else torch.full_like(b, torch.nan), b]).square()
+        for g, (before, diff) in zip(plan.groups, norms):
+            sq = torch.stack([torch.full_like(before, torch.nan) if diff is None else diff, before]).square()
             if acc is None:
                 acc = torch.zeros(2, len(plan.names), dtype=torch.float32, device=sq.device)
             entries, positions = g.index(acc.device)
@@ -421,9 +456,14 @@ def _norms(ts: list[torch.Tensor]) -> list[torch.Tensor]:
     return torch._foreach_norm(ts, 2, dtype=torch.float32) if ts and ts[0].dtype in _HALF else torch._foreach_norm(ts)
 
 
+def _row_norms(x: torch.Tensor) -> torch.Tensor:
+    """L2 norm of each x[i] (a stack of same-shape parameters), in float32 for half precision."""
+    return torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=1, dtype=torch.float32 if x.dtype in _HALF else None)
+
+
 def _clone(ts: list[torch.Tensor]) -> list[torch.Tensor]:
     clone = getattr(torch, "_foreach_clone", None)
-    return list(clone(ts)) if clone is not None else [t.clone() for t in ts]
+    return list(clone(ts)) if clone is not None and ts else [t.clone() for t in ts]
 
 
 def _to_float(x: Any) -> float:

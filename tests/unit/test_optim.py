@@ -386,3 +386,29 @@ def test_capture_shows_a_scaler_skipped_step_as_skipped_not_as_an_incident() -> 
     assert math.isnan(ratio[0])
     assert list(ratio[1:]) == pytest.approx(expected[1:], rel=1e-5)
     assert res.first_nonfinite_step is None and not [i for i in res.incidents if i.kind == "nonfinite"]
+
+
+def test_many_same_shape_parameters_are_stacked_and_exact() -> None:
+    """Six Linear(3, 3) layers (then, alone, only same-shape ones): on the CPU their weights and biases
+    are copied as stacked runs; the ratios equal the hand-computed ones and the device path's."""
+    torch.manual_seed(3)
+    results = []
+    for on_device, head in ((False, True), (True, True), (False, False)):
+        torch.manual_seed(3)
+        model = nn.Sequential(*[nn.Linear(3, 3) for _ in range(6)], *([nn.Linear(3, 1)] if head else []))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        mods = leaf_modules(model)
+        with HookSet() as hooks, OptimizerWatch(mods, hooks, 2**20, on_device=on_device) as watch:
+            for _ in range(2):
+                opt.zero_grad()
+                model(torch.randn(4, 3)).pow(2).sum().backward()
+                before = {n: own(m).clone() for n, m in mods}
+                opt.step()
+                upd = watch.take()
+            hand = {n: ((own(m) - before[n]).norm() / before[n].norm()).item() for n, m in mods}
+        got = {k: float(v) for k, v in upd.update_ratio.items()}
+        assert got == pytest.approx(hand, rel=1e-5)
+        assert {k: float(v) for k, v in upd.param_norm.items()} == pytest.approx({n: before[n].norm().item() for n in before}, rel=1e-6)
+        results.append(got)
+    assert results[0] == pytest.approx(results[1], rel=1e-6)
+    assert len(results[2]) == 6

@@ -97,6 +97,8 @@ class _StepData:
 
 
 def _f(x: Any) -> float:
+    if isinstance(x, float):
+        return x
     a = np.asarray(x, dtype=np.float64).reshape(-1)
     return float(a.mean()) if a.size else math.nan
 
@@ -126,17 +128,32 @@ def _group(rows: list[Any], raws: np.ndarray) -> tuple[list[Any], np.ndarray, li
     return uniq, out, np.bincount(inv_a, minlength=n).tolist(), inv
 
 
+def _summary(raw: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(mean, std, min, max, zero_frac, norm, nan, inf, extra_frac) columns of raw rows, like :func:`summarize`."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        n = raw[:, 0]
+        safe = np.where(n > 0, n, np.nan)
+        mean = raw[:, 1] / safe
+        var = np.maximum(raw[:, 2] / safe - mean * mean, 0.0)
+        std = np.sqrt(np.where(n > 1, var * n / np.maximum(n - 1, 1), np.nan))
+        return (mean, std, raw[:, 3], raw[:, 4], 1.0 - raw[:, 5] / safe, np.sqrt(raw[:, 2]), raw[:, 6], raw[:, 7],
+                raw[:, 8] / safe)
+
+
+_V_STAT = [_FI[k] for k in ("mean", "std", "min", "max", "zero_frac", "norm", "nan", "inf")]
+_V_GRAD = [_FI["grad_" + k] for k in ("mean", "std", "min", "max")] + [-1] + [_FI["grad_" + k] for k in ("norm", "nan", "inf")]
+
+
 def _stat_values(raw: np.ndarray, grad: np.ndarray, rows: list[Any]) -> np.ndarray:
     vals = np.full((len(rows), _F), np.nan, np.float32)
-    s = summarize(raw)
-    for k, col in zip(_STAT, _STAT_COLS):
-        vals[:, col] = s[k]
-    sat = np.fromiter((r.sat for r in rows), bool, len(rows))
-    if sat.any():
-        vals[sat, _FI["saturated_frac"]] = s["extra_frac"][sat]
-    g = summarize(grad)
-    for k, col in zip(_GRAD_KEYS, _GRAD_COLS):
-        vals[:, col] = g[k]
+    s = _summary(raw)
+    vals[:, _V_STAT] = np.stack(s[:8], axis=1)
+    sat = [i for i, r in enumerate(rows) if r.sat]
+    if sat:
+        vals[sat, _FI["saturated_frac"]] = s[8][sat]
+    if not np.isnan(grad[:, 0]).all():
+        g = _summary(grad)
+        vals[:, [c for c in _V_GRAD if c >= 0]] = np.stack([x for x, c in zip(g[:8], _V_GRAD) if c >= 0], axis=1)
     return vals
 
 
@@ -305,8 +322,7 @@ def _flush_late(cap: Capture, late: list[Any], raws: list[Any]) -> None:
         c.late = None
         if raw is None:
             continue
-        row = c.row
-        row.grad = raw.copy() if row.grad is None else _merge2(row.grad, raw)
+        _accumulate(cap.run_grad, np.array([c.row.id]), raw[None])
         c.grad_stats = raw.copy() if c.grad_stats is None else _merge2(c.grad_stats, raw)
         if c.step:
             by_step.setdefault(c.step, []).append((c, c.grad_stats))
@@ -332,6 +348,42 @@ def _flush_late(cap: Capture, late: list[Any], raws: list[Any]) -> None:
             if hit is not None:
                 cap.bwd_step, cap.bwd_row = step, hit[0].row.id
                 cap.bwd_origin = hit[1].row.id if hit[1] is not None else None
+
+
+def _ensure_run(cap: Capture) -> None:
+    """Whole-run accumulators sized for every row so far: raw and gradient sums/min/max, calls, units."""
+    n = len(cap._rows)
+    have = cap.run_raw.shape[0]
+    if n > have:
+        size = max(n, 2 * have, 16)
+        raw = np.zeros((size, N_FIELDS))
+        raw[:, IDX["min"]], raw[:, IDX["max"]] = np.inf, -np.inf
+        grad = np.full((size, N_FIELDS), np.nan)
+        raw[:have], grad[:have] = cap.run_raw, cap.run_grad
+        calls = np.zeros(size, np.int64)
+        calls[:have] = cap.run_calls
+        cap.run_raw, cap.run_grad, cap.run_calls = raw, grad, calls
+    units = np.zeros(cap.run_raw.shape[0], bool)
+    units[: len(cap._rows)] = [r.units > 0 for r in cap._rows]
+    cap.run_units = units
+
+
+_ADD = [i for i in range(N_FIELDS) if i not in (IDX["min"], IDX["max"])]
+_MN, _MX = IDX["min"], IDX["max"]
+
+
+def _accumulate(run: np.ndarray, ids: np.ndarray, raw: np.ndarray) -> None:
+    """Fold raw rows (unique ``ids``) into the run accumulator (a NaN accumulator row starts afresh)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        cur = run[ids]
+        fresh = np.isnan(cur[:, 0])
+        if fresh.any():
+            cur[fresh] = 0.0
+            cur[fresh, _MN], cur[fresh, _MX] = np.inf, -np.inf
+        cur[:, _ADD] += raw[:, _ADD]
+        cur[:, _MN] = np.fmin(cur[:, _MN], raw[:, _MN]) if not np.isnan(raw[:, _MN]).any() else np.minimum(cur[:, _MN], raw[:, _MN])
+        cur[:, _MX] = np.fmax(cur[:, _MX], raw[:, _MX]) if not np.isnan(raw[:, _MX]).any() else np.maximum(cur[:, _MX], raw[:, _MX])
+        run[ids] = cur
 
 
 def _merge2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -383,23 +435,27 @@ def commit(cap: Capture, data: _StepData) -> None:
     hist = cap.history
     for c in data.calls:
         c.step = step
-    for r, row in enumerate(data.rows):
-        if row.hid < 0:
-            row.hid = hist.row_id(row.key, {"module": row.module, "type": row.type, "shape": row.shape, "dtype": row.dtype})
-        raw, g = data.raw[r], data.grad[r]
-        if row.calls == 0:
-            row.raw = raw.copy()
-            row.first_step = step
-            c0 = data.first_call[r]
-            row.inputs = tuple(dict.fromkeys(c.row.id for c in c0.input_calls))
-            row.ext_nonfinite = data.checks_bad.get(id(c0), False)
-            row.alive = data.alive[r]
-        else:
-            row.raw = _merge2(row.raw, raw)
-            row.alive = _or(row.alive, data.alive[r])
-        if not np.isnan(g[0]):
-            row.grad = g.copy() if row.grad is None else _merge2(row.grad, g)
-        row.calls += data.counts[r]
+    ids = np.fromiter((row.id for row in data.rows), np.intp, len(data.rows))
+    _ensure_run(cap)
+    run, calls = cap.run_raw, cap.run_calls
+    new = np.flatnonzero(calls[ids] == 0)
+    for r in new.tolist():
+        row = data.rows[r]
+        row.hid = hist.row_id(row.key, {"module": row.module, "type": row.type, "shape": row.shape, "dtype": row.dtype})
+        row.first_step = step
+        c0 = data.first_call[r]
+        row.inputs = tuple(dict.fromkeys(c.row.id for c in c0.input_calls))
+        row.ext_nonfinite = data.checks_bad.get(id(c0), False)
+        row.alive = data.alive[r]
+    old = calls[ids] > 0
+    _accumulate(run, ids, data.raw)
+    has_g = ~np.isnan(data.grad[:, 0])
+    if has_g.any():
+        _accumulate(cap.run_grad, ids[has_g], data.grad[has_g])
+    calls[ids] += np.asarray(data.counts, dtype=np.int64)
+    for r in np.flatnonzero(old & cap.run_units[ids]).tolist():
+        row = data.rows[r]
+        row.alive = _or(row.alive, data.alive[r])
     if data.skipped:
         cap.skipped.append(step)
     cap.lrs.update(data.lrs)
@@ -491,7 +547,12 @@ def _param_grad_norms(cap: Capture) -> dict[str, torch.Tensor]:
 
 def assemble(cap: Capture) -> CaptureResult:
     """Turn a finished capture into a :class:`CaptureResult` (plain numpy and floats)."""
-    rows = [r for r in cap._rows if r.calls > 0 and r.raw is not None]
+    _ensure_run(cap)
+    rows = [r for r in cap._rows if cap.run_calls[r.id] > 0]
+    for r in rows:
+        r.calls, r.raw = int(cap.run_calls[r.id]), cap.run_raw[r.id].copy()
+        g = cap.run_grad[r.id]
+        r.grad = None if np.isnan(g[0]) else g.copy()
     norms = _param_grad_norms(cap) if cap.modules else {}
     fetch = _Fetch(cap.device_path)
     s_sample = [fetch.add(r.sample) for r in rows]

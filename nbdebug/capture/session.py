@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import assemble as _asm
+from .assemble import close_step, commit, finish, forward_incident
 from .budget import DEFAULT_MAX_BYTES
 from .errors import ErrorSite, locate
 from .history import History
@@ -38,9 +40,10 @@ from .hooks import HookSet
 from .incidents import Incident, LossSpikes, NonFiniteError
 from .leaves import tensor_leaves
 from .names import call_name
+from .optim import OptimizerWatch, as_float_later, loss_of_output
 from .result import CaptureResult, LayerRecord
 from .select import LayerFilter, select_modules
-from .stats import IDX, SATURATING, Raw, device_histogram, merge_raw, tensor_stats, unit_alive
+from .stats import IDX, N_FIELDS, SATURATING, Raw, device_histogram, merge_raw, tensor_stats, unit_alive
 from .weak import ModelRef
 
 __all__ = ["Capture", "CaptureResult", "LayerRecord"]
@@ -187,9 +190,16 @@ class Capture:
         self.result: CaptureResult | None = None
         self.history = copy.deepcopy(resume.history) if resume is not None and resume.history is not None else History(self.max_bytes)
         self._hooks = HookSet()
+        # Output-gradient hooks: removed at exit (through the HookSet), pruned when a step closes once
+        # their tensor's graph is gone (a long loop does not accumulate millions of handles).
+        self._tensor_handles: list[Any] = []
         self.watch: Any = None  # OptimizerWatch while entered
         self._rows: list[_Row] = []
         self._row_of: dict[str, _Row] = {}
+        self.run_raw = np.zeros((0, N_FIELDS))  # whole-run accumulators per row id (see assemble.commit)
+        self.run_grad = np.zeros((0, N_FIELDS))
+        self.run_calls = np.zeros(0, np.int64)
+        self.run_units = np.zeros(0, bool)
         self.first_row: dict[str, _Row] = {}  # module name → its first row (param/optimizer stats go there)
         self.module_of: dict[str, nn.Module] = dict(self.modules)
         self._step_calls: list[_Call] = []
@@ -270,8 +280,6 @@ class Capture:
     def _on_root_out(self, _m: nn.Module, _args: Any, output: Any) -> None:
         if self._eval or _in_backward() or self.loss_fn is not None:
             return
-        from .optim import as_float_later, loss_of_output
-
         loss = loss_of_output(output)
         if loss is not None:
             self._losses.append(as_float_later(loss))
@@ -282,8 +290,6 @@ class Capture:
 
     def _close_step(self) -> None:
         """Fold the open step into the rows and the history (see :func:`assemble.close_step`)."""
-        from .assemble import close_step
-
         self._open = False
         try:
             close_step(self)
@@ -293,15 +299,22 @@ class Capture:
                 self.notes.append(note)
         finally:
             self._step_calls = []
+            self._prune_tensor_hooks()
             self._by_tensor.clear()
             self._by_storage.clear()
             self._losses = []
             self._pg_norms = None
             self._hot, self._hot_call = None, None
 
-    def _commit_pending(self) -> None:
-        from .assemble import commit
+    def _remove_tensor_hooks(self) -> None:
+        handles, self._tensor_handles = self._tensor_handles, []
+        for h in handles:
+            h.remove()
 
+    def _prune_tensor_hooks(self) -> None:
+        self._tensor_handles = [h for h in self._tensor_handles if h.hooks_dict_ref() is not None]
+
+    def _commit_pending(self) -> None:
         pending, self._pending = self._pending, []
         for data in pending:
             commit(self, data)
@@ -430,7 +443,7 @@ class Capture:
             first = new[0][0]
             self._link_inputs(inputs, kwargs, first, check)
             grads = self.grads and torch.is_grad_enabled()
-            step_calls = self._step_calls
+            step_calls, tensor_handles = self._step_calls, self._tensor_handles
             for call, t in new:
                 if call is not first:
                     call.input_calls = first.input_calls
@@ -447,7 +460,7 @@ class Capture:
                     by_storage[(t.data_ptr(), t.numel(), t.dtype)] = (ref, call, _version(t))
                 if grads and t.requires_grad:
                     call.hooked = True
-                    self._hooks.tensor(t, self._make_grad_hook(call))
+                    tensor_handles.append(t.register_hook(self._make_grad_hook(call)))
             if check and self._hot is None:
                 self._check_forward(module, inputs, kwargs, output, new)
 
@@ -458,8 +471,6 @@ class Capture:
         """The flight recorder's forward part: on the CPU the first non-finite output is known here
         (copy the call now); on the device path hold the call's inputs/output until the step's check,
         or (``break_on``) sync now."""
-        from .assemble import forward_incident
-
         first = new[0][0]
         if self.device_path and self.break_on is None:
             if self.fwd_step is None:
@@ -504,7 +515,7 @@ class Capture:
         self._claimed.add(id(first[0]))
         for call, t in zip(first, leaves):
             if t.requires_grad:
-                self._hooks.tensor(t, self._make_grad_hook(call))
+                self._tensor_handles.append(t.register_hook(self._make_grad_hook(call)))
 
     def _make_grad_hook(self, call: _Call) -> Any:
         on_device = self.device_path
@@ -605,23 +616,16 @@ class Capture:
                 self._hooks.forward(module, self._make_forward_hook(name, module), with_kwargs=True)
             if self.grads:
                 self._watch_params()
-            try:
-                from .optim import OptimizerWatch
-            except ImportError:  # pragma: no cover - optim lands separately
-                OptimizerWatch = None
-            if OptimizerWatch is not None:
-                self.watch = OptimizerWatch(self.modules, self._hooks, self.max_bytes, model=model,
-                                            on_device=True if self.device_path else None,
-                                            on_step=self._on_optimizer_step)
-                self.watch.__enter__()
+            self._hooks.on_remove(self._remove_tensor_hooks)
+            self.watch = OptimizerWatch(self.modules, self._hooks, self.max_bytes, model=model,
+                                        on_device=True if self.device_path else None, on_step=self._on_optimizer_step)
+            self.watch.__enter__()
         except BaseException:
             self._hooks.remove()
             raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None, tb: Any = None) -> None:
-        from .assemble import assemble, finish
-
         if exc is not None:
             text = str(exc).strip().splitlines()
             self._raised = type(exc).__name__ + (f": {text[0]}" if text else "")
@@ -639,13 +643,13 @@ class Capture:
                     raise
                 self.notes.append(f"nbdebug could not fold the last step: {type(err).__name__}: {err}")
             try:
-                self.result = assemble(self)
+                self.result = _asm.assemble(self)
             except Exception as err:
                 if exc is None:
                     raise
                 # The user's exception is what the cell must show: ours becomes a note.
                 self._rows = []
-                self.result = assemble(self)
+                self.result = _asm.assemble(self)
                 self.result.notes.append(f"nbdebug could not summarise what ran before the error: {type(err).__name__}: {err}")
             finally:
                 self.modules, self.module_of = [], {}  # the model's submodules (and their parameters) are not ours to keep

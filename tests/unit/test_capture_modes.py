@@ -235,7 +235,7 @@ def test_integer_and_bool_outputs_are_not_activations() -> None:
     m = nn.Sequential(nn.Linear(3, 3), Argmax())
     with torch.no_grad():
         m[0].weight.zero_()
-        m[0].bias.copy_(torch.tensor([1.0, 0.0, 0.0]))  # argmax is always 0, the mask always False
+        m[0].bias.copy_(torch.tensor([1.0, 0.5, 0.25]))  # argmax is always 0, the mask always False (no dead unit)
     with Capture(m) as cap:
         m(torch.randn(6, 3))
     res = cap.result

@@ -159,8 +159,7 @@ class ThermometerWidget(NBWidget):
             for k, v in {**state, "running": False}.items():
                 setattr(self, k, v)
 
-    def push_history(self, history: History, *, incidents: Sequence[Any] = (), types: Sequence[str] | None = None,
-                     thresholds: Thresholds | None = None) -> bool:
+    def push_history(self, history: History, *, incidents: Sequence[Any] = (), thresholds: Thresholds | None = None) -> bool:
         """Send the browser the history slots changed since the last push (a custom message with
         binary buffers); False when nothing changed. Decimation or more than :data:`LIVE_BYTES` in
         the browser: the whole, downsampled to :data:`TRAIT_BYTES`."""
@@ -177,11 +176,9 @@ class ThermometerWidget(NBWidget):
         if reset:
             f.group = _group_for(k, len(history.rows), history.decimated, TRAIT_BYTES)
         start = 0 if reset else min(first, k - 1) // f.group
-        info = types if types is not None else [str(i.get("type", "")) for i in history.row_info]
-        arrays, meta = _payload(history, start, f.group, thresholds=thresholds, types=info,
+        types = [str(i.get("type", "")) for i in history.row_info]
+        arrays, meta = _payload(history, start, f.group, thresholds=thresholds or self.thresholds, types=types,
                                 first_nonfinite=0 if reset else f.nonfinite)
-        if thresholds is None:
-            thresholds = self.thresholds
         f.nonfinite = meta["first_nonfinite_step"]
         content = {"type": "history", "from": start, "reset": reset, **meta}
         if not reset:
@@ -191,7 +188,7 @@ class ThermometerWidget(NBWidget):
             f.incidents = len(incidents)
         body, buffers = pack_arrays(content, arrays)
         self.send(body, buffers)
-        f.token, f.sent = token, start + len(arrays["steps"])
+        f.token = token
         return True
 
     @classmethod
@@ -201,7 +198,7 @@ class ThermometerWidget(NBWidget):
     @traitlets.validate("selected")
     def _check_selected(self, proposal: Any) -> str:
         value = proposal["value"]
-        if value and value not in self.report.names:
+        if value and value not in self.report.names and not self.running:  # live: rows still appear
             raise traitlets.TraitError(f"no row named {value!r}")
         return value
 
@@ -288,7 +285,6 @@ class _Feed:
 
     token: int = 0  # History.changes_since token of the last push
     group: int = 1  # kept slots merged into one sent slot
-    sent: int = 0  # slots the browser holds
     nonfinite: int = 0  # first step with a NaN/Inf seen in what was sent
     incidents: int = 0
 

@@ -299,7 +299,8 @@ class OptimizerWatch:
             for p in g["params"]:
                 belongs = belongs or id(p) in ours
                 hit = owners.get(id(p))
-                if hit is not None and hit[0] is p and p.is_floating_point() and p.layout == torch.strided:
+                if (hit is not None and hit[0] is p and p.is_floating_point() and p.layout == torch.strided
+                        and p.device.type != "meta"):  # offloaded weights have no values to diff
                     candidates.append((p, gi, hit[1]))
         return _Plan(key, candidates) if belongs or candidates else None
 

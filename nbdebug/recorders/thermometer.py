@@ -10,7 +10,6 @@ final state (nothing is displayed twice).
 
 from __future__ import annotations
 
-import inspect
 import sys
 import time
 from typing import Any
@@ -24,14 +23,6 @@ from ..views import Recorder, training_options
 from ..widgets.thermometer import ThermometerWidget
 
 MAX_RATE = 4.0  # live updates per second, at most
-
-
-def _accepted(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Only the keyword arguments this Capture knows (the per-step ones land with the capture)."""
-    params = inspect.signature(Capture.__init__).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    return {k: v for k, v in kwargs.items() if k in params}
 
 
 class ThermometerRecorder(Recorder):
@@ -55,7 +46,8 @@ class ThermometerRecorder(Recorder):
             max_bytes=parse_bytes(o.get("max_bytes")),
             sample_size=4096 if o.get("sample_size") is None else int(o["sample_size"]),
             device_path=o.get("device_path"),
-            **_accepted({**training_options(o), "on_step": self._on_step}),
+            **training_options(o),
+            on_step=self._on_step,
         )
         defaults = Thresholds()
         self.thresholds = Thresholds(

@@ -120,3 +120,19 @@ def no_rank_worker(index: int, out: str) -> None:
     with nd.debug(model):
         for _ in range(2):
             model(torch.randn(3, 4)).sum().backward()
+
+
+
+def stall_worker(index: int, out: str) -> None:
+    """Two steps, then no progress (as a rank waiting forever in a collective or a deadlocked thread pool)."""
+    import time
+
+    import nbdebug.distributed as nd
+
+    torch.set_num_threads(1)
+    os.environ["RANK"] = str(index)
+    model = make_model("ddp")
+    with nd.debug(model):
+        for _ in range(2):
+            model(torch.randn(3, 4)).sum().backward()
+        time.sleep(60)

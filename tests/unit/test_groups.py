@@ -1,0 +1,251 @@
+"""Grouping thermometer rows by the module tree (nbdebug/inspectors/groups.py): exact groups for
+GPT-2, Llama and BERT naming, nested repeats, flat models, shared modules; strip values, flags
+upward, residual stream, filter, and the compact payload (names rebuilt from the tree)."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from nbdebug.inspectors.groups import ROW_FIELDS, STRIP_STATS, group_rows, groups_payload, match, split_module
+from nbdebug.inspectors.residual import residual_stream
+from nbdebug.inspectors.thermometer import COLUMNS
+
+LLAMA_BLOCK = ["input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+               "post_attention_layernorm", "mlp.gate_proj", "mlp.act_fn", "mlp.up_proj", "mlp.down_proj"]
+GPT2_BLOCK = ["ln_1", "attn.c_attn", "attn.c_proj", "attn.resid_dropout", "ln_2", "mlp.c_fc", "mlp.act", "mlp.c_proj",
+              "mlp.dropout"]
+BERT_BLOCK = ["attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+              "attention.output.dropout", "attention.output.LayerNorm", "intermediate.dense",
+              "intermediate.intermediate_act_fn", "output.dense", "output.dropout", "output.LayerNorm"]
+
+
+def llama_names(blocks: int) -> list[str]:
+    """Row names of a Llama-style capture (what Capture gives on tiny_lm('llama'), checked by hand)."""
+    names = ["model.embed_tokens", "model.rotary_emb[0]", "model.rotary_emb[1]"]
+    for i in range(blocks):
+        names += [f"model.layers.{i}.{p}" for p in LLAMA_BLOCK]
+    return names + ["model.norm", "lm_head"]
+
+
+def items(tree, its):
+    """Items as readable names: rows by name, groups as ('group', container)."""
+    return [tree.names[i] if kind == "row" else ("group", tree.groups[i].name) for kind, i in its]
+
+
+def test_llama_one_group_per_container_with_blocks_in_order():
+    names = llama_names(3)
+    t = group_rows(names)
+    assert [g.name for g in t.groups] == ["model.layers"]
+    g = t.groups[0]
+    assert [t.blocks[b].name for b in g.blocks] == ["model.layers.0", "model.layers.1", "model.layers.2"]
+    assert [t.blocks[b].index for b in g.blocks] == [0, 1, 2]
+    assert items(t, t.top) == ["model.embed_tokens", "model.rotary_emb[0]", "model.rotary_emb[1]",
+                               ("group", "model.layers"), "model.norm", "lm_head"]
+    b1 = t.blocks[g.blocks[1]]
+    assert items(t, b1.items) == [f"model.layers.1.{p}" for p in LLAMA_BLOCK]
+    assert b1.rows == list(range(13, 23))
+    assert g.first == 3 and g.parent == -1
+    assert t.owner.tolist() == [-1] * 3 + [0] * 10 + [1] * 10 + [2] * 10 + [-1, -1]
+
+
+def test_gpt2_and_bert_naming():
+    gpt2 = ["transformer.wte", "transformer.wpe", "transformer.drop"]
+    gpt2 += [f"transformer.h.{i}.{p}" for i in range(2) for p in GPT2_BLOCK] + ["transformer.ln_f", "lm_head"]
+    t = group_rows(gpt2)
+    assert [(g.name, [t.blocks[b].name for b in g.blocks]) for g in t.groups] == [
+        ("transformer.h", ["transformer.h.0", "transformer.h.1"])]
+    assert items(t, t.top) == ["transformer.wte", "transformer.wpe", "transformer.drop", ("group", "transformer.h"),
+                               "transformer.ln_f", "lm_head"]
+    bert = ["embeddings.word_embeddings", "embeddings.LayerNorm"]
+    bert += [f"encoder.layer.{i}.{p}" for i in range(3) for p in BERT_BLOCK] + ["pooler.dense", "pooler.activation"]
+    t = group_rows(bert)
+    assert [g.name for g in t.groups] == ["encoder.layer"]
+    assert [len(t.blocks[b].rows) for b in t.groups[0].blocks] == [11, 11, 11]
+    assert items(t, t.top) == bert[:2] + [("group", "encoder.layer")] + bert[-2:]
+
+
+def test_nested_repeats_and_block_outputs():
+    # blocks.N holds experts.M (a MoE) and its own output row blocks.N[0]; a top-level `blocks`-free head
+    names = []
+    for i in range(2):
+        names += [f"blocks.{i}.norm"] + [f"blocks.{i}.moe.experts.{e}.{p}" for e in range(3) for p in ("w1", "w2")]
+        names += [f"blocks.{i}.moe.gate", f"blocks.{i}[0]", f"blocks.{i}[1]"]
+    names += ["head"]
+    t = group_rows(names)
+    assert [(g.name, g.parent) for g in t.groups] == [("blocks", -1), ("blocks.0.moe.experts", 0), ("blocks.1.moe.experts", 4)]
+    assert [b.name for b in t.blocks] == ["blocks.0", "blocks.0.moe.experts.0", "blocks.0.moe.experts.1",
+                                          "blocks.0.moe.experts.2", "blocks.1", "blocks.1.moe.experts.0",
+                                          "blocks.1.moe.experts.1", "blocks.1.moe.experts.2"]
+    assert items(t, t.top) == [("group", "blocks"), "head"]
+    assert items(t, t.blocks[0].items) == ["blocks.0.norm", ("group", "blocks.0.moe.experts"), "blocks.0.moe.gate",
+                                           "blocks.0[0]", "blocks.0[1]"]
+    assert items(t, t.blocks[2].items) == ["blocks.0.moe.experts.1.w1", "blocks.0.moe.experts.1.w2"]
+    # a block's rows include its nested groups' rows
+    assert len(t.blocks[0].rows) == 10 and t.blocks[4].rows == list(range(10, 20))
+    assert t.owner[names.index("blocks.0[0]")] == 0 and t.owner[names.index("blocks.1.moe.experts.2.w2")] == 7
+
+
+def test_flat_model_unchanged_and_sequential_leaves_not_grouped():
+    names = ["conv1", "relu", "conv2", "relu#2", "pool", "fc"]
+    t = group_rows(names, modules=["conv1", "relu", "conv2", "relu", "pool", "fc"])
+    assert t.groups == [] and t.blocks == []
+    assert items(t, t.top) == names
+    # nn.Sequential: numeric names that are leaves (Conv, ReLU, Conv, ReLU) are rows, not blocks
+    seq = ["0", "1", "2", "3", "4"]
+    t = group_rows(seq)
+    assert t.groups == [] and items(t, t.top) == seq
+    # ResNet: layer1.0 / layer1.1 are blocks with members
+    res = ["conv1", "layer1.0.conv1", "layer1.0.relu", "layer1.0.relu#2", "layer1.1.conv1", "layer1.1.relu", "fc"]
+    t = group_rows(res)
+    assert [g.name for g in t.groups] == ["layer1"]
+    assert items(t, t.blocks[0].items) == ["layer1.0.conv1", "layer1.0.relu", "layer1.0.relu#2"]
+
+
+def test_shared_module_calls_and_leaf_names():
+    assert split_module("relu#2") == ("relu", "#2")
+    assert split_module("block.0[1]#3") == ("block.0", "[1]#3")
+    assert split_module("model.layers.0.self_attn.q_proj") == ("model.layers.0.self_attn.q_proj", "")
+    # a ReLU shared by two blocks: its calls stay rows of the module `act` at the top level, in order
+    names = ["layers.0.fc", "act", "layers.1.fc", "act#2", "out[0]"]
+    t = group_rows(names, modules=["layers.0.fc", "act", "layers.1.fc", "act", "out"])
+    assert items(t, t.top) == [("group", "layers"), "act", "act#2", "out[0]"]
+    assert t.modules == ["layers.0.fc", "act", "layers.1.fc", "act", "out"]
+
+
+def table_for(values: dict[str, list[float]], n: int) -> np.ndarray:
+    t = np.full((n, len(COLUMNS)), np.nan)
+    for col, v in values.items():
+        t[:, COLUMNS.index(col)] = v
+    return t
+
+
+def test_strip_stats_and_flags_upward():
+    names = ["emb", "h.0.a", "h.0.b", "h.1.a", "h.1.b", "out"]
+    table = table_for({"std": [9, 1, 3, 2, np.nan, 9], "min": [0, -5, 0, -1, -2, 0], "max": [0, 4, 7, 1, 1, 0],
+                       "grad_norm": [9, 3, 4, np.nan, np.nan, 9], "zero_frac": [0, 0.5, 0.25, 1, 1, 0],
+                       "nan": [0, 0, 2, 0, 0, 0], "inf": [0, 1, np.nan, 0, 0, 0]}, 6)
+    flags = [[], ["vanishing"], ["nonfinite", "dead"], ["dead"], [], ["exploding"]]
+    t = group_rows(names, types=["E", "L", "L", "L", "L", "L"], table=table, columns=COLUMNS, flags=flags)
+    S = {s: i for i, s in enumerate(STRIP_STATS)}
+    s0, s1 = t.strip
+    assert s0[S["severity"]] == 3 and s1[S["severity"]] == 2
+    assert s0[S["std"]] == 2.0 and s1[S["std"]] == 2.0
+    assert s0[S["absmax"]] == 7 and s1[S["absmax"]] == 2
+    assert s0[S["grad_norm"]] == 5.0 and math.isnan(s1[S["grad_norm"]])
+    assert s0[S["zero_frac"]] == 0.375 and s1[S["zero_frac"]] == 1.0
+    assert s0[S["nonfinite"]] == 3 and s1[S["nonfinite"]] == 0
+    assert math.isnan(s0[S["residual"]])
+    assert t.flag_codes == ["vanishing", "nonfinite", "dead", "exploding"]
+    assert t.row_flags_of(2) == ["nonfinite", "dead"]
+    assert [t.blocks[0].flags, t.blocks[1].flags, t.groups[0].flags] == [0b111, 0b100, 0b111]
+    assert t.values[1, ROW_FIELDS.index("std")] == 1 and t.values.dtype == np.float32
+
+
+def test_filter_by_name_type_flag_inside_groups():
+    names = llama_names(4)
+    types = ["Linear" if "proj" in n or n == "lm_head" else "Norm" for n in names]
+    flags = [["dead"] if n == "model.layers.2.mlp.act_fn" else [] for n in names]
+    t = group_rows(names, types=types, flags=flags)
+    assert [names[r] for r in match(t, "flag:dead")] == ["model.layers.2.mlp.act_fn"]
+    assert [names[r] for r in match(t, "DEAD")] == ["model.layers.2.mlp.act_fn"]
+    assert [names[r] for r in match(t, "layers.3. q_proj")] == ["model.layers.3.self_attn.q_proj"]
+    assert len(match(t, "type:linear")) == 4 * 7 + 1  # 7 projections per block and lm_head
+    assert match(t, "name:linear") == []
+    assert match(t, "") == list(range(len(names)))
+
+
+def test_residual_stream_is_the_groups_strip():
+    blocks = [f"model.layers.{i}" for i in range(3)]
+    names = llama_names(3)
+    # the blocks' own outputs captured as rows (tuple outputs: [0] is the hidden state)
+    rows = [SimpleNamespace(name=f"{b}[0]", shape=(1, 4, 8), stats={"norm": 2.0 * (i + 1) * math.sqrt(4), "numel": 32})
+            for i, b in enumerate(blocks)]
+    res = residual_stream(rows, blocks)
+    assert res.norm.tolist() == [2.0, 4.0, 6.0]
+    allnames = names + [r.name for r in rows]
+    t = group_rows(allnames, residual=res)
+    col = STRIP_STATS.index("residual")
+    assert t.strip[:, col].tolist() == [2.0, 4.0, 6.0]
+    assert t.residual["group"] == 0 and t.residual["d"] == 8 and t.residual["largest_jump"] == "model.layers.1"
+    meta, arrays = groups_payload(t)
+    assert meta["residual"]["largest_jump"] == "model.layers.1"
+    np.testing.assert_allclose(arrays["residual_growth"], [np.nan, 2.0, 1.5])
+    # blocks that are not grouped: a note, no residual
+    t = group_rows(["a", "b"], residual=res)
+    assert t.residual is None and "not among" in t.notes[0]
+
+
+def full_names(meta: dict, arrays: dict) -> list[str]:
+    """Rebuild every name node's full name the way groups.ts does."""
+    out: list[str] = []
+    for p, s in zip(arrays["name_parent"].tolist(), arrays["name_suffix"].tolist()):
+        out.append((out[p] if p >= 0 else "") + meta["strings"][s])
+    return out
+
+
+def test_payload_names_round_trip_and_size_at_1600_rows():
+    per = LLAMA_BLOCK + [f"mlp.experts.{e}.w{k}" for e in range(10) for k in range(4)]  # 50 rows per block
+    names = [f"model.layers.{i}.{p}" for i in range(32) for p in per]
+    assert len(names) == 1600
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(1600, len(COLUMNS)))
+    flags = [["dead"] if i % 97 == 0 else [] for i in range(1600)]
+    types = ["Linear"] * 1600
+    t = group_rows(names, types=types, table=table, columns=COLUMNS, flags=flags)
+    assert [g.name for g in t.groups][:2] == ["model.layers", "model.layers.0.mlp.experts"]
+    meta, arrays = groups_payload(t)
+    full = full_names(meta, arrays)
+    assert [full[i] for i in arrays["row_name"]] == names
+    assert [full[i] for i in arrays["group_name"]] == [g.name for g in t.groups]
+    assert [full[i] for i in arrays["block_name"]] == [b.name for b in t.blocks]
+    assert [meta["strings"][i] for i in arrays["row_type"][:2]] == ["Linear", "Linear"]
+    np.testing.assert_array_equal(arrays["values"], t.values)
+    nbytes = len(json.dumps(meta)) + sum(a.nbytes for a in arrays.values())
+    assert nbytes <= 1_000_000
+    # names as a tree: far smaller than the 1,600 full strings
+    assert len(json.dumps(meta["strings"])) < len(json.dumps(names)) / 10
+    with pytest.raises(KeyError, match="model.layers"):
+        t.group_of("nope")
+
+
+@pytest.mark.parametrize(("family", "container", "top"), [
+    ("llama", "model.layers", ["model.embed_tokens", "model.rotary_emb[0]", "model.rotary_emb[1]", ("group", "model.layers"),
+                               "model.norm", "lm_head"]),
+    ("gpt2", "transformer.h", ["transformer.wte", "transformer.wpe", "transformer.drop", ("group", "transformer.h"),
+                               "transformer.ln_f", "lm_head"]),
+    ("bert", "encoder.layer", ["embeddings.word_embeddings", "embeddings.token_type_embeddings",
+                               "embeddings.position_embeddings", "embeddings.LayerNorm", "embeddings.dropout",
+                               ("group", "encoder.layer"), "pooler.dense", "pooler.activation"]),
+])
+def test_real_capture_rows_group_by_family(family, container, top):
+    """The rows a real capture gives (random-init tiny transformers, 3 blocks) group as expected."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from nbdebug.adapters.offline import tiny_lm
+    from nbdebug.capture.session import Capture
+    from nbdebug.inspectors.thermometer import diagnose
+
+    model = tiny_lm(family, layers=3)
+    with Capture(model) as cap:
+        model(torch.randint(0, 64, (1, 5)))
+    report = diagnose(cap.result)
+    from nbdebug.inspectors.groups import group_report
+
+    t = group_report(report)
+    assert [g.name for g in t.groups] == [container]
+    assert [t.blocks[b].name for b in t.groups[0].blocks] == [f"{container}.{i}" for i in range(3)]
+    assert items(t, t.top) == top
+    per = {"llama": LLAMA_BLOCK, "gpt2": GPT2_BLOCK, "bert": BERT_BLOCK}[family]
+    assert items(t, t.blocks[2].items) == [f"{container}.2.{p}" for p in per]
+    # every row is in exactly one place: the top level or one block's items
+    shown = [i for k, i in t.top if k == "row"] + [i for b in t.blocks for k, i in b.items if k == "row"]
+    assert sorted(shown) == list(range(len(report.names)))
+    # the strip's std is the mean of the block's rows' std, from the report's table
+    std = report.table[:, COLUMNS.index("std")]
+    b0 = t.blocks[0]
+    assert t.strip[0, STRIP_STATS.index("std")] == pytest.approx(np.nanmean(std[b0.rows]), rel=1e-6)

@@ -11,7 +11,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from nbdebug.inspectors.groups import ROW_FIELDS, STRIP_STATS, group_rows, groups_payload, match, split_module
+from nbdebug.inspectors.groups import (
+    ROW_FIELDS,
+    STRIP_STATS,
+    group_rows,
+    groups_payload,
+    match,
+    split_module,
+)
 from nbdebug.inspectors.residual import residual_stream
 from nbdebug.inspectors.thermometer import COLUMNS
 
@@ -29,7 +36,7 @@ def llama_names(blocks: int) -> list[str]:
     names = ["model.embed_tokens", "model.rotary_emb[0]", "model.rotary_emb[1]"]
     for i in range(blocks):
         names += [f"model.layers.{i}.{p}" for p in LLAMA_BLOCK]
-    return names + ["model.norm", "lm_head"]
+    return [*names, "model.norm", "lm_head"]
 
 
 def items(tree, its):
@@ -66,7 +73,7 @@ def test_gpt2_and_bert_naming():
     t = group_rows(bert)
     assert [g.name for g in t.groups] == ["encoder.layer"]
     assert [len(t.blocks[b].rows) for b in t.groups[0].blocks] == [11, 11, 11]
-    assert items(t, t.top) == bert[:2] + [("group", "encoder.layer")] + bert[-2:]
+    assert items(t, t.top) == [*bert[:2], ("group", "encoder.layer"), *bert[-2:]]
 
 
 def test_nested_repeats_and_block_outputs():
@@ -209,7 +216,7 @@ def test_payload_names_round_trip_and_size_at_1600_rows():
     assert nbytes <= 1_000_000
     # names as a tree: far smaller than the 1,600 full strings
     assert len(json.dumps(meta["strings"])) < len(json.dumps(names)) / 10
-    with pytest.raises(KeyError, match="model.layers"):
+    with pytest.raises(KeyError, match=r"model\.layers"):
         t.group_of("nope")
 
 

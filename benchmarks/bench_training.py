@@ -4,7 +4,8 @@
 
 (a) small CNN (3 conv layers, 32 channels, 32×32 inputs, batch 32, ReLU, a linear head, SGD), a
     40-step loop: plain, ``nbdebug.Capture`` (full history, every step), ``nbdebug.debug(model,
-    "thermometer")`` (what ``%%nndebug`` runs; building the widget afterwards is timed apart), and,
+    "thermometer")`` (what ``%%nndebug`` runs; building the widget afterwards is timed apart), the
+    same with ``live=True`` in an IPython shell (the magic's default: live updates ≤ 4/s), and,
     when they work offline, ``wandb.watch(model, log="all", log_freq=1)`` (``WANDB_MODE=offline``)
     and ``torch.autograd.detect_anomaly()``. Target: Capture and debug ≤ 1.15× plain.
 (b) digits-sized model (2 conv + 2 linear on 8×8, batch 16), a 100-step loop, where the fixed cost
@@ -23,7 +24,8 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -88,6 +90,21 @@ def history_steps(result: object) -> str:
     return f"{len(hist.step_index)} kept steps, {format_bytes(hist.nbytes)}"
 
 
+@contextmanager
+def quiet_ipython() -> Iterator[None]:
+    """An IPython shell whose displays go nowhere, so ``live=True`` shows and updates its widget as in
+    a notebook (the updates' cost is measured, not a front end's)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    sh = InteractiveShell.instance()
+    publish = sh.display_pub.publish
+    sh.display_pub.publish = lambda *a, **k: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        sh.display_pub.publish = publish  # type: ignore[method-assign]
+
+
 def wandb_variant(model: nn.Module, loop: Loop, tmp: str) -> tuple[Callable[[], object] | None, str]:
     """``wandb.watch(model, log="all", log_freq=1)`` around the loop, offline; (None, why) if it cannot run."""
     os.environ["WANDB_MODE"] = "offline"
@@ -137,6 +154,18 @@ def bench_loop(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, st
         kept["capture"] = cap.result
         return None
 
+    def capture_no_watch() -> object:
+        """Diagnostic: the capture without its OptimizerWatch (update ratios, lr), to attribute the overhead."""
+        from nbdebug.capture import optim
+
+        saved, optim.OptimizerWatch = optim.OptimizerWatch, None  # the capture skips a missing watch
+        try:
+            with Capture(model):
+                loop()
+        finally:
+            optim.OptimizerWatch = saved
+        return None
+
     def debug() -> object:
         with nbdebug.debug(model, "thermometer") as dbg:
             loop()
@@ -149,7 +178,17 @@ def bench_loop(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, st
             pass
         return None
 
-    variants: dict[str, Callable[[], object]] = {"plain": plain, "nbdebug Capture": capture, "nbdebug.debug (%%nndebug)": debug}
+    def debug_live() -> object:
+        with quiet_ipython(), nbdebug.debug(model, "thermometer", live=True) as dbg:
+            loop()
+        for w in dbg.widgets():
+            w.close()
+        return None
+
+    variants: dict[str, Callable[[], object]] = {
+        "plain": plain, "nbdebug Capture": capture, "nbdebug.debug (%%nndebug)": debug, "nbdebug.debug live=True": debug_live,
+        "(Capture without optimizer watch)": capture_no_watch,
+    }
     notes: list[str] = []
     if references:
         fn, why = wandb_variant(model, loop, tmp)

@@ -338,3 +338,18 @@ w = dbg.widget()
     assert sh.user_ns["n_live"] == 0
     assert sh.run_cell("d3 = nbdebug.debug(model, 'thermometer,featuremaps', live=True)\nwith d3: model(x)\nn3 = len(d3.live_widgets)").success
     assert sh.user_ns["n3"] == 0
+
+
+def test_nan_loop_shows_the_incident_live_and_in_the_final_state(sh, outbox) -> None:  # type: ignore[no-untyped-def]
+    extra = "if i == 4: x[0, 0] = float('nan')"  # from step 6 the batch has a NaN: `0` is the origin
+    r = sh.run_cell(LOOP.format(n=8, pause=0.0, extra=extra).replace("for i in", "x = x.clone()\nfor i in"))
+    assert r.success
+    res, w = sh.user_ns["res"], sh.user_ns["_nndebug_widget"]
+    assert res.first_nonfinite_step == 6 and res.incident is not None and res.incident.step == 6
+    assert w.history["first_nonfinite_step"] == 6 and w.first_nonfinite_step == 6
+    cards = w.incidents
+    assert cards[0]["kind"] == "nonfinite" and cards[0]["step"] == 6 and cards[0]["message"] == res.incident.message
+    live = [c for _, c, _ in outbox if "incidents" in c]
+    assert live and live[-1]["incidents"][0]["step"] == 6  # the cards were pushed while the cell ran
+    assert any(c["first_nonfinite_step"] == 6 for _, c, _ in outbox)
+    assert "step 6" in w.fallback_html()

@@ -377,13 +377,10 @@ def _rank_nonfinite(s: RankSpool, res: Any) -> NonFinite | None:
         if d.get("kind") == "nonfinite" and d.get("phase") in _PHASES:
             cands.append(NonFinite(s.rank, int(d["step"]), d["phase"], d.get("module"), d.get("row"), d.get("message") or ""))
     names = [p["name"] for p in s.meta.get("params", [])]
-    for step_, fps in sorted(s.fingerprints.items()):
-        g = fps.get("fp_grads")
-        bad = np.flatnonzero(~np.isfinite(g)) if g is not None and len(g) == len(names) else np.zeros(0, int)
-        if bad.size:
-            mod = _owner(names[int(bad[0])])
-            cands.append(NonFinite(s.rank, step_, "param_grad", mod, None, f"step {step_}: gradient of `{names[int(bad[0])]}` is NaN/Inf"))
-            break
+    if s.first_bad_grad is not None and s.first_bad_grad[1] < len(names):  # seen at the optimizer step
+        step_, name = s.first_bad_grad[0], names[s.first_bad_grad[1]]
+        cands.append(NonFinite(s.rank, step_, "param_grad", _owner(name), None,
+                               f"step {step_}: the gradient of `{name}` was NaN/Inf at the optimizer step"))
     h = res.history
     if s.final is None and h is not None and len(h):
         from .capture.history import FIELD_INDEX

@@ -43,6 +43,8 @@ __all__ = ["LAUNCHER_ENV", "SPOOL_ENV", "RankSpool", "SpoolWriter", "incident_js
 SPOOL_ENV = "NBDEBUG_SPOOL"  # the spool directory, set for the workers by the launcher
 LAUNCHER_ENV = "NBDEBUG_SPOOL_LAUNCHER"  # pid of the launching process (it never spools itself)
 FORMAT = 1
+FP_KEEP = 64  # steps whose fingerprint chunks stay on disk after a rewrite of the whole history
+MIN_CHUNKS = 64  # chunks on disk before the writer considers rewriting the whole history into one
 _DIR = re.compile(r"^rank(\d+)-(\d+)$")
 _CHUNK = re.compile(r"^c(\d{8})_(\d+)\.npz$")
 
@@ -97,6 +99,11 @@ class SpoolWriter:
         self.bytes_written = 0
         self._token = 0
         self._rows_sent = 0
+        self._on_disk: list[tuple[int, Path]] = []  # (step, path) of this writer's chunks
+        self._base = 0  # bytes of the last chunk that holds the whole history
+        self._since = 0  # bytes of the chunks written after it
+        self._incidents: list[Any] = []  # every incident written (carried into whole-history chunks)
+        self._bad_grad: list[int] | None = None  # [step, parameter index] of the first NaN/Inf gradient norm
 
     def others(self) -> list[int]:
         """Pids of other processes that wrote a directory for the same rank in this spool."""
@@ -114,17 +121,33 @@ class SpoolWriter:
     def write_step(self, step: int, history: History | None, arrays: Mapping[str, np.ndarray] | None = None,
                    info: Mapping[str, Any] | None = None) -> int:
         """One chunk for ``step``: the history slots changed since the last chunk (all of them after
-        a decimation), ``arrays`` (fingerprints) and ``info`` (JSON: incidents, notes). Returns its bytes."""
+        a decimation), ``arrays`` (fingerprints) and ``info`` (JSON: ``incidents``, notes). Returns its bytes.
+
+        Disk stays bounded: once the chunks since the last whole-history chunk outweigh it (and there
+        are at least :data:`MIN_CHUNKS`), this chunk holds the whole history, and every earlier chunk
+        older than :data:`FP_KEEP` steps is deleted (their incidents and the first NaN/Inf gradient
+        are carried in this chunk's JSON)."""
         self.seq += 1
         meta: dict[str, Any] = {"seq": self.seq, "step": int(step), "time": time.time(), **(info or {})}
         out: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in (arrays or {}).items()}
+        self._incidents += list(meta.get("incidents") or [])
+        g = out.get("fp_grads")
+        if self._bad_grad is None and g is not None and g.size and not np.isfinite(g).all():
+            self._bad_grad = [int(step), int(np.flatnonzero(~np.isfinite(g))[0])]
+        if self._bad_grad is not None:
+            meta["first_bad_grad"] = self._bad_grad
+        whole = False
         if history is not None:
+            if len(self._on_disk) >= MIN_CHUNKS and self._since > self._base:
+                self._token = 0  # this chunk rewrites the whole history
             token, start = history.changes_since(self._token)
             k, r = len(history), len(history.rows)
             meta["history"] = {"steps": history.steps, "appended": history.appended, "max_bytes": history.max_bytes}
             if start < k or r > self._rows_sent:
-                meta["history"].update(start=int(start), rows=r,
-                                       new_rows=[_jsonable(i) for i in history.row_info[self._rows_sent:]])
+                whole = start == 0
+                rows_from = 0 if whole else self._rows_sent
+                meta["history"].update(start=int(start), rows=r, rows_from=rows_from,
+                                       new_rows=[_jsonable(i) for i in history.row_info[rows_from:]])
                 count = history.bucket_steps[start:]
                 out["h_idx"] = np.stack([history.step_index[start:], history.bucket_first[start:], count], axis=1)
                 aggs = ("last", "min", "max") if bool((count > 1).any()) else ("last",)
@@ -133,13 +156,28 @@ class SpoolWriter:
                     out[f"s_{agg}"] = np.stack([history.scalar(s, agg, start) for s in SCALARS], axis=1) if k - start else \
                         np.zeros((0, len(SCALARS)), np.float32)
             self._token, self._rows_sent = token, r
+        if whole:
+            meta["carried_incidents"] = self._incidents
         out["meta"] = np.array(_dumps(meta))
         buf = io.BytesIO()
         np.savez(buf, **out)
         data = buf.getvalue()
-        _write(self.dir / f"c{self.seq:08d}_{int(step)}.npz", data)
+        path = self.dir / f"c{self.seq:08d}_{int(step)}.npz"
+        _write(path, data)
         self.chunks += 1
         self.bytes_written += len(data)
+        if whole:  # every earlier chunk's history is in this one: keep only recent fingerprints
+            self._base, self._since = len(data), 0
+            keep = []
+            for s, p in self._on_disk:
+                if s > step - FP_KEEP:
+                    keep.append((s, p))
+                else:
+                    p.unlink(missing_ok=True)
+            self._on_disk = keep
+        else:
+            self._since += len(data)
+        self._on_disk.append((int(step), path))
         return len(data)
 
     def write_final(self, info: Mapping[str, Any]) -> None:
@@ -202,6 +240,7 @@ class RankSpool:
     step: int  # the last step a chunk was written for
     fingerprints: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # step → arrays
     incidents: list[dict[str, Any]] = field(default_factory=list)
+    first_bad_grad: tuple[int, int] | None = None  # (step, parameter index) of the first NaN/Inf gradient
     chunks: int = 0
     nbytes: int = 0  # bytes on disk
     last_write: float = 0.0
@@ -231,6 +270,7 @@ class _Slots:
         if "start" not in h:
             return
         start = int(h["start"])
+        del self.rows[int(h.get("rows_from", len(self.rows))):]
         for info in h.get("new_rows", []):
             if "shape" in info and isinstance(info["shape"], list):
                 info["shape"] = tuple(info["shape"])
@@ -266,9 +306,18 @@ class _Slots:
         return h
 
 
-def read_rank(path: str | os.PathLike[str]) -> RankSpool:
-    """Read one process directory (chunks in order; a chunk renamed away mid-read is skipped)."""
-    path = Path(path)
+def read_rank(path: str | os.PathLike[str], attempts: int = 5) -> RankSpool:
+    """Read one process directory (chunks in order). A chunk deleted while reading (the writer
+    compacted its directory) starts the read over."""
+    for _ in range(attempts - 1):
+        try:
+            return _read_rank(Path(path))
+        except FileNotFoundError:
+            continue
+    return _read_rank(Path(path), strict=False)
+
+
+def _read_rank(path: Path, strict: bool = True) -> RankSpool:
     m = _DIR.match(path.name)
     rank, pid = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
     meta = _load_json(path / "meta.json") or {}
@@ -276,6 +325,7 @@ def read_rank(path: str | os.PathLike[str]) -> RankSpool:
     chunks = sorted((int(mm.group(1)), int(mm.group(2)), e.name) for e in os.scandir(path) if (mm := _CHUNK.match(e.name)))
     out = RankSpool(rank, pid, path, meta, final, None, 0)
     slots = _Slots()
+    seen: set[str] = set()
     for _, step, name in chunks:
         fp = path / name
         try:
@@ -285,14 +335,25 @@ def read_rank(path: str | os.PathLike[str]) -> RankSpool:
                 if "history" in cm:
                     slots.add(cm["history"], z)
                 arrays = {k: z[k] for k in z.files if k.startswith("fp_")}
+        except FileNotFoundError:
+            if strict:
+                raise
+            continue
         except (OSError, ValueError, KeyError):
             continue
         if arrays:
             out.fingerprints[step] = arrays
-        out.incidents.extend(cm.get("incidents") or [])
+        for d in (cm.get("carried_incidents") or []) + (cm.get("incidents") or []):
+            key = json.dumps(d, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                out.incidents.append(d)
+        if cm.get("first_bad_grad") and out.first_bad_grad is None:
+            out.first_bad_grad = (int(cm["first_bad_grad"][0]), int(cm["first_bad_grad"][1]))
         out.step = max(out.step, step)
         out.last_write = max(out.last_write, float(cm.get("time", 0.0)))
         out.chunks += 1
+    out.incidents.sort(key=lambda d: d.get("step") or 0)
     out.history = slots.history()
     return out
 

@@ -75,7 +75,7 @@ def test_spool_history_round_trip(tmp_path: Path, max_bytes: int) -> None:
     h = _history_steps(w, 150, max_bytes)
     back = read_rank(w.dir)
     g = back.history
-    assert (back.rank, back.pid, back.step, back.chunks) == (3, os.getpid(), 150, 150)
+    assert (back.rank, back.pid, back.step, w.chunks) == (3, os.getpid(), 150, 150)
     assert g.rows == h.rows and [i["shape"] for i in g.row_info] == [(2, 3), ()]
     assert g.steps == h.steps == 150 and g.appended == h.appended and g.decimated == h.decimated
     assert np.array_equal(g.step_index, h.step_index) and np.array_equal(g.bucket_steps, h.bucket_steps)
@@ -83,8 +83,26 @@ def test_spool_history_round_trip(tmp_path: Path, max_bytes: int) -> None:
         assert np.array_equal(g.values(agg), h.values(agg), equal_nan=True)
         for s in SCALARS:
             assert np.array_equal(g.scalar(s, agg), h.scalar(s, agg), equal_nan=True)
-    assert sorted(back.fingerprints) == list(range(1, 151))
-    assert back.fingerprints[42]["fp_params"].tolist() == [[42.0] * 3] * 2
+    assert list(range(150 - 63, 151)) == sorted(back.fingerprints)[-64:]  # the recent steps' fingerprints
+    assert back.fingerprints[142]["fp_params"].tolist() == [[142.0] * 3] * 2
+
+
+def test_spool_stays_bounded_on_long_runs(tmp_path: Path) -> None:
+    w = SpoolWriter(tmp_path, 0)
+    h = History(2**30)
+    ids = np.array([h.row_id(f"l{i}") for i in range(3)])
+    for s in range(1, 1001):
+        h.append(s, ids, np.full((3, len(HISTORY_FIELDS)), s, np.float32), {"loss": s})
+        inc = [{"kind": "nonfinite", "step": 5, "module": "l1", "phase": "forward"}] if s == 5 else []
+        g = np.array([np.nan if s == 7 else 1.0, 1.0], np.float32)
+        w.write_step(s, h, {"fp_grads": g, "fp_params": np.full((2, 3), s, np.float32)}, {"incidents": inc})
+    files = list(w.dir.glob("c*.npz"))
+    assert len(files) < 200 and w.chunks == 1000  # whole-history chunks replace the old ones
+    back = read_rank(w.dir)
+    assert back.history.series("l2", "mean").tolist() == list(range(1, 1001))
+    assert [d["step"] for d in back.incidents] == [5] and back.first_bad_grad == (7, 0)  # carried over
+    assert min(back.fingerprints) <= 1000 - 63 and sorted(back.fingerprints)[-1] == 1000
+    assert sum(f.stat().st_size for f in files) < 3 * max(f.stat().st_size for f in files) + 64 * 4000
 
 
 def test_spool_chunks_are_small_and_atomic(tmp_path: Path) -> None:

@@ -43,7 +43,16 @@ from .names import call_name
 from .optim import OptimizerWatch, as_float_later, loss_of_output
 from .result import CaptureResult, LayerRecord
 from .select import LayerFilter, select_modules
-from .stats import IDX, N_FIELDS, SATURATING, Raw, device_histogram, merge_raw, tensor_stats, unit_alive
+from .stats import (
+    IDX,
+    N_FIELDS,
+    SATURATING,
+    Raw,
+    device_histogram,
+    merge_raw,
+    tensor_stats,
+    unit_alive,
+)
 from .weak import ModelRef
 
 __all__ = ["Capture", "CaptureResult", "LayerRecord"]
@@ -429,7 +438,7 @@ class Capture:
                 call.raw = raw
                 if t.dim() >= 2 and t.is_floating_point():
                     if on_device or not isinstance(raw, np.ndarray):
-                        call.alive = unit_alive(t)
+                        call.alive = unit_alive(t, 0, True)
                     elif raw[_NZ] < raw[_N]:
                         call.alive = unit_alive(t, 1 if raw[_MIN] >= 0 else (-1 if raw[_MAX] <= 0 else 0))
                     if not row.units:

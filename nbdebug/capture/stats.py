@@ -101,6 +101,9 @@ def tensor_stats(
     :class:`DeviceStats` on ``t``'s device, brought to the host once for the whole capture.
     ``saturation=(lo, hi)`` also counts values within ``sat_eps`` of either bound into ``extra``.
     """
+    if (not on_device and t.dtype in _NP_DTYPES and t.device.type == "cpu" and t.numel() <= NUMPY_MAX
+            and t.layout == torch.strided and not t.is_inference()):
+        return _numpy_stats(t, saturation, sat_eps)
     x = _float_view(t)
     n = x.numel()
     if n == 0:
@@ -131,6 +134,37 @@ def tensor_stats(
     numel = torch.full((), n, dtype=torch.int64, device=x.device)
     parts = [numel, nz, torch.isnan(x).sum(), torch.isinf(x).sum(), zero if extra is None else extra]
     return DeviceStats(floats, torch.stack([p.to(torch.int64) for p in parts]))
+
+
+_NP_DTYPES = (torch.float32, torch.float64)
+NUMPY_MAX = 1 << 16  # CPU tensors up to this size: numpy reductions (a few µs less dispatch each)
+
+
+def _numpy_stats(t: torch.Tensor, saturation: tuple[float, float] | None, sat_eps: float) -> np.ndarray:
+    """:func:`tensor_stats` of a small float32/float64 CPU tensor through numpy (same fields; the sum
+    accumulates in float64, ``-0.0`` counts as zero, NaN as non-zero)."""
+    x = t.detach().numpy().reshape(-1)
+    n = x.size
+    out = np.zeros(N_FIELDS)
+    if n == 0:
+        out[3] = out[4] = math.nan
+        return out
+    with np.errstate(over="ignore", invalid="ignore"):
+        mn, mx = x.min(), x.max()
+        out[1] = x.sum(dtype=np.float64)
+        out[2] = np.dot(x, x)
+    out[0] = n
+    out[3], out[4] = mn, mx
+    if mn != mn or mx != mx or mn == -math.inf or mx == math.inf:  # NaN/Inf: exact counts
+        nan = np.count_nonzero(np.isnan(x))
+        out[6], out[7] = nan, np.count_nonzero(np.isinf(x))
+        if nan:  # min/max propagate NaN like torch.aminmax
+            out[3] = out[4] = math.nan
+    out[5] = n if (mn > 0 or mx < 0) else np.count_nonzero(x)
+    if saturation is not None:
+        lo, hi = saturation
+        out[8] = np.count_nonzero(x <= lo + sat_eps) + np.count_nonzero(x >= hi - sat_eps)
+    return out
 
 
 def merge_raw(a: Raw, b: Raw) -> Raw:
@@ -225,17 +259,27 @@ def device_histogram(t: torch.Tensor, bins: int) -> torch.Tensor:
     return torch.cat([counts, torch.stack([lo, hi])])
 
 
-def unit_alive(t: torch.Tensor, sign: int = 0) -> torch.Tensor | None:
+def unit_alive(t: torch.Tensor, sign: int = 0, on_device: bool = False) -> torch.Tensor | None:
     """bool ``[C]``: which units of ``t`` are non-zero for at least one sample (NaN counts as non-zero).
 
     A unit is dim 1 (channels of N×C×…, features of N×C); 0-d/1-d and non-float tensors give None.
     ``sign`` is what the caller knows of the values: ``1`` all ≥ 0 (ReLU: a plain max suffices),
-    ``-1`` all ≤ 0, ``0`` unknown (max of the absolute values). Reductions only: no host sync.
+    ``-1`` all ≤ 0, ``0`` unknown (max of the absolute values). Reductions only: no host sync
+    (``on_device``: torch ops only; else small CPU tensors go through numpy).
     """
     if t.dim() < 2 or not t.is_floating_point() or t.numel() == 0:
         return None
     x = t.detach()
     c = x.shape[1]
+    if not on_device and x.device.type == "cpu" and x.dtype in _NP_DTYPES and x.numel() <= NUMPY_MAX and not x.is_inference():
+        a = x.numpy()
+        if sign == 0:
+            a = np.abs(a)
+        m = a.min(axis=0) if sign < 0 else a.max(axis=0)
+        if m.ndim > 1:
+            m = m.reshape(c, -1)
+            m = m.min(axis=1) if sign < 0 else m.max(axis=1)
+        return torch.from_numpy(m != 0)
     if sign < 0:
         m = x.amin(0)
     else:

@@ -229,6 +229,12 @@ class Debug:
 
     def __exit__(self, *exc: Any) -> None:
         pending = self._exit_all(*exc)
+        if self.live_widgets:  # the live view gets its final state now, shown or not
+            try:
+                self.widgets()
+                self.settle_live()
+            except Exception:
+                pass
         if pending is not None and pending is not exc[1]:
             raise pending
 

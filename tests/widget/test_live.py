@@ -326,11 +326,13 @@ with nbdebug.debug(model, live=True, loss=lambda: loss) as dbg:
     assert len(dbg.live_widgets) == 1
     for i in range(5):
         opt.zero_grad(); loss = nn.functional.mse_loss(model(x), y); loss.backward(); opt.step()
+running_after_block = dbg.live_widgets[0].running
 dbg.show()
 w = dbg.widget()
 """
     assert sh.run_cell(code).success
     w = sh.user_ns["w"]
+    assert sh.user_ns["running_after_block"] is False  # final state at the end of the block, show() or not
     assert w is sh.user_ns["dbg"].live_widgets[0] and w.history["total_steps"] == 5
     assert {d["application/vnd.jupyter.widget-view+json"]["model_id"] for d in widget_displays(sh)} == {w.model_id}
     # without live=True nothing is shown until show(); with several views, no live display

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ..capture.weak import weak_method
 from ._watch import TrainingWatch
 
 __all__ = ["LightningCallback"]
@@ -42,7 +43,9 @@ class LightningCallback:
     (``accumulate_grad_batches`` micro-batches merge into their step; validation forwards, which
     Lightning runs without gradients, are not steps), shows the view live in the notebook and leaves
     ``cb.result`` (a :class:`~nbdebug.capture.result.CaptureResult` with the history API) and
-    ``cb.widget``. Options as for :class:`nbdebug.TrainerCallback`.
+    ``cb.widget``. The step's loss (``series("loss")``) is the mean of ``training_step``'s losses
+    over its micro-batches (what Lightning backpropagates, from ``on_before_backward``), unless a
+    ``loss=`` callable is given. Options as for :class:`nbdebug.TrainerCallback`.
 
     The capture opens in ``on_train_start`` (after Lightning's sanity-check validation) on the
     LightningModule and closes in ``on_train_end``, or in ``on_exception`` when ``fit`` raises.
@@ -62,7 +65,21 @@ class LightningCallback:
         live: bool = True,
         **options: Any,
     ) -> None:
+        self._losses: list[Any] = []  # the open step's (normalised) micro-batch losses
+        if options.get("loss") is None:
+            options["loss"] = weak_method(self._step_loss)
         self._watch = TrainingWatch(view, live=live, layers=layers, max_bytes=max_bytes, every=every, **options)
+
+    def _step_loss(self) -> Any:
+        """The closing step's loss: the sum of the losses Lightning backpropagated in it (each divided
+        by ``accumulate_grad_batches``), i.e. the mean of ``training_step``'s losses."""
+        losses, self._losses = self._losses, []
+        if not losses:
+            return None
+        total = losses[0]
+        for x in losses[1:]:
+            total = total + x
+        return total
 
     @property
     def result(self) -> Any:
@@ -92,6 +109,11 @@ class LightningCallback:
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Open the capture on the LightningModule."""
         self._watch.start(pl_module)
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        """Keep the micro-batch's loss for its step (detached; read once when the step closes)."""
+        if self._watch.running:
+            self._losses.append(loss.detach())
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Close the capture: every hook removed, ``result`` and ``widget`` ready."""

@@ -21,6 +21,7 @@ LR = 1e-3
 
 
 # -- import weight ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_import_stays_light() -> None:
     """`import nbdebug`, the callbacks' names and `%load_ext nbdebug` import no framework or exporter."""
     code = (
@@ -44,6 +45,11 @@ def test_lazy_names_resolve() -> None:
     assert nbdebug.TrainerCallback is TrainerCallback
     assert nbdebug.LightningCallback is LightningCallback
     assert {"TrainerCallback", "LightningCallback", "doctor", "DoctorReport", "NonFiniteError"} <= set(nbdebug.__all__)
+    from nbdebug.capture.incidents import NonFiniteError
+    from nbdebug.doctor import DoctorReport
+
+    assert nbdebug.NonFiniteError is NonFiniteError and issubclass(NonFiniteError, FloatingPointError)
+    assert nbdebug.DoctorReport is DoctorReport and callable(nbdebug.doctor)
 
 
 # -- Hugging Face Trainer ----------------------------------------------------------------------
@@ -100,6 +106,7 @@ def test_trainer_callback_is_a_transformers_callback() -> None:
     assert cb.result is None and not cb.running
 
 
+@pytest.mark.slow
 def test_trainer_callback_one_step_per_optimizer_step(tmp_path: Any) -> None:
     """6 optimizer steps × 2 micro-batches, evaluations after steps 3 and 6: 6 steps, eval kept out,
     the Trainer's own loss and learning rate per step, and every hook gone afterwards."""
@@ -130,6 +137,7 @@ def test_trainer_callback_one_step_per_optimizer_step(tmp_path: Any) -> None:
     assert cb.widget is not None
 
 
+@pytest.mark.slow
 def test_trainer_callback_loss_equals_the_trainers_every_2(tmp_path: Any) -> None:
     """Without gradient accumulation the step's loss is the Trainer's logged loss; `every=2` keeps
     steps 1, 3, 5 and the last one."""
@@ -144,6 +152,7 @@ def test_trainer_callback_loss_equals_the_trainers_every_2(tmp_path: Any) -> Non
     assert np.allclose(res.series("loss"), [logs.loss[k] for k in (1, 3, 5, 6)], rtol=1e-5), (res.series("loss"), logs.loss)
 
 
+@pytest.mark.slow
 def test_trainer_callback_shows_the_live_view_once(shell: Any, tmp_path: Any) -> None:
     """In IPython the live thermometer is displayed when training starts and refreshed in place at
     the end (one widget); `cb.widget` is that widget, with its final state."""
@@ -159,6 +168,7 @@ def test_trainer_callback_shows_the_live_view_once(shell: Any, tmp_path: Any) ->
     assert cb.result.steps == 3 and not cb.widget.running
 
 
+@pytest.mark.slow
 def test_trainer_callback_does_not_change_the_run(tmp_path: Any) -> None:
     """The same training with and without the callback ends with bit-identical parameters."""
     import nbdebug
@@ -179,6 +189,7 @@ class _Boom(transformers.TrainerCallback):
             raise RuntimeError("boom at step 3")
 
 
+@pytest.mark.slow
 def test_trainer_exception_then_close_then_second_run(tmp_path: Any) -> None:
     """Trainer calls no callback when train() raises: the capture stays open until cb.close();
     the same callback then watches a second train() from scratch."""
@@ -197,6 +208,7 @@ def test_trainer_exception_then_close_then_second_run(tmp_path: Any) -> None:
     assert cb.result.steps == STEPS and hook_count(model) == own
 
 
+@pytest.mark.slow
 def test_trainer_second_run_closes_a_run_left_open(tmp_path: Any) -> None:
     import nbdebug
 
@@ -209,6 +221,7 @@ def test_trainer_second_run_closes_a_run_left_open(tmp_path: Any) -> None:
     assert cb.result.steps == STEPS and hook_count(model) == own
 
 
+@pytest.mark.slow
 def test_trainer_exception_in_a_cell_removes_hooks_when_the_cell_ends(shell: Any, tmp_path: Any) -> None:
     """In IPython the capture closes when the cell that raised ends (post_run_cell), with what it recorded."""
     import nbdebug
@@ -224,6 +237,7 @@ def test_trainer_exception_in_a_cell_removes_hooks_when_the_cell_ends(shell: Any
     assert shell.events.callbacks["post_run_cell"].count(getattr(cb._watch._open, "on_cell_end", None)) == 0
 
 
+@pytest.mark.slow
 def test_trainer_exception_then_garbage_collected(tmp_path: Any) -> None:
     """Neither close() nor a cell end: dropping the callback and its Trainer removes the hooks."""
     import nbdebug
@@ -251,7 +265,7 @@ def _lightning_module() -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-            self.losses: list[float] = []
+            self.losses: list[torch.Tensor] = []
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.net(x)
@@ -259,7 +273,7 @@ def _lightning_module() -> Any:
         def training_step(self, batch: Any, i: int) -> torch.Tensor:
             x, y = batch
             loss = F.cross_entropy(self(x), y)
-            self.losses.append(float(loss))
+            self.losses.append(loss.detach())
             return loss
 
         def validation_step(self, batch: Any, i: int) -> None:
@@ -287,6 +301,7 @@ def _fit(L: Any, module: Any, callbacks: list) -> Any:
     return trainer
 
 
+@pytest.mark.slow
 def test_lightning_callback_one_step_per_optimizer_step() -> None:
     import nbdebug
 
@@ -300,11 +315,14 @@ def test_lightning_callback_one_step_per_optimizer_step() -> None:
     assert res.steps == STEPS and res.step_index.tolist() == list(range(1, STEPS + 1))
     assert res.eval_steps == 4  # two validation batches after 6 and after 12 micro-batches (sanity check not watched)
     assert np.allclose(res.series("lr"), 0.1)
+    per_batch = torch.stack(module.losses).reshape(STEPS, 2).mean(1).numpy()  # the step's micro-batches
+    assert np.allclose(res.series("loss"), per_batch, rtol=1e-6), (res.series("loss"), per_batch)
     for field in ("mean", "grad_norm", "update_ratio"):
         assert np.isfinite(res.series("net.0", field)).all(), field
     assert not math.isnan(res.series("net.2", "param_grad_norm")[-1])
 
 
+@pytest.mark.slow
 def test_lightning_exception_closes_the_capture() -> None:
     import nbdebug
 

@@ -30,8 +30,8 @@ import numpy as np
 from ..capture.names import split_call_name
 
 __all__ = [
-    "ROW_FIELDS", "SEVERITY", "STRIP_STATS", "Block", "Group", "GroupTree", "group_report", "group_rows", "groups_payload",
-    "match", "split_module",
+    "ROW_FIELDS", "SEVERITY", "STRIP_STATS", "Block", "Group", "GroupTree", "attach_residual", "group_report", "group_rows", "groups_payload",
+    "match", "residual_for", "split_module",
 ]
 
 #: per-row statistics sent to the grouped view (in this order), from the thermometer's table columns
@@ -201,7 +201,7 @@ def group_rows(names: Sequence[str], *, modules: Sequence[str] | None = None, ty
                      values=values, flag_codes=codes, row_flags=row_flags, owner=owner, groups=groups, blocks=blocks,
                      top=top, strip=strip)
     if residual is not None:
-        _attach_residual(tree, residual)
+        attach_residual(tree, residual)
     return tree
 
 
@@ -268,8 +268,25 @@ def _strip(blocks: list[Block], values: np.ndarray, sev: np.ndarray) -> np.ndarr
     return out
 
 
-def _attach_residual(tree: GroupTree, res: Any) -> None:
-    """Put ``res.norm`` (per block name) into the strip of the group holding those blocks."""
+def residual_for(tree: GroupTree, layers: Sequence[Any]) -> Any:
+    """The residual stream of the top-level group with the most blocks (a language model's block
+    list), read from its blocks' own output rows among ``layers`` (``CaptureResult.layers``);
+    None when no block output was captured (the capture took leaf modules only)."""
+    from .residual import block_rows, residual_stream
+
+    top = [g for g in tree.groups if g.parent == -1]
+    if not top:
+        return None
+    g = max(top, key=lambda g: len(g.blocks))
+    blocks = [tree.blocks[b].name for b in g.blocks]
+    if not any(block_rows([r.name for r in layers], blocks)):
+        return None
+    return residual_stream(layers, blocks)
+
+
+def attach_residual(tree: GroupTree, res: Any) -> None:
+    """Put ``res.norm`` (per block name; a :class:`~nbdebug.inspectors.residual.ResidualStream`)
+    into the ``"residual"`` strip of the group holding those blocks, with its largest jump."""
     by_name = {b.name: i for i, b in enumerate(tree.blocks)}
     hits = [(by_name[name], float(v)) for name, v in zip(res.blocks, res.norm) if name in by_name]
     if not hits:

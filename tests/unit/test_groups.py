@@ -256,3 +256,21 @@ def test_real_capture_rows_group_by_family(family, container, top):
     std = report.table[:, COLUMNS.index("std")]
     b0 = t.blocks[0]
     assert t.strip[0, STRIP_STATS.index("std")] == pytest.approx(np.nanmean(std[b0.rows]), rel=1e-6)
+
+
+def test_residual_for_reads_the_largest_top_group_block_outputs():
+    from nbdebug.inspectors.groups import attach_residual, residual_for
+
+    names = ["emb", *[f"enc.{i}.fc" for i in range(2)], *[f"dec.{i}.fc" for i in range(3)], "dec.0", "dec.1[0]"]
+    layers = [SimpleNamespace(name=n, shape=(4, 4), stats={"norm": 6.0, "numel": 16}) for n in names]  # 6 / sqrt(4 tokens)
+    t = group_rows(names)
+    res = residual_for(t, layers)
+    assert res.blocks == ["dec.0", "dec.1", "dec.2"] and res.rows == ["dec.0", "dec.1[0]", None]
+    np.testing.assert_allclose(res.norm, [3.0, 3.0, np.nan])
+    attach_residual(t, res)
+    assert t.residual["group"] == 1
+    assert t.strip[t.groups[1].blocks, STRIP_STATS.index("residual")].tolist()[:2] == [3.0, 3.0]
+    # the block outputs are rows of their own blocks
+    assert items(t, t.blocks[t.groups[1].blocks[0]].items) == ["dec.0.fc", "dec.0"]
+    # leaf-only captures: no block outputs, no residual
+    assert residual_for(group_rows(names[:-2]), layers[:-2]) is None

@@ -184,9 +184,12 @@ def test_trainer_callback_does_not_change_the_run(tmp_path: Any) -> None:
 
 
 class _Boom(transformers.TrainerCallback):
+    def __init__(self, exc: type[BaseException] = RuntimeError) -> None:
+        self.exc = exc
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if state.global_step == 3:
-            raise RuntimeError("boom at step 3")
+            raise self.exc("boom at step 3")
 
 
 @pytest.mark.slow
@@ -222,19 +225,22 @@ def test_trainer_second_run_closes_a_run_left_open(tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
-def test_trainer_exception_in_a_cell_removes_hooks_when_the_cell_ends(shell: Any, tmp_path: Any) -> None:
-    """In IPython the capture closes when the cell that raised ends (post_run_cell), with what it recorded."""
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
+def test_trainer_exception_in_a_cell_removes_hooks_when_the_cell_ends(shell: Any, tmp_path: Any, exc: type) -> None:
+    """In IPython the capture closes when the cell that raised (or was interrupted) ends
+    (post_run_cell), with what it recorded, and stops listening to cells."""
     import nbdebug
 
     model = _gpt2()
     own = hook_count(model)
     cb = nbdebug.TrainerCallback(live=False)
-    shell.user_ns.update(trainer=_trainer(model, tmp_path, [cb, _Boom()]))
+    listeners = len(shell.events.callbacks["post_run_cell"])
+    shell.user_ns.update(trainer=_trainer(model, tmp_path, [cb, _Boom(exc)]))
     res = shell.run_cell("trainer.train()")
-    assert isinstance(res.error_in_exec, RuntimeError)
+    assert type(res.error_in_exec) is exc
     assert not cb.running and hook_count(model) == own
     assert cb.result.steps == 3
-    assert shell.events.callbacks["post_run_cell"].count(getattr(cb._watch._open, "on_cell_end", None)) == 0
+    assert len(shell.events.callbacks["post_run_cell"]) == listeners
 
 
 @pytest.mark.slow

@@ -419,4 +419,15 @@ def result_of(spool: RankSpool) -> Any:
     if not res.incidents and spool.incidents:
         res.incidents = [_incident(d) for d in spool.incidents]
     res.history = spool.history
+    if summary is None:  # rows and first NaN/Inf from what the steps wrote
+        h = spool.history
+        if h is not None and len(h):
+            res.layers = res.at(int(h.step_index[-1]))
+            res.notes.append(f"rows show step {int(h.step_index[-1])} (no whole-run summary)")
+        attr = {"forward": "forward_nonfinite_step", "output_grad": "backward_nonfinite_step",
+                "param_grad": "param_grad_nonfinite_step"}
+        for inc in res.incidents:
+            name = attr.get(getattr(inc, "phase", None) or "")
+            if inc.kind == "nonfinite" and name and getattr(res, name) is None:
+                setattr(res, name, int(inc.step))
     return res

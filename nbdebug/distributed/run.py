@@ -245,6 +245,40 @@ class Run:
                     out[row] = (min(lo, x), max(hi, x))
         return out
 
+    @property
+    def focus(self) -> int | None:
+        """The rank to look at first: the first NaN/Inf's, else the lowest rank that raised, else 0."""
+        if self.first_nonfinite:
+            return self.first_nonfinite[0].rank
+        if self.errors:
+            return min(self.errors)
+        return next((r for r, res in enumerate(self.ranks) if res is not None), None)
+
+    def summary(self) -> str:
+        """What happened across ranks, in one paragraph (the magic shows it above the view)."""
+        return _summary(self)
+
+    def widget(self, rank: int | None = None) -> Any:
+        """The thermometer of ``rank`` (default: :attr:`focus`) with the whole-run summary as a note."""
+        from ..inspectors.thermometer import diagnose
+        from ..widgets.thermometer import ThermometerWidget
+
+        r = self.focus if rank is None else rank
+        res = None if r is None or r >= len(self.ranks) else self.ranks[r]
+        if res is None:
+            raise LookupError(self.summary())
+        return ThermometerWidget(diagnose(res), res)
+
+    def show(self) -> None:
+        """Display the summary and the :attr:`focus` rank's thermometer."""
+        from IPython.display import display
+
+        from ..widgets.dashboard import ViewNote
+
+        display(ViewNote(f"rank {self.focus}: " + self.summary() if self.focus is not None else self.summary()))
+        if self.focus is not None:
+            display(self.widget())
+
     def __repr__(self) -> str:
         steps = [None if r is None else r.steps for r in self.ranks]
         nf = self.first_nonfinite[0] if self.first_nonfinite else None
@@ -260,3 +294,21 @@ def load(spool_dir: str | os.PathLike[str]) -> Run:
     if not path.is_dir():
         raise FileNotFoundError(f"no spool directory {str(path)!r} (set NBDEBUG_SPOOL={path} for the workers)")
     return Run([read_rank(p) for _, _, p in scan(path)])
+
+
+def _summary(run: Run) -> str:
+    """One paragraph: ranks and steps, the first NaN/Inf, divergence, errors, notes."""
+    steps = ", ".join(f"rank {r}: {'—' if res is None else res.steps}" for r, res in enumerate(run.ranks))
+    parts = [f"{run.world_size} rank(s) (steps {steps})" if run.ranks else "no rank recorded"]
+    if run.first_nonfinite:
+        f = run.first_nonfinite[0]
+        also = "; ".join(f"rank {x.rank} step {x.step} ({x.phase})" for x in run.first_nonfinite[1:])
+        parts.append(f"first NaN/Inf: rank {f.rank}, step {f.step}, `{f.module}` ({f.phase})" + (f"; also {also}" if also else ""))
+    if run.diverged:
+        parts.append(f"parameters that differ across ranks after step {run.compared_step}: {', '.join(run.diverged)}")
+    for r, e in sorted(run.errors.items()):
+        parts.append(f"rank {r} raised {e}")
+    left = {r: n for r, n in run.hooks_left.items() if n}
+    if left:
+        parts.append(f"hooks left: {left}")
+    return "; ".join(parts + run.notes)

@@ -137,6 +137,8 @@ def test_ddp_nan_on_rank1_is_reported_with_rank_step_module(tmp_path: Path) -> N
     # rank 0's own forward was finite at step 3; the all-reduced gradients brought the NaN
     other = [f for f in run.first_nonfinite if f.rank == 0]
     assert len(other) == 1 and (other[0].step, other[0].phase) == (3, "param_grad")
+    assert "first NaN/Inf: rank 1, step 3, `1` (forward); also rank 0 step 3 (param_grad)" in run.summary()
+    assert run.focus == 1 and run.widget().report.names == ROWS
     assert run.ranks[1].series("1", "nan").tolist() == [0, 0, 48, 48, 48]  # every element of the 6×8 output
     assert run.ranks[0].series("1", "nan").tolist() == [0, 0, 0, 48, 48]  # rank 0: from the NaN weights on
 
@@ -164,6 +166,8 @@ def test_worker_that_raises_ends_the_run_with_its_error_and_what_it_recorded(tmp
     assert "raise RuntimeError" in run.tracebacks[1]
     assert run.ranks[1].steps == 3 and run.ranks[1].raised.startswith("RuntimeError: boom")
     assert run.hooks_left[1] == 0
+    assert run.focus == 1 and "rank 1 raised RuntimeError: boom on rank 1 at step 3" in run.summary()
+    assert [r.name for r in run.ranks[0].layers] == ROWS  # killed or closed: its rows are there
     # rank 0 waited in the all-reduce of step 3 and was stopped: steps 1-2 are there
     assert run.ranks[0].history.step_index.tolist()[:2] == [1, 2]
 
@@ -267,6 +271,8 @@ def test_workers_that_stop_making_progress_are_reported_with_their_steps(capsys:
     assert err.count("nbdebug: no rank wrote progress for 3 s while the cell runs (rank 0 at step 1, rank 1 at step 1)") == 1
     assert "torch.set_num_threads(1)" in err and "start_method='spawn'" in err
     assert [r.steps for r in run.ranks] == [1, 1] and sum("never closed" in n for n in run.notes) == 2
+    # killed: rows from the last step written, the thermometer still draws them
+    assert [r.name for r in run.ranks[1].layers] == ROWS and run.widget(1).report.names == ROWS
     assert any(n.startswith("no rank wrote progress") for n in run.notes)
     assert all(not p.is_alive() for p in procs)
 

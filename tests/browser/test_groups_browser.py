@@ -1,0 +1,166 @@
+"""The grouped thermometer (js/src/thermometer/groups.ts) in a real JupyterLab with a 1,603-row
+model: first draw, expanding a group and a block, a filter that finds a row inside a collapsed
+group, and a row click reaching the kernel; timed with ``performance.now()`` in the page.
+
+The model is ``benchmarks/bench_groups.py``'s (32 blocks × 50 captured rows, 11 experts per block
+as nested groups, the blocks' own outputs for the residual stream row), captured for one training
+step by ``Capture``, grouped by ``nbdebug.inspectors.groups``. The widget is a test-only anywidget
+whose ES module is ``renderGroups`` bundled by esbuild here (the grouped view is not wired into the
+thermometer widget yet). Figures go to ``test-artifacts/groups_browser_timing.json``, which
+``benchmarks/bench_groups.py`` prints.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from .harness import (
+    ARTIFACTS,
+    REPO,
+    kernel_json,
+    open_and_run,
+    run_code_and_wait_text,
+    run_js,
+    screenshot,
+    wait_widget,
+    write_notebook,
+)
+
+pytestmark = pytest.mark.browser
+
+ENTRY = """
+import { renderGroups } from %s;
+export default {
+  render(ctx) {
+    const t0 = performance.now();
+    const cleanup = renderGroups(ctx);
+    const draw = performance.now() - t0;
+    requestAnimationFrame(() => { window.__nbdGroups = { draw, paint: performance.now() - t0 }; });
+    return cleanup;
+  },
+};
+"""
+
+SETUP = f"""
+import sys, json, pathlib
+sys.path.insert(0, {str(REPO / "benchmarks")!r})
+from bench_groups import capture_report, payload_bytes
+from nbdebug.inspectors.groups import attach_residual, group_report, groups_payload, residual_for
+from nbdebug.inspectors.thermometer import LEGEND
+from nbdebug.widgets._transport import encode_array
+
+result, report = capture_report()
+tree = group_report(report)
+attach_residual(tree, residual_for(tree, result.layers))
+meta, arrays = groups_payload(tree)
+payload = {{**meta, **{{k: encode_array(v) for k, v in arrays.items()}}}}
+print(len(report.names), payload_bytes(meta, arrays))
+"""
+
+WIDGET = """
+import anywidget, traitlets
+
+class GroupsTestWidget(anywidget.AnyWidget):
+    _esm = pathlib.Path("groups_test.js").read_text()
+    groups = traitlets.Dict().tag(sync=True)
+    legend = traitlets.Dict().tag(sync=True)
+    selected = traitlets.Unicode("").tag(sync=True)
+    group_stat = traitlets.Unicode("").tag(sync=True)
+
+w = GroupsTestWidget(groups=payload, legend=LEGEND)
+w
+"""
+
+# click, then wait for the next frame after the DOM work (layout + paint are in the measured time)
+TIMED_CLICK = """
+const el = document.querySelector(arg);
+const t0 = performance.now();
+el.click();
+await new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)));
+return performance.now() - t0;
+"""
+
+TIMED_FILTER = """
+const box = document.querySelector('.nbdebug-groups .nbd-group-filter');
+const t0 = performance.now();
+box.value = arg;
+box.dispatchEvent(new Event('input'));
+await new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)));
+return performance.now() - t0;
+"""
+
+
+def _bundle(dest) -> None:
+    """``renderGroups`` wrapped with draw timing, bundled as one ES module (esbuild from js/)."""
+    entry = dest.parent / "groups_entry.js"
+    entry.write_text(ENTRY % json.dumps(str(REPO / "js" / "src" / "thermometer" / "groups.ts")))
+    esbuild = REPO / "js" / "node_modules" / ".bin" / "esbuild"
+    if not esbuild.exists():
+        pytest.skip("js/node_modules missing: run `cd js && npm ci`")
+    subprocess.run([str(esbuild), str(entry), "--bundle", "--format=esm", f"--outfile={dest}", "--log-level=warning"],
+                   check=True, cwd=REPO / "js")
+
+
+def test_grouped_thermometer_1600_rows_lab(page, lab):
+    _bundle(lab.root / "groups_test.js")
+    write_notebook(lab.root, "groups", [SETUP, WIDGET])
+    open_and_run(page, lab, "groups")
+    w = wait_widget(page, "groups")
+    rows, nbytes = kernel_json(page, "[len(report.names), payload_bytes(meta, arrays)]")
+    assert rows == 1603 and nbytes <= 1_000_000
+    page.wait_for_function("window.__nbdGroups !== undefined")
+    first = page.evaluate("window.__nbdGroups")
+
+    # collapsed: embed, the model.layers group (32 strip cells), final norm, head
+    grp = w.locator('.nbd-grp[data-group="0"]')
+    assert grp.locator(".nbd-gname").text_content() == "model.layers"
+    assert grp.locator(".nbd-cell").count() == 32
+    assert w.locator(".nbd-grow").all_text_contents() and w.locator(".nbd-grow .nbd-gname").all_text_contents() == [
+        "model.embed_tokens", "model.norm", "lm_head"]
+    assert w.locator(".nbd-group-stat").input_value() == "residual"
+    title = grp.locator(".nbd-cell").nth(5).get_attribute("title")
+    assert title.startswith("model.layers.5: residual stream norm ")
+
+    # expand the group (32 block lines), then block 17 (its 50 rows incl. 11 nested expert groups)
+    expand_group = run_js(page, TIMED_CLICK, '.nbdebug-groups .nbd-grp[data-group="0"]')
+    assert w.locator(".nbd-grp-body > .nbd-blk").count() == 32
+    b17 = _block(page, "model.layers.17")
+    expand_block = run_js(page, TIMED_CLICK, f'.nbdebug-groups .nbd-blk[data-block="{b17}"]')
+    body = w.locator(".nbd-blk-body").first
+    names = body.locator(":scope > .nbd-grow .nbd-gname").all_text_contents()
+    assert names[:2] == ["input_layernorm", "self_attn.q_proj"] and names[-1] == "(output)"
+    assert body.locator(":scope > .nbd-grp").count() == 1  # mlp.experts: a nested group of 11
+    assert body.locator(":scope > .nbd-grp .nbd-cell").count() == 11
+
+    # collapse, then a filter finds one row deep inside the collapsed groups
+    run_js(page, TIMED_CLICK, '.nbdebug-groups .nbd-grp[data-group="0"]')
+    assert w.locator(".nbd-blk").count() == 0
+    target = "model.layers.23.mlp.experts.7.act"
+    filter_ms = run_js(page, TIMED_FILTER, "layers.23.mlp.experts.7.act type:gelu")
+    hit = w.locator(".nbd-grow")
+    assert hit.count() == 1
+    assert hit.locator(".nbd-gname").get_attribute("title") == f"{target}\nGELU"
+    assert w.locator(".nbd-group-count").text_content() == "1 of 1603 rows match"
+    hit.click()
+    run_code_and_wait_text(page, "print(w.selected)", target)
+    filter_all_ms = run_js(page, TIMED_FILTER, "type:linear")
+    linear = kernel_json(page, "sum(t == 'Linear' for t in report.types)")
+    assert linear == 32 * 26 + 1 and w.locator(".nbd-grow").count() == 400
+    assert "more matches" in w.locator(".nbd-group-more").text_content()
+    screenshot(page, "groups-lab", w)
+
+    timing = {"rows": rows, "payload_kib": round(nbytes / 1024, 1), "first_draw_ms": first["draw"],
+              "first_paint_ms": first["paint"], "expand_group_ms": expand_group, "expand_block_ms": expand_block,
+              "filter_one_ms": filter_ms, f"filter_400_of_{linear}_ms": filter_all_ms}
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "groups_browser_timing.json").write_text(json.dumps(timing, indent=1))
+    print(timing)
+    assert first["paint"] < 2000 and expand_group < 1000 and expand_block < 1000  # generous: loaded 2-core machine
+
+
+def _block(page, name: str) -> int:
+    """Index of block ``name`` in the payload (what the view's data-block attributes hold)."""
+    return kernel_json(page, f"[b.name for b in tree.blocks].index({name!r})")

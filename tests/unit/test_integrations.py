@@ -345,3 +345,31 @@ def test_lightning_exception_closes_the_capture() -> None:
         _fit(L, module, [cb, Boom()])
     assert not cb.running and hook_count(module) == own
     assert cb.result.steps == 2
+
+
+@pytest.mark.slow
+def test_trainer_callback_holds_the_model_weakly(tmp_path: Any) -> None:
+    """After training, the callback (its result and widget) does not keep the model alive."""
+    import weakref
+
+    import nbdebug
+
+    model = _gpt2()
+    ref = weakref.ref(model)
+    cb = nbdebug.TrainerCallback(live=False)
+    trainer = _trainer(model, tmp_path, [cb], steps=2)
+    trainer.train()
+    assert cb.result.steps == 2 and cb.widget is not None
+    del trainer, model
+    gc.collect()
+    assert ref() is None
+    assert cb.result.series("loss").shape == (2,)  # the data stays
+
+
+def test_unwrap_data_parallel() -> None:
+    from nbdebug.integrations._watch import unwrap
+
+    m = nn.Linear(2, 2)
+    assert unwrap(m) is m and unwrap(nn.DataParallel(m)) is m
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
+        unwrap(object())

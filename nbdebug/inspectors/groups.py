@@ -30,8 +30,8 @@ import numpy as np
 from ..capture.names import split_call_name
 
 __all__ = [
-    "ROW_FIELDS", "SEVERITY", "STRIP_STATS", "Block", "Group", "GroupTree", "attach_residual", "group_report", "group_rows", "groups_payload",
-    "match", "residual_for", "split_module",
+    "GROUPED_MIN_ROWS", "ROW_FIELDS", "SEVERITY", "STRIP_STATS", "Block", "Group", "GroupTree", "attach_residual",
+    "group_report", "group_rows", "groups_payload", "groups_view", "match", "residual_for", "split_module",
 ]
 
 #: per-row statistics sent to the grouped view (in this order), from the thermometer's table columns
@@ -44,6 +44,8 @@ SEVERITY: dict[str, int] = {
     "exploding": 2, "dead": 2,
     "vanishing": 1, "saturated": 1, "dead_units": 1, "update_ratio": 1,
 }
+#: the thermometer offers the grouped view from this many rows on (and only when something repeats)
+GROUPED_MIN_ROWS = 100
 _LEAF = re.compile(r"[\[#]")
 
 
@@ -212,6 +214,22 @@ def group_report(report: Any, residual: Any = None) -> GroupTree:
 
     return group_rows(report.names, modules=report.modules, types=report.types, table=report.table, columns=COLUMNS,
                       flags=report.flags, residual=residual)
+
+
+def groups_view(report: Any, layers: Sequence[Any] | None = None,
+                min_rows: int = GROUPED_MIN_ROWS) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+    """What the thermometer widget syncs for its grouped view: :func:`groups_payload` of the
+    report's rows with the residual stream (from ``layers``, ``CaptureResult.layers``, when the
+    blocks' outputs were captured); None below ``min_rows`` rows or when no block repeats."""
+    if len(report.names) < min_rows:
+        return None
+    tree = group_report(report)
+    if not tree.groups:
+        return None
+    res = residual_for(tree, layers) if layers is not None else None
+    if res is not None:
+        attach_residual(tree, res)
+    return groups_payload(tree)
 
 
 def _row_values(n: int, table: np.ndarray | None, columns: Sequence[str]) -> np.ndarray:

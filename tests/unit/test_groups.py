@@ -274,3 +274,19 @@ def test_residual_for_reads_the_largest_top_group_block_outputs():
     assert items(t, t.blocks[t.groups[1].blocks[0]].items) == ["dec.0.fc", "dec.0"]
     # leaf-only captures: no block outputs, no residual
     assert residual_for(group_rows(names[:-2]), layers[:-2]) is None
+
+
+def test_groups_view_only_for_many_rows_that_repeat():
+    from nbdebug.inspectors.groups import groups_view
+
+    def report(names):
+        n = len(names)
+        return SimpleNamespace(names=names, modules=[split_module(x)[0] for x in names], types=["Linear"] * n,
+                               table=np.zeros((n, len(COLUMNS))), flags=[[] for _ in names])
+
+    many = llama_names(10)  # 105 rows
+    assert groups_view(report(llama_names(2))) is None  # 25 rows: the flat table is fine
+    assert groups_view(report([f"fc{i}" for i in range(150)])) is None  # nothing repeats
+    meta, arrays = groups_view(report(many))
+    assert len(arrays["block_name"]) == 10 and meta["residual"] is None
+    assert groups_view(report(llama_names(2)), min_rows=0) is not None

@@ -39,6 +39,33 @@ _GRAD_COLS = [_FI["grad_" + k] for k in ("mean", "std", "min", "max", "norm", "n
 _GRAD_KEYS = ("mean", "std", "min", "max", "norm", "nan", "inf")
 
 
+def _host(items: list[Any], batch: bool) -> list[Any]:
+    """``items`` on the host: DeviceStats → raw rows, tensors → numpy, anything else as is; every
+    device tensor crosses in one packed transfer per device (``batch``: CPU tensors too)."""
+    dev: list[torch.Tensor] = []
+    where: list[tuple[int, int]] = []
+    out = items
+    for i, x in enumerate(items):
+        if isinstance(x, DeviceStats):
+            where.append((i, len(dev)))
+            dev += [x.floats, x.counts]
+        elif isinstance(x, torch.Tensor):
+            if not batch and x.device.type == "cpu":
+                if out is items:
+                    out = list(items)
+                out[i] = x.detach().numpy()
+            else:
+                where.append((i, len(dev)))
+                dev.append(x)
+    if dev:
+        if out is items:
+            out = list(items)
+        host = packed_to_host(dev)
+        for i, j in where:
+            out[i] = raw_from_host(host[j], host[j + 1]) if isinstance(items[i], DeviceStats) else host[j]
+    return out
+
+
 class _Fetch:
     """Collects what a step needs from the device; :meth:`run` brings it over in one transfer."""
 
@@ -185,96 +212,123 @@ def close_step(cap: Capture) -> None:
     late, cap._late = cap._late, []
     if not calls and not late and upd is None:
         return
-    fetch = _Fetch(cap.device_path)
-    s_raw = [fetch.add(c.raw) for c in calls]
-    s_grad = [fetch.add(c.grad_stats) for c in calls]
-    s_alive = [fetch.add(c.alive) for c in calls]
-    s_checks = [[fetch.add(t) for t in c.input_checks] for c in calls]
-    s_late = [fetch.add(c.late) for c in late]
-    s_pg = fetch.add(torch.stack(pg[1]) if pg is not None else None)
-    s_loss = [fetch.add(x) for x in losses]
+    n = len(calls)
     opt_keys: list[tuple[str, str]] = []
-    s_opt: list[int] = []
+    opt_vals: list[Any] = []
     if upd is not None:
         for kind in ("update_ratio", "param_norm", "lr"):
             for mod, v in getattr(upd, kind).items():
                 opt_keys.append((kind, mod))
-                s_opt.append(fetch.add(v))
-        s_skip = fetch.add(upd.skipped)
-    host = fetch.run()  # THE transfer of this step
-
-    _flush_late(cap, late, [host[i] for i in s_late])
+                opt_vals.append(v)
+    checks = [t for c in calls for t in c.input_checks]
+    items: list[Any] = [c.raw for c in calls]
+    items += [c.grad_stats for c in calls]
+    items += [c.alive for c in calls]
+    items += [c.late for c in late]
+    items += checks
+    items += opt_vals
+    items += losses
+    items.append(torch.stack(pg[1]) if pg is not None else None)
+    items.append(upd.skipped if upd is not None else False)
+    host = _host(items, cap.device_path)  # THE transfer of this step
+    h_raw, h_grad, h_alive = host[:n], host[n : 2 * n], host[2 * n : 3 * n]
+    pos = 3 * n + len(late)
+    _flush_late(cap, late, host[3 * n : pos])
+    h_checks = host[pos : pos + len(checks)]
+    pos += len(checks)
+    h_opt = host[pos : pos + len(opt_vals)]
+    pos += len(opt_vals)
+    h_loss = host[pos : pos + len(losses)]
+    h_pg, h_skip = host[-2], host[-1]
     if not calls:
         return
-    raws = np.stack([host[i] for i in s_raw])
-    grads = np.full((len(calls), N_FIELDS), np.nan)
-    for j, i in enumerate(s_grad):
-        if host[i] is not None:
-            grads[j] = host[i]
+    raws = np.stack(h_raw)
+    has_grad = [g is not None for g in h_grad]
+    grads = np.full((n, N_FIELDS), np.nan)
+    if any(has_grad):
+        idx = [j for j in range(n) if has_grad[j]]
+        grads[idx] = np.stack([h_grad[j] for j in idx])
     rows, raw, counts, inv = _group([c.row for c in calls], raws)
-    grad = grads if len(rows) == len(calls) else _group_grads(grads, inv, len(rows))
-    alive: list[np.ndarray | None] = [None] * len(rows)
-    first_call: list[Any] = [None] * len(rows)
-    seen = [False] * len(rows)
-    for j, c in enumerate(calls):
-        r = inv[j]
-        a = host[s_alive[j]]  # None: every unit non-zero in this call
-        if not seen[r]:
-            seen[r], first_call[r], alive[r] = True, c, a
-        else:
-            alive[r] = _or(alive[r], a)
+    grad = grads if len(rows) == n else _group_grads(grads, inv, len(rows))
+    nr = len(rows)
+    if nr == n:
+        alive, first_call = h_alive, calls
+    else:
+        alive = [None] * nr
+        first_call = [None] * nr
+        for j, c in enumerate(calls):
+            r = inv[j]
+            if first_call[r] is None:
+                first_call[r], alive[r] = c, h_alive[j]
+            else:
+                alive[r] = _or(alive[r], h_alive[j])
     values = _stat_values(raw, grad, rows)
+    col = _FI["dead_unit_frac"]
     for r, row in enumerate(rows):
         if row.units:
             a = alive[r]
-            values[r, _FI["dead_unit_frac"]] = 0.0 if a is None else (float(np.count_nonzero(~a)) / a.size if a.size == row.units else math.nan)
+            values[r, col] = 0.0 if a is None else ((a.size - int(np.count_nonzero(a))) / a.size if a.size == row.units else math.nan)
     # parameter-gradient norms (one per module, on its first row) and optimizer numbers
     pg_bad: list[str] = []
     module_norm: dict[str, float] = {}
     if pg is not None:
         sq: dict[str, float] = {}
-        for p, n in zip(pg[0], np.asarray(host[s_pg], dtype=np.float64).reshape(-1)):
-            for mod in cap._param_owner.get(id(p), ()):
-                sq[mod] = sq.get(mod, 0.0) + float(n) ** 2
+        owner = cap._param_owner
+        for p, v in zip(pg[0], np.asarray(h_pg, dtype=np.float64).reshape(-1).tolist()):
+            for mod in owner.get(id(p), ()):
+                sq[mod] = sq.get(mod, 0.0) + v * v
         module_norm = {m: math.sqrt(v) for m, v in sq.items()}
         pg_bad = [m for m, v in module_norm.items() if not math.isfinite(v)]
     opt: dict[str, dict[str, float]] = {"update_ratio": {}, "param_norm": {}, "lr": {}}
-    for (kind, mod), i in zip(opt_keys, s_opt):
-        opt[kind][mod] = _f(host[i])
-    skipped = bool(np.any(host[s_skip])) if upd is not None else False
+    for (kind, mod), v in zip(opt_keys, h_opt):
+        opt[kind][mod] = v if type(v) is float else _f(v)
+    skipped = bool(np.any(h_skip))
     row_pos = {row.id: r for r, row in enumerate(rows)}
+    first_row = cap.first_row
     for field_, per_module in (("param_grad_norm", module_norm), ("param_norm", opt["param_norm"]),
                                ("update_ratio", opt["update_ratio"])):
-        for mod, v in per_module.items():
-            first = cap.first_row.get(mod)
-            if first is not None and first.id in row_pos:
-                values[row_pos[first.id], _FI[field_]] = v
-    loss = float(np.mean([_f(host[i]) for i in s_loss])) if s_loss else math.nan
+        if per_module:
+            c = _FI[field_]
+            for mod, v in per_module.items():
+                first = first_row.get(mod)
+                if first is not None and first.id in row_pos:
+                    values[row_pos[first.id], c] = v
+    loss = (sum(_f(x) for x in h_loss) / len(h_loss)) if h_loss else math.nan
     lr = opt["lr"].get("", math.nan)
-    checks_bad = {id(c): any(not np.all(np.isfinite(host[i])) for i in s_checks[j]) for j, c in enumerate(calls) if s_checks[j]}
+    checks_bad: dict[int, bool] = {}
+    if checks:
+        k = 0
+        for c in calls:
+            m = len(c.input_checks)
+            if m:
+                checks_bad[id(c)] = not all(np.isfinite(x).all() for x in h_checks[k : k + m])
+                k += m
     data = _StepData(calls, rows, raw, grad, values, alive, counts, first_call, checks_bad,
                      {"loss": loss, "lr": lr, "skipped": 1.0 if skipped else 0.0}, skipped,
                      {m: v for m, v in opt["lr"].items() if m})
     # the step's non-finite check, in phase order
-    for j, c in enumerate(calls):
-        if nonfinite(raws[j]):
-            what = "NaN" if raws[j, IDX["nan"]] > 0 else "Inf"
-            data.fwd = (c, not checks_bad.get(id(c), False), what)
-            if cap._hot is not None and cap._hot_call is c:
-                data.fwd_incident = cap._hot
-            elif c.held is not None:
-                data.fwd_incident = forward_incident(cap, c, *c.held)
-            break
-    if not skipped:
+    bad = np.flatnonzero(raws[:, IDX["nan"]] + raws[:, IDX["inf"]] > 0)
+    if bad.size:
+        j = int(bad[0])
+        c = calls[j]
+        what = "NaN" if raws[j, IDX["nan"]] > 0 else "Inf"
+        data.fwd = (c, not checks_bad.get(id(c), False), what)
+        if cap._hot is not None and cap._hot_call is c:
+            data.fwd_incident = cap._hot
+        elif c.held is not None:
+            data.fwd_incident = forward_incident(cap, c, *c.held)
+    if not skipped and np.any(grads[:, IDX["nan"]] + grads[:, IDX["inf"]] > 0):
         data.bwd = _backward_origin(calls, grads)
+    if not skipped:
         data.pg = pg_bad[0] if pg_bad else None
         if data.pg is not None:
             data.pg = min(pg_bad, key=lambda m: cap.first_row[m].id if m in cap.first_row else 1 << 30)
     for j, c in enumerate(calls):
         c.closed = True
         c.raw = c.alive = c.held = None
-        c.input_checks = []
-        c.grad_stats = None if np.isnan(grads[j, 0]) else grads[j]
+        if c.input_checks:
+            c.input_checks = []
+        c.grad_stats = grads[j] if has_grad[j] else None
     if not cap._open_grad and not cap._seen_training:
         cap._pending.append(data)
         if len(cap._pending) >= PENDING_NO_GRAD:
@@ -363,9 +417,10 @@ def _ensure_run(cap: Capture) -> None:
         calls = np.zeros(size, np.int64)
         calls[:have] = cap.run_calls
         cap.run_raw, cap.run_grad, cap.run_calls = raw, grad, calls
-    units = np.zeros(cap.run_raw.shape[0], bool)
-    units[: len(cap._rows)] = [r.units > 0 for r in cap._rows]
-    cap.run_units = units
+    if cap.run_units.shape[0] != cap.run_raw.shape[0] or cap.units_known != n:
+        units = np.zeros(cap.run_raw.shape[0], bool)
+        units[:n] = [r.units > 0 for r in cap._rows]
+        cap.run_units, cap.units_known = units, n
 
 
 _ADD = [i for i in range(N_FIELDS) if i not in (IDX["min"], IDX["max"])]

@@ -209,6 +209,7 @@ class Capture:
         self.run_grad = np.zeros((0, N_FIELDS))
         self.run_calls = np.zeros(0, np.int64)
         self.run_units = np.zeros(0, bool)
+        self.units_known = 0  # rows whose ``units`` are in run_units
         self.first_row: dict[str, _Row] = {}  # module name → its first row (param/optimizer stats go there)
         self.module_of: dict[str, nn.Module] = dict(self.modules)
         self._step_calls: list[_Call] = []
@@ -565,16 +566,18 @@ class Capture:
             return
         grads = [p.grad.detach() for p in params]  # type: ignore[union-attr]
         with torch.no_grad():
-            half = [g for g in grads if g.dtype in (torch.float16, torch.bfloat16)]
-            if half:
+            kinds = {(g.device, g.dtype) for g in grads}
+            if len(kinds) == 1 and grads[0].dtype == torch.float32:
+                norms = list(torch._foreach_norm(grads))  # one op for every parameter
+            else:
                 grads = [g.float() if g.dtype in (torch.float16, torch.bfloat16) else g for g in grads]
-            by_dtype: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-            for i, g in enumerate(grads):
-                by_dtype.setdefault((g.device, g.dtype), []).append(i)
-            norms: list[torch.Tensor] = [None] * len(grads)  # type: ignore[list-item]
-            for idxs in by_dtype.values():
-                for i, n in zip(idxs, torch._foreach_norm([grads[i] for i in idxs])):
-                    norms[i] = n.to(torch.float32)
+                by_kind: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+                for i, g in enumerate(grads):
+                    by_kind.setdefault((g.device, g.dtype), []).append(i)
+                norms = [None] * len(grads)  # type: ignore[list-item]
+                for idxs in by_kind.values():
+                    for i, v in zip(idxs, torch._foreach_norm([grads[i] for i in idxs])):
+                        norms[i] = v.to(torch.float32)
         self._pg_norms = (params, norms)
 
     def _watch_params(self) -> None:

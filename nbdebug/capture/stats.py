@@ -140,31 +140,33 @@ _NP_DTYPES = (torch.float32, torch.float64)
 NUMPY_MAX = 1 << 16  # CPU tensors up to this size: numpy reductions (a few µs less dispatch each)
 
 
+_minimum, _maximum, _add = np.minimum.reduce, np.maximum.reduce, np.add.reduce
+_F32_SAFE = 1e16  # |x| below this: the float32 sum of squares cannot overflow for any tensor under NUMPY_MAX
+
+
 def _numpy_stats(t: torch.Tensor, saturation: tuple[float, float] | None, sat_eps: float) -> np.ndarray:
     """:func:`tensor_stats` of a small float32/float64 CPU tensor through numpy (same fields; the sum
-    accumulates in float64, ``-0.0`` counts as zero, NaN as non-zero)."""
+    accumulates in float64, ``-0.0`` counts as zero, NaN as non-zero). Few Python-level calls: this
+    runs once per module call and per output gradient."""
     x = t.detach().numpy().reshape(-1)
     n = x.size
-    out = np.zeros(N_FIELDS)
     if n == 0:
-        out[3] = out[4] = math.nan
-        return out
-    with np.errstate(over="ignore", invalid="ignore"):
-        mn, mx = x.min(), x.max()
-        out[1] = x.sum(dtype=np.float64)
-        out[2] = np.dot(x, x)
-    out[0] = n
-    out[3], out[4] = mn, mx
-    if mn != mn or mx != mx or mn == -math.inf or mx == math.inf:  # NaN/Inf: exact counts
-        nan = np.count_nonzero(np.isnan(x))
-        out[6], out[7] = nan, np.count_nonzero(np.isinf(x))
-        if nan:  # min/max propagate NaN like torch.aminmax
-            out[3] = out[4] = math.nan
-    out[5] = n if (mn > 0 or mx < 0) else np.count_nonzero(x)
+        return np.array([0.0, 0.0, 0.0, math.nan, math.nan, 0.0, 0.0, 0.0, 0.0])
+    mn, mx = float(_minimum(x)), float(_maximum(x))
+    nan = inf = 0
+    if -_F32_SAFE < mn and mx < _F32_SAFE:  # finite and small: nothing can overflow or be NaN
+        s, ss = float(_add(x, dtype=np.float64)), float(np.dot(x, x))
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            s, ss = float(_add(x, dtype=np.float64)), float(np.dot(x, x))
+            if not (math.isfinite(mn) and math.isfinite(mx)):  # exact counts only when needed
+                nan, inf = int(np.count_nonzero(np.isnan(x))), int(np.count_nonzero(np.isinf(x)))
+    nz = n if (mn > 0 or mx < 0) else int(np.count_nonzero(x))
+    extra = 0
     if saturation is not None:
         lo, hi = saturation
-        out[8] = np.count_nonzero(x <= lo + sat_eps) + np.count_nonzero(x >= hi - sat_eps)
-    return out
+        extra = int(np.count_nonzero(x <= lo + sat_eps)) + int(np.count_nonzero(x >= hi - sat_eps))
+    return np.array([n, s, ss, mn, mx, nz, nan, inf, extra], dtype=np.float64)
 
 
 def merge_raw(a: Raw, b: Raw) -> Raw:
@@ -259,7 +261,7 @@ def device_histogram(t: torch.Tensor, bins: int) -> torch.Tensor:
     return torch.cat([counts, torch.stack([lo, hi])])
 
 
-def unit_alive(t: torch.Tensor, sign: int = 0, on_device: bool = False) -> torch.Tensor | None:
+def unit_alive(t: torch.Tensor, sign: int = 0, on_device: bool = False) -> torch.Tensor | np.ndarray | None:
     """bool ``[C]``: which units of ``t`` are non-zero for at least one sample (NaN counts as non-zero).
 
     A unit is dim 1 (channels of N×C×…, features of N×C); 0-d/1-d and non-float tensors give None.
@@ -275,11 +277,11 @@ def unit_alive(t: torch.Tensor, sign: int = 0, on_device: bool = False) -> torch
         a = x.numpy()
         if sign == 0:
             a = np.abs(a)
-        m = a.min(axis=0) if sign < 0 else a.max(axis=0)
+        red = _minimum if sign < 0 else _maximum
+        m = red(a, axis=0)
         if m.ndim > 1:
-            m = m.reshape(c, -1)
-            m = m.min(axis=1) if sign < 0 else m.max(axis=1)
-        return torch.from_numpy(m != 0)
+            m = red(m.reshape(c, -1), axis=1)
+        return m != 0  # type: ignore[return-value]  # a host array already (the CPU path)
     if sign < 0:
         m = x.amin(0)
     else:

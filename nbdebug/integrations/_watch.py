@@ -129,7 +129,7 @@ class TrainingWatch:
         opened = _Open(dbg, _weak_call(self, "_closed"))
         self._open = opened
         opened.listen_to_cells()
-        self._finalizer = weakref.finalize(self, opened.close)
+        self._finalizer = weakref.finalize(self, _close_quietly, opened)
         # live: Debug displayed the view as it entered (in IPython); it updates as steps arrive
         self.widget = dbg.live_widgets[0] if getattr(dbg, "live_widgets", None) else None
 
@@ -156,6 +156,14 @@ class TrainingWatch:
             self.note = str(exc)
         if _shell() is not None:
             dbg.show()  # displays what the live view did not (the view or the note) and refreshes the live one
+
+
+def _close_quietly(opened: _Open) -> None:
+    """The finalizer: remove the hooks of a run nobody closed (callback collected, interpreter exit)."""
+    try:
+        opened.close(None)
+    except Exception:  # at interpreter exit parts of torch may be gone already
+        pass
 
 
 def _weak_call(obj: Any, name: str) -> Callable[[Any], None]:

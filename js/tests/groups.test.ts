@@ -2,7 +2,8 @@
 // The grouped thermometer (src/thermometer/groups.ts) on a fake Llama-like payload built the way
 // nbdebug/inspectors/groups.py's groups_payload lays it out (names as a tree, float32 arrays).
 import { afterEach, describe, expect, it } from "vitest";
-import { GroupData, GroupView, MAX_DRAWN, renderGroups } from "../src/thermometer/groups";
+import { GroupData, GroupView, MAX_DRAWN } from "../src/thermometer/groups";
+import { GroupsPanel, renderGroups } from "../src/thermometer/groups_widget";
 import { FakeModel } from "./fakeModel";
 import { mount, tick, unmountAll } from "./mount";
 
@@ -210,5 +211,31 @@ describe("grouped thermometer", () => {
     expect(view.el.querySelectorAll(".nbd-grow")).toHaveLength(MAX_DRAWN);
     expect(view.el.querySelector(".nbd-group-more")!.textContent).toBe(`… ${1600 - MAX_DRAWN} more matches: refine the filter`);
     view.destroy();
+  });
+
+  it("as a panel inside another view: hides the flat table while grouped, nothing without groups", () => {
+    const model = new FakeModel({ groups: {}, selected: "", group_stat: "" });
+    const table = document.createElement("div");
+    const panel = new GroupsPanel(model, [table]);
+    document.body.append(panel.el, table);
+    panel.sync({});
+    expect(panel.el.style.display).toBe("none");
+    expect(table.style.display).toBe("");
+    model.set("groups", full(4));
+    panel.sync({});
+    expect(panel.active).toBe(true);
+    expect(table.style.display).toBe("none");
+    expect(panel.el.querySelectorAll(".nbd-grp")).toHaveLength(1);
+    panel.select("model.layers.1.mlp.act_fn");
+    expect(panel.el.querySelector(".nbd-grow.nbd-selected .nbd-gname")!.textContent).toBe("mlp.act_fn");
+    const toggle = panel.el.querySelector<HTMLInputElement>(".nbd-grouped-toggle")!;
+    toggle.checked = false;
+    toggle.dispatchEvent(new Event("change"));
+    expect(table.style.display).toBe("");
+    expect(panel.active).toBe(false);
+    model.set("groups", {});
+    panel.sync({});
+    expect(panel.el.style.display).toBe("none");
+    panel.destroy();
   });
 });

@@ -96,7 +96,7 @@ return performance.now() - t0;
 def _bundle(dest) -> None:
     """``renderGroups`` wrapped with draw timing, bundled as one ES module (esbuild from js/)."""
     entry = dest.parent / "groups_entry.js"
-    entry.write_text(ENTRY % json.dumps(str(REPO / "js" / "src" / "thermometer" / "groups.ts")))
+    entry.write_text(ENTRY % json.dumps(str(REPO / "js" / "src" / "thermometer" / "groups_widget.ts")))
     esbuild = REPO / "js" / "node_modules" / ".bin" / "esbuild"
     if not esbuild.exists():
         pytest.skip("js/node_modules missing: run `cd js && npm ci`")

@@ -6,7 +6,6 @@
 // Python side: nbdebug/inspectors/groups.py (`groups_payload`).
 import { cssColor } from "../lib/colormap";
 import { fmt, h, replaceChildren, styleElement } from "../lib/dom";
-import type { AnyModel } from "../lib/rpc";
 import { GroupData, type Item } from "./groups_data";
 import { GROUPS_CSS } from "./groups_style";
 import { chip, type Legend } from "./rows";
@@ -381,46 +380,5 @@ export class GroupView {
       this.select(name);
       this.opts.onSelect?.(name);
     }
-  };
-}
-
-/**
- * A standalone view of a model's `groups` trait (and `selected`/`group_stat` when the model has
- * them): used by tests and by any widget that syncs the payload of `groups_payload`.
- */
-export function renderGroups({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
-  const root = h("div", { class: "nbdebug-groups" });
-  el.appendChild(root);
-  let view: GroupView | null = null;
-  const draw = () => {
-    const payload = model.get("groups");
-    const data = new GroupData(payload ?? {});
-    if (view) view.update(data);
-    else {
-      view = new GroupView(data, {
-        legend: model.get("legend") ?? {},
-        stat: model.get("group_stat") || undefined,
-        onSelect: (name) => {
-          model.set("selected", name);
-          model.save_changes();
-        },
-        onStat: (stat) => {
-          model.set("group_stat", stat);
-          model.save_changes();
-        },
-      });
-      root.appendChild(view.el);
-    }
-  };
-  draw();
-  const onSel = () => view?.select(String(model.get("selected") ?? ""));
-  model.on("change:groups", draw);
-  model.on("change:selected", onSel);
-  root.dataset.ready = "1";
-  return () => {
-    model.off("change:groups", draw);
-    model.off("change:selected", onSel);
-    view?.destroy();
-    root.remove();
   };
 }

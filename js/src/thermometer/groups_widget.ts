@@ -1,0 +1,112 @@
+// The grouped view mounted on a widget model: `renderGroups` (a standalone view of a `groups`
+// trait: tests, any widget syncing groups_payload) and `GroupsPanel` (the grouped view inside the
+// layer thermometer, with a "grouped" switch that hides the flat table). Traits read: `groups`
+// (nbdebug/inspectors/groups.py groups_payload), `legend`; synced back: `selected`, `group_stat`.
+import { h } from "../lib/dom";
+import type { AnyModel } from "../lib/rpc";
+import { GroupData, GroupView } from "./groups";
+import type { Legend } from "./rows";
+
+function viewFor(model: AnyModel, data: GroupData, legend: Legend): GroupView {
+  return new GroupView(data, {
+    legend,
+    stat: model.get("group_stat") || undefined,
+    onSelect: (name) => {
+      model.set("selected", name);
+      model.save_changes();
+    },
+    onStat: (stat) => {
+      if (model.get("group_stat") === undefined) return;
+      model.set("group_stat", stat);
+      model.save_changes();
+    },
+  });
+}
+
+/** A standalone view of the model's `groups` trait (root `.nbdebug-groups`, `data-ready` when drawn). */
+export function renderGroups({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
+  const root = h("div", { class: "nbdebug-groups" });
+  el.appendChild(root);
+  let view: GroupView | null = null;
+  const draw = () => {
+    const data = new GroupData(model.get("groups") ?? {});
+    if (view) view.update(data);
+    else {
+      view = viewFor(model, data, model.get("legend") ?? {});
+      root.appendChild(view.el);
+    }
+  };
+  draw();
+  const onSel = () => view?.select(String(model.get("selected") ?? ""));
+  model.on("change:groups", draw);
+  model.on("change:selected", onSel);
+  root.dataset.ready = "1";
+  return () => {
+    model.off("change:groups", draw);
+    model.off("change:selected", onSel);
+    view?.destroy();
+    root.remove();
+  };
+}
+
+/**
+ * The grouped view inside another view (the layer thermometer): shown when the `groups` trait has
+ * groups, with a "grouped by blocks" switch; while it is on, the elements in `flat` are hidden.
+ */
+export class GroupsPanel {
+  readonly el: HTMLElement;
+  private body: HTMLElement;
+  private toggle: HTMLInputElement;
+  private view: GroupView | null = null;
+  private trait: unknown = undefined;
+
+  constructor(private model: AnyModel, private flat: HTMLElement[]) {
+    this.toggle = h("input", { attrs: { type: "checkbox", class: "nbd-grouped-toggle", checked: true } });
+    this.body = h("div", { class: "nbd-groups-body" });
+    this.el = h("div", { class: "nbd-groups-panel" }, [
+      h("label", { class: "nbd-grouped-label", title: "rows grouped by the module tree; repeated blocks as one line" }, [this.toggle, " grouped by blocks"]),
+      this.body,
+    ]);
+    this.toggle.addEventListener("change", this.apply);
+    this.el.style.display = "none";
+  }
+
+  /** Redraw from the `groups` trait when it changed (legend: the thermometer's flag legend). */
+  sync(legend: Legend): void {
+    const value = this.model.get("groups");
+    if (value !== this.trait) {
+      this.trait = value;
+      const has = !!value && Array.isArray(value.strings) && !!value.group_name;
+      if (!has) {
+        this.view?.destroy();
+        this.view = null;
+      } else if (this.view) this.view.update(new GroupData(value));
+      else {
+        this.view = viewFor(this.model, new GroupData(value), legend);
+        this.body.appendChild(this.view.el);
+      }
+    }
+    this.apply();
+  }
+
+  /** Whether the grouped view is what the user sees. */
+  get active(): boolean {
+    return this.view !== null && this.toggle.checked;
+  }
+
+  select(name: string): void {
+    if (this.active && name) this.view!.select(name);
+  }
+
+  destroy(): void {
+    this.toggle.removeEventListener("change", this.apply);
+    this.view?.destroy();
+    this.el.remove();
+  }
+
+  private apply = () => {
+    this.el.style.display = this.view ? "" : "none";
+    this.body.style.display = this.active ? "" : "none";
+    for (const e of this.flat) e.style.display = this.active ? "none" : "";
+  };
+}

@@ -224,9 +224,10 @@ def check_numbers(res: CaptureResult, rep: ThermometerReport) -> int:
 
     for e in rep.events:
         if e.code == "became_dead":
-            m = re.search(r"`([^`]+)`: (\d+)% of units dead from step (\d+)", e.message)
-            assert m and m.group(1) == e.row and int(m.group(3)) == e.step, e.message
-            assert f"{at(e.step, e.row).stats['dead_unit_frac']:.0%}" == m.group(2) + "%"
+            m = re.search(r"`([^`]+)`: (\d+)% of (units dead|outputs exactly zero) from step (\d+)", e.message)
+            assert m and m.group(1) == e.row and int(m.group(4)) == e.step, e.message
+            key = "dead_unit_frac" if m.group(3) == "units dead" else "zero_frac"
+            assert f"{at(e.step, e.row).stats[key]:.0%}" == m.group(2) + "%"
             checked += 1
             m2 = re.search(rf"an update ratio of {NUM} at step (\d+) in `([^`]+)`", e.message)
             if m2:
@@ -254,6 +255,12 @@ def check_numbers(res: CaptureResult, rep: ThermometerReport) -> int:
             assert m, d.message
             i = rep.names.index(d.layer)
             assert f"{rep.column('dead_unit_frac')[i]:.0%}" == m.group(1) + "%" == f"{at(s, d.layer).stats['dead_unit_frac']:.0%}"
+            checked += 1
+        if d.code == "dead":
+            m = re.search(rf"(\d+\.\d)% exact zeros at step {s}", d.message)
+            assert m, d.message
+            i = rep.names.index(d.layer)
+            assert f"{rep.column('zero_frac')[i]:.1%}" == m.group(1) + "%" == f"{at(s, d.layer).stats['zero_frac']:.1%}"
             checked += 1
         if d.code == "update_ratio":
             for row, num in re.findall(rf"`([^`]+)` {NUM}", d.message):
@@ -446,7 +453,11 @@ def test_digits_lr3_says_dead_units_after_a_large_update_not_vanishing(digits) -
     assert m, e.message
     assert int(m.group(2)) == k - 1 and m.group(3) == str(int(e.row) - 1)  # the Linear feeding that ReLU
     assert fmt(ratio[m.group(3)][k - 2]) == m.group(1)
-    assert check_numbers(res, rep) >= 2
+    assert check_numbers(res, rep) >= 4
     assert "vanishing" not in rep.summary and not any(d.code == "vanishing" for d in rep.diagnoses), rep.summary
     assert "learning rate too high" in rep.summary, rep.summary
     assert any(d.code in ("dead", "dead_units") and d.layer == e.row for d in rep.diagnoses)
+    # "whole run" (the merged table; before issue 10 the only one, and it said "vanishing gradients")
+    whole = diagnose(res, step="run")
+    assert "vanishing" not in whole.summary and not any(d.code == "vanishing" for d in whole.diagnoses), whole.summary
+    assert f"from step {k} (learning rate too high)" in whole.summary, whole.summary

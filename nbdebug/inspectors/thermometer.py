@@ -102,7 +102,7 @@ def diagnose(result: CaptureResult, thresholds: Thresholds | None = None, step: 
     """
     th = thresholds or Thresholds()
     hist = getattr(result, "history", None)
-    if step != "run" and hist is not None and len(hist) and (hist.steps > 1 or isinstance(step, int)):
+    if step != "run" and hist is not None and len(hist) and (hist.steps > 1 or isinstance(step, (int, np.integer))):
         rep = diagnose_at(result, th, None if step is None else int(step))
         rep.error = _error_report(result)
         if rep.error is not None:

@@ -89,6 +89,7 @@ def run_distributed(run_cell: Callable[[], Any], *, spool_dir: str | os.PathLike
     Never raises the cell's exception: it is ``run.error`` (re-raise it after showing the run; a
     worker's error also appears in ``run.errors``). ``run.value`` is ``run_cell()``'s return value.
     """
+    __tracebackhide__ = True  # the cell's traceback starts at the user's code
     own = spool_dir is None
     root = Path(tempfile.mkdtemp(prefix="nbdebug-spool-")) if own else Path(spool_dir)  # type: ignore[arg-type]
     root.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,9 @@ def _init(rank: int, world: int, port: int) -> None:
 
 
 def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
-    """One rank of ``scenario``: "ddp", "nan", "diverge", "bn", "raise", "fsdp"."""
+    """One rank of ``scenario``: "ddp", "nan", "diverge", "bn", "raise", "fsdp"; "api": "ddp" through
+    ``nbdebug.debug`` (which routes to the spool in a worker)."""
+    import nbdebug
     import nbdebug.distributed as nd
     from nbdebug.capture.hooks import hook_count, optimizer_hook_count
 
@@ -74,7 +76,7 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
         before, opt_before = hook_count(wrapped), optimizer_hook_count()
         g = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
         ref: dict[str, float] = {}
-        with nd.debug(wrapped):
+        with (nbdebug.debug if scenario == "api" else nd.debug)(wrapped):
             for step in range(1, STEPS + 1):
                 if scenario == "nan" and rank == NAN_RANK and step == NAN_STEP:
                     model[1].k = float("nan")

@@ -235,6 +235,11 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       applySort();
       applyFilter();
       renderTexts();
+      if (running && store.length) {
+        const nan = store.firstNonfinite ? `, first NaN/Inf at step ${store.firstNonfinite}` : "";
+        const gap = store.gap ? " (earlier steps appear when the cell ends)" : "";
+        summary.textContent = `running: ${store.totalSteps} step${store.totalSteps === 1 ? "" : "s"} so far${nan}${gap}`;
+      }
       timeline.update(store, pos, running, merged.length > 0);
       timeline.el.style.display = timed ? "" : "none";
       renderSparkChoices();

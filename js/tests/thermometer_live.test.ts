@@ -102,6 +102,7 @@ describe("thermometer over time", () => {
     expect(el.querySelector(".nbd-step-count")!.textContent).toBe("2 steps (running…)");
     expect(el.querySelector(".nbd-step-label")!.textContent).toBe("step 2 of 2");
     expect((el.querySelector(".nbd-whole") as HTMLElement).style.display).toBe("none"); // merged rows come at the end
+    expect(el.querySelector(".nbd-summary")!.textContent).toBe("running: 2 steps so far");
     expect(meanOf(el, 0)).toBe(val(2, 0, 0)); // the last step by default
     // only the new slot arrives; earlier ones stay
     send(model, message([3], { from: 2 }));
@@ -119,6 +120,11 @@ describe("thermometer over time", () => {
     expect((el.querySelector(".nbd-slider") as HTMLInputElement).max).toBe("2");
     expect(el.querySelector(".nbd-step-label")!.textContent).toBe("step 6 of 6");
     expect(model.get("js_error")).toBe("");
+    // an update for slots this view never got (it loaded late): kept, and said
+    send(model, message([9], { from: 5 }));
+    await tick();
+    expect(el.querySelector(".nbd-step-label")!.textContent).toBe("step 9 of 9");
+    expect(el.querySelector(".nbd-summary")!.textContent).toBe("running: 9 steps so far (earlier steps appear when the cell ends)");
   });
 
   it("redraws the table at an earlier step from pushed data, and the whole run from the traits", async () => {

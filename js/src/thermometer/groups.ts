@@ -6,6 +6,7 @@
 // Python side: nbdebug/inspectors/groups.py (`groups_payload`).
 import { cssColor } from "../lib/colormap";
 import { fmt, h, replaceChildren, styleElement } from "../lib/dom";
+import { sparkline } from "../lib/sparkline";
 import { GroupData, type Item } from "./groups_data";
 import { GROUPS_CSS } from "./groups_style";
 import { chip, type Legend } from "./rows";
@@ -278,6 +279,7 @@ export class GroupView {
       h("span", { class: "nbd-gname", text: label, title: `${grp.name}: ${grp.blocks.length} blocks` }),
       h("span", { class: "nbd-gcount", text: `×${grp.blocks.length}` }),
       this.strip(g),
+      this.spark(this.groupSeries(g), `${grp.name}: largest ${LABELS[this.stat] ?? this.stat} over its blocks`),
       matches >= 0 ? h("span", { class: "nbd-gmatch", text: `${matches} match${matches === 1 ? "" : "es"}` }) : null,
       res?.largest_jump ? h("span", { class: "nbd-gnote", text: `largest jump: ${res.largest_jump}`, title: "residual stream: the block whose output grew most relative to the previous block" }) : null,
       res?.first_nonfinite ? h("span", { class: "nbd-gnote nbd-bad", text: `NaN/Inf from ${res.first_nonfinite}` }) : null,
@@ -304,6 +306,7 @@ export class GroupView {
         h("span", { class: "nbd-gname", text: blk.name.slice(this.data.groups[g].name.length).replace(/^\./, "") || blk.name, title: blk.name }),
         h("span", { class: "nbd-swatch", style: { background: t === null ? "transparent" : cssColor("magma", t) } }),
         h("span", { class: "nbd-gstat", text: `${LABELS[this.stat] ?? this.stat} ${fmt(v)}` }),
+        this.spark(this.data.series(b, this.stat), `${blk.name}: ${LABELS[this.stat] ?? this.stat}`),
         h("span", { class: "nbd-gcount", text: `${blk.rows} rows` }),
         h("span", { class: "nbd-gflags" }, this.data.codes(blk.flags).map((f) => chip(this.opts.legend ?? {}, f))),
       ]);
@@ -315,6 +318,25 @@ export class GroupView {
 
   private blockBody(b: number, hits: Set<number> | null, depth: number): HTMLElement {
     return h("div", { class: "nbd-blk-body", data: { block: b } }, this.items(this.data.blocks[b].items, hits, depth));
+  }
+
+  /** Over the kept steps: the largest value of the statistic over group `g`'s blocks (null: no series). */
+  private groupSeries(g: number): Float32Array | null {
+    let out: Float32Array | null = null;
+    for (const b of this.data.groups[g].blocks) {
+      const y = this.data.series(b, this.stat);
+      if (!y) return null;
+      if (!out) out = Float32Array.from(y, () => NaN);
+      for (let k = 0; k < y.length; k++) if (!(y[k] <= out[k])) out[k] = Number.isNaN(y[k]) ? out[k] : y[k];
+    }
+    return out;
+  }
+
+  private spark(y: Float32Array | null, what: string): Element | null {
+    if (!y) return null;
+    const steps = this.data.histSteps;
+    const title = `${what} over ${y.length} kept steps (${steps[0]}–${steps[steps.length - 1]})`;
+    return sparkline(y, { width: 90, height: 16, log: LOG.has(this.stat), title, cls: "nbd-spark nbd-gspark" });
   }
 
   /** Value → colour position in [0, 1] across group `g`'s blocks (null: no value). */

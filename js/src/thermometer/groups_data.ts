@@ -57,6 +57,10 @@ export class GroupData {
   private values: ArrayLike<number>;
   private strip: ArrayLike<number>;
   readonly growth: ArrayLike<number>;
+  /** Kept steps of the blocks' series (empty without a history) and the statistics they carry. */
+  readonly histSteps: ArrayLike<number>;
+  readonly histStats: string[];
+  private hist: ArrayLike<number>;
   private lower: string[] | null = null;
 
   constructor(payload: Record<string, any>) {
@@ -82,6 +86,9 @@ export class GroupData {
     this.values = arr(payload, "values");
     this.strip = arr(payload, "strip");
     this.growth = arr(payload, "residual_growth");
+    this.histSteps = arr(payload, "hist_steps");
+    this.histStats = (payload.hist_stats ?? []).map(String);
+    this.hist = arr(payload, "hist_strip");
     this.rowCount = this.rowName.length;
     const gName = arr(payload, "group_name");
     const gParent = arr(payload, "group_parent");
@@ -142,6 +149,18 @@ export class GroupData {
   stripValue(b: number, stat: string): number {
     const j = this.stripStats.indexOf(stat);
     return j < 0 ? NaN : this.strip[b * this.stripStats.length + j];
+  }
+
+  /** Block `b`'s `stat` at every kept step (null when the payload has no series of `stat`). */
+  series(b: number, stat: string): Float32Array | null {
+    const j = this.histStats.indexOf(stat);
+    const K = this.histSteps.length;
+    if (j < 0 || K < 2) return null;
+    const B = this.blocks.length;
+    const S = this.histStats.length;
+    const out = new Float32Array(K);
+    for (let k = 0; k < K; k++) out[k] = this.hist[(k * B + b) * S + j];
+    return out;
   }
 
   /** Strip statistics that some block has a value for. */

@@ -39,5 +39,8 @@ export const GROUPS_CSS = `
 .nbd-groups .nbd-cell-nan { background: repeating-linear-gradient(45deg, transparent 0 2px, rgba(127,127,127,0.5) 2px 3px); }
 .nbd-groups .nbd-cell-flagged { box-shadow: inset 0 -2px 0 #d62728; }
 .nbd-groups .nbd-cell:hover { outline: 1px solid var(--jp-ui-font-color0, #000); }
+.nbd-groups svg.nbd-gspark { display: inline-block; overflow: visible; flex: none; }
+.nbd-groups .nbd-gspark .nbd-spark-line { fill: none; stroke: var(--jp-brand-color1, #1976d2); stroke-width: 1.2; }
+.nbd-groups .nbd-gspark .nbd-spark-band { fill: none; stroke: var(--jp-brand-color1, #1976d2); stroke-opacity: 0.3; }
 .nbd-groups .nbd-swatch { display: inline-block; width: 0.9em; height: 0.9em; border: 1px solid var(--nbd-g-border); }
 `;

@@ -81,6 +81,8 @@ export class HistoryStore {
   /** Kept slots per browser slot (1 unless the kernel downsampled what it sends). */
   group = 1;
   incidents: Incident[] = [];
+  /** Some earlier live updates never reached this browser (shown once the cell ends). */
+  gap = false;
   private slots: Slot[] = [];
   private fieldIndex = new Map<string, number>();
 
@@ -91,6 +93,7 @@ export class HistoryStore {
   /** Replace everything with the `history` trait (wire arrays inline); null/empty clears. */
   applyTrait(h: Record<string, any> | null | undefined): void {
     this.slots = [];
+    this.gap = false;
     if (!h || !h.steps) {
       this.rows = [];
       this.totalSteps = 0;
@@ -145,7 +148,12 @@ export class HistoryStore {
     const slice = (arr: NdArray | undefined, i: number, size: number) =>
       arr ? (arr.data.subarray(i * size, (i + 1) * size) as Float32Array) : null;
     const scalar = (arr: NdArray | undefined, i: number, dflt = NaN) => (arr ? Number(arr.data[i]) : dflt);
-    const from = Math.max(0, Math.min(Number(p.from ?? this.slots.length), this.slots.length));
+    const asked = Number(p.from ?? this.slots.length);
+    // An update for slots this browser never got (it loaded after the first ones were sent): keep
+    // what arrives; the final state (traits) has everything.
+    if (!p.reset && asked > this.slots.length) this.gap = true;
+    if (p.reset) this.gap = false;
+    const from = Math.max(0, Math.min(asked, this.slots.length));
     this.slots.length = from;
     for (let i = 0; i < n; i++) {
       const loss = scalar(a.loss, i);

@@ -238,4 +238,29 @@ describe("grouped thermometer", () => {
     expect(panel.el.style.display).toBe("none");
     panel.destroy();
   });
+
+  it("with a history: a sparkline per block and per group of the strip statistic over kept steps", () => {
+    const p = full(3);
+    // 4 kept steps × 3 blocks × [std, grad_norm, residual]; residual of block b at step k = (b + 1) * (k + 1)
+    const K = 4;
+    const hist: number[] = [];
+    for (let k = 0; k < K; k++) for (let b = 0; b < 3; b++) hist.push(b + 1, NaN, (b + 1) * (k + 1));
+    p.hist_steps = wire("int32", [1, 5, 9, 13]);
+    p.hist_stats = ["std", "grad_norm", "residual"];
+    p.hist_strip = wire("float32", hist, [K, 3, 3]);
+    const d = new GroupData(p);
+    expect(Array.from(d.series(2, "residual")!)).toEqual([3, 6, 9, 12]);
+    expect(d.series(0, "severity")).toBeNull();
+    const el = mount(renderGroups, new FakeModel({ groups: p, selected: "" }));
+    const gspark = el.querySelector(".nbd-grp svg.nbd-gspark")!;
+    expect(gspark.querySelector("title")!.textContent).toBe("model.layers: largest residual stream norm over its blocks over 4 kept steps (1–13)");
+    lines(el, "nbd-grp")[0].click();
+    expect(el.querySelectorAll(".nbd-blk svg.nbd-gspark")).toHaveLength(3);
+    expect(el.querySelector(".nbd-blk svg.nbd-gspark title")!.textContent).toContain("model.layers.0: residual stream norm");
+    // a statistic without a series: no sparklines
+    const sel = el.querySelector<HTMLSelectElement>(".nbd-group-stat")!;
+    sel.value = "severity";
+    sel.dispatchEvent(new Event("change"));
+    expect(el.querySelectorAll("svg.nbd-gspark")).toHaveLength(0);
+  });
 });

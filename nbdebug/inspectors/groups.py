@@ -21,6 +21,7 @@ Pure computation (numpy only): no torch, no Jupyter.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ from ..capture.names import split_call_name
 
 __all__ = [
     "GROUPED_MIN_ROWS", "ROW_FIELDS", "SEVERITY", "STRIP_STATS", "Block", "Group", "GroupTree", "attach_residual",
-    "group_report", "group_rows", "groups_payload", "groups_view", "match", "residual_for", "split_module",
+    "group_history", "group_report", "group_rows", "groups_payload", "groups_view", "match", "residual_for", "split_module",
 ]
 
 #: per-row statistics sent to the grouped view (in this order), from the thermometer's table columns
@@ -44,6 +45,8 @@ SEVERITY: dict[str, int] = {
     "exploding": 2, "dead": 2,
     "vanishing": 1, "saturated": 1, "dead_units": 1, "update_ratio": 1,
 }
+#: strip statistics kept per kept step for the blocks' sparklines (``group_history``)
+HISTORY_STATS: tuple[str, ...] = ("std", "grad_norm", "residual")
 #: the thermometer offers the grouped view from this many rows on (and only when something repeats)
 GROUPED_MIN_ROWS = 100
 _LEAF = re.compile(r"[\[#]")
@@ -216,11 +219,42 @@ def group_report(report: Any, residual: Any = None) -> GroupTree:
                       flags=report.flags, residual=residual)
 
 
-def groups_view(report: Any, layers: Sequence[Any] | None = None,
-                min_rows: int = GROUPED_MIN_ROWS) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+def group_history(history: Any, tree: GroupTree, max_slots: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """Per kept step: ``steps`` int32 [K] and float32 [K, blocks, :data:`HISTORY_STATS`] (the strip
+    statistics of :func:`group_rows`, from ``history``'s ``last`` values; the residual stream from
+    :func:`~nbdebug.inspectors.residual.residual_history` on the residual's group). At most
+    ``max_slots`` evenly spaced kept steps (the last always)."""
+    from ..capture.history import FIELD_INDEX
+    from .residual import residual_history
+
+    K = len(history.step_index)
+    pick = np.unique(np.linspace(0, K - 1, min(K, max_slots)).round().astype(int)) if K else np.zeros(0, int)
+    vals = history.values("last")[pick].astype(np.float64)
+    pos = {n: i for i, n in enumerate(history.rows)}
+    out = np.full((len(pick), len(tree.blocks), len(HISTORY_STATS)), np.nan, dtype=np.float32)
+    std_i, g_i = FIELD_INDEX["std"], FIELD_INDEX["grad_norm"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a block without values at a step gives NaN
+        for b, blk in enumerate(tree.blocks):
+            idx = [pos[tree.names[r]] for r in blk.rows if tree.names[r] in pos]
+            if not idx:
+                continue
+            out[:, b, 0] = np.nanmean(vals[:, idx, std_i], axis=1)
+            g = vals[:, idx, g_i]
+            out[:, b, 1] = np.where(np.isfinite(g).any(axis=1), np.sqrt(np.nansum(g**2, axis=1)), np.nan)
+    if tree.residual is not None and K:
+        bl = tree.groups[tree.residual["group"]].blocks
+        out[:, bl, 2] = residual_history(history, [tree.blocks[b].name for b in bl])[pick]
+    return history.step_index[pick].astype(np.int32), out
+
+
+def groups_view(report: Any, layers: Sequence[Any] | None = None, min_rows: int = GROUPED_MIN_ROWS,
+                history: Any = None) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
     """What the thermometer widget syncs for its grouped view: :func:`groups_payload` of the
     report's rows with the residual stream (from ``layers``, ``CaptureResult.layers``, when the
-    blocks' outputs were captured); None below ``min_rows`` rows or when no block repeats."""
+    blocks' outputs were captured) and, with a ``history`` of 2+ kept steps, the blocks' strip
+    statistics over the kept steps (``hist_steps``, ``hist_strip``; meta ``hist_stats``); None
+    below ``min_rows`` rows or when no block repeats."""
     if len(report.names) < min_rows:
         return None
     tree = group_report(report)
@@ -229,7 +263,11 @@ def groups_view(report: Any, layers: Sequence[Any] | None = None,
     res = residual_for(tree, layers) if layers is not None else None
     if res is not None:
         attach_residual(tree, res)
-    return groups_payload(tree)
+    meta, arrays = groups_payload(tree)
+    if history is not None and len(history.step_index) >= 2:
+        arrays["hist_steps"], arrays["hist_strip"] = group_history(history, tree)
+        meta["hist_stats"] = list(HISTORY_STATS)
+    return meta, arrays
 
 
 def _row_values(n: int, table: np.ndarray | None, columns: Sequence[str]) -> np.ndarray:

@@ -290,3 +290,42 @@ def test_groups_view_only_for_many_rows_that_repeat():
     meta, arrays = groups_view(report(many))
     assert len(arrays["block_name"]) == 10 and meta["residual"] is None
     assert groups_view(report(llama_names(2)), min_rows=0) is not None
+
+
+def test_group_history_per_block_over_kept_steps():
+    from nbdebug.capture.history import FIELD_INDEX, HISTORY_FIELDS, History
+    from nbdebug.inspectors.groups import (
+        HISTORY_STATS,
+        attach_residual,
+        group_history,
+        groups_view,
+        residual_for,
+    )
+
+    names = ["h.0.a", "h.0.b", "h.0", "h.1.a", "h.1.b", "h.1"]
+    h = History(max_bytes=2**20)
+    ids = np.array([h.row_id(n, {"name": n, "module": n, "type": "L", "shape": (4, 2), "dtype": "float32"}) for n in names])
+    for step in (1, 2, 3):
+        v = np.full((len(names), len(HISTORY_FIELDS)), np.nan, np.float32)
+        v[:, FIELD_INDEX["std"]] = [step, 3 * step, 1, 10 * step, 20 * step, 2]
+        v[:, FIELD_INDEX["mean"]] = 0.0
+        v[:, FIELD_INDEX["nan"]] = v[:, FIELD_INDEX["inf"]] = 0.0
+        v[:2, FIELD_INDEX["grad_norm"]] = [3.0 * step, 4.0 * step]  # block 1: no gradients
+        h.append(step, ids, v, {"loss": 1.0})
+    layers = [SimpleNamespace(name=n, shape=(4, 2), stats={"norm": 4.0, "numel": 8}) for n in names]
+    t = group_rows(names)
+    attach_residual(t, residual_for(t, layers))
+    steps, hs = group_history(h, t)
+    assert steps.tolist() == [1, 2, 3] and hs.shape == (3, 2, len(HISTORY_STATS))
+    S = {s: i for i, s in enumerate(HISTORY_STATS)}
+    np.testing.assert_allclose(hs[:, 0, S["std"]], [(1 + 3 + 1) / 3, (2 + 6 + 1) / 3, (3 + 9 + 1) / 3], rtol=1e-6)
+    np.testing.assert_allclose(hs[:, 0, S["grad_norm"]], [5, 10, 15], rtol=1e-6)
+    assert np.isnan(hs[:, 1, S["grad_norm"]]).all()
+    # residual: sqrt(d * ((n-1)/n * std^2 + mean^2)) of the block outputs (d = 2, n = 8)
+    np.testing.assert_allclose(hs[:, :, S["residual"]], [[math.sqrt(2 * 7 / 8), math.sqrt(2 * 7 / 8 * 4)]] * 3, rtol=1e-6)
+    # at most max_slots kept steps, the last one kept
+    steps, _ = group_history(h, t, max_slots=2)
+    assert steps.tolist() == [1, 3]
+    report = SimpleNamespace(names=names, modules=names, types=["L"] * 6, table=np.zeros((6, len(COLUMNS))), flags=[[]] * 6)
+    meta, arrays = groups_view(report, layers, min_rows=0, history=h)
+    assert meta["hist_stats"] == list(HISTORY_STATS) and arrays["hist_strip"].shape == (3, 2, 3)

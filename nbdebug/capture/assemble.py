@@ -228,7 +228,7 @@ def close_step(cap: Capture) -> None:
     items += checks
     items += opt_vals
     items += losses
-    items.append(torch.stack(pg[1]) if pg is not None else None)
+    items.append(None if pg is None else (np.array(pg[1]) if pg[1] and type(pg[1][0]) is float else torch.stack(pg[1])))
     items.append(upd.skipped if upd is not None else False)
     host = _host(items, cap.device_path)  # THE transfer of this step
     h_raw, h_grad, h_alive = host[:n], host[n : 2 * n], host[2 * n : 3 * n]

@@ -21,6 +21,7 @@ Hooks are removed on every exit path and the model is left exactly as it was.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import time
 import weakref
@@ -565,6 +566,14 @@ class Capture:
         if not params:
             return
         grads = [p.grad.detach() for p in params]  # type: ignore[union-attr]
+        if not self.device_path and all(g.device.type == "cpu" and g.dtype == torch.float32 and g.numel() <= 1 << 16
+                                        and g.is_contiguous() for g in grads):
+            # small CPU gradients: a BLAS dot each beats _foreach_norm's dispatch (same numbers, host floats)
+            flat = [g.numpy().reshape(-1) for g in grads]
+            with np.errstate(over="ignore", invalid="ignore"):
+                norms = [math.sqrt(float(np.dot(f, f))) for f in flat]
+            self._pg_norms = (params, norms)  # type: ignore[assignment]
+            return
         with torch.no_grad():
             kinds = {(g.device, g.dtype) for g in grads}
             if len(kinds) == 1 and grads[0].dtype == torch.float32:

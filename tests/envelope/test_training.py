@@ -116,6 +116,18 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
         assert res.steps == n and res.step_index.tolist() == list(range(1, n + 1)), res.step_index
         rows_equal(res, meas, list(range(1, n + 1)), False)
         np.testing.assert_allclose(res.series("loss"), meas.loss, rtol=1e-6)
+    elif spec.interrupt_in_forward:  # stopped inside step 4's forward after conv2: steps 1-3 whole, step 4's first rows
+        assert type(raised) is KeyboardInterrupt and str(raised) == "raised inside the model's forward", repr(raised)
+        k = spec.interrupt_in_forward
+        assert res.steps == k and res.step_index.tolist() == list(range(1, k + 1)), res.step_index
+        for row, per_step in meas.stats.items():
+            got = res.series(row, "mean")
+            np.testing.assert_allclose(got[: k - 1], [m for m, _ in per_step[: k - 1]], rtol=1e-5, atol=1e-6, err_msg=row)
+            if len(per_step) >= k:  # ran in step k before the interrupt: conv1, bn, relu, conv2
+                assert got[k - 1] == pytest.approx(per_step[k - 1][0], rel=1e-5, abs=1e-6), row
+            else:
+                assert math.isnan(got[k - 1]), (row, got[k - 1])
+        assert sorted(r for r, v in meas.stats.items() if len(v) >= k) == ["bn", "conv1", "conv2", "relu"]
     elif spec.nan_at:
         check_break(raised, res, model, meas)
     elif spec.options.get("step_on") == "optimizer":  # a step = one optimizer step: its micro-batches merge

@@ -38,6 +38,7 @@ class Loop:
     scaler: bool = False  # bf16 autocast + torch.amp.GradScaler("cpu")
     accum: int = 1  # micro-batches per optimizer step
     interrupt_at: int | None = None
+    interrupt_in_forward: int | None = None  # the model's own forward raises KeyboardInterrupt after conv2 at this step
     nan_at: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -49,6 +50,7 @@ MODES: dict[str, Loop] = {
     "every": Loop(steps=10, options={"every": EVERY}),
     "break_nonfinite": Loop(nan_at=NAN_AT, options={"break_on": "nonfinite"}),
     "interrupt_loop": Loop(interrupt_at=INTERRUPT_AT),
+    "interrupt_loop_forward": Loop(interrupt_in_forward=INTERRUPT_AT),
     "grad_accum": Loop(steps=8, accum=ACCUM),
     "grad_accum_opt": Loop(steps=8, accum=ACCUM, options={"step_on": "optimizer"}),
 }
@@ -82,6 +84,8 @@ def loop(mode: str, model: nn.Module, opt: torch.optim.Optimizer, batches: list[
     for s, (x, y) in enumerate(batches, 1):
         if (s - 1) % spec.accum == 0:
             opt.zero_grad()
+        if spec.interrupt_in_forward == s:
+            model.interrupt = True  # TinyCNN's own switch: Ctrl-C landing inside forward, after conv2
         with torch.autocast("cpu", dtype=torch.bfloat16) if spec.scaler else nullcontext():
             out = model(x)
             loss = F.cross_entropy(out.float(), y)

@@ -38,6 +38,7 @@ LABELS = {
     "continue": "`--continue run1` across two cells",
     "break_nonfinite": "`--break-on nonfinite` (NonFiniteError at the first Inf)",
     "interrupt_loop": "KeyboardInterrupt mid-loop (history kept)",
+    "interrupt_loop_forward": "KeyboardInterrupt inside `forward` mid-loop (history kept)",
     "grad_accum": "gradient accumulation (2 micro-batches per optimizer step)",
     "grad_accum_opt": "gradient accumulation, `step_on=\"optimizer\"` (micro-batches merged)",
     "parametrized": "parametrized layers (`weight_norm`)",

@@ -406,11 +406,12 @@ class Capture:
         may_alias = saturation is None and not any(True for _ in mod.parameters(recurse=False))
         tensor_cls = torch.Tensor
         occurrence, row_of, by_tensor, by_storage = self._occurrence, self._row_of, self._by_tensor, self._by_storage
+        task_id = torch._C._current_graph_task_id
 
         def hook(module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if self._eval:
                 return
-            if _in_backward():
+            if task_id() != -1:  # inside a backward: checkpoint recomputation
                 self._on_recompute(name, output)
                 return
             if not self._open:  # a selected submodule called outside the model's forward
@@ -468,7 +469,7 @@ class Capture:
                 ref = weakref.ref(t)
                 by_tensor[id(t)] = (ref, call)
                 if t.is_contiguous() and t.numel():
-                    by_storage[(t.data_ptr(), t.numel(), t.dtype)] = (ref, call, _version(t))
+                    by_storage[(t.data_ptr(), t.numel(), t.dtype)] = (ref, call, None if t.is_inference() else t._version)
                 if grads and t.requires_grad:
                     call.hooked = True
                     tensor_handles.append(t.register_hook(self._make_grad_hook(call)))

@@ -144,6 +144,12 @@ describe("grouped thermometer", () => {
     expect(rows.map((l) => l.querySelector(".nbd-gname")!.textContent)).toEqual(PER);
     expect(rows[1].querySelector(".nbd-gname")!.getAttribute("title")).toBe("model.layers.1.self_attn.q_proj\nLinear");
     expect(rows[1].querySelector(".nbd-gstat")!.textContent).toBe("0 ± 2");
+    // keyboard: Enter on a block line closes it, focus stays on the line
+    blocks[1].dispatchEvent(new KeyboardEvent("keydown", { key: "Enter", bubbles: true }));
+    expect(lines(el, "nbd-grow").filter((l) => l.closest(".nbd-blk-body"))).toHaveLength(0);
+    expect((document.activeElement as HTMLElement).getAttribute("data-block")).toBe("1");
+    blocks[1].dispatchEvent(new KeyboardEvent("keydown", { key: " ", bubbles: true }));
+    expect(lines(el, "nbd-grow").filter((l) => l.closest(".nbd-blk-body"))).toHaveLength(PER.length);
     // closing the group removes its lines
     lines(el, "nbd-grp")[0].click();
     expect(el.querySelectorAll(".nbd-blk")).toHaveLength(0);
@@ -247,6 +253,7 @@ describe("grouped thermometer", () => {
     for (let k = 0; k < K; k++) for (let b = 0; b < 3; b++) hist.push(b + 1, NaN, (b + 1) * (k + 1));
     p.hist_steps = wire("int32", [1, 5, 9, 13]);
     p.hist_stats = ["std", "grad_norm", "residual"];
+    p.hist_blocks = wire("int32", [0, 1, 2]);
     p.hist_strip = wire("float32", hist, [K, 3, 3]);
     const d = new GroupData(p);
     expect(Array.from(d.series(2, "residual")!)).toEqual([3, 6, 9, 12]);

@@ -219,33 +219,38 @@ def group_report(report: Any, residual: Any = None) -> GroupTree:
                       flags=report.flags, residual=residual)
 
 
-def group_history(history: Any, tree: GroupTree, max_slots: int = 256) -> tuple[np.ndarray, np.ndarray]:
-    """Per kept step: ``steps`` int32 [K] and float32 [K, blocks, :data:`HISTORY_STATS`] (the strip
-    statistics of :func:`group_rows`, from ``history``'s ``last`` values; the residual stream from
+def group_history(history: Any, tree: GroupTree, max_slots: int = 256,
+                  max_bytes: int = 256 * 1024) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The top-level groups' blocks over the kept steps: ``steps`` int32 [K], ``blocks`` int32 [B]
+    (indices into ``tree.blocks``) and float32 [K, B, :data:`HISTORY_STATS`] (the strip statistics
+    of :func:`group_rows` from ``history``'s ``last`` values; the residual stream from
     :func:`~nbdebug.inspectors.residual.residual_history` on the residual's group). At most
-    ``max_slots`` evenly spaced kept steps (the last always)."""
+    ``max_slots`` evenly spaced kept steps (the last always) and ``max_bytes`` of values."""
     from ..capture.history import FIELD_INDEX
     from .residual import residual_history
 
+    blocks = [b for g in tree.groups if g.parent == -1 for b in g.blocks]
     K = len(history.step_index)
-    pick = np.unique(np.linspace(0, K - 1, min(K, max_slots)).round().astype(int)) if K else np.zeros(0, int)
+    n = min(K, max_slots, max(2, max_bytes // max(1, 4 * len(blocks) * len(HISTORY_STATS))))
+    pick = np.unique(np.linspace(0, K - 1, n).round().astype(int)) if K else np.zeros(0, int)
     vals = history.values("last")[pick].astype(np.float64)
-    pos = {n: i for i, n in enumerate(history.rows)}
-    out = np.full((len(pick), len(tree.blocks), len(HISTORY_STATS)), np.nan, dtype=np.float32)
+    pos = {name: i for i, name in enumerate(history.rows)}
+    out = np.full((len(pick), len(blocks), len(HISTORY_STATS)), np.nan, dtype=np.float32)
     std_i, g_i = FIELD_INDEX["std"], FIELD_INDEX["grad_norm"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a block without values at a step gives NaN
-        for b, blk in enumerate(tree.blocks):
-            idx = [pos[tree.names[r]] for r in blk.rows if tree.names[r] in pos]
+        for j, b in enumerate(blocks):
+            idx = [pos[tree.names[r]] for r in tree.blocks[b].rows if tree.names[r] in pos]
             if not idx:
                 continue
-            out[:, b, 0] = np.nanmean(vals[:, idx, std_i], axis=1)
+            out[:, j, 0] = np.nanmean(vals[:, idx, std_i], axis=1)
             g = vals[:, idx, g_i]
-            out[:, b, 1] = np.where(np.isfinite(g).any(axis=1), np.sqrt(np.nansum(g**2, axis=1)), np.nan)
+            out[:, j, 1] = np.where(np.isfinite(g).any(axis=1), np.sqrt(np.nansum(g**2, axis=1)), np.nan)
     if tree.residual is not None and K:
-        bl = tree.groups[tree.residual["group"]].blocks
-        out[:, bl, 2] = residual_history(history, [tree.blocks[b].name for b in bl])[pick]
-    return history.step_index[pick].astype(np.int32), out
+        col = {b: j for j, b in enumerate(blocks)}
+        bl = [b for b in tree.groups[tree.residual["group"]].blocks if b in col]
+        out[:, [col[b] for b in bl], 2] = residual_history(history, [tree.blocks[b].name for b in bl])[pick]
+    return history.step_index[pick].astype(np.int32), np.asarray(blocks, dtype=np.int32), out
 
 
 def groups_view(report: Any, layers: Sequence[Any] | None = None, min_rows: int = GROUPED_MIN_ROWS,
@@ -253,7 +258,8 @@ def groups_view(report: Any, layers: Sequence[Any] | None = None, min_rows: int 
     """What the thermometer widget syncs for its grouped view: :func:`groups_payload` of the
     report's rows with the residual stream (from ``layers``, ``CaptureResult.layers``, when the
     blocks' outputs were captured) and, with a ``history`` of 2+ kept steps, the blocks' strip
-    statistics over the kept steps (``hist_steps``, ``hist_strip``; meta ``hist_stats``); None
+    statistics over the kept steps (``hist_steps``, ``hist_blocks``, ``hist_strip``: :func:`group_history`;
+    meta ``hist_stats``); None
     below ``min_rows`` rows or when no block repeats."""
     if len(report.names) < min_rows:
         return None
@@ -265,7 +271,7 @@ def groups_view(report: Any, layers: Sequence[Any] | None = None, min_rows: int 
         attach_residual(tree, res)
     meta, arrays = groups_payload(tree)
     if history is not None and len(history.step_index) >= 2:
-        arrays["hist_steps"], arrays["hist_strip"] = group_history(history, tree)
+        arrays["hist_steps"], arrays["hist_blocks"], arrays["hist_strip"] = group_history(history, tree)
         meta["hist_stats"] = list(HISTORY_STATS)
     return meta, arrays
 

@@ -315,8 +315,8 @@ def test_group_history_per_block_over_kept_steps():
     layers = [SimpleNamespace(name=n, shape=(4, 2), stats={"norm": 4.0, "numel": 8}) for n in names]
     t = group_rows(names)
     attach_residual(t, residual_for(t, layers))
-    steps, hs = group_history(h, t)
-    assert steps.tolist() == [1, 2, 3] and hs.shape == (3, 2, len(HISTORY_STATS))
+    steps, blocks, hs = group_history(h, t)
+    assert steps.tolist() == [1, 2, 3] and blocks.tolist() == [0, 1] and hs.shape == (3, 2, len(HISTORY_STATS))
     S = {s: i for i, s in enumerate(HISTORY_STATS)}
     np.testing.assert_allclose(hs[:, 0, S["std"]], [(1 + 3 + 1) / 3, (2 + 6 + 1) / 3, (3 + 9 + 1) / 3], rtol=1e-6)
     np.testing.assert_allclose(hs[:, 0, S["grad_norm"]], [5, 10, 15], rtol=1e-6)
@@ -324,7 +324,9 @@ def test_group_history_per_block_over_kept_steps():
     # residual: sqrt(d * ((n-1)/n * std^2 + mean^2)) of the block outputs (d = 2, n = 8)
     np.testing.assert_allclose(hs[:, :, S["residual"]], [[math.sqrt(2 * 7 / 8), math.sqrt(2 * 7 / 8 * 4)]] * 3, rtol=1e-6)
     # at most max_slots kept steps, the last one kept
-    steps, _ = group_history(h, t, max_slots=2)
+    steps, _, _ = group_history(h, t, max_slots=2)
+    assert steps.tolist() == [1, 3]
+    steps, _, _ = group_history(h, t, max_bytes=0)  # never fewer than 2 kept steps
     assert steps.tolist() == [1, 3]
     report = SimpleNamespace(names=names, modules=names, types=["L"] * 6, table=np.zeros((6, len(COLUMNS))), flags=[[]] * 6)
     meta, arrays = groups_view(report, layers, min_rows=0, history=h)

@@ -61,6 +61,7 @@ export class GroupData {
   readonly histSteps: ArrayLike<number>;
   readonly histStats: string[];
   private hist: ArrayLike<number>;
+  private histCol = new Map<number, number>(); // block → column of hist_strip (top-level groups' blocks)
   private lower: string[] | null = null;
 
   constructor(payload: Record<string, any>) {
@@ -89,6 +90,7 @@ export class GroupData {
     this.histSteps = arr(payload, "hist_steps");
     this.histStats = (payload.hist_stats ?? []).map(String);
     this.hist = arr(payload, "hist_strip");
+    Array.from(arr(payload, "hist_blocks")).forEach((b, j) => this.histCol.set(b, j));
     this.rowCount = this.rowName.length;
     const gName = arr(payload, "group_name");
     const gParent = arr(payload, "group_parent");
@@ -151,15 +153,16 @@ export class GroupData {
     return j < 0 ? NaN : this.strip[b * this.stripStats.length + j];
   }
 
-  /** Block `b`'s `stat` at every kept step (null when the payload has no series of `stat`). */
+  /** Block `b`'s `stat` at every kept step (null: no series of `stat`, or a nested group's block). */
   series(b: number, stat: string): Float32Array | null {
     const j = this.histStats.indexOf(stat);
+    const col = this.histCol.get(b);
     const K = this.histSteps.length;
-    if (j < 0 || K < 2) return null;
-    const B = this.blocks.length;
+    if (j < 0 || K < 2 || col === undefined) return null;
+    const B = this.histCol.size;
     const S = this.histStats.length;
     const out = new Float32Array(K);
-    for (let k = 0; k < K; k++) out[k] = this.hist[(k * B + b) * S + j];
+    for (let k = 0; k < K; k++) out[k] = this.hist[(k * B + col) * S + j];
     return out;
   }
 

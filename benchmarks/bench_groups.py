@@ -99,15 +99,18 @@ def big_model(blocks: int = BLOCKS, experts: int = EXPERTS) -> tuple[nn.Module, 
     return model, torch.randint(0, 64, (1, 8)), leaves + [f"model.layers.{i}" for i in range(blocks)]
 
 
-def capture_report(blocks: int = BLOCKS, experts: int = EXPERTS):
-    """One training step of ``big_model`` under ``Capture``; the thermometer report."""
+def capture_report(blocks: int = BLOCKS, experts: int = EXPERTS, steps: int = 1):
+    """``steps`` SGD steps of ``big_model`` under ``Capture``; the thermometer report (at the last step)."""
     from nbdebug.capture.session import Capture
     from nbdebug.inspectors.thermometer import diagnose
 
     model, ids, layers = big_model(blocks, experts)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     with Capture(model, layers=layers) as cap:  # exact names reach non-leaf modules (the blocks)
-        model(ids).sum().backward()
-    model.zero_grad(set_to_none=True)
+        for _ in range(steps):
+            model(ids).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
     return cap.result, diagnose(cap.result)
 
 
@@ -155,6 +158,20 @@ def main() -> None:
           f"{(len(json.dumps(flat).encode()) + report.table.size * 4) / 1024:.1f} KiB")
     print(f"python build (group_report + residual + groups_payload): median {statistics.median(times) * 1e3:.1f} ms "
           f"(min {min(times) * 1e3:.1f} ms) over {len(times)} runs")
+    # over time: the blocks' strip statistics at every kept step (what groups_view adds to the payload)
+    from nbdebug.inspectors.groups import groups_view
+
+    n_steps = 4 if args.quick else 60
+    t0 = time.perf_counter()
+    result, report = capture_report(blocks, steps=n_steps)
+    run = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    meta, arrays = groups_view(report, result.layers, history=result.history)
+    hist = sum(arrays[k].nbytes for k in ("hist_steps", "hist_blocks", "hist_strip"))
+    print(f"{n_steps} training steps ({run:.1f} s captured): groups_view with history in "
+          f"{(time.perf_counter() - t0) * 1e3:.1f} ms, whole payload {payload_bytes(meta, arrays) / 1024:.1f} KiB of which "
+          f"{hist / 1024:.1f} KiB are the blocks' series ({arrays['hist_strip'].shape[0]} steps x "
+          f"{arrays['hist_strip'].shape[1]} top-level blocks x {len(meta['hist_stats'])} stats)")
     if TIMING.exists():
         t = json.loads(TIMING.read_text())
         print("browser (JupyterLab, chromium; from tests/browser/test_groups_browser.py): " +

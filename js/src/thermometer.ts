@@ -8,7 +8,7 @@ import { renderEvents, renderIncidents, withCode } from "./thermometer/cards";
 import { buildHeader as drawHeader, HEADERS } from "./thermometer/header";
 import { DetailPanel } from "./thermometer/histogram";
 import type { HistEvent } from "./thermometer/history";
-import { initialize, messageHandler, shared, sparkCell, SPARK_STATS, syncTrait } from "./thermometer/live";
+import { initialize, messageHandler, shared, SparkCache, sparkCell, SPARK_STATS, syncTrait } from "./thermometer/live";
 import { renderRaised, type Raised } from "./thermometer/raised";
 import {
   StatTable,
@@ -65,6 +65,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   );
   const live = shared(model);
   const store = live.store;
+  const sparks = new SparkCache();
   el.appendChild(root);
 
   let layers: Layer[] = [];
@@ -224,7 +225,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       const nan = timeMarks(store).filter((m) => m.cls === "nbd-mark-nan");
       rows = layers.map((l, i) => {
         const row = buildRow(l, i, stats, scales!, legend);
-        if (stat) row.appendChild(sparkCell(store, storeRow.get(String(l.name)), stat, pos.whole ? undefined : pos.slot, nan));
+        if (stat) row.appendChild(sparkCell(store, storeRow.get(String(l.name)), stat, pos.whole ? undefined : pos.slot, nan, sparks));
         return row;
       });
       byName = new Map();

@@ -73,6 +73,7 @@ export class GroupView {
     this.filterBox.addEventListener("input", this.onInput);
     this.statSel.addEventListener("change", this.onStatChange);
     this.list.addEventListener("click", this.onClick);
+    this.list.addEventListener("keydown", this.onKey);
     this.draw();
   }
 
@@ -163,6 +164,7 @@ export class GroupView {
     this.filterBox.removeEventListener("input", this.onInput);
     this.statSel.removeEventListener("change", this.onStatChange);
     this.list.removeEventListener("click", this.onClick);
+    this.list.removeEventListener("keydown", this.onKey);
     this.el.remove();
   }
 
@@ -386,6 +388,17 @@ export class GroupView {
   private onStatChange = () => {
     this.setStat(this.statSel.value);
     this.opts.onStat?.(this.stat);
+  };
+
+  /** Enter/Space open/close or select the focused line (focus stays on it after a redraw). */
+  private onKey = (ev: KeyboardEvent) => {
+    if (ev.key !== "Enter" && ev.key !== " ") return;
+    const line = (ev.target as HTMLElement).closest(".nbd-grp, .nbd-blk, .nbd-grow") as HTMLElement | null;
+    if (!line) return;
+    ev.preventDefault();
+    const sel = ["group", "block", "row"].map((k) => (line.hasAttribute(`data-${k}`) ? `[data-${k}="${line.getAttribute(`data-${k}`)}"]` : "")).join("");
+    line.click();
+    this.list.querySelector<HTMLElement>(`.${line.classList[0]}${sel}`)?.focus();
   };
 
   private onClick = (ev: Event) => {

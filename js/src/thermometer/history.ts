@@ -83,6 +83,8 @@ export class HistoryStore {
   incidents: Incident[] = [];
   /** Some earlier live updates never reached this browser (shown once the cell ends). */
   gap = false;
+  /** Bumped on every change (caches of derived drawings key on it). */
+  version = 0;
   private slots: Slot[] = [];
   private fieldIndex = new Map<string, number>();
 
@@ -92,6 +94,7 @@ export class HistoryStore {
 
   /** Replace everything with the `history` trait (wire arrays inline); null/empty clears. */
   applyTrait(h: Record<string, any> | null | undefined): void {
+    this.version++;
     this.slots = [];
     this.gap = false;
     if (!h || !h.steps) {
@@ -121,6 +124,7 @@ export class HistoryStore {
   }
 
   private apply(p: HistoryPayload, a: Record<string, NdArray>): void {
+    this.version++;
     if (p.reset) this.slots = [];
     if (Array.isArray(p.fields)) {
       this.fields = p.fields.map(String);

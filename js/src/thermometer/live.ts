@@ -4,7 +4,7 @@
 // without it (tests, HTML export), each view listens itself while it is mounted.
 import { h } from "../lib/dom";
 import type { AnyModel } from "../lib/rpc";
-import { sparkline, type Mark } from "../lib/sparkline";
+import { slotX, sparkline, type Mark } from "../lib/sparkline";
 import { HistoryStore } from "./history";
 
 interface Shared {
@@ -70,12 +70,57 @@ export const LOG_STATS = new Set(["grad_norm", "param_grad_norm", "update_ratio"
 /** Choices of the "over time" column, kept to those the history carries. */
 export const SPARK_STATS = ["mean", "std", "max", "min", "zero_frac", "dead_unit_frac", "grad_norm", "param_grad_norm", "update_ratio", "nan"];
 
+const SPARK_W = 110;
+const SPARK_H = 18;
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+/** Sparklines of one store version and stat, reused across redraws (a slider move only moves the cursor). */
+export class SparkCache {
+  private key = "";
+  private svgs = new Map<number, SVGSVGElement>();
+
+  get(store: HistoryStore, r: number, stat: string, marks: Mark[]): SVGSVGElement {
+    const key = `${store.version}|${stat}`;
+    if (key !== this.key) {
+      this.key = key;
+      this.svgs.clear();
+    }
+    let svg = this.svgs.get(r);
+    if (!svg) {
+      const { y, lo, hi } = store.series(r, stat);
+      const name = store.rows[r]?.name ?? "";
+      svg = sparkline(y, { width: SPARK_W, height: SPARK_H, lo, hi, log: LOG_STATS.has(stat), marks, title: `${name}: ${stat} over ${y.length} kept steps` });
+      this.svgs.set(r, svg);
+    }
+    return svg;
+  }
+}
+
+/** Put the cursor line of `svg` at `slot` of `n` (remove it for undefined). */
+function setCursor(svg: SVGSVGElement, slot: number | undefined, n: number): void {
+  let line = svg.querySelector("line.nbd-spark-cursor");
+  if (slot === undefined || !(slot >= 0 && slot < n)) {
+    line?.remove();
+    return;
+  }
+  if (!line) {
+    line = document.createElementNS(SVG_NS, "line");
+    line.setAttribute("class", "nbd-spark-cursor");
+    line.setAttribute("y1", "0");
+    line.setAttribute("y2", String(SPARK_H));
+    svg.appendChild(line);
+  }
+  const x = slotX(slot, n, SPARK_W).toFixed(1);
+  line.setAttribute("x1", x);
+  line.setAttribute("x2", x);
+}
+
 /** The "over time" cell of history row `r` (an empty cell when the row has no history). */
-export function sparkCell(store: HistoryStore, r: number | undefined, stat: string, cursor: number | undefined, marks: Mark[]): HTMLElement {
+export function sparkCell(store: HistoryStore, r: number | undefined, stat: string, cursor: number | undefined, marks: Mark[], cache: SparkCache): HTMLElement {
   const cell = h("div", { class: "nbd-spark-cell" });
   if (r === undefined || !store.hasField(stat)) return cell;
-  const { y, lo, hi } = store.series(r, stat);
-  const name = store.rows[r]?.name ?? "";
-  cell.appendChild(sparkline(y, { width: 110, height: 18, lo, hi, log: LOG_STATS.has(stat), marks, cursor, title: `${name}: ${stat} over ${y.length} kept steps` }));
+  const svg = cache.get(store, r, stat, marks);
+  setCursor(svg, cursor, store.length);
+  cell.appendChild(svg);
   return cell;
 }

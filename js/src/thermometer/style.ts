@@ -58,7 +58,7 @@ export const CSS = `
 .nbdebug-thermometer .nbd-head .nbd-sorted { color: var(--nbd-accent); }
 .nbdebug-thermometer .nbd-head .nbd-sub { font-weight: 400; margin-left: 4px; }
 .nbdebug-thermometer .nbd-head .nbd-sub span { margin: 0 2px; text-decoration: underline dotted; }
-.nbdebug-thermometer .nbd-row { cursor: pointer; border-bottom: 1px solid var(--jp-border-color3, rgba(127,127,127,0.12)); }
+.nbdebug-thermometer .nbd-row { cursor: pointer; border-bottom: 1px solid var(--jp-border-color3, rgba(127,127,127,0.12)); content-visibility: auto; contain-intrinsic-size: auto 23px; }
 .nbdebug-thermometer .nbd-row:hover { background: var(--nbd-bg2); }
 .nbdebug-thermometer .nbd-row.nbd-flagged { border-left-color: var(--nbd-flag); background: var(--nbd-flag-bg); }
 .nbdebug-thermometer .nbd-row.nbd-selected { outline: 2px solid var(--nbd-accent); outline-offset: -2px; }

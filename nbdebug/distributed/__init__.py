@@ -13,7 +13,7 @@ script launch with ``NBDEBUG_SPOOL=spool_dir``. ``run.ranks[r]`` is rank ``r``'s
 ``run.first_nonfinite_rank``, ``run.diverged`` (parameters that differ across ranks),
 ``run.buffers_differ``, ``run.notes``.
 
-Per step and rank, one device-to-host transfer: the parameters' float32 (sum, abs-sum, L2 norm), the
+Per step and rank, one device-to-host transfer: the parameters' float32 (L1 norm, L2 norm, max), the
 gradients' squared norms (taken at the optimizer step, before it changes anything; -1: no gradient) and the buffers'
 fingerprints, stacked on the device; plus the history slots the capture appended (see
 :mod:`nbdebug.capture.spool`). Nothing here calls a collective: a rank that fails never makes the

@@ -72,6 +72,40 @@ def hooks_on(model: Any) -> int:
     return n
 
 
+def _groups_of(tensors: list[Any]) -> dict[tuple[Any, Any], list[int]]:
+    out: dict[tuple[Any, Any], list[int]] = {}
+    for i, t in enumerate(tensors):
+        out.setdefault((t.device, t.dtype), []).append(i)
+    return out
+
+
+def _norms(tensors: list[Any], order: int, device: Any) -> Any:
+    """float32 ``[N]``: the L1 or L2 norm of each tensor, batched per device and dtype (``_foreach_norm``),
+    accumulated in float32."""
+    import torch
+
+    out = torch.zeros(len(tensors), dtype=torch.float32, device=device)
+    for idx in _groups_of(tensors).values():
+        group = [tensors[i] if tensors[i].is_floating_point() else tensors[i].float() for i in idx]
+        res = torch._foreach_norm(group, order, dtype=torch.float32)
+        out[torch.tensor(idx, device=device)] = torch.stack(res).to(device)
+    return out
+
+
+def _fingerprint(tensors: list[Any], device: Any) -> Any:
+    """float32 ``[N, 3]`` on ``device``: (L1 norm, L2 norm, max) of each tensor, computed where it lives.
+    Replicas that hold the same values give bit-identical rows; an element changed on one rank changes them."""
+    import torch
+
+    if not tensors:
+        return torch.zeros(0, 3, dtype=torch.float32, device=device)
+    tensors = [t if t.numel() else torch.zeros(1, dtype=t.dtype, device=t.device) for t in tensors]
+    mx = torch.zeros(len(tensors), dtype=torch.float32, device=device)
+    for idx in _groups_of(tensors).values():
+        mx[torch.tensor(idx, device=device)] = torch.stack(torch._foreach_max([tensors[i] for i in idx])).to(device, torch.float32)
+    return torch.stack([_norms(tensors, 1, device), _norms(tensors, 2, device), mx], dim=1)
+
+
 def _layout(name: str, p: Any) -> dict[str, Any]:
     """Where a parameter's values live: global shape, and for a DTensor its placements and the
     coordinates of this rank along its sharded mesh dimensions (ranks with equal ``shard`` hold the
@@ -128,24 +162,15 @@ class SpoolDebug:
     def _grad_sq(self) -> Any:
         import torch
 
-        out = []
-        for _, p in self._params:
-            g = p.grad
-            out.append(torch.full((), -1.0, dtype=torch.float32, device=self._device) if g is None else
-                       torch.linalg.vector_norm(_local(g).detach(), dtype=torch.float32).square().to(self._device))
+        grads = [None if p.grad is None else _local(p.grad).detach() for _, p in self._params]
+        have = [g for g in grads if g is not None]
+        norms = iter(_norms(have, 2, self._device).square()) if have else iter(())
+        minus = torch.full((), -1.0, dtype=torch.float32, device=self._device)  # no gradient
+        out = [minus if g is None else next(norms) for g in grads]
         return torch.stack(out) if out else torch.zeros(0, device=self._device)
 
     def _fingerprints(self, step: int) -> dict[str, np.ndarray]:
         import torch
-
-        def fp(t: Any) -> Any:
-            x = _local(t).detach()
-            if not x.is_floating_point():
-                x = x.float()
-            if x.numel() == 0:
-                return torch.zeros(3, dtype=torch.float32, device=self._device)
-            return torch.stack([x.sum(dtype=torch.float32), torch.linalg.vector_norm(x, 1, dtype=torch.float32),
-                                torch.linalg.vector_norm(x, 2, dtype=torch.float32)]).to(self._device)
 
         with torch.no_grad():
             if self._grads is not None:
@@ -155,8 +180,9 @@ class SpoolDebug:
             else:  # no optimizer step: the gradients as they are now
                 grads = self._grad_sq()
             self._used = (step, grads)
-            parts = [fp(p) for _, p in self._params] + [fp(b) for _, b in self._buffers] + [grads.reshape(-1)]
-            flat = torch.cat([x.reshape(-1) for x in parts]).cpu().numpy() if parts else np.zeros(0, np.float32)
+            tensors = [_local(t).detach() for _, t in self._params + self._buffers]
+            parts = [_fingerprint(tensors, self._device).reshape(-1), grads.reshape(-1)]
+            flat = torch.cat(parts).cpu().numpy()  # the step's one device-to-host transfer
         self._grads = None
         n, b = 3 * len(self._params), 3 * len(self._buffers)
         return {"fp_params": flat[:n].reshape(-1, 3), "fp_buffers": flat[n:n + b].reshape(-1, 3), "fp_grads": flat[n + b:]}

@@ -177,6 +177,10 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
     assert res_out.result is not None or view.startswith("all"), res_out.note
     widgets = dbg.widgets()
     assert widgets, dbg.skipped
+    w = widgets[dbg.views.index("thermometer")] if "thermometer" in dbg.views and len(widgets) == len(dbg.views) else None
+    if w is not None:  # the widget's final state: the whole run, the report's step and events, not running
+        assert (w.steps, w.running, w.step) == (res.steps, False, 0), (w.steps, w.running, w.step)  # 0: follows the last step
+        assert [(e["step"], e["row"], e["code"]) for e in w.events] == [(e.step, e.row, e.code) for e in rep.events]
     close_all(dbg)
     # -- last: the checks that fail on the current tree (XFAIL) -----------------------------------------
     if spec.scaler:  # GradScaler multiplies the loss: the gradients a user reasons about are the unscaled ones

@@ -197,6 +197,8 @@ def close_step(cap: Capture) -> None:
     if cap._pg_norms is None and cap._pg_fresh:
         cap._take_param_norms()
     pg, cap._pg_norms = cap._pg_norms, None
+    if pg is not None:
+        cap.pg_seen = True
     cap._pg_fresh.clear()
     upd = cap.watch.take() if cap.watch is not None else None
     losses = list(cap._losses)
@@ -673,6 +675,10 @@ def assemble(cap: Capture) -> CaptureResult:
                      "(kept out of the rows and the history)")
     if cap.watch is not None:
         notes += [n for n in getattr(cap.watch, "notes", []) if n not in notes]
+        if cap.step > 1 and cap.watch.optimizer_steps == 0 and (cap.pg_seen or any(r.grad is not None for r in rows)):
+            from .optim import NO_OPTIMIZER_NOTE
+
+            notes.append(NO_OPTIMIZER_NOTE)
     notes += [n for n in cap.history.notes if n not in notes]
     res0 = cap.resume
     steps = cap.step

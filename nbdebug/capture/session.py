@@ -238,6 +238,7 @@ class Capture:
         self._losses: list[Any] = []  # the open step's losses (floats or device tensors)
         self._pg_fresh: dict[int, torch.Tensor] = {}  # params whose .grad a backward of this step wrote
         self._pg_queued = False
+        self.pg_seen = False  # some step had fresh parameter gradients
         self._pg_norms: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self._param_owner: dict[int, list[str]] = {}
         self._grad_snapshot: dict[int, tuple[int, int | None]] = {}

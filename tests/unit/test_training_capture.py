@@ -349,3 +349,19 @@ def test_loss_spike_is_an_incident_without_module() -> None:
     spikes = [i for i in cap.result.incidents if i.kind == "loss_spike"]
     assert len(spikes) == 1 and spikes[0].module is None and spikes[0].value == 50.0
     assert spikes[0].median == pytest.approx(1.0, abs=0.06)
+
+
+def test_hand_written_update_loop_has_no_update_ratio_and_says_so() -> None:
+    from nbdebug.capture.optim import NO_OPTIMIZER_NOTE
+
+    m = abc()
+    with Capture(m) as cap:
+        for x in batches(3, bad=None):
+            m(x).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 1e-3 * p.grad
+                    p.grad = None
+    res = cap.result
+    assert np.isnan(res.series("c", "update_ratio")).all() and np.isfinite(res.series("c", "param_grad_norm")).all()
+    assert NO_OPTIMIZER_NOTE in res.notes

@@ -123,6 +123,10 @@ class Run:
             self.notes.append(f"rank(s) {', '.join(map(str, missing))} never entered nbdebug.debug")
         if any(s.meta.get("rank_source") == "default" for s in spools) and len(spools) > 1:
             self.notes.append("torch.distributed was not initialised and RANK unset in some workers: they were counted as rank 0")
+        for s in spools:  # what the workers noticed (accelerate's state, views not recorded)
+            for n in s.meta.get("notes") or []:
+                if n not in self.notes:
+                    self.notes.append(n)
         self.errors = {s.rank: s.final["raised"] for s in self._live() if s.final and s.final.get("raised")}
         self.tracebacks = {s.rank: s.final["traceback"] for s in self._live() if s.final and s.final.get("traceback")}
         self.hooks_left = {s.rank: int(s.final.get("hooks_left", 0)) for s in self._live() if s.final}

@@ -106,6 +106,24 @@ def _fingerprint(tensors: list[Any], device: Any) -> Any:
     return torch.stack([_norms(tensors, 1, device), _norms(tensors, 2, device), mx], dim=1)
 
 
+def accelerate_disagrees(world_size: int | None) -> str | None:
+    """A note when accelerate (already imported and set up in this process) believes it is one process
+    of one while torch.distributed runs several: ``notebook_launcher`` on CPU without
+    ``ACCELERATE_USE_CPU=yes``; the model is then not wrapped for data parallelism."""
+    state = sys.modules.get("accelerate.state")
+    if state is None or not world_size or world_size < 2:
+        return None
+    try:
+        shared = dict(state.PartialState._shared_state)
+    except Exception:
+        return None
+    if shared.get("num_processes") == 1:
+        return (f"accelerate believes each of the {world_size} processes is process 0 of 1 (accelerate's "
+                "notebook_launcher on CPU needs ACCELERATE_USE_CPU=yes): the ranks come from torch.distributed, "
+                "but accelerate did not wrap the model for data parallelism, so each rank trains alone")
+    return None
+
+
 def _layout(name: str, p: Any) -> dict[str, Any]:
     """Where a parameter's values live: global shape, and for a DTensor its placements and the
     coordinates of this rank along its sharded mesh dimensions (ranks with equal ``shard`` hold the
@@ -231,6 +249,9 @@ class SpoolDebug:
         from ..capture.hooks import HookSet
 
         self.rank, self.world_size, self.rank_source = detect_rank()
+        odd = accelerate_disagrees(self.world_size)
+        if odd and odd not in self.notes:
+            self.notes.append(odd)
         self._params = list(self.model.named_parameters())
         self._buffers = list(self.model.named_buffers())
         first = next((_local(p) for _, p in self._params), None)

@@ -138,3 +138,22 @@ def stall_worker(index: int, out: str) -> None:
         for _ in range(2):
             model(torch.randn(3, 4)).sum().backward()
         time.sleep(60)
+
+
+def accelerate_worker() -> None:
+    """An accelerate training function (``notebook_launcher`` calls it in each process)."""
+    from accelerate import Accelerator
+
+    import nbdebug.distributed as nd
+
+    torch.set_num_threads(1)
+    acc = Accelerator()
+    model = make_model("ddp")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    wrapped, opt = acc.prepare(model, opt)
+    g = torch.Generator().manual_seed(100 + int(os.environ.get("RANK", "0")))  # each process its own batches
+    with nd.debug(wrapped):
+        for _ in range(3):
+            acc.backward(wrapped(torch.randn(6, 4, generator=g)).pow(2).mean())
+            opt.step()
+            opt.zero_grad()

@@ -223,6 +223,24 @@ def test_two_processes_claiming_rank0_are_detected(tmp_path: Path) -> None:
     assert run.world_size == 1
 
 
+@pytest.mark.parametrize("use_cpu", [False, True])
+def test_accelerate_notebook_launcher_on_cpu(monkeypatch: pytest.MonkeyPatch, use_cpu: bool) -> None:
+    accelerate = pytest.importorskip("accelerate")
+    if use_cpu:
+        monkeypatch.setenv("ACCELERATE_USE_CPU", "yes")
+    else:
+        monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    run = run_distributed(lambda: accelerate.notebook_launcher(W.accelerate_worker, num_processes=2))
+    assert run.error is None and [r.steps for r in run.ranks] == [3, 3] and run.hooks_left == {0: 0, 1: 0}
+    assert [r.history.rows for r in run.ranks] == [ROWS, ROWS]  # ranks from torch.distributed, not accelerate
+    odd = [n for n in run.notes if "ACCELERATE_USE_CPU=yes" in n]
+    if use_cpu:  # accelerate wrapped the model in DDP; nothing to say
+        assert [p.meta["wrapper"] for p in run.processes] == ["DDP", "DDP"] and odd == [] and run.diverged == []
+    else:  # accelerate thinks each process is process 0 of 1: the model is not wrapped, the ranks train alone
+        assert [p.meta["wrapper"] for p in run.processes] == [None, None] and len(odd) == 1
+        assert run.diverged == ["0.weight", "0.bias", "3.weight", "3.bias"]  # and their parameters drift apart
+
+
 def test_no_worker_entered_and_environment_restored() -> None:
     before = dict(os.environ)
     seen = {}

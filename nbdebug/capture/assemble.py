@@ -20,7 +20,7 @@ import torch
 
 from .budget import format_bytes
 from .history import FIELD_INDEX, HISTORY_FIELDS
-from .incidents import Incident, copy_within, describe_nonfinite, param_stats
+from .incidents import Incident, forward_incident, step_incidents
 from .result import CaptureResult, LayerRecord
 from .stats import IDX, N_FIELDS, DeviceStats, nonfinite, packed_to_host, raw_from_host, summarize
 
@@ -450,40 +450,6 @@ def _merge2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-def forward_incident(cap: Capture, call: Any, inputs: Any, output: Any) -> Incident:
-    """The flight recorder's snapshot of the call that made the first non-finite forward output
-    (step and message are filled when the step is committed)."""
-    budget = max(0, cap.max_bytes - cap._bytes)
-    leaves = [t for t in (inputs if isinstance(inputs, (tuple, list)) else (inputs,)) if isinstance(t, torch.Tensor)]
-    ins, n_in = copy_within(list(leaves), budget)
-    out, n_out = copy_within(output, budget - n_in)
-    cap._bytes += n_in + n_out
-    return Incident("nonfinite", 0, call.module, call.row.key, "forward", "", ins, out,
-                    params=_param_stats(cap, call.module), optimizer=_opt_state(cap, call.module))
-
-
-def _param_stats(cap: Capture, module: str) -> dict[str, dict[str, float]]:
-    m = cap.module_of.get(module)
-    return param_stats(m) if m is not None else {}
-
-
-def _opt_state(cap: Capture, module: str) -> dict[str, dict[str, float]]:
-    try:
-        return cap.watch.state_of(module) if cap.watch is not None else {}
-    except Exception:
-        return {}
-
-
-def _previous(cap: Capture, row: Any) -> dict[str, float] | None:
-    if cap.prev_values is None or cap.prev_rows is None or row.hid < 0:
-        return None
-    hit = np.flatnonzero(cap.prev_rows == row.hid)
-    if not hit.size:
-        return None
-    v = cap.prev_values[hit[0]]
-    return {f: float(v[i]) for i, f in enumerate(HISTORY_FIELDS)}
-
-
 def commit(cap: Capture, data: _StepData) -> None:
     """Fold a closed step into the whole-run rows, the first-non-finite bookkeeping, the incidents and
     the history (``every``), then call ``on_step``."""
@@ -517,42 +483,7 @@ def commit(cap: Capture, data: _StepData) -> None:
         cap.skipped.append(step)
     cap.lrs.update(data.lrs)
     hids = np.fromiter((row.hid for row in data.rows), np.intp, len(data.rows))
-    first_bad = False
-    new: list[Incident] = []
-    have = any(i.kind == "nonfinite" for i in cap.incidents)
-    if cap.fwd_step is None and data.fwd is not None:
-        c, finite, what = data.fwd
-        cap.fwd_step, cap.fwd_origin, first_bad = step, (c.row.id, finite), True
-        inc = data.fwd_incident or Incident("nonfinite", step, c.module, c.row.key, "forward", "",
-                                            params=_param_stats(cap, c.module), optimizer=_opt_state(cap, c.module))
-        inc.step, inc.previous = step, _previous(cap, c.row)
-        inc.message = describe_nonfinite(step, c.module, c.row.key, "forward", what, inc.inputs, finite)
-        new.append(inc)
-    if cap.bwd_step is None and data.bwd is not None:
-        bad, origin = data.bwd
-        cap.bwd_step, cap.bwd_row, first_bad = step, bad.row.id, True
-        cap.bwd_origin = origin.row.id if origin is not None else None
-        if not have and not new:
-            src = origin if origin is not None else bad
-            new.append(Incident("nonfinite", step, src.module, src.row.key, "output_grad",
-                                describe_nonfinite(step, src.module, src.row.key, "output_grad", "", None, None),
-                                params=_param_stats(cap, src.module), previous=_previous(cap, src.row),
-                                optimizer=_opt_state(cap, src.module)))
-    if cap.pg_step is None and data.pg is not None:
-        cap.pg_step, first_bad = step, True
-        if not have and not new:
-            row = cap.first_row.get(data.pg)
-            new.append(Incident("nonfinite", step, data.pg, row.key if row else None, "param_grad",
-                                describe_nonfinite(step, data.pg, row.key if row else data.pg, "param_grad", "", None, None),
-                                params=_param_stats(cap, data.pg), previous=_previous(cap, row) if row else None,
-                                optimizer=_opt_state(cap, data.pg)))
-    loss = data.scalars["loss"]
-    med = cap.spikes.check(loss) if not math.isnan(loss) else None
-    if med is not None:
-        new.append(Incident("loss_spike", step, None, None, None,
-                            f"step {step}: loss {loss:.4g} is {loss / med:.1f}× the running median {med:.4g}",
-                            value=loss, median=med))
-    cap.incidents += new
+    first_bad = step_incidents(cap, data, step)
     first = cap.resume.steps + 1 if cap.resume is not None else 1
     if (step - first) % cap.every == 0 or first_bad:
         hist.append(step, hids, data.values, data.scalars)

@@ -16,15 +16,20 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from .history import HISTORY_FIELDS
 from .leaves import tensor_leaves
 
-__all__ = ["Incident", "LossSpikes", "NonFiniteError", "copy_within", "describe_nonfinite", "param_stats"]
+if TYPE_CHECKING:
+    from .session import Capture
+
+__all__ = ["Incident", "LossSpikes", "NonFiniteError", "copy_within", "describe_nonfinite", "forward_incident", "param_stats",
+           "step_incidents"]
 
 SPIKE_FACTOR = 10.0  # a loss above this many times the running median is a spike
 SPIKE_MIN_STEPS = 5  # steps with a loss before spikes are looked for
@@ -129,6 +134,40 @@ def describe_nonfinite(step: int, module: str, row: str, phase: str, what: str, 
     return f"step {step}: the parameter gradients of `{module}` went non-finite (forward outputs and output gradients were finite)"
 
 
+def forward_incident(cap: Capture, call: Any, inputs: Any, output: Any) -> Incident:
+    """The flight recorder's snapshot of the call that made the first non-finite forward output
+    (step and message are filled when the step is committed)."""
+    budget = max(0, cap.max_bytes - cap._bytes)
+    leaves = [t for t in (inputs if isinstance(inputs, (tuple, list)) else (inputs,)) if isinstance(t, torch.Tensor)]
+    ins, n_in = copy_within(list(leaves), budget)
+    out, n_out = copy_within(output, budget - n_in)
+    cap._bytes += n_in + n_out
+    return Incident("nonfinite", 0, call.module, call.row.key, "forward", "", ins, out,
+                    params=_param_stats(cap, call.module), optimizer=_opt_state(cap, call.module))
+
+
+def _param_stats(cap: Capture, module: str) -> dict[str, dict[str, float]]:
+    m = cap.module_of.get(module)
+    return param_stats(m) if m is not None else {}
+
+
+def _opt_state(cap: Capture, module: str) -> dict[str, dict[str, float]]:
+    try:
+        return cap.watch.state_of(module) if cap.watch is not None else {}
+    except Exception:
+        return {}
+
+
+def _previous(cap: Capture, row: Any) -> dict[str, float] | None:
+    if cap.prev_values is None or cap.prev_rows is None or row.hid < 0:
+        return None
+    hit = np.flatnonzero(cap.prev_rows == row.hid)
+    if not hit.size:
+        return None
+    v = cap.prev_values[hit[0]]
+    return {f: float(v[i]) for i, f in enumerate(HISTORY_FIELDS)}
+
+
 class LossSpikes:
     """Running median of the loss; :meth:`check` says when a loss is a spike (> 10× the median, after
     5 steps with a finite loss)."""
@@ -147,3 +186,45 @@ class LossSpikes:
                 out = med
         self._losses.append(loss)
         return out
+
+
+def step_incidents(cap: Capture, data: Any, step: int) -> bool:
+    """The first-non-finite bookkeeping and incidents of committed step ``step`` (one "nonfinite" incident
+    per capture: the first by step and phase; loss spikes); True when this step had a first."""
+    first_bad = False
+    new: list[Incident] = []
+    have = any(i.kind == "nonfinite" for i in cap.incidents)
+    if cap.fwd_step is None and data.fwd is not None:
+        c, finite, what = data.fwd
+        cap.fwd_step, cap.fwd_origin, first_bad = step, (c.row.id, finite), True
+        inc = data.fwd_incident or Incident("nonfinite", step, c.module, c.row.key, "forward", "",
+                                            params=_param_stats(cap, c.module), optimizer=_opt_state(cap, c.module))
+        inc.step, inc.previous = step, _previous(cap, c.row)
+        inc.message = describe_nonfinite(step, c.module, c.row.key, "forward", what, inc.inputs, finite)
+        new.append(inc)
+    if cap.bwd_step is None and data.bwd is not None:
+        bad, origin = data.bwd
+        cap.bwd_step, cap.bwd_row, first_bad = step, bad.row.id, True
+        cap.bwd_origin = origin.row.id if origin is not None else None
+        if not have and not new:
+            src = origin if origin is not None else bad
+            new.append(Incident("nonfinite", step, src.module, src.row.key, "output_grad",
+                                describe_nonfinite(step, src.module, src.row.key, "output_grad", "", None, None),
+                                params=_param_stats(cap, src.module), previous=_previous(cap, src.row),
+                                optimizer=_opt_state(cap, src.module)))
+    if cap.pg_step is None and data.pg is not None:
+        cap.pg_step, first_bad = step, True
+        if not have and not new:
+            row = cap.first_row.get(data.pg)
+            new.append(Incident("nonfinite", step, data.pg, row.key if row else None, "param_grad",
+                                describe_nonfinite(step, data.pg, row.key if row else data.pg, "param_grad", "", None, None),
+                                params=_param_stats(cap, data.pg), previous=_previous(cap, row) if row else None,
+                                optimizer=_opt_state(cap, data.pg)))
+    loss = data.scalars["loss"]
+    med = cap.spikes.check(loss) if not math.isnan(loss) else None
+    if med is not None:
+        new.append(Incident("loss_spike", step, None, None, None,
+                            f"step {step}: loss {loss:.4g} is {loss / med:.1f}× the running median {med:.4g}",
+                            value=loss, median=med))
+    cap.incidents += new
+    return first_bad

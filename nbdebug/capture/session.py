@@ -33,12 +33,12 @@ import torch
 from torch import nn
 
 from . import assemble as _asm
-from .assemble import close_step, commit, finish, forward_incident
+from .assemble import close_step, commit, finish
 from .budget import DEFAULT_MAX_BYTES
 from .errors import ErrorSite, locate
 from .history import History
 from .hooks import HookSet
-from .incidents import Incident, LossSpikes, NonFiniteError
+from .incidents import Incident, LossSpikes, NonFiniteError, forward_incident
 from .leaves import tensor_leaves
 from .names import call_name
 from .optim import OptimizerWatch, as_float_later, loss_of_output

@@ -158,6 +158,19 @@ def main() -> None:
           f"{(len(json.dumps(flat).encode()) + report.table.size * 4) / 1024:.1f} KiB")
     print(f"python build (group_report + residual + groups_payload): median {statistics.median(times) * 1e3:.1f} ms "
           f"(min {min(times) * 1e3:.1f} ms) over {len(times)} runs")
+    # the whole thermometer widget state for this one step (what a notebook syncs and saves)
+    import traitlets
+    from ipywidgets.widgets.widget import _remove_buffers
+
+    from nbdebug.widgets.thermometer import ThermometerWidget
+
+    w = ThermometerWidget(report, result)
+    state, _, bufs = _remove_buffers(w.get_state())
+    wired = isinstance(getattr(type(w), "groups", None), traitlets.TraitType)
+    print(f"thermometer widget state, one step: {(len(json.dumps(state).encode()) + sum(b.nbytes for b in bufs)) / 1024:.1f} KiB "
+          f"({'with' if wired else 'without'} the grouped view; target <= 1 MB)")
+    w.close()
+
     # over time: the blocks' strip statistics at every kept step (what groups_view adds to the payload)
     from nbdebug.inspectors.groups import groups_view
 

@@ -486,7 +486,10 @@ class Capture:
         or (``break_on``) sync now."""
         first = new[0][0]
         if self.device_path and self.break_on is None:
-            if self.fwd_step is None:
+            # Hold the call's tensors until the step's one check (copied only for the origin). Under
+            # autograd they stay alive anyway; in a no-grad pass holding them would keep every
+            # activation of the step, so an inference step's incident has no copies.
+            if self.fwd_step is None and torch.is_grad_enabled():
                 first.held = (inputs, output)
             return
         bad = any(float(c.raw.counts[2:4].sum()) > 0 if not isinstance(c.raw, np.ndarray) else c.raw[_NAN] + c.raw[_INF] > 0

@@ -37,12 +37,13 @@ import numpy as np
 
 from .history import SCALARS, History
 
-__all__ = ["LAUNCHER_ENV", "SPOOL_ENV", "RankSpool", "SpoolWriter", "incident_json", "progress", "read_rank", "result_of",
+__all__ = ["LAUNCHER_ENV", "OPTIONS_FILE", "SPOOL_ENV", "RankSpool", "SpoolWriter", "incident_json", "progress", "read_rank", "result_of",
            "scan", "summary_of", "wants_spool"]
 
 SPOOL_ENV = "NBDEBUG_SPOOL"  # the spool directory, set for the workers by the launcher
 LAUNCHER_ENV = "NBDEBUG_SPOOL_LAUNCHER"  # pid of the launching process (it never spools itself)
 FORMAT = 1
+OPTIONS_FILE = "options.json"  # the launcher's defaults for every worker's nbdebug.debug(...)
 FP_KEEP = 64  # steps whose fingerprint chunks stay on disk after a rewrite of the whole history
 MIN_CHUNKS = 64  # chunks on disk before the writer considers rewriting the whole history into one
 _DIR = re.compile(r"^rank(\d+)-(\d+)$")
@@ -53,6 +54,15 @@ def wants_spool() -> bool:
     """Whether ``nbdebug.debug`` in this process should write to a spool: ``NBDEBUG_SPOOL`` is set
     and this is not the launching process itself."""
     return bool(os.environ.get(SPOOL_ENV)) and os.environ.get(LAUNCHER_ENV) != str(os.getpid())
+
+
+def launcher_options(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """The launcher's option defaults for the workers (``options.json`` in the spool; {} when none)."""
+    try:
+        data = json.loads((Path(root) / OPTIONS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _jsonable(x: Any) -> Any:

@@ -3,6 +3,7 @@ ranks, and the :class:`~nbdebug.distributed.run.Run` read back at the end."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..capture.spool import LAUNCHER_ENV, SPOOL_ENV, progress
+from ..capture.spool import LAUNCHER_ENV, OPTIONS_FILE, SPOOL_ENV, progress
 from .run import FORK_HINT, Run, load
 
 __all__ = ["run_distributed"]
@@ -76,7 +77,8 @@ class _Watcher(threading.Thread):
 
 
 def run_distributed(run_cell: Callable[[], Any], *, spool_dir: str | os.PathLike[str] | None = None,
-                    timeout_s: float = 60.0, on_progress: Callable[[dict[int, int]], Any] | None = None) -> Run:
+                    timeout_s: float = 60.0, on_progress: Callable[[dict[int, int]], Any] | None = None,
+                    options: dict[str, Any] | None = None) -> Run:
     """Run a cell that launches workers, and collect what every rank recorded.
 
     Creates the spool (a temporary directory unless ``spool_dir`` is given), sets ``NBDEBUG_SPOOL``
@@ -86,6 +88,10 @@ def run_distributed(run_cell: Callable[[], Any], *, spool_dir: str | os.PathLike
     for ``timeout_s`` seconds while the cell still runs prints one line to the cell's stderr naming
     each rank's step and the likely cause (nothing is killed).
 
+    ``options`` (JSON values: ``every``, ``max_bytes``, ``layers`` as a list of names/patterns,
+    ``break_on``, ``sample_size``, ``histograms``) become the defaults of every worker's
+    ``nbdebug.debug(...)`` (its own keyword arguments win): the magic's ``--every``/``--max-bytes``/…
+
     Never raises the cell's exception: it is ``run.error`` (re-raise it after showing the run; a
     worker's error also appears in ``run.errors``). ``run.value`` is ``run_cell()``'s return value.
     """
@@ -93,6 +99,8 @@ def run_distributed(run_cell: Callable[[], Any], *, spool_dir: str | os.PathLike
     own = spool_dir is None
     root = Path(tempfile.mkdtemp(prefix="nbdebug-spool-")) if own else Path(spool_dir)  # type: ignore[arg-type]
     root.mkdir(parents=True, exist_ok=True)
+    if options:
+        (root / OPTIONS_FILE).write_text(json.dumps({k: v for k, v in options.items() if v is not None}))
     saved = {k: os.environ.get(k) for k in (SPOOL_ENV, LAUNCHER_ENV)}
     os.environ[SPOOL_ENV], os.environ[LAUNCHER_ENV] = str(root), str(os.getpid())
     watcher = _Watcher(root, timeout_s, on_progress)

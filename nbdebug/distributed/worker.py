@@ -12,7 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from ..capture.spool import SPOOL_ENV, SpoolWriter, incident_json, summary_of, wants_spool
+from ..capture.spool import (
+    SPOOL_ENV,
+    SpoolWriter,
+    incident_json,
+    launcher_options,
+    summary_of,
+    wants_spool,
+)
 from .run import SAME_RANK
 
 __all__ = ["SpoolDebug", "debug", "detect_rank", "hooks_on", "unwrap"]
@@ -157,7 +164,7 @@ class SpoolDebug:
         self.spool = Path(spool)
         self._wrapper: Any = model
         self.model, self.wrapper_kind = unwrap(model)
-        o = dict(options)
+        o = {**launcher_options(self.spool), **options}  # the magic's --every/--max-bytes/…; the call's own win
         kw: dict[str, Any] = {k: o[k] for k in ("histograms", "sample_size", "every", "loss", "break_on", "step_on",
                                                  "grads", "device_path", "near_zero_eps") if o.get(k) is not None}
         kw["max_bytes"] = parse_bytes(o.get("max_bytes"))

@@ -241,6 +241,20 @@ def test_accelerate_notebook_launcher_on_cpu(monkeypatch: pytest.MonkeyPatch, us
         assert run.diverged == ["0.weight", "0.bias", "3.weight", "3.bias"]  # and their parameters drift apart
 
 
+def test_launcher_options_are_the_workers_defaults(tmp_path: Path) -> None:
+    def cell() -> None:
+        model = W.make_model("ddp")
+        os.environ[LAUNCHER_ENV] = "1"  # as if in a worker
+        with SpoolDebug(model, spool=os.environ[SPOOL_ENV]):  # --every 2 --layers 0,3 from the launcher
+            for _ in range(5):
+                model(torch.randn(2, 4)).sum().backward()
+        own = SpoolDebug(model, spool=Path(os.environ[SPOOL_ENV]) / "own", every=3, layers=["1"])  # its own win
+        assert (own.capture.every, [n for n, _ in own.capture.modules]) == (3, ["1"])
+
+    run = run_distributed(cell, options={"every": 2, "layers": ["0", "3"], "max_bytes": None})
+    assert run.ranks[0].history.rows == ["0", "3"] and run.ranks[0].step_index.tolist() == [1, 3, 5]
+
+
 def test_no_worker_entered_and_environment_restored() -> None:
     before = dict(os.environ)
     seen = {}

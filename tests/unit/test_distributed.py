@@ -345,12 +345,13 @@ def test_nbdebug_debug_spools_in_a_worker(tmp_path: Path, monkeypatch: pytest.Mo
                    "of magic.py/api.py (see the DIST report)")
 def test_magic_distributed_cell(shell: object, tmp_path: Path) -> None:
     shell.user_ns.update(W=W, mp=mp, out=str(tmp_path), port=free_port(), port2=free_port())
-    r = shell.run_cell("%%nndebug --distributed -o run\n"
+    r = shell.run_cell("%%nndebug --distributed --every 2 -o run\n"
                        "mp.start_processes(W.worker, args=(2, port, 'api', out), nprocs=2, start_method='fork')\n'done'")
     assert r.success and r.result == "done"
     run = shell.user_ns["run"]
     assert shell.user_ns["_nndebug"] is run and [x.steps for x in run.ranks] == [W.STEPS, W.STEPS]
     assert run.hooks_left == {0: 0, 1: 0} and run.ranks[0].history.rows == ROWS
+    assert run.ranks[1].step_index.tolist() == [1, 3, 5]  # --every 2 reached the workers' nbdebug.debug
     assert any("ThermometerWidget" in str(d.get("text/plain", "")) for d in shell.displayed)
     r = shell.run_cell("%%nndebug --distributed\n"
                        "mp.start_processes(W.worker, args=(2, port2, 'raise', out), nprocs=2, start_method='fork')")

@@ -270,4 +270,16 @@ describe("grouped thermometer", () => {
     sel.dispatchEvent(new Event("change"));
     expect(el.querySelectorAll("svg.nbd-gspark")).toHaveLength(0);
   });
+
+  it("a group without values of the chosen statistic shows the mean std instead of empty cells", () => {
+    const p = full(3);
+    const strip = Array.from({ length: 3 }, (_, b) => STATS.map((s) => (s === "std" ? b + 1 : NaN)));
+    p.strip = wire("float32", strip.flat(), [3, STATS.length]);
+    const view = new GroupView(new GroupData(p), { stat: "residual" });
+    document.body.appendChild(view.el);
+    const cells = Array.from(view.el.querySelectorAll<HTMLElement>(".nbd-cell"));
+    expect(cells.map((c) => c.getAttribute("title"))).toEqual(["model.layers.0: mean std 1", "model.layers.1: mean std 2", "model.layers.2: mean std 3"]);
+    expect(cells.filter((c) => c.classList.contains("nbd-cell-nan"))).toHaveLength(0);
+    view.destroy();
+  });
 });

@@ -17,6 +17,7 @@ export { GroupData } from "./groups_data";
 export const MAX_DRAWN = 400;
 /** Strip statistics drawn on a log scale (norms span decades). */
 const LOG = new Set(["absmax", "grad_norm", "residual"]);
+const label = (stat: string) => LABELS[stat] ?? stat;
 const LABELS: Record<string, string> = {
   severity: "worst flag",
   std: "mean std",
@@ -270,7 +271,7 @@ export class GroupView {
     const d = this.data;
     const grp = d.groups[g];
     const res = d.residual && d.residual.group === g ? d.residual : null;
-    const label = this.relative(grp.name, depth, grp.parent);
+    const shown = this.relative(grp.name, depth, grp.parent);
     return h("div", {
       class: "nbd-grp",
       style: this.indent(depth),
@@ -278,10 +279,10 @@ export class GroupView {
       attrs: { role: "treeitem", "aria-expanded": "false", tabindex: 0 },
     }, [
       h("span", { class: "nbd-toggle", text: "▸" }),
-      h("span", { class: "nbd-gname", text: label, title: `${grp.name}: ${grp.blocks.length} blocks` }),
+      h("span", { class: "nbd-gname", text: shown, title: `${grp.name}: ${grp.blocks.length} blocks` }),
       h("span", { class: "nbd-gcount", text: `×${grp.blocks.length}` }),
       this.strip(g),
-      this.spark(this.groupSeries(g), `${grp.name}: largest ${LABELS[this.stat] ?? this.stat} over its blocks`),
+      this.spark(this.groupSeries(g), `${grp.name}: largest ${label(this.statFor(g))} over its blocks`, this.statFor(g)),
       matches >= 0 ? h("span", { class: "nbd-gmatch", text: `${matches} match${matches === 1 ? "" : "es"}` }) : null,
       res?.largest_jump ? h("span", { class: "nbd-gnote", text: `largest jump: ${res.largest_jump}`, title: "residual stream: the block whose output grew most relative to the previous block" }) : null,
       res?.first_nonfinite ? h("span", { class: "nbd-gnote nbd-bad", text: `NaN/Inf from ${res.first_nonfinite}` }) : null,
@@ -292,10 +293,11 @@ export class GroupView {
   private groupBody(g: number, hits: Set<number> | null, depth: number): HTMLElement {
     const body = h("div", { class: "nbd-grp-body", data: { group: g } });
     const scale = this.scaler(g);
+    const stat = this.statFor(g);
     for (const b of this.data.groups[g].blocks) {
       if (hits && !this.blockHits(b, hits)) continue;
       const blk = this.data.blocks[b];
-      const v = this.data.stripValue(b, this.stat);
+      const v = this.data.stripValue(b, stat);
       const t = scale(v);
       const open = hits !== null || this.openBlocks.has(b);
       const line = h("div", {
@@ -307,8 +309,8 @@ export class GroupView {
         h("span", { class: "nbd-toggle", text: "▸" }),
         h("span", { class: "nbd-gname", text: blk.name.slice(this.data.groups[g].name.length).replace(/^\./, "") || blk.name, title: blk.name }),
         h("span", { class: "nbd-swatch", style: { background: t === null ? "transparent" : cssColor("magma", t) } }),
-        h("span", { class: "nbd-gstat", text: `${LABELS[this.stat] ?? this.stat} ${fmt(v)}` }),
-        this.spark(this.data.series(b, this.stat), `${blk.name}: ${LABELS[this.stat] ?? this.stat}`),
+        h("span", { class: "nbd-gstat", text: `${label(stat)} ${fmt(v)}` }),
+        this.spark(this.data.series(b, stat), `${blk.name}: ${label(stat)}`, stat),
         h("span", { class: "nbd-gcount", text: `${blk.rows} rows` }),
         h("span", { class: "nbd-gflags" }, this.data.codes(blk.flags).map((f) => chip(this.opts.legend ?? {}, f))),
       ]);
@@ -324,9 +326,10 @@ export class GroupView {
 
   /** Over the kept steps: the largest value of the statistic over group `g`'s blocks (null: no series). */
   private groupSeries(g: number): Float32Array | null {
+    const stat = this.statFor(g);
     let out: Float32Array | null = null;
     for (const b of this.data.groups[g].blocks) {
-      const y = this.data.series(b, this.stat);
+      const y = this.data.series(b, stat);
       if (!y) return null;
       if (!out) out = Float32Array.from(y, () => NaN);
       for (let k = 0; k < y.length; k++) if (!(y[k] <= out[k])) out[k] = Number.isNaN(y[k]) ? out[k] : y[k];
@@ -334,11 +337,19 @@ export class GroupView {
     return out;
   }
 
-  private spark(y: Float32Array | null, what: string): Element | null {
+  private spark(y: Float32Array | null, what: string, stat: string): Element | null {
     if (!y) return null;
     const steps = this.data.histSteps;
     const title = `${what} over ${y.length} kept steps (${steps[0]}–${steps[steps.length - 1]})`;
-    return sparkline(y, { width: 90, height: 16, log: LOG.has(this.stat), title, cls: "nbd-spark nbd-gspark" });
+    return sparkline(y, { width: 90, height: 16, log: LOG.has(stat), title, cls: "nbd-spark nbd-gspark" });
+  }
+
+  /** The strip statistic of group `g`: the chosen one, or the first with values in this group (a
+   * nested group has no residual stream: its strips show the mean std instead of empty cells). */
+  private statFor(g: number): string {
+    const has = (s: string) => this.data.groups[g].blocks.some((b) => Number.isFinite(this.data.stripValue(b, s)));
+    if (has(this.stat)) return this.stat;
+    return ["std", "absmax", "severity"].find(has) ?? this.stat;
   }
 
   /** Value → colour position in [0, 1] across group `g`'s blocks (null: no value). */
@@ -346,7 +357,7 @@ export class GroupView {
     let s = this.scalers.get(g);
     if (s) return s;
     const d = this.data;
-    const stat = this.stat;
+    const stat = this.statFor(g);
     if (stat === "severity") s = (v) => (Number.isFinite(v) ? 0.15 + (0.8 * Math.min(v, 3)) / 3 : null);
     else {
       const log = LOG.has(stat);
@@ -367,19 +378,19 @@ export class GroupView {
   private strip(g: number): HTMLElement {
     const d = this.data;
     const scale = this.scaler(g);
-    const label = LABELS[this.stat] ?? this.stat;
+    const stat = this.statFor(g);
     const cells = d.groups[g].blocks.map((b) => {
-      const v = d.stripValue(b, this.stat);
+      const v = d.stripValue(b, stat);
       const t = scale(v);
-      const extra = this.stat === "residual" && d.growth.length ? ` (×${fmt(d.growth[d.groups[g].blocks.indexOf(b)])} vs previous block)` : "";
+      const extra = stat === "residual" && d.growth.length ? ` (×${fmt(d.growth[d.groups[g].blocks.indexOf(b)])} vs previous block)` : "";
       return h("span", {
         class: ["nbd-cell", t === null && "nbd-cell-nan", d.blocks[b].flags !== 0 && "nbd-cell-flagged"],
         style: t === null ? {} : { background: cssColor("magma", t) },
         data: { block: b },
-        title: `${d.blocks[b].name}: ${label} ${fmt(v)}${extra}`,
+        title: `${d.blocks[b].name}: ${label(stat)} ${fmt(v)}${extra}`,
       });
     });
-    return h("span", { class: "nbd-strip", title: `${label} per block` }, cells);
+    return h("span", { class: "nbd-strip", title: `${label(stat)} per block` }, cells);
   }
 
   // -- events -------------------------------------------------------------------------------------

@@ -254,11 +254,13 @@ describe("grouped thermometer", () => {
     p.hist_steps = wire("int32", [1, 5, 9, 13]);
     p.hist_stats = ["std", "grad_norm", "residual"];
     p.hist_blocks = wire("int32", [0, 1, 2]);
+    p.step = 13;
     p.hist_strip = wire("float32", hist, [K, 3, 3]);
     const d = new GroupData(p);
     expect(Array.from(d.series(2, "residual")!)).toEqual([3, 6, 9, 12]);
     expect(d.series(0, "severity")).toBeNull();
     const el = mount(renderGroups, new FakeModel({ groups: p, selected: "" }));
+    expect(el.querySelector(".nbd-group-count")!.textContent).toBe("18 rows, 1 group of repeated blocks (values and flags at step 13)");
     const gspark = el.querySelector(".nbd-grp svg.nbd-gspark")!;
     expect(gspark.querySelector("title")!.textContent).toBe("model.layers: largest residual stream norm over its blocks over 4 kept steps (1–13)");
     lines(el, "nbd-grp")[0].click();

@@ -270,6 +270,7 @@ def groups_view(report: Any, layers: Sequence[Any] | None = None, min_rows: int 
     if res is not None:
         attach_residual(tree, res)
     meta, arrays = groups_payload(tree)
+    meta["step"] = getattr(report, "step", None)  # the step the rows' values and flags are at (None: whole run)
     if history is not None and len(history.step_index) >= 2:
         arrays["hist_steps"], arrays["hist_blocks"], arrays["hist_strip"] = group_history(history, tree)
         meta["hist_stats"] = list(HISTORY_STATS)

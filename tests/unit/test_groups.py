@@ -329,5 +329,7 @@ def test_group_history_per_block_over_kept_steps():
     steps, _, _ = group_history(h, t, max_bytes=0)  # never fewer than 2 kept steps
     assert steps.tolist() == [1, 3]
     report = SimpleNamespace(names=names, modules=names, types=["L"] * 6, table=np.zeros((6, len(COLUMNS))), flags=[[]] * 6)
+    report.step = 3
     meta, arrays = groups_view(report, layers, min_rows=0, history=h)
     assert meta["hist_stats"] == list(HISTORY_STATS) and arrays["hist_strip"].shape == (3, 2, 3)
+    assert meta["step"] == 3

@@ -190,7 +190,8 @@ export class GroupView {
     const d = this.data;
     if (!this.query) {
       replaceChildren(this.list, this.items(d.top, null, 0));
-      this.counter.textContent = `${d.rowCount} rows, ${d.groups.length} groups of repeated blocks`;
+      const at = d.step !== null && d.histSteps.length >= 2 ? ` (values and flags at step ${d.step})` : "";
+      this.counter.textContent = `${d.rowCount} rows, ${d.groups.length} group${d.groups.length === 1 ? "" : "s"} of repeated blocks${at}`;
       return;
     }
     const hits = new Set(d.match(this.query));

@@ -45,6 +45,8 @@ export class GroupData {
   readonly severity: Record<string, number>;
   readonly residual: Residual | null;
   readonly notes: string[];
+  /** The step the rows' values and flags are at (null: merged over the whole run). */
+  readonly step: number | null;
   readonly groups: GroupInfo[] = [];
   readonly blocks: BlockInfo[] = [];
   readonly top: Item[] = [];
@@ -72,6 +74,7 @@ export class GroupData {
     this.severity = payload.severity ?? {};
     this.residual = payload.residual ?? null;
     this.notes = (payload.notes ?? []).map(String);
+    this.step = typeof payload.step === "number" ? payload.step : null;
     const parent = arr(payload, "name_parent");
     const suffix = arr(payload, "name_suffix");
     this.nodes = new Array(parent.length);

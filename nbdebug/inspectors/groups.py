@@ -157,7 +157,7 @@ def group_rows(names: Sequence[str], *, modules: Sequence[str] | None = None, ty
     def walk(node: _Node, path: str, own: int) -> None:
         for r in node.rows:
             owner[r] = own
-        numeric = [(int(k), k, c) for k, c in node.children.items() if k.isdigit() and c.deep]
+        numeric = [(int(k), k, c) for k, c in node.children.items() if k.isascii() and k.isdigit() and c.deep]
         members = {k for _, k, _ in numeric} if len(numeric) >= 2 else set()
         if members:
             g = len(groups)

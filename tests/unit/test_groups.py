@@ -106,6 +106,9 @@ def test_flat_model_unchanged_and_sequential_leaves_not_grouped():
     seq = ["0", "1", "2", "3", "4"]
     t = group_rows(seq)
     assert t.groups == [] and items(t, t.top) == seq
+    # unicode digits are names, not indices
+    t = group_rows(["m.\u00b2.a", "m.\u00b3.a", "m.\u0661.a", "m.\u0662.a"])
+    assert t.groups == []
     # ResNet: layer1.0 / layer1.1 are blocks with members
     res = ["conv1", "layer1.0.conv1", "layer1.0.relu", "layer1.0.relu#2", "layer1.1.conv1", "layer1.1.relu", "fc"]
     t = group_rows(res)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -106,7 +107,9 @@ def _fingerprint(tensors: list[Any], device: Any) -> Any:
 
     if not tensors:
         return torch.zeros(0, 3, dtype=torch.float32, device=device)
-    tensors = [t if t.numel() else torch.zeros(1, dtype=t.dtype, device=t.device) for t in tensors]
+    # empty tensors fingerprint as 0; parameters accelerate keeps on `meta` (offloaded) as NaN: not compared
+    tensors = [torch.full((1,), math.nan, device=device) if t.device.type == "meta" else
+               t if t.numel() else torch.zeros(1, dtype=t.dtype, device=t.device) for t in tensors]
     mx = torch.zeros(len(tensors), dtype=torch.float32, device=device)
     for idx in _groups_of(tensors).values():
         mx[torch.tensor(idx, device=device)] = torch.stack(torch._foreach_max([tensors[i] for i in idx])).to(device, torch.float32)
@@ -244,8 +247,7 @@ class SpoolDebug:
 
         if self._failed:
             return
-        ours = {id(p) for _, p in self._params}
-        if any(id(p) in ours for g in opt.param_groups for p in g["params"]):
+        if any(id(p) in self._ours for g in opt.param_groups for p in g["params"]):
             with torch.no_grad():
                 self._grads = self._grad_sq()  # stays on the device until the step's one transfer
 
@@ -261,6 +263,7 @@ class SpoolDebug:
             self.notes.append(odd)
         self._params = list(self.model.named_parameters())
         self._buffers = list(self.model.named_buffers())
+        self._ours = {id(p) for _, p in self._params}
         first = next((_local(p) for _, p in self._params), None)
         self._device = first.device if first is not None else torch.device("cpu")
         self._hooks_before = hooks_on(self._wrapper)
@@ -304,7 +307,9 @@ class SpoolDebug:
                 self._passes = h.steps if h is not None else getattr(res, "steps", self._passes)
             self._write(self._passes, h, list(getattr(res, "incidents", None) or []))
             hooks_left = hooks_on(self._wrapper) - self._hooks_before
-            self._wrapper = None
+            # nothing of ours keeps the model (or its parameters) alive after the block
+            self._wrapper, self.model, self._params, self._buffers, self._ours = None, None, [], [], set()
+            self._grads, self._used = None, (0, None)
             if self.writer is not None and not self._failed:
                 try:
                     self.writer.write_final({

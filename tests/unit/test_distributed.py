@@ -7,6 +7,7 @@ and a script launch read with :func:`nbdebug.distributed.load`.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import _dist_workers as W
@@ -330,6 +332,10 @@ def test_spool_debug_in_one_process_leaves_the_model_as_it_was(tmp_path: Path) -
     assert run.ranks[0].steps == dbg.result.steps == 3 and run.hooks_left == {0: 0}
     assert [r.name for r in run.ranks[0].layers] == [r.name for r in dbg.result.layers]
     assert run.ranks[0].layers[0].stats["mean"] == dbg.result.layers[0].stats["mean"]
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None  # neither the SpoolDebug nor its result keeps the model
 
 
 @pytest.mark.xfail(strict=True, reason="nbdebug.debug routes to nbdebug.distributed.debug once api.py is wired (lead)")

@@ -160,6 +160,8 @@ def test_ddp_batchnorm_healthy_lists_buffers_apart(tmp_path: Path) -> None:
     assert run.buffers_differ == ["1.running_mean", "1.running_var"]  # num_batches_tracked agrees
     assert any("re-broadcasts" in n for n in run.notes)
     assert [r.history.rows for r in run.ranks] == [ROWS, ROWS]
+    last = [float(r.series("0", "mean")[-1]) for r in run.ranks]  # each rank's own batch at the last step
+    assert run.spread("mean")["0"] == pytest.approx((min(last), max(last)), rel=1e-6) and last[0] != last[1]
 
 
 def test_worker_that_raises_ends_the_run_with_its_error_and_what_it_recorded(tmp_path: Path) -> None:

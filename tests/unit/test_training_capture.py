@@ -192,11 +192,12 @@ def test_only_no_grad_forwards_are_steps() -> None:
     assert cap.result.steps == 3 and cap.result.eval_steps == 0 and list(cap.result.step_index) == [1, 2, 3]
 
 
-def test_two_calls_per_step_and_delayed_backward() -> None:
+@pytest.mark.parametrize("device_path", [False, True])
+def test_two_calls_per_step_and_delayed_backward(device_path: bool) -> None:
     relu = nn.ReLU()
     m = nn.Sequential(nn.Linear(2, 2), relu, nn.Linear(2, 2), relu)
     x1, x2 = torch.randn(3, 2), torch.randn(3, 2)
-    with Capture(m) as cap:
+    with Capture(m, device_path=device_path) as cap:
         y1 = m(x1)
         y2 = m(x2)  # closes step 1 before its backward ran
         (y1.sum() + 2 * y2.sum()).backward()
@@ -205,6 +206,7 @@ def test_two_calls_per_step_and_delayed_backward() -> None:
     # output gradient of the last ReLU is 1 (step 1) and 2 (step 2) everywhere: norm sqrt(6), 2·sqrt(6)
     np.testing.assert_allclose(res.series("1#2", "grad_norm"), [math.sqrt(6), 2 * math.sqrt(6)], rtol=1e-6)
     np.testing.assert_allclose(res.series("1#2", "grad_mean"), [1.0, 2.0])
+    assert res["1#2"].grad["norm"] == pytest.approx(math.sqrt(6 + 24), rel=1e-6)  # merged rows got the late gradients too
     with torch.no_grad():
         h1, h2 = torch.relu(m[0](x1)), torch.relu(m[0](x2))
     np.testing.assert_allclose(res.series("1", "mean"), [float(h1.mean()), float(h2.mean())], rtol=1e-6)

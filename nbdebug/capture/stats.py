@@ -12,7 +12,7 @@ A raw stat vector is laid out as :data:`FIELDS` (a float64 numpy row on the CPU,
 fractions.
 
 >>> v = tensor_stats(torch.tensor([0.0, 1.0, -2.0, 3.0]))
->>> summarize(v[None].numpy())["mean"][0]
+>>> float(summarize(v[None])["mean"][0])
 0.5
 """
 

@@ -31,7 +31,15 @@ def sh(shell):  # type: ignore[no-untyped-def]
 
 
 def widgets_shown(sh) -> list[dict]:  # type: ignore[no-untyped-def]
-    return [d for d in sh.displayed if "application/vnd.jupyter.widget-view+json" in d]
+    """The widgets displayed, once each: a live view is displayed when the cell starts and then
+    refreshed in place (the shell records both publishes); the last bundle counts."""
+    by_id: dict[str, dict] = {}
+    for d in sh.displayed:
+        view = d.get("application/vnd.jupyter.widget-view+json")
+        if view:
+            by_id.pop(view["model_id"], None)
+            by_id[view["model_id"]] = d
+    return list(by_id.values())
 
 
 def test_magic_shows_thermometer_and_keeps_cell_output(sh, capsys) -> None:  # type: ignore[no-untyped-def]

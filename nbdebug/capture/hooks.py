@@ -111,13 +111,14 @@ class SharedPatch:
     """``owner.name`` replaced by ``wrap(original)`` while at least one user holds it: reference counted
     across nested captures and thread-safe. The last user to leave puts the original back (unless
     someone patched over ours meanwhile: theirs stays, and ours must pass through when ``users`` is
-    empty). ``users`` lists the current users, in order; the wrapper reads it on every call.
+    empty). ``users`` lists the current users, in order; the wrapper reads it on every call. An
+    ``owner`` of None, or one without ``name`` of its own, is never patched (users are still counted).
 
     >>> patch = SharedPatch(torch.amp.GradScaler, "step", make_wrapper)   # doctest: +SKIP
     >>> patch.hold(hooks, watch)       # undone by hooks.remove() or the returned handle
     """
 
-    def __init__(self, owner: type, name: str, wrap: Callable[[Any], Any]) -> None:
+    def __init__(self, owner: type | None, name: str, wrap: Callable[[Any], Any]) -> None:
         self.owner, self.name, self.wrap = owner, name, wrap
         self.users: list[Any] = []
         self._lock = threading.Lock()
@@ -130,7 +131,7 @@ class SharedPatch:
     def acquire(self, user: Any) -> None:
         with self._lock:
             self.users.append(user)
-            if self._installed is None:
+            if self._installed is None and self.owner is not None and self.name in self.owner.__dict__:
                 original = self.owner.__dict__[self.name]
                 ours = self.wrap(original)
                 self._installed = (original, ours)  # first: an interrupt after it still restores
@@ -147,7 +148,7 @@ class SharedPatch:
                 return
             original, ours = self._installed
             self._installed = None
-            if self.owner.__dict__.get(self.name) is ours:
+            if self.owner is not None and self.owner.__dict__.get(self.name) is ours:
                 setattr(self.owner, self.name, original)
 
     def hold(self, hooks: HookSet, user: Any) -> _Callback:

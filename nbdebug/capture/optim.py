@@ -159,7 +159,9 @@ def _wrap_scaler_step(original: Any) -> Any:
     return step
 
 
-_SCALER = SharedPatch(torch.amp.GradScaler, "step", _wrap_scaler_step)
+# torch.amp.GradScaler since torch 2.3 (torch.cuda.amp.GradScaler subclasses it); before, the CUDA one
+_SCALER = SharedPatch(getattr(torch.amp, "GradScaler", None) or getattr(torch.cuda.amp, "GradScaler", None),
+                      "step", _wrap_scaler_step)
 
 
 def scaler_patched() -> bool:

@@ -412,3 +412,34 @@ def test_many_same_shape_parameters_are_stacked_and_exact() -> None:
         results.append(got)
     assert results[0] == pytest.approx(results[1], rel=1e-6)
     assert len(results[2]) == 6
+
+
+def test_shared_patch_counts_users_and_leaves_a_later_patch_alone() -> None:
+    from nbdebug.capture.hooks import SharedPatch
+
+    class Target:
+        def f(self) -> str:
+            return "original"
+
+    original = Target.__dict__["f"]
+    patch = SharedPatch(Target, "f", lambda orig: lambda self: "ours+" + orig(self))
+    a, b = object(), object()
+    with HookSet() as hooks:
+        patch.hold(hooks, a)
+        patch.acquire(b)
+        assert Target().f() == "ours+original" and patch.active
+        patch.release(b)
+        patch.release(b)  # idempotent
+        assert Target().f() == "ours+original"  # `a` still holds it
+    assert Target.__dict__["f"] is original and not patch.active and patch.users == []
+
+    patch.acquire(a)
+    theirs = lambda self: "theirs"  # noqa: E731
+    Target.f = theirs  # type: ignore[method-assign]
+    patch.release(a)
+    assert Target.__dict__["f"] is theirs  # never clobber someone else's patch
+
+    nothing = SharedPatch(None, "step", lambda orig: orig)  # e.g. no GradScaler in this torch
+    nothing.acquire(a)
+    assert not nothing.active and nothing.users == [a]
+    nothing.release(a)

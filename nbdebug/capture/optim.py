@@ -8,9 +8,11 @@
 * **Update ratio** ‖Δθ‖/‖θ‖ (θ before the step) of each module over its own parameters
   (``recurse=False``), per optimizer step, from ``torch.optim``'s *global* step hooks (optimizers
   created before the capture are covered). The pre-hook copies the parameters the step touches
-  (those with a ``.grad``) and takes their norms, the post-hook diffs and norms the copy: batched
-  ``torch._foreach_*`` ops per device and dtype. A copy that does not fit in ``max_bytes`` means no
-  ratio (and a note), never an approximate one; a hand-written update loop has none either.
+  (those with a ``.grad``), the post-hook norms the copy and its difference to the parameters:
+  batched ``torch._foreach_*`` ops per device and dtype (on the CPU, runs of same-shape parameters
+  as one stacked tensor). A copy that does not fit in ``max_bytes`` means no ratio (and a note),
+  never an approximate one; a hand-written update loop has none either. ‖θ‖ = 0 gives inf (NaN
+  when Δθ = 0 too).
 * **Learning rate** of the parameter group holding each module's parameters, read right after the
   step (what it used; schedulers move it later); ``""`` is the first group's.
 * **GradScaler**: ``torch.amp.GradScaler.step`` is wrapped while any watch is entered (reference

@@ -95,7 +95,8 @@ class Run:
     ``first_nonfinite_rank``; ``diverged`` (parameters whose values differ across ranks at
     ``compared_step``, the last step every rank reached; ``diverged_steps``: name → first step seen
     differing); ``buffers_differ`` (buffers that differ: DDP re-broadcasts them from rank 0 at each
-    forward, so they differ after a forward by design); ``errors`` (rank → the error it raised),
+    forward, so they differ after a forward by design); ``errors`` (rank → the error it raised, in the
+    order they were raised: the first is the cause, later ones are often collectives that failed with it),
     ``tracebacks``; ``hooks_left`` (rank → hooks nbdebug left on its model: 0); ``notes``;
     ``error``: the launching cell's own exception (``run_distributed``); ``bytes``: the spool's size.
     """
@@ -127,7 +128,10 @@ class Run:
             for n in s.meta.get("notes") or []:
                 if n not in self.notes:
                     self.notes.append(n)
-        self.errors = {s.rank: s.final["raised"] for s in self._live() if s.final and s.final.get("raised")}
+        # in the order they were raised: after one rank fails, the others' collectives fail too (gloo: the peer
+        # closed the connection), and the launcher may report any of them; the first is the cause
+        raised = sorted((s.final.get("time", 0.0), s.rank, s.final["raised"]) for s in self._live() if s.final and s.final.get("raised"))
+        self.errors: dict[int, str] = {r: e for _, r, e in raised}
         self.tracebacks = {s.rank: s.final["traceback"] for s in self._live() if s.final and s.final.get("traceback")}
         self.hooks_left = {s.rank: int(s.final.get("hooks_left", 0)) for s in self._live() if s.final}
         for s in self._live():
@@ -255,7 +259,7 @@ class Run:
         if self.first_nonfinite:
             return self.first_nonfinite[0].rank
         if self.errors:
-            return min(self.errors)
+            return next(iter(self.errors))  # the first raised
         return next((r for r, res in enumerate(self.ranks) if res is not None), None)
 
     def summary(self) -> str:
@@ -310,8 +314,8 @@ def _summary(run: Run) -> str:
         parts.append(f"first NaN/Inf: rank {f.rank}, step {f.step}, `{f.module}` ({f.phase})" + (f"; also {also}" if also else ""))
     if run.diverged:
         parts.append(f"parameters that differ across ranks after step {run.compared_step}: {', '.join(run.diverged)}")
-    for r, e in sorted(run.errors.items()):
-        parts.append(f"rank {r} raised {e}")
+    for i, (r, e) in enumerate(run.errors.items()):
+        parts.append(f"rank {r} raised {e}" + (" first" if i == 0 and len(run.errors) > 1 else ""))
     left = {r: n for r, n in run.hooks_left.items() if n}
     if left:
         parts.append(f"hooks left: {left}")

@@ -96,7 +96,9 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
         opt_left = optimizer_hook_count() - opt_before
         assert left == 0 and opt_left == 0, f"rank {rank}: nbdebug left {left} module hooks, {opt_left} optimizer hooks"
         Path(out, f"rank{rank}.json").write_text(json.dumps({"hooks_left": left, "ref_grad_norms": ref, "pid": os.getpid()}))
-    finally:
+    except BaseException:
+        raise  # no teardown: the other ranks wait in their collective until the launcher stops them
+    else:
         dist.destroy_process_group()
 
 

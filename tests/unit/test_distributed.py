@@ -235,7 +235,8 @@ def test_accelerate_notebook_launcher_on_cpu(monkeypatch: pytest.MonkeyPatch, us
         monkeypatch.setenv("ACCELERATE_USE_CPU", "yes")
     else:
         monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
-    run = run_distributed(lambda: accelerate.notebook_launcher(W.accelerate_worker, num_processes=2))
+    port = str(free_port())
+    run = run_distributed(lambda: accelerate.notebook_launcher(W.accelerate_worker, num_processes=2, use_port=port))
     assert run.error is None and [r.steps for r in run.ranks] == [3, 3] and run.hooks_left == {0: 0, 1: 0}
     assert [r.history.rows for r in run.ranks] == [ROWS, ROWS]  # ranks from torch.distributed, not accelerate
     odd = [n for n in run.notes if "ACCELERATE_USE_CPU=yes" in n]
@@ -282,7 +283,7 @@ def test_watcher_says_which_rank_stopped_and_why(tmp_path: Path, capsys: pytest.
         w.write_json("meta.json", {"rank": 1, "world_size": 2})
         w.write_step(1, None)
         w.write_step(2, None)
-        time.sleep(1.5)
+        time.sleep(3)
 
     steps: list[dict[int, int]] = []
     run = run_distributed(cell, timeout_s=0.6, on_progress=steps.append)

@@ -330,6 +330,7 @@ def close_step(cap: Capture) -> None:
         c.raw = c.alive = c.held = None
         if c.input_checks:
             c.input_checks = []
+        c.ref = None
         c.grad_stats = grads[j] if has_grad[j] else None
     if not cap._open_grad and not cap._seen_training:
         cap._pending.append(data)

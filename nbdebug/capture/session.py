@@ -106,24 +106,45 @@ class _Row:
 
 
 class _Call:
-    """One recorded tensor leaf of one module call in the open step."""
+    """One recorded tensor leaf of one module call in the open step; it is also the output-gradient
+    hook of that tensor (no closure per call: fewer objects for the garbage collector)."""
 
-    __slots__ = ("alive", "closed", "grad_order", "grad_stats", "held", "hooked", "input_calls", "input_checks",
-                 "late", "module", "raw", "row", "shape", "step")
+    __slots__ = ("alive", "cap", "closed", "grad_order", "grad_stats", "held", "hooked", "input_calls",
+                 "input_checks", "late", "module", "raw", "ref", "row", "shape", "step", "version")
 
-    def __init__(self, row: _Row, module: str, shape: tuple[int, ...]) -> None:
-        self.row, self.module, self.shape = row, module, shape
+    def __init__(self, cap: Capture, row: _Row, module: str, shape: tuple[int, ...]) -> None:
+        self.cap, self.row, self.module, self.shape = cap, row, module, shape
         self.raw: Raw | None = None
         self.grad_stats: Raw | None = None
         self.late: Raw | None = None  # gradient stats that arrived after the step closed
         self.grad_order = -1
         self.hooked = False
-        self.alive: torch.Tensor | None = None  # bool [units] (None: every unit non-zero, or n/a)
-        self.input_calls: list[_Call] = []
-        self.input_checks: list[torch.Tensor] = []
+        self.alive: Any = None  # bool [units] (None: every unit non-zero, or n/a)
+        self.input_calls: list[_Call] = _EMPTY  # type: ignore[assignment]  # a list once linked
+        self.input_checks: list[torch.Tensor] = _EMPTY  # type: ignore[assignment]
         self.held: tuple[Any, Any] | None = None  # (inputs, output) until the step's check (device path)
         self.closed = False
         self.step = 0  # filled when the step is committed
+        self.ref: Any = None  # weakref to the output tensor (input linking, aliasing)
+        self.version: int | None = None
+
+    def __call__(self, g: torch.Tensor) -> None:
+        """The output-gradient hook."""
+        cap = self.cap
+        stats = tensor_stats(g, on_device=cap.device_path)
+        if self.closed:  # a delayed backward: folded with the next step (History.update)
+            if self.late is None:
+                cap._late.append(self)
+            self.late = stats if self.late is None else merge_raw(self.late, stats)
+        else:
+            self.grad_stats = stats if self.grad_stats is None else merge_raw(self.grad_stats, stats)
+        if self.grad_order < 0:
+            self.grad_order = cap._grad_counter
+            cap._grad_counter += 1
+        return None
+
+
+_EMPTY: list = []  # shared, never appended to (replaced by a new list on first use)
 
 
 def _in_backward() -> bool:
@@ -214,11 +235,11 @@ class Capture:
         self.first_row: dict[str, _Row] = {}  # module name → its first row (param/optimizer stats go there)
         self.module_of: dict[str, nn.Module] = dict(self.modules)
         self._step_calls: list[_Call] = []
-        self._by_tensor: dict[int, tuple[weakref.ref[torch.Tensor], _Call]] = {}
+        self._by_tensor: dict[int, _Call] = {}  # id(output) → its call (call.ref checks identity)
         # (data_ptr, numel, dtype) of recorded contiguous outputs → (tensor, call, version): an output
         # that aliases one of them unchanged (Identity, Dropout in eval, Flatten, views) has the same
         # stats, so they are copied instead of recomputed.
-        self._by_storage: dict[tuple[int, int, torch.dtype], tuple[weakref.ref[torch.Tensor], _Call, int | None]] = {}
+        self._by_storage: dict[tuple[int, int, torch.dtype], _Call] = {}
         self._occurrence: dict[str, list[list[_Call]]] = {}  # module → leaves of each of its calls in this pass
         self._claimed: set[int] = set()  # id of first leaves whose recomputation was hooked in this step
         self.step = resume.steps if resume is not None else 0  # last committed step
@@ -355,11 +376,15 @@ class Capture:
             if not t.is_floating_point():
                 continue
             hit = self._by_tensor.get(id(t))
-            if hit is not None and hit[0]() is t:
-                if hit[1] not in call.input_calls:
-                    call.input_calls.append(hit[1])
+            if hit is not None and hit.ref() is t:
+                if call.input_calls is _EMPTY:
+                    call.input_calls = [hit]
+                elif hit not in call.input_calls:
+                    call.input_calls.append(hit)
             elif check and t.numel():
                 mn, mx = torch.aminmax(t.detach())
+                if call.input_checks is _EMPTY:
+                    call.input_checks = []
                 call.input_checks.append(torch.stack([mn, mx]).to(torch.float32))
 
     def _aliased_stats(self, t: torch.Tensor) -> Raw | None:
@@ -371,11 +396,10 @@ class Capture:
         hit = self._by_storage.get((t.data_ptr(), t.numel(), t.dtype))
         if hit is None:
             return None
-        ref, call, version = hit
-        src = ref()
-        if t.is_inference() or src is None or src.data_ptr() != t.data_ptr() or _version(t) != version:
+        src = hit.ref()
+        if t.is_inference() or src is None or src.data_ptr() != t.data_ptr() or _version(t) != hit.version:
             return None
-        raw = call.raw
+        raw = hit.raw
         return raw.copy() if isinstance(raw, np.ndarray) else raw.clone()  # type: ignore[union-attr]
 
     def _keep(self, nbytes: int) -> bool:
@@ -435,7 +459,7 @@ class Capture:
                 row = row_of.get(key)
                 if row is None:
                     row = self._new_row(key, name, type_name, t)
-                call = _Call(row, name, tuple(t.shape))
+                call = _Call(self, row, name, tuple(t.shape))
                 raw = self._aliased_stats(t) if may_alias else None
                 if raw is None:
                     raw = tensor_stats(t, saturation=saturation, on_device=on_device)
@@ -467,13 +491,14 @@ class Capture:
                     if self.histograms and t.numel() and self._keep(self.bins * 4 + 8):
                         row.hist = device_histogram(t, self.bins)
                 step_calls.append(call)
-                ref = weakref.ref(t)
-                by_tensor[id(t)] = (ref, call)
+                call.ref = weakref.ref(t)
+                by_tensor[id(t)] = call
                 if t.is_contiguous() and t.numel():
-                    by_storage[(t.data_ptr(), t.numel(), t.dtype)] = (ref, call, None if t.is_inference() else t._version)
+                    call.version = None if t.is_inference() else t._version
+                    by_storage[(t.data_ptr(), t.numel(), t.dtype)] = call
                 if grads and t.requires_grad:
                     call.hooked = True
-                    tensor_handles.append(t.register_hook(self._make_grad_hook(call)))
+                    tensor_handles.append(t.register_hook(call))
             if check and self._hot is None:
                 self._check_forward(module, inputs, kwargs, output, new)
 
@@ -531,25 +556,7 @@ class Capture:
         self._claimed.add(id(first[0]))
         for call, t in zip(first, leaves):
             if t.requires_grad:
-                self._tensor_handles.append(t.register_hook(self._make_grad_hook(call)))
-
-    def _make_grad_hook(self, call: _Call) -> Any:
-        on_device = self.device_path
-
-        def grad_hook(g: torch.Tensor) -> None:
-            stats = tensor_stats(g, on_device=on_device)
-            if call.closed:  # a delayed backward: folded with the next step (History.update)
-                if call.late is None:
-                    self._late.append(call)
-                call.late = stats if call.late is None else merge_raw(call.late, stats)
-            else:
-                call.grad_stats = stats if call.grad_stats is None else merge_raw(call.grad_stats, stats)
-            if call.grad_order < 0:
-                call.grad_order = self._grad_counter
-                self._grad_counter += 1
-            return None
-
-        return grad_hook
+                self._tensor_handles.append(t.register_hook(call))
 
     # -- parameter gradients ------------------------------------------------------------------
     def _on_param_grad(self, p: torch.Tensor) -> None:
@@ -617,10 +624,9 @@ class Capture:
 
     def _producer(self, t: torch.Tensor) -> tuple[str, tuple[int, ...] | None] | None:
         """Row name of the captured call that produced ``t``, and that call's first input shape."""
-        hit = self._by_tensor.get(id(t))
-        if hit is None or hit[0]() is not t:
+        call = self._by_tensor.get(id(t))
+        if call is None or call.ref is None or call.ref() is not t:
             return None
-        call = hit[1]
         src = call.input_calls[0].shape if call.input_calls else None
         return call.row.key, src
 

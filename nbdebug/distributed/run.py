@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..capture.spool import RankSpool, read_rank, result_of, scan
+from ..capture.spool import RankSpool, read_rank, scan
+from .results import result_of
 
 __all__ = ["FORK_HINT", "SAME_RANK", "NonFinite", "Run", "load"]
 

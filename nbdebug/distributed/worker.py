@@ -16,11 +16,10 @@ import numpy as np
 from ..capture.spool import (
     SPOOL_ENV,
     SpoolWriter,
-    incident_json,
-    launcher_options,
-    summary_of,
+        launcher_options,
     wants_spool,
 )
+from .results import incident_json, summary_of
 from .run import SAME_RANK
 
 __all__ = ["SpoolDebug", "debug", "detect_rank", "hooks_on", "unwrap"]

@@ -104,7 +104,8 @@ class SpoolWriter:
         self.pid = os.getpid() if pid is None else int(pid)
         self.dir = self.root / f"rank{self.rank}-{self.pid}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.seq = 0
+        # a later block in the same process continues the numbering (its first chunk rewrites the history)
+        self.seq = max((int(m.group(1)) for e in os.scandir(self.dir) if (m := _CHUNK.match(e.name))), default=0)
         self.chunks = 0
         self.bytes_written = 0
         self._token = 0

@@ -146,6 +146,11 @@ def _layout(name: str, p: Any) -> dict[str, Any]:
     return out
 
 
+#: spool directory → this process's last result in it: a later ``nbdebug.debug`` block in the same worker
+#: continues its steps and history (``Capture(resume=...)``), so one rank shows one run
+_previous: dict[str, Any] = {}
+
+
 class SpoolDebug:
     """``nbdebug.debug`` in a worker process: a :class:`~nbdebug.capture.session.Capture` of the
     (unwrapped) model whose every step goes to ``spool/rank{R}-{pid}/`` (see
@@ -174,6 +179,9 @@ class SpoolDebug:
         self._native = "on_step" in accepted  # the per-step capture (issue 10); else steps are counted here
         if self._native:
             kw["on_step"] = self._on_step
+        prev = _previous.get(str(self.spool.resolve()))
+        if prev is not None and "resume" in accepted and "resume" not in o:  # a second block in this worker
+            kw["resume"] = prev
         self.capture = Capture(self.model, o.get("layers"), **{k: v for k, v in kw.items() if k in accepted})
         self.writer: SpoolWriter | None = None
         self.rank, self.world_size, self.rank_source = 0, None, "default"
@@ -308,6 +316,8 @@ class SpoolDebug:
             hooks_left = hooks_on(self._wrapper) - self._hooks_before
             # nothing of ours keeps the model (or its parameters) alive after the block
             self._wrapper, self.model, self._params, self._buffers, self._ours = None, None, [], [], set()
+            if res is not None:
+                _previous[str(self.spool.resolve())] = res
             self._grads, self._used = None, (0, None)
             if self.writer is not None and not self._failed:
                 try:

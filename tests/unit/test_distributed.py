@@ -342,6 +342,17 @@ def test_spool_debug_in_one_process_leaves_the_model_as_it_was(tmp_path: Path) -
     assert ref() is None  # neither the SpoolDebug nor its result keeps the model
 
 
+def test_two_blocks_in_one_worker_continue_one_history(tmp_path: Path) -> None:
+    model = W.make_model("ddp")
+    for _ in range(2):  # e.g. one block per epoch
+        with SpoolDebug(model, spool=tmp_path):
+            for _ in range(3):
+                model(torch.randn(2, 4)).sum().backward()
+    run = load(tmp_path)
+    assert len(run.processes) == 1 and run.ranks[0].steps == 6
+    assert run.ranks[0].step_index.tolist() == [1, 2, 3, 4, 5, 6] and run.hooks_left == {0: 0}
+
+
 @pytest.mark.xfail(strict=True, reason="nbdebug.debug routes to nbdebug.distributed.debug once api.py is wired (lead)")
 def test_nbdebug_debug_spools_in_a_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import nbdebug

@@ -123,8 +123,6 @@ class Run:
         missing = [r for r, s in enumerate(self._spool) if s is None]
         if missing:
             self.notes.append(f"rank(s) {', '.join(map(str, missing))} never entered nbdebug.debug")
-        if any(s.meta.get("rank_source") == "default" for s in spools) and len(spools) > 1:
-            self.notes.append("torch.distributed was not initialised and RANK unset in some workers: they were counted as rank 0")
         for s in spools:  # what the workers noticed (accelerate's state, views not recorded)
             for n in s.meta.get("notes") or []:
                 if n not in self.notes:

@@ -11,6 +11,10 @@ Training: ``nbdebug.doctor(model, inputs, targets)`` (the pre-training checklist
 ``DoctorReport``), ``nbdebug.NonFiniteError`` (raised by ``--break-on nonfinite``),
 ``nbdebug.TrainerCallback()`` (Hugging Face ``Trainer``) and ``nbdebug.LightningCallback()``
 (PyTorch Lightning); neither callback imports its framework before one is created.
+
+Many processes: ``%%nndebug --distributed -o run`` over a cell that launches workers whose steps run
+inside ``with nbdebug.debug(model):``; ``nbdebug.load(spool_dir)`` reads a spool written by a
+``torchrun``/script launch with ``NBDEBUG_SPOOL=spool_dir`` (both give a ``nbdebug.distributed.Run``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ _LAZY = {
     "doctor": "nbdebug.doctor",
     "DoctorReport": "nbdebug.doctor",
     "NonFiniteError": "nbdebug.capture.incidents",
+    "load": "nbdebug.distributed",
     "TrainerCallback": "nbdebug.integrations.hf",
     "LightningCallback": "nbdebug.integrations.lightning",
 }

@@ -332,7 +332,18 @@ class Debug:
 
 
 def debug(model: nn.Module, view: str | list[str] = "thermometer", **options: Any) -> Debug:
-    """Context manager running ``view``'s recorder(s) around a block; see :class:`Debug`."""
+    """Context manager running ``view``'s recorder(s) around a block; see :class:`Debug`.
+
+    In a worker process launched under ``%%nndebug --distributed`` (or with ``NBDEBUG_SPOOL`` set for a
+    ``torchrun``/script launch) it records this rank's steps to the spool instead
+    (:class:`nbdebug.distributed.SpoolDebug`; DDP/FSDP wrappers are fine).
+    """
+    from .capture.spool import wants_spool
+
+    if wants_spool():
+        from .distributed import debug as spool_debug
+
+        return spool_debug(model, view, **options)
     return Debug(model, view, **options)
 
 

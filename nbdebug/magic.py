@@ -45,7 +45,14 @@ def _nndebug_doc(fn: Any) -> Any:
     fn = argument("--view", default=None,
                   help="view(s), comma-separated, shown as linked tabs when several: " + ", ".join(f"{n} ({s.help})" for n, s in VIEWS.items())
                   + "; all (every view that applies to the model)")(fn)
-    fn = argument("model", help="the nn.Module to inspect: a name in the notebook (dotted paths allowed, e.g. trainer.model)")(fn)
+    fn = argument("--stall", default=60.0, type=float, metavar="SECONDS",
+                  help="with --distributed: say so in the cell when no rank wrote progress for this long (default 60)")(fn)
+    fn = argument("--distributed", action="store_true",
+                  help="the cell launches workers (torch.multiprocessing fork/spawn, accelerate's notebook_launcher, "
+                  "a torchrun subprocess); each rank's `with nbdebug.debug(model):` is recorded and shown here; "
+                  "no model argument (the models live in the workers)")(fn)
+    fn = argument("model", nargs="?", default=None,
+                  help="the nn.Module to inspect: a name in the notebook (dotted paths allowed, e.g. trainer.model)")(fn)
     return magic_arguments()(fn)
 
 
@@ -178,6 +185,10 @@ class NNDebugMagics(Magics):
         """
         __tracebackhide__ = True
         args = parse_argstring(self.nndebug, line)
+        if args.distributed:
+            return self._distributed(args, cell)
+        if args.model is None:
+            raise UsageError("%%nndebug: pass the model's name, e.g. `%%nndebug model` (or --distributed for a cell that launches workers).")
         model = self._resolve_model(args.model)
         code = self._compile(cell)
         view = _unquote(args.view) or self.default_view
@@ -217,6 +228,44 @@ class NNDebugMagics(Magics):
             self._show(dbg, key, args.output)
             del dbg  # a traceback of the cell's error must not keep the recorders (and the model)
         return value
+
+    def _distributed(self, args: Any, cell: str) -> Any:
+        """``--distributed``: run the cell with a spool for its workers, store the :class:`Run` and show
+        the focus rank's thermometer with the summary; the cell's error is raised after that."""
+        __tracebackhide__ = True
+        from .distributed import run_distributed
+
+        if args.model is not None:
+            raise UsageError("%%nndebug --distributed takes no model: the models live in the workers; wrap their "
+                             "steps in `with nbdebug.debug(model):` inside the worker function.")
+        layers = [p.strip() for p in (_unquote(args.layers) or "").split(",") if p.strip()]
+        if any(p.startswith("type:") for p in layers):
+            raise UsageError("%%nndebug --distributed: --layers takes names or patterns here (type:NAME is not passed to workers).")
+        try:
+            max_bytes = parse_bytes(self.max_bytes if args.max_bytes is None else _unquote(args.max_bytes))
+        except ValueError as exc:
+            raise UsageError(f"%%nndebug --max-bytes: {exc}") from None
+        # defaults of every worker's nbdebug.debug(...) (its own arguments win)
+        options = {"layers": layers or None, "max_bytes": max_bytes, "every": getattr(args, "every", None),
+                   "break_on": _unquote(getattr(args, "break_on", None))}
+        code = self._compile(cell)
+
+        def body() -> Any:
+            __tracebackhide__ = True
+            return self._run(code)
+
+        run = run_distributed(body, timeout_s=args.stall, options=options)
+        ns = self.shell.user_ns
+        ns[RESULT_NAME] = run
+        if args.output:
+            ns[args.output] = run
+        try:
+            run.show()
+        except Exception as exc:  # showing must never hide the cell's value or error
+            sys.stderr.write(f"nbdebug: could not show the ranks: {type(exc).__name__}: {exc}\n")
+        if run.error is not None:
+            raise run.error
+        return run.value
 
     def _show(self, dbg: Debug, key: str, output: str | None) -> None:
         """Display what applies (one dashboard when several views were asked for) and one quiet note

@@ -21,6 +21,7 @@ import torch
 from .budget import format_bytes
 from .history import FIELD_INDEX, HISTORY_FIELDS
 from .incidents import Incident, forward_incident, step_incidents
+from .leaves import local
 from .result import CaptureResult, LayerRecord
 from .stats import IDX, N_FIELDS, DeviceStats, nonfinite, packed_to_host, raw_from_host, summarize
 
@@ -527,7 +528,7 @@ def _param_grad_norms(cap: Capture) -> dict[str, torch.Tensor]:
             if before is not None and before == (id(g), None if g.is_inference() else g._version):
                 continue  # stale: the cell did not touch it
             half = g.dtype in (torch.float16, torch.bfloat16)
-            norm = torch.linalg.vector_norm(g.detach(), dtype=torch.float32 if half else None)
+            norm = torch.linalg.vector_norm(local(g).detach(), dtype=torch.float32 if half else None)
             grads.append(norm.to(torch.float32))
         if grads:
             out[name] = torch.linalg.vector_norm(torch.stack(grads)).reshape(1)

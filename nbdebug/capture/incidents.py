@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .history import HISTORY_FIELDS
-from .leaves import tensor_leaves
+from .leaves import local, tensor_leaves
 
 if TYPE_CHECKING:
     from .session import Capture
@@ -106,7 +106,7 @@ def param_stats(module: nn.Module) -> dict[str, dict[str, float]]:
     """Parameter name → {mean, std, min, max (over the finite values), norm, nan, inf} of ``module``'s
     own parameters (syncs: for the flight recorder, once per capture)."""
     with torch.no_grad():
-        return {n: _stats(p) for n, p in module.named_parameters(recurse=False) if p.device.type != "meta"}
+        return {n: _stats(local(p)) for n, p in module.named_parameters(recurse=False) if p.device.type != "meta"}
 
 
 def _input_range(inputs: list | None) -> str:

@@ -39,3 +39,11 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
     """The first tensor leaf of ``obj`` (a module's 'main' output), or None."""
     leaves = tensor_leaves(obj)
     return leaves[0][1] if leaves else None
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2 parameters, their gradients and optimizer state), with no
+    communication; any other tensor as is. Norms and stats of parameters go through this: a DTensor
+    op that needs other ranks' shards is a collective, which hangs when only one rank runs it."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t

@@ -42,6 +42,7 @@ from torch import nn
 
 from .budget import format_bytes
 from .hooks import HookSet, SharedPatch
+from .leaves import local
 
 __all__ = ["NO_OPTIMIZER_NOTE", "OptimizerWatch", "StepUpdates", "as_float_later", "loss_of_output", "scaler_patched"]
 
@@ -268,7 +269,7 @@ class OptimizerWatch:
                 entry = out[pname] = {"lr": _to_float(group.get("lr"))}
                 for key, value in opt.state.get(p, {}).items():
                     if isinstance(value, torch.Tensor) and value.numel() and not value.is_complex():
-                        pending.append((entry, str(key), value.detach().float().norm() if value.numel() > 1 else value.detach().float().reshape(())))
+                        pending.append((entry, str(key), local(value).detach().float().norm() if value.numel() > 1 else local(value).detach().float().reshape(())))
                     elif isinstance(value, (int, float)) and not isinstance(value, bool):
                         entry[str(key)] = float(value)
                 break
@@ -325,6 +326,7 @@ class OptimizerWatch:
                     module_group.append(gi)
                 entries.append(names[m])
                 positions.append(len(params))
+            p = local(p)  # FSDP2: this rank's shard
             params.append(p)
             nbytes += p.numel() * p.element_size()
         plan.names, plan.module_group = list(names), module_group

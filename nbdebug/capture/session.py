@@ -39,7 +39,7 @@ from .errors import ErrorSite, locate
 from .history import History
 from .hooks import HookSet
 from .incidents import Incident, LossSpikes, NonFiniteError, forward_incident
-from .leaves import tensor_leaves
+from .leaves import local, tensor_leaves
 from .names import call_name
 from .optim import OptimizerWatch, as_float_later, loss_of_output
 from .result import CaptureResult, LayerRecord
@@ -577,7 +577,7 @@ class Capture:
         params = [p for p in self._pg_fresh.values() if p.grad is not None and p.grad.layout == torch.strided]
         if not params:
             return
-        grads = [p.grad.detach() for p in params]  # type: ignore[union-attr]
+        grads = [local(p.grad).detach() for p in params]  # type: ignore[union-attr]
         if not self.device_path and all(g.device.type == "cpu" and g.dtype == torch.float32 and g.numel() <= 1 << 16
                                         and g.is_contiguous() for g in grads):
             # small CPU gradients: a BLAS dot each beats _foreach_norm's dispatch (same numbers, host floats)

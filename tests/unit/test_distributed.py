@@ -179,9 +179,6 @@ def test_worker_that_raises_ends_the_run_with_its_error_and_what_it_recorded(tmp
 
 
 # ------------------------------------------------------------------ FSDP2, spawn, script, collisions
-@pytest.mark.xfail(strict=True, reason="capture takes norms/stats of FSDP2's DTensor parameters, gradients and optimizer "
-                   "state (optim.py: `.tolist() is not supported for tensor subclasses, got DTensor`; assemble.py: "
-                   "`.numpy()`); they must use the local shard (DTensor.to_local(), see the DIST report)")
 def test_fsdp2_fully_shard_ranks_and_combined_gradient_norms(tmp_path: Path) -> None:
     run = launch("fsdp", tmp_path)
     assert run.error is None, run.error
@@ -353,7 +350,6 @@ def test_two_blocks_in_one_worker_continue_one_history(tmp_path: Path) -> None:
     assert run.ranks[0].step_index.tolist() == [1, 2, 3, 4, 5, 6] and run.hooks_left == {0: 0}
 
 
-@pytest.mark.xfail(strict=True, reason="nbdebug.debug routes to nbdebug.distributed.debug once api.py is wired (lead)")
 def test_nbdebug_debug_spools_in_a_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import nbdebug
 
@@ -362,8 +358,6 @@ def test_nbdebug_debug_spools_in_a_worker(tmp_path: Path, monkeypatch: pytest.Mo
     assert isinstance(nbdebug.debug(nn.Linear(2, 2)), SpoolDebug)
 
 
-@pytest.mark.xfail(strict=True, reason="%%nndebug --distributed and nbdebug.debug's routing land with the lead's wiring "
-                   "of magic.py/api.py (see the DIST report)")
 def test_magic_distributed_cell(shell: object, tmp_path: Path) -> None:
     shell.user_ns.update(W=W, mp=mp, out=str(tmp_path), port=free_port(), port2=free_port())
     r = shell.run_cell("%%nndebug --distributed --every 2 -o run\n"

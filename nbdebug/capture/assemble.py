@@ -170,18 +170,21 @@ def _summary(raw: np.ndarray) -> tuple[np.ndarray, ...]:
 
 _V_STAT = [_FI[k] for k in ("mean", "std", "min", "max", "zero_frac", "norm", "nan", "inf")]
 _V_GRAD = [_FI["grad_" + k] for k in ("mean", "std", "min", "max")] + [-1] + [_FI["grad_" + k] for k in ("norm", "nan", "inf")]
+_V_GRAD_COLS = [c for c in _V_GRAD if c >= 0]
+_V_GRAD_SRC = [i for i, c in enumerate(_V_GRAD) if c >= 0]
 
 
 def _stat_values(raw: np.ndarray, grad: np.ndarray, rows: list[Any]) -> np.ndarray:
-    vals = np.full((len(rows), _F), np.nan, np.float32)
-    s = _summary(raw)
-    vals[:, _V_STAT] = np.stack(s[:8], axis=1)
+    n = len(rows)
+    vals = np.full((n, _F), np.nan, np.float32)
+    with_grad = not np.isnan(grad[:, 0]).all()
+    s = _summary(np.concatenate([raw, grad]) if with_grad else raw)  # one pass of numpy ops for both
+    vals[:, _V_STAT] = np.stack([x[:n] for x in s[:8]], axis=1)
     sat = [i for i, r in enumerate(rows) if r.sat]
     if sat:
-        vals[sat, _FI["saturated_frac"]] = s[8][sat]
-    if not np.isnan(grad[:, 0]).all():
-        g = _summary(grad)
-        vals[:, [c for c in _V_GRAD if c >= 0]] = np.stack([x for x, c in zip(g[:8], _V_GRAD) if c >= 0], axis=1)
+        vals[sat, _FI["saturated_frac"]] = s[8][:n][sat]
+    if with_grad:
+        vals[:, _V_GRAD_COLS] = np.stack([s[i][n:] for i in _V_GRAD_SRC], axis=1)
     return vals
 
 

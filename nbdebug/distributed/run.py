@@ -266,24 +266,32 @@ class Run:
         return _summary(self)
 
     def widget(self, rank: int | None = None) -> Any:
-        """The thermometer of ``rank`` (default: :attr:`focus`) with the whole-run summary as a note."""
+        """Without ``rank``: the whole run's view (:class:`~nbdebug.widgets.run.RunWidget`: a rank
+        selector on :attr:`focus`, the spread across ranks, the first NaN/Inf, diverged parameters);
+        with ``rank``: that rank's :class:`~nbdebug.widgets.thermometer.ThermometerWidget`."""
+        if rank is None:
+            from ..widgets.run import RunWidget
+
+            if all(res is None for res in self.ranks):
+                raise LookupError(self.summary())
+            return RunWidget(self)
         from ..inspectors.thermometer import diagnose
         from ..widgets.thermometer import ThermometerWidget
 
-        r = self.focus if rank is None else rank
-        res = None if r is None or r >= len(self.ranks) else self.ranks[r]
+        res = self.ranks[rank] if 0 <= rank < len(self.ranks) else None
         if res is None:
-            raise LookupError(self.summary())
+            raise LookupError(f"rank {rank} recorded nothing: " + self.summary())
         return ThermometerWidget(diagnose(res), res)
 
     def show(self) -> None:
-        """Display the summary and the :attr:`focus` rank's thermometer."""
+        """Display the run's view (:meth:`widget`), or the summary alone when no rank recorded anything."""
         from IPython.display import display
 
         from ..widgets.dashboard import ViewNote
 
-        display(ViewNote(f"rank {self.focus}: " + self.summary() if self.focus is not None else self.summary()))
-        if self.focus is not None:
+        if all(res is None for res in self.ranks):
+            display(ViewNote(self.summary()))
+        else:
             display(self.widget())
 
     def __repr__(self) -> str:

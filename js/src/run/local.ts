@@ -1,0 +1,105 @@
+// A rank's thermometer model, held in the browser: the traits a ThermometerWidget of that rank would
+// have (fetched with the run widget's `rank` request, or the `rank_state` trait for the rank sent up
+// front), UI state kept locally, and requests the thermometer sends (histograms) forwarded to the
+// kernel as `rank_request {rank, method, params}`. Python side: nbdebug/widgets/run.py.
+import type { NdArray, WireArray } from "../lib/ndarray";
+import { rpc, type AnyModel } from "../lib/rpc";
+
+type Cb = (...args: any[]) => void;
+
+/** The thermometer's UI traits that are not part of a rank's data (defaults of ThermometerWidget). */
+export const UI_DEFAULTS: Record<string, unknown> = {
+  selected: "",
+  flagged_only: false,
+  sort_by: "",
+  sort_desc: true,
+  step: 0,
+  spark_stat: "mean",
+  running: false,
+  js_error: "",
+};
+
+/** UI traits carried over when another rank is chosen (same rows, same step: easy to compare). */
+export const CARRIED = ["selected", "flagged_only", "sort_by", "sort_desc", "step", "spark_stat"];
+
+/** An NdArray as the wire form synced traits have ({view, dtype, shape}). */
+export function toWire(a: NdArray): WireArray {
+  const d = a.data;
+  return { view: new DataView(d.buffer, d.byteOffset, d.byteLength), dtype: a.dtype, shape: a.shape };
+}
+
+/** `traits` with every `{"__array__": name}` placeholder replaced by `arrays[name]` in wire form. */
+export function restoreArrays(traits: unknown, arrays: Record<string, NdArray>): any {
+  const walk = (x: unknown): unknown => {
+    if (Array.isArray(x)) return x.map(walk);
+    if (x && typeof x === "object" && !(x instanceof DataView) && !ArrayBuffer.isView(x) && !(x instanceof ArrayBuffer)) {
+      const o = x as Record<string, unknown>;
+      if (typeof o.__array__ === "string") {
+        const a = arrays[o.__array__];
+        if (!a) throw new Error(`nbdebug: the answer lacks array ${o.__array__}`);
+        return toWire(a);
+      }
+      return Object.fromEntries(Object.entries(o).map(([k, v]) => [k, walk(v)]));
+    }
+    return x;
+  };
+  return walk(traits);
+}
+
+export class LocalModel implements AnyModel {
+  private traits = new Map<string, any>();
+  private handlers = new Map<string, Cb[]>();
+
+  constructor(
+    readonly rank: number,
+    traits: Record<string, any>,
+    private parent: AnyModel,
+  ) {
+    for (const [k, v] of Object.entries({ ...UI_DEFAULTS, ...traits })) this.traits.set(k, v);
+  }
+  get(name: string): any {
+    return this.traits.get(name);
+  }
+  set(name: string, value: any): void {
+    const old = this.traits.get(name);
+    this.traits.set(name, value);
+    if (old !== value) this.emit(`change:${name}`, value);
+  }
+  save_changes(): void {
+    /* local: nothing to sync */
+  }
+  on(event: string, cb: Cb): void {
+    for (const ev of event.split(/\s+/)) this.handlers.set(ev, [...(this.handlers.get(ev) ?? []), cb]);
+  }
+  off(event?: string | null, cb?: Cb | null): void {
+    if (!event) {
+      this.handlers.clear();
+      return;
+    }
+    for (const ev of event.split(/\s+/)) {
+      if (!cb) this.handlers.delete(ev);
+      else this.handlers.set(ev, (this.handlers.get(ev) ?? []).filter((f) => f !== cb));
+    }
+  }
+  emit(event: string, ...args: any[]): void {
+    for (const cb of [...(this.handlers.get(event) ?? [])]) cb(...args);
+  }
+  /** The thermometer's requests go to the kernel as `rank_request`; the answer comes back as its response. */
+  send(content: any): void {
+    if (!content || content.type !== "request") return;
+    const id = content.id;
+    rpc(this.parent, "rank_request", { rank: this.rank, method: content.method, params: content.params ?? {} })
+      .then((ans) => {
+        const meta: Record<string, unknown> = {};
+        const buffers: DataView[] = [];
+        for (const [name, a] of Object.entries(ans.arrays)) {
+          meta[name] = { dtype: a.dtype, shape: a.shape, buffer: buffers.length };
+          buffers.push(toWire(a).view as DataView);
+        }
+        this.emit("msg:custom", { type: "response", id, ok: true, result: ans.result, arrays: meta }, buffers);
+      })
+      .catch((err: unknown) => {
+        this.emit("msg:custom", { type: "response", id, ok: false, error: err instanceof Error ? err.message : String(err) });
+      });
+  }
+}

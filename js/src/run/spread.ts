@@ -1,0 +1,96 @@
+// The "spread across ranks" column added to the rank's thermometer rows: min … max of the chosen
+// stat over the ranks at each rank's last kept step (the `spread` trait of nbdebug/widgets/run.py:
+// {fields, rows: {row name: [lo[], hi[]]}}). The thermometer redraws its rows itself (slider,
+// sort, live); a MutationObserver adds the cell to every row it (re)builds.
+import { fmt, h } from "../lib/dom";
+
+export interface Spread {
+  fields?: string[];
+  rows?: Record<string, [(number | null)[], (number | null)[]]>;
+}
+
+/** `[lo, hi]` of `field` for `row` (NaN when no rank had a finite value). */
+export function spreadOf(spread: Spread, row: string, field: string): [number, number] {
+  const j = (spread.fields ?? []).indexOf(field);
+  const e = spread.rows?.[row];
+  if (j < 0 || !e) return [NaN, NaN];
+  const lo = e[0]?.[j];
+  const hi = e[1]?.[j];
+  return [lo === null || lo === undefined ? NaN : Number(lo), hi === null || hi === undefined ? NaN : Number(hi)];
+}
+
+/** Whether lo and hi differ beyond float32 rounding. */
+export function differs(lo: number, hi: number): boolean {
+  if (!Number.isFinite(lo) || !Number.isFinite(hi)) return false;
+  return Math.abs(hi - lo) > 1e-6 * Math.max(Math.abs(lo), Math.abs(hi), 1e-30);
+}
+
+/** The spread cell of one row. */
+export function spreadCell(spread: Spread, row: string, field: string): HTMLElement {
+  const [lo, hi] = spreadOf(spread, row, field);
+  if (Number.isNaN(lo)) return h("div", { class: "nbd-spread-cell nbd-empty", text: "—", title: `no rank has a finite ${field} for this row` });
+  const text = lo === hi ? fmt(lo) : `${fmt(lo)} … ${fmt(hi)}`;
+  return h("div", {
+    class: ["nbd-spread-cell", "nbd-num", differs(lo, hi) && "nbd-spread-differs"],
+    text,
+    title: `${field} across ranks at each rank's last kept step: min ${fmt(lo)}, max ${fmt(hi)}`,
+  });
+}
+
+/** A row's name: the first text node of its name cell (a "×N" calls badge may follow). */
+export function rowName(row: Element): string {
+  const cell = row.querySelector(".nbd-name");
+  const first = cell?.firstChild;
+  return first && first.nodeType === 3 ? String(first.textContent ?? "") : String(cell?.textContent ?? "");
+}
+
+/** Keeps a spread cell on every row and a header cell of a thermometer mounted in `host`. */
+export class SpreadColumn {
+  private observer: MutationObserver | null = null;
+
+  constructor(
+    private host: HTMLElement,
+    private spread: () => Spread,
+    private field: () => string,
+  ) {}
+
+  /** Decorate what is there now and whatever the thermometer redraws later. */
+  attach(): void {
+    this.detach();
+    this.decorate(true);
+    const body = this.host.querySelector(".nbd-body");
+    const head = this.host.querySelector(".nbd-head");
+    if (typeof MutationObserver === "undefined" || !body || !head) return;
+    this.observer = new MutationObserver(() => this.decorate(false));
+    this.observer.observe(body, { childList: true });
+    this.observer.observe(head, { childList: true });
+  }
+
+  detach(): void {
+    this.observer?.disconnect();
+    this.observer = null;
+  }
+
+  /** Add missing cells (`all`: redo every cell, e.g. after the stat changed). */
+  decorate(all: boolean): void {
+    const field = this.field();
+    const spread = this.spread();
+    const head = this.host.querySelector(".nbd-head");
+    if (head) {
+      let hc = head.querySelector(":scope > .nbd-h-spread");
+      if (hc && all) {
+        hc.remove();
+        hc = null;
+      }
+      if (!hc) {
+        head.appendChild(h("div", { class: "nbd-h nbd-h-spread", text: `${field} across ranks`, title: "min … max over the ranks, at each rank's last kept step (bold: the ranks differ)" }));
+      }
+    }
+    for (const row of Array.from(this.host.querySelectorAll(".nbd-body > .nbd-row"))) {
+      const old = row.querySelector(":scope > .nbd-spread-cell");
+      if (old && !all) continue;
+      old?.remove();
+      row.appendChild(spreadCell(spread, rowName(row), field));
+    }
+  }
+}

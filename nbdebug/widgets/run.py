@@ -1,0 +1,232 @@
+"""The view of a distributed run (:class:`~nbdebug.distributed.run.Run`): one thermometer with a rank
+selector, a per-row spread across ranks, the first NaN/Inf with its rank, step and module, the
+parameters that differ across ranks, errors per rank and notes.
+
+>>> w = run.widget()          # doctest: +SKIP  (what ``run.show()`` / ``%%nndebug --distributed`` display)
+>>> w.rank = 1                # doctest: +SKIP  (the browser fetches rank 1's table)
+
+Synced up front (small JSON): ``ranks`` (one entry per rank: steps, NaN, error, hooks left),
+``nonfinite``, ``diverged``/``buffers_differ`` (name and the step they first differed),
+``errors``, ``notes``, ``spread`` (per row and field: min/max across ranks at each rank's last kept
+step) and ``rank_state``: the thermometer traits of the :attr:`Run.focus` rank (binary arrays as in
+:class:`~nbdebug.widgets.thermometer.ThermometerWidget`). Other ranks cross on demand (the kernel is
+idle after the run): request ``rank`` ``{rank}`` answers ``{rank, traits}`` with the arrays in
+binary buffers (each array's place in ``traits`` holds ``{"__array__": name}``); ``rank_request``
+``{rank, method, params}`` answers what the rank's thermometer would (histograms are not spooled:
+an error that says so). ``js/src/run.ts`` draws it with the thermometer's own renderer.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import traitlets
+
+from ..inspectors.thermometer import COLUMNS, ThermometerReport, Thresholds, diagnose
+from ._base import NBWidget, rpc
+from ._transport import decode_array
+
+__all__ = ["FALLBACK_BYTES", "SPREAD_FIELDS", "RunWidget"]
+
+#: stats whose spread across ranks is sent (the view's "spread" column offers these)
+SPREAD_FIELDS: tuple[str, ...] = ("mean", "std", "max", "grad_norm", "param_grad_norm", "nan")
+#: the static fallback stays under this many bytes (rows beyond it are left out, and it says so)
+FALLBACK_BYTES = 200_000
+
+
+def _num(x: float) -> float | None:
+    """A float for JSON (NaN/Inf → None)."""
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def _flatten(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``state`` with every encoded array (``{"view", "dtype", "shape"}``) replaced by
+    ``{"__array__": name}``, and the arrays by name (for :func:`~nbdebug.widgets._transport.pack_arrays`)."""
+    arrays: dict[str, Any] = {}
+
+    def walk(x: Any, path: str) -> Any:
+        if isinstance(x, dict):
+            if "view" in x and "dtype" in x and "shape" in x:
+                arrays[path] = decode_array(x)
+                return {"__array__": path}
+            return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v, f"{path}.{i}") for i, v in enumerate(x)]
+        return x
+
+    return walk(state, ""), arrays
+
+
+class RunWidget(NBWidget):
+    """Every rank of a :class:`~nbdebug.distributed.run.Run` in one view (see the module doc).
+
+    Traits: ``ranks``, ``rank`` (the rank shown; synced both ways), ``focus``, ``summary``,
+    ``nonfinite``, ``diverged``, ``buffers_differ``, ``compared_step``, ``errors``, ``notes``,
+    ``spread``, ``spread_stat`` (the field of the spread column), ``rank_state``. ``run`` keeps the
+    Python-side data; :attr:`report` is the shown rank's thermometer report.
+    """
+
+    _view_name_ = "run"
+
+    ranks = traitlets.List().tag(sync=True)
+    rank = traitlets.Int(0).tag(sync=True)
+    focus = traitlets.Int(0).tag(sync=True)
+    world_size = traitlets.Int(0).tag(sync=True)
+    summary = traitlets.Unicode("").tag(sync=True)
+    nonfinite = traitlets.List().tag(sync=True)
+    diverged = traitlets.List().tag(sync=True)
+    buffers_differ = traitlets.List().tag(sync=True)
+    compared_step = traitlets.Int(0).tag(sync=True)
+    errors = traitlets.List().tag(sync=True)
+    notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    spread = traitlets.Dict().tag(sync=True)
+    spread_stat = traitlets.Unicode("mean").tag(sync=True)
+    rank_state = traitlets.Dict().tag(sync=True)
+
+    def __init__(self, run: Any, rank: int | None = None, thresholds: Thresholds | None = None, **kwargs: Any) -> None:
+        self.run = run
+        self.thresholds = thresholds
+        self._reports: dict[int, ThermometerReport] = {}
+        recorded = [r for r, res in enumerate(run.ranks) if res is not None]
+        focus = run.focus if run.focus is not None else (recorded[0] if recorded else 0)
+        shown = focus if rank is None else int(rank)
+        if recorded and shown not in recorded:
+            raise LookupError(f"rank {shown} recorded nothing; recorded: {recorded}")
+        super().__init__(**self._state(run, focus, shown), **kwargs)
+
+    def _state(self, run: Any, focus: int, shown: int) -> dict[str, Any]:
+        nf_ranks = {f.rank for f in run.first_nonfinite}
+        ranks = []
+        for r, res in enumerate(run.ranks):
+            err = run.errors.get(r, "")
+            ranks.append({
+                "rank": r, "recorded": res is not None, "steps": 0 if res is None else int(res.steps),
+                "nonfinite": r in nf_ranks, "error": err, "hooks_left": int(run.hooks_left.get(r, 0)),
+                "closed": r in run.hooks_left,
+            })
+        steps = dict(run.diverged_steps)
+        spread: dict[str, Any] = {"fields": list(SPREAD_FIELDS), "rows": {}}
+        for j, field in enumerate(SPREAD_FIELDS):
+            for row, (lo, hi) in run.spread(field).items():
+                entry = spread["rows"].setdefault(row, [[None] * len(SPREAD_FIELDS), [None] * len(SPREAD_FIELDS)])
+                entry[0][j], entry[1][j] = _num(lo), _num(hi)
+        state = dict(
+            ranks=ranks, rank=shown, focus=focus, world_size=int(run.world_size), summary=run.summary(),
+            nonfinite=[{"rank": f.rank, "step": f.step, "phase": f.phase, "module": f.module, "row": f.row,
+                        "message": f.message} for f in run.first_nonfinite],
+            diverged=[{"name": n, "step": steps.get(n)} for n in run.diverged],
+            buffers_differ=[{"name": n, "step": steps.get("buffer:" + n)} for n in run.buffers_differ],
+            compared_step=int(run.compared_step or 0),
+            errors=[{"rank": r, "error": e, "traceback": run.tracebacks.get(r, "")[-2000:]} for r, e in run.errors.items()],
+            notes=list(run.notes), spread=spread,
+        )
+        if shown < len(run.ranks) and run.ranks[shown] is not None:
+            state["rank_state"] = {"rank": shown, "traits": self.rank_traits(shown)}
+        return state
+
+    # -- one rank's thermometer ------------------------------------------------------------------
+    def report_of(self, rank: int) -> ThermometerReport:
+        """Rank ``rank``'s thermometer report (computed once)."""
+        if not 0 <= rank < len(self.run.ranks) or self.run.ranks[rank] is None:
+            recorded = [r for r, res in enumerate(self.run.ranks) if res is not None]
+            raise LookupError(f"rank {rank} recorded nothing (it never entered nbdebug.debug); recorded: {recorded}")
+        if rank not in self._reports:
+            self._reports[rank] = diagnose(self.run.ranks[rank], self.thresholds)
+        return self._reports[rank]
+
+    @property
+    def report(self) -> ThermometerReport:
+        """The shown rank's thermometer report."""
+        return self.report_of(self.rank)
+
+    def rank_traits(self, rank: int) -> dict[str, Any]:
+        """The traits a :class:`~nbdebug.widgets.thermometer.ThermometerWidget` of ``rank`` would have."""
+        from .thermometer import ThermometerWidget
+
+        report = self.report_of(rank)
+        return ThermometerWidget._state(report, self.run.ranks[rank], self.thresholds)
+
+    @rpc("rank")
+    def _rank(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        rank = int(params["rank"])
+        traits, arrays = _flatten(self.rank_traits(rank))
+        return {"rank": rank, "traits": traits}, arrays
+
+    @rpc("rank_request")
+    def _rank_request(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        rank, method = int(params["rank"]), str(params.get("method"))
+        self.report_of(rank)  # a rank that recorded nothing says so
+        if method == "histogram":
+            raise ValueError(f"histograms are not kept across processes (rank {rank}): the spool carries each "
+                             "step's statistics only; run the rank's code in this kernel with nbdebug.debug for values")
+        raise KeyError(f"unknown request {method!r} for rank {rank}")
+
+    def export_requests(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every recorded rank's table (what choosing it in the selector asks for)."""
+        return [("rank", {"rank": r}) for r, res in enumerate(self.run.ranks) if res is not None]
+
+    # -- static fallback and repr ----------------------------------------------------------------
+    def fallback_html(self) -> str:
+        """The summary, the cards and the shown rank's rows with their spread (no scripts, escaped)."""
+        esc = html.escape
+        parts = [f'<div class="nbdebug-run-static"><p><b>nbdebug: {self.world_size} rank(s)</b>: {esc(self.summary)}</p>']
+        marks = "".join(
+            f"<li>rank {r['rank']}: {r['steps']} step(s)" + (" · NaN/Inf" if r["nonfinite"] else "")
+            + (f" · raised {esc(r['error'])}" if r["error"] else "") + (f" · {r['hooks_left']} hooks left" if r["hooks_left"] else "")
+            + ("" if r["recorded"] else " · recorded nothing") + "</li>" for r in self.ranks)
+        parts.append(f"<ul>{marks}</ul>")
+        if self.nonfinite:
+            f = self.nonfinite[0]
+            also = "; ".join(f"rank {x['rank']} at step {x['step']} ({esc(str(x['phase']))})" for x in self.nonfinite[1:])
+            parts.append('<p style="border-left:4px solid #b30000;padding-left:6px">first NaN/Inf: '
+                         f"rank {f['rank']}, step {f['step']}, <code>{esc(str(f['module']))}</code> ({esc(str(f['phase']))})"
+                         + (f"; also {also}" if also else "") + "</p>")
+        for title, items in (("parameters that differ across ranks", self.diverged),
+                             ("buffers that differ (not divergence)", self.buffers_differ)):
+            if items:
+                lis = "".join(f"<li><code>{esc(d['name'])}</code> from step {d['step']}</li>" for d in items)
+                parts.append(f"<p>{title}:</p><ul>{lis}</ul>")
+        parts += [f"<p>rank {e['rank']} raised {esc(e['error'])}</p>" for e in self.errors]
+        parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in self.notes) + "</ul>")
+        parts.append(self._table_html(FALLBACK_BYTES - sum(map(len, parts)) - 200))
+        return "".join(parts) + "</div>"
+
+    def _table_html(self, budget: int) -> str:
+        esc = html.escape
+        try:
+            r = self.report
+        except LookupError:
+            return ""
+        cols = ["mean", "std", "min", "max", "nan", "inf", "grad_norm"]
+        idx = [COLUMNS.index(c) for c in cols]
+        j = SPREAD_FIELDS.index(self.spread_stat) if self.spread_stat in SPREAD_FIELDS else 0
+        head = "".join(f"<th>{c}</th>" for c in ["layer", "type", *cols, f"{SPREAD_FIELDS[j]} across ranks"])
+        rows, used = [], 0
+        for i, name in enumerate(r.names):
+            lo, hi = (self.spread.get("rows", {}).get(name) or [[None] * 8, [None] * 8])
+            spread = "—" if lo[j] is None else f"{_fmt(lo[j])} … {_fmt(hi[j])}"
+            cells = [esc(name), esc(r.types[i]), *(_fmt(float(r.table[i, k])) for k in idx), spread]
+            row = "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+            if used + len(row) > budget:
+                rows.append(f"<tr><td colspan='{len(cols) + 3}'>… {len(r.names) - i} more rows left out</td></tr>")
+                break
+            rows.append(row)
+            used += len(row)
+        return (f"<p>rank {self.rank}</p><table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+    def __repr__(self) -> str:
+        try:
+            shown = f"; rank {self.rank}: ThermometerWidget({self.report.summary})"
+        except LookupError:
+            shown = ""
+        return f"RunWidget({self.world_size} ranks{shown})"
+
+
+def _fmt(x: float | None) -> str:
+    if x is None or x != x:
+        return "—"
+    if x == 0 or 1e-3 <= abs(x) < 1e4:
+        return f"{x:.4g}"
+    return f"{x:.3e}"

@@ -33,7 +33,6 @@ import torch
 from torch import nn
 
 from . import assemble as _asm
-from .assemble import close_step, commit, finish
 from .budget import DEFAULT_MAX_BYTES
 from .errors import ErrorSite, locate
 from .history import History
@@ -54,6 +53,7 @@ from .stats import (
     tensor_stats,
     unit_alive,
 )
+from .steps import close_step, commit, finish
 from .weak import ModelRef
 
 __all__ = ["Capture", "CaptureResult", "LayerRecord"]

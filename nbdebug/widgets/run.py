@@ -186,11 +186,12 @@ class RunWidget(NBWidget):
         for title, items in (("parameters that differ across ranks", self.diverged),
                              ("buffers that differ (not divergence)", self.buffers_differ)):
             if items:
-                lis = "".join(f"<li><code>{esc(d['name'])}</code> from step {d['step']}</li>" for d in items)
+                lis = "".join(f"<li><code>{esc(d['name'])}</code> from step {d['step']}</li>" for d in items[:100])
+                lis += f"<li>… {len(items) - 100} more</li>" if len(items) > 100 else ""
                 parts.append(f"<p>{title}:</p><ul>{lis}</ul>")
         parts += [f"<p>rank {e['rank']} raised {esc(e['error'])}</p>" for e in self.errors]
         parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in self.notes) + "</ul>")
-        parts.append(self._table_html(FALLBACK_BYTES - sum(map(len, parts)) - 200))
+        parts.append(self._table_html(FALLBACK_BYTES - sum(len(p.encode()) for p in parts) - 200))
         return "".join(parts) + "</div>"
 
     def _table_html(self, budget: int) -> str:
@@ -209,11 +210,12 @@ class RunWidget(NBWidget):
             spread = "—" if lo[j] is None else f"{_fmt(lo[j])} … {_fmt(hi[j])}"
             cells = [esc(name), esc(r.types[i]), *(_fmt(float(r.table[i, k])) for k in idx), spread]
             row = "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
-            if used + len(row) > budget:
+            size = len(row.encode())
+            if used + size > budget:
                 rows.append(f"<tr><td colspan='{len(cols) + 3}'>… {len(r.names) - i} more rows left out</td></tr>")
                 break
             rows.append(row)
-            used += len(row)
+            used += size
         return (f"<p>rank {self.rank}</p><table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
     def __repr__(self) -> str:

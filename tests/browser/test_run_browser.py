@@ -1,0 +1,110 @@
+"""The distributed run's view in a real JupyterLab: a Run of 2 ranks (spooled in the kernel itself by
+two ``SpoolDebug`` blocks with RANK=0/1: no processes needed here; NaN planted on rank 1 at step 3,
+one parameter changed on rank 1, a layer with a hostile name) shows the rank selector on rank 1, the
+first-NaN card with rank/step/module, the spread column; choosing rank 0 fetches that rank's table
+from the kernel and redraws it (values equal the kernel's ``run.ranks[0]``)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .harness import (
+    kernel_json,
+    open_and_run,
+    run_code_and_wait_text,
+    screenshot,
+    wait_widget,
+    write_notebook,
+)
+
+pytestmark = pytest.mark.browser
+
+HOSTILE = "<img src=x onerror=__pwned=1>"
+
+BUILD_CELL = f"""
+import os, tempfile
+import torch
+from torch import nn
+from nbdebug.distributed import SpoolDebug, load
+
+class Scale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = 1.0
+    def forward(self, x):
+        return x * self.k
+
+spool = tempfile.mkdtemp()
+for rank in (0, 1):
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), "2"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), Scale(), nn.ReLU(), nn.Linear(8, 2))
+    model.add_module({HOSTILE!r}, nn.Identity())
+    g = torch.Generator().manual_seed(100 + rank)
+    with SpoolDebug(model, spool=spool, resume=None):
+        for step in range(1, 5):
+            if (rank, step) == (1, 3):
+                model[1].k = float("nan")
+            model(torch.randn(6, 4, generator=g)).pow(2).mean().backward()
+        if rank == 1:
+            with torch.no_grad():
+                model[3].bias.add_(1.0)
+del os.environ["RANK"], os.environ["WORLD_SIZE"]
+run = load(spool)
+"""
+
+SHOW_CELL = "w = run.widget()\nw"
+
+MEAN = re.compile(r"mean (\S+) ±")
+
+
+def row_mean(widget, i: int) -> float:
+    title = widget.locator(f'.nbdebug-thermometer .nbd-row[data-row="{i}"] .nbd-therm').get_attribute("title") or ""
+    m = MEAN.search(title)
+    assert m, title
+    return float(m.group(1))
+
+
+def test_run_view_lab(page, lab) -> None:
+    write_notebook(lab.root, "run_lab", [BUILD_CELL, SHOW_CELL])
+    open_and_run(page, lab, "run_lab")
+    widget = wait_widget(page, "run")
+    info = kernel_json(page, "{'rank': w.rank, 'diverged': run.diverged, 'first': [run.first_nonfinite[0].rank, "
+                             "run.first_nonfinite[0].step, run.first_nonfinite[0].module], 'js_error': w.js_error, "
+                             "'means': [[float(r.history.at(4)[n]['mean']) for n in r.history.rows] for r in run.ranks], "
+                             "'rows': run.ranks[0].history.rows}")
+    assert info["rank"] == 1 and info["first"] == [1, 3, "1"] and info["diverged"] == ["3.bias"] and info["js_error"] == ""
+
+    # the rank selector: one button per rank, rank 1 (the first NaN) shown and marked
+    buttons = widget.locator(".nbd-rank-btn")
+    assert buttons.count() == 2
+    assert "nbd-rank-active" in (buttons.nth(1).get_attribute("class") or "")
+    assert buttons.nth(1).locator(".nbd-rank-nan").count() == 1
+    assert widget.get_attribute("data-rank") == "1"
+    card = widget.locator(".nbd-run-nonfinite-head").text_content() or ""
+    assert card.startswith("first NaN/Inf: rank 1, step 3, 1 (forward)")
+    assert widget.locator(".nbd-run-nonfinite-head code").text_content() == "1"
+    assert widget.locator(".nbd-run-diverged-list").text_content() == "3.bias from step 4"
+
+    # rank 1's table at its last step; the spread column on every row
+    assert widget.locator(".nbdebug-thermometer .nbd-row").count() == len(info["rows"]) == 5
+    assert row_mean(widget, 0) == pytest.approx(info["means"][1][0], rel=5e-3)
+    assert widget.locator(".nbd-row .nbd-spread-cell").count() == 5
+    assert widget.locator(".nbd-h-spread").text_content() == "mean across ranks"
+
+    # the hostile layer name is text
+    assert HOSTILE in (widget.locator(".nbdebug-thermometer").text_content() or "")
+    assert page.locator('img[src="x"]').count() == 0 and page.evaluate("window.__pwned") is None
+
+    # choosing rank 0 fetches its table from the kernel and redraws
+    buttons.nth(0).click()
+    page.locator('.nbdebug-run[data-rank="0"]').wait_for(state="attached", timeout=30_000)
+    assert "nbd-rank-active" in (widget.locator('.nbd-rank-btn[data-rank="0"]').get_attribute("class") or "")
+    for i in (0, 3):
+        assert row_mean(widget, i) == pytest.approx(info["means"][0][i], rel=5e-3)
+    assert info["means"][0][0] != pytest.approx(info["means"][1][0], rel=5e-3)  # the ranks differ: a real redraw
+    assert widget.locator(".nbd-row .nbd-spread-cell").count() == 5
+    run_code_and_wait_text(page, "print('rank=' + str(w.rank), 'err=' + repr(w.js_error))", "rank=0 err=''")
+    screenshot(page, "run-lab", widget)

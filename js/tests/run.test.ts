@@ -49,7 +49,12 @@ function makeModel(extra: Record<string, unknown> = {}): FakeModel {
     compared_step: 4,
     errors: [{ rank: 1, error: `RuntimeError: ${HOSTILE}`, traceback: "Traceback …" }],
     notes: ["rank(s) 2 never entered nbdebug.debug"],
-    spread: { fields: ["mean", "nan"], rows: { "0": [[-0.125, 0], [0.25, 0]], "1": [[0.5, 0], [0.5, 48]], [HOSTILE]: [[0.375, 0], [0.75, 0]] } },
+    spread: {
+      fields: ["mean", "nan"],
+      rows: ["0", "1", HOSTILE],
+      lo: { view: f32View([-0.125, 0, 0.5, 0, 0.375, 0], 4), dtype: "float32", shape: [3, 2] },
+      hi: { view: f32View([0.25, 0, 0.5, 48, 0.75, 0]), dtype: "float32", shape: [3, 2] },
+    },
     spread_stat: "mean",
     rank_state: { rank: 1, traits: traits(1, wire(1)) },
     js_error: "",
@@ -180,6 +185,7 @@ describe("run view", () => {
     expect(req[0].content.params).toEqual({ rank: 1, method: "histogram", params: { row: 0 } });
     expect(el.querySelector(".nbd-detail")!.getAttribute("data-histogram")).toBe("error");
     expect(el.querySelector(".nbd-detail")!.textContent).toContain("histograms are not kept across processes (rank 1)");
+    expect(m.get("js_error")).toMatch(/^rank 1: histogram of 0: .*not kept across processes/);
   });
 
   it("a failed fetch is reported and the shown rank stays", async () => {
@@ -211,7 +217,11 @@ describe("run helpers", () => {
     expect(new Float32Array(out.b[0].c.view.buffer)[2]).toBe(3);
     expect(out.d).toBe(1);
     expect(() => restoreArrays({ a: { __array__: "y" } }, {})).toThrow(/lacks array y/);
-    expect(spreadOf({ fields: ["mean"], rows: { a: [[null], [null]] } }, "a", "mean").every(Number.isNaN)).toBe(true);
+    const sp = { fields: ["mean"], rows: ["a", "b"], lo: { view: f32View([NaN, 1]), dtype: "float32" as const, shape: [2, 1] }, hi: { view: f32View([NaN, 2]), dtype: "float32" as const, shape: [2, 1] } };
+    expect(spreadOf(sp, "a", "mean").every(Number.isNaN)).toBe(true);
+    expect(spreadOf(sp, "b", "mean")).toEqual([1, 2]);
+    expect(spreadOf(sp, "c", "mean").every(Number.isNaN)).toBe(true);
+    expect(() => spreadOf({ ...sp, rows: ["a"] }, "a", "mean")).toThrow(/does not match/);
     expect(differs(1, 1 + 1e-9)).toBe(false);
     expect(differs(1, 1.01)).toBe(true);
   });

@@ -7,8 +7,8 @@ parameters that differ across ranks, errors per rank and notes.
 
 Synced up front (small JSON): ``ranks`` (one entry per rank: steps, NaN, error, hooks left),
 ``nonfinite``, ``diverged``/``buffers_differ`` (name and the step they first differed),
-``errors``, ``notes``, ``spread`` (per row and field: min/max across ranks at each rank's last kept
-step) and ``rank_state``: the thermometer traits of the :attr:`Run.focus` rank (binary arrays as in
+``errors``, ``notes``, ``spread`` (``fields``, ``rows`` and binary float32 ``lo``/``hi`` [rows, fields]:
+min/max across ranks at each rank's last kept step, NaN where no rank had a finite value) and ``rank_state``: the thermometer traits of the :attr:`Run.focus` rank (binary arrays as in
 :class:`~nbdebug.widgets.thermometer.ThermometerWidget`). Other ranks cross on demand (the kernel is
 idle after the run): request ``rank`` ``{rank}`` answers ``{rank, traits}`` with the arrays in
 binary buffers (each array's place in ``traits`` holds ``{"__array__": name}``); ``rank_request``
@@ -22,11 +22,12 @@ import html
 import math
 from typing import Any
 
+import numpy as np
 import traitlets
 
 from ..inspectors.thermometer import COLUMNS, ThermometerReport, Thresholds, diagnose
 from ._base import NBWidget, rpc
-from ._transport import decode_array
+from ._transport import decode_array, encode_array
 
 __all__ = ["FALLBACK_BYTES", "SPREAD_FIELDS", "RunWidget"]
 
@@ -34,11 +35,6 @@ __all__ = ["FALLBACK_BYTES", "SPREAD_FIELDS", "RunWidget"]
 SPREAD_FIELDS: tuple[str, ...] = ("mean", "std", "max", "grad_norm", "param_grad_norm", "nan")
 #: the static fallback stays under this many bytes (rows beyond it are left out, and it says so)
 FALLBACK_BYTES = 200_000
-
-
-def _num(x: float) -> float | None:
-    """A float for JSON (NaN/Inf → None)."""
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
 def _flatten(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -107,11 +103,15 @@ class RunWidget(NBWidget):
                 "closed": r in run.hooks_left,
             })
         steps = dict(run.diverged_steps)
-        spread: dict[str, Any] = {"fields": list(SPREAD_FIELDS), "rows": {}}
-        for j, field in enumerate(SPREAD_FIELDS):
-            for row, (lo, hi) in run.spread(field).items():
-                entry = spread["rows"].setdefault(row, [[None] * len(SPREAD_FIELDS), [None] * len(SPREAD_FIELDS)])
-                entry[0][j], entry[1][j] = _num(lo), _num(hi)
+        per_field = [run.spread(f) for f in SPREAD_FIELDS]
+        rows = list(dict.fromkeys(r for sp in per_field for r in sp))
+        lo = np.full((len(rows), len(SPREAD_FIELDS)), np.nan, np.float32)
+        hi = lo.copy()
+        at = {r: i for i, r in enumerate(rows)}
+        for j, sp in enumerate(per_field):
+            for row, (a, b) in sp.items():
+                lo[at[row], j], hi[at[row], j] = a, b
+        spread = {"fields": list(SPREAD_FIELDS), "rows": rows, "lo": encode_array(lo), "hi": encode_array(hi)}
         state = dict(
             ranks=ranks, rank=shown, focus=focus, world_size=int(run.world_size), summary=run.summary(),
             nonfinite=[{"rank": f.rank, "step": f.step, "phase": f.phase, "module": f.module, "row": f.row,
@@ -125,6 +125,14 @@ class RunWidget(NBWidget):
         if shown < len(run.ranks) and run.ranks[shown] is not None:
             state["rank_state"] = {"rank": shown, "traits": self.rank_traits(shown)}
         return state
+
+    def spread_range(self, row: str, field: str = "mean") -> tuple[float, float]:
+        """``(min, max)`` of ``field`` for ``row`` across ranks as sent (NaN, NaN when no rank had a finite value)."""
+        rows = self.spread.get("rows", [])
+        if row not in rows:
+            return math.nan, math.nan
+        i, j = rows.index(row), SPREAD_FIELDS.index(field)
+        return float(decode_array(self.spread["lo"])[i, j]), float(decode_array(self.spread["hi"])[i, j])
 
     # -- one rank's thermometer ------------------------------------------------------------------
     def report_of(self, rank: int) -> ThermometerReport:
@@ -204,11 +212,14 @@ class RunWidget(NBWidget):
         idx = [COLUMNS.index(c) for c in cols]
         j = SPREAD_FIELDS.index(self.spread_stat) if self.spread_stat in SPREAD_FIELDS else 0
         head = "".join(f"<th>{c}</th>" for c in ["layer", "type", *cols, f"{SPREAD_FIELDS[j]} across ranks"])
+        where = {n: i for i, n in enumerate(self.spread.get("rows", []))}
+        lo, hi = decode_array(self.spread["lo"]), decode_array(self.spread["hi"])
         rows, used = [], 0
         for i, name in enumerate(r.names):
-            lo, hi = (self.spread.get("rows", {}).get(name) or [[None] * 8, [None] * 8])
-            spread = "—" if lo[j] is None else f"{_fmt(lo[j])} … {_fmt(hi[j])}"
-            cells = [esc(name), esc(r.types[i]), *(_fmt(float(r.table[i, k])) for k in idx), spread]
+            k = where.get(name)
+            a, b = (math.nan, math.nan) if k is None else (float(lo[k, j]), float(hi[k, j]))
+            spread = "—" if a != a else f"{_fmt(a)} … {_fmt(b)}"
+            cells = [esc(name), esc(r.types[i]), *(_fmt(float(r.table[i, c])) for c in idx), spread]
             row = "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
             size = len(row.encode())
             if used + size > budget:

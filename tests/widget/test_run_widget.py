@@ -106,12 +106,14 @@ def test_ddp_nan_run_view_state(ddp_nan: Run) -> None:
     _, paths, _ = _remove_buffers(w.get_state())
     assert ["rank_state", "traits", "stats", "view"] in paths and ["rank_state", "traits", "history", "last", "view"] in paths
     # the spread of each row across ranks at the last step, from the ranks' own histories
-    for j, field in enumerate(SPREAD_FIELDS):
+    for field in SPREAD_FIELDS:
         for row in run.ranks[0].history.rows:
             vals = [res.history.at(W.STEPS)[row][field] for res in run.ranks]
-            vals = [v for v in vals if v == v]
-            lo, hi = w.spread["rows"][row]
-            assert (lo[j], hi[j]) == ((min(vals), max(vals)) if vals else (None, None)), (row, field)
+            vals = [np.float32(v) for v in vals if v == v]
+            got = w.spread_range(row, field)
+            assert got == (min(vals), max(vals)) if vals else all(np.isnan(got)), (row, field)
+    _, paths, _ = _remove_buffers(w.get_state())
+    assert ["spread", "lo", "view"] in paths and ["spread", "hi", "view"] in paths
 
 
 def test_ddp_choosing_rank0_fetches_its_table_and_history(ddp_nan: Run) -> None:
@@ -159,9 +161,9 @@ def test_in_process_two_ranks(tmp_path: Path) -> None:
     _, a1 = fetch(w, 1)
     m = COLUMNS.index("mean")
     assert a0["stats"][0, m] == np.float32(run.ranks[0].layers[0].stats["mean"]) != a1["stats"][0, m]
-    lo, hi = w.spread["rows"]["0"]
-    j = SPREAD_FIELDS.index("mean")
-    assert (lo[j], hi[j]) == tuple(sorted(float(r.history.at(4)["0"]["mean"]) for r in run.ranks))
+    assert w.spread_range("0", "mean") == tuple(sorted(float(np.float32(r.history.at(4)["0"]["mean"])) for r in run.ranks))
+    assert w.spread_range("1", "nan") == (0.0, 48.0)  # rank 1's NaN from step 3; "mean" skips it
+    assert w.spread_range("1", "mean") == (np.float32(run.ranks[0].history.at(4)["1"]["mean"]),) * 2
     w.rank = 0
     assert w.report.names == diagnose(run.ranks[0]).names
 

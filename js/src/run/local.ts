@@ -64,6 +64,11 @@ export class LocalModel implements AnyModel {
     const old = this.traits.get(name);
     this.traits.set(name, value);
     if (old !== value) this.emit(`change:${name}`, value);
+    if (name === "js_error" && value) {
+      // the rank's thermometer reports its errors here: the run widget's trait shows them to Python
+      this.parent.set("js_error", `rank ${this.rank}: ${String(value)}`);
+      this.parent.save_changes();
+    }
   }
   save_changes(): void {
     /* local: nothing to sync */

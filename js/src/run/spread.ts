@@ -1,22 +1,49 @@
 // The "spread across ranks" column added to the rank's thermometer rows: min … max of the chosen
 // stat over the ranks at each rank's last kept step (the `spread` trait of nbdebug/widgets/run.py:
-// {fields, rows: {row name: [lo[], hi[]]}}). The thermometer redraws its rows itself (slider,
+// {fields, rows, lo, hi} with lo/hi float32 [rows, fields]). The thermometer redraws its rows itself (slider,
 // sort, live); a MutationObserver adds the cell to every row it (re)builds.
 import { fmt, h } from "../lib/dom";
+import { decode, type WireArray } from "../lib/ndarray";
 
 export interface Spread {
   fields?: string[];
-  rows?: Record<string, [(number | null)[], (number | null)[]]>;
+  rows?: string[];
+  lo?: WireArray;
+  hi?: WireArray;
+}
+
+interface Index {
+  at: Map<string, number>;
+  lo: ArrayLike<number>;
+  hi: ArrayLike<number>;
+  k: number;
+}
+
+const INDEX = new WeakMap<object, Index>();
+
+function indexOf(spread: Spread): Index {
+  let ix = INDEX.get(spread);
+  if (!ix) {
+    const rows = Array.isArray(spread.rows) ? spread.rows : [];
+    const k = (spread.fields ?? []).length;
+    const lo = spread.lo?.view ? decode(spread.lo).data : new Float32Array(0);
+    const hi = spread.hi?.view ? decode(spread.hi).data : new Float32Array(0);
+    if (lo.length !== rows.length * k || hi.length !== rows.length * k) {
+      throw new Error(`nbdebug: spread of ${lo.length} values does not match ${rows.length} rows × ${k} fields`);
+    }
+    ix = { at: new Map(rows.map((r, i) => [String(r), i])), lo, hi, k };
+    INDEX.set(spread, ix);
+  }
+  return ix;
 }
 
 /** `[lo, hi]` of `field` for `row` (NaN when no rank had a finite value). */
 export function spreadOf(spread: Spread, row: string, field: string): [number, number] {
   const j = (spread.fields ?? []).indexOf(field);
-  const e = spread.rows?.[row];
-  if (j < 0 || !e) return [NaN, NaN];
-  const lo = e[0]?.[j];
-  const hi = e[1]?.[j];
-  return [lo === null || lo === undefined ? NaN : Number(lo), hi === null || hi === undefined ? NaN : Number(hi)];
+  const ix = indexOf(spread);
+  const i = ix.at.get(row);
+  if (j < 0 || i === undefined) return [NaN, NaN];
+  return [ix.lo[i * ix.k + j], ix.hi[i * ix.k + j]];
 }
 
 /** Whether lo and hi differ beyond float32 rounding. */

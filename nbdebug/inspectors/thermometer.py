@@ -16,25 +16,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..capture.errors import ErrorSite, TensorInfo
 from ..capture.history import FIELD_INDEX
 from ..capture.result import CaptureResult
-from .history import (
-    FLAG_BITS,
-    SUGGEST,
-    Diagnosis,
-    Event,
-    Thresholds,
-    dead_summary,
-    diagnoses_at,
-    events,
-    flag_names,
-    input_graph,
-    step_flags,
-    values_per_unit,
-)
+from .errors import ErrorReport, error_report, explain_error
+from .history import Diagnosis, Event, Thresholds, events, input_graph, values_per_unit
+from .steps import SUGGEST, dead_summary, diagnose_at, plural
 
-__all__ = ["COLUMNS", "LEGEND", "Diagnosis", "ErrorReport", "Event", "ThermometerReport", "Thresholds", "diagnose", "explain_error"]
+__all__ = ["COLUMNS", "LEGEND", "Diagnosis", "ErrorReport", "Event", "ThermometerReport", "Thresholds", "diagnose",
+           "diagnose_at", "explain_error"]
 
 COLUMNS = (
     "mean", "std", "min", "max", "zero_frac", "near_zero_frac", "nan", "inf", "numel",
@@ -86,10 +75,6 @@ class ThermometerReport:
         return [n for n, f in zip(self.names, self.flags) if code in f]
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 def diagnose(result: CaptureResult, thresholds: Thresholds | None = None, step: int | str | None = None) -> ThermometerReport:
     """Table, flags and diagnoses of ``result``.
 
@@ -104,75 +89,12 @@ def diagnose(result: CaptureResult, thresholds: Thresholds | None = None, step: 
     hist = getattr(result, "history", None)
     if step != "run" and hist is not None and len(hist) and (hist.steps > 1 or isinstance(step, (int, np.integer))):
         rep = diagnose_at(result, th, None if step is None else int(step))
-        rep.error = _error_report(result)
+        rep.error = error_report(result)
         if rep.error is not None:
             rep.diagnoses.insert(0, Diagnosis("raised", "error", "", rep.error.headline, rep.error.suggestion))
-            rep.summary = f"{_plural(len(rep.names), 'layer')} ran, then {rep.error.headline}"
+            rep.summary = f"{plural(len(rep.names), 'layer')} ran, then {rep.error.headline}"
         return rep
     return _diagnose_run(result, th)
-
-
-def diagnose_at(result: CaptureResult, th: Thresholds, step: int | None) -> ThermometerReport:
-    """The report at one kept step of ``result.history`` (the last when ``step`` is None)."""
-    h = result.history
-    steps = h.step_index
-    j = len(steps) - 1 if step is None else h.slot_of(step)
-    s = int(steps[j])
-    rows = result.layers
-    hrows = list(h.rows)
-    graph = input_graph(rows, hrows)
-    info = h.row_info
-    values = h.values("last")
-    layer_type = {r.name: r.type for r in rows}
-    types = [layer_type.get(n) or str(i.get("type", "")) for n, i in zip(hrows, info)]
-    skipped = h.scalar("skipped") == 1
-    bits = step_flags(values, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=graph, skipped=skipped,
-                      shapes=[i.get("shape") for i in info])
-    # At the run's first non-finite step, the capture's per-call check names the origins exactly.
-    hid = {n: i for i, n in enumerate(hrows)}
-    for st, row, code in ((result.forward_nonfinite_step, (result.forward_nonfinite_call or (None,))[0], "nan_origin_fwd"),
-                          (result.backward_nonfinite_step,
-                           result.backward_origin_row if result.backward_origin_row is not None else result.backward_nonfinite_row,
-                           "nan_origin_bwd")):
-        k = np.flatnonzero(steps == st) if st is not None and row is not None else []
-        if len(k) and rows[row].name in hid and not (code == "nan_origin_bwd" and skipped[k[0]]):
-            b = np.uint16(FLAG_BITS[code])
-            bad = (bits[k[0]] & b) > 0
-            bits[k[0], bad] = (bits[k[0], bad] & ~b) | np.uint16(FLAG_BITS["nonfinite"])
-            bits[k[0], hid[rows[row].name]] = (bits[k[0], hid[rows[row].name]] & ~np.uint16(FLAG_BITS["nonfinite"])) | b
-    evs = events(h, th, inputs=graph, flags=bits)
-    first = result.first_nonfinite_step
-    first_row = None
-    inc = getattr(result, "incident", None)
-    if inc is not None:
-        first_row = inc.row
-    elif first is not None and first == result.forward_nonfinite_step and result.forward_nonfinite_call is not None:
-        first_row = rows[result.forward_nonfinite_call[0]].name
-    diags, parts, ratio = diagnoses_at(j, values, steps, hrows, types, bits, evs, th,
-                                       None if first is None else (first, first_row))
-    # The table in result.layers order (the widget's row index is the layer index).
-    table = np.full((len(rows), len(COLUMNS)), np.nan)
-    pick = [hid.get(r.name, -1) for r in rows]
-    for c, col in enumerate(COLUMNS):
-        if col in FIELD_INDEX:
-            table[:, c] = [values[j, i, FIELD_INDEX[col]] if i >= 0 else np.nan for i in pick]
-    present = np.isfinite(table).any(axis=1)
-    table[:, COLUMNS.index("numel")] = [float(np.prod(r.shape)) if p else np.nan for r, p in zip(rows, present)]
-    flags = [flag_names(int(bits[j, i])) if i >= 0 else [] for i in pick]
-    hflags = np.stack([bits[:, i] if i >= 0 else np.zeros(len(steps), np.uint16) for i in pick], axis=1) if rows else bits[:, :0]
-    if result.raised is not None:
-        parts.append(f"the cell raised {result.raised.split(':')[0]}")
-    head = f"step {s}: {_plural(len(rows), 'layer')}"
-    summary = f"{head}: " + ", ".join(parts) if parts else f"{head}: no problems found"
-    notes = list(result.notes) + list(getattr(h, "notes", []))
-    notes.append(f"table and flags at step {s} of {result.steps} ({_plural(len(steps), 'kept step')}); flags are decided "
-                 "per step, events over the kept steps; numel is one call's, near-zero is only in the whole-run table")
-    return ThermometerReport(
-        names=[r.name for r in rows], modules=[r.module for r in rows], types=[r.type for r in rows],
-        shapes=[r.shape for r in rows], dtypes=[r.dtype for r in rows], calls=[r.calls for r in rows],
-        table=table, flags=flags, diagnoses=diags, summary=summary, notes=list(dict.fromkeys(notes)), grad_ratio=ratio,
-        steps=result.steps, first_nonfinite_step=first, step=s, events=evs, step_index=steps, history_flags=hflags,
-    )
 
 
 def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
@@ -298,11 +220,11 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
     vani = [rows[i].name for i in have if "vanishing" in flags[i]]
     if explo:
         diags.append(Diagnosis("exploding", "error", explo[0],
-                               f"gradient norm above {th.exploding:g} in {_plural(len(explo), 'layer')} (largest {np.nanmax(np.r_[gn, pn]):.3g}, first at `{explo[0]}`).",
+                               f"gradient norm above {th.exploding:g} in {plural(len(explo), 'layer')} (largest {np.nanmax(np.r_[gn, pn]):.3g}, first at `{explo[0]}`).",
                                SUGGEST["exploding"]))
     if vani:
         diags.append(Diagnosis("vanishing", "warning", vani[0],
-                               f"gradient norm below {th.vanishing:g} in {_plural(len(vani), 'layer')} (first at `{vani[0]}`).",
+                               f"gradient norm below {th.vanishing:g} in {plural(len(vani), 'layer')} (first at `{vani[0]}`).",
                                SUGGEST["vanishing"]))
     ratio = None
     act = [i for i in range(n) if np.isfinite(gn[i])]
@@ -319,7 +241,7 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
                                        f"the gradient norm at the first layer is {ratio:.2g}× the last layer's: gradients grow toward the input.",
                                        SUGGEST["exploding"]))
 
-    error = _error_report(result)
+    error = error_report(result)
     if error is not None:
         diags.insert(0, Diagnosis("raised", "error", "", error.headline, error.suggestion))
     summary = _summary(rows, flags, diags, result, error, died)
@@ -327,7 +249,7 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
     ints = [r.name for r in rows if not r.is_float]
     if ints:
         notes.append(
-            f"{_plural(len(ints), 'integer/bool output')} ({', '.join(f'`{n}`' for n in ints[:3])}{'…' if len(ints) > 3 else ''}): "
+            f"{plural(len(ints), 'integer/bool output')} ({', '.join(f'`{n}`' for n in ints[:3])}{'…' if len(ints) > 3 else ''}): "
             "masks, indices or counts, shown with their dtype and zero/non-zero counts, never flagged dead or saturated"
         )
     if not result.backward_ran:
@@ -350,9 +272,9 @@ def _summary(rows: list, flags: list[list[str]], diags: list[Diagnosis], result:
              error: ErrorReport | None = None, died: dict[str, Event] | None = None) -> str:
     head = f"{len(rows)} layers"
     if error is not None:
-        return f"{_plural(len(rows), 'layer')} ran, then {error.headline}"
+        return f"{plural(len(rows), 'layer')} ran, then {error.headline}"
     if result.raised is not None:
-        return f"{_plural(len(rows), 'layer')} ran; the cell raised {result.raised} outside the model's modules"
+        return f"{plural(len(rows), 'layer')} ran; the cell raised {result.raised} outside the model's modules"
     if not rows:
         return "no layer ran inside the cell (did the cell call the model?)"
     parts: list[str] = []
@@ -371,10 +293,10 @@ def _summary(rows: list, flags: list[list[str]], diags: list[Diagnosis], result:
     parts += [p for _, p in sorted(nan_parts, key=lambda x: x[0])]
     sat = sum("saturated" in f for f in flags)
     if sat:
-        parts.append(_plural(sat, "saturated layer"))
+        parts.append(plural(sat, "saturated layer"))
     ex = sum("exploding" in f for f in flags)
     if ex:
-        parts.append(f"exploding gradients in {_plural(ex, 'layer')}")
+        parts.append(f"exploding gradients in {plural(ex, 'layer')}")
     va = sum("vanishing" in f for f in flags)
     if va or any(d.code == "vanishing" and not d.layer for d in diags):
         parts.append("vanishing gradients")
@@ -385,92 +307,3 @@ def _summary(rows: list, flags: list[list[str]], diags: list[Diagnosis], result:
 
 def _at_step(step: int | None, many: bool) -> str:
     return f" at step {step}" if many and step is not None else ""
-
-
-# -- a cell that raised inside the model --------------------------------------------------------
-@dataclass(frozen=True)
-class ErrorReport:
-    """The module that raised, what it was given and what it holds, and what does not fit."""
-
-    module: str
-    type: str
-    error: str  # the exception's type and first line
-    problems: list[str]  # "`head` expects 512 input features, got 800 from `flat` (8×10×10)"
-    inputs: list[str]  # "4×800 float32 cpu, from `flat`"
-    params: list[str]  # "weight 10×512 float32 cpu"
-    headline: str
-    suggestion: str
-
-
-def _dims(shape: tuple[int, ...] | list[int]) -> str:
-    return "×".join(map(str, shape)) if len(shape) else "scalar"
-
-
-def _source(x: TensorInfo, per_sample: int | None = None) -> str:
-    """`` from `flat` (8×10×10)``: the producing row, and its input's per-sample shape when that
-    is where ``per_sample`` values came from (a Flatten or a view)."""
-    if x.producer is None:
-        return ""
-    out = f" from `{x.producer}`"
-    src = x.producer_input
-    if per_sample is not None and src is not None and len(src) > 2 and int(np.prod(src[1:])) == per_sample:
-        out += f" ({_dims(src[1:])})"
-    return out
-
-
-def explain_error(site: ErrorSite) -> list[str]:
-    """What does not fit between the module that raised and its inputs (pure: metadata only)."""
-    out: list[str] = []
-    name = f"`{site.module or site.type}`"
-    cfg = site.config
-    x = site.inputs[0] if site.inputs else None
-    weights = [p for p in site.params if p.name == "weight"] or list(site.params)
-    if x is not None:
-        nd = len(x.shape)
-        if "in_features" in cfg and nd and x.shape[-1] != cfg["in_features"]:
-            out.append(f"{name} expects {cfg['in_features']} input features, got {x.shape[-1]}{_source(x, x.shape[-1])}")
-        if "in_channels" in cfg and weights:
-            d = len(weights[0].shape) - 2  # spatial dims of the kernel
-            if nd not in (d + 1, d + 2):
-                out.append(f"{name} expects a {d + 1}D or {d + 2}D input (channels{', batch' if d else ''} first), got {nd}D {_dims(x.shape)}{_source(x)}")
-            else:
-                ch = x.shape[1] if nd == d + 2 else x.shape[0]
-                if ch != cfg["in_channels"]:
-                    out.append(f"{name} expects {cfg['in_channels']} input channels, got {ch}{_source(x)} ({_dims(x.shape)})")
-        if "num_features" in cfg and nd >= 2 and x.shape[1] != cfg["num_features"]:
-            out.append(f"{name} expects {cfg['num_features']} channels/features (dim 1), got {x.shape[1]}{_source(x)}")
-        ns = cfg.get("normalized_shape")
-        if isinstance(ns, tuple) and tuple(x.shape[-len(ns):]) != ns:
-            out.append(f"{name} normalises over the last dims {_dims(ns)}, got an input ending in {_dims(x.shape[-len(ns):])}{_source(x)}")
-        if "num_embeddings" in cfg and not x.dtype.startswith(("int", "uint")):
-            out.append(f"{name} expects integer token ids, got {x.dtype}{_source(x)}")
-    pdtypes = {p.dtype for p in site.params if p.dtype.startswith(("float", "bfloat"))}
-    pdevices = {p.device for p in site.params}
-    for t in site.inputs:
-        if pdtypes and t.dtype.startswith(("float", "bfloat")) and t.dtype not in pdtypes:
-            want = "/".join(sorted(pdtypes))
-            out.append(f"{name} has {want} parameters, got a {t.dtype} input{_source(t)}: convert it with .to(torch.{next(iter(sorted(pdtypes)))})")
-        if "meta" in pdevices and t.device != "meta":
-            out.append(f"{name}'s parameters are on the meta device (never loaded): materialise them (.to_empty(device=...) and load the weights)")
-        elif pdevices and t.device not in pdevices:
-            out.append(f"{name}'s parameters are on {'/'.join(sorted(pdevices))}, got an input on {t.device}{_source(t)}: move it with .to('{next(iter(sorted(pdevices)))}')")
-    return list(dict.fromkeys(out))
-
-
-def _error_report(result: CaptureResult) -> ErrorReport | None:
-    site = result.error
-    if site is None:
-        return None
-    problems = explain_error(site)
-    what = problems[0] if problems else site.error
-    headline = f"`{site.module}` ({site.type}) raised {site.error.split(':')[0]}: {what}"
-    suggestion = (
-        "Fix the mismatch above (layer sizes, .to(dtype)/.to(device)); the rows show what ran before the error."
-        if problems else "The rows show what ran before the error; compare the input shapes with the module's parameters."
-    )
-    return ErrorReport(
-        module=site.module, type=site.type, error=site.error, problems=problems,
-        inputs=[f"{_dims(t.shape)} {t.dtype} {t.device}" + (f", from `{t.producer}`" if t.producer else "") for t in site.inputs],
-        params=[f"{p.name} {_dims(p.shape)} {p.dtype} {p.device}" for p in site.params],
-        headline=headline, suggestion=suggestion,
-    )

@@ -1,0 +1,235 @@
+"""The thermometer at one kept step of a capture's history: the diagnoses, the summary parts and
+the :class:`~nbdebug.inspectors.thermometer.ThermometerReport` (pure numpy: no torch, no Jupyter).
+
+The flags come from :func:`~nbdebug.inspectors.history.step_flags` (every kept step at once); at the
+run's first non-finite step the capture's per-call check decides the origins exactly (a NaN that came
+in with the model's input has no origin layer). Every number a diagnosis cites is the table's at
+that step, except the dead-unit story, which cites its became-dead event's own steps.
+
+>>> rep = diagnose_at(result, Thresholds(), None)          # the last kept step   # doctest: +SKIP
+>>> rep.summary                                                                  # doctest: +SKIP
+'step 5: 4 layers: dead units in 1 layer (1) from step 3 (learning rate too high)'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..capture.history import FIELD_INDEX
+from ..capture.result import CaptureResult
+from .history import (
+    FLAG_BITS,
+    Diagnosis,
+    Event,
+    Thresholds,
+    _g,
+    _pct,
+    events,
+    flag_names,
+    input_graph,
+    step_flags,
+)
+
+if TYPE_CHECKING:
+    from .thermometer import ThermometerReport
+
+__all__ = ["SUGGEST", "dead_summary", "diagnose_at", "diagnoses_at", "plural"]
+
+
+def plural(n: int, word: str) -> str:
+    """``"1 layer"``, ``"3 layers"``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+SUGGEST = {
+    "dead": "Check the init (Kaiming/He for ReLU layers) and the bias of the layer before it, lower the learning rate, or try LeakyReLU/GELU.",
+    "saturated": "Scale the pre-activations down (init, normalisation before the activation) or lower the learning rate.",
+    "nan_origin_fwd": "Look at this layer's op for log/sqrt/division of values ≤ 0 or overflow (add an epsilon, clamp), and at its weights (NaN from an earlier bad step?).",
+    "nan_origin_bwd": "The backward of this layer produced NaN/Inf from finite gradients: look for sqrt/log/pow at 0, division by small numbers; clip gradients or add an epsilon.",
+    "exploding": "Clip gradients (torch.nn.utils.clip_grad_norm_), lower the learning rate, or add normalisation.",
+    "vanishing": "Use residual connections or normalisation, ReLU-family activations, and check the init scale.",
+    "dead_units": "These units output zero for every sample: check the init and the bias of the layer before, lower the learning rate, or try LeakyReLU/GELU.",
+    "update_ratio": "An update ratio ‖Δθ‖/‖θ‖ around 1e-3 is healthy (Karpathy's rule of thumb): above 1e-2 lower the learning rate, below 1e-4 raise it.",
+}
+
+
+def _names(xs: list[str]) -> str:
+    return ", ".join(xs[:3]) + ("…" if len(xs) > 3 else "")
+
+
+def dead_summary(dead: list[str], units: list[str], story: dict[str, Event]) -> list[str]:
+    """Summary parts for dead layers and layers with dead units; the earliest became-dead story among
+    them adds "from step k (learning rate too high)" to the last part."""
+    parts = []
+    if dead:
+        parts.append(f"{len(dead)} dead layer{'s' * (len(dead) != 1)} ({_names(dead)})")
+    if units:
+        parts.append(f"dead units in {len(units)} layer{'s' * (len(units) != 1)} ({_names(units)})")
+    told = [story[n] for n in dead + units if n in story]
+    if told and parts:
+        e = min(told, key=lambda e: e.step)
+        parts[-1] += f" from step {e.step}" + (" (learning rate too high)" if "learning rate too high" in e.message else "")
+    return parts
+
+
+def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[str], types: Sequence[str],
+                 bits: np.ndarray, evs: Sequence[Event], thresholds: Thresholds | None = None,
+                 first_nonfinite: tuple[int, str | None] | None = None) -> tuple[list[Diagnosis], list[str], float | None]:
+    """Diagnoses, summary parts and the first/last gradient-norm ratio at kept slot ``j`` of ``values [K, R, F]`` with flags ``bits [K, R]``.
+
+    Every number cited is ``values[j]`` (the table at that step), except the dead-unit story, which
+    cites the became-dead event's own steps. ``first_nonfinite``: (step, row) of the run's first
+    NaN/Inf, to say when a later step's NaN is inherited from it.
+    """
+    th = thresholds or Thresholds()
+    s = int(steps[j])
+    x = {f: values[j, :, i] for f, i in FIELD_INDEX.items()}
+    fl = [flag_names(int(b)) for b in bits[j]]
+    story = {e.row: e for e in evs if e.code == "became_dead" and e.step <= s}
+    diags: list[Diagnosis] = []
+    parts: list[str] = []
+
+    def rows_with(code: str) -> list[int]:
+        return [i for i, f in enumerate(fl) if code in f]
+
+    def name(i: int) -> str:
+        return f"`{rows[i]}` ({types[i]})" if types[i] else f"`{rows[i]}`"
+
+    later = ""
+    if first_nonfinite is not None and first_nonfinite[0] < s:
+        fs, frow = first_nonfinite
+        later = f" The first non-finite value was at step {fs}" + (f" in `{frow}`" if frow else "") + ": the weights may hold NaN since."
+    for i in rows_with("nan_origin_fwd"):
+        diags.append(Diagnosis("nan_origin_fwd", "error", rows[i],
+                               f"{name(i)} outputs NaN/Inf at step {s} while its inputs were finite.{later}", SUGGEST["nan_origin_fwd"]))
+    for i in rows_with("nan_origin_bwd"):
+        diags.append(Diagnosis("nan_origin_bwd", "error", rows[i],
+                               f"Backward: the gradient becomes NaN/Inf at step {s} in or just after {name(i)}.{later}", SUGGEST["nan_origin_bwd"]))
+    if first_nonfinite is not None and first_nonfinite[0] <= s:
+        fs, frow = first_nonfinite
+        parts.append(f"first non-finite value at step {fs}" + (f", in `{frow}`" if frow else ""))
+        if fs < s and not any({"nan_origin_fwd", "nan_origin_bwd", "nonfinite"} & set(f) for f in fl):
+            diags.append(Diagnosis("nonfinite", "error", frow or "",
+                                   f"NaN/Inf first appeared at step {fs}" + (f" in `{frow}`" if frow else "")
+                                   + f"; step {s} is finite again (choose step {fs} to see where it came from).",
+                                   SUGGEST["nan_origin_fwd"]))
+    dead, units = rows_with("dead"), [i for i in rows_with("dead_units") if "dead" not in fl[i]]
+    for code, idx in (("dead", dead), ("dead_units", units)):
+        for i in idx:
+            now = (f"{name(i)} outputs {x['zero_frac'][i]:.1%} exact zeros at step {s}: its units are dead and pass no gradient"
+                   if code == "dead" else f"{name(i)}: {_pct(float(x['dead_unit_frac'][i]))} of its units are zero for every sample at step {s}")
+            e = story.get(rows[i])
+            if e is not None:
+                now = (f"{x['zero_frac'][i]:.1%} exact zeros at step {s}" if code == "dead"
+                       else f"{_pct(float(x['dead_unit_frac'][i]))} at step {s}")
+            msg = f"{e.message}; {now}." if e else now + "."
+            diags.append(Diagnosis(code, "warning", rows[i], msg, e.suggestion if e else SUGGEST[code]))
+    parts += dead_summary([rows[i] for i in dead], [rows[i] for i in units], story)
+    for i in rows_with("saturated"):
+        diags.append(Diagnosis("saturated", "warning", rows[i],
+                               f"{name(i)} has {x['saturated_frac'][i]:.1%} of its outputs within 1e-3 of its bounds at step {s}: saturated, gradients vanish there.",
+                               SUGGEST["saturated"]))
+    if rows_with("saturated"):
+        parts.append(f"{len(rows_with('saturated'))} saturated layer{'s' * (len(rows_with('saturated')) != 1)}")
+    explo, vani = rows_with("exploding"), rows_with("vanishing")
+    if explo:
+        big = np.fmax(x["grad_norm"][explo], x["param_grad_norm"][explo])
+        diags.append(Diagnosis("exploding", "error", rows[explo[0]],
+                               f"gradient norm above the threshold at step {s} in {len(explo)} layer{'s' * (len(explo) != 1)} (largest {_g(float(np.nanmax(big)))}, first at `{rows[explo[0]]}`).",
+                               SUGGEST["exploding"]))
+        parts.append(f"exploding gradients in {len(explo)} layer{'s' * (len(explo) != 1)}")
+    if vani:
+        diags.append(Diagnosis("vanishing", "warning", rows[vani[0]],
+                               f"gradient norm below the threshold at step {s} in {len(vani)} layer{'s' * (len(vani) != 1)} (first at `{rows[vani[0]]}`).",
+                               SUGGEST["vanishing"]))
+        parts.append("vanishing gradients")
+    upd = rows_with("update_ratio")
+    if upd:
+        ur = x["update_ratio"]
+        listed = ", ".join(f"`{rows[i]}` {_g(float(ur[i]))}" for i in upd[:3]) + ("…" if len(upd) > 3 else "")
+        diags.append(Diagnosis("update_ratio", "warning", rows[upd[0]],
+                               f"update ratio ‖Δθ‖/‖θ‖ out of the healthy range at step {s} in {len(upd)} layer{'s' * (len(upd) != 1)}: {listed}.",
+                               SUGGEST["update_ratio"]))
+        parts.append(f"update ratio out of range in {len(upd)} layer{'s' * (len(upd) != 1)}")
+    # First/last layer output-gradient ratio; behind dead units the gradient is cut: not "vanishing".
+    ratio = None
+    gn = x["grad_norm"]
+    act = np.flatnonzero(np.isfinite(gn))
+    if len(act) >= 2 and gn[act[-1]] > 0:
+        ratio = float(gn[act[0]] / gn[act[-1]])
+        if any("dead" in f or "dead_units" in f for f in fl):
+            pass
+        elif ratio < th.ratio:
+            diags.append(Diagnosis("vanishing", "warning", "", f"the gradient norm at the first layer is {ratio:.2g}× the last layer's at step {s}: gradients vanish toward the input.", SUGGEST["vanishing"]))
+            if "vanishing gradients" not in parts:
+                parts.append("vanishing gradients")
+        elif ratio > 1 / th.ratio:
+            diags.append(Diagnosis("exploding", "warning", "", f"the gradient norm at the first layer is {ratio:.2g}× the last layer's at step {s}: gradients grow toward the input.", SUGGEST["exploding"]))
+    return diags, parts, ratio
+
+
+def diagnose_at(result: CaptureResult, th: Thresholds, step: int | None) -> ThermometerReport:
+    """The report at one kept step of ``result.history`` (the last when ``step`` is None)."""
+    from .thermometer import COLUMNS, ThermometerReport  # thermometer imports this module
+    h = result.history
+    steps = h.step_index
+    j = len(steps) - 1 if step is None else h.slot_of(step)
+    s = int(steps[j])
+    rows = result.layers
+    hrows = list(h.rows)
+    graph = input_graph(rows, hrows)
+    info = h.row_info
+    values = h.values("last")
+    layer_type = {r.name: r.type for r in rows}
+    types = [layer_type.get(n) or str(i.get("type", "")) for n, i in zip(hrows, info)]
+    skipped = h.scalar("skipped") == 1
+    bits = step_flags(values, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=graph, skipped=skipped,
+                      shapes=[i.get("shape") for i in info])
+    # At the run's first non-finite step, the capture's per-call check names the origins exactly.
+    hid = {n: i for i, n in enumerate(hrows)}
+    for st, row, code in ((result.forward_nonfinite_step, (result.forward_nonfinite_call or (None,))[0], "nan_origin_fwd"),
+                          (result.backward_nonfinite_step,
+                           result.backward_origin_row if result.backward_origin_row is not None else result.backward_nonfinite_row,
+                           "nan_origin_bwd")):
+        k = np.flatnonzero(steps == st) if st is not None and row is not None else []
+        if len(k) and rows[row].name in hid and not (code == "nan_origin_bwd" and skipped[k[0]]):
+            b = np.uint16(FLAG_BITS[code])
+            bad = (bits[k[0]] & b) > 0
+            bits[k[0], bad] = (bits[k[0], bad] & ~b) | np.uint16(FLAG_BITS["nonfinite"])
+            bits[k[0], hid[rows[row].name]] = (bits[k[0], hid[rows[row].name]] & ~np.uint16(FLAG_BITS["nonfinite"])) | b
+    evs = events(h, th, inputs=graph, flags=bits)
+    first = result.first_nonfinite_step
+    first_row = None
+    inc = getattr(result, "incident", None)
+    if inc is not None:
+        first_row = inc.row
+    elif first is not None and first == result.forward_nonfinite_step and result.forward_nonfinite_call is not None:
+        first_row = rows[result.forward_nonfinite_call[0]].name
+    diags, parts, ratio = diagnoses_at(j, values, steps, hrows, types, bits, evs, th,
+                                       None if first is None else (first, first_row))
+    # The table in result.layers order (the widget's row index is the layer index).
+    table = np.full((len(rows), len(COLUMNS)), np.nan)
+    pick = [hid.get(r.name, -1) for r in rows]
+    for c, col in enumerate(COLUMNS):
+        if col in FIELD_INDEX:
+            table[:, c] = [values[j, i, FIELD_INDEX[col]] if i >= 0 else np.nan for i in pick]
+    present = np.isfinite(table).any(axis=1)
+    table[:, COLUMNS.index("numel")] = [float(np.prod(r.shape)) if p else np.nan for r, p in zip(rows, present)]
+    flags = [flag_names(int(bits[j, i])) if i >= 0 else [] for i in pick]
+    hflags = np.stack([bits[:, i] if i >= 0 else np.zeros(len(steps), np.uint16) for i in pick], axis=1) if rows else bits[:, :0]
+    if result.raised is not None:
+        parts.append(f"the cell raised {result.raised.split(':')[0]}")
+    head = f"step {s}: {plural(len(rows), 'layer')}"
+    summary = f"{head}: " + ", ".join(parts) if parts else f"{head}: no problems found"
+    notes = list(result.notes) + list(getattr(h, "notes", []))
+    notes.append(f"table and flags at step {s} of {result.steps} ({plural(len(steps), 'kept step')}); flags are decided "
+                 "per step, events over the kept steps; numel is one call's, near-zero is only in the whole-run table")
+    return ThermometerReport(
+        names=[r.name for r in rows], modules=[r.module for r in rows], types=[r.type for r in rows],
+        shapes=[r.shape for r in rows], dtypes=[r.dtype for r in rows], calls=[r.calls for r in rows],
+        table=table, flags=flags, diagnoses=diags, summary=summary, notes=list(dict.fromkeys(notes)), grad_ratio=ratio,
+        steps=result.steps, first_nonfinite_step=first, step=s, events=evs, step_index=steps, history_flags=hflags,
+    )

@@ -131,7 +131,16 @@ class _Call:
     def __call__(self, g: torch.Tensor) -> None:
         """The output-gradient hook."""
         cap = self.cap
-        stats = tensor_stats(g, on_device=cap.device_path)
+        # The gradient of a view (Flatten, reshape) is a view of the next gradient: same elements, same
+        # stats (same start, size and dtype, both contiguous, that tensor alive and unchanged).
+        last = cap._last_grad
+        if (last is not None and g.data_ptr() == last[1] and g.numel() == last[2] and g.dtype == last[3]
+                and g.is_contiguous() and (src := last[0]()) is not None and src._version == last[4]):
+            stats = last[5].copy() if isinstance(last[5], np.ndarray) else last[5].clone()
+        else:
+            stats = tensor_stats(g, on_device=cap.device_path)
+            if g.is_contiguous() and g.numel() and not g.is_inference():
+                cap._last_grad = (weakref.ref(g), g.data_ptr(), g.numel(), g.dtype, g._version, stats)
         if self.closed:  # a delayed backward: folded with the next step (History.update)
             if self.late is None:
                 cap._late.append(self)
@@ -252,6 +261,7 @@ class Capture:
         self._pending: list[Any] = []  # closed no-grad steps not yet known to be steps or evaluation
         self._late: list[_Call] = []  # calls of closed steps whose gradients arrived late
         self._grad_counter = 0
+        self._last_grad: tuple[Any, ...] | None = None  # the last output gradient's (ref, ptr, numel, dtype, version, stats)
         self._bytes = 0
         self._dropped_bytes = 0
         self._budget_exceeded = False
@@ -336,6 +346,7 @@ class Capture:
             self._by_tensor.clear()
             self._by_storage.clear()
             self._losses = []
+            self._last_grad = None
             self._pg_norms = None
             self._hot, self._hot_call = None, None
 

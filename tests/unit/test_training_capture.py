@@ -367,3 +367,45 @@ def test_hand_written_update_loop_has_no_update_ratio_and_says_so() -> None:
     res = cap.result
     assert np.isnan(res.series("c", "update_ratio")).all() and np.isfinite(res.series("c", "param_grad_norm")).all()
     assert NO_OPTIMIZER_NOTE in res.notes
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_output_gradient_stats_per_step_equal_the_real_gradients(device_path: bool) -> None:
+    """Every row's per-step gradient stats equal the gradients autograd computed (a Flatten's gradient
+    is a view of the next one's: its stats are copied, not recomputed; both must still be right),
+    on tensors large enough for the torch path (ReLU: non-negative outputs and -0.0 values)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 136 * 136, 3))
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    grads: dict[str, list[torch.Tensor]] = {"0": [], "1": [], "2": [], "3": []}
+    outs: dict[str, list[torch.Tensor]] = {"1": []}
+
+    def keep(name: str):  # type: ignore[no-untyped-def]
+        def hook(_m, _i, o):  # type: ignore[no-untyped-def]
+            if name in outs:
+                outs[name].append(o.detach().clone())
+            o.register_hook(lambda g: grads[name].append(g.detach().clone()))
+        return hook
+
+    handles = [getattr(m, k).register_forward_hook(keep(k)) for k in grads]
+    try:
+        with Capture(m, device_path=device_path) as cap:
+            for k in range(3):
+                x = torch.randn(2, 1, 136, 136)
+                x[0, 0, :5] = -0.0
+                opt.zero_grad()
+                m(x).square().mean().backward()
+                opt.step()
+    finally:
+        for h in handles:
+            h.remove()
+    res = cap.result
+    assert res["1"].shape == (2, 4, 136, 136) and res["1"].stats["numel"] * 4 > (1 << 16)  # the torch path
+    for name, gs in grads.items():
+        np.testing.assert_allclose(res.series(name, "grad_mean"), [float(g.double().mean()) for g in gs], rtol=1e-4, atol=1e-12)
+        np.testing.assert_allclose(res.series(name, "grad_norm"), [float(g.double().norm()) for g in gs], rtol=1e-5)
+        np.testing.assert_array_equal(res.series(name, "grad_min"), [float(g.min()) for g in gs])
+        np.testing.assert_array_equal(res.series(name, "grad_max"), [float(g.max()) for g in gs])
+    np.testing.assert_allclose(res.series("1", "zero_frac"), [float((o == 0).double().mean()) for o in outs["1"]], rtol=1e-6)  # float32 history
+    np.testing.assert_array_equal(res.series("1", "min"), [float(o.min()) for o in outs["1"]])
+    np.testing.assert_array_equal(res.series("1", "max"), [float(o.max()) for o in outs["1"]])

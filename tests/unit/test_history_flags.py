@@ -205,6 +205,27 @@ def test_dead_units_need_several_values_per_unit() -> None:
     assert step_flags(vals, ["ReLU"], Thresholds(unit_values=1), shapes=[(1, 8)])[0, 0] & FLAG_BITS["dead_units"]
 
 
+def test_step_flags_from_a_start_slot_equal_the_tail_of_the_whole() -> None:
+    # live updates compute only the changed slots: start= reads values/skipped from that slot on
+    inf = math.inf
+    nan = math.nan
+    v = fields(4, 2, grad_inf=[[0, 6, 0, 0], [0, 6, 0, 0]], grad_norm=[[1, inf, 1e-9, nan], [1, inf, 1, nan]],
+               nan=[[0, 0, 0, 2], [0, 0, 0, 2]], inf=[[0] * 4, [0] * 4], grad_nan=[[0, 0, 0, 6], [0, 0, 0, 6]],
+               dead_unit_frac=[[0, 0, 0, 0], [0, 0, 0.8, 0.8]], update_ratio=[[1e-3, 0.5, 1e-3, 1e-3], [math.nan] * 4])
+    h = History.from_arrays([1, 2, 3, 4], ["a", "b"], v, {"skipped": [0.0, 1.0, 0.0, 0.0]})
+    kw = dict(inputs=[(), (0,)], skipped=h.scalar("skipped") == 1, shapes=[(4, 8), (4, 8)])
+    whole = step_flags(h.values(), ["Linear", "Linear"], **kw)  # type: ignore[arg-type]
+    assert [[flag_names(int(b)) for b in row] for row in whole] == [
+        [[], []],
+        [["update_ratio"], []],  # step 2: skipped by a GradScaler: its inf gradients are no flags
+        [[], ["dead_units"]],  # step 3: `a`'s 1e-9 before dead units is the dead story, not vanishing
+        [["nan_origin_fwd"], ["nonfinite", "dead_units"]],  # step 4: forward NaN from `a`; NaN gradients inherit it
+    ]
+    for s in range(5):
+        tail = step_flags(h.values(), ["Linear", "Linear"], start=s, **kw)  # type: ignore[arg-type]
+        assert tail.shape == (4 - s, 2) and np.array_equal(tail, whole[s:]), s
+
+
 # -- the report at a step ------------------------------------------------------------------------
 NUM = r"(-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
 

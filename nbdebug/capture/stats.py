@@ -144,36 +144,43 @@ def tensor_stats(
 
 
 _NP_DTYPES = (torch.float32, torch.float64)
-_F32_INF_BITS = 0x7F800000  # +inf as int32; a non-negative float32's bits above it are NaN
 _I32_MIN = -(2**31)  # -0.0 as int32
 
 
 def _cpu_f32_rest(x: torch.Tensor, n: int) -> tuple[float, float, int, int, int]:
-    """(min, max, nonzero, nan, inf) of a flat float32 CPU tensor (not an inference tensor), in as few
-    passes as we found: non-negative values (bits min ≥ 0: no -0.0, no negative NaN) take one int32
-    min/max pass, and their float order is their bit order."""
+    """(min, max, nonzero, nan, inf) of a flat float32 CPU tensor (not an inference tensor) from its
+    int32 bit pattern, in as few passes as we found (memory-bound on large tensors: every pass counts).
+
+    Non-negative floats order like their bits, negative ones in reverse (larger magnitude, larger
+    int32), and as uint32 every negative float is above every non-negative one. So one int32
+    min/max gives the float min and max when all signs agree (ReLU outputs), and mixed signs take
+    one more uint32 max (the most negative float); -0.0 is the int32 minimum. Non-zeros are counted
+    on the int32 view (numpy: vectorised there, not on floats), only when a zero can be present.
+    """
     bits = x.view(torch.int32)
     arr = bits.numpy()
     bmin, bmax = (int(v) for v in torch.aminmax(bits))
-    if bmin >= 0:
-        mn_f = float(np.int32(bmin).view(np.float32))
-        mx_f = float(np.int32(bmax).view(np.float32))
-        nan = inf = 0
-        if bmax >= _F32_INF_BITS:
-            nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-            if nan:
-                mn_f = mx_f = math.nan  # like aminmax: NaN propagates
-        nz = n if bmin > 0 else int(np.count_nonzero(arr))
-        return mn_f, mx_f, nz, nan, inf
-    mn_f, mx_f = x.amin().item(), x.amax().item()
+    f32 = np.float32
+    if bmin >= 0:  # all non-negative (+0.0 included)
+        mn_f, mx_f = float(np.int32(bmin).view(f32)), float(np.int32(bmax).view(f32))
+    elif bmax < 0:  # all negative (-0.0 included)
+        mn_f, mx_f = float(np.int32(bmax).view(f32)), float(np.int32(bmin).view(f32))
+    else:
+        mn_f, mx_f = float(_maximum(arr.view(np.uint32)).view(f32)), float(np.int32(bmax).view(f32))
     nan = inf = 0
     if not (math.isfinite(mn_f) and math.isfinite(mx_f)):  # exact counts only when needed
         nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-    if mn_f > 0 or mx_f < 0:  # no zero can hide outside [min, max]
+        if nan:
+            mn_f = mx_f = math.nan  # like aminmax: NaN propagates
+    if bmin > 0 or (bmax < 0 and bmin > _I32_MIN):  # all positive, or all negative without -0.0: no zero
         nz = n
-    else:  # -0.0 is the int32 minimum: its bits count as non-zero, so take them off
-        nz = int(np.count_nonzero(arr)) - (int(np.count_nonzero(arr == _I32_MIN)) if bmin == _I32_MIN else 0)
+    else:
+        nz = int(np.count_nonzero(arr))
+        if bmin == _I32_MIN:  # -0.0 values: their bits count as non-zero, take them off
+            nz -= int(np.count_nonzero(arr == _I32_MIN))
     return mn_f, mx_f, nz, nan, inf
+
+
 NUMPY_MAX = 1 << 16  # CPU tensors up to this size: numpy reductions (a few µs less dispatch each)
 
 

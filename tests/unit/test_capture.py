@@ -291,3 +291,36 @@ def test_parametrized_modules_are_leaves_and_their_parametrizations_not_rows() -
     with Capture(m[:2]) as cap:
         m[:2](torch.randn(1, 3, 5, 5))
     assert [r.name for r in cap.result.layers] == ["0", "1"] and cap.result.layers[0].shape == (1, 4, 3, 3)
+
+
+def _large_cases() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    n = (1 << 16) + 7  # above NUMPY_MAX: the torch path of tensor_stats
+    r, u = torch.randn(n, generator=g), torch.rand(n, generator=g)
+    nan, inf = float("nan"), float("inf")
+    return [
+        r, r.relu(), torch.zeros(n), -torch.zeros(n), -u - 0.1, u + 0.1, -u,
+        torch.cat([r.relu(), torch.tensor([-0.0, nan])]), torch.cat([r, torch.tensor([-nan])]),
+        torch.cat([r, torch.tensor([-0.0, inf, 0.0])]), torch.cat([u, torch.tensor([-inf])]),
+        torch.cat([-u - 0.1, torch.tensor([-0.0])]), torch.cat([r.relu(), torch.tensor([-0.0])]),
+    ]
+
+
+@pytest.mark.parametrize("k", range(13))
+def test_large_cpu_float32_stats_are_exact_on_signs_zeros_and_nonfinite(k: int) -> None:
+    """The float32 CPU path reads min/max from the int32 bit pattern: every sign mix, -0.0, NaN and Inf."""
+    from nbdebug.capture.stats import IDX, tensor_stats
+
+    t = _large_cases()[k]
+    raw = tensor_stats(t)
+    fin = t[torch.isfinite(t)]
+    assert raw[IDX["numel"]] == t.numel()
+    assert raw[IDX["nonzero"]] == int((t != 0).sum())  # -0.0 is zero, NaN is not
+    assert raw[IDX["nan"]] == int(t.isnan().sum()) and raw[IDX["inf"]] == int(t.isinf().sum())
+    if t.isnan().any():
+        assert math.isnan(raw[IDX["min"]]) and math.isnan(raw[IDX["max"]])
+    else:
+        assert raw[IDX["min"]] == float(t.min()) and raw[IDX["max"]] == float(t.max())
+    if fin.numel() == t.numel():
+        assert raw[IDX["sum"]] == pytest.approx(float(t.double().sum()), rel=1e-5, abs=1e-3)
+        assert raw[IDX["sumsq"]] == pytest.approx(float(t.double().square().sum()), rel=1e-5)

@@ -81,7 +81,7 @@ class _Group:
     """Parameters of one device and dtype in a plan (single ones first, then runs of one shape that
     are stacked on the CPU: one op instead of one per tensor), and which module each norm belongs to."""
 
-    __slots__ = ("_index", "batches", "entries", "flat", "n_single", "params", "positions")
+    __slots__ = ("_index", "_views", "batches", "entries", "flat", "n_single", "params", "positions")
 
     def __init__(self, params: list[torch.Tensor], entries: list[int], positions: list[int], stack: bool) -> None:
         by_shape: dict[tuple[int, ...], list[int]] = {}
@@ -104,6 +104,7 @@ class _Group:
         # small float32 CPU parameters: the snapshot is one numpy concatenation and the norms BLAS dots
         # (a few µs per step instead of a dozen torch dispatches)
         self.flat: list[int] | None = None
+        self._views: tuple[list[int], list[np.ndarray]] | None = None  # numpy views of the parameters (flat path)
         if stack and self.params and all(
                 p.dtype == torch.float32 and p.device.type == "cpu" and p.layout == torch.strided and p.is_contiguous()
                 and not p.is_inference() for p in self.params) and sum(p.numel() for p in self.params) <= _FLAT_MAX:
@@ -119,7 +120,11 @@ class _Group:
         return self._index
 
     def _flat(self) -> np.ndarray:
-        return np.concatenate([p.detach().numpy().reshape(-1) for p in self.params])
+        views = self._views
+        ptrs = [p.data_ptr() for p in self.params]
+        if views is None or views[0] != ptrs:  # first use, or a parameter's storage was replaced (p.data = ...)
+            views = self._views = (ptrs, [p.detach().numpy().reshape(-1) for p in self.params])
+        return np.concatenate(views[1])
 
     def snapshot(self) -> Any:
         """Copies of the parameters before the step: the single ones, and one stacked tensor per run

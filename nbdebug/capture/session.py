@@ -589,14 +589,19 @@ class Capture:
         if not params:
             return
         grads = [local(p.grad).detach() for p in params]  # type: ignore[union-attr]
-        if not self.device_path and all(g.device.type == "cpu" and g.dtype == torch.float32 and g.numel() <= 1 << 16
-                                        and g.is_contiguous() for g in grads):
+        if not self.device_path:
             # small CPU gradients: a BLAS dot each beats _foreach_norm's dispatch (same numbers, host floats)
-            flat = [g.numpy().reshape(-1) for g in grads]
+            fnorms: list[float] = []
+            f32, dot, sqrt = torch.float32, np.dot, math.sqrt
             with np.errstate(over="ignore", invalid="ignore"):
-                norms = [math.sqrt(float(np.dot(f, f))) for f in flat]
-            self._pg_norms = (params, norms)  # type: ignore[assignment]
-            return
+                for g in grads:
+                    if g.dtype != f32 or g.device.type != "cpu" or g.numel() > 1 << 16 or not g.is_contiguous():
+                        break
+                    f = g.numpy().reshape(-1)
+                    fnorms.append(sqrt(float(dot(f, f))))
+                else:
+                    self._pg_norms = (params, fnorms)  # type: ignore[assignment]
+                    return
         with torch.no_grad():
             kinds = {(g.device, g.dtype) for g in grads}
             if len(kinds) == 1 and grads[0].dtype == torch.float32:

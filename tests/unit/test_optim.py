@@ -443,3 +443,27 @@ def test_shared_patch_counts_users_and_leaves_a_later_patch_alone() -> None:
     nothing.acquire(a)
     assert not nothing.active and nothing.users == [a]
     nothing.release(a)
+
+
+def test_update_ratio_follows_a_parameter_whose_storage_is_replaced() -> None:
+    """The CPU fast path keeps numpy views of the parameters: `p.data = ...` between steps must be seen."""
+    import numpy as np
+
+    from nbdebug.capture.session import Capture
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 3))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(5, 4)
+    want = []
+    with Capture(m) as cap:
+        for k in range(3):
+            if k == 1:
+                m[0].weight.data = m[0].weight.data.clone() * 2.0  # a new storage
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            before = torch.cat([p.detach().reshape(-1).clone() for p in m[0].parameters()])
+            opt.step()
+            after = torch.cat([p.detach().reshape(-1) for p in m[0].parameters()])
+            want.append(float((before - after).norm() / before.norm()))
+    np.testing.assert_allclose(cap.result.series("0", "update_ratio"), want, rtol=1e-5)

@@ -14,7 +14,7 @@ that step, except the dead-unit story, which cites its became-dead event's own s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from .history import (
 if TYPE_CHECKING:
     from .thermometer import ThermometerReport
 
-__all__ = ["SUGGEST", "dead_summary", "diagnose_at", "diagnoses_at", "plural"]
+__all__ = ["SUGGEST", "FirstNonfinite", "dead_summary", "diagnose_at", "diagnoses_at", "first_nonfinite_of", "plural"]
 
 
 def plural(n: int, word: str) -> str:
@@ -48,12 +48,82 @@ SUGGEST = {
     "dead": "Check the init (Kaiming/He for ReLU layers) and the bias of the layer before it, lower the learning rate, or try LeakyReLU/GELU.",
     "saturated": "Scale the pre-activations down (init, normalisation before the activation) or lower the learning rate.",
     "nan_origin_fwd": "Look at this layer's op for log/sqrt/division of values ≤ 0 or overflow (add an epsilon, clamp), and at its weights (NaN from an earlier bad step?).",
+    "nan_input": "Check the input batch (torch.isfinite(x).all()) and functional ops in the parent module's forward().",
     "nan_origin_bwd": "The backward of this layer produced NaN/Inf from finite gradients: look for sqrt/log/pow at 0, division by small numbers; clip gradients or add an epsilon.",
     "exploding": "Clip gradients (torch.nn.utils.clip_grad_norm_), lower the learning rate, or add normalisation.",
     "vanishing": "Use residual connections or normalisation, ReLU-family activations, and check the init scale.",
     "dead_units": "These units output zero for every sample: check the init and the bias of the layer before, lower the learning rate, or try LeakyReLU/GELU.",
     "update_ratio": "An update ratio ‖Δθ‖/‖θ‖ around 1e-3 is healthy (Karpathy's rule of thumb): above 1e-2 lower the learning rate, below 1e-4 raise it.",
 }
+
+
+class FirstNonfinite(NamedTuple):
+    """The run's first NaN/Inf: its step, a row name and where it appeared: "forward" (``row`` made it
+    from finite inputs), "input" (it came in with the model's input; ``row`` is the first layer to see
+    it), "between" (already in ``row``'s input, made by code between captured modules or the input),
+    "backward" (the gradient went non-finite in ``row``'s backward) or "parameter gradients"."""
+
+    step: int
+    row: str | None
+    where: str
+
+
+def first_nonfinite_of(result: CaptureResult) -> FirstNonfinite | None:
+    """:class:`FirstNonfinite` of ``result`` (None when everything stayed finite)."""
+    step, phase = result.first_nonfinite_step, result.first_nonfinite_phase
+    if step is None:
+        return None
+    rows = result.layers
+    inc = getattr(result, "incident", None)
+    row = inc.row if inc is not None else None
+    if phase == "forward":
+        call = result.forward_nonfinite_call
+        where = "forward"
+        if call is not None:
+            row = row or rows[call[0]].name
+            if call[1] is False:  # the first non-finite output had a non-finite input: no layer made it
+                where = input_where(rows, call[0])
+        return FirstNonfinite(step, row, where)
+    if phase == "output_grad":
+        g = result.backward_origin_row if result.backward_origin_row is not None else result.backward_nonfinite_row
+        return FirstNonfinite(step, row or (rows[g].name if g is not None else None), "backward")
+    return FirstNonfinite(step, row, "parameter gradients")
+
+
+_SUGGEST_WHERE = {"forward": "nan_origin_fwd", "input": "nan_input", "between": "nan_input"}
+
+
+def input_where(layers: Sequence[Any], row: int) -> str:
+    """Where a NaN/Inf already in the input of ``layers[row]`` (the first non-finite output) came from:
+    "input" when that row runs first and no captured row fed it (the model's input), else "between"
+    (code between captured modules, e.g. ``torch.log`` in a parent's forward, or a later input)."""
+    return "input" if row == 0 and not layers[row].inputs else "between"
+
+
+def nonfinite_where(row: str | None, where: str) -> str:
+    """``in `b` (forward)``, ``from the model's input (first seen in `a`)``… (see :class:`FirstNonfinite`)."""
+    if where == "input":
+        return "from the model's input" + (f" (first seen in `{row}`)" if row else "")
+    if where == "between":
+        return f"before `{row}` (its input was already non-finite)"
+    return f"in `{row}` ({where})" if row else f"({where})"
+
+
+def nan_part(first: FirstNonfinite, many: bool = True) -> str:
+    """The summary's part for the first NaN/Inf: ``first non-finite value at step 3, in `b` (forward)``
+    (one step: ``NaN first appears in `b` (forward)``, ``NaN comes from the model's input …``)."""
+    where = nonfinite_where(first.row, first.where)
+    if many:
+        return f"first non-finite value at step {first.step}, {where}"
+    return f"NaN comes {where}" if first.where == "input" else f"NaN first appears {where}"
+
+
+def input_nan_message(who: str, at: str, direct: bool) -> str:
+    """A NaN/Inf that no captured layer made: ``who`` (the first layer to see it) got it with its input."""
+    if direct:
+        return f"NaN/Inf{at} comes from the model's input: {who}, the first layer to see it, was given a non-finite input."
+    return (f"NaN/Inf{at} was already in the input of {who}, the first layer to see it: it comes from the model's "
+            "input or from code between captured modules.")
 
 
 def _names(xs: list[str]) -> str:
@@ -77,12 +147,13 @@ def dead_summary(dead: list[str], units: list[str], story: dict[str, Event]) -> 
 
 def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[str], types: Sequence[str],
                  bits: np.ndarray, evs: Sequence[Event], thresholds: Thresholds | None = None,
-                 first_nonfinite: tuple[int, str | None] | None = None) -> tuple[list[Diagnosis], list[str], float | None]:
+                 first_nonfinite: FirstNonfinite | tuple[int, str | None] | None = None) -> tuple[list[Diagnosis], list[str], float | None]:
     """Diagnoses, summary parts and the first/last gradient-norm ratio at kept slot ``j`` of ``values [K, R, F]`` with flags ``bits [K, R]``.
 
     Every number cited is ``values[j]`` (the table at that step), except the dead-unit story, which
-    cites the became-dead event's own steps. ``first_nonfinite``: (step, row) of the run's first
-    NaN/Inf, to say when a later step's NaN is inherited from it.
+    cites the became-dead event's own steps. ``first_nonfinite``: the run's first NaN/Inf
+    (:class:`FirstNonfinite`; a ``(step, row)`` pair is taken as a forward one), to say where it came
+    from at its step, and when a later step's NaN is inherited from it.
     """
     th = thresholds or Thresholds()
     s = int(steps[j])
@@ -91,6 +162,7 @@ def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[s
     story = {e.row: e for e in evs if e.code == "became_dead" and e.step <= s}
     diags: list[Diagnosis] = []
     parts: list[str] = []
+    first = None if first_nonfinite is None else FirstNonfinite(*first_nonfinite, *(("forward",) if len(first_nonfinite) == 2 else ()))
 
     def rows_with(code: str) -> list[int]:
         return [i for i, f in enumerate(fl) if code in f]
@@ -99,23 +171,25 @@ def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[s
         return f"`{rows[i]}` ({types[i]})" if types[i] else f"`{rows[i]}`"
 
     later = ""
-    if first_nonfinite is not None and first_nonfinite[0] < s:
-        fs, frow = first_nonfinite
-        later = f" The first non-finite value was at step {fs}" + (f" in `{frow}`" if frow else "") + ": the weights may hold NaN since."
+    if first is not None and first.step < s:
+        later = f" The first non-finite value was at step {first.step}, {nonfinite_where(first.row, first.where)}: the weights may hold NaN since."
+    if first is not None and first.step == s and first.where in ("input", "between"):
+        who = name(list(rows).index(first.row)) if first.row in rows else f"`{first.row}`"
+        diags.append(Diagnosis("nonfinite", "error", first.row or "", input_nan_message(who, f" at step {s}", first.where == "input"),
+                               SUGGEST["nan_input"]))
     for i in rows_with("nan_origin_fwd"):
         diags.append(Diagnosis("nan_origin_fwd", "error", rows[i],
                                f"{name(i)} outputs NaN/Inf at step {s} while its inputs were finite.{later}", SUGGEST["nan_origin_fwd"]))
     for i in rows_with("nan_origin_bwd"):
         diags.append(Diagnosis("nan_origin_bwd", "error", rows[i],
                                f"Backward: the gradient becomes NaN/Inf at step {s} in or just after {name(i)}.{later}", SUGGEST["nan_origin_bwd"]))
-    if first_nonfinite is not None and first_nonfinite[0] <= s:
-        fs, frow = first_nonfinite
-        parts.append(f"first non-finite value at step {fs}" + (f", in `{frow}`" if frow else ""))
-        if fs < s and not any({"nan_origin_fwd", "nan_origin_bwd", "nonfinite"} & set(f) for f in fl):
-            diags.append(Diagnosis("nonfinite", "error", frow or "",
-                                   f"NaN/Inf first appeared at step {fs}" + (f" in `{frow}`" if frow else "")
-                                   + f"; step {s} is finite again (choose step {fs} to see where it came from).",
-                                   SUGGEST["nan_origin_fwd"]))
+    if first is not None and first.step <= s:
+        parts.append(nan_part(first))
+        if first.step < s and not any({"nan_origin_fwd", "nan_origin_bwd", "nonfinite"} & set(f) for f in fl):
+            diags.append(Diagnosis("nonfinite", "error", first.row or "",
+                                   f"NaN/Inf first appeared at step {first.step} {nonfinite_where(first.row, first.where)}"
+                                   f"; step {s} is finite again (choose step {first.step} to see where it came from).",
+                                   SUGGEST[_SUGGEST_WHERE.get(first.where, "nan_origin_bwd")]))
     dead, units = rows_with("dead"), [i for i in rows_with("dead_units") if "dead" not in fl[i]]
     for code, idx in (("dead", dead), ("dead_units", units)):
         for i in idx:
@@ -188,28 +262,35 @@ def diagnose_at(result: CaptureResult, th: Thresholds, step: int | None) -> Ther
     skipped = h.scalar("skipped") == 1
     bits = step_flags(values, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=graph, skipped=skipped,
                       shapes=[i.get("shape") for i in info])
-    # At the run's first non-finite step, the capture's per-call check names the origins exactly.
+    # At the run's first non-finite step, the capture's per-call check names the origins exactly: a
+    # forward origin (none when the NaN came in with an input), and a backward origin only at a step
+    # whose forward was finite (else the gradient carries the forward's NaN back: inherited).
     hid = {n: i for i, n in enumerate(hrows)}
-    for st, row, code in ((result.forward_nonfinite_step, (result.forward_nonfinite_call or (None,))[0], "nan_origin_fwd"),
-                          (result.backward_nonfinite_step,
-                           result.backward_origin_row if result.backward_origin_row is not None else result.backward_nonfinite_row,
-                           "nan_origin_bwd")):
-        k = np.flatnonzero(steps == st) if st is not None and row is not None else []
-        if len(k) and rows[row].name in hid and not (code == "nan_origin_bwd" and skipped[k[0]]):
-            b = np.uint16(FLAG_BITS[code])
-            bad = (bits[k[0]] & b) > 0
-            bits[k[0], bad] = (bits[k[0], bad] & ~b) | np.uint16(FLAG_BITS["nonfinite"])
-            bits[k[0], hid[rows[row].name]] = (bits[k[0], hid[rows[row].name]] & ~np.uint16(FLAG_BITS["nonfinite"])) | b
+    nonfinite = np.uint16(FLAG_BITS["nonfinite"])
+
+    def slot(st: int | None) -> int | None:
+        k = np.flatnonzero(steps == st) if st is not None else []
+        return int(k[0]) if len(k) else None
+
+    def make_origin(k: int, row: int | None, code: str) -> None:
+        b = np.uint16(FLAG_BITS[code])
+        bad = (bits[k] & b) > 0
+        bits[k, bad] = (bits[k, bad] & ~b) | nonfinite
+        if row is not None and rows[row].name in hid:
+            bits[k, hid[rows[row].name]] = (bits[k, hid[rows[row].name]] & ~nonfinite) | b
+
+    call, k = result.forward_nonfinite_call, slot(result.forward_nonfinite_step)
+    if call is not None and k is not None and (rows[call[0]].name in hid or not call[1]):
+        make_origin(k, call[0] if call[1] else None, "nan_origin_fwd")
+    g = result.backward_origin_row if result.backward_origin_row is not None else result.backward_nonfinite_row
+    k = slot(result.backward_nonfinite_step)
+    fwd_bad = [FIELD_INDEX["nan"], FIELD_INDEX["inf"]]
+    if g is not None and k is not None and rows[g].name in hid and not skipped[k] and not (np.nan_to_num(values[k][:, fwd_bad]) > 0).any():
+        make_origin(k, g, "nan_origin_bwd")
     evs = events(h, th, inputs=graph, flags=bits)
-    first = result.first_nonfinite_step
-    first_row = None
-    inc = getattr(result, "incident", None)
-    if inc is not None:
-        first_row = inc.row
-    elif first is not None and first == result.forward_nonfinite_step and result.forward_nonfinite_call is not None:
-        first_row = rows[result.forward_nonfinite_call[0]].name
-    diags, parts, ratio = diagnoses_at(j, values, steps, hrows, types, bits, evs, th,
-                                       None if first is None else (first, first_row))
+    first_nf = first_nonfinite_of(result)
+    first = None if first_nf is None else first_nf.step
+    diags, parts, ratio = diagnoses_at(j, values, steps, hrows, types, bits, evs, th, first_nf)
     # The table in result.layers order (the widget's row index is the layer index).
     table = np.full((len(rows), len(COLUMNS)), np.nan)
     pick = [hid.get(r.name, -1) for r in rows]

@@ -20,7 +20,16 @@ from ..capture.history import FIELD_INDEX
 from ..capture.result import CaptureResult
 from .errors import ErrorReport, error_report, explain_error
 from .history import Diagnosis, Event, Thresholds, events, input_graph, values_per_unit
-from .steps import SUGGEST, dead_summary, diagnose_at, plural
+from .steps import (
+    SUGGEST,
+    FirstNonfinite,
+    dead_summary,
+    diagnose_at,
+    input_nan_message,
+    input_where,
+    nan_part,
+    plural,
+)
 
 __all__ = ["COLUMNS", "LEGEND", "Diagnosis", "ErrorReport", "Event", "ThermometerReport", "Thresholds", "diagnose",
            "diagnose_at", "explain_error"]
@@ -122,29 +131,34 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
     # NaN/Inf: the origin, forward and backward, and everything that inherits it.
     fwd_origin = None
     many = result.steps > 1
+    nan_parts: list[tuple[int, str]] = []  # (step, summary part), in step order
     bwd_first = (
         result.backward_nonfinite_step is not None
         and (result.forward_nonfinite_step is None or result.backward_nonfinite_step < result.forward_nonfinite_step)
     )
     if result.forward_nonfinite_call is not None:
         # Decided per call by the capture: the first non-finite output in execution order, in the
-        # first step that had one; its captured inputs ran before it and were finite.
+        # first step that had one; made there when its captured inputs were finite, else it came in
+        # with an input (no layer is the origin: the row only inherits it).
         row, inputs_finite = result.forward_nonfinite_call
-        fwd_origin = row
         name = rows[row].name
         at = _at_step(result.forward_nonfinite_step, many)
-        flags[row].append("nan_origin_fwd")
         if inputs_finite:
+            fwd_origin = row
+            flags[row].append("nan_origin_fwd")
             msg = f"NaN/Inf first appears{at} in the output of `{name}` ({rows[row].type}) in the forward pass; its inputs were finite."
             if bwd_first:
                 msg += f" The backward of step {result.backward_nonfinite_step} had gone non-finite before (see below): an optimiser step may have written NaN into the weights."
             diags.append(Diagnosis("nan_origin_fwd", "error", name, msg, SUGGEST["nan_origin_fwd"]))
+            where = "forward"
         else:
-            diags.append(Diagnosis("nan_origin_fwd", "error", name,
-                                   f"NaN/Inf first seen{at} at `{name}`, but its input was already non-finite: it comes from the model's input or from code between captured modules.",
-                                   "Check the input batch (torch.isfinite(x).all()) and functional ops in the parent module's forward()."))
-    bwd_origin = None
-    if result.backward_nonfinite_row is not None:
+            where = input_where(rows, row)
+            diags.append(Diagnosis("nonfinite", "error", name, input_nan_message(f"`{name}` ({rows[row].type})", at, where == "input"),
+                                   SUGGEST["nan_input"]))
+        nan_parts.append((result.forward_nonfinite_step or 0, nan_part(FirstNonfinite(result.forward_nonfinite_step or 0, name, where), many)))
+    # A backward NaN in the step whose forward went non-finite is that NaN flowing back: inherited.
+    bwd_inherited = result.forward_nonfinite_call is not None and result.backward_nonfinite_step == result.forward_nonfinite_step
+    if result.backward_nonfinite_row is not None and not bwd_inherited:
         g_row = result.backward_nonfinite_row
         at = _at_step(result.backward_nonfinite_step, many)
         # The gradient w.r.t. g_row's output went bad in the backward of a layer that consumed it
@@ -160,6 +174,8 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
         if fwd_origin is None or bwd_origin != fwd_origin:
             flags[bwd_origin].append("nan_origin_bwd")
             diags.append(Diagnosis("nan_origin_bwd", "error", name, "Backward: " + msg, SUGGEST["nan_origin_bwd"]))
+            step = result.backward_nonfinite_step or 0
+            nan_parts.append((step, nan_part(FirstNonfinite(step, name, "backward"), many)))
     for i, r in enumerate(rows):
         bad = r.stats["nan"] + r.stats["inf"] > 0 or (r.grad is not None and r.grad["nan"] + r.grad["inf"] > 0)
         if bad and "nan_origin_fwd" not in flags[i] and "nan_origin_bwd" not in flags[i]:
@@ -244,7 +260,7 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
     error = error_report(result)
     if error is not None:
         diags.insert(0, Diagnosis("raised", "error", "", error.headline, error.suggestion))
-    summary = _summary(rows, flags, diags, result, error, died)
+    summary = _summary(rows, flags, diags, result, error, died, nan_parts)
     notes = list(result.notes)
     ints = [r.name for r in rows if not r.is_float]
     if ints:
@@ -269,7 +285,8 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
 
 
 def _summary(rows: list, flags: list[list[str]], diags: list[Diagnosis], result: CaptureResult,
-             error: ErrorReport | None = None, died: dict[str, Event] | None = None) -> str:
+             error: ErrorReport | None = None, died: dict[str, Event] | None = None,
+             nan_parts: list[tuple[int, str]] | None = None) -> str:
     head = f"{len(rows)} layers"
     if error is not None:
         return f"{plural(len(rows), 'layer')} ran, then {error.headline}"
@@ -280,17 +297,7 @@ def _summary(rows: list, flags: list[list[str]], diags: list[Diagnosis], result:
     parts: list[str] = []
     parts += dead_summary([rows[i].name for i, f in enumerate(flags) if "dead" in f],
                           [rows[i].name for i, f in enumerate(flags) if "dead_units" in f and "dead" not in f], died or {})
-    nan_parts = []
-    for d in diags:
-        if d.code in ("nan_origin_fwd", "nan_origin_bwd"):
-            fwd = d.code == "nan_origin_fwd"
-            step = result.forward_nonfinite_step if fwd else result.backward_nonfinite_step
-            where = "forward" if fwd else "backward"
-            if result.steps > 1:
-                nan_parts.append((step or 0, f"first non-finite value at step {step}, in `{d.layer}` ({where})"))
-            else:
-                nan_parts.append((0, f"NaN first appears in `{d.layer}` ({where})"))
-    parts += [p for _, p in sorted(nan_parts, key=lambda x: x[0])]
+    parts += [p for _, p in sorted(nan_parts or [], key=lambda x: x[0])]
     sat = sum("saturated" in f for f in flags)
     if sat:
         parts.append(plural(sat, "saturated layer"))

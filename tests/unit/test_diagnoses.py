@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from nbdebug.capture.session import Capture
-from nbdebug.inspectors.thermometer import Thresholds, diagnose
+from nbdebug.inspectors.history import FLAG_BITS
+from nbdebug.inspectors.thermometer import Thresholds, ThermometerReport, diagnose
 
 
 def run(model: nn.Module, x: torch.Tensor, backward: bool = True, **kw):  # type: ignore[no-untyped-def]
@@ -77,14 +78,18 @@ def test_forward_nan_origin_is_first_layer_with_finite_inputs() -> None:
     rep = run(m, x, backward=False)
     assert rep.flagged("nan_origin_fwd") == ["1"]
     assert rep.flagged("nonfinite") == ["2", "3"]  # inherited, not origins
-    assert "NaN first appears in `1` (forward)" in rep.summary
+    assert rep.summary == "4 layers: NaN first appears in `1` (forward)"
 
 
 def test_nan_already_in_input_is_not_blamed_on_a_layer() -> None:
     m = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     rep = run(m, torch.tensor([[float("nan"), 1.0]]), backward=False)
-    d = next(d for d in rep.diagnoses if d.code == "nan_origin_fwd")
-    assert d.layer == "0" and "input was already non-finite" in d.message
+    assert rep.flagged("nan_origin_fwd") == [] and rep.flags == [["nonfinite"], ["nonfinite"]]
+    assert [(d.code, d.layer, d.message) for d in rep.diagnoses] == [
+        ("nonfinite", "0", "NaN/Inf comes from the model's input: `0` (Linear), the first layer to see it, was given a non-finite input."),
+    ]
+    assert "torch.isfinite(x).all()" in rep.diagnoses[0].suggestion
+    assert rep.summary == "2 layers: NaN comes from the model's input (first seen in `0`)"
 
 
 def test_backward_only_nan_origin_is_named_separately() -> None:
@@ -98,7 +103,7 @@ def test_backward_only_nan_origin_is_named_separately() -> None:
     rep = run(m, x)
     assert rep.flagged("nan_origin_fwd") == []
     assert rep.flagged("nan_origin_bwd") == ["2"]  # the SqrtLayer's backward made the gradient inf
-    assert "NaN first appears in `2` (backward)" in rep.summary
+    assert rep.summary == "4 layers: NaN first appears in `2` (backward)"
     assert rep.flags[1] == ["nonfinite"] and rep.flags[0] == []
 
 
@@ -153,3 +158,129 @@ def test_dead_units_in_one_step() -> None:
     assert d.layer == "1" and "75% of its units are zero for every sample" in d.message
     assert "dead units in 1 layer (1)" in rep.summary
     assert rep.flags[0] == [] and rep.flags[2] == []  # nothing else: the conv after them reads 1 live channel
+
+
+# -- a NaN at step 3 of a 4-step loop, through a real Capture: where it came from, at every step choice
+def log_model() -> nn.Sequential:
+    """`a` (Linear, identity) → `b` (Log) → `c` (Linear, weights 1): log of a negative value is NaN."""
+    m = nn.Sequential()
+    m.add_module("a", nn.Linear(2, 2))
+    m.add_module("b", LogLayer())
+    m.add_module("c", nn.Linear(2, 1))
+    with torch.no_grad():
+        m.a.weight.copy_(torch.eye(2))
+        m.a.bias.zero_()
+        m.c.weight.fill_(1.0)
+        m.c.bias.zero_()
+    return m
+
+
+def loop(m: nn.Module, bad: torch.Tensor, requires_grad: bool = False):  # type: ignore[no-untyped-def]
+    """4 steps (forward + backward, gradients cleared like a training loop); step 3's input is ``bad``."""
+    with Capture(m) as cap:
+        for k in range(1, 5):
+            m.zero_grad(set_to_none=True)
+            x = (bad if k == 3 else torch.full((1, 2), float(k + 1))).clone().requires_grad_(requires_grad)
+            m(x).sum().backward()
+    m.zero_grad(set_to_none=True)
+    return cap.result
+
+
+def told(rep: ThermometerReport) -> list[tuple[str, str, str]]:
+    return [(d.code, d.layer, d.message) for d in rep.diagnoses]
+
+
+ORIGINS = FLAG_BITS["nan_origin_fwd"] | FLAG_BITS["nan_origin_bwd"]
+
+
+def test_nan_from_the_input_at_step_3_names_no_layer_as_origin() -> None:
+    res = loop(log_model(), torch.tensor([[float("nan"), 2.0]]))
+    # the capture's per-call check: `a`'s input was non-finite; the gradient of the NaN flows back too
+    assert res.forward_nonfinite_call == (0, False) and res.forward_nonfinite_step == 3 == res.backward_nonfinite_step
+    assert res.incident.message == "step 3: `a` produced NaN from a non-finite input"
+    came = "NaN/Inf at step 3 comes from the model's input: `a` (Linear), the first layer to see it, was given a non-finite input."
+    at3 = diagnose(res, step=3)
+    assert at3.step == 3 and at3.flags == [["nonfinite"], ["nonfinite"], ["nonfinite"]]
+    assert told(at3) == [("nonfinite", "a", came)]
+    assert at3.summary == "step 3: 3 layers: first non-finite value at step 3, from the model's input (first seen in `a`)"
+    assert not (at3.history_flags & ORIGINS).any()  # no origin at any step, forward or backward
+    last = diagnose(res)
+    assert last.step == 4 and last.flags == [[], [], []]
+    assert told(last) == [("nonfinite", "a", "NaN/Inf first appeared at step 3 from the model's input (first seen in `a`); "
+                                             "step 4 is finite again (choose step 3 to see where it came from).")]
+    assert "torch.isfinite(x).all()" in last.diagnoses[0].suggestion
+    assert last.summary == "step 4: 3 layers: first non-finite value at step 3, from the model's input (first seen in `a`)"
+    whole = diagnose(res, step="run")
+    assert whole.step is None and whole.flags == [["nonfinite"], ["nonfinite"], ["nonfinite"]]
+    assert told(whole) == [("nonfinite", "a", came)]
+    assert whole.summary == "3 layers: first non-finite value at step 3, from the model's input (first seen in `a`)"
+
+
+def test_nan_made_by_a_layer_at_step_3_is_its_forward_origin() -> None:
+    res = loop(log_model(), torch.tensor([[1.0, -1.0]]))  # log(-1): `b` makes NaN from finite inputs
+    assert res.forward_nonfinite_call == (1, True) and res.forward_nonfinite_step == 3
+    assert res.backward_nonfinite_step is None  # d log/dx = 1/x = -1: the output gradients stay finite
+    at3 = diagnose(res, step=3)
+    assert at3.flags == [[], ["nan_origin_fwd"], ["nonfinite"]]
+    assert told(at3) == [("nan_origin_fwd", "b", "`b` (LogLayer) outputs NaN/Inf at step 3 while its inputs were finite.")]
+    assert at3.summary == "step 3: 3 layers: first non-finite value at step 3, in `b` (forward)"
+    last = diagnose(res)
+    assert last.flags == [[], [], []]
+    assert told(last) == [("nonfinite", "b", "NaN/Inf first appeared at step 3 in `b` (forward); "
+                                             "step 4 is finite again (choose step 3 to see where it came from).")]
+    assert last.summary == "step 4: 3 layers: first non-finite value at step 3, in `b` (forward)"
+    whole = diagnose(res, step="run")
+    assert whole.flags == [[], ["nan_origin_fwd"], ["nonfinite"]]
+    assert told(whole) == [("nan_origin_fwd", "b", "NaN/Inf first appears at step 3 in the output of `b` (LogLayer) in the forward "
+                                                   "pass; its inputs were finite.")]
+    assert whole.summary == "3 layers: first non-finite value at step 3, in `b` (forward)"
+
+
+def test_backward_only_nan_at_step_3_is_its_backward_origin() -> None:
+    m = log_model()
+    m.b = SqrtLayer()  # sqrt(0) = 0 forward; d sqrt/dx at 0 = inf in its backward
+    res = loop(m, torch.tensor([[0.0, 4.0]]))
+    assert res.forward_nonfinite_call is None and res.backward_nonfinite_step == 3 == res.first_nonfinite_step
+    assert res.first_nonfinite_phase == "output_grad" and res.layers[res.backward_origin_row].name == "b"
+    at3 = diagnose(res, step=3)
+    # `a`'s output gradient is inf: non-finite, and an inf norm is above the exploding threshold
+    assert at3.flags == [["nonfinite", "exploding"], ["nan_origin_bwd"], []]
+    assert told(at3)[0] == ("nan_origin_bwd", "b", "Backward: the gradient becomes NaN/Inf at step 3 in or just after `b` (SqrtLayer).")
+    assert at3.summary == "step 3: 3 layers: first non-finite value at step 3, in `b` (backward), exploding gradients in 1 layer"
+    last = diagnose(res)
+    assert last.flags == [[], [], []]
+    assert told(last) == [("nonfinite", "b", "NaN/Inf first appeared at step 3 in `b` (backward); "
+                                             "step 4 is finite again (choose step 3 to see where it came from).")]
+    assert "backward of this layer" in last.diagnoses[0].suggestion
+    assert last.summary == "step 4: 3 layers: first non-finite value at step 3, in `b` (backward)"
+    whole = diagnose(res, step="run")
+    assert whole.flags[1] == ["nan_origin_bwd"] and "nan_origin_fwd" not in sum(whole.flags, [])
+    assert told(whole)[0] == ("nan_origin_bwd", "b", "Backward: the gradient first becomes NaN/Inf at step 3 in the backward of "
+                                                     "`b` (SqrtLayer): finite gradient at its output, non-finite at its input.")
+    assert whole.summary.startswith("3 layers: first non-finite value at step 3, in `b` (backward)"), whole.summary
+
+
+class LogBetween(nn.Module):
+    """`a` → torch.log in the parent's forward (no module) → `b`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(2, 2), nn.Linear(2, 1)
+        with torch.no_grad():
+            self.a.weight.copy_(torch.eye(2))
+            self.a.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.log(self.a(x)))
+
+
+def test_nan_made_between_captured_modules_is_not_called_the_model_input() -> None:
+    res = loop(LogBetween(), torch.tensor([[1.0, -1.0]]))
+    assert res.forward_nonfinite_call == (1, False)  # `b` saw it first, in its input; `a`'s output was finite
+    msg = ("NaN/Inf at step 3 was already in the input of `b` (Linear), the first layer to see it: it comes from the "
+           "model's input or from code between captured modules.")
+    for step in (3, "run"):
+        rep = diagnose(res, step=step)
+        assert rep.flags == [[], ["nonfinite"]] and told(rep) == [("nonfinite", "b", msg)]
+        assert rep.summary.endswith("2 layers: first non-finite value at step 3, before `b` (its input was already non-finite)")
+    assert diagnose(res).summary == "step 4: 2 layers: first non-finite value at step 3, before `b` (its input was already non-finite)"

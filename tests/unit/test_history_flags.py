@@ -333,8 +333,8 @@ def test_nan_at_one_step_then_finite_again() -> None:
     rep = diagnose(res)
     assert rep.step == 3 and rep.flags == [[], []]
     d = next(d for d in rep.diagnoses if d.code == "nonfinite")
-    assert d.layer == "b" and d.message == "NaN/Inf first appeared at step 2 in `b`; step 3 is finite again (choose step 2 to see where it came from)."
-    assert "first non-finite value at step 2, in `b`" in rep.summary
+    assert d.layer == "b" and d.message == "NaN/Inf first appeared at step 2 in `b` (forward); step 3 is finite again (choose step 2 to see where it came from)."
+    assert rep.summary == "step 3: 2 layers: first non-finite value at step 2, in `b` (forward)"
     at2 = diagnose(res, step=2)
     assert at2.flags == [[], ["nan_origin_fwd"]]
     assert next(d for d in at2.diagnoses if d.code == "nan_origin_fwd").message == "`b` (Log) outputs NaN/Inf at step 2 while its inputs were finite."

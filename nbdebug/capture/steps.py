@@ -152,18 +152,6 @@ def _group(rows: list[Any], raws: np.ndarray) -> tuple[list[Any], np.ndarray, li
     return uniq, out, np.bincount(inv_a, minlength=n).tolist(), inv
 
 
-def _summary(raw: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(mean, std, min, max, zero_frac, norm, nan, inf, extra_frac) columns of raw rows, like :func:`summarize`."""
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        n = raw[:, 0]
-        safe = np.where(n > 0, n, np.nan)
-        mean = raw[:, 1] / safe
-        var = np.maximum(raw[:, 2] / safe - mean * mean, 0.0)
-        std = np.sqrt(np.where(n > 1, var * n / np.maximum(n - 1, 1), np.nan))
-        return (mean, std, raw[:, 3], raw[:, 4], 1.0 - raw[:, 5] / safe, np.sqrt(raw[:, 2]), raw[:, 6], raw[:, 7],
-                raw[:, 8] / safe)
-
-
 _V_STAT = [_FI[k] for k in ("mean", "std", "min", "max", "zero_frac", "norm", "nan", "inf")]
 _V_GRAD = [_FI["grad_" + k] for k in ("mean", "std", "min", "max")] + [-1] + [_FI["grad_" + k] for k in ("norm", "nan", "inf")]
 _V_GRAD_COLS = [c for c in _V_GRAD if c >= 0]
@@ -171,16 +159,30 @@ _V_GRAD_SRC = [i for i, c in enumerate(_V_GRAD) if c >= 0]
 
 
 def _stat_values(raw: np.ndarray, grad: np.ndarray, rows: list[Any]) -> np.ndarray:
+    """History values of a step's rows: output stats (and saturation) from ``raw``, gradient stats from
+    ``grad`` (NaN rows: none), like :func:`summarize`, with one numpy op per field over all rows."""
     n = len(rows)
     vals = np.full((n, _F), np.nan, np.float32)
     with_grad = not np.isnan(grad[:, 0]).all()
-    s = _summary(np.concatenate([raw, grad]) if with_grad else raw)  # one pass of numpy ops for both
-    vals[:, _V_STAT] = np.stack([x[:n] for x in s[:8]], axis=1)
+    both = np.concatenate([raw, grad]) if with_grad else raw
+    out = np.empty((both.shape[0], 9))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        cnt = both[:, 0]
+        safe = np.where(cnt > 0, cnt, np.nan)
+        mean = np.divide(both[:, 1], safe, out=out[:, 0])
+        var = np.maximum(both[:, 2] / safe - mean * mean, 0.0)
+        np.sqrt(np.where(cnt > 1, var * cnt / np.maximum(cnt - 1, 1), np.nan), out=out[:, 1])
+        out[:, 2:4] = both[:, 3:5]
+        np.subtract(1.0, both[:, 5] / safe, out=out[:, 4])
+        np.sqrt(both[:, 2], out=out[:, 5])
+        out[:, 6:8] = both[:, 6:8]
+        np.divide(both[:, 8], safe, out=out[:, 8])
+    vals[:, _V_STAT] = out[:n, :8]
     sat = [i for i, r in enumerate(rows) if r.sat]
     if sat:
-        vals[sat, _FI["saturated_frac"]] = s[8][:n][sat]
+        vals[sat, _FI["saturated_frac"]] = out[:n, 8][sat]
     if with_grad:
-        vals[:, _V_GRAD_COLS] = np.stack([s[i][n:] for i in _V_GRAD_SRC], axis=1)
+        vals[:, _V_GRAD_COLS] = out[n:, _V_GRAD_SRC]
     return vals
 
 
@@ -246,10 +248,13 @@ def close_step(cap: Capture) -> None:
         return
     raws = np.stack(h_raw)
     has_grad = [g is not None for g in h_grad]
-    grads = np.full((n, N_FIELDS), np.nan)
-    if any(has_grad):
-        idx = [j for j in range(n) if has_grad[j]]
-        grads[idx] = np.stack([h_grad[j] for j in idx])
+    if all(has_grad):
+        grads = np.stack(h_grad)
+    else:
+        grads = np.full((n, N_FIELDS), np.nan)
+        if any(has_grad):
+            idx = [j for j in range(n) if has_grad[j]]
+            grads[idx] = np.stack([h_grad[j] for j in idx])
     rows, raw, counts, inv = _group([c.row for c in calls], raws)
     grad = grads if len(rows) == n else _group_grads(grads, inv, len(rows))
     nr = len(rows)
@@ -284,7 +289,7 @@ def close_step(cap: Capture) -> None:
     opt: dict[str, dict[str, float]] = {"update_ratio": {}, "param_norm": {}, "lr": {}}
     for (kind, mod), v in zip(opt_keys, h_opt):
         opt[kind][mod] = v if type(v) is float else _f(v)
-    skipped = bool(np.any(h_skip))
+    skipped = h_skip if type(h_skip) is bool else bool(np.any(h_skip))
     row_pos = {row.id: r for r, row in enumerate(rows)}
     first_row = cap.first_row
     for field_, per_module in (("param_grad_norm", module_norm), ("param_norm", opt["param_norm"]),

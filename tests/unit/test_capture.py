@@ -324,3 +324,30 @@ def test_large_cpu_float32_stats_are_exact_on_signs_zeros_and_nonfinite(k: int) 
     if fin.numel() == t.numel():
         assert raw[IDX["sum"]] == pytest.approx(float(t.double().sum()), rel=1e-5, abs=1e-3)
         assert raw[IDX["sumsq"]] == pytest.approx(float(t.double().square().sum()), rel=1e-5)
+
+
+def test_step_history_values_equal_summarize() -> None:
+    """The vectorised per-step close gives the same numbers as :func:`summarize` (outputs, saturation,
+    gradients; a row without gradient stays NaN)."""
+    from nbdebug.capture.history import FIELD_INDEX as FI
+    from nbdebug.capture.stats import summarize, tensor_stats
+    from nbdebug.capture.steps import _stat_values
+
+    class Row:
+        def __init__(self, sat: bool) -> None:
+            self.sat = sat
+
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(50, generator=g), torch.tanh(torch.randn(40, generator=g) * 5), torch.zeros(1),
+          torch.randn(3, 4, generator=g).relu()]
+    raw = np.stack([tensor_stats(t, saturation=(-1.0, 1.0) if i == 1 else None) for i, t in enumerate(ts)])
+    grad = np.stack([tensor_stats(torch.randn(5, generator=g)), np.full(9, np.nan),
+                     tensor_stats(torch.randn(7, generator=g)), tensor_stats(torch.randn(2, generator=g))])
+    v = _stat_values(raw, grad, [Row(False), Row(True), Row(False), Row(False)])
+    s, gs = summarize(raw), summarize(grad)
+    for k in ("mean", "std", "min", "max", "zero_frac", "norm", "nan", "inf"):
+        np.testing.assert_allclose(v[:, FI[k]], s[k].astype(np.float32), rtol=1e-6, equal_nan=True)
+    for k in ("mean", "std", "min", "max", "norm", "nan", "inf"):
+        np.testing.assert_allclose(v[:, FI["grad_" + k]], gs[k].astype(np.float32), rtol=1e-6, equal_nan=True)
+    assert v[1, FI["saturated_frac"]] == pytest.approx(float(s["extra_frac"][1]), rel=1e-6) and v[1, FI["saturated_frac"]] > 0
+    assert np.isnan(v[[0, 2, 3], FI["saturated_frac"]]).all() and np.isnan(v[1, FI["grad_mean"]])

@@ -188,7 +188,7 @@ def main() -> None:
     if TIMING.exists():
         t = json.loads(TIMING.read_text())
         print("browser (JupyterLab, chromium; from tests/browser/test_groups_browser.py): " +
-              ", ".join(f"{k} {v:.1f} ms" if isinstance(v, float) else f"{k} {v}" for k, v in t.items()))
+              ", ".join(f"{k[:-3]} {float(v):.1f} ms" if k.endswith("_ms") else f"{k} {v}" for k, v in t.items()))
     else:
         print(f"browser figures: run tests/browser/test_groups_browser.py (writes {TIMING.relative_to(ROOT)})")
 

@@ -207,6 +207,121 @@ def bench_loop(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, st
     return rows, notes
 
 
+def breakdown(name: str, loop: Loop, rounds: int) -> list[str]:
+    """Where a step's time goes: plain forward/backward/optimizer step, hooks that do nothing (the floor
+    of any hook-based capture), and wall time inside each of Capture's entry points (timers wrapped
+    around them; medians over ``rounds``)."""
+    import statistics
+
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    import nbdebug.capture.session as S
+    from nbdebug.capture import optim as O
+
+    pc = time.perf_counter
+    acc: dict[str, float] = {}
+
+    def timed(key: str, fn: Callable) -> Callable:
+        def w(*a: object, **k: object) -> object:
+            t = pc()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[key] = acc.get(key, 0.0) + pc() - t
+        return w
+
+    saved = {(S.Capture, "_make_forward_hook"): S.Capture._make_forward_hook, (S._Call, "__call__"): S._Call.__call__,
+             (S, "close_step"): S.close_step, (S, "tensor_stats"): S.tensor_stats, (S, "unit_alive"): S.unit_alive,
+             (O.OptimizerWatch, "_pre"): O.OptimizerWatch._pre, (O.OptimizerWatch, "_post"): O.OptimizerWatch._post,
+             (S.Capture, "_on_backward_end"): S.Capture._on_backward_end,
+             (S.Capture, "__enter__"): S.Capture.__enter__, (S.Capture, "__exit__"): S.Capture.__exit__}
+    mk = S.Capture._make_forward_hook
+    S.Capture._make_forward_hook = lambda self, n, m: timed("forward hooks", mk(self, n, m))  # type: ignore[method-assign]
+    S._Call.__call__ = timed("output-gradient hooks", S._Call.__call__)  # type: ignore[method-assign]
+    S.close_step = timed("step close (steps.close_step + commit)", S.close_step)
+    S.tensor_stats = timed("  (in those hooks: tensor_stats)", S.tensor_stats)
+    S.unit_alive = timed("  (in the forward hooks: unit_alive)", S.unit_alive)
+    O.OptimizerWatch._pre = timed("optimizer watch (pre + post hooks)", O.OptimizerWatch._pre)  # type: ignore[method-assign]
+    O.OptimizerWatch._post = timed("optimizer watch (pre + post hooks)", O.OptimizerWatch._post)  # type: ignore[method-assign]
+    S.Capture._on_backward_end = timed("parameter-gradient norms", S.Capture._on_backward_end)  # type: ignore[method-assign]
+    S.Capture.__enter__ = timed("enter + exit (the result), per step", S.Capture.__enter__)  # type: ignore[method-assign]
+    S.Capture.__exit__ = timed("enter + exit (the result), per step", S.Capture.__exit__)  # type: ignore[method-assign]
+
+    def noop(*_: object) -> None:
+        return None
+
+    def bare() -> None:
+        def fh(_m: nn.Module, _i: object, _k: object, o: object) -> None:
+            if isinstance(o, torch.Tensor) and o.requires_grad:
+                o.register_hook(noop)
+        hs = [m.register_forward_hook(fh, with_kwargs=True) for m in loop.model.modules() if not list(m.children())]
+        hs += [p.register_post_accumulate_grad_hook(noop) for p in loop.model.parameters()]
+        hs += [register_optimizer_step_pre_hook(noop), register_optimizer_step_post_hook(noop)]
+        try:
+            loop()
+        finally:
+            for h in hs:
+                h.remove()
+
+    def phases() -> tuple[float, float, float]:
+        tf = tb = ts = 0.0
+        for _ in range(loop.steps):
+            loop.opt.zero_grad(set_to_none=True)
+            t0 = pc()
+            out = loop.model(loop.x)
+            loss = F.cross_entropy(out, loop.y)
+            t1 = pc()
+            loss.backward()
+            t2 = pc()
+            loop.opt.step()
+            t3 = pc()
+            tf, tb, ts = tf + t1 - t0, tb + t2 - t1, ts + t3 - t2
+        return tf, tb, ts
+
+    plain, floor, cap, ph, parts = [], [], [], [], []
+    try:
+        for r in range(rounds + 1):
+            t = pc()
+            loop()
+            p = pc() - t
+            t = pc()
+            bare()
+            b = pc() - t
+            acc.clear()
+            t = pc()
+            with S.Capture(loop.model):
+                loop()
+            c = pc() - t
+            f = phases()
+            if r:
+                plain.append(p)
+                floor.append(b)
+                cap.append(c)
+                ph.append(f)
+                parts.append(dict(acc))
+    finally:
+        for (obj, attr), v in saved.items():
+            setattr(obj, attr, v)
+    med, n = statistics.median, loop.steps
+
+    def ms(v: float) -> str:
+        return f"{v / n * 1e3:8.3f} ms/step"
+
+    p = med(plain)
+    lines = [f"{name}: breakdown per step (median of {rounds} interleaved rounds)",
+             f"  plain loop                              {ms(p)}",
+             f"    forward / backward / optimizer step   {' / '.join(f'{med([x[i] for x in ph]) / n * 1e3:.3f}' for i in range(3))} ms",
+             f"  no-op hooks (fwd, tensor, param, optim) {ms(med(floor))}  {med(floor) / p:.2f}× plain (the floor of any hook-based capture)",
+             f"  Capture                                 {ms(med(cap))}  {med(cap) / p:.2f}× plain; overhead {ms(med(cap) - p)}"]
+    keys = sorted({k for d in parts for k in d}, key=lambda k: (k.startswith("  "), -med([d.get(k, 0.0) for d in parts])))
+    for k in keys:
+        lines.append(f"    {k:38s}{ms(med([d.get(k, 0.0) for d in parts]))}")
+    return lines
+
+
 def memory_run(steps: int) -> list[str]:
     """10,000 steps of a 300-row model under max_bytes=64MB: history bytes, RSS growth, time per step."""
     import psutil
@@ -256,6 +371,7 @@ def main() -> None:
     ap.add_argument("--no-references", action="store_true", help="skip wandb.watch and detect_anomaly")
     ap.add_argument("--no-memory", action="store_true", help="skip the 10,000-step memory run (c)")
     ap.add_argument("--quick", action="store_true", help="few steps and rounds, to check the script runs")
+    ap.add_argument("--breakdown", action="store_true", help="also: where each loop's step time goes (timers in Capture)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     rounds, mem_steps = (2, 300) if a.quick else (a.rounds, a.steps)
@@ -268,7 +384,13 @@ def main() -> None:
                           8 if a.quick else 40, rounds, not a.no_references, tmp)
         rows += r
         notes += n
+        if a.breakdown:
+            notes += breakdown("small CNN", Loop(cnn, torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,)), 8 if a.quick else 40),
+                               rounds)
         digits = digits_model()
+        if a.breakdown:
+            notes += breakdown("digits", Loop(digits, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)), 20 if a.quick else 100),
+                               rounds)
         r, n = bench_loop("digits 2conv+2lin b16 8² (100 steps)", digits, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)),
                           20 if a.quick else 100, rounds, False, tmp)
         rows += r

@@ -390,7 +390,7 @@ def test_output_gradient_stats_per_step_equal_the_real_gradients(device_path: bo
     handles = [getattr(m, k).register_forward_hook(keep(k)) for k in grads]
     try:
         with Capture(m, device_path=device_path) as cap:
-            for k in range(3):
+            for _ in range(3):
                 x = torch.randn(2, 1, 136, 136)
                 x[0, 0, :5] = -0.0
                 opt.zero_grad()

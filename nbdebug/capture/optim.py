@@ -104,7 +104,7 @@ class _Group:
         # small float32 CPU parameters: the snapshot is one numpy concatenation and the norms BLAS dots
         # (a few µs per step instead of a dozen torch dispatches)
         self.flat: list[int] | None = None
-        self._views: tuple[list[int], list[np.ndarray]] | None = None  # numpy views of the parameters (flat path)
+        self._views: tuple[list[int], list[np.ndarray], list[np.ndarray]] | None = None  # (data_ptrs, numpy views, 2 buffers)
         if stack and self.params and all(
                 p.dtype == torch.float32 and p.device.type == "cpu" and p.layout == torch.strided and p.is_contiguous()
                 and not p.is_inference() for p in self.params) and sum(p.numel() for p in self.params) <= _FLAT_MAX:
@@ -119,25 +119,29 @@ class _Group:
                            None if identity else torch.tensor(self.positions, device=device))
         return self._index
 
-    def _flat(self) -> np.ndarray:
+    def _flat(self, slot: int) -> np.ndarray:
+        """The parameters' values copied into buffer ``slot`` (0: before the step, 1: after). The two
+        buffers live as long as the group: a fresh megabyte-sized array per step costs page faults."""
         views = self._views
         ptrs = [p.data_ptr() for p in self.params]
         if views is None or views[0] != ptrs:  # first use, or a parameter's storage was replaced (p.data = ...)
-            views = self._views = (ptrs, [p.detach().numpy().reshape(-1) for p in self.params])
-        return np.concatenate(views[1])
+            assert self.flat is not None
+            views = self._views = (ptrs, [p.detach().numpy().reshape(-1) for p in self.params],
+                                   [np.empty(self.flat[-1], np.float32), np.empty(self.flat[-1], np.float32)])
+        return np.concatenate(views[1], out=views[2][slot])
 
     def snapshot(self) -> Any:
         """Copies of the parameters before the step: the single ones, and one stacked tensor per run
         (small CPU parameters: one flat numpy copy)."""
         if self.flat is not None:
-            return self._flat()
+            return self._flat(0)
         return _clone(self.params[: self.n_single]), [torch.stack(self.params[s]) for s in self.batches]
 
     def norms(self, copy: tuple[list[torch.Tensor], list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(‖θ_before‖, ‖Δθ‖) per parameter, in ``params`` order, from the snapshot (consumed)."""
         if self.flat is not None:
             before_flat: np.ndarray = copy  # type: ignore[assignment]
-            diff_flat = before_flat - self._flat()
+            diff_flat = np.subtract(before_flat, self._flat(1), out=self._views[2][1])  # type: ignore[index]
             b, d = [], []
             with np.errstate(over="ignore", invalid="ignore"):
                 for lo, hi in zip(self.flat, self.flat[1:]):

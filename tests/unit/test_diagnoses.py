@@ -8,7 +8,7 @@ from torch import nn
 
 from nbdebug.capture.session import Capture
 from nbdebug.inspectors.history import FLAG_BITS
-from nbdebug.inspectors.thermometer import Thresholds, ThermometerReport, diagnose
+from nbdebug.inspectors.thermometer import ThermometerReport, Thresholds, diagnose
 
 
 def run(model: nn.Module, x: torch.Tensor, backward: bool = True, **kw):  # type: ignore[no-untyped-def]
@@ -254,7 +254,7 @@ def test_backward_only_nan_at_step_3_is_its_backward_origin() -> None:
     assert "backward of this layer" in last.diagnoses[0].suggestion
     assert last.summary == "step 4: 3 layers: first non-finite value at step 3, in `b` (backward)"
     whole = diagnose(res, step="run")
-    assert whole.flags[1] == ["nan_origin_bwd"] and "nan_origin_fwd" not in sum(whole.flags, [])
+    assert whole.flags[1] == ["nan_origin_bwd"] and not any("nan_origin_fwd" in f for f in whole.flags)
     assert told(whole)[0] == ("nan_origin_bwd", "b", "Backward: the gradient first becomes NaN/Inf at step 3 in the backward of "
                                                      "`b` (SqrtLayer): finite gradient at its output, non-finite at its input.")
     assert whole.summary.startswith("3 layers: first non-finite value at step 3, in `b` (backward)"), whole.summary

@@ -20,6 +20,10 @@
   ``optimizer.step()``: no step hook firing during ``scaler.step`` is the sign, so no host sync
   beyond the scaler's own. Fused optimizers (``_step_supports_amp_scaling``) always step; their
   skip is read from the scaler's ``found_inf`` tensor (kept on the device path, no sync).
+  ``GradScaler.scale`` and ``.step`` also record the scale in effect (``StepUpdates.scale``: the
+  scaler's ``_scale`` as a float on the CPU, a cloned 0-d device tensor on the device path, folded
+  into the capture's one per-step transfer): the capture divides the step's gradient statistics by
+  it, since backward ran on the scaled loss.
 
 Several optimizer steps between two :meth:`OptimizerWatch.take` calls: ``stepped`` counts them,
 each module keeps the numbers of the *last* step that touched it (several optimizers usually own
@@ -63,7 +67,8 @@ class StepUpdates:
     tensor for fused optimizers on the device path. ``update_ratio``: module name → ‖Δθ‖/‖θ‖ (θ
     before the step; modules without a ratio are absent). ``param_norm``: module name → ‖θ‖ before
     the step. ``lr``: module name → its parameter group's learning rate, and ``""`` → the first
-    group's. Values are floats, or 0-d float32 tensors on the device path.
+    group's. ``scale``: the GradScaler scale in effect when the step's loss was scaled (None when
+    no enabled scaler scaled or stepped). Values are floats, or 0-d float32 tensors on the device path.
     """
 
     stepped: int = 0
@@ -71,6 +76,7 @@ class StepUpdates:
     update_ratio: dict[str, Number] = field(default_factory=dict)
     param_norm: dict[str, Number] = field(default_factory=dict)
     lr: dict[str, Number] = field(default_factory=dict)
+    scale: Number | None = None  # the GradScaler scale the step's backward used (None: no scaler)
 
 
 _FLAT_MAX = 1 << 20  # float32 CPU parameters up to this many elements in all: the numpy path of _Group
@@ -188,6 +194,8 @@ def _wrap_scaler_step(original: Any) -> Any:
         watches = tuple(_SCALER.users)
         if not watches or not getattr(self, "_enabled", True):
             return original(self, optimizer, *args, **kwargs)
+        for w in watches:
+            w._note_scale(self)
         tokens = [w._scaler_before(optimizer) for w in watches]
         out = original(self, optimizer, *args, **kwargs)
         for w, token in zip(watches, tokens):
@@ -202,9 +210,24 @@ _SCALER = SharedPatch(getattr(torch.amp, "GradScaler", None) or getattr(torch.cu
                       "step", _wrap_scaler_step)
 
 
+def _wrap_scaler_scale(original: Any) -> Any:
+    @functools.wraps(original)
+    def scale(self: Any, outputs: Any) -> Any:
+        out = original(self, outputs)
+        if getattr(self, "_enabled", True):
+            for w in tuple(_SCALE.users):
+                w._note_scale(self)
+        return out
+
+    return scale
+
+
+_SCALE = SharedPatch(_SCALER.owner, "scale", _wrap_scaler_scale)
+
+
 def scaler_patched() -> bool:
-    """Whether ``torch.amp.GradScaler.step`` is wrapped right now (for hygiene checks)."""
-    return _SCALER.active
+    """Whether ``torch.amp.GradScaler.step`` (or ``.scale``) is wrapped right now (for hygiene checks)."""
+    return _SCALER.active or _SCALE.active
 
 
 class OptimizerWatch:
@@ -253,6 +276,7 @@ class OptimizerWatch:
         self._ratio: dict[str, Number] = {}
         self._pnorm: dict[str, Number] = {}
         self._lr: dict[str, Number] = {}
+        self._scale: Number | None = None
 
     # -- context manager ----------------------------------------------------------------------
     def __enter__(self) -> OptimizerWatch:
@@ -261,6 +285,7 @@ class OptimizerWatch:
             self._handles.append(self.hooks.optimizer_step_pre(self._pre))
             self._handles.append(self.hooks.optimizer_step_post(self._post))
             self._handles.append(_SCALER.hold(self.hooks, self))
+            self._handles.append(_SCALE.hold(self.hooks, self))
         except BaseException:
             self.__exit__()
             raise
@@ -271,6 +296,7 @@ class OptimizerWatch:
         while self._handles:
             self._handles.pop().remove()
         _SCALER.release(self)  # idempotent
+        _SCALE.release(self)
         self._clear()
 
     def _clear(self) -> None:
@@ -281,7 +307,7 @@ class OptimizerWatch:
     # -- results ------------------------------------------------------------------------------
     def take(self) -> StepUpdates:
         """What happened since the previous call (see :class:`StepUpdates`), and start afresh."""
-        out = StepUpdates(self._stepped, self._skipped, self._ratio, self._pnorm, self._lr)
+        out = StepUpdates(self._stepped, self._skipped, self._ratio, self._pnorm, self._lr, self._scale)
         self._reset()
         return out
 
@@ -473,6 +499,15 @@ class OptimizerWatch:
             elif self._skipped is False:
                 self._skipped = skipped
         return list(ratio.unbind()), list(norm[1].unbind())
+
+    def _note_scale(self, scaler: Any) -> None:
+        """The scale ``scaler`` applies now (before its ``update()`` changes it in place): a float on
+        the CPU, a 0-d device tensor copy otherwise (no host sync: it crosses with the step)."""
+        sc = getattr(scaler, "_scale", None)
+        if not isinstance(sc, torch.Tensor) or not self._handles:
+            return
+        with torch.no_grad():
+            self._scale = float(sc) if sc.device.type == "cpu" else sc.detach().reshape(()).to(torch.float32, copy=True)
 
     def _scaler_before(self, opt: Any) -> int | None:
         if not isinstance(opt, torch.optim.Optimizer) or not self._handles:

@@ -16,6 +16,20 @@ forwards *before* the first grad-enabled one are held back: they become evaluati
 starts, and steps when it never does (an inference cell), or once 16 of them are waiting.
 Forward passes that autograd runs during backward (checkpoint recomputation) are not new calls.
 Hooks are removed on every exit path and the model is left exactly as it was.
+
+GradScaler (mixed precision): backward runs on the scaled loss, so output gradients and parameter
+gradients are seen multiplied by the scale. The optimizer watch records the scale in effect for the
+step (``GradScaler.scale``/``.step``; a float on the CPU, a device tensor folded into the step's one
+transfer otherwise) and the step's gradient statistics (mean/std/min/max/norm, not the NaN/Inf
+counts) and parameter-gradient norms are divided by it when the step closes, before they are merged
+into the whole-run rows. Parameter-gradient norms are taken at the end of backward (scaled, even when
+the user calls ``scaler.unscale_(opt)`` before ``step`` to clip): divided too; if they could only be
+taken when the step closes (no engine callback), ``scaler.step`` has already unscaled them: as is.
+Gradients arriving after their step closed (a delayed backward) are not unscaled.
+
+``loss``: when it returns the very object it returned at the previous step's close (the variable was
+not reassigned: the forward raised before it, or the loop forgot), the step's loss is unknown (NaN),
+with a note listing those steps (``stale_loss``).
 """
 
 from __future__ import annotations
@@ -267,6 +281,8 @@ class Capture:
         self._budget_exceeded = False
         self._truncated = False
         self._losses: list[Any] = []  # the open step's losses (floats or device tensors)
+        self._loss_prev: Any = None  # what loss() returned at the previous close (weakref / 1-tuple)
+        self.stale_loss: list[int] = []  # steps whose loss() returned the previous step's object (NaN loss)
         self._pg_fresh: dict[int, torch.Tensor] = {}  # params whose .grad a backward of this step wrote
         self._pg_queued = False
         self.pg_seen = False  # some step had fresh parameter gradients
@@ -708,3 +724,4 @@ class Capture:
                 self._by_storage.clear()
                 self._pg_fresh.clear()
                 self._pg_norms = None
+                self._loss_prev = None

@@ -11,6 +11,7 @@ and the history; :func:`finish` closes the last step at exit (then :mod:`.assemb
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -196,7 +197,8 @@ def close_step(cap: Capture) -> None:
     """Bring the open step to the host (one transfer) and commit it (or hold it back: a no-grad step
     before any training forward)."""
     calls: list[_Call] = cap._step_calls
-    if cap._pg_norms is None and cap._pg_fresh:
+    pg_late = cap._pg_norms is None and bool(cap._pg_fresh)  # norms taken now: after a scaler.step unscaled them
+    if pg_late:
         cap._take_param_norms()
     pg, cap._pg_norms = cap._pg_norms, None
     if pg is not None:
@@ -205,14 +207,7 @@ def close_step(cap: Capture) -> None:
     upd = cap.watch.take() if cap.watch is not None else None
     losses = list(cap._losses)
     if cap.loss_fn is not None:
-        from .optim import as_float_later
-
-        try:
-            v = cap.loss_fn()
-        except Exception:  # the user's name may not exist yet
-            v = None
-        if v is not None:
-            losses = [as_float_later(v)]
+        losses = _user_loss(cap, calls)
     late, cap._late = cap._late, []
     if not calls and not late and upd is None:
         return
@@ -233,6 +228,7 @@ def close_step(cap: Capture) -> None:
     items += opt_vals
     items += losses
     items.append(None if pg is None else (np.array(pg[1]) if pg[1] and type(pg[1][0]) is float else torch.stack(pg[1])))
+    items.append(upd.scale if upd is not None else None)
     items.append(upd.skipped if upd is not None else False)
     host = _host(items, cap.device_path)  # THE transfer of this step
     h_raw, h_grad, h_alive = host[:n], host[n : 2 * n], host[2 * n : 3 * n]
@@ -243,9 +239,10 @@ def close_step(cap: Capture) -> None:
     h_opt = host[pos : pos + len(opt_vals)]
     pos += len(opt_vals)
     h_loss = host[pos : pos + len(losses)]
-    h_pg, h_skip = host[-2], host[-1]
+    h_pg, h_scale, h_skip = host[-3], host[-2], host[-1]
     if not calls:
         return
+    scale = _scale_of(h_scale)
     raws = np.stack(h_raw)
     has_grad = [g is not None for g in h_grad]
     if all(has_grad):
@@ -255,6 +252,8 @@ def close_step(cap: Capture) -> None:
         if any(has_grad):
             idx = [j for j in range(n) if has_grad[j]]
             grads[idx] = np.stack([h_grad[j] for j in idx])
+    if scale is not None:
+        _unscale(grads, scale)
     rows, raw, counts, inv = _group([c.row for c in calls], raws)
     grad = grads if len(rows) == n else _group_grads(grads, inv, len(rows))
     nr = len(rows)
@@ -281,7 +280,10 @@ def close_step(cap: Capture) -> None:
     if pg is not None:
         sq: dict[str, float] = {}
         owner = cap._param_owner
-        for p, v in zip(pg[0], np.asarray(h_pg, dtype=np.float64).reshape(-1).tolist()):
+        pg_host = np.asarray(h_pg, dtype=np.float64).reshape(-1)
+        if scale is not None and not pg_late:
+            pg_host = pg_host / scale
+        for p, v in zip(pg[0], pg_host.tolist()):
             for mod in owner.get(id(p), ()):
                 sq[mod] = sq.get(mod, 0.0) + v * v
         module_norm = {m: math.sqrt(v) for m, v in sq.items()}
@@ -343,6 +345,64 @@ def close_step(cap: Capture) -> None:
             cap._commit_pending()
     else:
         commit(cap, data)
+
+
+def _user_loss(cap: Capture, calls: list[Any]) -> list[Any]:
+    """The step's loss from the user's ``loss()``: unknown (no entry, so NaN) when it returns the very
+    object of the previous step's close (the variable was not reassigned: a forward that raised, or a
+    loop that forgot to), with a note."""
+    from .optim import as_float_later
+
+    try:
+        v = cap.loss_fn()
+    except Exception:  # the user's name may not exist yet
+        v = None
+    if v is None:
+        return []
+    prev, cap._loss_prev = cap._loss_prev, _identity(v)
+    if prev is not None and (prev() if isinstance(prev, weakref.ref) else prev[0]) is v:
+        if calls:
+            old = _stale_note(cap.stale_loss)
+            cap.stale_loss.append(cap.step + 1)
+            new = _stale_note(cap.stale_loss)
+            cap.notes[:] = [new if n == old else n for n in cap.notes] if old in cap.notes else [*cap.notes, new]
+        return []
+    return [as_float_later(v)]
+
+
+def _stale_note(steps: list[int]) -> str:
+    shown = ", ".join(map(str, steps[:5])) + (f" and {len(steps) - 5} more" if len(steps) > 5 else "")
+    return (f"loss unknown (NaN) at step{'s' if len(steps) > 1 else ''} {shown}: the loss variable still held "
+            "the previous step's loss object (not reassigned, e.g. the forward raised before it)")
+
+
+def _identity(v: Any) -> Any:
+    """A reference to ``v`` for the next step's identity check: weak for tensors (never keeps a graph
+    alive), else the object itself in a 1-tuple (floats: tiny)."""
+    try:
+        return weakref.ref(v)
+    except TypeError:
+        return (v,)
+
+
+def _scale_of(x: Any) -> float | None:
+    """The GradScaler scale from the step's transfer (None: none, or not a usable divisor)."""
+    if x is None:
+        return None
+    s = _f(x)
+    return s if math.isfinite(s) and s > 0 and s != 1.0 else None
+
+
+_G_DIV1 = [IDX["sum"], IDX["min"], IDX["max"]]
+
+
+def _unscale(grads: np.ndarray, scale: float) -> None:
+    """Raw gradient rows of a GradScaler-scaled backward → the unscaled gradients' (in place): sums,
+    min and max divided by the scale, sums of squares by its square; counts (numel, non-zero,
+    NaN, Inf) unchanged."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        grads[:, _G_DIV1] /= scale
+        grads[:, IDX["sumsq"]] /= scale * scale
 
 
 def _group_grads(grads: np.ndarray, inv: list[int], n: int) -> np.ndarray:

@@ -30,12 +30,7 @@ VIEWS["train_history"] = ["thermometer", "all[cnn]"]
 
 #: (mode, view) → "owner, issue 10 item: symptom" for cells that fail on the current tree (strict xfail);
 #: the failing check is the cell's last, so everything before it is verified either way
-XFAIL: dict[tuple[str, str], str] = {
-    ("grad_scaler", "thermometer"): "CORE/OPTIM, issue 10 'Mixed precision': gradients are recorded as GradScaler scaled "
-                                    "them (×32768…), so a healthy scaled loop is flagged 'exploding gradients' at every step",
-    ("break_nonfinite", "thermometer"): "CORE, issue 10 '--loss' with the flight recorder: the step whose forward raised "
-                                        "shows the previous step's loss (the variable still holds it) instead of NaN",
-}
+XFAIL: dict[tuple[str, str], str] = {}
 
 
 def _params() -> list[Any]:

@@ -216,6 +216,7 @@ def test_grad_scaler_skipped_step(fused: bool) -> None:
         scaler.update()
         upd = watch.take()
         assert bool(upd.skipped) is True
+        assert upd.scale == 65536.0 and scaler.get_scale() == 32768.0  # the scale the backward used, not update()'s
         assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # nothing moved
         assert all(math.isnan(v) for v in upd.update_ratio.values())
         assert upd.lr["a"] == 0.01
@@ -224,7 +225,11 @@ def test_grad_scaler_skipped_step(fused: bool) -> None:
         scaler.step(opt)
         scaler.update()
         upd = watch.take()
-    assert bool(upd.skipped) is False and upd.stepped == 1
+    assert bool(upd.skipped) is False and upd.stepped == 1 and upd.scale == 32768.0
+    with HookSet() as hooks, OptimizerWatch(leaf_modules(model), hooks, 2**20) as watch:
+        model(torch.randn(5, 3)).sum().backward()  # no scaler: no scale
+        assert watch.take().scale is None
+    assert not scaler_patched() and type(scaler).scale.__name__ == "scale" and "scale" not in vars(scaler)
     assert set(upd.update_ratio) == {"a", "b"} and all(v > 0 for v in upd.update_ratio.values())
 
 

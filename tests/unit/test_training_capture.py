@@ -409,3 +409,113 @@ def test_output_gradient_stats_per_step_equal_the_real_gradients(device_path: bo
     np.testing.assert_allclose(res.series("1", "zero_frac"), [float((o == 0).double().mean()) for o in outs["1"]], rtol=1e-6)  # float32 history
     np.testing.assert_array_equal(res.series("1", "min"), [float(o.min()) for o in outs["1"]])
     np.testing.assert_array_equal(res.series("1", "max"), [float(o.max()) for o in outs["1"]])
+
+
+# -- GradScaler: gradients recorded unscaled ----------------------------------------------------------
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def _scaled_run(scaler_kind: str | None, device_path: bool, bf16: bool = False):
+    """The same loop without a scaler, with one (``"plain"``), or with one and the clipping recipe
+    (``"unscale"``: ``scaler.unscale_(opt)`` then ``clip_grad_norm_`` before ``scaler.step``)."""
+    m = _mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler_kind else None
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(5, 4, generator=g), torch.randint(0, 3, (5,), generator=g)) for _ in range(4)]
+    ns: dict[str, torch.Tensor] = {}
+    with Capture(m, loss=lambda: ns.get("loss"), device_path=device_path) as cap:
+        for x, y in data:
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = nn.functional.cross_entropy(m(x).float(), y)
+            ns["loss"] = loss
+            if scaler is None:
+                loss.backward()
+                opt.step()
+                continue
+            scaler.scale(loss).backward()
+            if scaler_kind == "unscale":
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(m.parameters(), 1e9)  # no-op clip: the same parameters
+            scaler.step(opt)
+            scaler.update()
+    return cap.result, scaler
+
+
+_GRAD_FIELDS = ("grad_mean", "grad_std", "grad_min", "grad_max", "grad_norm")
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+@pytest.mark.parametrize("kind", ["plain", "unscale"])
+def test_grad_scaler_gradients_are_recorded_unscaled(kind: str, device_path: bool) -> None:
+    ref, _ = _scaled_run(None, device_path)
+    res, scaler = _scaled_run(kind, device_path)
+    assert scaler.get_scale() == 2.0**10 and res.skipped_steps.tolist() == []  # the premise: no skipped step
+    assert res.steps == ref.steps == 4
+    for row in ("0", "1", "2"):
+        for f in _GRAD_FIELDS:
+            np.testing.assert_allclose(res.series(row, f), ref.series(row, f), rtol=1e-5, err_msg=f"{row} {f}")
+        np.testing.assert_array_equal(res.series(row, "grad_nan"), ref.series(row, "grad_nan"))
+    for row in ("0", "2"):
+        np.testing.assert_allclose(res.series(row, "param_grad_norm"), ref.series(row, "param_grad_norm"), rtol=1e-5)
+        assert np.isfinite(res.series(row, "param_grad_norm")).all()
+        np.testing.assert_allclose(res.series(row, "update_ratio"), ref.series(row, "update_ratio"), rtol=1e-5)
+    # the whole-run values are merged from unscaled steps too
+    for a, b in zip(res.layers, ref.layers):
+        for k in ("mean", "std", "min", "max", "norm"):
+            assert a.grad[k] == pytest.approx(b.grad[k], rel=1e-5), (a.name, k)
+    from nbdebug.inspectors.thermometer import diagnose
+
+    assert not [f for f in diagnose(res).flags if "exploding" in f]
+
+
+def test_grad_scaler_bf16_autocast_matches_the_unscaled_loop() -> None:
+    ref, _ = _scaled_run(None, False, bf16=True)
+    res, _ = _scaled_run("plain", False, bf16=True)
+    for f in _GRAD_FIELDS:
+        np.testing.assert_allclose(res.series("2", f), ref.series("2", f), rtol=1e-5, err_msg=f)
+    np.testing.assert_allclose(res.series("2", "param_grad_norm"), ref.series("2", "param_grad_norm"), rtol=1e-5)
+
+
+# -- --loss NAME: a loss variable that was not reassigned is unknown, not the previous value ----------
+def test_loss_not_reassigned_is_nan_with_a_note() -> None:
+    m = _mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    ns: dict[str, torch.Tensor] = {}
+    want = []
+    x, y = torch.ones(2, 4), torch.tensor([0, 2])
+    with Capture(m, loss=lambda: ns.get("loss")) as cap:
+        for s in range(1, 6):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(m(x), y)
+            if s in (1, 2, 4):  # the user forgets to publish the loss at steps 3 and 5
+                ns["loss"] = loss
+            want.append(loss.item() if s in (1, 2, 4) else math.nan)
+            loss.backward()
+            opt.step()
+    np.testing.assert_allclose(cap.result.series("loss"), want, rtol=1e-6)
+    assert cap.stale_loss == [3, 5]
+    assert [n for n in cap.result.notes if n.startswith("loss unknown")] == [
+        "loss unknown (NaN) at steps 3, 5: the loss variable still held the previous step's loss object "
+        "(not reassigned, e.g. the forward raised before it)"]
+
+
+def test_break_on_nonfinite_step_loss_is_unknown() -> None:
+    m = abc()
+    ns: dict[str, torch.Tensor] = {}
+    xs = batches(bad=3)
+    seen = []
+    with pytest.raises(FloatingPointError):
+        with Capture(m, loss=lambda: ns.get("loss"), break_on="nonfinite") as cap:
+            for x in xs:
+                loss = m(x).pow(2).mean()
+                ns["loss"] = loss
+                seen.append(loss.item())
+                loss.backward()
+    loss_series = cap.result.series("loss")
+    assert cap.result.first_nonfinite_step == 3 and len(seen) == 2
+    np.testing.assert_allclose(loss_series[:2], seen, rtol=1e-6)
+    assert math.isnan(loss_series[2]), loss_series

@@ -201,7 +201,7 @@ def step_flags(values: np.ndarray, types: Sequence[str], thresholds: Thresholds 
     A step's flags depend on that step's values alone: live, compute only the slots that changed
     (``first`` of ``History.changes_since``: ``step_flags(values, …, start=first)``, with ``values``
     and ``skipped`` still whole) and keep the others (~0.2 ms for a few slots of 300 rows; the whole
-    1000 × 300 history takes ~5 ms).
+    1000 × 300 history takes ~6 ms).
     """
     th = thresholds or Thresholds()
     v = np.asarray(values, dtype=np.float32)

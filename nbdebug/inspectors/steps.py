@@ -147,13 +147,16 @@ def dead_summary(dead: list[str], units: list[str], story: dict[str, Event]) -> 
 
 def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[str], types: Sequence[str],
                  bits: np.ndarray, evs: Sequence[Event], thresholds: Thresholds | None = None,
-                 first_nonfinite: FirstNonfinite | tuple[int, str | None] | None = None) -> tuple[list[Diagnosis], list[str], float | None]:
+                 first_nonfinite: FirstNonfinite | tuple[int, str | None] | None = None,
+                 inputs: Sequence[Sequence[int]] | None = None) -> tuple[list[Diagnosis], list[str], float | None]:
     """Diagnoses, summary parts and the first/last gradient-norm ratio at kept slot ``j`` of ``values [K, R, F]`` with flags ``bits [K, R]``.
 
     Every number cited is ``values[j]`` (the table at that step), except the dead-unit story, which
     cites the became-dead event's own steps. ``first_nonfinite``: the run's first NaN/Inf
     (:class:`FirstNonfinite`; a ``(step, row)`` pair is taken as a forward one), to say where it came
-    from at its step, and when a later step's NaN is inherited from it.
+    from at its step, and when a later step's NaN is inherited from it. ``inputs``: the row input graph;
+    a forward origin no captured row feeds is only known to have had finite inputs at the step the
+    capture checked.
     """
     th = thresholds or Thresholds()
     s = int(steps[j])
@@ -177,9 +180,12 @@ def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[s
         who = name(list(rows).index(first.row)) if first.row in rows else f"`{first.row}`"
         diags.append(Diagnosis("nonfinite", "error", first.row or "", input_nan_message(who, f" at step {s}", first.where == "input"),
                                SUGGEST["nan_input"]))
+    checked = first is not None and first.step == s and first.where == "forward"
     for i in rows_with("nan_origin_fwd"):
+        fed = inputs is None or bool(inputs[i]) or (checked and first is not None and first.row == rows[i])
+        what = " while its inputs were finite" if fed else "; no captured layer feeds it: its input (the model's input?) or its weights hold NaN/Inf"
         diags.append(Diagnosis("nan_origin_fwd", "error", rows[i],
-                               f"{name(i)} outputs NaN/Inf at step {s} while its inputs were finite.{later}", SUGGEST["nan_origin_fwd"]))
+                               f"{name(i)} outputs NaN/Inf at step {s}{what}.{later}", SUGGEST["nan_origin_fwd"]))
     for i in rows_with("nan_origin_bwd"):
         diags.append(Diagnosis("nan_origin_bwd", "error", rows[i],
                                f"Backward: the gradient becomes NaN/Inf at step {s} in or just after {name(i)}.{later}", SUGGEST["nan_origin_bwd"]))
@@ -290,7 +296,7 @@ def diagnose_at(result: CaptureResult, th: Thresholds, step: int | None) -> Ther
     evs = events(h, th, inputs=graph, flags=bits)
     first_nf = first_nonfinite_of(result)
     first = None if first_nf is None else first_nf.step
-    diags, parts, ratio = diagnoses_at(j, values, steps, hrows, types, bits, evs, th, first_nf)
+    diags, parts, ratio = diagnoses_at(j, values, steps, hrows, types, bits, evs, th, first_nf, graph)
     # The table in result.layers order (the widget's row index is the layer index).
     table = np.full((len(rows), len(COLUMNS)), np.nan)
     pick = [hid.get(r.name, -1) for r in rows]

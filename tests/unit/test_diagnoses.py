@@ -284,3 +284,18 @@ def test_nan_made_between_captured_modules_is_not_called_the_model_input() -> No
         assert rep.flags == [[], ["nonfinite"]] and told(rep) == [("nonfinite", "b", msg)]
         assert rep.summary.endswith("2 layers: first non-finite value at step 3, before `b` (its input was already non-finite)")
     assert diagnose(res).summary == "step 4: 2 layers: first non-finite value at step 3, before `b` (its input was already non-finite)"
+
+
+def test_a_later_nan_in_a_row_nothing_captured_feeds_is_not_said_to_have_finite_inputs() -> None:
+    # the NaN input stays from step 3 on: at step 4 the history alone cannot tell input from weights
+    m = log_model()
+    bad = torch.tensor([[float("nan"), 2.0]])
+    with Capture(m) as cap:
+        for k in range(1, 5):
+            m(bad if k >= 3 else torch.full((1, 2), float(k + 1)))
+    rep = diagnose(cap.result)
+    assert rep.step == 4 and rep.flags == [["nan_origin_fwd"], ["nonfinite"], ["nonfinite"]]
+    assert told(rep) == [("nan_origin_fwd", "a", "`a` (Linear) outputs NaN/Inf at step 4; no captured layer feeds it: its input "
+                          "(the model's input?) or its weights hold NaN/Inf. The first non-finite value was at step 3, from the "
+                          "model's input (first seen in `a`): the weights may hold NaN since.")]
+    assert diagnose(cap.result, step=3).flags == [["nonfinite"], ["nonfinite"], ["nonfinite"]]

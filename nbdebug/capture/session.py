@@ -48,6 +48,7 @@ from torch import nn
 
 from . import assemble as _asm
 from .budget import DEFAULT_MAX_BYTES
+from .calls import _EMPTY, _Call, _in_backward, _Row, _version
 from .errors import ErrorSite, locate
 from .history import History
 from .hooks import HookSet
@@ -63,7 +64,6 @@ from .stats import (
     SATURATING,
     Raw,
     device_histogram,
-    merge_raw,
     tensor_stats,
     unit_alive,
 )
@@ -75,109 +75,6 @@ __all__ = ["Capture", "CaptureResult", "LayerRecord"]
 _NAN, _INF, _NZ, _N, _MIN, _MAX = IDX["nan"], IDX["inf"], IDX["nonzero"], IDX["numel"], IDX["min"], IDX["max"]
 MAX_CALLS = 200_000  # per-call records kept per step
 
-
-
-class _Row:
-    """One row of the whole run (merged over its calls in every step)."""
-
-    __slots__ = (
-        "alive",
-        "calls",
-        "dtype",
-        "ext_nonfinite",
-        "first_step",
-        "grad",
-        "hid",
-        "hist",
-        "id",
-        "inputs",
-        "key",
-        "module",
-        "raw",
-        "sample",
-        "sample_tried",
-        "sat",
-        "shape",
-        "type",
-        "units",
-    )
-
-    def __init__(self, rid: int, key: str, module: str, type_: str, shape: tuple[int, ...], dtype: str) -> None:
-        self.id, self.key, self.module, self.type, self.shape, self.dtype = rid, key, module, type_, shape, dtype
-        self.calls = 0
-        self.raw: np.ndarray | None = None  # merged raw stats (host)
-        self.grad: np.ndarray | None = None  # merged output-gradient raw stats (host)
-        self.sample: torch.Tensor | np.ndarray | None = None
-        self.sample_tried = False
-        self.hist: torch.Tensor | np.ndarray | None = None
-        self.inputs: tuple[int, ...] | None = None  # row ids feeding its first folded call
-        self.ext_nonfinite = False
-        self.first_step = 0
-        self.units = 0  # units per call (dim 1), 0 when not applicable
-        self.alive: np.ndarray | None = None  # units non-zero in some call of the run (None: all, so far)
-        self.sat = type_ in SATURATING
-        self.hid = -1  # its History row id (assigned when first folded)
-
-
-class _Call:
-    """One recorded tensor leaf of one module call in the open step; it is also the output-gradient
-    hook of that tensor (no closure per call: fewer objects for the garbage collector)."""
-
-    __slots__ = ("alive", "cap", "closed", "grad_order", "grad_stats", "held", "hooked", "input_calls",
-                 "input_checks", "late", "module", "raw", "ref", "row", "shape", "step", "version")
-
-    def __init__(self, cap: Capture, row: _Row, module: str, shape: tuple[int, ...]) -> None:
-        self.cap, self.row, self.module, self.shape = cap, row, module, shape
-        self.raw: Raw | None = None
-        self.grad_stats: Raw | None = None
-        self.late: Raw | None = None  # gradient stats that arrived after the step closed
-        self.grad_order = -1
-        self.hooked = False
-        self.alive: Any = None  # bool [units] (None: every unit non-zero, or n/a)
-        self.input_calls: list[_Call] = _EMPTY  # type: ignore[assignment]  # a list once linked
-        self.input_checks: list[torch.Tensor] = _EMPTY  # type: ignore[assignment]
-        self.held: tuple[Any, Any] | None = None  # (inputs, output) until the step's check (device path)
-        self.closed = False
-        self.step = 0  # filled when the step is committed
-        self.ref: Any = None  # weakref to the output tensor (input linking, aliasing)
-        self.version: int | None = None
-
-    def __call__(self, g: torch.Tensor) -> None:
-        """The output-gradient hook."""
-        cap = self.cap
-        # The gradient of a view (Flatten, reshape) is a view of the next gradient: same elements, same
-        # stats (same start, size and dtype, both contiguous, that tensor alive and unchanged).
-        last = cap._last_grad
-        if (last is not None and g.data_ptr() == last[1] and g.numel() == last[2] and g.dtype == last[3]
-                and g.is_contiguous() and (src := last[0]()) is not None and src._version == last[4]):
-            stats = last[5].copy() if isinstance(last[5], np.ndarray) else last[5].clone()
-        else:
-            stats = tensor_stats(g, on_device=cap.device_path)
-            if g.is_contiguous() and g.numel() and not g.is_inference():
-                cap._last_grad = (weakref.ref(g), g.data_ptr(), g.numel(), g.dtype, g._version, stats)
-        if self.closed:  # a delayed backward: folded with the next step (History.update)
-            if self.late is None:
-                cap._late.append(self)
-            self.late = stats if self.late is None else merge_raw(self.late, stats)
-        else:
-            self.grad_stats = stats if self.grad_stats is None else merge_raw(self.grad_stats, stats)
-        if self.grad_order < 0:
-            self.grad_order = cap._grad_counter
-            cap._grad_counter += 1
-        return None
-
-
-_EMPTY: list = []  # shared, never appended to (replaced by a new list on first use)
-
-
-def _in_backward() -> bool:
-    """True while autograd runs a backward on this thread (checkpoint recomputation happens there)."""
-    return torch._C._current_graph_task_id() != -1
-
-
-def _version(t: torch.Tensor) -> int | None:
-    """The version counter, or None for inference tensors (they have none)."""
-    return None if t.is_inference() else t._version
 
 
 def device_path_default() -> bool:
@@ -584,6 +481,10 @@ class Capture:
         for call, t in zip(first, leaves):
             if t.requires_grad:
                 self._tensor_handles.append(t.register_hook(call))
+
+    def _grad_stats(self, g: torch.Tensor) -> Raw:
+        """Stats of one output gradient (for :class:`~nbdebug.capture.calls._Call`'s gradient hook)."""
+        return tensor_stats(g, on_device=self.device_path)
 
     # -- parameter gradients ------------------------------------------------------------------
     def _on_param_grad(self, p: torch.Tensor) -> None:

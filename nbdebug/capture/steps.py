@@ -25,7 +25,8 @@ from .stats import IDX, N_FIELDS, DeviceStats, nonfinite, packed_to_host, raw_fr
 PENDING_NO_GRAD = 16  # no-grad forwards held back before the first training forward (then: an inference cell)
 
 if TYPE_CHECKING:
-    from .session import Capture, _Call
+    from .calls import _Call
+    from .session import Capture
 
 __all__ = ["close_step", "commit", "finish"]
 

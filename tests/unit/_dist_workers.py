@@ -15,11 +15,27 @@ import datetime
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+
+def start(fn, args: tuple, start_method: str = "fork", deadline_s: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+    """``torch.multiprocessing.start_processes(..., join=True)`` that cannot hang the test run: workers still running
+    after ``deadline_s`` are killed and the test fails saying so (a worker error propagates as usual)."""
+    ctx = torch.multiprocessing.start_processes(fn, args=args, nprocs=2, start_method=start_method, join=False)
+    stop = time.monotonic() + deadline_s
+    while not ctx.join(timeout=0.5):
+        if time.monotonic() > stop:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                p.join(5)
+            raise TimeoutError(f"{fn.__name__} workers still running after {deadline_s:.0f} s: killed")
+
 
 STEPS = 5
 NAN_RANK, NAN_STEP = 1, 3

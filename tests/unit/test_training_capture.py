@@ -519,3 +519,25 @@ def test_break_on_nonfinite_step_loss_is_unknown() -> None:
     assert cap.result.first_nonfinite_step == 3 and len(seen) == 2
     np.testing.assert_allclose(loss_series[:2], seen, rtol=1e-6)
     assert math.isnan(loss_series[2]), loss_series
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+@pytest.mark.parametrize("n", [8, 1 << 17])  # small gradients (BLAS path) and large ones (_foreach_norm)
+def test_finite_parameter_gradients_whose_float32_norm_overflows_are_not_non_finite(device_path: bool, n: int) -> None:
+    """|g| ~ 1e25 is finite, but its float32 sum of squares overflows: no NaN/Inf step, and the norm is
+    the float64 one on the CPU path (float32's largest value on the device path)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(n, 1))
+    x = torch.ones(2, n)
+    with Capture(model, device_path=device_path) as cap:
+        (model(x) * 1e25).sum().backward()
+    res = cap.result
+    g = model[0].weight.grad.double()
+    assert torch.isfinite(model[0].weight.grad).all() and not torch.isfinite(model[0].weight.grad.norm())
+    assert res.first_nonfinite_step is None and res.param_grad_nonfinite_step is None
+    got = res.series("0", "param_grad_norm")[-1]
+    want = float(torch.linalg.vector_norm(torch.cat([g.reshape(-1), model[0].bias.grad.double()])))
+    if device_path:
+        assert got == pytest.approx(float(torch.finfo(torch.float32).max), rel=1e-6)
+    else:
+        assert got == pytest.approx(want, rel=1e-6)

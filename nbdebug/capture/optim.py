@@ -10,7 +10,9 @@
   created before the capture are covered). The pre-hook copies the parameters the step touches
   (those with a ``.grad``), the post-hook norms the copy and its difference to the parameters:
   batched ``torch._foreach_*`` ops per device and dtype (on the CPU, runs of same-shape parameters
-  as one stacked tensor). A copy that does not fit in ``max_bytes`` means no ratio (and a note),
+  as one stacked tensor). With ``opt.step(closure)`` the gradients appear inside the step: every
+  parameter that requires a gradient is copied, and one still without ``.grad`` after the step is
+  left out (a module with none stepped: ratio NaN, "unavailable"). A copy that does not fit in ``max_bytes`` means no ratio (and a note),
   never an approximate one; a hand-written update loop has none either. ‖θ‖ = 0 gives inf (NaN
   when Δθ = 0 too).
 * **Learning rate** of the parameter group holding each module's parameters, read right after the
@@ -87,9 +89,10 @@ class _Group:
     """Parameters of one device and dtype in a plan (single ones first, then runs of one shape that
     are stacked on the CPU: one op instead of one per tensor), and which module each norm belongs to."""
 
-    __slots__ = ("_index", "_views", "batches", "entries", "flat", "n_single", "params", "positions")
+    __slots__ = ("_index", "_views", "batches", "entries", "flat", "n_single", "originals", "params", "positions")
 
-    def __init__(self, params: list[torch.Tensor], entries: list[int], positions: list[int], stack: bool) -> None:
+    def __init__(self, params: list[torch.Tensor], entries: list[int], positions: list[int], stack: bool,
+                 originals: list[torch.Tensor]) -> None:
         by_shape: dict[tuple[int, ...], list[int]] = {}
         for i, p in enumerate(params):
             by_shape.setdefault(tuple(p.shape), []).append(i)
@@ -98,6 +101,7 @@ class _Group:
         order = [i for i in range(len(params)) if i not in batched] + [i for ix in runs for i in ix]
         where = {old: new for new, old in enumerate(order)}
         self.params = [params[i] for i in order]
+        self.originals = [originals[i] for i in order]  # the optimizer's own tensors (``params`` may be FSDP2 shards)
         self.n_single = len(params) - len(batched)
         self.batches: list[slice] = []
         start = self.n_single
@@ -172,7 +176,7 @@ class _Plan:
     """What one optimizer steps of the watched modules (cached; rebuilt when its groups or the set of
     parameters with a gradient change)."""
 
-    __slots__ = ("candidates", "groups", "key", "mask", "module_group", "names", "nbytes", "pending", "posts")
+    __slots__ = ("candidates", "closure", "groups", "key", "mask", "module_group", "names", "nbytes", "pending", "posts")
 
     def __init__(self, key: tuple[int, ...], candidates: list[tuple[torch.Tensor, int, list[str]]]) -> None:
         self.key = key
@@ -185,6 +189,7 @@ class _Plan:
         # per group, before the step: the snapshot, or (over budget) the parameter norms
         self.pending: list[tuple[list[torch.Tensor], list[torch.Tensor]] | torch.Tensor] | None = None
         self.posts = 0  # completed steps (post-hook calls) of this optimizer
+        self.closure = False  # the pending step was given a closure (gradients appear inside the step)
 
 
 # -- GradScaler: one wrapper per process, shared by every entered watch ---------------------------
@@ -342,7 +347,9 @@ class OptimizerWatch:
         return out
 
     # -- plans --------------------------------------------------------------------------------
-    def _plan(self, opt: torch.optim.Optimizer) -> _Plan | None:
+    def _plan(self, opt: torch.optim.Optimizer, closure: bool = False) -> _Plan | None:
+        """The optimizer's plan, grouped for the parameters it will step: those with a gradient, or with
+        a ``closure`` (the gradients appear inside the step) every one that requires a gradient."""
         groups = opt.param_groups
         key = tuple(len(g["params"]) for g in groups)
         plan = self._plans.get(opt, False)
@@ -352,7 +359,7 @@ class OptimizerWatch:
             if plan is not None:
                 self._seen.add(opt)
         if plan is not None:
-            mask = tuple(p.grad is not None for p, _, _ in plan.candidates)
+            mask = tuple((p.requires_grad if closure else p.grad is not None) for p, _, _ in plan.candidates)
             if mask != plan.mask:
                 self._group(plan, mask)
         return plan
@@ -375,12 +382,13 @@ class OptimizerWatch:
         plan.mask = mask
         names: dict[str, int] = {}
         module_group: list[int] = []
-        by: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int], list[int]]] = {}
+        by: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int], list[int], list[torch.Tensor]]] = {}
         nbytes = 0
         for (p, gi, mods), has_grad in zip(plan.candidates, mask):
             if not has_grad:
                 continue
-            params, entries, positions = by.setdefault((p.device, p.dtype), ([], [], []))
+            params, entries, positions, originals = by.setdefault((p.device, p.dtype), ([], [], [], []))
+            originals.append(p)
             for m in mods:
                 if m not in names:
                     names[m] = len(names)
@@ -392,8 +400,8 @@ class OptimizerWatch:
             nbytes += p.numel() * p.element_size()
         plan.names, plan.module_group = list(names), module_group
         stack = self.on_device is not True
-        plan.groups = [_Group(params, entries, positions, stack and dev.type == "cpu")
-                       for (dev, _), (params, entries, positions) in by.items()]
+        plan.groups = [_Group(params, entries, positions, stack and dev.type == "cpu", originals)
+                       for (dev, _), (params, entries, positions, originals) in by.items()]
         # the snapshot, and for stacked runs the stacked parameters after the step
         plan.nbytes = nbytes = nbytes + sum(p.numel() * p.element_size() for g in plan.groups for p in g.params[g.n_single:])
         if plan.groups and nbytes > self.max_bytes:
@@ -408,9 +416,16 @@ class OptimizerWatch:
         return bool(plan.groups) and plan.groups[0].params[0].device.type != "cpu"
 
     # -- hooks --------------------------------------------------------------------------------
-    def _pre(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
-        plan = self._plan(opt)
-        if plan is None or not plan.groups:
+    def _pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        # opt.step(closure) (Lightning's default): backward runs inside the step, so which parameters
+        # get a gradient is known only after it; snapshot all that can, sort them out in _post
+        rest = args[1:] if args and args[0] is opt else args  # torch passes (self, closure?) as args
+        closure = callable(kwargs.get("closure") if kwargs else None) or (bool(rest) and callable(rest[0]))
+        plan = self._plan(opt, closure)
+        if plan is None:
+            return
+        plan.closure = closure
+        if not plan.groups:
             return
         with torch.no_grad():
             if plan.nbytes <= self.max_bytes:
@@ -428,7 +443,12 @@ class OptimizerWatch:
         pending, plan.pending = plan.pending, None
         on_device = self._device_path(plan)
         if pending is not None:
-            self._record(opt, plan, pending, on_device)
+            missing = None
+            if plan.closure:  # parameters the closure gave no gradient: the optimizer did not step them
+                missing = [[p.grad is None for p in g.originals] for g in plan.groups]
+                if not any(any(m) for m in missing):
+                    missing = None
+            self._record(opt, plan, pending, on_device, missing)
         self._step_done(opt, plan, on_device)
 
     def _step_done(self, opt: torch.optim.Optimizer, plan: _Plan, on_device: bool) -> None:
@@ -440,7 +460,10 @@ class OptimizerWatch:
         if self.on_step is not None:
             self.on_step()
 
-    def _record(self, opt: torch.optim.Optimizer, plan: _Plan, pending: list[Any], on_device: bool) -> None:
+    def _record(self, opt: torch.optim.Optimizer, plan: _Plan, pending: list[Any], on_device: bool,
+                missing: list[list[bool]] | None = None) -> None:
+        """Ratios and norms of the step; ``missing`` (per group, per parameter): not stepped (no gradient
+        after a closure), left out of its module's numbers (a module with none stepped: ratio NaN)."""
         with torch.no_grad():
             have_diff = not isinstance(pending[0], torch.Tensor)
             norms = [g.norms(p) if have_diff else (p, None) for g, p in zip(plan.groups, pending)]
@@ -448,42 +471,56 @@ class OptimizerWatch:
             if not isinstance(found_inf, torch.Tensor):
                 found_inf = None
             aggregate = self._aggregate_on_device if on_device else self._aggregate
-            ratios, pnorms = aggregate(plan, norms, found_inf)
+            ratios, pnorms = aggregate(plan, norms, found_inf, missing)
         if have_diff:
             self._ratio.update(zip(plan.names, ratios))
         self._pnorm.update(zip(plan.names, pnorms))
 
     def _aggregate(self, plan: _Plan, norms: list[tuple[torch.Tensor, torch.Tensor | None]],
-                   found_inf: torch.Tensor | None) -> tuple[list[float], list[float]]:
+                   found_inf: torch.Tensor | None, missing: list[list[bool]] | None = None) -> tuple[list[float], list[float]]:
         """CPU: per-parameter norms to the host in one op per group, summed per module in Python."""
         m = len(plan.names)
         d2, b2 = [0.0] * m, [0.0] * m
-        for g, (before, diff) in zip(plan.groups, norms):
+        all2, unstepped = [0.0] * m, [missing is not None] * m  # ‖θ‖² over every parameter; no parameter stepped
+        for gi, (g, (before, diff)) in enumerate(zip(plan.groups, norms)):
             n = len(g.params)
             if isinstance(before, np.ndarray):
                 values = (before if diff is None else np.concatenate([before, diff])).tolist()
             else:
                 values = (before if diff is None else torch.cat([before, diff])).tolist()
+            miss = missing[gi] if missing is not None else None
             for pos, mi in zip(g.positions, g.entries):
+                if miss is not None:
+                    all2[mi] += values[pos] ** 2
+                    if miss[pos]:
+                        continue
+                    unstepped[mi] = False
                 b2[mi] += values[pos] ** 2
                 if diff is not None:
                     d2[mi] += values[n + pos] ** 2
-        pnorms = [math.sqrt(b) for b in b2]
+        # a module none of whose parameters the step touched: its norm over all of them, no ratio
+        pnorms = [math.sqrt(a if no else b) for a, b, no in zip(all2, b2, unstepped)]
         skipped = found_inf is not None and bool(found_inf.reshape(-1)[0] > 0)
         if skipped:
             self._skipped = True
         nan = float("nan")
-        ratios = [nan if skipped else (math.sqrt(d) / b if b else (nan if d == 0 else math.inf)) for d, b in zip(d2, pnorms)]
+        ratios = [nan if skipped or no else (math.sqrt(d) / b if b else (nan if d == 0 else math.inf))
+                  for d, b, no in zip(d2, pnorms, unstepped)]
         return ratios, pnorms
 
     def _aggregate_on_device(self, plan: _Plan, norms: list[tuple[torch.Tensor, torch.Tensor | None]],
-                             found_inf: torch.Tensor | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                             found_inf: torch.Tensor | None, missing: list[list[bool]] | None = None,
+                             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Device path: everything stays a tensor (0-d results), no host sync."""
-        acc: torch.Tensor | None = None  # [‖Δθ‖² per module, ‖θ‖² per module]
-        for g, (before, diff) in zip(plan.groups, norms):
+        # [‖Δθ‖² per module, ‖θ‖² per module], and with ``missing`` [‖θ‖² over all, stepped parameters]
+        acc: torch.Tensor | None = None
+        for gi, (g, (before, diff)) in enumerate(zip(plan.groups, norms)):
             sq = torch.stack([torch.full_like(before, torch.nan) if diff is None else diff, before]).square()
+            if missing is not None:
+                keep = torch.tensor([not x for x in missing[gi]], dtype=sq.dtype, device=sq.device)
+                sq = torch.cat([sq * keep, sq[1:], keep[None]])
             if acc is None:
-                acc = torch.zeros(2, len(plan.names), dtype=torch.float32, device=sq.device)
+                acc = torch.zeros(sq.shape[0], len(plan.names), dtype=torch.float32, device=sq.device)
             entries, positions = g.index(acc.device)
             if positions is not None:
                 sq = sq.index_select(1, positions.to(sq.device))
@@ -491,6 +528,11 @@ class OptimizerWatch:
         assert acc is not None
         norm = acc.sqrt()
         ratio = norm[0] / norm[1]
+        pnorm = norm[1]
+        if missing is not None:  # a module none of whose parameters the step touched: no ratio, norm over all
+            none = acc[3] == 0
+            ratio = torch.where(none, torch.nan, ratio)
+            pnorm = torch.where(none, norm[2], pnorm)
         if found_inf is not None:
             skipped = found_inf.to(acc.device).reshape(-1)[0] > 0
             ratio = torch.where(skipped, torch.nan, ratio)
@@ -498,7 +540,7 @@ class OptimizerWatch:
                 self._skipped = self._skipped | skipped.to(self._skipped.device)
             elif self._skipped is False:
                 self._skipped = skipped
-        return list(ratio.unbind()), list(norm[1].unbind())
+        return list(ratio.unbind()), list(pnorm.unbind())
 
     def _note_scale(self, scaler: Any) -> None:
         """The scale ``scaler`` applies now (before its ``update()`` changes it in place): a float on

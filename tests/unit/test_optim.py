@@ -472,3 +472,65 @@ def test_update_ratio_follows_a_parameter_whose_storage_is_replaced() -> None:
             after = torch.cat([p.detach().reshape(-1) for p in m[0].parameters()])
             want.append(float((before - after).norm() / before.norm()))
     np.testing.assert_allclose(cap.result.series("0", "update_ratio"), want, rtol=1e-5)
+
+
+def closure_model() -> nn.Sequential:
+    """fc (hand-set, trained) and unused (in the optimizer, never reached by the loss)."""
+    model = hand_set_linear()
+    model.add_module("unused", nn.Linear(2, 1))
+    return model
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+@pytest.mark.parametrize("as_kwarg", [False, True])
+def test_closure_step_has_a_ratio_on_its_first_step_and_nan_for_a_parameter_without_grad(
+        on_device: bool, as_kwarg: bool) -> None:
+    """opt.step(closure) (Lightning's default): the gradients appear inside the step."""
+    model = closure_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.tensor([[1.0, -1.0], [2.0, 0.5]])
+    seen: dict[str, torch.Tensor] = {}
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = model.fc(x).pow(2).sum()
+        loss.backward()
+        seen["g"], seen["theta"] = own(model.fc, "grad").clone(), own(model.fc).clone()
+        return loss
+
+    with HookSet() as hooks, OptimizerWatch(leaf_modules(model), hooks, 2**20, on_device=on_device) as watch:
+        ratios = []
+        for _ in range(2):
+            opt.step(closure=closure) if as_kwarg else opt.step(closure)
+            upd = watch.take()
+            ratios.append((float(upd.update_ratio["fc"]), (0.1 * seen["g"].norm() / seen["theta"].norm()).item()))
+            assert math.isnan(float(upd.update_ratio["unused"]))  # no gradient: unavailable, not 0
+            unused_norm = torch.cat([model.unused.weight.detach().flatten(), model.unused.bias.detach().flatten()]).norm()
+            assert float(upd.param_norm["unused"]) == pytest.approx(unused_norm.item(), rel=1e-6)
+            assert float(upd.param_norm["fc"]) == pytest.approx(seen["theta"].norm().item(), rel=1e-6)
+    for got, want in ratios:
+        assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_closure_step_leaves_out_a_parameter_of_a_module_without_grad() -> None:
+    """A module whose weight got a gradient in the closure but not its bias: the ratio is over the
+    weight alone (the optimizer stepped only that), as without a closure."""
+    model = hand_set_linear()
+    model.fc.bias.requires_grad_(True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.tensor([[1.0, -1.0]])
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = (x @ model.fc.weight.t()).pow(2).sum()  # the bias takes no part
+        loss.backward()
+        return loss
+
+    w = model.fc.weight.detach().clone()
+    with HookSet() as hooks, OptimizerWatch(leaf_modules(model), hooks, 2**20) as watch:
+        opt.step(closure)
+        upd = watch.take()
+    assert model.fc.bias.grad is None
+    want = ((w - model.fc.weight.detach()).norm() / w.norm()).item()
+    assert upd.update_ratio["fc"] == pytest.approx(want, rel=1e-6)
+    assert upd.param_norm["fc"] == pytest.approx(w.norm().item(), rel=1e-6)

@@ -55,6 +55,7 @@ class _Open:
         self.dbg: Any = dbg
         self.on_closed = on_closed
         self.shell: Any = None
+        self.note = ""  # why telling the watch failed, when it did
 
     def listen_to_cells(self) -> None:
         """Close at the end of the running cell (only when training runs in the kernel's main thread:
@@ -87,8 +88,8 @@ class _Open:
         finally:
             try:
                 self.on_closed(dbg)
-            except Exception:  # the watch is gone (finalizer at exit): the hooks are removed all the same
-                pass
+            except Exception as e:  # the hooks are removed all the same; say what failed (TrainingWatch.note)
+                self.note = f"{type(e).__name__}: {e}"
 
 
 class TrainingWatch:
@@ -97,7 +98,8 @@ class TrainingWatch:
     ``result`` is the run's :class:`~nbdebug.capture.result.CaptureResult` (with the history API:
     ``steps``, ``step_index``, ``series()``, ``incident``, ``to_pandas()``…) once training ended;
     ``widget`` the view's widget (the live one, updated while training runs, when ``live``).
-    ``note`` says why there is no result (the view did not apply), else "".
+    ``note`` says why there is no result or widget (the view did not apply, or building or showing it
+    failed: ``"RuntimeError: ..."``), else "".
     """
 
     def __init__(self, view: str = "thermometer", *, live: bool = True, **options: Any) -> None:
@@ -138,6 +140,8 @@ class TrainingWatch:
         opened = self._open
         if opened is not None:
             opened.close(exc)
+            if opened.note and not self.note:
+                self.note = opened.note
 
     def close(self) -> None:
         """Remove every hook now if a run is still open (e.g. after ``train()`` raised in a script)."""
@@ -154,8 +158,13 @@ class TrainingWatch:
             self.widget = dbg.widget()  # the live widget itself, with its final state, when there was one
         except LookupError as exc:  # the view did not apply: say why (no widget is built)
             self.note = str(exc)
+        except Exception as exc:  # building the view failed: say so (never a silent None widget and "" note)
+            self.note = f"{type(exc).__name__}: {exc}"
         if _shell() is not None:
-            dbg.show()  # displays what the live view did not (the view or the note) and refreshes the live one
+            try:
+                dbg.show()  # displays what the live view did not (the view or the note) and refreshes the live one
+            except Exception as exc:
+                self.note = self.note or f"{type(exc).__name__}: {exc}"
 
 
 def _close_quietly(opened: _Open) -> None:

@@ -373,3 +373,42 @@ def test_unwrap_data_parallel() -> None:
     assert unwrap(m) is m and unwrap(nn.DataParallel(m)) is m
     with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
         unwrap(object())
+
+
+def test_watch_says_why_when_building_the_widget_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error from dbg.widget() other than 'the view did not apply' becomes cb.note, not silence."""
+    from nbdebug.api import Debug
+    from nbdebug.integrations._watch import TrainingWatch
+
+    def broken(self: Any) -> Any:
+        raise RuntimeError("widget exploded")
+
+    monkeypatch.setattr(Debug, "widget", broken)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cb = TrainingWatch("thermometer", live=False)
+    cb.start(model)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(4, 3)).square().mean().backward()
+        opt.step()
+    cb.stop()
+    assert not cb.running and hook_count(model) == 0
+    assert cb.widget is None and cb.note == "RuntimeError: widget exploded"
+    assert cb.result is not None and cb.result.steps == 2  # the data is kept all the same
+
+
+def test_watch_says_why_when_telling_it_the_run_closed_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """_Open.close removes the hooks even when the watch's _closed raises, and says what failed."""
+    from nbdebug.integrations._watch import TrainingWatch
+
+    def broken(self: Any, dbg: Any) -> None:
+        raise ValueError("closing went wrong")
+
+    monkeypatch.setattr(TrainingWatch, "_closed", broken)
+    model = nn.Sequential(nn.Linear(3, 2))
+    cb = TrainingWatch("thermometer", live=False)
+    cb.start(model)
+    cb.stop()
+    assert hook_count(model) == 0 and cb.note == "ValueError: closing went wrong"

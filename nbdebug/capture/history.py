@@ -263,11 +263,11 @@ class History:
         non-NaN entries overwrite the step's values; in a decimated bucket they are folded into its
         min/max (and overwrite ``last`` when ``step`` is the bucket's last step). Returns False (and
         changes nothing) when no kept bucket covers ``step``."""
+        self._ensure_rows()  # first: room for new rows may merge slots, which moves the step's bucket
         k = self._k
         j = int(np.searchsorted(self._last[:k], step))
         if j >= k or self._first[j] > step:
             return False
-        self._ensure_rows()
         full = self._full(rows, values)
         r = full.shape[0]
         mask = ~np.isnan(full)

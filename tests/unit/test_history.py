@@ -155,6 +155,26 @@ def test_update_late_gradients_exact_and_into_decimated_buckets() -> None:
     assert d.series("r1", "grad_norm", agg="max").tolist() == [4000 + 10 + GN, 8000 + 10 + GN]
 
 
+def test_update_with_a_new_row_at_capacity_lands_in_the_bucket_of_its_step() -> None:
+    """A late update that brings a new row when the history is full: the slots shrink (decimate)
+    first, then the step's bucket is looked up."""
+    h = History(4 * History.slot_bytes(1))  # 4 slots of 1 row, fewer of 2
+    a = h.row_id("a", {})
+    for s in range(1, 5):
+        h.append(s, np.array([a]), _vals(s, 1), {})
+    assert h.step_index.tolist() == [1, 2, 3, 4] and not h.decimated
+    b = h.row_id("b", {})
+    late = np.full((1, F), np.nan, np.float32)
+    late[0, GN] = 77.0
+    assert h.update(3, np.array([b]), late)  # inside the bucket now holding steps 3..4
+    assert h.max_slots() < 4 and h.decimated and h.nbytes <= h.max_bytes
+    assert h.bucket_first.tolist() == [1, 3] and h.step_index.tolist() == [2, 4]
+    got = h.series("b", "grad_norm", agg="max")
+    assert np.isnan(got[0]) and got[1] == 77.0
+    assert np.isnan(h.series("b", "grad_norm")).all()  # step 3 is not its bucket's last step
+    assert h.series("a", "grad_norm", agg="max").tolist() == [2000 + GN, 4000 + GN]  # a untouched
+
+
 def test_changes_since_tokens() -> None:
     h = History(3 * History.slot_bytes(1))
     a = np.array([h.row_id("a", {})])

@@ -343,9 +343,12 @@ def test_unknown_loss_kind_skips_with_reasons_and_report_reads() -> None:
     def weird(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return out.pow(2).mean()
 
-    report = doctor(mlp(), x, x[:, :1].clone(), loss_fn=weird)  # float targets whose size differs from the output
+    # float targets whose size differs from the output; a few steps: the overfit check skips whatever the curve
+    report = doctor(mlp(), x, x[:, :1].clone(), loss_fn=weird, steps=5)
     assert report.kind == "unknown"
     assert report.checks["init_loss"].status == "skip" and report.checks["overfit_batch"].status == "skip"
+    overfit = report.checks["overfit_batch"]
+    assert "unknown loss kind" in overfit.advice and overfit.evidence["steps"] == 5
     text = repr(report)
     assert text.splitlines()[0].startswith("DoctorReport(unknown") and "– init_loss" in text
     assert "<table>" in report._repr_html_() and "init_loss" in report._repr_html_()

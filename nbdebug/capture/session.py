@@ -15,6 +15,14 @@ per-layer sync). Evaluation: once a grad-enabled forward has been seen, forwards
 forwards *before* the first grad-enabled one are held back: they become evaluation when training
 starts, and steps when it never does (an inference cell), or once 16 of them are waiting.
 Forward passes that autograd runs during backward (checkpoint recomputation) are not new calls.
+When the loop calls submodules directly and never the model's own ``forward`` (Lightning's
+``training_step`` doing ``self.decoder(self.encoder(x))``), a *pass* stands in for that call: it
+begins at a selected module's call when no step is open, after a top-level forward, when grad mode
+changes, or when the pass's first module (the first selected module that ran in it) runs again; the
+same rules then apply to passes (a loop of ``m.decoder(m.encoder(x))`` with backward and optimizer step
+is one step per iteration with either ``step_on``; its ``inference_mode`` validation passes are
+evaluation). A no-grad call inside a training pass that is not its first module (a target network) is
+part of that pass, not an evaluation (not recorded).
 Hooks are removed on every exit path and the model is left exactly as it was.
 
 GradScaler (mixed precision): backward runs on the scaled loss, so output gradients and parameter
@@ -167,6 +175,10 @@ class Capture:
         self._open_grad = False  # ... and it is a training step
         self._eval = False  # the current top-level pass is an evaluation (not recorded)
         self._seen_training = False
+        self._root_depth = 0  # the model's own forward is running (nesting depth)
+        self._first: str | None = None  # first selected module of the open pass when the root is not called
+        self._eval_first: str | None = None  # ... of the evaluation pass
+        self._eval_stretch = 0  # evaluation passes since the last training/no-grad pass
         self.eval_steps = 0
         self._pending: list[Any] = []  # closed no-grad steps not yet known to be steps or evaluation
         self._late: list[_Call] = []  # calls of closed steps whose gradients arrived late
@@ -211,12 +223,45 @@ class Capture:
     def _on_root_pre(self, *_: Any) -> None:
         if _in_backward():  # the whole model recomputed by checkpointing: not a new step
             return
+        self._root_depth += 1
+        self._first = None
+        self._begin_pass()
+
+    def _on_root_end(self, *_: Any) -> None:
+        if not _in_backward() and self._root_depth:
+            self._root_depth -= 1
+
+    def _rootless(self, name: str) -> None:
+        """A selected module ran while the model's own ``forward`` is not running: a new pass begins
+        when nothing is open, after a top-level forward, when grad mode changes, or when the pass's
+        first module runs again."""
+        grad = torch.is_grad_enabled()
+        if not grad and self._seen_training:  # evaluation
+            if not self._eval or name == self._eval_first:
+                self._begin_pass()
+                self._eval_first = name
+            return
+        if self._eval:
+            if self._open and self._open_grad and self._first is not None and name != self._first \
+                    and self._eval_stretch == 1:
+                # a no-grad call inside a training pass (a target network): part of that pass
+                self._eval, self._eval_stretch = False, 0
+                self.eval_steps -= 1
+                return
+        elif self._open and grad == self._open_grad and self._first is not None and name != self._first:
+            return
+        self._begin_pass()
+        self._first = name
+
+    def _begin_pass(self) -> None:
+        """A top-level pass begins: an evaluation, or a pass of the open step, or a new step."""
         grad = torch.is_grad_enabled()
         if not grad and self._seen_training:
             self._eval = True
+            self._eval_stretch += 1
             self.eval_steps += 1
             return
-        self._eval = False
+        self._eval, self._eval_stretch = False, 0
         if grad and not self._seen_training:
             if self._open and not self._open_grad:
                 self._close_step()  # held back: it becomes an evaluation just below
@@ -357,12 +402,14 @@ class Capture:
         task_id = torch._C._current_graph_task_id
 
         def hook(module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            if not self._root_depth and task_id() == -1:  # called outside the model's forward
+                self._rootless(name)
             if self._eval:
                 return
             if task_id() != -1:  # inside a backward: checkpoint recomputation
                 self._on_recompute(name, output)
                 return
-            if not self._open:  # a selected submodule called outside the model's forward
+            if not self._open:  # not expected (every pass opens a step); never lose the call
                 self._open, self._open_grad = True, torch.is_grad_enabled()
                 self._passes += 1
             if len(self._step_calls) >= MAX_CALLS:
@@ -548,6 +595,8 @@ class Capture:
         self._grad_snapshot = {id(p): (id(p.grad), _version(p.grad)) for p in model.parameters() if p.grad is not None}
         try:
             self._hooks.forward_pre(model, self._on_root_pre)
+            end = model.register_forward_hook(self._on_root_end, always_call=True)  # also when forward raises
+            self._hooks.on_remove(end.remove)
             if self.loss_fn is None:
                 self._hooks.forward(model, self._on_root_out)
             for name, module in self.modules:

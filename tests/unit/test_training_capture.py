@@ -541,3 +541,122 @@ def test_finite_parameter_gradients_whose_float32_norm_overflows_are_not_non_fin
         assert got == pytest.approx(float(torch.finfo(torch.float32).max), rel=1e-6)
     else:
         assert got == pytest.approx(want, rel=1e-6)
+
+
+# -- the model's own forward never called (Lightning's training_step: self.decoder(self.encoder(x))) --
+class AutoEncoder(nn.Module):
+    """LitAutoEncoder-shaped: ``forward`` exists but the loop calls the submodules directly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 2))
+        self.decoder = nn.Sequential(nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # never called below
+        raise AssertionError("the loop calls the submodules")
+
+
+_AE_ROWS = ["encoder.0", "encoder.1", "encoder.2", "decoder.0", "decoder.1", "decoder.2"]
+
+
+def _rootless_loop(step_on: str, sanity: bool, device_path: bool, micro: int = 1, steps: int = 12, every: int = 4):
+    """``steps`` SGD steps of ``micro`` micro-batches each, calling ``m.decoder(m.encoder(x))``; a
+    validation forward under inference_mode after every ``every`` steps (and one before training when
+    ``sanity``, like Lightning's sanity check). Returns (result, per-step mean of the encoder's
+    training outputs, the model)."""
+    m = AutoEncoder()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(5, 6, generator=g) for _ in range(steps * micro)]
+    xv = torch.randn(5, 6, generator=g) * 100  # validation values far from the training ones
+    enc: list[list[torch.Tensor]] = []
+    with Capture(m, step_on=step_on, device_path=device_path) as cap:
+        if sanity:
+            with torch.inference_mode():
+                m.decoder(m.encoder(xv))
+        for i in range(steps):
+            opt.zero_grad()
+            enc.append([])
+            for j in range(micro):
+                x = xs[i * micro + j]
+                z = m.encoder(x)
+                enc[-1].append(z.detach().clone())
+                (nn.functional.mse_loss(m.decoder(z), x) / micro).backward()
+            opt.step()
+            if (i + 1) % every == 0:
+                with torch.inference_mode():
+                    m.decoder(m.encoder(xv))
+    return cap.result, [float(torch.cat(zs).mean()) for zs in enc], m
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+@pytest.mark.parametrize("sanity", [False, True])
+@pytest.mark.parametrize("step_on", ["optimizer", "forward"])
+def test_submodules_called_directly_one_step_per_iteration_validation_is_evaluation(
+        step_on: str, sanity: bool, device_path: bool) -> None:
+    res, enc_mean, m = _rootless_loop(step_on, sanity, device_path)
+    assert res.steps == 12 and list(res.step_index) == list(range(1, 13))
+    assert res.eval_steps == 12 // 4 + sanity
+    assert [r.name for r in res.layers] == _AE_ROWS  # one call of each per step: no `encoder.0#2`
+    assert res["encoder.0"].calls == 12
+    np.testing.assert_allclose(res.series("encoder.2", "mean"), enc_mean, rtol=1e-5, atol=1e-7)
+    assert res.series("encoder.0", "max").max() < 50  # no validation value leaked into the history
+    assert np.isfinite(res.series("decoder.2", "grad_norm")).all()
+    assert hook_count(m) == 0
+
+
+def test_submodules_called_directly_micro_batches_merge_per_optimizer_step() -> None:
+    res, enc_mean, _ = _rootless_loop("optimizer", True, False, micro=2, steps=6, every=3)
+    assert res.steps == 6 and res.eval_steps == 6 // 3 + 1
+    assert [r.name for r in res.layers] == _AE_ROWS and res["encoder.0"].calls == 12
+    np.testing.assert_allclose(res.series("encoder.2", "mean"), enc_mean, rtol=1e-5, atol=1e-7)
+    res, _, _ = _rootless_loop("forward", False, False, micro=2, steps=6, every=3)
+    assert res.steps == 12 and res.eval_steps == 2  # step_on="forward": each micro-batch is a step
+
+
+def test_submodules_called_directly_under_inference_mode_are_steps() -> None:
+    m = AutoEncoder()
+    xs = [torch.full((2, 6), float(k)) for k in range(3)]
+    outs = []
+    with Capture(m) as cap, torch.inference_mode():
+        for x in xs:
+            outs.append(m.encoder(x))
+            m.decoder(outs[-1])
+    res = cap.result
+    assert res.steps == 3 and res.eval_steps == 0 and [r.name for r in res.layers] == _AE_ROWS
+    np.testing.assert_allclose(res.series("encoder.2", "mean"), [float(o.mean()) for o in outs], rtol=1e-6)
+
+
+class Raises(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.inner.encoder(x)
+        raise ValueError("bad batch")
+
+
+def test_submodules_called_directly_after_a_raising_forward_and_with_a_no_grad_target_network() -> None:
+    """A top-level forward that raised is over (later direct calls still make steps); a no-grad call
+    inside a training pass (a target network, not the pass's first module) is not an evaluation."""
+    m = AutoEncoder()
+    root = Raises(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    target = nn.Linear(4, 2)
+    xs = [torch.randn(4, 6, generator=torch.Generator().manual_seed(k)) for k in range(5)]
+    with Capture(root, step_on="forward") as cap:
+        with pytest.raises(ValueError):
+            root(xs[0])
+        for x in xs:
+            opt.zero_grad()
+            z = m.encoder(x)
+            with torch.no_grad():
+                t = root.inner.decoder[0](z)  # selected module, no grad, mid-pass
+            (nn.functional.mse_loss(m.decoder(z), x) + target(t).sum() * 0).backward()
+            opt.step()
+    res = cap.result
+    assert res.steps == 1 + 5 and res.eval_steps == 0  # the raising forward's pass is a step of its own
+    assert [r.name for r in res.layers] == ["inner." + n for n in _AE_ROWS]  # the no-grad call is not recorded
+    assert res["inner.encoder.0"].calls == 6 and res["inner.decoder.0"].calls == 5

@@ -329,6 +329,57 @@ def test_lightning_callback_one_step_per_optimizer_step() -> None:
 
 
 @pytest.mark.slow
+def test_lightning_training_step_calling_submodules_one_step_per_optimizer_step() -> None:
+    """LitAutoEncoder-shaped: ``training_step`` calls ``self.decoder(self.encoder(x))`` (the module's own
+    forward never runs); validation (inference_mode) after every 4 steps is evaluation, not steps."""
+    L = pytest.importorskip("lightning.pytorch")
+    import torch.nn.functional as F
+
+    import nbdebug
+
+    class LitAE(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+            self.decoder = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 4))
+            self.losses: list[torch.Tensor] = []
+            self.enc_means: list[float] = []
+
+        def training_step(self, batch: Any, i: int) -> torch.Tensor:
+            x, _ = batch
+            z = self.encoder(x)
+            self.enc_means.append(float(z.detach().mean()))
+            loss = F.mse_loss(self.decoder(z), x)
+            self.losses.append(loss.detach())
+            return loss
+
+        def validation_step(self, batch: Any, i: int) -> None:
+            x, _ = batch
+            self.log("val_loss", F.mse_loss(self.decoder(self.encoder(x)), x))
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    module = LitAE()
+    own = hook_count(module)
+    cb = nbdebug.LightningCallback(live=False)
+    steps = 12
+    trainer = L.Trainer(max_steps=steps, val_check_interval=4, limit_val_batches=1, num_sanity_val_steps=1,
+                        callbacks=[cb], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer.fit(module, _loader(), _loader())
+    res = cb.result
+    assert trainer.global_step == steps and hook_count(module) == own
+    assert res.steps == steps and res.step_index.tolist() == list(range(1, steps + 1))
+    assert res.eval_steps == steps // 4  # one validation batch after 4, 8 and 12 steps (sanity check not watched)
+    assert res["encoder.0"].calls == steps and not any("#" in r.name for r in res.layers)
+    assert np.allclose(res.series("loss"), torch.stack(module.losses).numpy(), rtol=1e-6)
+    assert np.allclose(res.series("encoder.2", "mean"), module.enc_means, rtol=1e-5, atol=1e-7)
+    assert np.isfinite(res.series("decoder.2", "grad_norm")).all()
+
+
+@pytest.mark.slow
 def test_lightning_exception_closes_the_capture() -> None:
     import nbdebug
 

@@ -9,6 +9,7 @@ import { buildHeader as drawHeader, HEADERS } from "./thermometer/header";
 import { DetailPanel } from "./thermometer/histogram";
 import type { HistEvent } from "./thermometer/history";
 import { initialize, messageHandler, shared, SparkCache, sparkCell, SPARK_STATS, syncTrait } from "./thermometer/live";
+import { GroupsPanel } from "./thermometer/groups_widget";
 import { renderRaised, type Raised } from "./thermometer/raised";
 import {
   StatTable,
@@ -44,6 +45,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const nothing = h("div", { class: "nbd-nothing", text: "" });
   const table = h("div", { class: "nbd-table" }, [head, body, nothing]);
   const diagList = h("ul", { class: "nbd-diagnoses" });
+  const groups = new GroupsPanel(model, [table]); // the grouped view hides the flat table while on
   const errorBox = h("div", { class: "nbd-error" });
   const detail = new DetailPanel(model, () => {
     const c = getComputedStyle(root).getPropertyValue("--jp-brand-color1").trim();
@@ -58,6 +60,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     notes,
     h("div", { class: "nbd-bar-row" }, [legendBox, controls]),
     errorBox,
+    groups.el,
     table,
     detail.el,
     diagList,
@@ -120,6 +123,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
 
   function select(name: string, opts: { scroll?: boolean; force?: boolean } = {}): void {
     if (name === current && !opts.force) return;
+    groups.select(name);
     if (current && byName.has(current)) rows[byName.get(current)!]?.classList.remove("nbd-selected");
     current = name;
     const i = byName.get(name);
@@ -236,6 +240,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       applySort();
       applyFilter();
       renderTexts();
+      groups.sync(model.get("legend") ?? {});
       if (running && store.length) {
         const nan = store.firstNonfinite ? `, first NaN/Inf at step ${store.firstNonfinite}` : "";
         const gap = store.gap ? " (earlier steps appear when the cell ends)" : "";
@@ -352,6 +357,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     ["change:spark_stat", schedule],
     ["change:incidents", schedule],
     ["change:events", schedule],
+    ["change:groups", schedule],
     ["change:flagged_only", applyFilter],
     ["change:sort_by", onSortTrait],
     ["change:sort_desc", onSortTrait],
@@ -397,6 +403,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     live.views.delete(schedule);
     if (onMsg) model.off("msg:custom", onMsg);
     timeline.destroy();
+    groups.destroy();
     detail.clear();
     root.remove();
   };

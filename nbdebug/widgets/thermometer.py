@@ -33,6 +33,7 @@ import traitlets
 
 from ..capture.history import FIELD_INDEX, History
 from ..capture.session import CaptureResult
+from ..inspectors.groups import groups_view
 from ..inspectors.history import FLAG_BITS, step_flags
 from ..inspectors.thermometer import COLUMNS, LEGEND, ThermometerReport, Thresholds, diagnose
 from ._base import NBWidget, rpc
@@ -93,6 +94,10 @@ class ThermometerWidget(NBWidget):
     incidents = traitlets.List().tag(sync=True)
     events = traitlets.List().tag(sync=True)
     running = traitlets.Bool(False).tag(sync=True)
+    #: rows grouped by the module tree, repeated blocks collapsed (``inspectors.groups.groups_view``;
+    #: {} below 100 rows or when nothing repeats) and the statistic of its strips ("": its default)
+    groups = traitlets.Dict().tag(sync=True)
+    group_stat = traitlets.Unicode("").tag(sync=True)
 
     def __init__(self, report: ThermometerReport, capture: CaptureResult | None = None,
                  thresholds: Thresholds | None = None, **kwargs: Any) -> None:
@@ -130,6 +135,8 @@ class ThermometerWidget(NBWidget):
             incidents=[_incident(i) for i in getattr(capture, "incidents", None) or []],
             history={},
         )
+        grouped = groups_view(report, getattr(capture, "layers", None), history=hist if timed else None)
+        state["groups"] = {} if grouped is None else {**grouped[0], **{k: encode_array(v) for k, v in grouped[1].items()}}
         if timed:
             group = _group_for(len(hist), len(hist.rows), hist.decimated, TRAIT_BYTES)
             flags = _layer_flags_to_rows(report, hist)

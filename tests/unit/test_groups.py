@@ -336,3 +336,32 @@ def test_group_history_per_block_over_kept_steps():
     meta, arrays = groups_view(report, layers, min_rows=0, history=h)
     assert meta["hist_stats"] == list(HISTORY_STATS) and arrays["hist_strip"].shape == (3, 2, 3)
     assert meta["step"] == 3
+
+
+def test_thermometer_widget_syncs_the_grouped_view():
+    """The thermometer widget carries groups_view's payload (binary arrays) for a model that repeats
+    blocks, with the residual stream when the blocks' outputs were captured; {} for a small model."""
+    torch = pytest.importorskip("torch")
+    from nbdebug.capture.session import Capture
+    from nbdebug.widgets.thermometer import ThermometerWidget
+
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(10)]) for _ in range(12))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), *blocks)
+    layers = [n for n, m in model.named_modules() if n and not list(m.children())] + [str(i) for i in range(1, 13)]
+    with Capture(model, layers=layers) as cap:
+        model(torch.randn(3, 4)).sum().backward()
+    w = ThermometerWidget.from_capture(cap.result)
+    g = w.groups
+    assert len(w.layers) == 1 + 12 * 10 + 12
+    assert g["block_name"]["shape"] == [12] and g["values"]["dtype"] == "float32"
+    assert isinstance(g["values"]["view"], memoryview)
+    assert g["residual"]["group"] == 0 and g["residual"]["d"] == 4
+    arr = {k: np.frombuffer(g[k]["view"], np.int32) for k in ("name_parent", "name_suffix", "group_name", "block_name")}
+    full = full_names(g, arr)
+    # the blocks' container is the model itself (nn.Sequential "1" … "12")
+    assert full[arr["group_name"][0]] == "" and [full[i] for i in arr["block_name"]] == [str(i) for i in range(1, 13)]
+    small = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with Capture(small) as cap:
+        small(torch.randn(3, 4))
+    assert ThermometerWidget.from_capture(cap.result).groups == {}

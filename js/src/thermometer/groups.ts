@@ -272,7 +272,7 @@ export class GroupView {
     const d = this.data;
     const grp = d.groups[g];
     const res = d.residual && d.residual.group === g ? d.residual : null;
-    const shown = this.relative(grp.name, depth, grp.parent);
+    const shown = this.relative(grp.name, depth, grp.parent) || "(model)"; // the model itself holds the blocks
     return h("div", {
       class: "nbd-grp",
       style: this.indent(depth),

@@ -5,17 +5,19 @@ group, and a row click reaching the kernel; timed with ``performance.now()`` in 
 The model is ``benchmarks/bench_groups.py``'s (32 blocks × 50 captured rows, 11 experts per block
 as nested groups, the blocks' own outputs for the residual stream row), captured for one training
 step by ``Capture``, grouped by ``nbdebug.inspectors.groups``. The widget is a test-only anywidget
-whose ES module is ``renderGroups`` bundled by esbuild here (the grouped view is not wired into the
-thermometer widget yet). Figures go to ``test-artifacts/groups_browser_timing.json``, which
+whose ES module is ``renderGroups`` bundled by esbuild here (timing the view alone);
+``test_thermometer_grouped_view_lab`` checks the same view inside the real thermometer widget. Figures go to ``test-artifacts/groups_browser_timing.json``, which
 ``benchmarks/bench_groups.py`` prints.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
+from playwright.sync_api import expect
 
 from .harness import (
     ARTIFACTS,
@@ -164,3 +166,39 @@ def test_grouped_thermometer_1600_rows_lab(page, lab):
 def _block(page, name: str) -> int:
     """Index of block ``name`` in the payload (what the view's data-block attributes hold)."""
     return kernel_json(page, f"[b.name for b in tree.blocks].index({name!r})")
+
+
+MAGIC_SETUP = f"""
+import sys
+sys.path.insert(0, {str(REPO / "benchmarks")!r})
+from bench_groups import big_model
+model, ids, _ = big_model()
+"""
+
+
+def test_thermometer_grouped_view_lab(page, lab):
+    """The real thermometer (`%%nndebug --view thermometer`) on the 1,603-leaf model: the grouped view
+    is on (the flat table hidden), a strip cell opens its block, a row click selects the row in the
+    kernel, and switching the grouped view off shows the flat table."""
+    write_notebook(lab.root, "therm_groups", ["%load_ext nbdebug", MAGIC_SETUP,
+                                              "%%nndebug model --view thermometer\nmodel(ids).sum().backward()"])
+    open_and_run(page, lab, "therm_groups")
+    w = wait_widget(page, "thermometer")
+    panel = w.locator(".nbd-groups-panel")
+    expect(panel).to_be_visible()
+    expect(w.locator(".nbd-table")).to_be_hidden()
+    grp = panel.locator('.nbd-grp[data-group="0"]')
+    assert grp.locator(".nbd-gname").text_content() == "model.layers"
+    assert grp.locator(".nbd-cell").count() == 32
+    grp.locator('.nbd-cell[title^="model.layers.9:"]').click()
+    row = panel.locator(".nbd-blk-body .nbd-grow").nth(1)
+    name = row.locator(".nbd-gname").get_attribute("title").splitlines()[0]
+    assert name == "model.layers.9.self_attn.q_proj"
+    row.click()
+    expect(row).to_have_class(re.compile("nbd-selected"))
+    run_code_and_wait_text(page, "print(_nndebug_widget.selected)", name)
+    panel.locator(".nbd-grouped-toggle").uncheck()
+    expect(w.locator(".nbd-table")).to_be_visible()
+    assert w.locator(".nbd-row").count() == 1603
+    assert kernel_json(page, "_nndebug_widget.js_error") == ""
+

@@ -595,12 +595,14 @@ class Capture:
         self._grad_snapshot = {id(p): (id(p.grad), _version(p.grad)) for p in model.parameters() if p.grad is not None}
         try:
             self._hooks.forward_pre(model, self._on_root_pre)
-            end = model.register_forward_hook(self._on_root_end, always_call=True)  # also when forward raises
-            self._hooks.on_remove(end.remove)
             if self.loss_fn is None:
                 self._hooks.forward(model, self._on_root_out)
             for name, module in self.modules:
                 self._hooks.forward(module, self._make_forward_hook(name, module), with_kwargs=True)
+            # after the modules' hooks (a selected root's own hook still sees its forward running), and
+            # also called when the forward raises
+            end = model.register_forward_hook(self._on_root_end, always_call=True)
+            self._hooks.on_remove(end.remove)
             if self.grads:
                 self._watch_params()
             self._hooks.on_remove(self._remove_tensor_hooks)

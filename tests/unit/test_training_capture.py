@@ -660,3 +660,24 @@ def test_submodules_called_directly_after_a_raising_forward_and_with_a_no_grad_t
     assert res.steps == 1 + 5 and res.eval_steps == 0  # the raising forward's pass is a step of its own
     assert [r.name for r in res.layers] == ["inner." + n for n in _AE_ROWS]  # the no-grad call is not recorded
     assert res["inner.encoder.0"].calls == 6 and res["inner.decoder.0"].calls == 5
+
+
+@pytest.mark.parametrize("step_on", ["forward", "optimizer"])
+def test_model_that_is_its_own_only_layer(step_on: str) -> None:
+    """The root is the selected module: its own hook runs while its forward is still the top-level one."""
+    m = nn.Linear(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    means = []
+    with Capture(m, step_on=step_on) as cap:
+        for i in range(3):
+            opt.zero_grad()
+            y = m(torch.ones(1, 2) * i)
+            means.append(float(y.detach().mean()))
+            y.sum().backward()
+            opt.step()
+            with torch.no_grad():
+                m(torch.ones(1, 2) * 100)
+    res = cap.result
+    assert res.steps == 3 and res.eval_steps == 3 and res.forward_passes == 3 and [r.name for r in res.layers] == [""]
+    np.testing.assert_allclose(res.series("", "mean"), means, rtol=1e-6)
+    assert hook_count(m) == 0 and not m._forward_hooks_always_called

@@ -188,8 +188,11 @@ class ThermometerWidget(NBWidget):
                                 first_nonfinite=0 if reset else f.nonfinite)
         f.nonfinite = meta["first_nonfinite_step"]
         content = {"type": "history", "from": start, "reset": reset, **meta}
-        if not reset:
-            content.pop("rows")
+        if not reset:  # rows that appeared since the last push (a branch taken late, relu#k, experts)
+            names = content.pop("rows")
+            if len(names) > f.rows:
+                content["rows"], content["rows_from"] = names[f.rows:], f.rows
+        f.rows = len(history.rows)
         if len(incidents) != f.incidents:
             content["incidents"] = incidents
             f.incidents = len(incidents)
@@ -294,6 +297,7 @@ class _Feed:
     group: int = 1  # kept slots merged into one sent slot
     nonfinite: int = 0  # first step with a NaN/Inf seen in what was sent
     incidents: int = 0
+    rows: int = 0  # history rows the browser has the names of
 
 
 def _slot_bytes(rows: int, banded: bool) -> int:

@@ -12,6 +12,7 @@ like a ``torchrun`` / script launch with ``NBDEBUG_SPOOL`` set by the caller.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import json
 import os
 import sys
@@ -74,6 +75,9 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
     import nbdebug.distributed as nd
     from nbdebug.capture.hooks import hook_count, optimizer_hook_count
 
+    # A worker still alive after 90 s prints every thread's stack to stderr (pytest shows it): a
+    # fork launch once hung after its last step in a full-suite run (cause not found yet).
+    faulthandler.dump_traceback_later(90, exit=False)
     _init(rank, world, port)
     try:
         model = make_model(scenario)

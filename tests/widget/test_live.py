@@ -355,3 +355,24 @@ def test_nan_loop_shows_the_incident_live_and_in_the_final_state(sh, outbox) -> 
     assert live and live[-1]["incidents"][0]["step"] == 6  # the cards were pushed while the cell ran
     assert any(c["first_nonfinite_step"] == 6 for _, c, _ in outbox)
     assert "step 6" in w.fallback_html()
+
+
+def test_rows_that_appear_late_reach_the_browser_with_their_names(outbox) -> None:  # type: ignore[no-untyped-def]
+    """A row first seen at a later step (a branch taken late, relu#k, an expert) arrives with its name,
+    whether or not the push is a reset: the browser's row list (as js/src/thermometer/history.ts
+    applies `rows`/`rows_from`) always equals the history's."""
+    h, ids = rows_history(10)
+    w = ThermometerWidget.waiting()
+    browser: list[str] = []
+    for step, r in enumerate((10, 11, 12, 12, 13), start=1):
+        while len(h.rows) < r:
+            name = f"late{len(h.rows)}"
+            ids = np.append(ids, h.row_id(name, {"module": name, "type": "ReLU", "shape": (4, 8), "dtype": "float32"}))
+        h.append(step, ids, step_values(step, r), {"loss": 1.0, "lr": 0.1, "skipped": 0.0})
+        assert w.push_history(h)
+        content, buffers = outbox[-1][1:]
+        if "rows" in content:
+            at = 0 if content["reset"] else content.get("rows_from", 0)
+            browser = browser[:at] + [row["name"] for row in content["rows"]]
+        assert browser == h.rows, (step, content["reset"])
+        assert sent_arrays(content, buffers)["last"].shape[1] == len(browser)

@@ -1,6 +1,6 @@
 """Run every benchmark script in this folder, one after the other (`make bench`).
 
-bench_capture, bench_language, bench_training (training loops, and a 10,000-step memory run that
+bench_capture, bench_distributed, bench_groups, bench_language, bench_training (training loops, and a 10,000-step memory run that
 takes minutes), bench_vision; arguments (e.g. `--quick`) are passed to each.
 """
 

@@ -1,0 +1,77 @@
+"""Bytes and time per step per rank of the `--distributed` spool (issue 11).
+
+One rank's side, in one process (no launch needed: what a worker's ``nbdebug.debug`` does when
+``NBDEBUG_SPOOL`` is set): a 101-row MLP (50 × Linear(64, 64)+ReLU, then a head; 102 parameters),
+batch 32, SGD, ``torch.set_num_threads(1)``. Reported: plain loop vs ``Capture`` vs the spooling
+capture (ms per step), and the chunk each step writes (median bytes; total written), i.e. what
+crosses from a rank to the launching kernel per step.
+
+    python benchmarks/bench_distributed.py [--quick] [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from nbdebug.capture.session import Capture
+from nbdebug.distributed import SpoolDebug, load
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(50):
+        layers += [nn.Linear(64, 64), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(64, 10))
+
+
+def loop(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        loss = model(torch.randn(32, 64)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="10 steps (checks the script runs)")
+    ap.add_argument("--steps", type=int, default=60)
+    args, _ = ap.parse_known_args()
+    steps = 10 if args.quick else args.steps
+    torch.set_num_threads(1)
+    ms: dict[str, float] = {}
+    for mode in ("plain", "capture", "spool"):
+        model = make_model()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        loop(model, opt, 3)  # warm-up
+        spool = tempfile.mkdtemp(prefix="nbdebug-bench-spool-")
+        t = time.perf_counter()
+        if mode == "plain":
+            loop(model, opt, steps)
+        elif mode == "capture":
+            with Capture(model):
+                loop(model, opt, steps)
+        else:
+            with SpoolDebug(model, spool=spool) as dbg:
+                loop(model, opt, steps)
+        ms[mode] = (time.perf_counter() - t) / steps * 1e3
+        if mode == "spool":
+            sizes = [f.stat().st_size for f in sorted(Path(spool).glob("rank*/c*.npz"))]
+            run = load(spool)
+            print(f"rank 0: {len(run.ranks[0].history.rows)} rows, {len(list(model.parameters()))} parameters; "
+                  f"{len(sizes)} chunks, median {int(statistics.median(sizes)) if sizes else 0} B per step, "
+                  f"{dbg.writer.bytes_written} B written in {steps} steps")
+    plain = ms["plain"]
+    print("ms/step: " + ", ".join(f"{k} {v:.2f} ({v / plain:.2f}× plain)" for k, v in ms.items()))
+
+
+if __name__ == "__main__":
+    main()

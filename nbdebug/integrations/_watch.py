@@ -167,6 +167,37 @@ class TrainingWatch:
                 self.note = self.note or f"{type(exc).__name__}: {exc}"
 
 
+
+class WatchedRun:
+    """What both callbacks expose, read from their ``self._watch`` (a :class:`TrainingWatch`)."""
+
+    _watch: TrainingWatch
+
+    @property
+    def result(self) -> Any:
+        """The last run's CaptureResult (None while training runs, or when the view did not apply: see ``note``)."""
+        return self._watch.result
+
+    @property
+    def widget(self) -> Any:
+        """The view's widget (the live one while training runs)."""
+        return self._watch.widget
+
+    @property
+    def note(self) -> str:
+        """Why there is no result ("" when there is one)."""
+        return self._watch.note
+
+    @property
+    def running(self) -> bool:
+        """Whether the capture is still open."""
+        return self._watch.running
+
+    def close(self) -> None:
+        """Remove every hook now if a run is still open (e.g. ``train()`` raised and the framework
+        did not tell the callback)."""
+        self._watch.close()
+
 def _close_quietly(opened: _Open) -> None:
     """The finalizer: remove the hooks of a run nobody closed (callback collected, interpreter exit)."""
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._watch import TrainingWatch
+from ._watch import TrainingWatch, WatchedRun
 
 __all__ = ["TrainerCallback"]
 
@@ -34,7 +34,7 @@ def _real_class() -> type:
     return _REAL[0]
 
 
-class TrainerCallback:
+class TrainerCallback(WatchedRun):
     """Watch a ``transformers.Trainer`` run with an nbdebug view (the thermometer by default).
 
     ``Trainer(..., callbacks=[cb])`` records one history step per optimizer step (the micro-batches
@@ -80,29 +80,6 @@ class TrainerCallback:
         self._watch = TrainingWatch(view, live=live, layers=layers, max_bytes=max_bytes, every=every, **options)
 
     # -- what the user reads --------------------------------------------------------------------
-    @property
-    def result(self) -> Any:
-        """The last run's CaptureResult (None while training runs, or when the view did not apply: see ``note``)."""
-        return self._watch.result
-
-    @property
-    def widget(self) -> Any:
-        """The view's widget (the live one while training runs)."""
-        return self._watch.widget
-
-    @property
-    def note(self) -> str:
-        """Why there is no result ("" when there is one)."""
-        return self._watch.note
-
-    @property
-    def running(self) -> bool:
-        """Whether the capture is still open."""
-        return self._watch.running
-
-    def close(self) -> None:
-        """Remove every hook now if training ended without telling the callback (``train()`` raised)."""
-        self._watch.close()
 
     # -- Trainer events -------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:

@@ -15,7 +15,7 @@ import importlib
 from typing import Any
 
 from ..capture.weak import weak_method
-from ._watch import TrainingWatch
+from ._watch import TrainingWatch, WatchedRun
 
 __all__ = ["LightningCallback"]
 
@@ -36,7 +36,7 @@ def _real_class() -> type:
     return _REAL[0]
 
 
-class LightningCallback:
+class LightningCallback(WatchedRun):
     """Watch a PyTorch Lightning ``fit`` with an nbdebug view (the thermometer by default).
 
     ``L.Trainer(..., callbacks=[cb]).fit(module)`` records one history step per optimizer step
@@ -81,29 +81,6 @@ class LightningCallback:
             total = total + x
         return total
 
-    @property
-    def result(self) -> Any:
-        """The last run's CaptureResult (None while training runs, or when the view did not apply: see ``note``)."""
-        return self._watch.result
-
-    @property
-    def widget(self) -> Any:
-        """The view's widget (the live one while training runs)."""
-        return self._watch.widget
-
-    @property
-    def note(self) -> str:
-        """Why there is no result ("" when there is one)."""
-        return self._watch.note
-
-    @property
-    def running(self) -> bool:
-        """Whether the capture is still open."""
-        return self._watch.running
-
-    def close(self) -> None:
-        """Remove every hook now if a run is still open."""
-        self._watch.close()
 
     # -- Lightning hooks ------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:

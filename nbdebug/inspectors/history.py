@@ -177,6 +177,19 @@ def _fields(v: np.ndarray, names: Sequence[str]) -> dict[str, np.ndarray]:
     return {x: block[i].reshape(k, r) for i, x in enumerate(names)}
 
 
+def _below_dead(zeros: np.ndarray, pad: np.ndarray) -> np.ndarray:
+    """``[K, R]``: a row somewhere upstream (through the input graph, transitively) is all zeros at
+    that step. Everything below a dead layer sees a constant input, so units that are zero for every
+    sample there are the dead layer's consequence, not a finding of their own."""
+    k, r = zeros.shape
+    up = np.zeros((k, r), bool)
+    for j in range(r):
+        ins = pad[j][pad[j] < r]
+        if ins.size:
+            up[:, j] = (up[:, ins] | zeros[:, ins]).any(axis=1)
+    return up
+
+
 def step_flags(values: np.ndarray, types: Sequence[str], thresholds: Thresholds | None = None, *,
                dtypes: Sequence[str] | None = None, inputs: Sequence[Sequence[int]] | None = None,
                skipped: np.ndarray | None = None, shapes: Sequence[Sequence[int] | None] | None = None,
@@ -229,7 +242,8 @@ def step_flags(values: np.ndarray, types: Sequence[str], thresholds: Thresholds 
         if shapes is not None:
             per = np.array([values_per_unit(sh) for sh in shapes], np.float64)
             units &= ~(per < th.unit_values)[None, :r]
-        dead_units = units & ~(has_in & _over_inputs(units, pad, True, "all"))
+        # a dead row's units are all dead (one flag says it); below a dead row they are its consequence
+        dead_units = units & ~zeros & ~(has_in & _over_inputs(units, pad, True, "all")) & ~_below_dead(zeros, pad)
         saturated = isf & (col["saturated_frac"] >= th.saturated)
         origin_f = bad_f & ~_over_inputs(bad_f, pad, False, "any")
         consumed = np.zeros(r + 1, bool)

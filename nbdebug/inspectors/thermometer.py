@@ -203,9 +203,17 @@ def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:
     # Over a history, rows that died during the run (and stayed dead) tell their story here too.
     evs = events(hist, th, inputs=input_graph(rows, hist.rows)) if hist is not None and hist.steps > 1 and len(hist) else []
     died = {e.row: e for e in evs if e.code == "became_dead"}
+    # Below a dead layer (through the input graph) every input is constant: units that are zero for
+    # every sample there are its consequence, not a finding of their own.
+    below_dead = [False] * len(rows)
+    for i, r in enumerate(rows):
+        below_dead[i] = any(below_dead[j] or (rows[j].is_float and rows[j].stats["zero_frac"] >= th.dead)
+                            for j in r.inputs if j < i)
     for i, r in enumerate(rows):
         e = died.get(r.name)
         if "dead" in flags[i] or not (e or units_dead(i)) or (not e and r.inputs and all(units_dead(j) for j in r.inputs)):
+            continue
+        if not e and below_dead[i]:
             continue
         flags[i].append("dead_units")
         msg = (f"{e.message}." if e else

@@ -41,7 +41,7 @@ class ThermometerRecorder(Recorder):
         self._pushing = True
         self.capture = Capture(
             model,
-            o.get("layers"),
+            _default_layers(model) if o.get("layers") is None else o["layers"],
             histograms=bool(o.get("histograms")),
             max_bytes=parse_bytes(o.get("max_bytes")),
             sample_size=4096 if o.get("sample_size") is None else int(o["sample_size"]),
@@ -103,3 +103,20 @@ class ThermometerRecorder(Recorder):
             self._widget.finish(report, res)
             return self._widget
         return ThermometerWidget(report, res, self.thresholds)
+
+
+def _default_layers(model: nn.Module) -> Any:
+    """Every leaf module, and for a transformer also its blocks' own outputs: the residual stream
+    after each block (the grouped view's strip) is the first thing people plot when a deep model
+    misbehaves. ``None`` (leaves only) for any other model."""
+    from ..adapters.transformers import find_parts
+    from ..capture.select import select_modules
+
+    try:
+        blocks = [name for name, _ in find_parts(model).blocks]
+    except Exception:  # not a transformer this adapter knows: leaves only
+        return None
+    if not blocks:
+        return None
+    leaves = [name for name, _ in select_modules(model, None)]
+    return leaves + [b for b in blocks if b not in leaves]

@@ -155,23 +155,24 @@ class Dashboard(ipywidgets.VBox):
         self._set_selection({"view": "logitlens", "token": pos})
 
     def thermometer_row_for_block(self, layer: int) -> str | None:
-        """The thermometer row of attention layer ``layer``'s block: its attention module if it has
-        a row, else the first row under the block (``transformer.h.3.*``); None if there is none."""
+        """The thermometer row of attention layer ``layer``'s block: its attention module's row (or
+        its first inner row), else the block's own row, else the first row under the block
+        (``transformer.h.3.*``); None if there is none."""
         att, therm = self.views.get("attention"), self.views.get("thermometer")
         if att is None or therm is None or not 0 <= layer < len(att.layer_names):
             return None
         name = str(att.layer_names[layer])
         block = _block_prefix(name)
         rows = [str(r["name"]) for r in therm.layers]
-        for want in (name, block):
-            hit = next((r for r in rows if r == want or _ROW_SUFFIX.sub("", r).split("#")[0] == want), None)
-            if hit is not None:
-                return hit
-        for prefix in (name + ".", block + "."):
-            hit = next((r for r in rows if r.startswith(prefix)), None)
-            if hit is not None:
-                return hit
-        return None
+        def exact(want: str) -> str | None:
+            return next((r for r in rows if r == want or _ROW_SUFFIX.sub("", r).split("#")[0] == want), None)
+
+        def under(prefix: str) -> str | None:
+            return next((r for r in rows if r.startswith(prefix)), None)
+
+        # the attention module's own row or its first inner row, then the block's own output row
+        # (captured for transformers: the residual stream), then the block's first inner row
+        return exact(name) or under(name + ".") or exact(block) or under(block + ".")
 
     def _on_attention(self, change: dict[str, Any]) -> None:
         sel = change["new"] or []

@@ -299,3 +299,27 @@ def test_a_later_nan_in_a_row_nothing_captured_feeds_is_not_said_to_have_finite_
                           "(the model's input?) or its weights hold NaN/Inf. The first non-finite value was at step 3, from the "
                           "model's input (first seen in `a`): the weights may hold NaN since.")]
     assert diagnose(cap.result, step=3).flags == [["nonfinite"], ["nonfinite"], ["nonfinite"]]
+
+
+def test_units_dead_below_a_dead_layer_are_its_consequence_not_a_finding() -> None:
+    """Below a fully dead ReLU every input is constant, so a later ReLU whose units get a negative
+    constant is zero for every sample: not flagged (whole run, and at every step of a loop)."""
+    from nbdebug.capture.session import Capture
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
+    with torch.no_grad():
+        model[0].bias.fill_(-10.0)  # ReLU `1` dead
+        model[2].bias.copy_(torch.tensor([-1.0, 1.0] * 4))  # constant input → half of ReLU `3`'s units 0
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with Capture(model) as cap:
+        for _ in range(3):
+            model(torch.randn(16, 6) * 0.1).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    res = cap.result
+    assert res["3"].stats["dead_unit_frac"] == 0.5  # the fact is measured…
+    for step in (None, 2, "run"):
+        rep = diagnose(res, step=step)
+        flags = dict(zip(rep.names, rep.flags))
+        assert flags["1"] == ["dead"] and flags["3"] == [], (step, flags)  # …but only the dead layer is flagged

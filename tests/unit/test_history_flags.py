@@ -150,7 +150,7 @@ def test_integer_rows_are_never_dead() -> None:
     h = History.from_arrays([1, 2], ["mask", "h"], v)
     vals = h.values()
     bits = step_flags(vals, ["Gt", "ReLU"], dtypes=["bool", "float32"], inputs=[(), ()])
-    assert [flag_names(int(b)) for b in bits[-1]] == [[], ["dead", "dead_units"]]
+    assert [flag_names(int(b)) for b in bits[-1]] == [[], ["dead"]]  # a dead row: "dead" alone says its units are
 
 
 def test_nan_origins_per_step_follow_the_input_graph() -> None:

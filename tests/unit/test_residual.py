@@ -102,3 +102,35 @@ def test_from_a_real_capture_of_a_llama() -> None:
     assert np.isfinite(res.norm).all() and res.d == 16
     per_step = residual_history(cap.result.history, blocks)
     np.testing.assert_allclose(per_step[:, :-1], [[rms_norm(x) for x in h] for h in hidden], rtol=1e-4)
+
+
+def test_thermometer_of_a_transformer_captures_its_blocks_for_the_residual_stream() -> None:
+    """By default the thermometer of a transformer captures every leaf AND each block's own output,
+    so the residual stream is there without options; it equals the model's own hidden states. Other
+    models keep leaves only."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import nbdebug
+    from nbdebug.adapters.transformers import find_parts
+    from nbdebug.capture.select import select_modules
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
+                      num_key_value_heads=2, vocab_size=64, max_position_embeddings=32)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (2, 7))
+    with nbdebug.debug(model, "thermometer") as dbg:
+        out = model(ids, output_hidden_states=True)
+    res = dbg.result
+    blocks = [n for n, _ in find_parts(model).blocks]
+    modules = {r.name.split("[")[0] for r in res.layers}  # "model.rotary_emb[0]": a tuple output's leaf
+    assert set(blocks) <= modules
+    assert {n for n, _ in select_modules(model, None)} <= modules  # every leaf is still a row
+    stream = residual_stream(res.layers, blocks)
+    # hidden_states[i + 1] is block i's output (the last one is after the final norm in transformers)
+    np.testing.assert_allclose(stream.norm[:-1], [rms_norm(h) for h in out.hidden_states[1:-1]], rtol=1e-4)
+
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU())
+    with nbdebug.debug(cnn, "thermometer") as dbg:
+        cnn(torch.randn(1, 1, 5, 5))
+    assert [r.name for r in dbg.result.layers] == ["0", "1"]

@@ -13,8 +13,8 @@ from .harness import kernel_json, open_and_run, screenshot, wait_widget
 pytestmark = pytest.mark.browser
 
 TUTORIAL = Path(__file__).resolve().parents[2] / "notebooks" / "01_thermometer_quickstart.ipynb"
-# The four thermometers, in order: healthy, dead ReLU, exploding LR, NaN from log(0).
-EXPECTED_FLAGS = [set(), {"dead"}, {"exploding"}, {"nan_origin_fwd", "nonfinite"}]
+# The four thermometers, in order: healthy, dead ReLU, exploding LR (which also killed units), NaN from log(0).
+EXPECTED_FLAGS = [set(), {"dead"}, {"exploding", "dead_units"}, {"nan_origin_fwd", "nonfinite"}]
 
 
 def _run_tutorial(page, server, name: str) -> list:  # type: ignore[no-untyped-def]

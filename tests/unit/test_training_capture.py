@@ -334,7 +334,7 @@ def test_loss_of_output_and_on_step() -> None:
     with Capture(m, on_step=lambda c: calls.append(c.history.steps)) as cap:
         for x in xs:
             out = m(x)
-            losses.append(float(out))
+            losses.append(float(out.detach()))
             out.backward()
     assert calls == [1, 2, 3]
     np.testing.assert_allclose(cap.result.series("loss"), losses, rtol=1e-6)

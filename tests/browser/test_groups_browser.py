@@ -177,7 +177,8 @@ model, ids, _ = big_model()
 
 
 def test_thermometer_grouped_view_lab(page, lab):
-    """The real thermometer (`%%nndebug --view thermometer`) on the 1,603-leaf model: the grouped view
+    """The real thermometer (`%%nndebug --view thermometer`) on the 1,603-leaf model (a transformer: its
+    32 blocks' outputs are captured too, for the residual stream strip): the grouped view
     is on (the flat table hidden), a strip cell opens its block, a row click selects the row in the
     kernel, and switching the grouped view off shows the flat table."""
     write_notebook(lab.root, "therm_groups", ["%load_ext nbdebug", MAGIC_SETUP,
@@ -199,6 +200,6 @@ def test_thermometer_grouped_view_lab(page, lab):
     run_code_and_wait_text(page, "print(_nndebug_widget.selected)", name)
     panel.locator(".nbd-grouped-toggle").uncheck()
     expect(w.locator(".nbd-table")).to_be_visible()
-    assert w.locator(".nbd-row").count() == 1603
+    assert w.locator(".nbd-row").count() == 1603 + 32  # every leaf, and each block's own output (residual stream)
     assert kernel_json(page, "_nndebug_widget.js_error") == ""
 

@@ -16,7 +16,7 @@ from nbdebug.inspectors.residual import block_rows, residual_history, residual_s
 
 def rms_norm(h: torch.Tensor) -> float:
     """sqrt(mean over tokens of ‖h_t‖²), by hand (float64)."""
-    h = h.double().reshape(-1, h.shape[-1])
+    h = h.detach().double().reshape(-1, h.shape[-1])
     return float(h.norm(dim=-1).pow(2).mean().sqrt())
 
 

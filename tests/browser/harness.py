@@ -76,6 +76,10 @@ _job_ids = itertools.count()
 # --------------------------------------------------------------------------------------------
 # Notebooks
 # --------------------------------------------------------------------------------------------
+# A layer name that would run script if any view used innerHTML (`add_module` refuses dots: no `window.`).
+HOSTILE = "<img src=x onerror=__pwned=1>"
+
+
 def write_notebook(root: Path, name: str, cells: list[str]) -> Path:
     """Write a notebook of code cells with a ``python3`` kernelspec (else a kernel dialog blocks)."""
     nb = nbformat.v4.new_notebook()

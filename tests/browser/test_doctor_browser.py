@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from .harness import (
+    HOSTILE,
     kernel_json,
     open_and_run,
     run_code_and_wait_text,
@@ -18,7 +19,6 @@ from .harness import (
 
 pytestmark = pytest.mark.browser
 
-HOSTILE = "<img src=x onerror=__pwned=1>"
 
 MODEL_CELL = f"""
 import torch

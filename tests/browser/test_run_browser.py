@@ -11,6 +11,7 @@ import re
 import pytest
 
 from .harness import (
+    HOSTILE,
     kernel_json,
     open_and_run,
     run_code_and_wait_text,
@@ -21,7 +22,6 @@ from .harness import (
 
 pytestmark = pytest.mark.browser
 
-HOSTILE = "<img src=x onerror=__pwned=1>"
 
 BUILD_CELL = f"""
 import os, tempfile

@@ -12,6 +12,7 @@ import pytest
 from playwright.sync_api import expect
 
 from .harness import (
+    HOSTILE,
     kernel_json,
     open_and_run,
     run_code_and_wait_text,
@@ -23,7 +24,6 @@ from .harness import (
 
 pytestmark = pytest.mark.browser
 
-HOSTILE = "<img src=x onerror=__pwned=1>"  # add_module refuses dots, so no `window.`
 EXPECTED_NAMES = ["conv1", "relu1", "conv2", "relu2", HOSTILE, "pool", "flat", "fc"]
 DEAD = "relu2"
 

@@ -12,13 +12,12 @@ import weakref
 import numpy as np
 import torch
 import torch.nn.functional as F
+from snapshot_models import HOSTILE  # tests/widget is on sys.path
 from torch import nn
 
 from nbdebug.doctor import doctor
 from nbdebug.inspectors.doctor import CheckResult, DoctorReport, softmax_floor
 from nbdebug.widgets.doctor import MAX_LIST, DoctorWidget
-
-HOSTILE = "<img src=x onerror=alert(1)>"
 
 
 class DoubleSoftmax(nn.Module):

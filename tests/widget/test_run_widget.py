@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from ipywidgets.widgets.widget import _remove_buffers
+from snapshot_models import HOSTILE  # tests/widget is on sys.path
 from torch import nn
 
 from nbdebug.capture.history import FIELD_INDEX
@@ -21,8 +22,6 @@ from nbdebug.widgets._transport import decode_array
 from nbdebug.widgets.run import FALLBACK_BYTES, SPREAD_FIELDS, RunWidget
 from nbdebug.widgets.thermometer import WIRE_FIELDS, ThermometerWidget
 from tests.unit import _dist_workers as W
-
-HOSTILE = "<img src=x onerror=alert(1)>"
 
 
 class Scale(nn.Module):

@@ -1,22 +1,22 @@
 // A stand-in for the anywidget model: traits in a Map, change events, custom messages.
 // `respond` decides how the "kernel" answers requests sent with rpc().
 import type { AnyModel } from "../src/lib/rpc";
+import { Emitter } from "../src/lib/events";
 
-type Cb = (...args: any[]) => void;
 
 export interface Sent {
   content: any;
   buffers?: unknown;
 }
 
-export class FakeModel implements AnyModel {
+export class FakeModel extends Emitter implements AnyModel {
   traits = new Map<string, any>();
-  handlers = new Map<string, Cb[]>();
   sent: Sent[] = [];
   saves = 0;
   respond: ((content: any) => { msg: any; buffers?: (DataView | ArrayBuffer)[] } | null) | null = null;
 
   constructor(initial: Record<string, any> = {}) {
+    super();
     for (const [k, v] of Object.entries(initial)) this.traits.set(k, v);
   }
   get(name: string): any {
@@ -29,22 +29,6 @@ export class FakeModel implements AnyModel {
   }
   save_changes(): void {
     this.saves++;
-  }
-  on(event: string, cb: Cb): void {
-    for (const ev of event.split(/\s+/)) this.handlers.set(ev, [...(this.handlers.get(ev) ?? []), cb]);
-  }
-  off(event?: string | null, cb?: Cb | null): void {
-    if (!event) {
-      this.handlers.clear();
-      return;
-    }
-    for (const ev of event.split(/\s+/)) {
-      if (!cb) this.handlers.delete(ev);
-      else this.handlers.set(ev, (this.handlers.get(ev) ?? []).filter((f) => f !== cb));
-    }
-  }
-  emit(event: string, ...args: any[]): void {
-    for (const cb of [...(this.handlers.get(event) ?? [])]) cb(...args);
   }
   listenerCount(): number {
     let n = 0;

@@ -3,9 +3,9 @@
 // front), UI state kept locally, and requests the thermometer sends (histograms) forwarded to the
 // kernel as `rank_request {rank, method, params}`. Python side: nbdebug/widgets/run.py.
 import type { NdArray, WireArray } from "../lib/ndarray";
+import { Emitter } from "../lib/events";
 import { rpc, type AnyModel } from "../lib/rpc";
 
-type Cb = (...args: any[]) => void;
 
 /** The thermometer's UI traits that are not part of a rank's data (defaults of ThermometerWidget). */
 export const UI_DEFAULTS: Record<string, unknown> = {
@@ -46,15 +46,15 @@ export function restoreArrays(traits: unknown, arrays: Record<string, NdArray>):
   return walk(traits);
 }
 
-export class LocalModel implements AnyModel {
+export class LocalModel extends Emitter implements AnyModel {
   private traits = new Map<string, any>();
-  private handlers = new Map<string, Cb[]>();
 
   constructor(
     readonly rank: number,
     traits: Record<string, any>,
     private parent: AnyModel,
   ) {
+    super();
     for (const [k, v] of Object.entries({ ...UI_DEFAULTS, ...traits })) this.traits.set(k, v);
   }
   get(name: string): any {
@@ -72,22 +72,6 @@ export class LocalModel implements AnyModel {
   }
   save_changes(): void {
     /* local: nothing to sync */
-  }
-  on(event: string, cb: Cb): void {
-    for (const ev of event.split(/\s+/)) this.handlers.set(ev, [...(this.handlers.get(ev) ?? []), cb]);
-  }
-  off(event?: string | null, cb?: Cb | null): void {
-    if (!event) {
-      this.handlers.clear();
-      return;
-    }
-    for (const ev of event.split(/\s+/)) {
-      if (!cb) this.handlers.delete(ev);
-      else this.handlers.set(ev, (this.handlers.get(ev) ?? []).filter((f) => f !== cb));
-    }
-  }
-  emit(event: string, ...args: any[]): void {
-    for (const cb of [...(this.handlers.get(event) ?? [])]) cb(...args);
   }
   /** The thermometer's requests go to the kernel as `rank_request`; the answer comes back as its response. */
   send(content: any): void {

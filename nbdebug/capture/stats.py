@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["FIELDS", "SATURATING", "DeviceStats", "device_histogram", "merge_raw", "summarize", "tensor_stats", "to_host_rows"]
+__all__ = ["FIELDS", "SATURATING", "DeviceStats", "device_histogram", "merge_raw", "stats_and_units", "summarize", "tensor_stats", "to_host_rows"]
 
 # Layout of one raw stat vector.
 FIELDS = ("numel", "sum", "sumsq", "min", "max", "nonzero", "nan", "inf", "extra")
@@ -337,6 +337,27 @@ def unit_alive(t: torch.Tensor, sign: int = 0, on_device: bool = False) -> torch
     dims = [0, *range(2, x.dim())]  # one reduction over every dim but the units (faster than two)
     m = x.amin(dims) if sign < 0 else (x if sign > 0 else x.abs()).amax(dims)
     return m != 0
+
+
+def stats_and_units(
+    t: torch.Tensor,
+    *,
+    saturation: tuple[float, float] | None = None,
+    units: bool = False,
+    on_device: bool = False,
+) -> tuple[Raw, torch.Tensor | np.ndarray | None]:
+    """:func:`tensor_stats` of ``t`` and, with ``units``, its dead-unit mask (:func:`unit_alive`) in
+    one call: ``(raw, alive)``. ``alive`` is None when ``units`` is false, when ``t`` has no units
+    (fewer than 2 dims, not floating point) or, on the host path, when no value is zero (every unit
+    alive). The forward hook's one entry point for an output."""
+    raw = tensor_stats(t, saturation=saturation, on_device=on_device)
+    if not units or t.dim() < 2 or not t.is_floating_point():
+        return raw, None
+    if not isinstance(raw, np.ndarray):
+        return raw, unit_alive(t, 0, True)
+    if raw[IDX["nonzero"]] >= raw[IDX["numel"]]:
+        return raw, None
+    return raw, unit_alive(t, 1 if raw[IDX["min"]] >= 0 else (-1 if raw[IDX["max"]] <= 0 else 0))
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

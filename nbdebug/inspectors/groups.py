@@ -393,7 +393,9 @@ def match(tree: GroupTree, query: str) -> list[int]:
 
 
 def groups_payload(tree: GroupTree) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The grouped view for the widget: small JSON plus binary arrays (``js/src/thermometer/groups.ts``).
+    """The grouped view for the widget: small JSON plus binary arrays (``js/src/thermometer/groups.ts``;
+    ``groups_step.ts`` re-aggregates the strips at the step slider's step from the history in the
+    browser, with these formulas and ``severity``, which holds every flag of :data:`SEVERITY`).
 
     Names travel as a tree: node ``i`` is ``full(parent[i]) + strings[suffix[i]]`` (suffixes like
     ``".q_proj"``, ``"[0]"``, ``"#2"`` are stored once), so 1,600 rows cost a few kB of names.
@@ -457,7 +459,8 @@ def groups_payload(tree: GroupTree) -> tuple[dict[str, Any], dict[str, np.ndarra
         "row_fields": list(ROW_FIELDS),
         "strip_stats": list(STRIP_STATS),
         "flag_codes": list(tree.flag_codes),
-        "severity": {c: SEVERITY.get(c, 1) for c in tree.flag_codes},
+        # every known flag (the browser re-aggregates the strips at other steps, whose flags differ)
+        "severity": {**SEVERITY, **{c: SEVERITY.get(c, 1) for c in tree.flag_codes}},
         "residual": None,
         "notes": list(tree.notes),
     }

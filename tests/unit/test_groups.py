@@ -365,3 +365,53 @@ def test_thermometer_widget_syncs_the_grouped_view():
     with Capture(small) as cap:
         small(torch.randn(3, 4))
     assert ThermometerWidget.from_capture(cap.result).groups == {}
+
+
+def test_payload_severity_covers_every_flag_a_step_can_carry():
+    """The browser re-aggregates the strips at the slider's step, whose flags may be any of the
+    history's FLAG_BITS (not only the codes of the payload's own step): each has its severity."""
+    from nbdebug.inspectors.groups import SEVERITY
+    from nbdebug.inspectors.history import FLAG_BITS
+
+    t = group_rows(["h.0.a", "h.1.a", "x"], flags=[["dead"], [], ["made_up"]])
+    meta, _ = groups_payload(t)
+    assert meta["flag_codes"] == ["dead", "made_up"]
+    assert set(FLAG_BITS) <= set(meta["severity"])
+    assert meta["severity"] == {**SEVERITY, "made_up": 1}
+    assert all(meta["severity"][c] == SEVERITY.get(c, 1) for c in FLAG_BITS)
+
+
+def test_widget_history_holds_every_grouped_row_for_the_slider():
+    """What the grouped view re-aggregates at step k comes from the thermometer's history trait:
+    every grouped row (the blocks' own outputs included: the residual stream) is a history row
+    with its shape, and its values at slot k are the kernel's ``result.at(k)``."""
+    pytest.importorskip("torch")
+    import pathlib
+    import sys
+
+    bench = str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    from bench_groups import capture_report
+
+    from nbdebug.widgets._transport import decode_array
+    from nbdebug.widgets.thermometer import ThermometerWidget
+
+    result, report = capture_report(blocks=3, steps=3)  # 153 rows: grouped from 100 on
+    w = ThermometerWidget(report, result)
+    try:
+        g, h = w.groups, w.history
+        assert g["group_name"] and g["hist_stats"] == ["std", "grad_norm", "residual"]
+        rows = [r["name"] for r in h["rows"]]
+        assert set(report.names) <= set(rows)
+        assert all(f"model.layers.{i}" in rows for i in range(3))
+        assert all(r["shape"] for r in h["rows"])
+        steps = decode_array(h["steps"]).tolist()
+        assert steps == [1, 2, 3]
+        last = decode_array(h["last"])
+        at2 = {r.name: r for r in result.at(2)}
+        j = h["fields"].index("std")
+        for name in ("model.layers.1.self_attn.q_proj", "model.layers.2"):
+            assert last[1, rows.index(name), j] == pytest.approx(at2[name].stats["std"], rel=1e-6)
+    finally:
+        w.close()

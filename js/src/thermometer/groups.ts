@@ -6,8 +6,8 @@
 // Python side: nbdebug/inspectors/groups.py (`groups_payload`).
 import { cssColor } from "../lib/colormap";
 import { fmt, h, replaceChildren, styleElement } from "../lib/dom";
-import { sparkline } from "../lib/sparkline";
 import { GroupData, type Item } from "./groups_data";
+import { groupSeries, LABELS, label, makeScaler, sparkEl, statFor, stripEl, type Scaler } from "./groups_strip";
 import { GROUPS_CSS } from "./groups_style";
 import { chip, type Legend } from "./rows";
 
@@ -15,19 +15,6 @@ export { GroupData } from "./groups_data";
 
 /** Rows drawn at most while filtering (the count says how many matched). */
 export const MAX_DRAWN = 400;
-/** Strip statistics drawn on a log scale (norms span decades). */
-const LOG = new Set(["absmax", "grad_norm", "residual"]);
-const label = (stat: string) => LABELS[stat] ?? stat;
-const LABELS: Record<string, string> = {
-  severity: "worst flag",
-  std: "mean std",
-  absmax: "max |x|",
-  grad_norm: "‖∇‖ of block",
-  zero_frac: "zero fraction",
-  nonfinite: "NaN/Inf count",
-  residual: "residual stream norm",
-};
-
 export interface GroupOptions {
   legend?: Legend;
   /** Strip statistic; default: residual when present, else the worst flag if any, else mean std. */
@@ -35,8 +22,6 @@ export interface GroupOptions {
   onSelect?: (name: string) => void;
   onStat?: (stat: string) => void;
 }
-
-type Scaler = (v: number) => number | null;
 
 export class GroupView {
   readonly el: HTMLElement;
@@ -190,7 +175,7 @@ export class GroupView {
     const d = this.data;
     if (!this.query) {
       replaceChildren(this.list, this.items(d.top, null, 0));
-      const at = d.step !== null && d.histSteps.length >= 2 ? ` (values and flags at step ${d.step})` : "";
+      const at = d.at ? ` (values and flags ${d.at})` : "";
       this.counter.textContent = `${d.rowCount} rows, ${d.groups.length} group${d.groups.length === 1 ? "" : "s"} of repeated blocks${at}`;
       return;
     }
@@ -325,73 +310,26 @@ export class GroupView {
     return h("div", { class: "nbd-blk-body", data: { block: b } }, this.items(this.data.blocks[b].items, hits, depth));
   }
 
-  /** Over the kept steps: the largest value of the statistic over group `g`'s blocks (null: no series). */
   private groupSeries(g: number): Float32Array | null {
-    const stat = this.statFor(g);
-    let out: Float32Array | null = null;
-    for (const b of this.data.groups[g].blocks) {
-      const y = this.data.series(b, stat);
-      if (!y) return null;
-      if (!out) out = Float32Array.from(y, () => NaN);
-      for (let k = 0; k < y.length; k++) if (!(y[k] <= out[k])) out[k] = Number.isNaN(y[k]) ? out[k] : y[k];
-    }
-    return out;
+    return groupSeries(this.data, g, this.statFor(g));
   }
 
   private spark(y: Float32Array | null, what: string, stat: string): Element | null {
-    if (!y) return null;
-    const steps = this.data.histSteps;
-    const title = `${what} over ${y.length} kept steps (${steps[0]}–${steps[steps.length - 1]})`;
-    return sparkline(y, { width: 90, height: 16, log: LOG.has(stat), title, cls: "nbd-spark nbd-gspark" });
+    return sparkEl(this.data, y, what, stat);
   }
 
-  /** The strip statistic of group `g`: the chosen one, or the first with values in this group (a
-   * nested group has no residual stream: its strips show the mean std instead of empty cells). */
   private statFor(g: number): string {
-    const has = (s: string) => this.data.groups[g].blocks.some((b) => Number.isFinite(this.data.stripValue(b, s)));
-    if (has(this.stat)) return this.stat;
-    return ["std", "absmax", "severity"].find(has) ?? this.stat;
+    return statFor(this.data, g, this.stat);
   }
 
-  /** Value → colour position in [0, 1] across group `g`'s blocks (null: no value). */
   private scaler(g: number): Scaler {
     let s = this.scalers.get(g);
-    if (s) return s;
-    const d = this.data;
-    const stat = this.statFor(g);
-    if (stat === "severity") s = (v) => (Number.isFinite(v) ? 0.15 + (0.8 * Math.min(v, 3)) / 3 : null);
-    else {
-      const log = LOG.has(stat);
-      const tf = (v: number) => (log ? (v > 0 ? Math.log10(v) : NaN) : v);
-      const vals = d.groups[g].blocks.map((b) => tf(d.stripValue(b, stat))).filter(Number.isFinite);
-      const lo = Math.min(...vals);
-      const hi = Math.max(...vals);
-      s = (v) => {
-        const x = tf(v);
-        if (!Number.isFinite(x)) return null;
-        return hi > lo ? 0.1 + (0.85 * (x - lo)) / (hi - lo) : 0.5;
-      };
-    }
-    this.scalers.set(g, s);
+    if (!s) this.scalers.set(g, (s = makeScaler(this.data, g, this.statFor(g))));
     return s;
   }
 
   private strip(g: number): HTMLElement {
-    const d = this.data;
-    const scale = this.scaler(g);
-    const stat = this.statFor(g);
-    const cells = d.groups[g].blocks.map((b) => {
-      const v = d.stripValue(b, stat);
-      const t = scale(v);
-      const extra = stat === "residual" && d.growth.length ? ` (×${fmt(d.growth[d.groups[g].blocks.indexOf(b)])} vs previous block)` : "";
-      return h("span", {
-        class: ["nbd-cell", t === null && "nbd-cell-nan", d.blocks[b].flags !== 0 && "nbd-cell-flagged"],
-        style: t === null ? {} : { background: cssColor("magma", t) },
-        data: { block: b },
-        title: `${d.blocks[b].name}: ${label(stat)} ${fmt(v)}${extra}`,
-      });
-    });
-    return h("span", { class: "nbd-strip", title: `${label(stat)} per block` }, cells);
+    return stripEl(this.data, g, this.statFor(g), this.scaler(g));
   }
 
   // -- events -------------------------------------------------------------------------------------

@@ -36,6 +36,20 @@ function arr(payload: Record<string, any>, key: string): ArrayLike<number> {
   return decode(w).data;
 }
 
+/** What {@link GroupData.retimed} replaces (arrays laid out as in the payload). */
+export interface Retimed {
+  values: Float32Array; // rows × rowFields
+  rowFlags: Uint32Array; // bits over flagCodes
+  flagCodes: string[];
+  strip: Float32Array; // blocks × stripStats
+  blockFlags: Uint32Array;
+  groupFlags: Uint32Array;
+  step: number | null;
+  whole: boolean;
+  residual: Residual | null;
+  growth: ArrayLike<number>;
+}
+
 export class GroupData {
   readonly nodes: string[];
   readonly strings: string[];
@@ -47,6 +61,8 @@ export class GroupData {
   readonly notes: string[];
   /** The step the rows' values and flags are at (null: merged over the whole run). */
   readonly step: number | null;
+  /** Values and flags merged over the whole run (the thermometer's "whole run" choice). */
+  readonly whole: boolean = false;
   readonly groups: GroupInfo[] = [];
   readonly blocks: BlockInfo[] = [];
   readonly top: Item[] = [];
@@ -55,6 +71,7 @@ export class GroupData {
   private rowModule: ArrayLike<number>;
   private rowType: ArrayLike<number>;
   private rowFlags: ArrayLike<number>;
+  private rowsOf: number[][] | null = null;
   readonly owner: ArrayLike<number>;
   private values: ArrayLike<number>;
   private strip: ArrayLike<number>;
@@ -119,6 +136,49 @@ export class GroupData {
     const order = (a: Item, b: Item) => key(a) - key(b) || (a.kind === "group" ? -1 : 1);
     this.top.sort(order);
     for (const b of this.blocks) b.items.sort(order);
+  }
+
+  /** "at step 41" / "over the whole run" when the run has kept steps ("" otherwise). */
+  get at(): string {
+    if (this.histSteps.length < 2) return "";
+    if (this.whole) return "over the whole run";
+    return this.step !== null ? `at step ${this.step}` : "";
+  }
+
+  /** Index of the shown step among the blocks' kept steps (the sparklines' cursor; undefined: whole run). */
+  histCursor(): number | undefined {
+    if (this.whole || this.step === null || this.histSteps.length < 2) return undefined;
+    const s = this.step;
+    for (let k = 0; k < this.histSteps.length; k++) if (this.histSteps[k] >= s) return k;
+    return this.histSteps.length - 1;
+  }
+
+  /** Every row inside each block, nested groups' rows included (execution order). */
+  blockRows(): number[][] {
+    if (!this.rowsOf) {
+      const out: number[][] = this.blocks.map(() => []);
+      for (let r = 0; r < this.rowCount; r++) for (const b of this.blockChain(r)) out[b].push(r);
+      this.rowsOf = out;
+    }
+    return this.rowsOf;
+  }
+
+  /** The same tree showing other values (the rows at another step, or the whole run). */
+  retimed(p: Retimed): GroupData {
+    const d: GroupData = Object.create(GroupData.prototype);
+    Object.assign(d, this, {
+      values: p.values,
+      rowFlags: p.rowFlags,
+      flagCodes: p.flagCodes,
+      strip: p.strip,
+      step: p.step,
+      whole: p.whole,
+      residual: p.residual,
+      growth: p.growth,
+      blocks: this.blocks.map((b, i) => ({ ...b, flags: p.blockFlags[i] })),
+      groups: this.groups.map((g, i) => ({ ...g, flags: p.groupFlags[i] })),
+    });
+    return d;
   }
 
   name(r: number): string {

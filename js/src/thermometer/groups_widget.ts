@@ -1,11 +1,16 @@
 // The grouped view mounted on a widget model: `renderGroups` (a standalone view of a `groups`
 // trait: tests, any widget syncing groups_payload) and `GroupsPanel` (the grouped view inside the
-// layer thermometer, with a "grouped" switch that hides the flat table). Traits read: `groups`
-// (nbdebug/inspectors/groups.py groups_payload), `legend`; synced back: `selected`, `group_stat`.
+// layer thermometer, with a "grouped" switch that hides the flat table; it follows the step slider
+// and "whole run" from the history already in the browser: groups_step.ts). Traits read: `groups`
+// (nbdebug/inspectors/groups.py groups_payload), `legend` (in the thermometer also `step`,
+// `running`, `layers`, `stats`, `columns`); synced back: `selected`, `group_stat`.
 import { h } from "../lib/dom";
 import type { AnyModel } from "../lib/rpc";
 import { GroupData, GroupView } from "./groups";
-import type { Legend } from "./rows";
+import { groupPosition, groupsAtSlot, groupsWhole } from "./groups_step";
+import type { HistoryStore } from "./history";
+import { shared } from "./live";
+import { StatTable, type Layer, type Legend } from "./rows";
 
 function viewFor(model: AnyModel, data: GroupData, legend: Legend): GroupView {
   return new GroupView(data, {
@@ -59,8 +64,14 @@ export class GroupsPanel {
   private toggle: HTMLInputElement;
   private view: GroupView | null = null;
   private trait: unknown = undefined;
+  private base: GroupData | null = null; // the payload as sent
+  private shownKey = "";
+  private merged = { layers: null as unknown, stats: null as unknown, table: new StatTable(null, [], 0), version: 0 };
+  private store: HistoryStore;
 
+  /** The grouped view follows the slider of the thermometer on `model` (its shared HistoryStore). */
   constructor(private model: AnyModel, private flat: HTMLElement[]) {
+    this.store = shared(model).store;
     this.toggle = h("input", { attrs: { type: "checkbox", class: "nbd-grouped-toggle", checked: true } });
     this.body = h("div", { class: "nbd-groups-body" });
     this.el = h("div", { class: "nbd-groups-panel" }, [
@@ -71,22 +82,49 @@ export class GroupsPanel {
     this.el.style.display = "none";
   }
 
-  /** Redraw from the `groups` trait when it changed (legend: the thermometer's flag legend). */
+  /** Redraw when the `groups` trait or the position (step slider, whole run, new history) changed
+   * (legend: the thermometer's flag legend). */
   sync(legend: Legend): void {
     const value = this.model.get("groups");
     if (value !== this.trait) {
       this.trait = value;
       const has = !!value && Array.isArray(value.strings) && !!value.group_name;
-      if (!has) {
-        this.view?.destroy();
-        this.view = null;
-      } else if (this.view) this.view.update(new GroupData(value));
-      else {
-        this.view = viewFor(this.model, new GroupData(value), legend);
-        this.body.appendChild(this.view.el);
+      this.base = has ? new GroupData(value) : null;
+      this.shownKey = "";
+    }
+    if (!this.base) {
+      this.view?.destroy();
+      this.view = null;
+    } else {
+      const [key, data] = this.shown(this.base);
+      if (key !== this.shownKey || !this.view) {
+        this.shownKey = key;
+        if (this.view) this.view.update(data());
+        else {
+          this.view = viewFor(this.model, data(), legend);
+          this.body.appendChild(this.view.el);
+        }
       }
     }
     this.apply();
+  }
+
+  /** The data at the thermometer's position, with a key that changes when it does. */
+  private shown(base: GroupData): [string, () => GroupData] {
+    const store = this.store;
+    const pos = groupPosition(this.model, store);
+    if (pos.kind === "slot") return [`slot ${pos.slot} v${store.version}`, () => groupsAtSlot(base, store, pos.slot)];
+    if (pos.kind === "whole") {
+      const m = this.merged;
+      const layers = this.model.get("layers");
+      const stats = this.model.get("stats");
+      if (m.layers !== layers || m.stats !== stats) {
+        const n = ((layers ?? []) as Layer[]).length;
+        Object.assign(m, { layers, stats, table: new StatTable(stats, (this.model.get("columns") ?? []).map(String), n), version: m.version + 1 });
+      }
+      return [`whole v${m.version}`, () => groupsWhole(base, (m.layers ?? []) as Layer[], m.table)];
+    }
+    return ["payload", () => base];
   }
 
   /** Whether the grouped view is what the user sees. */

@@ -63,11 +63,11 @@ class ResNetShaped(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def _llama_config(tied: bool, layers: int, hidden: int, vocab: int) -> Any:
+def _llama_config(tied: bool, layers: int, hidden: int, vocab: int, heads: int = 4) -> Any:
     import transformers as T
 
-    return T.LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=vocab, tie_word_embeddings=tied)
+    return T.LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=heads,
+                         num_key_value_heads=min(2, heads), vocab_size=vocab, tie_word_embeddings=tied)
 
 
 def offload_map(layers: int, tied: bool = False) -> dict[str, str]:
@@ -82,10 +82,12 @@ def offload_map(layers: int, tied: bool = False) -> dict[str, str]:
 
 
 def offloaded_llama(tmp_path: str | os.PathLike[str], *, tied: bool = False, split: str = "map", layers: int = 4,
-                    hidden: int = 64, vocab: int = 512, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, nn.Module]:
+                    hidden: int = 64, vocab: int = 512, heads: int = 4,
+                    dtype: torch.dtype = torch.float32) -> tuple[nn.Module, nn.Module]:
     """A random-init Llama-shaped model saved to ``tmp_path`` and reloaded with accelerate spreading it
     over the CPU and disk (``offload_folder`` inside ``tmp_path``), and the same checkpoint loaded
-    without offload (the reference). Both in eval mode, in ``dtype`` (the weights are drawn in float32,
+    without offload (the reference). ``heads`` attention heads (2 key/value heads, or 1 when
+    ``heads`` is 1). Both in eval mode, in ``dtype`` (the weights are drawn in float32,
     seeded, and saved in ``dtype``).
 
     ``split="map"``: the explicit map of :func:`offload_map`; ``split="max_memory"``:
@@ -103,9 +105,9 @@ def offloaded_llama(tmp_path: str | os.PathLike[str], *, tied: bool = False, spl
     hf_logging.disable_progress_bar()
     try:
         torch.manual_seed(0)
-        name = f"llama-{layers}x{hidden}-v{vocab}{'-tied' if tied else ''}-{str(dtype).replace('torch.', '')}"
+        name = f"llama-{layers}x{hidden}h{heads}-v{vocab}{'-tied' if tied else ''}-{str(dtype).replace('torch.', '')}"
         path = pathlib.Path(tmp_path) / name
-        model = T.LlamaForCausalLM(_llama_config(tied, layers, hidden, vocab)).to(dtype)
+        model = T.LlamaForCausalLM(_llama_config(tied, layers, hidden, vocab, heads)).to(dtype)
         model.save_pretrained(path)
         size = sum(p.numel() * p.element_size() for p in model.parameters())
         del model

@@ -24,9 +24,11 @@ from nbdebug.inspectors.history import flag_names
 
 from . import training as T
 from .cells import close_all, one_line, outcome_of
+from .usercode import Float64Watch
 
 VIEWS = {mode: ["thermometer"] for mode in T.MODES}
-VIEWS["train_history"] = ["thermometer", "all[cnn]"]
+for _mode in ("train_history", "train_bf16", "compiled_loop"):
+    VIEWS[_mode] = ["thermometer", "all[cnn]"]
 
 #: (mode, view) → "owner, issue 10 item: symptom" for cells that fail on the current tree (strict xfail);
 #: the failing check is the cell's last, so everything before it is verified either way
@@ -52,15 +54,18 @@ def rows_equal(res: Any, meas: T.Measured, steps: list[int], half: bool) -> None
         np.testing.assert_allclose(res.series(row, "zero_frac"), want[:, 1], atol=1e-6, err_msg=f"{row} zero_frac")
 
 
-def ratios_equal(res: Any, meas: T.Measured, steps: list[int], skipped: list[int]) -> None:
-    """The update ratio at every kept step equals the reference's ‖Δθ‖/‖θ‖; NaN where no optimizer stepped."""
+def ratios_equal(res: Any, meas: T.Measured, steps: list[int], skipped: list[int], dtype: torch.dtype | None = None) -> None:
+    """The update ratio at every kept step equals the reference's ‖Δθ‖/‖θ‖ (in float32); NaN where no
+    optimizer stepped. Half-precision parameters: θ_before − θ_after is rounded to their own dtype
+    (``capture/optim.py``), so the norm is within half an ulp of that dtype (bf16: 2^-8)."""
+    rel = torch.finfo(dtype).eps / 2 if dtype is not None else 1e-4
     for module, by_step in meas.ratio.items():
         got = res.series(module, "update_ratio")
         for s, g in zip(steps, got):
             if s in skipped:
                 continue
             if s in by_step:
-                assert g == pytest.approx(by_step[s], rel=1e-4, abs=1e-9), (module, s, g, by_step[s])
+                assert g == pytest.approx(by_step[s], rel=rel, abs=1e-9), (module, s, g, by_step[s])
             else:
                 assert math.isnan(g), f"{module} step {s}: no optimizer step, got a ratio of {g}"
 
@@ -71,7 +76,12 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
     spec = T.MODES[mode]
     model, opt, batches = T.build(mode)
     scaler = torch.amp.GradScaler("cpu") if spec.scaler else None
+    # the variable the user passes and calls: compiled and warmed up (run compiled) before the cell
+    runner, backend = T.compiled(model, warm=batches[0][0]) if spec.compiled else (model, None)
+    compiled_runs = backend.calls if backend else 0
     ref, ref_opt = T.copies(model, opt)
+    if spec.compiled:  # torch.compile marks the module it wraps: so is the reference's (measured eagerly)
+        T.compiled(ref)
     ref_scaler = torch.amp.GradScaler("cpu") if spec.scaler else None
     # --break-on stops inside step NAN_AT's forward: the reference stops at the same point
     ref_batches = batches[: T.NAN_AT - 1] if spec.nan_at else batches
@@ -81,13 +91,14 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
     hooks_before = hook_count(model)
     rng = torch.get_rng_state()
     ns: dict[str, Any] = {}
-    dbg = nbdebug.debug(model, view=view.split("[")[0], loss=lambda: ns.get("loss"), **spec.options)
+    dbg = nbdebug.debug(runner, view=view.split("[")[0], loss=lambda: ns.get("loss"), **spec.options)
     outs, raised = None, None
     try:
-        with dbg:
-            outs = T.loop(mode, model, opt, batches, ns, scaler)
+        with Float64Watch(spec.half) as f64, dbg:
+            outs = T.loop(mode, runner, opt, batches, ns, scaler)
     except BaseException as exc:
         raised = exc
+    assert not f64.hits, f"float64 tensors created during a half-precision capture: {sorted(set(f64.hits))[:5]}"
     # -- hygiene ---------------------------------------------------------------------------------
     assert hook_count(model) == hooks_before, f"hooks {hooks_before} -> {hook_count(model)}"
     diffs = same_fingerprint(fingerprint(ref), fingerprint(model))
@@ -142,9 +153,9 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
         if steps[-1] != n:
             steps.append(n)
         assert res.steps == n and res.step_index.tolist() == steps, (res.steps, res.step_index)
-        rows_equal(res, meas, steps, spec.scaler)
+        rows_equal(res, meas, steps, spec.half)
         np.testing.assert_allclose(res.series("loss"), [meas.loss[s - 1] for s in steps], rtol=1e-6)
-        ratios_equal(res, meas, steps, meas.skipped)
+        ratios_equal(res, meas, steps, meas.skipped, spec.dtype)
     if spec.eval_every:
         assert res.eval_steps == n // spec.eval_every and any("eval" in x for x in res.notes), (res.eval_steps, res.notes)
     else:
@@ -177,6 +188,10 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
         assert (w.steps, w.running, w.step) == (res.steps, False, 0), (w.steps, w.running, w.step)  # 0: follows the last step
         assert [(e["step"], e["row"], e["code"]) for e in w.events] == [(e.step, e.row, e.code) for e in rep.events]
     close_all(dbg)
+    if backend is not None:  # the views watched it run eagerly (hooks_see_compiled); afterwards it runs compiled again
+        assert compiled_runs >= 1 and backend.calls == compiled_runs, (compiled_runs, backend.calls)
+        runner(batches[0][0])  # the warm-up's graph (same grad mode and shapes): no recompilation
+        assert backend.calls > compiled_runs, "the compiled model no longer runs compiled after the cell"
     # -- last: the checks that fail on the current tree (XFAIL) -----------------------------------------
     if spec.scaler:  # GradScaler multiplies the loss: the gradients a user reasons about are the unscaled ones
         assert not [f for f in rep.flags if "exploding" in f], rep.summary

@@ -36,11 +36,23 @@ class Loop:
     steps: int = STEPS
     eval_every: int = 0  # a no-grad eval forward after every N-th step
     scaler: bool = False  # bf16 autocast + torch.amp.GradScaler("cpu")
+    autocast: torch.dtype | None = None  # the forward under torch.autocast("cpu", dtype) (set by scaler: bfloat16)
+    dtype: torch.dtype | None = None  # the model and its batches in this dtype (pure half-precision training)
+    compiled: bool = False  # the loop calls torch.compile(model, backend="eager"), compiled before the cell
     accum: int = 1  # micro-batches per optimizer step
     interrupt_at: int | None = None
     interrupt_in_forward: int | None = None  # the model's own forward raises KeyboardInterrupt after conv2 at this step
     nan_at: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.scaler and self.autocast is None:
+            self.autocast = torch.bfloat16
+
+    @property
+    def half(self) -> bool:
+        """Whether the loop computes in half precision (stats compared with a half's tolerance)."""
+        return self.autocast is not None or self.dtype is not None
 
 
 MODES: dict[str, Loop] = {
@@ -53,6 +65,11 @@ MODES: dict[str, Loop] = {
     "interrupt_loop_forward": Loop(interrupt_in_forward=INTERRUPT_AT),
     "grad_accum": Loop(steps=8, accum=ACCUM),
     "grad_accum_opt": Loop(steps=8, accum=ACCUM, options={"step_on": "optimizer"}),
+    # modes users train in without a GradScaler: pure bf16 / fp16 weights, fp16 autocast
+    "train_bf16": Loop(dtype=torch.bfloat16),
+    "train_fp16": Loop(dtype=torch.float16),
+    "autocast_fp16": Loop(autocast=torch.float16),
+    "compiled_loop": Loop(compiled=True),
 }
 
 
@@ -72,8 +89,39 @@ def build(mode: str) -> tuple[nn.Module, torch.optim.Optimizer, list[tuple[torch
         if spec.nan_at:
             x, y = batches[spec.nan_at - 1]
             batches[spec.nan_at - 1] = (torch.full_like(x, torch.finfo(x.dtype).max), y)
+    if spec.dtype is not None:
+        model = model.to(spec.dtype)
+        batches = [(x.to(spec.dtype), y) for x, y in batches]
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     return model, opt, batches
+
+
+class CountingBackend:
+    """``backend="eager"`` that counts the runs of its compiled graphs (``calls``): TorchDynamo's
+    tracing and guards without Inductor's code generation, as the matrix's compiled rows."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, _example: Any) -> Any:
+        def run(*args: Any) -> Any:
+            self.calls += 1
+            return gm.forward(*args)
+
+        return run
+
+
+def compiled(model: nn.Module, warm: torch.Tensor | None = None) -> tuple[nn.Module, CountingBackend]:
+    """What a ``compiled`` mode's loop calls, ``torch.compile(model, backend=...)``, and that backend.
+    ``warm``: one compiled training forward and backward on that batch first (the user trained
+    compiled before the cell; the gradients are dropped again, BatchNorm's running stats moved)."""
+    backend = CountingBackend()
+    c = torch.compile(model, backend=backend)
+    if warm is not None:
+        c(warm).float().sum().backward()
+        for p in model.parameters():
+            p.grad = None
+    return c, backend
 
 
 def loop(mode: str, model: nn.Module, opt: torch.optim.Optimizer, batches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -86,7 +134,7 @@ def loop(mode: str, model: nn.Module, opt: torch.optim.Optimizer, batches: list[
             opt.zero_grad()
         if spec.interrupt_in_forward == s:
             model.interrupt = True  # TinyCNN's own switch: Ctrl-C landing inside forward, after conv2
-        with torch.autocast("cpu", dtype=torch.bfloat16) if spec.scaler else nullcontext():
+        with torch.autocast("cpu", dtype=spec.autocast) if spec.autocast is not None else nullcontext():
             out = model(x)
             loss = F.cross_entropy(out.float(), y)
         ns["loss"] = loss
@@ -155,8 +203,9 @@ def reference(mode: str, model: nn.Module, opt: torch.optim.Optimizer, batches: 
 
     def opt_post(*_: Any) -> None:
         for n, m in mods.items():
-            d = sum(float((p.detach() - q).pow(2).sum()) for p, q in zip(m.parameters(recurse=False), before[n])) ** 0.5
-            got.ratio.setdefault(n, {})[step["n"]] = d / sum(float(q.pow(2).sum()) for q in before[n]) ** 0.5
+            # in float32: a half parameter's own arithmetic would round the difference away
+            d = sum(float((p.detach().float() - q.float()).pow(2).sum()) for p, q in zip(m.parameters(recurse=False), before[n])) ** 0.5
+            got.ratio.setdefault(n, {})[step["n"]] = d / sum(float(q.float().pow(2).sum()) for q in before[n]) ** 0.5
 
     handles += [opt.register_step_pre_hook(opt_pre), opt.register_step_post_hook(opt_post)]
     ns = LossLog()

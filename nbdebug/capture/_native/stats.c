@@ -1,0 +1,344 @@
+/* nbdebug's fused statistics kernel (see nbdebug/capture/native.py, which compiles and loads it).
+ *
+ * One pass over a float32 tensor gives sum and sum of squares (float lanes over short blocks of
+ * 8 values per lane, flushed into double lanes: error <= ~8 ulp of the sum of |x|), min, max
+ * (NaN-ignoring compares; NaN is reported by the caller's second pass), the count of zeros
+ * (x == 0: -0.0 is zero, NaN is not), optionally the saturation count (x <= lo, x >= hi, in
+ * float32 like numpy/torch comparisons with a Python float) and optionally the per-unit alive
+ * mask (unit = dim 1 of an outer x C x inner memory layout). A second pass runs only when the
+ * first one's double sums are not finite: exact NaN/Inf counts, and the sums recomputed per
+ * element in double when nothing was NaN/Inf (a float32 block overflowed).
+ *
+ * The loops are written over fixed lane arrays so that gcc/clang vectorise them without any
+ * fast-math flag (x < m ? x : m is exactly MINPS/MAXPS, NaN-safe). On x86-64 Linux with gcc the
+ * hot functions are cloned for AVX2 and a baseline, picked at load time (never -march=native).
+ * Large tensors can be split across POSIX threads (a thread per part, created per call).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && !defined(NBD_NO_CLONES)
+#define NBD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define NBD_CLONES
+#endif
+#define NBD_INLINE static inline __attribute__((always_inline))
+#define NBD_API __attribute__((visibility("default")))
+
+#define NBD_ABI 1
+#define W 16           /* lanes */
+#define BLK 8          /* values per lane summed in float32 before the flush into double */
+#define CHUNK 4096     /* elements per step of the column-mask mode (L1-resident) */
+#define MAX_THREADS 64
+
+typedef struct {
+    double sum, sumsq;
+    float mn, mx;
+    int64_t zeros, sat;
+} acc_t;
+
+static void acc_init(acc_t *a) {
+    a->sum = a->sumsq = 0.0;
+    a->mn = INFINITY;
+    a->mx = -INFINITY;
+    a->zeros = a->sat = 0;
+}
+
+static void acc_merge(acc_t *a, const acc_t *b) {
+    a->sum += b->sum;
+    a->sumsq += b->sumsq;
+    a->mn = b->mn < a->mn ? b->mn : a->mn;
+    a->mx = b->mx > a->mx ? b->mx : a->mx;
+    a->zeros += b->zeros;
+    a->sat += b->sat;
+}
+
+/* The one pass over n contiguous floats (n < 2^31 * W so int32 lane counts cannot overflow). */
+NBD_INLINE void pass(const float *restrict x, int64_t n, acc_t *a, const int sat, float lo, float hi) {
+    double S[W], SS[W];
+    float mn[W], mx[W];
+    int32_t z[W], e[W];
+    for (int j = 0; j < W; j++) {
+        S[j] = SS[j] = 0.0;
+        mn[j] = INFINITY;
+        mx[j] = -INFINITY;
+        z[j] = e[j] = 0;
+    }
+    int64_t i = 0;
+    for (; i + W * BLK <= n; i += W * BLK) {
+        float s[W], ss[W];
+        for (int j = 0; j < W; j++) s[j] = ss[j] = 0.0f;
+        for (int k = 0; k < BLK; k++) {
+            const float *p = x + i + k * W;
+            for (int j = 0; j < W; j++) {
+                float v = p[j];
+                s[j] += v;
+                ss[j] += v * v;
+                mn[j] = v < mn[j] ? v : mn[j];
+                mx[j] = v > mx[j] ? v : mx[j];
+                z[j] += (v == 0.0f);
+                if (sat) e[j] += (v <= lo) + (v >= hi);
+            }
+        }
+        for (int j = 0; j < W; j++) {
+            S[j] += s[j];
+            SS[j] += ss[j];
+        }
+    }
+    double s = 0.0, ss = 0.0;
+    float m = a->mn, M = a->mx;
+    int64_t zz = 0, ee = 0;
+    for (int j = 0; j < W; j++) {
+        s += S[j];
+        ss += SS[j];
+        m = mn[j] < m ? mn[j] : m;
+        M = mx[j] > M ? mx[j] : M;
+        zz += z[j];
+        ee += e[j];
+    }
+    for (; i < n; i++) {
+        float v = x[i];
+        s += v;
+        ss += (double)(v * v);
+        m = v < m ? v : m;
+        M = v > M ? v : M;
+        zz += (v == 0.0f);
+        if (sat) ee += (v <= lo) + (v >= hi);
+    }
+    a->sum += s;
+    a->sumsq += ss;
+    a->mn = m;
+    a->mx = M;
+    a->zeros += zz;
+    a->sat += ee;
+}
+
+NBD_CLONES static void pass_plain(const float *x, int64_t n, acc_t *a) { pass(x, n, a, 0, 0.0f, 0.0f); }
+NBD_CLONES static void pass_sat(const float *x, int64_t n, acc_t *a, float lo, float hi) { pass(x, n, a, 1, lo, hi); }
+
+static void run_pass(const float *x, int64_t n, acc_t *a, int sat, float lo, float hi) {
+    const int64_t big = (int64_t)1 << 30;  /* keeps every int32 lane count in range */
+    while (n > 0) {
+        int64_t k = n < big ? n : big;
+        if (sat) pass_sat(x, k, a, lo, hi);
+        else pass_plain(x, k, a);
+        x += k;
+        n -= k;
+    }
+}
+
+/* mask[pos + j] |= |bits(x[j])| for n elements, wrapping at L (the row length C * inner). */
+NBD_CLONES static void or_columns(const float *restrict x, int64_t n, int64_t pos, uint32_t *restrict mask, int64_t L) {
+    const uint32_t *b = (const uint32_t *)x;
+    while (n > 0) {
+        int64_t k = L - pos < n ? L - pos : n;
+        uint32_t *m = mask + pos;
+        for (int64_t j = 0; j < k; j++) m[j] |= b[j] & 0x7fffffffu;
+        b += k;
+        n -= k;
+        pos = 0;
+    }
+}
+
+typedef struct {
+    const float *x;
+    int64_t C, inner, begin, end;  /* segments (segment mode) or elements */
+    int mode;                      /* 0 flat, 1 segments (unit per segment of inner), 2 column mask */
+    int sat;
+    float lo, hi;
+    uint8_t *alive;                /* segment mode */
+    uint32_t *mask;                /* column mode: C * inner words of this part */
+    acc_t acc;
+} job_t;
+
+static void *run_job(void *arg) {
+    job_t *j = (job_t *)arg;
+    acc_init(&j->acc);
+    if (j->mode == 0) {
+        run_pass(j->x + j->begin, j->end - j->begin, &j->acc, j->sat, j->lo, j->hi);
+    } else if (j->mode == 1) {
+        for (int64_t s = j->begin; s < j->end; s++) {
+            int64_t before = j->acc.zeros;
+            run_pass(j->x + s * j->inner, j->inner, &j->acc, j->sat, j->lo, j->hi);
+            if (j->acc.zeros - before < j->inner) __atomic_store_n(&j->alive[s % j->C], 1, __ATOMIC_RELAXED);
+        }
+    } else {
+        int64_t L = j->C * j->inner;
+        for (int64_t p = j->begin; p < j->end; p += CHUNK) {
+            int64_t k = j->end - p < CHUNK ? j->end - p : CHUNK;
+            run_pass(j->x + p, k, &j->acc, j->sat, j->lo, j->hi);
+            or_columns(j->x + p, k, p % L, j->mask, L);
+        }
+    }
+    return NULL;
+}
+
+/* Exact NaN and Inf counts, and the sums per element in double (second pass, only when needed). */
+NBD_CLONES static void nonfinite_pass(const float *restrict x, int64_t n, int64_t *nan, int64_t *inf, double *sum, double *sumsq) {
+    int64_t a = 0, b = 0;
+    double s = 0.0, ss = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        a += (v != v);
+        b += (v == INFINITY) + (v == -INFINITY);
+        s += (double)v;
+        ss += (double)v * (double)v;
+    }
+    *nan = a;
+    *inf = b;
+    *sum = s;
+    *sumsq = ss;
+}
+
+NBD_API int nbd_abi(void) { return NBD_ABI; }
+
+/* Stats of a float32 tensor whose memory is outer x C x inner (dense), laid out as nbdebug's
+ * FIELDS into out[9]: numel, sum, sumsq, min, max, nonzero, nan, inf, extra.
+ * flags: 1 = count saturation (x <= lo or x >= hi, both already float32 values), 2 = unit mask:
+ * alive[c] (c < C) = 1 when unit c holds a value != 0 (NaN included); alive must be zeroed by the
+ * caller and is meaningful only when some value is zero (out[5] < out[0]).
+ * nthreads > 1 splits tensors of at least min_per_thread * 2 elements across POSIX threads.
+ * Returns 0, or -1 when memory for the column mask could not be allocated (out untouched). */
+NBD_API int nbd_stats(const float *x, int64_t outer, int64_t C, int64_t inner, int64_t flags, double lo, double hi,
+                      int64_t nthreads, int64_t min_per_thread, double *out, uint8_t *alive) {
+    const int64_t n = outer * C * inner;
+    const int sat = (int)(flags & 1), units = (flags & 2) && C > 1 && n > 0;
+    int mode = 0;
+    if (units) mode = (inner >= 256 || C * inner > ((int64_t)1 << 20)) ? 1 : 2;
+    int64_t units_total = mode == 1 ? outer * C : n;
+    int64_t nt = nthreads < 1 ? 1 : (nthreads > MAX_THREADS ? MAX_THREADS : nthreads);
+    if (min_per_thread < 1) min_per_thread = 1;
+    if (n / min_per_thread < nt) nt = n / min_per_thread;
+    if (nt < 1) nt = 1;
+    if (mode == 1 && nt > units_total) nt = units_total > 0 ? units_total : 1;
+    const int64_t L = C * inner;
+    job_t jobs[MAX_THREADS];
+    uint32_t *masks = NULL;
+    if (mode == 2) {
+        masks = (uint32_t *)calloc((size_t)(nt * L), sizeof(uint32_t));
+        if (!masks) return -1;
+    }
+    for (int64_t t = 0; t < nt; t++) {
+        job_t *j = &jobs[t];
+        j->x = x;
+        j->C = C;
+        j->inner = inner;
+        j->mode = mode;
+        j->sat = sat;
+        j->lo = (float)lo;
+        j->hi = (float)hi;
+        j->alive = alive;
+        j->mask = masks ? masks + t * L : NULL;
+        j->begin = units_total * t / nt;
+        j->end = units_total * (t + 1) / nt;
+    }
+    pthread_t th[MAX_THREADS];
+    int on_thread[MAX_THREADS] = {0};
+    for (int64_t t = 1; t < nt; t++) on_thread[t] = pthread_create(&th[t], NULL, run_job, &jobs[t]) == 0;
+    run_job(&jobs[0]);
+    acc_t a = jobs[0].acc;
+    for (int64_t t = 1; t < nt; t++) {
+        if (on_thread[t]) pthread_join(th[t], NULL);
+        else run_job(&jobs[t]);  /* could not start a thread: this one does its part */
+        acc_merge(&a, &jobs[t].acc);
+    }
+    if (mode == 2) {
+        for (int64_t t = 1; t < nt; t++)
+            for (int64_t i = 0; i < L; i++) masks[i] |= masks[t * L + i];
+        for (int64_t c = 0; c < C; c++) {
+            uint32_t any = 0;
+            for (int64_t i = 0; i < inner; i++) any |= masks[c * inner + i];
+            alive[c] = any != 0;
+        }
+        free(masks);
+    }
+    int64_t nan = 0, inf = 0;
+    if (!isfinite(a.sum) || !isfinite(a.sumsq)) {
+        double s, ss;
+        nonfinite_pass(x, n, &nan, &inf, &s, &ss);
+        if (nan == 0 && inf == 0) {  /* a float32 block overflowed: the sums again, per element in double */
+            a.sum = s;
+            a.sumsq = ss;
+        }
+    }
+    out[0] = (double)n;
+    out[1] = a.sum;
+    out[2] = a.sumsq;
+    out[3] = nan ? NAN : (n ? (double)a.mn : NAN);
+    out[4] = nan ? NAN : (n ? (double)a.mx : NAN);
+    out[5] = (double)(n - a.zeros);
+    out[6] = (double)nan;
+    out[7] = (double)inf;
+    out[8] = (double)a.sat;
+    return 0;
+}
+
+/* Sum of squares of a - b (b NULL: of a) over n floats: float32 blocks flushed into double lanes,
+ * per element in double when a block overflowed. */
+NBD_INLINE double sq_impl(const float *restrict a, const float *restrict b, int64_t n, const int diff) {
+    double S[W];
+    for (int j = 0; j < W; j++) S[j] = 0.0;
+    int64_t i = 0;
+    for (; i + W * BLK <= n; i += W * BLK) {
+        float s[W];
+        for (int j = 0; j < W; j++) s[j] = 0.0f;
+        for (int k = 0; k < BLK; k++) {
+            const float *p = a + i + k * W;
+            if (diff) {
+                const float *q = b + i + k * W;
+                for (int j = 0; j < W; j++) {
+                    float d = p[j] - q[j];
+                    s[j] += d * d;
+                }
+            } else {
+                for (int j = 0; j < W; j++) s[j] += p[j] * p[j];
+            }
+        }
+        for (int j = 0; j < W; j++) S[j] += s[j];
+    }
+    double r = 0.0;
+    for (int j = 0; j < W; j++) r += S[j];
+    for (; i < n; i++) {
+        float d = diff ? a[i] - b[i] : a[i];
+        r += (double)(d * d);
+    }
+    if (isinf(r)) {  /* float32 overflow of finite values, or an Inf: per element in double */
+        r = 0.0;
+        for (i = 0; i < n; i++) {
+            double d = diff ? (double)(a[i] - b[i]) : (double)a[i];
+            r += d * d;
+        }
+    }
+    return r;
+}
+
+NBD_CLONES static double sq_sum(const float *a, int64_t n) { return sq_impl(a, NULL, n, 0); }
+NBD_CLONES static double sq_diff(const float *a, const float *b, int64_t n) { return sq_impl(a, b, n, 1); }
+
+/* out[i] = sum of squares (double) of the float32 array at ptrs[i] with sizes[i] elements. */
+NBD_API void nbd_sq_norms(const int64_t *ptrs, const int64_t *sizes, int64_t k, double *out) {
+    for (int64_t i = 0; i < k; i++) out[i] = sq_sum((const float *)(intptr_t)ptrs[i], sizes[i]);
+}
+
+/* Parameters i = 0..k-1 of sizes[i] elements at ptrs[i], their "before" values consecutive in
+ * before[]: sq_before[i] = sum of before_i^2, sq_diff[i] = sum of (before_i - param_i)^2 (the
+ * difference in float32, like numpy's subtract; sums in double). */
+NBD_API void nbd_seg_norms(const float *before, const int64_t *ptrs, const int64_t *sizes, int64_t k,
+                           double *sq_before, double *sq_diffs) {
+    for (int64_t i = 0; i < k; i++) {
+        sq_before[i] = sq_sum(before, sizes[i]);
+        sq_diffs[i] = sq_diff(before, (const float *)(intptr_t)ptrs[i], sizes[i]);
+        before += sizes[i];
+    }
+}
+
+/* Copies k float32 arrays (ptrs[i], sizes[i] elements) one after the other into out. */
+NBD_API void nbd_gather(const int64_t *ptrs, const int64_t *sizes, int64_t k, float *out) {
+    for (int64_t i = 0; i < k; i++) {
+        memcpy(out, (const void *)(intptr_t)ptrs[i], (size_t)sizes[i] * sizeof(float));
+        out += sizes[i];
+    }
+}

@@ -1,0 +1,398 @@
+"""The fused native statistics kernel (``_native/stats.c``): compiled on first use, loaded with ctypes.
+
+One pass over a float32 CPU tensor gives every field of :data:`~nbdebug.capture.stats.FIELDS`
+(and, on request, the dead-unit mask) instead of the 4-5 torch/numpy passes of the fallback path.
+The C source ships in the package and is compiled with the system C compiler (``$CC`` or ``cc``,
+``-O3 -fPIC -shared``; AVX2 and baseline clones picked at load time, never ``-march=native``) into
+a per-user cache: ``$NBDEBUG_CACHE_DIR/<key>/`` (default ``~/.cache/nbdebug/native/<key>/``, or
+under ``$XDG_CACHE_HOME``), where ``key`` hashes the source, the compiler, the flags and the
+platform. The build happens in a private temporary directory and is moved in place with
+``os.replace``, so kernels starting at once never see a half-written library.
+
+``NBDEBUG_NATIVE=0`` turns it off; no compiler, a failed build, a failed load or a failed self-test
+all mean the torch/numpy path, silently except for :func:`status` (a one-line reason).
+
+>>> available() in (True, False)
+True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import pathlib
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["available", "gather", "seg_norms", "sq_norms", "stats", "status"]
+
+_SRC = pathlib.Path(__file__).with_name("_native") / "stats.c"
+_ABI = 1
+FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden")
+MIN_PER_THREAD = 1 << 18  # elements per thread before a tensor is split across threads
+_LIB_NAME = "libnbdstats.so"
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+_status = "not loaded yet"
+_stats_fn = None  # the bound nbd_stats, set once loaded
+_owner = 0  # thread id owning the scratch buffers below
+_out = np.empty(9)
+_alive = np.zeros(1024, np.uint8)
+_out_addr = _alive_addr = 0
+_get_ident = threading.get_ident
+
+
+def cache_dir() -> pathlib.Path:
+    """Where compiled kernels live (one subdirectory per source/compiler/flags/platform key)."""
+    env = os.environ.get("NBDEBUG_CACHE_DIR")
+    if env:
+        return pathlib.Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    root = pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache"
+    return root / "nbdebug" / "native"
+
+
+def _compiler() -> tuple[list[str], str] | str:
+    """``(argv, identity)`` of the C compiler, or the reason there is none."""
+    cc = os.environ.get("CC") or "cc"
+    try:
+        argv = shlex.split(cc)
+    except ValueError:
+        return f"unusable CC={cc!r}"
+    exe = shutil.which(argv[0]) if argv else None
+    if exe is None:
+        return f"no C compiler ({cc} not found)"
+    real = os.path.realpath(exe)
+    st = os.stat(real)
+    return [exe, *argv[1:]], f"{real}:{st.st_size}:{st.st_mtime_ns}:{' '.join(argv[1:])}"
+
+
+def _key(identity: str, source: bytes) -> str:
+    h = hashlib.sha256(source)
+    h.update(f"|{identity}|{' '.join(FLAGS)}|{sys.platform}|{platform.machine()}|{_ABI}".encode())
+    return h.hexdigest()[:20]
+
+
+def _build(argv: list[str], target: pathlib.Path) -> str | None:
+    """Compile the kernel to ``target`` atomically; None on success, else the reason."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".build-", dir=target.parent)
+    try:
+        out = os.path.join(tmp, _LIB_NAME)
+        err = ""
+        for extra in ((), ("-DNBD_NO_CLONES",)):  # function multi-versioning needs ifunc support
+            cmd = [*argv, *FLAGS, *extra, "-o", out, str(_SRC)]
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp)
+            except (OSError, subprocess.SubprocessError) as e:
+                return f"compiler failed to run: {e}"
+            if r.returncode == 0 and os.path.exists(out):
+                os.replace(out, target)
+                return None
+            err = (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[0]
+        return f"build failed: {err}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    i64, f64, vp = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
+    lib.nbd_abi.restype = ctypes.c_int
+    lib.nbd_abi.argtypes = []
+    lib.nbd_stats.restype = ctypes.c_int
+    lib.nbd_stats.argtypes = [vp, i64, i64, i64, i64, f64, f64, i64, i64, vp, vp]
+    lib.nbd_sq_norms.restype = None
+    lib.nbd_sq_norms.argtypes = [vp, vp, i64, vp]
+    lib.nbd_seg_norms.restype = None
+    lib.nbd_seg_norms.argtypes = [vp, vp, vp, i64, vp, vp]
+    lib.nbd_gather.restype = None
+    lib.nbd_gather.argtypes = [vp, vp, i64, vp]
+
+
+def _self_test(lib: ctypes.CDLL) -> bool:
+    x = np.array([1.0, -2.0, 0.0, -0.0, 3.5, 0.5], np.float32)
+    out = np.zeros(9)
+    alive = np.zeros(3, np.uint8)
+    rc = lib.nbd_stats(x.ctypes.data, 1, 3, 2, 3, 0.5, 3.0, 1, MIN_PER_THREAD, out.ctypes.data, alive.ctypes.data)
+    want = [6, 3.0, 1 + 4 + 12.25 + 0.25, -2.0, 3.5, 4, 0, 0, 5]
+    return rc == 0 and out.tolist() == want and alive.tolist() == [1, 0, 1]
+
+
+def _load() -> None:
+    global _lib, _tried, _status, _stats_fn
+    with _lock:
+        if _tried:
+            return
+        _tried = True
+        if os.environ.get("NBDEBUG_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+            _status = "disabled (NBDEBUG_NATIVE=0)"
+            return
+        try:
+            source = _SRC.read_bytes()
+        except OSError as e:
+            _status = f"kernel source missing ({e})"
+            return
+        cc = _compiler()
+        if isinstance(cc, str):
+            _status = cc
+            return
+        argv, identity = cc
+        target = cache_dir() / _key(identity, source) / _LIB_NAME
+        if not target.exists():
+            try:
+                why = _build(argv, target)
+            except OSError as e:
+                why = f"cannot write the cache ({e})"
+            if why is not None:
+                _status = why
+                return
+        try:
+            lib = ctypes.CDLL(str(target))
+            _bind(lib)
+            if lib.nbd_abi() != _ABI or not _self_test(lib):
+                _status = f"self-test failed ({target})"
+                return
+        except (OSError, AttributeError) as e:
+            _status = f"load failed: {e}"
+            return
+        _lib, _stats_fn = lib, lib.nbd_stats
+        _status = f"loaded {target}"
+
+
+def available() -> bool:
+    """Whether the native kernel is in use (builds/loads it on the first call)."""
+    if not _tried:
+        _load()
+    return _lib is not None
+
+
+def status() -> str:
+    """One line: where the kernel was loaded from, or why it is not used."""
+    if not _tried:
+        _load()
+    return _status
+
+
+def _reset() -> None:
+    """Forget the loaded kernel so that the next use reads ``NBDEBUG_NATIVE``/``CC`` again (tests)."""
+    global _lib, _tried, _status, _stats_fn, _owner
+    with _lock:
+        _lib, _tried, _status, _stats_fn, _owner = None, False, "not loaded yet", None, 0
+
+
+def _scratch(c: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """The calling thread's output buffers (the first caller owns the cached ones)."""
+    global _owner, _alive, _out_addr, _alive_addr
+    ident = _get_ident()
+    if _owner == 0:
+        _owner = ident
+    if ident == _owner:
+        if c > _alive.size:
+            _alive = np.zeros(max(c, 2 * _alive.size), np.uint8)
+            _alive_addr = 0
+        if not _out_addr:
+            _out_addr = _out.ctypes.data
+        if not _alive_addr:
+            _alive_addr = _alive.ctypes.data
+        return _out, _alive, _out_addr, _alive_addr
+    out, alive = np.empty(9), np.zeros(max(c, 1), np.uint8)
+    return out, alive, out.ctypes.data, alive.ctypes.data
+
+
+_Tensor, _Param, _F32, _STRIDED = torch.Tensor, torch.nn.Parameter, torch.float32, torch.strided
+_sat_cache: dict[tuple[float, float, float], tuple[float, float]] = {}
+
+
+def _dense_units(t: torch.Tensor, n: int) -> tuple[int, int, int] | None:
+    """``(outer, C, inner)`` of a non-contiguous tensor whose memory is still dense (a permutation,
+    e.g. channels-last): unit ``c`` (dim 1) is every ``inner`` run at ``c`` of each ``C * inner``
+    row. None when the memory has gaps or overlaps."""
+    shape, strides = t.shape, t.stride()
+    expect = 1
+    for st, sz in sorted((st, sz) for sz, st in zip(shape, strides) if sz != 1):
+        if st != expect:
+            return None
+        expect *= sz
+    if len(shape) < 2 or shape[1] == 1:
+        return 1, 1, n
+    c, inner = shape[1], strides[1]
+    return n // (c * inner), c, inner
+
+
+def stats(t: torch.Tensor, saturation: tuple[float, float] | None = None, sat_eps: float = 1e-3,
+          units: bool = False) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """``(row, alive)`` of a float32 CPU tensor in one native pass, or None when the kernel is not
+    available or does not apply (another dtype or device, a tensor subclass or wrapper, memory with
+    gaps): the caller then takes the torch/numpy path.
+
+    ``row`` is a new float64 array laid out as ``FIELDS`` (numel, sum, sumsq, min, max, nonzero,
+    nan, inf, extra); ``extra`` counts values ``<= lo + sat_eps`` plus values ``>= hi - sat_eps``
+    (both bounds rounded to float32, as numpy/torch compare a float32 tensor with a Python float)
+    when ``saturation=(lo, hi)``. ``alive`` (only with ``units``, for tensors of 2 or more dims) is a
+    bool ``[C]`` array over dim 1, True where the unit holds a value != 0 (NaN counts), and None when
+    no value is zero (every unit alive) or ``units`` is false.
+    """
+    fn = _stats_fn
+    if fn is None:
+        if _tried:
+            return None
+        _load()
+        fn = _stats_fn
+        if fn is None:
+            return None
+    tp = type(t)
+    if (tp is not _Tensor and tp is not _Param) or t.dtype is not _F32 or not t.is_cpu or t.layout is not _STRIDED:
+        return None
+    n = t.numel()
+    if t.is_contiguous():
+        shape = t.shape
+        if len(shape) >= 2:
+            outer, c = shape[0], shape[1]
+            inner = n // (outer * c) if n else 0
+        else:
+            outer, c, inner = 1, 1, n
+    else:
+        layout = _dense_units(t, n)
+        if layout is None:
+            return None
+        outer, c, inner = layout
+    try:
+        ptr = t.data_ptr()
+    except (RuntimeError, NotImplementedError):  # functorch wrappers and other storage-less tensors
+        return None
+    flags = 2 if units and t.dim() >= 2 else 0
+    lo = hi = 0.0
+    if saturation is not None:
+        key = (saturation[0], saturation[1], sat_eps)
+        bounds = _sat_cache.get(key)
+        if bounds is None:
+            bounds = _sat_cache[key] = (float(np.float32(key[0] + sat_eps)), float(np.float32(key[1] - sat_eps)))
+        lo, hi = bounds
+        flags |= 1
+    nt = torch.get_num_threads() if n >= 2 * MIN_PER_THREAD else 1
+    if _get_ident() == _owner and c <= _alive.size:
+        out, alive, out_addr, alive_addr = _out, _alive, _out_addr, _alive_addr
+    else:
+        out, alive, out_addr, alive_addr = _scratch(c)
+    if fn(ptr, outer, c, inner, flags, lo, hi, nt, MIN_PER_THREAD, out_addr, alive_addr):
+        return None
+    row = out.copy()
+    if flags & 2 and row[5] < row[0]:
+        return row, alive[:c].astype(bool)
+    return row, None
+
+
+def _pointers(tensors: Sequence[torch.Tensor]) -> tuple[list[int], list[int]] | None:
+    ptrs, sizes = [], []
+    for t in tensors:
+        tp = type(t)
+        if ((tp is not _Tensor and tp is not _Param) or t.dtype is not _F32 or not t.is_cpu
+                or t.layout is not _STRIDED or not t.is_contiguous()):
+            return None
+        try:
+            ptrs.append(t.data_ptr())
+        except (RuntimeError, NotImplementedError):
+            return None
+        sizes.append(t.numel())
+    return ptrs, sizes
+
+
+def sq_norms(tensors: Sequence[torch.Tensor]) -> np.ndarray | None:
+    """Float64 sums of squares of float32 contiguous CPU tensors, in one native call.
+
+    ``sq_norms([g1, g2, ...]) -> np.ndarray`` of shape ``[len(tensors)]`` (take ``np.sqrt`` for
+    L2 norms). Squares are summed in float32 over blocks of 8 values per lane and accumulated in
+    float64; a block that overflows float32 (finite values above ~1e19) is summed again per element
+    in float64, so a finite tensor never gets an infinite norm. NaN/Inf in a tensor give NaN/Inf.
+    None when the kernel is not available or any tensor is not a plain float32 contiguous CPU
+    tensor (the caller keeps its own path then).
+    """
+    if not (_stats_fn is not None or (not _tried and available())):
+        return None
+    got = _pointers(tensors)
+    if got is None:
+        return None
+    ptrs, sizes = got
+    k = len(ptrs)
+    out = (ctypes.c_double * k)()
+    if k:
+        i64 = ctypes.c_int64 * k
+        _lib.nbd_sq_norms(i64(*ptrs), i64(*sizes), k, out)  # type: ignore[union-attr]
+    return np.frombuffer(out, np.float64) if k else np.zeros(0)
+
+
+_addr_cache: list[tuple[np.ndarray, int]] = []
+
+
+def _address(a: np.ndarray) -> int:
+    """``a.ctypes.data``, cached for the few long-lived buffers (a lookup costs ~1 µs)."""
+    for arr, addr in _addr_cache:
+        if arr is a:
+            return addr
+    addr = a.ctypes.data
+    _addr_cache.insert(0, (a, addr))
+    del _addr_cache[8:]
+    return addr
+
+
+def _flat_f32(a: np.ndarray, n: int) -> None:
+    if not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 1 and a.flags.c_contiguous
+            and a.flags.writeable is not None and a.size == n):
+        raise ValueError(f"expected a contiguous 1-D float32 array of {n} elements")
+
+
+def seg_norms(before_flat: np.ndarray, params: Sequence[torch.Tensor]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(sumsq_before, sumsq_diff)`` per parameter for the optimizer watch's update ratios.
+
+    ``before_flat`` is a contiguous 1-D float32 numpy array holding every parameter's values from
+    before the step, one after the other in ``params`` order (e.g. filled by :func:`gather`);
+    ``params`` are the live float32 contiguous CPU parameters (read through ``data_ptr``, nothing
+    copied). Returns two float64 arrays of ``len(params)``: ``sum(before_i ** 2)`` and
+    ``sum((before_i - param_i) ** 2)`` (the difference taken in float32, like ``np.subtract`` on
+    the two float32 arrays; sums as in :func:`sq_norms`). ``before_flat`` is not modified. None when
+    the kernel is not available or a parameter does not qualify; ValueError when ``before_flat``'s
+    size is not the parameters' total.
+    """
+    if not (_stats_fn is not None or (not _tried and available())):
+        return None
+    got = _pointers(params)
+    if got is None:
+        return None
+    ptrs, sizes = got
+    _flat_f32(before_flat, sum(sizes))
+    k = len(ptrs)
+    b, d = np.empty(k), np.empty(k)
+    if k:
+        i64 = ctypes.c_int64 * k
+        _lib.nbd_seg_norms(_address(before_flat), i64(*ptrs), i64(*sizes), k, b.ctypes.data, d.ctypes.data)  # type: ignore[union-attr]
+    return b, d
+
+
+def gather(params: Sequence[torch.Tensor], out: np.ndarray) -> bool:
+    """Copy float32 contiguous CPU tensors one after the other into ``out`` (a contiguous 1-D
+    float32 array of their total size): the snapshot :func:`seg_norms` reads. False (nothing
+    written) when the kernel is not available or a tensor does not qualify; ValueError on a size
+    mismatch."""
+    if not (_stats_fn is not None or (not _tried and available())):
+        return False
+    got = _pointers(params)
+    if got is None:
+        return False
+    ptrs, sizes = got
+    _flat_f32(out, sum(sizes))
+    if ptrs:
+        i64 = ctypes.c_int64 * len(ptrs)
+        _lib.nbd_gather(i64(*ptrs), i64(*sizes), len(ptrs), _address(out))  # type: ignore[union-attr]
+    return True

@@ -94,7 +94,8 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
     dbg = nbdebug.debug(runner, view=view.split("[")[0], loss=lambda: ns.get("loss"), **spec.options)
     outs, raised = None, None
     try:
-        with Float64Watch(spec.half) as f64, dbg:
+        # (not with a GradScaler: its unscale_ takes 1/scale in float64 itself)
+        with Float64Watch(spec.half and not spec.scaler) as f64, dbg:
             outs = T.loop(mode, runner, opt, batches, ns, scaler)
     except BaseException as exc:
         raised = exc

@@ -43,6 +43,16 @@ def compiled() -> Iterator[dict[str, tuple[torch.nn.Module, torch.nn.Module]]]:
     torch._dynamo.reset()  # the rest of the session starts without our compiled code
 
 
+@pytest.fixture(scope="session")
+def offloaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(offloaded, reference): a 2-layer, 2-head, d=16 random Llama saved once and loaded twice, spread
+    by accelerate over the CPU and disk, and without offload (``nbdebug.testing.offloaded_llama``)."""
+    pytest.importorskip("accelerate")
+    from nbdebug.testing import offloaded_llama
+
+    return offloaded_llama(tmp_path_factory.mktemp("offload"), layers=2, hidden=16, heads=2, vocab=M.VOCAB)
+
+
 # -- the Works-with table ----------------------------------------------------------------------
 _OUTCOMES: dict[tuple[str, str], str] = {}
 

@@ -20,3 +20,41 @@ def test_offloaded(mode: str, view: str, shell: Any, offloaded: Any, capsys: pyt
     assert "nbdebug" not in capsys.readouterr().err
     if res.note:
         record_property("note", res.note)
+
+
+def test_ddp_distributed(shell: Any, tmp_path: Any, record_property: Any) -> None:
+    """``%%nndebug --distributed`` around a cell that trains a DDP model on 2 gloo CPU processes: each
+    rank's per-step history equals that rank's own measurements of the same loop without nbdebug, the
+    ranks stay in sync (nothing diverged), no hook left, each rank's model as without nbdebug."""
+    import json
+
+    import numpy as np
+
+    from . import ddp
+
+    record_property("cell", ("ddp", "thermometer"))
+    for attempt in range(2):  # a launch that hangs (workers killed) is retried once on a fresh port
+        shell.user_ns.update(ddp=ddp, out=str(tmp_path), port=ddp.free_port())
+        r = shell.run_cell("%%nndebug --distributed -o run\nddp.launch(port, out)")
+        if not isinstance(r.error_in_exec, TimeoutError) or attempt:
+            break
+    assert r.success and r.result == "trained", r.error_in_exec
+    run = shell.user_ns["run"]
+    assert shell.user_ns["_nndebug"] is run and run.error is None, run.error
+    assert run.world_size == 2 and run.hooks_left == {0: 0, 1: 0}
+    assert run.diverged == [] and run.first_nonfinite == [] and run.buffers_differ == []
+    for rank, res in enumerate(run.ranks):
+        meas = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert (meas["hooks_left"], meas["optimizer_hooks_left"], meas["diffs"], meas["training"]) == (0, 0, [], True), meas
+        assert res.history.rows == ddp.ROWS and res.step_index.tolist() == list(range(1, ddp.STEPS + 1))
+        for row in ddp.ROWS:
+            np.testing.assert_allclose(res.series(row, "mean"), meas["means"][row], rtol=1e-5, atol=1e-7, err_msg=f"rank {rank} {row}")
+        for module in ddp.PARAM_MODULES:
+            np.testing.assert_allclose(res.series(module, "update_ratio"), meas["ratio"][module], rtol=1e-4, err_msg=f"rank {rank} {module}")
+    last = {row: sorted(float(res.series(row, "mean")[-1]) for res in run.ranks) for row in ddp.ROWS}
+    spread = run.spread("mean")
+    assert sorted(spread) == sorted(ddp.ROWS), spread
+    for row, (lo, hi) in spread.items():  # the per-rank spread at the last step
+        assert (lo, hi) == pytest.approx(tuple(last[row]), rel=1e-6) and lo != hi, (row, lo, hi)
+    assert run.widget().report.names == ddp.ROWS
+    assert any("ThermometerWidget" in str(d.get("text/plain", "")) for d in shell.displayed), shell.displayed

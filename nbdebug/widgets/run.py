@@ -8,7 +8,12 @@ parameters that differ across ranks, errors per rank and notes.
 Synced up front (small JSON): ``ranks`` (one entry per rank: steps, NaN, error, hooks left),
 ``nonfinite``, ``diverged``/``buffers_differ`` (name and the step they first differed),
 ``errors``, ``notes``, ``spread`` (``fields``, ``rows`` and binary float32 ``lo``/``hi`` [rows, fields]:
-min/max across ranks at each rank's last kept step, NaN where no rank had a finite value) and ``rank_state``: the thermometer traits of the :attr:`Run.focus` rank (binary arrays as in
+min/max across ranks at each rank's last kept step, NaN where no rank had a finite value; so that the
+column follows the rank thermometer's step slider without a request, ``steps`` int32 [K] (the kept
+steps the ranks' sliders show, at most :data:`SPREAD_STEP_BYTES` of values) with ``step_lo``/``step_hi``
+float32 [K, rows, fields] (across the ranks that kept that step), and ``whole_lo``/``whole_hi``
+[rows, fields] across the ranks' whole-run merged rows, the thermometer's "whole run") and
+``rank_state``: the thermometer traits of the :attr:`Run.focus` rank (binary arrays as in
 :class:`~nbdebug.widgets.thermometer.ThermometerWidget`). Other ranks cross on demand (the kernel is
 idle after the run): request ``rank`` ``{rank}`` answers ``{rank, traits}`` with the arrays in
 binary buffers (each array's place in ``traits`` holds ``{"__array__": name}``); ``rank_request``
@@ -29,12 +34,14 @@ from ..inspectors.thermometer import COLUMNS, ThermometerReport, Thresholds, dia
 from ._base import NBWidget, rpc
 from ._transport import decode_array, encode_array
 
-__all__ = ["FALLBACK_BYTES", "SPREAD_FIELDS", "RunWidget"]
+__all__ = ["FALLBACK_BYTES", "SPREAD_FIELDS", "SPREAD_STEP_BYTES", "RunWidget", "spread_over_time"]
 
 #: stats whose spread across ranks is sent (the view's "spread" column offers these)
 SPREAD_FIELDS: tuple[str, ...] = ("mean", "std", "max", "grad_norm", "param_grad_norm", "nan")
 #: the static fallback stays under this many bytes (rows beyond it are left out, and it says so)
 FALLBACK_BYTES = 200_000
+#: bytes of per-step spread (``step_lo`` + ``step_hi``) sent up front; more kept steps: evenly spaced ones
+SPREAD_STEP_BYTES = 2 * 2**20
 
 
 def _flatten(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -105,6 +112,10 @@ class RunWidget(NBWidget):
         steps = dict(run.diverged_steps)
         per_field = [run.spread(f) for f in SPREAD_FIELDS]
         rows = list(dict.fromkeys(r for sp in per_field for r in sp))
+        for res in run.ranks:  # rows seen at other steps only, and merged rows, have a spread too
+            if res is not None:
+                rows = list(dict.fromkeys([*rows, *(res.history.rows if res.history is not None else ()),
+                                           *(r.name for r in res.layers)]))
         lo = np.full((len(rows), len(SPREAD_FIELDS)), np.nan, np.float32)
         hi = lo.copy()
         at = {r: i for i, r in enumerate(rows)}
@@ -112,6 +123,7 @@ class RunWidget(NBWidget):
             for row, (a, b) in sp.items():
                 lo[at[row], j], hi[at[row], j] = a, b
         spread = {"fields": list(SPREAD_FIELDS), "rows": rows, "lo": encode_array(lo), "hi": encode_array(hi)}
+        spread.update({k: encode_array(v) for k, v in spread_over_time(run, rows).items()})
         state = dict(
             ranks=ranks, rank=shown, focus=focus, world_size=int(run.world_size), summary=run.summary(),
             nonfinite=[{"rank": f.rank, "step": f.step, "phase": f.phase, "module": f.module, "row": f.row,
@@ -235,6 +247,69 @@ class RunWidget(NBWidget):
         except LookupError:
             shown = ""
         return f"RunWidget({self.world_size} ranks{shown})"
+
+
+def _slider_steps(hist: Any) -> np.ndarray:
+    """The kept steps a rank's thermometer slider shows (its history trait: every kept step, or the
+    last of each group when downsampled to the trait budget)."""
+    from .thermometer import TRAIT_BYTES, _group_for
+
+    k = len(hist)
+    group = _group_for(k, len(hist.rows), hist.decimated, TRAIT_BYTES)
+    return hist.step_index[np.minimum(np.arange(0, k, group) + group, k) - 1]
+
+
+def _merged(rec: Any, field: str) -> float:
+    """A merged (whole-run) row's value of ``field`` as the thermometer's whole-run table has it."""
+    if field == "param_grad_norm":
+        return math.nan if rec.param_grad_norm is None else float(rec.param_grad_norm)
+    if field.startswith("grad_"):
+        return math.nan if rec.grad is None else float(rec.grad.get(field[5:], math.nan))
+    return float(rec.stats.get(field, math.nan))
+
+
+def spread_over_time(run: Any, rows: list[str], max_bytes: int = SPREAD_STEP_BYTES) -> dict[str, np.ndarray]:
+    """Min/max of :data:`SPREAD_FIELDS` across ranks, per kept step and over the whole run.
+
+    ``steps`` int32 [K]: the kept steps the ranks' sliders show (their union; evenly spaced ones, the
+    last always, when ``step_lo`` + ``step_hi`` would pass ``max_bytes``); ``step_lo``/``step_hi``
+    float32 [K, rows, fields]: over the ranks that kept that step (the bucket's last value, as
+    ``CaptureResult.series``); ``whole_lo``/``whole_hi`` float32 [rows, fields]: over the ranks'
+    merged rows (``CaptureResult.layers``). NaN where no rank had a finite value.
+    """
+    from ..capture.history import FIELD_INDEX
+
+    hists = [res.history for res in run.ranks if res is not None and res.history is not None and len(res.history)]
+    steps = np.unique(np.concatenate([_slider_steps(h) for h in hists])) if hists else np.zeros(0, np.int64)
+    per_step = max(1, len(rows) * len(SPREAD_FIELDS) * 8)
+    if len(steps) * per_step > max_bytes:
+        n = max(1, max_bytes // per_step)
+        steps = steps[np.unique(np.linspace(0 if n > 1 else len(steps) - 1, len(steps) - 1, n).round().astype(int))]
+    F = [FIELD_INDEX[f] for f in SPREAD_FIELDS]
+    at = {r: i for i, r in enumerate(rows)}
+    lo = np.full((len(steps), len(rows), len(SPREAD_FIELDS)), np.nan, np.float32)
+    hi = lo.copy()
+    for h in hists:
+        slot = np.searchsorted(h.step_index, steps)
+        kept = slot < len(h.step_index)
+        kept[kept] = h.step_index[slot[kept]] == steps[kept]
+        mine = [(at[name], j) for j, name in enumerate(h.rows) if name in at]
+        if not mine or not kept.any():
+            continue
+        dst, src = (np.asarray(x) for x in zip(*mine))
+        v = h.values("last")[slot[kept]][:, src][:, :, F].astype(np.float32)
+        ks = np.flatnonzero(kept)
+        lo[np.ix_(ks, dst)] = np.fmin(lo[np.ix_(ks, dst)], v)
+        hi[np.ix_(ks, dst)] = np.fmax(hi[np.ix_(ks, dst)], v)
+    wlo = np.full((len(rows), len(SPREAD_FIELDS)), np.nan, np.float32)
+    whi = wlo.copy()
+    for res in run.ranks:
+        for rec in [] if res is None else res.layers:
+            if rec.name in at:
+                v = np.asarray([_merged(rec, f) for f in SPREAD_FIELDS], np.float32)
+                i = at[rec.name]
+                wlo[i], whi[i] = np.fmin(wlo[i], v), np.fmax(whi[i], v)
+    return {"steps": steps.astype(np.int32), "step_lo": lo, "step_hi": hi, "whole_lo": wlo, "whole_hi": whi}
 
 
 def _fmt(x: float | None) -> str:

@@ -220,3 +220,50 @@ def test_save_html_carries_every_rank(tmp_path: Path) -> None:
     assert w.export_requests() == [("rank", {"rank": 0}), ("rank", {"rank": 1})]
     page = w.export_html()
     assert "nbdebug run" in page and HOSTILE not in page.replace("\\u003c", "<").split("<script")[0]
+
+
+def test_spread_at_every_kept_step_and_over_the_whole_run(tmp_path: Path) -> None:
+    """What the spread column shows when the rank's step slider moves: at each kept step k, min/max
+    over the ranks of ``series(row, field)`` at k (rank 1's NaN skipped); at "whole run", over the
+    ranks' whole-run tables (``diagnose(res, step="run")``, what the rank thermometer shows there)."""
+    run = two_ranks(tmp_path)
+    w = RunWidget(run)
+    sp = w.spread
+    steps = decode_array(sp["steps"]).tolist()
+    assert steps == [1, 2, 3, 4]
+    assert steps == decode_array(w.rank_state["traits"]["history"]["steps"]).tolist()  # the slider's steps
+    lo, hi = decode_array(sp["step_lo"]), decode_array(sp["step_hi"])
+    wlo, whi = decode_array(sp["whole_lo"]), decode_array(sp["whole_hi"])
+    assert lo.shape == hi.shape == (4, len(sp["rows"]), len(SPREAD_FIELDS)) and wlo.shape == (len(sp["rows"]), len(SPREAD_FIELDS))
+    whole = [diagnose(res, step="run") for res in run.ranks]
+    checked = 0
+    for i, row in enumerate(sp["rows"]):
+        for j, field in enumerate(SPREAD_FIELDS):
+            for k, step in enumerate(steps):
+                vals = [np.float32(res.series(row, field)[res.step_index.tolist().index(step)]) for res in run.ranks]
+                vals = [v for v in vals if v == v]
+                got = (lo[k, i, j], hi[k, i, j])
+                assert got == (min(vals), max(vals)) if vals else np.isnan(got).all(), (row, field, step)
+                checked += bool(vals)
+            ref = [np.float32(rep.column(field)[rep.names.index(row)]) for rep in whole]
+            ref = [v for v in ref if v == v]
+            assert (wlo[i, j], whi[i, j]) == (min(ref), max(ref)) if ref else np.isnan([wlo[i, j], whi[i, j]]).all()
+    assert checked > 80
+    # rank 1's `1` is NaN from step 3: the mean's spread there is rank 0's alone, its NaN count is 0 … 48
+    r, m, n = sp["rows"].index("1"), SPREAD_FIELDS.index("mean"), SPREAD_FIELDS.index("nan")
+    assert lo[3, r, m] == hi[3, r, m] and (lo[3, r, n], hi[3, r, n]) == (0, 48) and (lo[0, r, n], hi[0, r, n]) == (0, 0)
+    assert lo[0, 0, m] < hi[0, 0, m]  # the ranks differ (each its own batches)
+
+
+def test_spread_over_time_stays_within_its_budget(tmp_path: Path) -> None:
+    from nbdebug.widgets.run import spread_over_time
+
+    run = two_ranks(tmp_path, nan=None, change=None, steps=9)
+    rows = list(run.ranks[0].history.rows)
+    per_step = len(rows) * len(SPREAD_FIELDS) * 8
+    out = spread_over_time(run, rows, max_bytes=3 * per_step)
+    assert out["steps"].tolist() == [1, 5, 9]  # evenly spaced, the last kept
+    assert out["step_lo"].nbytes + out["step_hi"].nbytes <= 3 * per_step
+    k = run.ranks[1].step_index.tolist().index(5)
+    assert out["step_hi"][1, 0, 0] == max(np.float32(res.series(rows[0], "mean")[k]) for res in run.ranks)
+    assert spread_over_time(run, rows, max_bytes=0)["steps"].tolist() == [9]

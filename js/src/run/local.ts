@@ -46,8 +46,33 @@ export function restoreArrays(traits: unknown, arrays: Record<string, NdArray>):
   return walk(traits);
 }
 
+/** Rank models with a thermometer mounted on them (it listens to `change:step`): the spread column
+ * (run/spread.ts) reads the shown rank's step slider from here. */
+const MOUNTED = new Set<LocalModel>();
+
+/** The mounted rank model of the run view whose `spread` trait is `spread` (undefined: none). */
+export function mountedFor(spread: unknown): LocalModel | undefined {
+  for (const m of MOUNTED) if (m.parentTrait("spread") === spread) return m;
+  return undefined;
+}
+
 export class LocalModel extends Emitter implements AnyModel {
   private traits = new Map<string, any>();
+
+  on(event: string, cb: (...args: any[]) => void): void {
+    super.on(event, cb);
+    if (event.split(/\s+/).includes("change:step")) MOUNTED.add(this);
+  }
+
+  off(event?: string | null, cb?: ((...args: any[]) => void) | null): void {
+    super.off(event, cb);
+    if (!(this.handlers.get("change:step") ?? []).length) MOUNTED.delete(this);
+  }
+
+  /** A trait of the run widget's model this rank belongs to. */
+  parentTrait(name: string): unknown {
+    return this.parent.get(name);
+  }
 
   constructor(
     readonly rank: number,

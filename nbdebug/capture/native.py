@@ -2,12 +2,11 @@
 
 One pass over a float32 CPU tensor gives every field of :data:`~nbdebug.capture.stats.FIELDS`
 (and, on request, the dead-unit mask) instead of the 4-5 torch/numpy passes of the fallback path.
-The C source ships in the package and is compiled with the system C compiler (``$CC`` or ``cc``,
-``-O3 -fPIC -shared``; AVX2 and baseline clones picked at load time, never ``-march=native``) into
-a per-user cache: ``$NBDEBUG_CACHE_DIR/<key>/`` (default ``~/.cache/nbdebug/native/<key>/``, or
-under ``$XDG_CACHE_HOME``), where ``key`` hashes the source, the compiler, the flags and the
-platform. The build happens in a private temporary directory and is moved in place with
-``os.replace``, so kernels starting at once never see a half-written library.
+The C source ships in the package and is compiled on first use with the system C compiler into a
+per-user cache, ``$NBDEBUG_CACHE_DIR/<key>/`` (default ``~/.cache/nbdebug/native/<key>/``, or under
+``$XDG_CACHE_HOME``): see :mod:`.native_build`. Per-call Python work is kept to a few attribute
+reads and one ctypes call with plain integer arguments; results land in preallocated buffers (of
+the first calling thread; other threads get their own) and are copied out.
 
 ``NBDEBUG_NATIVE=0`` turns it off; no compiler, a failed build, a failed load or a failed self-test
 all mean the torch/numpy path, silently except for :func:`status` (a one-line reason).
@@ -19,28 +18,18 @@ True
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import pathlib
-import platform
-import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["available", "gather", "seg_norms", "sq_norms", "stats", "status"]
+from . import native_build
+from .native_build import cache_dir
 
-_SRC = pathlib.Path(__file__).with_name("_native") / "stats.c"
-_ABI = 1
-FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden")
+__all__ = ["available", "cache_dir", "gather", "seg_norms", "sq_norms", "stats", "status"]
+
 MIN_PER_THREAD = 1 << 18  # elements per thread before a tensor is split across threads
-_LIB_NAME = "libnbdstats.so"
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -54,121 +43,13 @@ _out_addr = _alive_addr = 0
 _get_ident = threading.get_ident
 
 
-def cache_dir() -> pathlib.Path:
-    """Where compiled kernels live (one subdirectory per source/compiler/flags/platform key)."""
-    env = os.environ.get("NBDEBUG_CACHE_DIR")
-    if env:
-        return pathlib.Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    root = pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache"
-    return root / "nbdebug" / "native"
-
-
-def _compiler() -> tuple[list[str], str] | str:
-    """``(argv, identity)`` of the C compiler, or the reason there is none."""
-    cc = os.environ.get("CC") or "cc"
-    try:
-        argv = shlex.split(cc)
-    except ValueError:
-        return f"unusable CC={cc!r}"
-    exe = shutil.which(argv[0]) if argv else None
-    if exe is None:
-        return f"no C compiler ({cc} not found)"
-    real = os.path.realpath(exe)
-    st = os.stat(real)
-    return [exe, *argv[1:]], f"{real}:{st.st_size}:{st.st_mtime_ns}:{' '.join(argv[1:])}"
-
-
-def _key(identity: str, source: bytes) -> str:
-    h = hashlib.sha256(source)
-    h.update(f"|{identity}|{' '.join(FLAGS)}|{sys.platform}|{platform.machine()}|{_ABI}".encode())
-    return h.hexdigest()[:20]
-
-
-def _build(argv: list[str], target: pathlib.Path) -> str | None:
-    """Compile the kernel to ``target`` atomically; None on success, else the reason."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".build-", dir=target.parent)
-    try:
-        out = os.path.join(tmp, _LIB_NAME)
-        err = ""
-        for extra in ((), ("-DNBD_NO_CLONES",)):  # function multi-versioning needs ifunc support
-            cmd = [*argv, *FLAGS, *extra, "-o", out, str(_SRC)]
-            try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp)
-            except (OSError, subprocess.SubprocessError) as e:
-                return f"compiler failed to run: {e}"
-            if r.returncode == 0 and os.path.exists(out):
-                os.replace(out, target)
-                return None
-            err = (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[0]
-        return f"build failed: {err}"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _bind(lib: ctypes.CDLL) -> None:
-    i64, f64, vp = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
-    lib.nbd_abi.restype = ctypes.c_int
-    lib.nbd_abi.argtypes = []
-    lib.nbd_stats.restype = ctypes.c_int
-    lib.nbd_stats.argtypes = [vp, i64, i64, i64, i64, f64, f64, i64, i64, vp, vp]
-    lib.nbd_sq_norms.restype = None
-    lib.nbd_sq_norms.argtypes = [vp, vp, i64, vp]
-    lib.nbd_seg_norms.restype = None
-    lib.nbd_seg_norms.argtypes = [vp, vp, vp, i64, vp, vp]
-    lib.nbd_gather.restype = None
-    lib.nbd_gather.argtypes = [vp, vp, i64, vp]
-
-
-def _self_test(lib: ctypes.CDLL) -> bool:
-    x = np.array([1.0, -2.0, 0.0, -0.0, 3.5, 0.5], np.float32)
-    out = np.zeros(9)
-    alive = np.zeros(3, np.uint8)
-    rc = lib.nbd_stats(x.ctypes.data, 1, 3, 2, 3, 0.5, 3.0, 1, MIN_PER_THREAD, out.ctypes.data, alive.ctypes.data)
-    want = [6, 3.0, 1 + 4 + 12.25 + 0.25, -2.0, 3.5, 4, 0, 0, 5]
-    return rc == 0 and out.tolist() == want and alive.tolist() == [1, 0, 1]
-
-
 def _load() -> None:
     global _lib, _tried, _status, _stats_fn
     with _lock:
         if _tried:
             return
-        _tried = True
-        if os.environ.get("NBDEBUG_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-            _status = "disabled (NBDEBUG_NATIVE=0)"
-            return
-        try:
-            source = _SRC.read_bytes()
-        except OSError as e:
-            _status = f"kernel source missing ({e})"
-            return
-        cc = _compiler()
-        if isinstance(cc, str):
-            _status = cc
-            return
-        argv, identity = cc
-        target = cache_dir() / _key(identity, source) / _LIB_NAME
-        if not target.exists():
-            try:
-                why = _build(argv, target)
-            except OSError as e:
-                why = f"cannot write the cache ({e})"
-            if why is not None:
-                _status = why
-                return
-        try:
-            lib = ctypes.CDLL(str(target))
-            _bind(lib)
-            if lib.nbd_abi() != _ABI or not _self_test(lib):
-                _status = f"self-test failed ({target})"
-                return
-        except (OSError, AttributeError) as e:
-            _status = f"load failed: {e}"
-            return
-        _lib, _stats_fn = lib, lib.nbd_stats
-        _status = f"loaded {target}"
+        lib, why = native_build.load()
+        _lib, _stats_fn, _status, _tried = lib, (lib.nbd_stats if lib is not None else None), why, True
 
 
 def available() -> bool:

@@ -11,7 +11,8 @@
  *
  * The loops are written over fixed lane arrays so that gcc/clang vectorise them without any
  * fast-math flag (x < m ? x : m is exactly MINPS/MAXPS, NaN-safe). On x86-64 Linux with gcc the
- * hot functions are cloned for AVX2 and a baseline, picked at load time (never -march=native).
+ * hot functions are cloned for x86-64-v4 (AVX-512), v3 (AVX2, FMA) and the baseline, picked at
+ * load time (never -march=native into a shared cache).
  * Large tensors can be split across POSIX threads (a thread per part, created per call).
  */
 #include <math.h>
@@ -21,7 +22,11 @@
 #include <string.h>
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && !defined(NBD_NO_CLONES)
+#if defined(NBD_AVX2_ONLY) /* compilers without the x86-64-v3/v4 level names (gcc < 11) */
 #define NBD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define NBD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 #else
 #define NBD_CLONES
 #endif
@@ -40,11 +45,43 @@ typedef struct {
     int64_t zeros, sat;
 } acc_t;
 
-static void acc_init(acc_t *a) {
-    a->sum = a->sumsq = 0.0;
-    a->mn = INFINITY;
-    a->mx = -INFINITY;
-    a->zeros = a->sat = 0;
+/* Lane accumulators kept across the calls of one part (a tensor's segments): no horizontal
+ * reduction per segment but the zero count's. */
+typedef struct {
+    double S[W], SS[W];
+    float mn[W], mx[W];
+    double s, ss;  /* tails */
+    float m, M;
+    int64_t sat;
+} lanes_t;
+
+static void lanes_init(lanes_t *l) {
+    for (int j = 0; j < W; j++) {
+        l->S[j] = l->SS[j] = 0.0;
+        l->mn[j] = INFINITY;
+        l->mx[j] = -INFINITY;
+    }
+    l->s = l->ss = 0.0;
+    l->m = INFINITY;
+    l->M = -INFINITY;
+    l->sat = 0;
+}
+
+static void lanes_reduce(const lanes_t *l, acc_t *a, int64_t zeros) {
+    double s = l->s, ss = l->ss;
+    float m = l->m, M = l->M;
+    for (int j = 0; j < W; j++) {
+        s += l->S[j];
+        ss += l->SS[j];
+        m = l->mn[j] < m ? l->mn[j] : m;
+        M = l->mx[j] > M ? l->mx[j] : M;
+    }
+    a->sum = s;
+    a->sumsq = ss;
+    a->mn = m;
+    a->mx = M;
+    a->zeros = zeros;
+    a->sat = l->sat;
 }
 
 static void acc_merge(acc_t *a, const acc_t *b) {
@@ -56,15 +93,17 @@ static void acc_merge(acc_t *a, const acc_t *b) {
     a->sat += b->sat;
 }
 
-/* The one pass over n contiguous floats (n < 2^31 * W so int32 lane counts cannot overflow). */
-NBD_INLINE void pass(const float *restrict x, int64_t n, acc_t *a, const int sat, float lo, float hi) {
+/* The one pass over n contiguous floats (n < 2^31 so int32 lane counts cannot overflow); returns
+ * the number of zeros among them. */
+NBD_INLINE int64_t pass(const float *restrict x, int64_t n, lanes_t *restrict l, const int sat, float lo, float hi) {
     double S[W], SS[W];
     float mn[W], mx[W];
     int32_t z[W], e[W];
     for (int j = 0; j < W; j++) {
-        S[j] = SS[j] = 0.0;
-        mn[j] = INFINITY;
-        mx[j] = -INFINITY;
+        S[j] = l->S[j];
+        SS[j] = l->SS[j];
+        mn[j] = l->mn[j];
+        mx[j] = l->mx[j];
         z[j] = e[j] = 0;
     }
     int64_t i = 0;
@@ -88,17 +127,17 @@ NBD_INLINE void pass(const float *restrict x, int64_t n, acc_t *a, const int sat
             SS[j] += ss[j];
         }
     }
-    double s = 0.0, ss = 0.0;
-    float m = a->mn, M = a->mx;
     int64_t zz = 0, ee = 0;
     for (int j = 0; j < W; j++) {
-        s += S[j];
-        ss += SS[j];
-        m = mn[j] < m ? mn[j] : m;
-        M = mx[j] > M ? mx[j] : M;
+        l->S[j] = S[j];
+        l->SS[j] = SS[j];
+        l->mn[j] = mn[j];
+        l->mx[j] = mx[j];
         zz += z[j];
         ee += e[j];
     }
+    double s = 0.0, ss = 0.0;
+    float m = l->m, M = l->M;
     for (; i < n; i++) {
         float v = x[i];
         s += v;
@@ -108,26 +147,27 @@ NBD_INLINE void pass(const float *restrict x, int64_t n, acc_t *a, const int sat
         zz += (v == 0.0f);
         if (sat) ee += (v <= lo) + (v >= hi);
     }
-    a->sum += s;
-    a->sumsq += ss;
-    a->mn = m;
-    a->mx = M;
-    a->zeros += zz;
-    a->sat += ee;
+    l->s += s;
+    l->ss += ss;
+    l->m = m;
+    l->M = M;
+    l->sat += ee;
+    return zz;
 }
 
-NBD_CLONES static void pass_plain(const float *x, int64_t n, acc_t *a) { pass(x, n, a, 0, 0.0f, 0.0f); }
-NBD_CLONES static void pass_sat(const float *x, int64_t n, acc_t *a, float lo, float hi) { pass(x, n, a, 1, lo, hi); }
+NBD_CLONES static int64_t pass_plain(const float *x, int64_t n, lanes_t *l) { return pass(x, n, l, 0, 0.0f, 0.0f); }
+NBD_CLONES static int64_t pass_sat(const float *x, int64_t n, lanes_t *l, float lo, float hi) { return pass(x, n, l, 1, lo, hi); }
 
-static void run_pass(const float *x, int64_t n, acc_t *a, int sat, float lo, float hi) {
+static int64_t run_pass(const float *x, int64_t n, lanes_t *l, int sat, float lo, float hi) {
     const int64_t big = (int64_t)1 << 30;  /* keeps every int32 lane count in range */
+    int64_t zeros = 0;
     while (n > 0) {
         int64_t k = n < big ? n : big;
-        if (sat) pass_sat(x, k, a, lo, hi);
-        else pass_plain(x, k, a);
+        zeros += sat ? pass_sat(x, k, l, lo, hi) : pass_plain(x, k, l);
         x += k;
         n -= k;
     }
+    return zeros;
 }
 
 /* mask[pos + j] |= |bits(x[j])| for n elements, wrapping at L (the row length C * inner). */
@@ -145,34 +185,79 @@ NBD_CLONES static void or_columns(const float *restrict x, int64_t n, int64_t po
 
 typedef struct {
     const float *x;
-    int64_t C, inner, begin, end;  /* segments (segment mode) or elements */
-    int mode;                      /* 0 flat, 1 segments (unit per segment of inner), 2 column mask */
+    int64_t C, inner, begin, end;  /* elements [begin, end) of this part */
+    int mode;                      /* 0 no units, 1 runs of inner elements, 2 column mask */
     int sat;
     float lo, hi;
-    uint8_t *alive;                /* segment mode */
+    uint8_t *alive;                /* mode 1: written as units are found alive (zeroed first) */
     uint32_t *mask;                /* column mode: C * inner words of this part */
     acc_t acc;
 } job_t;
 
+/* Whether every word of the column mask is non-zero (then every unit is alive). */
+NBD_CLONES static int all_set(const uint32_t *m, int64_t L) {
+    uint32_t zero = 0;
+    for (int64_t i = 0; i < L; i++) zero |= (m[i] == 0);
+    return !zero;
+}
+
+/* Whether any of n floats is != 0 (NaN included), stopping at the first block that has one. */
+NBD_CLONES static int any_nonzero(const float *x, int64_t n) {
+    const uint32_t *b = (const uint32_t *)x;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        uint32_t any = 0;
+        for (int j = 0; j < 64; j++) any |= b[i + j] & 0x7fffffffu;
+        if (any) return 1;
+    }
+    for (; i < n; i++)
+        if (b[i] & 0x7fffffffu) return 1;
+    return 0;
+}
+
+/* One part of the tensor, elements [begin, end): the stats pass chunk by chunk (the same lane
+ * grouping whatever the mode, so the sums never depend on whether units were asked for), then
+ * per chunk the unit mask: mode 1 scans the runs of units not yet known alive (stopping at their
+ * first non-zero), mode 2 ORs the chunk into the column mask (short runs: inner < 16). */
 static void *run_job(void *arg) {
     job_t *j = (job_t *)arg;
-    acc_init(&j->acc);
+    lanes_t l;
+    lanes_init(&l);
+    int64_t zeros = 0;
     if (j->mode == 0) {
-        run_pass(j->x + j->begin, j->end - j->begin, &j->acc, j->sat, j->lo, j->hi);
-    } else if (j->mode == 1) {
-        for (int64_t s = j->begin; s < j->end; s++) {
-            int64_t before = j->acc.zeros;
-            run_pass(j->x + s * j->inner, j->inner, &j->acc, j->sat, j->lo, j->hi);
-            if (j->acc.zeros - before < j->inner) __atomic_store_n(&j->alive[s % j->C], 1, __ATOMIC_RELAXED);
-        }
-    } else {
-        int64_t L = j->C * j->inner;
-        for (int64_t p = j->begin; p < j->end; p += CHUNK) {
-            int64_t k = j->end - p < CHUNK ? j->end - p : CHUNK;
-            run_pass(j->x + p, k, &j->acc, j->sat, j->lo, j->hi);
+        zeros = run_pass(j->x + j->begin, j->end - j->begin, &l, j->sat, j->lo, j->hi);
+        lanes_reduce(&l, &j->acc, zeros);
+        return NULL;
+    }
+    const int64_t inner = j->inner, C = j->C, L = C * inner;
+    int64_t seen = 0;
+    int full = 0;
+    for (int64_t p = j->begin; p < j->end; p += CHUNK) {
+        int64_t k = j->end - p < CHUNK ? j->end - p : CHUNK;
+        int64_t z = run_pass(j->x + p, k, &l, j->sat, j->lo, j->hi);
+        zeros += z;
+        if (j->mode == 1) {
+            for (int64_t s = p / inner; s * inner < p + k; s++) {
+                int64_t c = s % C;
+                if (__atomic_load_n(&j->alive[c], __ATOMIC_RELAXED)) continue;
+                int64_t a = s * inner > p ? s * inner : p, e = (s + 1) * inner < p + k ? (s + 1) * inner : p + k;
+                if (z == 0 || any_nonzero(j->x + a, e - a)) __atomic_store_n(&j->alive[c], 1, __ATOMIC_RELAXED);
+            }
+        } else if (!full) {
+            if (z == 0 && k >= L) {  /* a whole row without a zero: every unit alive */
+                for (int64_t i = 0; i < L; i++) j->mask[i] = 1;
+                full = 1;
+                continue;
+            }
             or_columns(j->x + p, k, p % L, j->mask, L);
+            seen += k;
+            if (seen >= L) {  /* every position seen non-zero: nothing more to learn */
+                full = all_set(j->mask, L);
+                seen = 0;
+            }
         }
     }
+    lanes_reduce(&l, &j->acc, zeros);
     return NULL;
 }
 
@@ -198,28 +283,28 @@ NBD_API int nbd_abi(void) { return NBD_ABI; }
 /* Stats of a float32 tensor whose memory is outer x C x inner (dense), laid out as nbdebug's
  * FIELDS into out[9]: numel, sum, sumsq, min, max, nonzero, nan, inf, extra.
  * flags: 1 = count saturation (x <= lo or x >= hi, both already float32 values), 2 = unit mask:
- * alive[c] (c < C) = 1 when unit c holds a value != 0 (NaN included); alive must be zeroed by the
- * caller and is meaningful only when some value is zero (out[5] < out[0]).
+ * alive[c] (c < C) = 1 when unit c holds a value != 0 (NaN included), else 0; meaningful only
+ * when some value is zero (out[5] < out[0]).
  * nthreads > 1 splits tensors of at least min_per_thread * 2 elements across POSIX threads.
  * Returns 0, or -1 when memory for the column mask could not be allocated (out untouched). */
 NBD_API int nbd_stats(const float *x, int64_t outer, int64_t C, int64_t inner, int64_t flags, double lo, double hi,
                       int64_t nthreads, int64_t min_per_thread, double *out, uint8_t *alive) {
     const int64_t n = outer * C * inner;
-    const int sat = (int)(flags & 1), units = (flags & 2) && C > 1 && n > 0;
+    const int sat = (int)(flags & 1), units = (flags & 2) && n > 0;
     int mode = 0;
-    if (units) mode = (inner >= 256 || C * inner > ((int64_t)1 << 20)) ? 1 : 2;
-    int64_t units_total = mode == 1 ? outer * C : n;
+    if (units) mode = (inner >= 16 || C * inner > ((int64_t)1 << 20)) ? 1 : 2;
     int64_t nt = nthreads < 1 ? 1 : (nthreads > MAX_THREADS ? MAX_THREADS : nthreads);
     if (min_per_thread < 1) min_per_thread = 1;
     if (n / min_per_thread < nt) nt = n / min_per_thread;
     if (nt < 1) nt = 1;
-    if (mode == 1 && nt > units_total) nt = units_total > 0 ? units_total : 1;
     const int64_t L = C * inner;
     job_t jobs[MAX_THREADS];
     uint32_t *masks = NULL;
     if (mode == 2) {
         masks = (uint32_t *)calloc((size_t)(nt * L), sizeof(uint32_t));
         if (!masks) return -1;
+    } else if (mode == 1) {
+        memset(alive, 0, (size_t)C);
     }
     for (int64_t t = 0; t < nt; t++) {
         job_t *j = &jobs[t];
@@ -232,8 +317,8 @@ NBD_API int nbd_stats(const float *x, int64_t outer, int64_t C, int64_t inner, i
         j->hi = (float)hi;
         j->alive = alive;
         j->mask = masks ? masks + t * L : NULL;
-        j->begin = units_total * t / nt;
-        j->end = units_total * (t + 1) / nt;
+        j->begin = n * t / nt / CHUNK * CHUNK;  /* parts on chunk boundaries, whatever the mode */
+        j->end = t + 1 < nt ? n * (t + 1) / nt / CHUNK * CHUNK : n;
     }
     pthread_t th[MAX_THREADS];
     int on_thread[MAX_THREADS] = {0};

@@ -1,0 +1,138 @@
+"""Compiling and loading the native statistics kernel (``_native/stats.c``) for :mod:`.native`.
+
+The source is compiled with the system C compiler (``$CC`` or ``cc``; :data:`FLAGS`; on x86-64
+Linux with gcc the hot loops are cloned for x86-64-v4/v3/baseline and picked at load time, never
+``-march=native``) into ``cache_dir()/<key>/libnbdstats.so``, where ``key`` hashes the source, the
+compiler (path, size, mtime, extra arguments), the flags and the platform: a changed source or
+compiler builds a new library, an unchanged one is only loaded. The build runs in a private
+temporary directory next to the target and is moved in place with ``os.replace`` (atomic), so
+kernels or processes starting at once never load a half-written file; the loser of a race just
+replaces the file with an identical one. A loaded library must pass a self-test on a known array.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import pathlib
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+SRC = pathlib.Path(__file__).with_name("_native") / "stats.c"
+ABI = 1  # nbd_abi() of a library this Python side can drive
+FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden")
+LIB_NAME = "libnbdstats.so"
+
+
+def cache_dir() -> pathlib.Path:
+    """Where compiled kernels live (one subdirectory per source/compiler/flags/platform key)."""
+    env = os.environ.get("NBDEBUG_CACHE_DIR")
+    if env:
+        return pathlib.Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    root = pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache"
+    return root / "nbdebug" / "native"
+
+
+def _compiler() -> tuple[list[str], str] | str:
+    """``(argv, identity)`` of the C compiler, or the reason there is none."""
+    cc = os.environ.get("CC") or "cc"
+    try:
+        argv = shlex.split(cc)
+    except ValueError:
+        return f"unusable CC={cc!r}"
+    exe = shutil.which(argv[0]) if argv else None
+    if exe is None:
+        return f"no C compiler ({cc} not found)"
+    real = os.path.realpath(exe)
+    st = os.stat(real)
+    return [exe, *argv[1:]], f"{real}:{st.st_size}:{st.st_mtime_ns}:{' '.join(argv[1:])}"
+
+
+def _key(identity: str, source: bytes) -> str:
+    h = hashlib.sha256(source)
+    h.update(f"|{identity}|{' '.join(FLAGS)}|{sys.platform}|{platform.machine()}|{ABI}".encode())
+    return h.hexdigest()[:20]
+
+
+def _build(argv: list[str], target: pathlib.Path) -> str | None:
+    """Compile the kernel to ``target`` atomically; None on success, else the reason."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".build-", dir=target.parent)
+    try:
+        out = os.path.join(tmp, LIB_NAME)
+        err = ""
+        # function multi-versioning needs ifunc support and (for the level names) gcc >= 11
+        for extra in ((), ("-DNBD_AVX2_ONLY",), ("-DNBD_NO_CLONES",)):
+            cmd = [*argv, *FLAGS, *extra, "-o", out, str(SRC)]
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp)
+            except (OSError, subprocess.SubprocessError) as e:
+                return f"compiler failed to run: {e}"
+            if r.returncode == 0 and os.path.exists(out):
+                os.replace(out, target)
+                return None
+            err = (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[0]
+        return f"build failed: {err}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    i64, f64, vp = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
+    lib.nbd_abi.restype = ctypes.c_int
+    lib.nbd_abi.argtypes = []
+    lib.nbd_stats.restype = ctypes.c_int
+    lib.nbd_stats.argtypes = [vp, i64, i64, i64, i64, f64, f64, i64, i64, vp, vp]
+    lib.nbd_sq_norms.restype = None
+    lib.nbd_sq_norms.argtypes = [vp, vp, i64, vp]
+    lib.nbd_seg_norms.restype = None
+    lib.nbd_seg_norms.argtypes = [vp, vp, vp, i64, vp, vp]
+    lib.nbd_gather.restype = None
+    lib.nbd_gather.argtypes = [vp, vp, i64, vp]
+
+
+def _self_test(lib: ctypes.CDLL) -> bool:
+    x = np.array([1.0, -2.0, 0.0, -0.0, 3.5, 0.5], np.float32)
+    out = np.zeros(9)
+    alive = np.zeros(3, np.uint8)
+    rc = lib.nbd_stats(x.ctypes.data, 1, 3, 2, 3, 0.5, 3.0, 1, 1 << 30, out.ctypes.data, alive.ctypes.data)
+    want = [6, 3.0, 1 + 4 + 12.25 + 0.25, -2.0, 3.5, 4, 0, 0, 5]
+    return rc == 0 and out.tolist() == want and alive.tolist() == [1, 0, 1]
+
+
+def load() -> tuple[ctypes.CDLL | None, str]:
+    """``(library, status)``: the kernel built if needed and loaded, or None and the reason."""
+    if os.environ.get("NBDEBUG_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, "disabled (NBDEBUG_NATIVE=0)"
+    try:
+        source = SRC.read_bytes()
+    except OSError as e:
+        return None, f"kernel source missing ({e})"
+    cc = _compiler()
+    if isinstance(cc, str):
+        return None, cc
+    argv, identity = cc
+    target = cache_dir() / _key(identity, source) / LIB_NAME
+    if not target.exists():
+        try:
+            why = _build(argv, target)
+        except OSError as e:
+            why = f"cannot write the cache ({e})"
+        if why is not None:
+            return None, why
+    try:
+        lib = ctypes.CDLL(str(target))
+        _bind(lib)
+        if lib.nbd_abi() != ABI or not _self_test(lib):
+            return None, f"self-test failed ({target})"
+    except (OSError, AttributeError) as e:
+        return None, f"load failed: {e}"
+    return lib, f"loaded {target}"

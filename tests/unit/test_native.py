@@ -1,0 +1,375 @@
+"""The fused native statistics kernel (nbdebug/capture/native.py + _native/stats.c): the same fields
+as the torch/numpy path (exact where the contract says identical, sums within 1e-6 of a float64
+reference), the dead-unit mask, threads, the helpers for the optimizer watch, and every way of
+falling back (switch, no compiler, tensors it does not handle), including two processes building
+the kernel at once."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from nbdebug.capture import native
+from nbdebug.capture.stats import IDX, stats_and_units, tensor_stats, unit_alive
+
+EXACT = [IDX[f] for f in ("numel", "min", "max", "nonzero", "nan", "inf", "extra")]
+REPO = Path(__file__).resolve().parents[2]
+ENV_OFF = os.environ.get("NBDEBUG_NATIVE", "1") == "0"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state() -> Iterator[None]:
+    native._reset()
+    yield
+    native._reset()
+
+
+@contextmanager
+def fallback() -> Iterator[None]:
+    """The torch/numpy path (NBDEBUG_NATIVE=0), restored afterwards."""
+    saved = os.environ.get("NBDEBUG_NATIVE")
+    os.environ["NBDEBUG_NATIVE"] = "0"
+    native._reset()
+    try:
+        assert not native.available()
+        yield
+    finally:
+        if saved is None:
+            del os.environ["NBDEBUG_NATIVE"]
+        else:
+            os.environ["NBDEBUG_NATIVE"] = saved
+        native._reset()
+
+
+def _cases() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    nan, inf = math.nan, math.inf
+    out: dict[str, torch.Tensor] = {
+        "0-d": torch.tensor(-2.5),
+        "one": torch.tensor([3.0]),
+        "empty": torch.zeros(0, 4),
+        "odd": r(1237),
+        "above-numpy-max": r((1 << 16) + 7),
+        "signed-zeros": torch.tensor([0.0, -0.0, 1.0, -0.0, -3.0, 0.0, 2.0]),
+        "only-neg-zero": torch.full((37,), -0.0),
+        "nan": torch.tensor([1.0, nan, -2.0, 0.0] * 50),
+        "all-nan": torch.full((19,), nan),
+        "inf": torch.tensor([1.0, inf, -inf, 0.0, -0.0] * 40),
+        "nan-and-inf": torch.cat([r(300), torch.tensor([nan, inf, -inf, nan])]),
+        "all-negative": -r(500).abs() - 0.1,
+        "all-positive": r(500).abs() + 0.1,
+        "relu": r(64, 33).relu(),
+        "NxC": r(50, 9),
+        "NxCxHxW": r(4, 6, 7, 5).relu(),
+        "big-maps": r(3, 4, 20, 20).relu(),  # inner >= 256: units per segment
+        "channels-last": r(4, 6, 7, 5).relu().contiguous(memory_format=torch.channels_last),
+        "transposed": r(30, 20).relu().t(),
+        "permuted-3d": r(5, 6, 7).relu().permute(2, 0, 1),
+        "huge": torch.full((300,), 3e38),  # float32 block sums overflow, the values do not
+        "huge-mixed": torch.tensor([3e38, -3e38, 1e30] * 100),
+        "tanh": torch.tanh(3 * r(8, 40)),
+        "sigmoid": torch.sigmoid(8 * r(8, 40)),
+    }
+    dead = r(8, 5, 6, 6).relu()
+    dead[:, 1] = 0.0
+    dead[:, 3] = -0.0
+    dead[2, 4] = nan
+    dead[:, 4] = 0.0
+    dead[5, 4, 3, 3] = nan  # NaN is not zero: unit 4 alive
+    out["dead-units"] = dead
+    big_dead = r(2, 3, 16, 20).relu()
+    big_dead[:, 0] = 0.0
+    out["dead-units-big-maps"] = big_dead
+    out["dead-units-channels-last"] = dead.nan_to_num().contiguous(memory_format=torch.channels_last)
+    lin = r(40, 12).relu()
+    lin[:, [0, 7]] = 0.0
+    out["dead-columns"] = lin
+    out["one-unit"] = torch.tensor([[0.0], [0.0], [2.0]])
+    return out
+
+
+CASES = _cases()
+SATURATIONS = [None, (-1.0, 1.0), (0.0, 1.0)]
+
+
+def _reference_sums(t: torch.Tensor) -> tuple[float, float, float]:
+    x = t.detach().double().reshape(-1)
+    return float(x.sum()), float((x * x).sum()), float(x.abs().sum())
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _check_row(row: np.ndarray, want: np.ndarray, t: torch.Tensor) -> None:
+    for i in EXACT:
+        assert _same(float(row[i]), float(want[i])), (i, row, want)
+    s, ss, sabs = _reference_sums(t)
+    if math.isfinite(s) and math.isfinite(ss):
+        assert abs(row[IDX["sum"]] - s) <= 1e-6 * sabs
+        assert abs(row[IDX["sumsq"]] - ss) <= 1e-6 * ss
+    else:
+        assert not math.isfinite(row[IDX["sum"]]) or not math.isfinite(row[IDX["sumsq"]])
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def test_kernel_is_built_and_used_here() -> None:
+    assert native.available(), native.status()
+    assert native.status().startswith("loaded ")
+    lib = Path(native.status().removeprefix("loaded "))
+    assert lib.is_file() and REPO not in lib.parents  # a test run never writes into the repo
+    assert native.stats(torch.ones(3)) is not None
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("sat", SATURATIONS)
+def test_same_fields_as_fallback_and_reference(name: str, sat: tuple[float, float] | None) -> None:
+    t = CASES[name]
+    assert native.stats(t, sat, units=True) is not None  # these all take the native path
+    got = stats_and_units(t, saturation=sat, units=True)
+    raw = tensor_stats(t, saturation=sat)
+    mask = unit_alive(t) if t.dim() >= 2 else None
+    with fallback():
+        want = stats_and_units(t, saturation=sat, units=True)
+        want_raw = tensor_stats(t, saturation=sat)
+        want_mask = unit_alive(t) if t.dim() >= 2 else None
+    _check_row(got[0], want[0], t)
+    _check_row(raw, want_raw, t)
+    assert np.array_equal(got[0], raw, equal_nan=True)
+    if want[1] is None:
+        assert got[1] is None
+    else:
+        assert got[1].dtype == bool and got[1].tolist() == np.asarray(want[1]).tolist()
+    if want_mask is None:
+        assert mask is None
+    else:
+        assert np.asarray(mask).tolist() == np.asarray(want_mask).tolist()
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def test_hand_values_and_mask() -> None:
+    t = torch.zeros(3, 4, 2)
+    t[0, 0, 1] = 2.0
+    t[2, 2, 0] = -3.0
+    t[1, 3, 1] = -0.0
+    t[1, 1, 0] = math.nan
+    row, alive = native.stats(t, units=True)
+    assert row[IDX["numel"]] == 24 and row[IDX["nonzero"]] == 3 and row[IDX["nan"]] == 1
+    assert math.isnan(row[IDX["min"]]) and math.isnan(row[IDX["max"]])  # like aminmax
+    assert alive.tolist() == [True, True, True, False]
+    assert native.stats(torch.ones(2, 3), units=True)[1] is None  # no zero: every unit alive
+    assert native.stats(torch.zeros(2, 3), units=False)[1] is None
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def test_saturation_bounds_compare_in_float32() -> None:
+    lo, hi = float(np.float32(0.0 + 1e-3)), float(np.float32(1.0 - 1e-3))
+    up = lambda v: float(np.nextafter(np.float32(v), np.float32(2)))  # noqa: E731
+    down = lambda v: float(np.nextafter(np.float32(v), np.float32(-2)))  # noqa: E731
+    vals = [lo, up(lo), down(lo), hi, up(hi), down(hi), 0.0, 1.0, 0.5, math.nan]
+    t = torch.tensor(vals * 3)
+    row, _ = native.stats(t, (0.0, 1.0))
+    assert row[IDX["extra"]] == 3 * 6  # lo, below lo, 0.0 and hi, above hi, 1.0 (not above lo, below hi, 0.5, NaN)
+    with fallback():
+        assert tensor_stats(t, saturation=(0.0, 1.0))[IDX["extra"]] == row[IDX["extra"]]
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def _big_cases() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    maps = torch.randn(16, 8, 32, 32, generator=g).relu()
+    maps[:, 5] = 0.0
+    cols = torch.randn(4096, 40, generator=g).relu()
+    cols[:, [3, 39]] = 0.0
+    cols[100, 39] = math.nan
+    flat = torch.randn(300_001, generator=g)
+    flat[[7, 200_000]] = torch.tensor([math.inf, -math.inf])
+    return {"maps": maps, "maps-channels-last": maps.contiguous(memory_format=torch.channels_last),
+            "columns": cols, "flat": flat, "odd": CASES["odd"]}
+
+
+BIG = _big_cases()
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+@pytest.mark.parametrize("name", list(BIG))
+def test_threads_split_gives_the_same_fields(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    t = BIG[name]
+    one = native.stats(t, (-1.0, 1.0), units=True)
+    monkeypatch.setattr(native, "MIN_PER_THREAD", 5000)  # parts of >= 1 chunk (4096 elements) each
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        many = native.stats(t, (-1.0, 1.0), units=True)
+    finally:
+        torch.set_num_threads(before)
+    _check_row(many[0], one[0], t)
+    assert (many[1] is None) == (one[1] is None)
+    if one[1] is not None:
+        assert many[1].tolist() == one[1].tolist()
+    with fallback():
+        want = stats_and_units(t, saturation=(-1.0, 1.0), units=True)
+    _check_row(many[0], want[0], t)
+    assert (want[1] is None) == (one[1] is None)
+    if want[1] is not None:
+        assert many[1].tolist() == want[1].tolist() and not all(want[1])
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def test_tensors_it_does_not_take() -> None:
+    class Sub(torch.Tensor):
+        pass
+
+    base = torch.randn(6, 8)
+    for t in (base.double(), base.half(), base[:, ::2], torch.randn(3, 1).expand(3, 4), base.as_subclass(Sub),
+              torch.arange(6)):
+        assert native.stats(t) is None
+    with fallback():
+        want = tensor_stats(base[:, ::2])
+    _check_row(tensor_stats(base[:, ::2]), want, base[:, ::2])
+    with torch.inference_mode():  # inference tensors are fine
+        inf_t = torch.randn(5, 7).relu()
+    row = native.stats(inf_t, units=True)[0]
+    with fallback():
+        _check_row(row, tensor_stats(inf_t), inf_t)
+    p = nn.Parameter(torch.randn(4, 4))
+    assert native.stats(p) is not None
+
+
+def test_off_switch_and_missing_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    t = torch.tensor([[1.0, -0.0], [0.0, 3.0]])
+    monkeypatch.setenv("NBDEBUG_NATIVE", "0")
+    native._reset()
+    assert not native.available() and "NBDEBUG_NATIVE=0" in native.status()
+    monkeypatch.setenv("NBDEBUG_NATIVE", "1")
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv("NBDEBUG_CACHE_DIR", str(tmp_path))
+    native._reset()
+    assert not native.available()
+    assert "not found" in native.status()
+    assert native.stats(t) is None and native.sq_norms([t]) is None and native.seg_norms(np.zeros(4, np.float32), [t]) is None
+    raw, alive = stats_and_units(t, units=True)  # the torch/numpy path, same answers
+    assert raw.tolist() == [4, 4.0, 10.0, 0.0, 3.0, 2, 0, 0, 0]
+    assert alive.tolist() == [True, True]
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("CC", sys.executable + " -c 'import sys; sys.exit(1)'")  # a compiler that fails
+    native._reset()
+    assert not native.available() and native.status().startswith("build failed")
+
+
+_CHILD = """
+import sys, torch
+from nbdebug.capture import native
+ok = native.available()
+row, alive = native.stats(torch.tensor([[0.0, 2.0], [0.0, -1.0]]), units=True)
+print(ok, native.status(), row.tolist(), alive.tolist())
+"""
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def test_two_processes_build_at_once(tmp_path: Path) -> None:
+    env = {**os.environ, "NBDEBUG_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert out.startswith("True loaded "), out
+        assert out.rstrip().endswith("[4.0, 1.0, 5.0, -1.0, 2.0, 2.0, 0.0, 0.0, 0.0] [False, True]")
+    libs = sorted(str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*") if f.is_file())
+    assert len(libs) == 1 and libs[0].endswith("libnbdstats.so")  # one library, no temporary left over
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def test_threads_calling_at_once_get_their_own_results() -> None:
+    tensors = [torch.full((i + 1, 3), float(i)) for i in range(8)]
+    errors: list[str] = []
+
+    def work(k: int) -> None:
+        for _ in range(300):
+            for i in range(k, 8, 2):
+                row, _ = native.stats(tensors[i])
+                if row[IDX["numel"]] != 3 * (i + 1) or row[IDX["max"]] != i:
+                    errors.append(f"{i}: {row}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+    for th in threads:
+        th.start()
+    work(0)
+    for th in threads:
+        th.join()
+    assert errors == []
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def test_sq_norms_seg_norms_gather() -> None:
+    g = torch.Generator().manual_seed(3)
+    params = [torch.randn(s, generator=g) for s in [(10, 5), (5,), (300, 7), (1,), (129,)]]
+    ref = [float((p.double() ** 2).sum()) for p in params]
+    got = native.sq_norms(params)
+    assert got.dtype == np.float64 and np.allclose(got, ref, rtol=1e-6, atol=0)
+    big = native.sq_norms([torch.full((200,), 1e20), torch.tensor([math.inf, 1.0])])
+    assert big[0] == pytest.approx(200 * float(np.float32(1e20)) ** 2, rel=1e-12) and big[1] == math.inf
+    assert native.sq_norms([]).shape == (0,)
+    assert native.sq_norms([params[0].double()]) is None and native.sq_norms([params[0].t()]) is None
+    buf = np.empty(sum(p.numel() for p in params), np.float32)
+    assert native.gather(params, buf)
+    assert np.array_equal(buf, np.concatenate([p.numpy().ravel() for p in params]))
+    snapshot = buf.copy()
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            p.mul_(0.5).add_(i)
+    before, diff = native.seg_norms(buf, params)
+    assert np.array_equal(buf, snapshot)  # not modified
+    pos = 0
+    for i, p in enumerate(params):
+        b = snapshot[pos : pos + p.numel()]
+        pos += p.numel()
+        d = np.subtract(b, p.numpy().ravel()).astype(np.float64)
+        assert before[i] == pytest.approx(float((b.astype(np.float64) ** 2).sum()), rel=1e-6)
+        assert diff[i] == pytest.approx(float((d**2).sum()), rel=1e-6)
+    with pytest.raises(ValueError):
+        native.seg_norms(buf[:-1], params)
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def test_capture_rows_equal_with_and_without_kernel() -> None:
+    from nbdebug.capture.session import Capture
+    from nbdebug.capture.stats import FIELDS
+
+    def run() -> dict[str, dict[str, float]]:
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Tanh(), nn.Flatten(), nn.Linear(4 * 12 * 12, 10))
+        with torch.no_grad():
+            m[0].weight[2] = 0.0
+            m[0].bias[2] = -1.0  # a dead channel after the ReLU
+        x = torch.randn(5, 3, 16, 16)
+        with Capture(m) as cap:
+            m(x).sum().backward()
+        return {r.name: {**r.stats, **{f"grad_{k}": v for k, v in (r.grad or {}).items()}} for r in cap.result.layers}
+
+    got = run()
+    with fallback():
+        want = run()
+    assert got.keys() == want.keys() and len(FIELDS) == 9
+    assert got["1"]["dead_unit_frac"] == 1 / 8  # the dead channel, found by the kernel's unit mask
+    for name in want:
+        for key, w in want[name].items():
+            v = got[name][key]
+            if key.removeprefix("grad_") in ("mean", "std", "norm"):
+                assert v == pytest.approx(w, rel=1e-5, abs=1e-9), (name, key)
+            else:
+                assert np.array_equal(np.asarray(v), np.asarray(w), equal_nan=True), (name, key, v, w)

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..adapters.text import input_ids_of, resolve_option, token_strings, valid_positions
 from ..adapters.transformers import ModelParts, eager_attention, find_parts
+from ..adapters.unhookable import refuse_unhookable
 from ..capture import HookSet, ModelRef, parse_bytes
 from ..capture.attention_probe import QKCall, probe_attention, probe_supported
 from ..capture.budget import format_bytes
@@ -81,6 +82,7 @@ class AttentionRecorder(LanguageRecorder):
     """
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
+        refuse_unhookable(model)  # TorchScript, torch.export: hooks cannot see its layers (one line instead)
         super().__init__(model, **options)
         ns = options.get("user_ns")
         self.tokens = resolve_option(options.get("tokens"), ns, "tokens")

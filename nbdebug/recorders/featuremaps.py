@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..adapters.unhookable import refuse_unhookable
 from ..adapters.vision import (
     InputSize,
     SpatialLayer,
@@ -40,6 +41,7 @@ class FeatureMapsRecorder(Recorder):
     """
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
+        refuse_unhookable(model)  # TorchScript, torch.export: hooks cannot see its layers (one line instead)
         super().__init__(model, **options)
         o = options
         self.names = {n for n, _ in select_modules(model, o.get("layers"))}

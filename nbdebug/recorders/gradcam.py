@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..adapters.outputs import class_scores, logits_of
+from ..adapters.unhookable import refuse_unhookable
 from ..adapters.vision import (
     InputSize,
     Reshape,
@@ -268,6 +269,7 @@ class GradCamRecorder(Recorder):
     """
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
+        refuse_unhookable(model)  # TorchScript, torch.export: hooks cannot see its layers (one line instead)
         super().__init__(model, **options)
         o = options
         self.layer: str | None = o.get("gradcam_layer") or None

@@ -32,6 +32,7 @@ from ..adapters.text import (
     valid_positions,
 )
 from ..adapters.transformers import ModelParts, find_parts, require_lens
+from ..adapters.unhookable import refuse_unhookable
 from ..capture import HookSet, ModelRef, parse_bytes
 from ..capture.budget import format_bytes
 from ..capture.replay import (
@@ -148,6 +149,7 @@ class LogitLensRecorder(LanguageRecorder):
     """
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
+        refuse_unhookable(model)  # TorchScript, torch.export: hooks cannot see its layers (one line instead)
         super().__init__(model, **options)
         ns = options.get("user_ns")
         self.tokenizer = resolve_option(options.get("tokenizer"), ns, "tokenizer")

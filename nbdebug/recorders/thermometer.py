@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from ..adapters.unhookable import refuse_unhookable
 from ..capture.budget import parse_bytes
 from ..capture.session import Capture, CaptureResult
 from ..inspectors.thermometer import Thresholds, diagnose
@@ -33,6 +34,7 @@ class ThermometerRecorder(Recorder):
     default)."""
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
+        refuse_unhookable(model)  # TorchScript, torch.export: hooks cannot see its layers (one line instead)
         super().__init__(model, **options)
         o = options
         self.live = bool(o.get("live"))

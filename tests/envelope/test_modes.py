@@ -58,3 +58,85 @@ def test_ddp_distributed(shell: Any, tmp_path: Any, record_property: Any) -> Non
         assert (lo, hi) == pytest.approx(tuple(last[row]), rel=1e-6) and lo != hi, (row, lo, hi)
     assert run.widget().report.names == ddp.ROWS
     assert any("ThermometerWidget" in str(d.get("text/plain", "")) for d in shell.displayed), shell.displayed
+
+
+UNHOOKABLE = ([("torchscript", v) for v in ("thermometer", "featuremaps", "gradcam", "attention", "logitlens", "all")]
+              + [("torchscript_mlp", "thermometer"), ("exported", "thermometer"), ("exported", "featuremaps"), ("exported", "all")])
+
+
+def unhookable(kind: str) -> tuple[Any, Any]:
+    """(module, input): the CNN traced by ``torch.jit.trace``, the MLP by ``torch.jit.script``, the CNN
+    exported by ``torch.export`` (``.module()``)."""
+    import warnings
+
+    import torch
+
+    from . import models as M
+
+    with warnings.catch_warnings():  # torch.jit is deprecated in favour of torch.export / torch.compile
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if kind == "torchscript":
+            return torch.jit.trace(M.tiny_cnn().eval(), M.image()), M.image()
+        if kind == "torchscript_mlp":
+            return torch.jit.script(M.mlp()), torch.randn(2, 6, generator=torch.Generator().manual_seed(3))
+    return torch.export.export(M.tiny_cnn().eval(), (M.image(),)).module(), M.image()
+
+
+@pytest.mark.parametrize(("kind", "view"), UNHOOKABLE, ids=[f"{k}-{v}" for k, v in UNHOOKABLE])
+def test_unhookable(kind: str, view: str, record_property: Any) -> None:
+    """A TorchScript module (what ``torch.jit.trace``/``script``/``load`` give) or a ``torch.export``ed
+    graph: hooks cannot see its layers, so every view is one line saying why (not an empty table, not
+    "the cell never called the model"); no widget; the cell's output and the module as without nbdebug."""
+    import torch
+
+    import nbdebug
+    from nbdebug.capture import fingerprint, hook_count, same_fingerprint
+
+    from .cells import one_line
+    from .checks import VIEWS, widget_count
+
+    record_property("cell", (kind.removesuffix("_mlp"), view))
+    ts, x = unhookable(kind)
+    want = ts(x)
+    before, hooks, widgets = fingerprint(ts), hook_count(ts), widget_count()
+    dbg = nbdebug.debug(ts, view=view)
+    with dbg:
+        out = ts(x)
+    assert torch.equal(out, want), "the cell's output changed"
+    assert dbg.results == {} and dbg.widgets() == [], list(dbg.results)
+    names = list(VIEWS) if view == "all" else [view]
+    word = "TorchScript" if kind.startswith("torchscript") else "torch.export"
+    for v in names:
+        why = dbg.skipped.get(v, "")
+        assert one_line(why) and word in why and "Error" not in why, (v, why)
+    note = dbg.note()
+    assert "\n" not in note and all(v in note for v in names), note
+    assert widget_count() == widgets, "a widget was created for a view that cannot show"
+    assert hook_count(ts) == hooks and same_fingerprint(before, fingerprint(ts)) == []
+    record_property("note", dbg.skipped[names[0]])
+
+
+def test_fx_traced_model_is_watched(record_property: Any) -> None:
+    """``torch.fx.symbolic_trace`` keeps its layers as module calls: the thermometer sees every one,
+    each row equal to the same MLP run eagerly."""
+    import torch
+
+    import nbdebug
+    from nbdebug.capture import hook_count
+
+    from . import models as M
+    from .usercode import reference_activations
+
+    record_property("cell", ("fx_traced", "thermometer"))
+    gm = torch.fx.symbolic_trace(M.mlp())
+    x = torch.randn(2, 6, generator=torch.Generator().manual_seed(3))
+    acts = reference_activations(M.mlp(), lambda m: m(x))
+    with nbdebug.debug(gm, view="thermometer") as dbg:
+        gm(x)
+    rows = dbg.result.layers
+    assert [r.name for r in rows] == ["0", "1", "2"] == sorted(acts), [r.name for r in rows]
+    for r in rows:
+        assert r.stats["mean"] == pytest.approx(float(acts[r.name].mean()), rel=1e-5, abs=1e-7), r.name
+    assert hook_count(gm) == 0
+    for w in dbg.widgets():
+        w.close()

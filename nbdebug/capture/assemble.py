@@ -13,10 +13,10 @@ import numpy as np
 import torch
 
 from .budget import format_bytes
+from .fold import _ensure_run, _Fetch, _merge2
 from .leaves import local
 from .result import CaptureResult, LayerRecord
 from .stats import IDX, N_FIELDS, summarize
-from .steps import _ensure_run, _Fetch, _merge2
 
 if TYPE_CHECKING:
     from .session import Capture

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .stats import SATURATING, Raw, merge_raw
+from .stats import SATURATING, Raw, merge_raw, tensor_stats
 
 if TYPE_CHECKING:
     from .session import Capture
@@ -96,15 +96,17 @@ class _Call:
                 and g.is_contiguous() and (src := last[0]()) is not None and src._version == last[4]):
             stats = last[5].copy() if isinstance(last[5], np.ndarray) else last[5].clone()
         else:
-            stats = cap._grad_stats(g)
+            stats = tensor_stats(g, on_device=cap.device_path)
             if g.is_contiguous() and g.numel() and not g.is_inference():
                 cap._last_grad = (weakref.ref(g), g.data_ptr(), g.numel(), g.dtype, g._version, stats)
         if self.closed:  # a delayed backward: folded with the next step (History.update)
             if self.late is None:
                 cap._late.append(self)
             self.late = stats if self.late is None else merge_raw(self.late, stats)
+        elif self.grad_stats is None:
+            self.grad_stats = stats
         else:
-            self.grad_stats = stats if self.grad_stats is None else merge_raw(self.grad_stats, stats)
+            self.grad_stats = merge_raw(self.grad_stats, stats)
         if self.grad_order < 0:
             self.grad_order = cap._grad_counter
             cap._grad_counter += 1
@@ -124,25 +126,14 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
-def grad_norms(grads: list[torch.Tensor], device_path: bool) -> list[float] | list[torch.Tensor]:
-    """L2 norm of each gradient: host floats for small contiguous float32 CPU gradients (not on the
-    device path), else float32 0-d tensors from batched ``_foreach_norm`` per device and dtype."""
+def grad_norms(grads: list[torch.Tensor], device_path: bool) -> np.ndarray | list[torch.Tensor]:
+    """L2 norm of each gradient: a float64 host array for small contiguous float32 CPU gradients (not on
+    the device path: one native call, or a BLAS dot each), else float32 0-d tensors from batched
+    ``_foreach_norm`` per device and dtype."""
     if not device_path:
-        # small CPU gradients: a BLAS dot each beats _foreach_norm's dispatch (same numbers, host floats)
-        fnorms: list[float] = []
-        f32, dot, sqrt = torch.float32, np.dot, math.sqrt
-        with np.errstate(over="ignore", invalid="ignore"):
-            for g in grads:
-                if g.dtype != f32 or g.device.type != "cpu" or g.numel() > 1 << 16 or not g.is_contiguous():
-                    break
-                f = g.numpy().reshape(-1)
-                sq = float(dot(f, f))
-                if sq == math.inf:  # float32 overflow of finite values (|g| > ~1e19): recount in float64
-                    f64 = f.astype(np.float64)
-                    sq = float(dot(f64, f64))
-                fnorms.append(sqrt(sq))
-            else:
-                return fnorms
+        sq = _host_sq_norms(grads)
+        if sq is not None:
+            return np.sqrt(sq)
     with torch.no_grad():
         kinds = {(g.device, g.dtype) for g in grads}
         if len(kinds) == 1 and grads[0].dtype == torch.float32:
@@ -158,6 +149,54 @@ def grad_norms(grads: list[torch.Tensor], device_path: bool) -> list[float] | li
                     norms[i] = v.to(torch.float32)
         norms = _without_overflow(grads, norms, device_path)
     return norms
+
+
+_F32 = torch.float32
+_SMALL = 1 << 16
+
+
+def _host_sq_norms(grads: list[torch.Tensor]) -> np.ndarray | None:
+    """float64 sums of squares of small contiguous float32 CPU gradients (NATIVE's one call when it is
+    available, else a BLAS dot each: float32 overflow of finite values recounted in float64), or None
+    when one of them is not such a gradient."""
+    for g in grads:
+        if g.dtype != _F32 or not g.is_cpu or not g.is_contiguous() or g.numel() > _SMALL:
+            return None
+    native = _NATIVE[0] if _NATIVE else _load_native()
+    if native is not None:
+        try:
+            sq = native(grads)
+        except Exception:
+            sq = None
+        if sq is not None:
+            return sq
+    out = np.empty(len(grads))
+    dot = np.dot
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i, g in enumerate(grads):
+            f = g.numpy().reshape(-1)
+            sq = float(dot(f, f))
+            if sq == math.inf:  # float32 overflow of finite values (|g| > ~1e19): recount in float64
+                f64 = f.astype(np.float64)
+                sq = float(dot(f64, f64))
+            out[i] = sq
+    return out
+
+
+_NATIVE: list[Any] = []  # [native.sq_norms or None], resolved on first use (loading may compile it)
+
+
+def _load_native() -> Any:
+    fn = None
+    try:
+        from . import native
+
+        if native.available():
+            fn = getattr(native, "sq_norms", None)
+    except Exception:  # not there, or broken: the numpy path
+        fn = None
+    _NATIVE[:] = [fn]
+    return fn
 
 
 def _without_overflow(grads: list[torch.Tensor], norms: list[torch.Tensor], device_path: bool) -> list[torch.Tensor]:

@@ -9,13 +9,17 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import has_torch_function_unary
 from torch.utils.hooks import RemovableHandle
 
 __all__ = [
@@ -27,6 +31,7 @@ __all__ = [
     "is_compiled",
     "no_param_grads",
     "optimizer_hook_count",
+    "tensor_hook",
 ]
 
 
@@ -42,6 +47,44 @@ class _Callback:
         fn, self._fn = self._fn, None
         if fn is not None:
             fn()
+
+
+class TensorHookHandle:
+    """The handle of a :func:`tensor_hook` (``remove()``, and ``hooks_dict_ref`` like torch's
+    ``RemovableHandle``: None once the tensor and its graph are gone)."""
+
+    __slots__ = ("hooks_dict_ref", "id")
+
+    def __init__(self, hooks: dict[int, Any], key: int) -> None:
+        self.hooks_dict_ref = weakref.ref(hooks)
+        self.id = key
+
+    def remove(self) -> None:
+        hooks = self.hooks_dict_ref()
+        if hooks is not None:
+            hooks.pop(self.id, None)
+
+
+_Tensor = torch.Tensor
+_keys = itertools.count(-1, -1)  # negative: never one of torch's own handle ids (those count up from 0)
+
+
+def tensor_hook(t: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> TensorHookHandle | RemovableHandle:
+    """``t.register_hook(fn)`` (an output-gradient hook) with less Python per call: the same
+    registration as torch's (the tensor's ``_backward_hooks`` dict, registered with its ``grad_fn``
+    the first time), without its generic handle. Anything but a plain tensor that requires grad
+    (subclasses, an active ``__torch_function__`` mode) goes through ``t.register_hook``."""
+    if type(t) is not _Tensor or has_torch_function_unary(t) or not t.requires_grad:
+        return t.register_hook(fn)
+    hooks = t._backward_hooks
+    if hooks is None:
+        hooks = t._backward_hooks = OrderedDict()
+        grad_fn = t.grad_fn
+        if grad_fn is not None:
+            grad_fn._register_hook_dict(t)
+    key = next(_keys)
+    hooks[key] = fn
+    return TensorHookHandle(hooks, key)
 
 
 class HookSet:

@@ -45,7 +45,6 @@ from __future__ import annotations
 import copy
 import os
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -55,33 +54,22 @@ from torch import nn
 
 from . import assemble as _asm
 from .budget import DEFAULT_MAX_BYTES
-from .calls import _EMPTY, _Call, _in_backward, _Row, _version, grad_norms
+from .calls import _Call, _Row, _version
 from .errors import ErrorSite, locate
+from .forward import MAX_CALLS, _Forward
 from .history import History
 from .hooks import HookSet
-from .incidents import Incident, LossSpikes, NonFiniteError, forward_incident
-from .leaves import local, tensor_leaves
-from .names import call_name
-from .optim import OptimizerWatch, as_float_later, loss_of_output
+from .incidents import Incident, LossSpikes, NonFiniteError
+from .optim import OptimizerWatch
+from .paramgrads import _ParamGrads
+from .passes import _Passes
 from .result import CaptureResult, LayerRecord
 from .select import LayerFilter, select_modules
-from .stats import (
-    IDX,
-    N_FIELDS,
-    SATURATING,
-    Raw,
-    device_histogram,
-    tensor_stats,
-    unit_alive,
-)
+from .stats import N_FIELDS
 from .steps import close_step, commit, finish
 from .weak import ModelRef
 
-__all__ = ["Capture", "CaptureResult", "LayerRecord"]
-
-_NAN, _INF, _NZ, _N, _MIN, _MAX = IDX["nan"], IDX["inf"], IDX["nonzero"], IDX["numel"], IDX["min"], IDX["max"]
-MAX_CALLS = 200_000  # per-call records kept per step
-
+__all__ = ["MAX_CALLS", "Capture", "CaptureResult", "LayerRecord"]
 
 
 def device_path_default() -> bool:
@@ -89,7 +77,7 @@ def device_path_default() -> bool:
     return os.environ.get("NBDEBUG_DEVICE_PATH", "") not in ("", "0")
 
 
-class Capture:
+class Capture(_Passes, _Forward, _ParamGrads):
     """Context manager recording statistics of selected modules' outputs (and their gradients) per step.
 
     Parameters: ``layers`` (see :func:`nbdebug.capture.select_modules`; default: every leaf
@@ -197,6 +185,8 @@ class Capture:
         self._pg_norms: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self._param_owner: dict[int, list[str]] = {}
         self._grad_snapshot: dict[int, tuple[int, int | None]] = {}
+        self._pg_map: tuple[tuple[int, ...], Any] | None = None  # the last parameter list's owners (paramgrads)
+        self._layout: Any = None  # the last step's fold.Layout (rows of its calls, in order)
         self._t0 = 0.0
         self._error: ErrorSite | None = None
         self._raised: str | None = None
@@ -218,75 +208,6 @@ class Capture:
         self._hot_call: _Call | None = None
         self._broke = False
         self.notes: list[str] = []
-
-    # -- steps --------------------------------------------------------------------------------
-    def _on_root_pre(self, *_: Any) -> None:
-        if _in_backward():  # the whole model recomputed by checkpointing: not a new step
-            return
-        self._root_depth += 1
-        self._first = None
-        self._begin_pass()
-
-    def _on_root_end(self, *_: Any) -> None:
-        if not _in_backward() and self._root_depth:
-            self._root_depth -= 1
-
-    def _rootless(self, name: str) -> None:
-        """A selected module ran while the model's own ``forward`` is not running: a new pass begins
-        when nothing is open, after a top-level forward, when grad mode changes, or when the pass's
-        first module runs again."""
-        grad = torch.is_grad_enabled()
-        if not grad and self._seen_training:  # evaluation
-            if not self._eval or name == self._eval_first:
-                self._begin_pass()
-                self._eval_first = name
-            return
-        if self._eval:
-            if self._open and self._open_grad and self._first is not None and name != self._first \
-                    and self._eval_stretch == 1:
-                # a no-grad call inside a training pass (a target network): part of that pass
-                self._eval, self._eval_stretch = False, 0
-                self.eval_steps -= 1
-                return
-        elif self._open and grad == self._open_grad and self._first is not None and name != self._first:
-            return
-        self._begin_pass()
-        self._first = name
-
-    def _begin_pass(self) -> None:
-        """A top-level pass begins: an evaluation, or a pass of the open step, or a new step."""
-        grad = torch.is_grad_enabled()
-        if not grad and self._seen_training:
-            self._eval = True
-            self._eval_stretch += 1
-            self.eval_steps += 1
-            return
-        self._eval, self._eval_stretch = False, 0
-        if grad and not self._seen_training:
-            if self._open and not self._open_grad:
-                self._close_step()  # held back: it becomes an evaluation just below
-            self._seen_training = True
-            if self._pending:
-                self.eval_steps += len(self._pending)
-                self._pending.clear()
-        if self._open and (self.step_on == "forward" or not grad or not self._open_grad):
-            self._close_step()
-        if not self._open:
-            self._open, self._open_grad = True, grad
-        self._passes += 1
-        self._occurrence.clear()
-        self._claimed.clear()
-
-    def _on_root_out(self, _m: nn.Module, _args: Any, output: Any) -> None:
-        if self._eval or _in_backward() or self.loss_fn is not None:
-            return
-        loss = loss_of_output(output)
-        if loss is not None:
-            self._losses.append(as_float_later(loss))
-
-    def _on_optimizer_step(self) -> None:
-        if self.step_on == "optimizer" and self._open and self._open_grad:
-            self._close_step()
 
     def _close_step(self) -> None:
         """Fold the open step into the rows and the history (see :func:`assemble.close_step`)."""
@@ -319,261 +240,6 @@ class Capture:
         pending, self._pending = self._pending, []
         for data in pending:
             commit(self, data)
-
-    # -- forward hooks -------------------------------------------------------------------------
-    def _new_row(self, key: str, module: str, type_: str, t: torch.Tensor) -> _Row:
-        row = _Row(len(self._rows), key, module, type_, tuple(t.shape), str(t.dtype).replace("torch.", ""))
-        self._rows.append(row)
-        self._row_of[key] = row
-        self.first_row.setdefault(module, row)
-        return row
-
-    def _link_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any], call: _Call, check: bool) -> None:
-        """Link a call to the captured calls that produced its inputs (by tensor identity).
-
-        Inputs not produced by a captured call of this step are checked for NaN/Inf only when
-        ``check`` (the output was non-finite, or the device cannot tell without a sync): that check
-        separates "this layer made the NaN" from "the NaN came in with the input". The check stays
-        on the device (float32 min/max; never float64 there).
-        """
-        if not kwargs and len(args) == 1 and isinstance(args[0], torch.Tensor):
-            leaves: Any = (args[0],)
-        else:
-            leaves = [t for _, t in tensor_leaves((args, kwargs))]
-        for t in leaves:
-            if not t.is_floating_point():
-                continue
-            hit = self._by_tensor.get(id(t))
-            if hit is not None and hit.ref() is t:
-                if call.input_calls is _EMPTY:
-                    call.input_calls = [hit]
-                elif hit not in call.input_calls:
-                    call.input_calls.append(hit)
-            elif check and t.numel():
-                mn, mx = torch.aminmax(t.detach())
-                if call.input_checks is _EMPTY:
-                    call.input_checks = []
-                call.input_checks.append(torch.stack([mn, mx]).to(torch.float32))
-
-    def _aliased_stats(self, t: torch.Tensor) -> Raw | None:
-        """Stats of an already-recorded tensor of this step with the same elements, or None (same
-        start, size and dtype of a live storage, unchanged version counter; inference tensors have
-        none and are always recomputed)."""
-        if not self._by_storage or not t.is_contiguous() or not t.numel():
-            return None
-        hit = self._by_storage.get((t.data_ptr(), t.numel(), t.dtype))
-        if hit is None:
-            return None
-        src = hit.ref()
-        if t.is_inference() or src is None or src.data_ptr() != t.data_ptr() or _version(t) != hit.version:
-            return None
-        raw = hit.raw
-        return raw.copy() if isinstance(raw, np.ndarray) else raw.clone()  # type: ignore[union-attr]
-
-    def _keep(self, nbytes: int) -> bool:
-        if self._bytes + nbytes > self.max_bytes:
-            self._budget_exceeded = True
-            self._dropped_bytes += nbytes
-            return False
-        self._bytes += nbytes
-        return True
-
-    def _sample(self, t: torch.Tensor) -> torch.Tensor | None:
-        n = t.numel()
-        if n == 0 or self.sample_size <= 0 or not self._keep(min(n, self.sample_size) * 4):
-            return None
-        x = t.detach().reshape(-1)
-        if n <= self.sample_size:
-            return x.float().clone()
-        # An evenly strided sample; the step is odd and not a multiple of 3, 5 or 7 so that it does
-        # not lock onto channel or spatial periods.
-        step = n // self.sample_size
-        while step > 1 and any(step % p == 0 for p in (2, 3, 5, 7)):
-            step -= 1
-        return x[step // 2 :: step][: self.sample_size].float().clone()
-
-    def _make_forward_hook(self, name: str, mod: nn.Module) -> Any:
-        type_name = type(mod).__name__
-        saturation = SATURATING.get(type_name)
-        on_device = self.device_path
-        may_alias = saturation is None and not any(True for _ in mod.parameters(recurse=False))
-        tensor_cls = torch.Tensor
-        occurrence, row_of, by_tensor, by_storage = self._occurrence, self._row_of, self._by_tensor, self._by_storage
-        task_id = torch._C._current_graph_task_id
-
-        def hook(module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-            if not self._root_depth and task_id() == -1:  # called outside the model's forward
-                self._rootless(name)
-            if self._eval:
-                return
-            if task_id() != -1:  # inside a backward: checkpoint recomputation
-                self._on_recompute(name, output)
-                return
-            if not self._open:  # not expected (every pass opens a step); never lose the call
-                self._open, self._open_grad = True, torch.is_grad_enabled()
-                self._passes += 1
-            if len(self._step_calls) >= MAX_CALLS:
-                self._truncated = True
-                return
-            leaves = ((name, output),) if isinstance(output, tensor_cls) else tensor_leaves(output, name)
-            starts = occurrence.get(name)
-            if starts is None:
-                starts = occurrence[name] = []
-            k = len(starts)
-            new: list[tuple[_Call, torch.Tensor]] = []
-            check = on_device
-            for leaf_name, t in leaves:
-                if t.is_complex():
-                    continue
-                key = leaf_name if k == 0 else call_name(leaf_name, k)
-                row = row_of.get(key)
-                if row is None:
-                    row = self._new_row(key, name, type_name, t)
-                call = _Call(self, row, name, tuple(t.shape))
-                raw = self._aliased_stats(t) if may_alias else None
-                if raw is None:
-                    raw = tensor_stats(t, saturation=saturation, on_device=on_device)
-                call.raw = raw
-                if t.dim() >= 2 and t.is_floating_point():
-                    if on_device or not isinstance(raw, np.ndarray):
-                        call.alive = unit_alive(t, 0, True)
-                    elif raw[_NZ] < raw[_N]:
-                        call.alive = unit_alive(t, 1 if raw[_MIN] >= 0 else (-1 if raw[_MAX] <= 0 else 0))
-                    if not row.units:
-                        row.units = t.shape[1]
-                if not check and (not isinstance(raw, np.ndarray) or raw[_NAN] + raw[_INF] > 0):
-                    check = True
-                new.append((call, t))
-            if not new:
-                return
-            starts.append([c for c, _ in new])
-            first = new[0][0]
-            self._link_inputs(inputs, kwargs, first, check)
-            grads = self.grads and torch.is_grad_enabled()
-            step_calls, tensor_handles = self._step_calls, self._tensor_handles
-            for call, t in new:
-                if call is not first:
-                    call.input_calls = first.input_calls
-                row = call.row
-                if not row.sample_tried:
-                    row.sample_tried = True
-                    row.sample = self._sample(t)
-                    if self.histograms and t.numel() and self._keep(self.bins * 4 + 8):
-                        row.hist = device_histogram(t, self.bins)
-                step_calls.append(call)
-                call.ref = weakref.ref(t)
-                by_tensor[id(t)] = call
-                if t.is_contiguous() and t.numel():
-                    call.version = None if t.is_inference() else t._version
-                    by_storage[(t.data_ptr(), t.numel(), t.dtype)] = call
-                if grads and t.requires_grad:
-                    call.hooked = True
-                    tensor_handles.append(t.register_hook(call))
-            if check and self._hot is None:
-                self._check_forward(module, inputs, kwargs, output, new)
-
-        return hook
-
-    def _check_forward(self, module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any,
-                       new: list[tuple[_Call, torch.Tensor]]) -> None:
-        """The flight recorder's forward part: on the CPU the first non-finite output is known here
-        (copy the call now); on the device path hold the call's inputs/output until the step's check,
-        or (``break_on``) sync now."""
-        first = new[0][0]
-        if self.device_path and self.break_on is None:
-            # Hold the call's tensors until the step's one check (copied only for the origin). Under
-            # autograd they stay alive anyway; in a no-grad pass holding them would keep every
-            # activation of the step, so an inference step's incident has no copies.
-            if self.fwd_step is None and torch.is_grad_enabled():
-                first.held = (inputs, output)
-            return
-        bad = any(float(c.raw.counts[2:4].sum()) > 0 if not isinstance(c.raw, np.ndarray) else c.raw[_NAN] + c.raw[_INF] > 0
-                  for c, _ in new)
-        if not bad:
-            return
-        if self.fwd_step is None and self._hot is None:
-            self._hot, self._hot_call = forward_incident(self, first, inputs, output), first
-        if self.break_on == "nonfinite" and not self._broke:
-            self._broke = True
-            step = self.step + len(self._pending) + 1
-            raise NonFiniteError(
-                f"step {step}: `{first.row.key}` produced a non-finite output (break_on='nonfinite'); "
-                f"`inputs`, `output` and `module` are in this frame",
-                step=step, module=first.module, row=first.row.key, inputs=inputs, output=output)
-
-    def _on_recompute(self, name: str, output: Any) -> None:
-        """A forward run by autograd during backward (checkpointing): no new call or row.
-
-        With ``use_reentrant=True`` the original forward ran without grad and the backward flows
-        through the recomputed graph, so the output-gradient hook goes on the recomputed tensor,
-        for the first call of ``name`` in this step that has no hook yet (and the same output
-        shape). With the non-reentrant implementation every original output was hooked already.
-        """
-        starts = self._occurrence.get(name)
-        if not starts or not (self.grads and torch.is_grad_enabled()):
-            return
-        leaves = [t for _, t in tensor_leaves(output, name) if not t.is_complex()]
-        if not leaves or not leaves[0].requires_grad:
-            return
-        shape = tuple(leaves[0].shape)
-        free = [c for c in starts if not c[0].hooked and c[0].shape == shape]
-        if not free:
-            return
-        first = next((c for c in free if id(c[0]) not in self._claimed), None)
-        if first is None:  # a second backward through the same graph (retain_graph)
-            self._claimed.difference_update(id(c[0]) for c in free)
-            first = free[0]
-        self._claimed.add(id(first[0]))
-        for call, t in zip(first, leaves):
-            if t.requires_grad:
-                self._tensor_handles.append(t.register_hook(call))
-
-    def _grad_stats(self, g: torch.Tensor) -> Raw:
-        """Stats of one output gradient (for :class:`~nbdebug.capture.calls._Call`'s gradient hook)."""
-        return tensor_stats(g, on_device=self.device_path)
-
-    # -- parameter gradients ------------------------------------------------------------------
-    def _on_param_grad(self, p: torch.Tensor) -> None:
-        self._pg_fresh[id(p)] = p
-        if not self._pg_queued:
-            self._pg_queued = True
-            try:
-                torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
-            except Exception:  # no engine callback: norms are taken when the step closes
-                self._pg_queued = False
-
-    def _on_backward_end(self) -> None:
-        """End of a backward: one ``_foreach_norm`` over the parameters whose gradients it wrote."""
-        self._pg_queued = False
-        self._take_param_norms()
-
-    def _take_param_norms(self) -> None:
-        params = [p for p in self._pg_fresh.values() if p.grad is not None and p.grad.layout == torch.strided]
-        if not params:
-            return
-        grads = [local(p.grad).detach() for p in params]  # type: ignore[union-attr]
-        self._pg_norms = (params, grad_norms(grads, self.device_path))  # type: ignore[assignment]
-
-    def _watch_params(self) -> None:
-        """Post-accumulate-grad hooks on the selected modules' own parameters (removed at exit)."""
-        for name, module in self.modules:
-            for p in module.parameters(recurse=False):
-                if not p.requires_grad or not p.is_leaf:
-                    continue
-                owners = self._param_owner.get(id(p))
-                if owners is not None:
-                    owners.append(name)
-                    continue
-                self._param_owner[id(p)] = [name]
-                was_none = p._post_accumulate_grad_hooks is None
-                handle = p.register_post_accumulate_grad_hook(self._on_param_grad)
-
-                def undo(p: torch.Tensor = p, handle: Any = handle, was_none: bool = was_none) -> None:
-                    handle.remove()
-                    if was_none and not p._post_accumulate_grad_hooks:
-                        p._post_accumulate_grad_hooks = None
-
-                self._hooks.on_remove(undo)
 
     def _producer(self, t: torch.Tensor) -> tuple[str, tuple[int, ...] | None] | None:
         """Row name of the captured call that produced ``t``, and that call's first input shape."""

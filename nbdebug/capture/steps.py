@@ -1,11 +1,14 @@
-"""Closing a step of a :class:`~nbdebug.capture.session.Capture`: the step's device stats → rows and
-one :class:`~nbdebug.capture.history.History` entry, in one transfer per step.
+"""Closing a step of a :class:`~nbdebug.capture.session.Capture`: the step's stats → rows and one
+:class:`~nbdebug.capture.history.History` entry, in one transfer per step.
 
 :func:`close_step` brings everything a step recorded (stat vectors, gradient stats, dead-unit
 masks, input checks, parameter-gradient norms, optimizer numbers, the loss) to the host with
 :func:`~nbdebug.capture.stats.packed_to_host` (one ``.cpu()`` per device, whatever the number of
-layers), which is also the step's non-finite check; :func:`commit` folds it into the whole-run rows
-and the history; :func:`finish` closes the last step at exit (then :mod:`.assemble` builds the result).
+layers; nothing to bring on the CPU path, where every item is already a host number), which is also
+the step's non-finite check; :func:`commit` folds it into the whole-run rows and the history;
+:func:`finish` closes the last step at exit (then :mod:`.assemble` builds the result). The array
+work per step goes through the step's cached :class:`~nbdebug.capture.fold.Layout` (see
+:mod:`.fold`): a few numpy operations over all rows, no Python loop over rows.
 """
 
 from __future__ import annotations
@@ -18,9 +21,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .fold import (
+    Layout,
+    _accumulate,
+    _backward_origin,
+    _ensure_run,
+    _Fetch,
+    _host,
+    _merge2,
+    _or,
+    _unscale,
+    merge_calls,
+    merge_grads,
+    stat_values,
+)
 from .history import FIELD_INDEX, HISTORY_FIELDS
 from .incidents import Incident, forward_incident, step_incidents
-from .stats import IDX, N_FIELDS, DeviceStats, nonfinite, packed_to_host, raw_from_host, summarize
+from .stats import IDX, N_FIELDS, summarize
 
 PENDING_NO_GRAD = 16  # no-grad forwards held back before the first training forward (then: an inference cell)
 
@@ -32,71 +49,13 @@ __all__ = ["close_step", "commit", "finish"]
 
 _F = len(HISTORY_FIELDS)
 _FI = FIELD_INDEX
-_STAT = ("mean", "std", "min", "max", "zero_frac", "norm", "nan", "inf")
-_STAT_COLS = [_FI[k] for k in _STAT]
 _GRAD_COLS = [_FI["grad_" + k] for k in ("mean", "std", "min", "max", "norm", "nan", "inf")]
 _GRAD_KEYS = ("mean", "std", "min", "max", "norm", "nan", "inf")
-
-
-def _host(items: list[Any], batch: bool) -> list[Any]:
-    """``items`` on the host: DeviceStats → raw rows, tensors → numpy, anything else as is; every
-    device tensor crosses in one packed transfer per device (``batch``: CPU tensors too)."""
-    dev: list[torch.Tensor] = []
-    where: list[tuple[int, int]] = []
-    out = items
-    for i, x in enumerate(items):
-        if isinstance(x, DeviceStats):
-            where.append((i, len(dev)))
-            dev += [x.floats, x.counts]
-        elif isinstance(x, torch.Tensor):
-            if not batch and x.device.type == "cpu":
-                if out is items:
-                    out = list(items)
-                out[i] = x.detach().numpy()
-            else:
-                where.append((i, len(dev)))
-                dev.append(x)
-    if dev:
-        if out is items:
-            out = list(items)
-        host = packed_to_host(dev)
-        for i, j in where:
-            out[i] = raw_from_host(host[j], host[j + 1]) if isinstance(items[i], DeviceStats) else host[j]
-    return out
-
-
-class _Fetch:
-    """Collects what a step needs from the device; :meth:`run` brings it over in one transfer."""
-
-    def __init__(self, batch: bool) -> None:
-        self.batch = batch
-        self.tensors: list[torch.Tensor | None] = []
-
-    def add(self, x: Any) -> int:
-        """Slot of ``x`` (a tensor, a DeviceStats, a number or None)."""
-        self.tensors.append(x)  # type: ignore[arg-type]
-        return len(self.tensors) - 1
-
-    def run(self) -> list[Any]:
-        items = self.tensors
-        out: list[Any] = list(items)
-        dev: list[torch.Tensor | None] = []
-        where: list[tuple[int, int]] = []  # (item, position in dev); DeviceStats take two
-        for i, x in enumerate(items):
-            if isinstance(x, DeviceStats):
-                where.append((i, len(dev)))
-                dev += [x.floats, x.counts]
-            elif isinstance(x, torch.Tensor):
-                if x.device.type == "cpu" and not self.batch:
-                    out[i] = x.detach().numpy()
-                else:
-                    where.append((i, len(dev)))
-                    dev.append(x)
-        if dev:
-            host = packed_to_host(dev)
-            for i, j in where:
-                out[i] = raw_from_host(host[j], host[j + 1]) if isinstance(items[i], DeviceStats) else host[j]
-        return out
+_NAN, _INF = IDX["nan"], IDX["inf"]
+_DEAD, _PGN = _FI["dead_unit_frac"], _FI["param_grad_norm"]
+_OPT_COLS = {"param_norm": _FI["param_norm"], "update_ratio": _FI["update_ratio"]}
+#: types every item of a step has on the CPU path (nothing to transfer)
+_HOST_TYPES = frozenset({np.ndarray, type(None), float, bool, int})
 
 
 @dataclass
@@ -109,12 +68,13 @@ class _StepData:
     grad: np.ndarray  # [n, N_FIELDS] (NaN rows: no gradient)
     values: np.ndarray  # [n, F] float32 for the history
     alive: list[np.ndarray | None]  # per row: units non-zero in some call of the step (None: all / n.a.)
-    counts: list[int]  # calls per row
+    counts: np.ndarray  # calls per row
     first_call: list[Any]  # per row: its first call of the step
     checks_bad: dict[int, bool]  # id(call) → an external input was non-finite
     scalars: dict[str, float]
     skipped: bool
     lrs: dict[str, float]
+    layout: Layout | None = None
     fwd: tuple[Any, bool, str] | None = None  # (first non-finite call, inputs finite, "NaN"/"Inf")
     fwd_incident: Incident | None = None
     bwd: tuple[Any, Any] | None = None  # (call with the first non-finite output gradient, origin consumer)
@@ -129,69 +89,13 @@ def _f(x: Any) -> float:
     return float(a.mean()) if a.size else math.nan
 
 
-def _group(rows: list[Any], raws: np.ndarray) -> tuple[list[Any], np.ndarray, list[int], list[int]]:
-    """Merge raw rows of the same row: (rows in order, merged raws, calls per row, index of each input)."""
-    pos: dict[int, int] = {}
-    uniq: list[Any] = []
-    inv: list[int] = []
-    for r in rows:
-        j = pos.get(r.id)
-        if j is None:
-            j = pos[r.id] = len(uniq)
-            uniq.append(r)
-        inv.append(j)
-    if len(uniq) == len(rows):
-        return uniq, raws, [1] * len(rows), inv
-    n = len(uniq)
-    out = np.zeros((n, N_FIELDS))
-    inv_a = np.asarray(inv)
-    with np.errstate(invalid="ignore", over="ignore"):
-        np.add.at(out, inv_a, raws)
-    mn, mx = np.full(n, np.inf), np.full(n, -np.inf)
-    np.minimum.at(mn, inv_a, raws[:, IDX["min"]])
-    np.maximum.at(mx, inv_a, raws[:, IDX["max"]])
-    out[:, IDX["min"]], out[:, IDX["max"]] = mn, mx
-    return uniq, out, np.bincount(inv_a, minlength=n).tolist(), inv
-
-
-_V_STAT = [_FI[k] for k in ("mean", "std", "min", "max", "zero_frac", "norm", "nan", "inf")]
-_V_GRAD = [_FI["grad_" + k] for k in ("mean", "std", "min", "max")] + [-1] + [_FI["grad_" + k] for k in ("norm", "nan", "inf")]
-_V_GRAD_COLS = [c for c in _V_GRAD if c >= 0]
-_V_GRAD_SRC = [i for i, c in enumerate(_V_GRAD) if c >= 0]
-
-
-def _stat_values(raw: np.ndarray, grad: np.ndarray, rows: list[Any]) -> np.ndarray:
-    """History values of a step's rows: output stats (and saturation) from ``raw``, gradient stats from
-    ``grad`` (NaN rows: none), like :func:`summarize`, with one numpy op per field over all rows."""
-    n = len(rows)
-    vals = np.full((n, _F), np.nan, np.float32)
-    with_grad = not np.isnan(grad[:, 0]).all()
-    both = np.concatenate([raw, grad]) if with_grad else raw
-    out = np.empty((both.shape[0], 9))
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        cnt = both[:, 0]
-        safe = np.where(cnt > 0, cnt, np.nan)
-        mean = np.divide(both[:, 1], safe, out=out[:, 0])
-        var = np.maximum(both[:, 2] / safe - mean * mean, 0.0)
-        np.sqrt(np.where(cnt > 1, var * cnt / np.maximum(cnt - 1, 1), np.nan), out=out[:, 1])
-        out[:, 2:4] = both[:, 3:5]
-        np.subtract(1.0, both[:, 5] / safe, out=out[:, 4])
-        np.sqrt(both[:, 2], out=out[:, 5])
-        out[:, 6:8] = both[:, 6:8]
-        np.divide(both[:, 8], safe, out=out[:, 8])
-    vals[:, _V_STAT] = out[:n, :8]
-    sat = [i for i, r in enumerate(rows) if r.sat]
-    if sat:
-        vals[sat, _FI["saturated_frac"]] = out[:n, 8][sat]
-    if with_grad:
-        vals[:, _V_GRAD_COLS] = out[n:, _V_GRAD_SRC]
-    return vals
-
-
-def _or(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
-    if a is None or b is None:
-        return None
-    return a | b if a.shape == b.shape else None
+def _layout(cap: Capture, calls: list[_Call]) -> Layout:
+    """The step's layout: the previous step's when its calls belong to the same rows in the same order."""
+    key = [c.row for c in calls]
+    lay = cap._layout
+    if lay is None or lay.key != key:
+        lay = cap._layout = Layout(key, cap.first_row)
+    return lay
 
 
 def close_step(cap: Capture) -> None:
@@ -213,13 +117,14 @@ def close_step(cap: Capture) -> None:
     if not calls and not late and upd is None:
         return
     n = len(calls)
-    opt_keys: list[tuple[str, str]] = []
+    opt_keys: list[tuple[str, tuple[str, ...]]] = []  # (kind, its modules in order)
     opt_vals: list[Any] = []
     if upd is not None:
         for kind in ("update_ratio", "param_norm", "lr"):
-            for mod, v in getattr(upd, kind).items():
-                opt_keys.append((kind, mod))
-                opt_vals.append(v)
+            d = getattr(upd, kind)
+            if d:
+                opt_keys.append((kind, tuple(d)))
+                opt_vals += d.values()
     checks = [t for c in calls for t in c.input_checks]
     items: list[Any] = [c.raw for c in calls]
     items += [c.grad_stats for c in calls]
@@ -228,83 +133,83 @@ def close_step(cap: Capture) -> None:
     items += checks
     items += opt_vals
     items += losses
-    items.append(None if pg is None else (np.array(pg[1]) if pg[1] and type(pg[1][0]) is float else torch.stack(pg[1])))
+    items.append(None if pg is None else (pg[1] if isinstance(pg[1], np.ndarray) else torch.stack(pg[1])))
     items.append(upd.scale if upd is not None else None)
     items.append(upd.skipped if upd is not None else False)
-    host = _host(items, cap.device_path)  # THE transfer of this step
-    h_raw, h_grad, h_alive = host[:n], host[n : 2 * n], host[2 * n : 3 * n]
+    if cap.device_path or not _HOST_TYPES.issuperset(map(type, items)):
+        items = _host(items, cap.device_path)  # THE transfer of this step (none on the CPU path)
+    h_raw, h_grad, h_alive = items[:n], items[n : 2 * n], items[2 * n : 3 * n]
     pos = 3 * n + len(late)
-    _flush_late(cap, late, host[3 * n : pos])
-    h_checks = host[pos : pos + len(checks)]
+    _flush_late(cap, late, items[3 * n : pos])
+    h_checks = items[pos : pos + len(checks)]
     pos += len(checks)
-    h_opt = host[pos : pos + len(opt_vals)]
+    h_opt = items[pos : pos + len(opt_vals)]
     pos += len(opt_vals)
-    h_loss = host[pos : pos + len(losses)]
-    h_pg, h_scale, h_skip = host[-3], host[-2], host[-1]
+    h_loss = items[pos : pos + len(losses)]
+    h_pg, h_scale, h_skip = items[-3], items[-2], items[-1]
     if not calls:
         return
     scale = _scale_of(h_scale)
-    raws = np.stack(h_raw)
-    has_grad = [g is not None for g in h_grad]
-    if all(has_grad):
-        grads = np.stack(h_grad)
+    raws = np.array(h_raw, dtype=np.float64)
+    n_grad = n - sum(1 for g in h_grad if g is None)
+    if n_grad == n:
+        grads = np.array(h_grad, dtype=np.float64)
     else:
         grads = np.full((n, N_FIELDS), np.nan)
-        if any(has_grad):
-            idx = [j for j in range(n) if has_grad[j]]
-            grads[idx] = np.stack([h_grad[j] for j in idx])
+        if n_grad:
+            for j, g in enumerate(h_grad):
+                if g is not None:
+                    grads[j] = g
     if scale is not None:
         _unscale(grads, scale)
-    rows, raw, counts, inv = _group([c.row for c in calls], raws)
-    grad = grads if len(rows) == n else _group_grads(grads, inv, len(rows))
-    nr = len(rows)
-    if nr == n:
+    lay = _layout(cap, calls)
+    rows = lay.rows
+    raw, grad = merge_calls(lay, raws), merge_grads(lay, grads)
+    if lay.unique:
         alive, first_call = h_alive, calls
     else:
+        nr = len(rows)
         alive = [None] * nr
-        first_call = [None] * nr
-        for j, c in enumerate(calls):
-            r = inv[j]
-            if first_call[r] is None:
-                first_call[r], alive[r] = c, h_alive[j]
+        first_call = [calls[j] for j in lay.first_idx]
+        seen = [False] * nr
+        for j, r in enumerate(lay.inv):
+            if not seen[r]:
+                seen[r], alive[r] = True, h_alive[j]
             else:
                 alive[r] = _or(alive[r], h_alive[j])
-    values = _stat_values(raw, grad, rows)
-    col = _FI["dead_unit_frac"]
-    for r, row in enumerate(rows):
-        if row.units:
-            a = alive[r]
-            values[r, col] = 0.0 if a is None else ((a.size - int(np.count_nonzero(a))) / a.size if a.size == row.units else math.nan)
+    values = stat_values(raw, grad, lay.sat, n_grad > 0)
+    for r, units in lay.unit_rows:
+        a = alive[r]
+        values[r, _DEAD] = 0.0 if a is None else ((a.size - int(np.count_nonzero(a))) / a.size if a.size == units else math.nan)
     # parameter-gradient norms (one per module, on its first row) and optimizer numbers
     pg_bad: list[str] = []
-    module_norm: dict[str, float] = {}
     if pg is not None:
-        sq: dict[str, float] = {}
-        owner = cap._param_owner
         pg_host = np.asarray(h_pg, dtype=np.float64).reshape(-1)
         if scale is not None and not pg_late:
             pg_host = pg_host / scale
-        for p, v in zip(pg[0], pg_host.tolist()):
-            for mod in owner.get(id(p), ()):
-                sq[mod] = sq.get(mod, 0.0) + v * v
-        module_norm = {m: math.sqrt(v) for m, v in sq.items()}
-        pg_bad = [m for m, v in module_norm.items() if not math.isfinite(v)]
-    opt: dict[str, dict[str, float]] = {"update_ratio": {}, "param_norm": {}, "lr": {}}
-    for (kind, mod), v in zip(opt_keys, h_opt):
-        opt[kind][mod] = v if type(v) is float else _f(v)
+        rep, mod_idx, names = cap._pg_modules(pg[0])
+        sq = pg_host * pg_host
+        # per module, in parameter order (bincount adds sequentially: the same sums as a Python loop)
+        norm = np.sqrt(np.bincount(mod_idx, weights=sq[rep] if rep is not None else sq, minlength=len(names)))
+        bad = np.flatnonzero(~np.isfinite(norm))
+        if bad.size:
+            pg_bad = [names[i] for i in bad.tolist()]
+        p, w = lay.positions(names)
+        if p.size:
+            values[p, _PGN] = norm[w]
+    lr_of: dict[str, float] = {}
+    i = 0
+    for kind, mods in opt_keys:
+        got = [v if type(v) is float else _f(v) for v in h_opt[i : i + len(mods)]]
+        i += len(mods)
+        if kind == "lr":
+            lr_of = dict(zip(mods, got))
+            continue
+        p, w = lay.positions(mods)
+        if p.size:
+            values[p, _OPT_COLS[kind]] = np.array(got)[w]
     skipped = h_skip if type(h_skip) is bool else bool(np.any(h_skip))
-    row_pos = {row.id: r for r, row in enumerate(rows)}
-    first_row = cap.first_row
-    for field_, per_module in (("param_grad_norm", module_norm), ("param_norm", opt["param_norm"]),
-                               ("update_ratio", opt["update_ratio"])):
-        if per_module:
-            c = _FI[field_]
-            for mod, v in per_module.items():
-                first = first_row.get(mod)
-                if first is not None and first.id in row_pos:
-                    values[row_pos[first.id], c] = v
     loss = (sum(_f(x) for x in h_loss) / len(h_loss)) if h_loss else math.nan
-    lr = opt["lr"].get("", math.nan)
     checks_bad: dict[int, bool] = {}
     if checks:
         k = 0
@@ -313,33 +218,29 @@ def close_step(cap: Capture) -> None:
             if m:
                 checks_bad[id(c)] = not all(np.isfinite(x).all() for x in h_checks[k : k + m])
                 k += m
-    data = _StepData(calls, rows, raw, grad, values, alive, counts, first_call, checks_bad,
-                     {"loss": loss, "lr": lr, "skipped": 1.0 if skipped else 0.0}, skipped,
-                     {m: v for m, v in opt["lr"].items() if m})
-    # the step's non-finite check, in phase order
-    bad = np.flatnonzero(raws[:, IDX["nan"]] + raws[:, IDX["inf"]] > 0)
-    if bad.size:
-        j = int(bad[0])
+    data = _StepData(calls, rows, raw, grad, values, alive, lay.counts, first_call, checks_bad,
+                     {"loss": loss, "lr": lr_of.get("", math.nan), "skipped": 1.0 if skipped else 0.0}, skipped,
+                     {m: v for m, v in lr_of.items() if m}, lay)
+    # the step's non-finite check, in phase order (counts are never negative: any > 0 ⇔ their sum > 0)
+    if (raws[:, _NAN : _INF + 1] > 0).any():
+        j = int(np.flatnonzero(raws[:, _NAN] + raws[:, _INF] > 0)[0])
         c = calls[j]
-        what = "NaN" if raws[j, IDX["nan"]] > 0 else "Inf"
+        what = "NaN" if raws[j, _NAN] > 0 else "Inf"
         data.fwd = (c, not checks_bad.get(id(c), False), what)
         if cap._hot is not None and cap._hot_call is c:
             data.fwd_incident = cap._hot
         elif c.held is not None:
             data.fwd_incident = forward_incident(cap, c, *c.held)
-    if not skipped and np.any(grads[:, IDX["nan"]] + grads[:, IDX["inf"]] > 0):
+    if not skipped and n_grad and (grads[:, _NAN : _INF + 1] > 0).any():
         data.bwd = _backward_origin(calls, grads)
-    if not skipped:
-        data.pg = pg_bad[0] if pg_bad else None
-        if data.pg is not None:
-            data.pg = min(pg_bad, key=lambda m: cap.first_row[m].id if m in cap.first_row else 1 << 30)
+    if not skipped and pg_bad:
+        data.pg = min(pg_bad, key=lambda m: cap.first_row[m].id if m in cap.first_row else 1 << 30)
     for j, c in enumerate(calls):
         c.closed = True
-        c.raw = c.alive = c.held = None
+        c.raw = c.alive = c.held = c.ref = None
         if c.input_checks:
             c.input_checks = []
-        c.ref = None
-        c.grad_stats = grads[j] if has_grad[j] else None
+        c.grad_stats = grads[j] if h_grad[j] is not None else None
     if not cap._open_grad and not cap._seen_training:
         cap._pending.append(data)
         if len(cap._pending) >= PENDING_NO_GRAD:
@@ -394,48 +295,6 @@ def _scale_of(x: Any) -> float | None:
     return s if math.isfinite(s) and s > 0 and s != 1.0 else None
 
 
-_G_DIV1 = [IDX["sum"], IDX["min"], IDX["max"]]
-
-
-def _unscale(grads: np.ndarray, scale: float) -> None:
-    """Raw gradient rows of a GradScaler-scaled backward → the unscaled gradients' (in place): sums,
-    min and max divided by the scale, sums of squares by its square; counts (numel, non-zero,
-    NaN, Inf) unchanged."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        grads[:, _G_DIV1] /= scale
-        grads[:, IDX["sumsq"]] /= scale * scale
-
-
-def _group_grads(grads: np.ndarray, inv: list[int], n: int) -> np.ndarray:
-    out = np.full((n, N_FIELDS), np.nan)
-    for j, r in enumerate(inv):
-        g = grads[j]
-        if np.isnan(g[0]):
-            continue
-        if np.isnan(out[r, 0]):
-            out[r] = g
-        else:
-            mn, mx = min(out[r, IDX["min"]], g[IDX["min"]]), max(out[r, IDX["max"]], g[IDX["max"]])
-            out[r] += g
-            out[r, IDX["min"]], out[r, IDX["max"]] = mn, mx
-    return out
-
-
-def _backward_origin(calls: list[Any], grads: np.ndarray) -> tuple[Any, Any] | None:
-    """First non-finite output gradient in backward order, and the consumer whose output gradient was
-    still finite (the backward of that consumer made it)."""
-    pos = {id(c): j for j, c in enumerate(calls)}
-    for _, j in sorted((c.grad_order, j) for j, c in enumerate(calls) if c.grad_order >= 0 and not np.isnan(grads[j, 0])):
-        if nonfinite(grads[j]):
-            bad = calls[j]
-            for c in calls:
-                k = pos[id(c)]
-                if c is not bad and bad in c.input_calls and not np.isnan(grads[k, 0]) and not nonfinite(grads[k]):
-                    return bad, c
-            return bad, None
-    return None
-
-
 def _flush_late(cap: Capture, late: list[Any], raws: list[Any]) -> None:
     """Gradients of closed steps (a delayed backward): merged rows, History.update, the backward check."""
     if not late:
@@ -473,50 +332,6 @@ def _flush_late(cap: Capture, late: list[Any], raws: list[Any]) -> None:
                 cap.bwd_origin = hit[1].row.id if hit[1] is not None else None
 
 
-def _ensure_run(cap: Capture) -> None:
-    """Whole-run accumulators sized for every row so far: raw and gradient sums/min/max, calls, units."""
-    n = len(cap._rows)
-    have = cap.run_raw.shape[0]
-    if n > have:
-        size = max(n, 2 * have, 16)
-        raw = np.zeros((size, N_FIELDS))
-        raw[:, IDX["min"]], raw[:, IDX["max"]] = np.inf, -np.inf
-        grad = np.full((size, N_FIELDS), np.nan)
-        raw[:have], grad[:have] = cap.run_raw, cap.run_grad
-        calls = np.zeros(size, np.int64)
-        calls[:have] = cap.run_calls
-        cap.run_raw, cap.run_grad, cap.run_calls = raw, grad, calls
-    if cap.run_units.shape[0] != cap.run_raw.shape[0] or cap.units_known != n:
-        units = np.zeros(cap.run_raw.shape[0], bool)
-        units[:n] = [r.units > 0 for r in cap._rows]
-        cap.run_units, cap.units_known = units, n
-
-
-_ADD = [i for i in range(N_FIELDS) if i not in (IDX["min"], IDX["max"])]
-_MN, _MX = IDX["min"], IDX["max"]
-
-
-def _accumulate(run: np.ndarray, ids: np.ndarray, raw: np.ndarray) -> None:
-    """Fold raw rows (unique ``ids``) into the run accumulator (a NaN accumulator row starts afresh)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        cur = run[ids]
-        fresh = np.isnan(cur[:, 0])
-        if fresh.any():
-            cur[fresh] = 0.0
-            cur[fresh, _MN], cur[fresh, _MX] = np.inf, -np.inf
-        cur[:, _ADD] += raw[:, _ADD]
-        cur[:, _MN] = np.fmin(cur[:, _MN], raw[:, _MN]) if not np.isnan(raw[:, _MN]).any() else np.minimum(cur[:, _MN], raw[:, _MN])
-        cur[:, _MX] = np.fmax(cur[:, _MX], raw[:, _MX]) if not np.isnan(raw[:, _MX]).any() else np.maximum(cur[:, _MX], raw[:, _MX])
-        run[ids] = cur
-
-
-def _merge2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore", over="ignore"):
-        out = a + b
-    out[IDX["min"]], out[IDX["max"]] = min(a[IDX["min"]], b[IDX["min"]]), max(a[IDX["max"]], b[IDX["max"]])
-    return out
-
-
 def commit(cap: Capture, data: _StepData) -> None:
     """Fold a closed step into the whole-run rows, the first-non-finite bookkeeping, the incidents and
     the history (``every``), then call ``on_step``."""
@@ -525,31 +340,42 @@ def commit(cap: Capture, data: _StepData) -> None:
     hist = cap.history
     for c in data.calls:
         c.step = step
-    ids = np.fromiter((row.id for row in data.rows), np.intp, len(data.rows))
+    lay = data.layout
+    assert lay is not None
+    rows, ids = data.rows, lay.ids
+    at = ids if lay.span is None else lay.span
     _ensure_run(cap)
     run, calls = cap.run_raw, cap.run_calls
-    new = np.flatnonzero(calls[ids] == 0)
-    for r in new.tolist():
-        row = data.rows[r]
-        row.hid = hist.row_id(row.key, {"module": row.module, "type": row.type, "shape": row.shape, "dtype": row.dtype})
-        row.first_step = step
-        c0 = data.first_call[r]
-        row.inputs = tuple(dict.fromkeys(c.row.id for c in c0.input_calls))
-        row.ext_nonfinite = data.checks_bad.get(id(c0), False)
-        row.alive = data.alive[r]
-    old = calls[ids] > 0
-    _accumulate(run, ids, data.raw)
+    old: np.ndarray | None = None  # rows seen in an earlier step (None: all of them)
+    if not lay.committed:
+        seen = calls[ids]
+        for r in np.flatnonzero(seen == 0).tolist():
+            row = rows[r]
+            row.hid = hist.row_id(row.key, {"module": row.module, "type": row.type, "shape": row.shape, "dtype": row.dtype})
+            row.first_step = step
+            c0 = data.first_call[r]
+            row.inputs = tuple(dict.fromkeys(c.row.id for c in c0.input_calls))
+            row.ext_nonfinite = data.checks_bad.get(id(c0), False)
+            row.alive = data.alive[r]
+        old = seen > 0
+        lay.committed = True
+    _accumulate(run, at, data.raw)
     has_g = ~np.isnan(data.grad[:, 0])
-    if has_g.any():
+    if has_g.all():
+        _accumulate(cap.run_grad, at, data.grad)
+    elif has_g.any():
         _accumulate(cap.run_grad, ids[has_g], data.grad[has_g])
-    calls[ids] += np.asarray(data.counts, dtype=np.int64)
-    for r in np.flatnonzero(old & cap.run_units[ids]).tolist():
-        row = data.rows[r]
-        row.alive = _or(row.alive, data.alive[r])
+    calls[at] += data.counts
+    units = cap.run_units
+    for r, _ in lay.unit_rows:
+        row = rows[r]
+        if (old is None or old[r]) and units[row.id]:
+            row.alive = _or(row.alive, data.alive[r])
     if data.skipped:
         cap.skipped.append(step)
-    cap.lrs.update(data.lrs)
-    hids = np.fromiter((row.hid for row in data.rows), np.intp, len(data.rows))
+    if data.lrs:
+        cap.lrs.update(data.lrs)
+    hids = lay.history_ids()
     first_bad = step_incidents(cap, data, step)
     first = cap.resume.steps + 1 if cap.resume is not None else 1
     if (step - first) % cap.every == 0 or first_bad:

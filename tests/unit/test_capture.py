@@ -331,11 +331,7 @@ def test_step_history_values_equal_summarize() -> None:
     gradients; a row without gradient stays NaN)."""
     from nbdebug.capture.history import FIELD_INDEX as FI
     from nbdebug.capture.stats import summarize, tensor_stats
-    from nbdebug.capture.steps import _stat_values
-
-    class Row:
-        def __init__(self, sat: bool) -> None:
-            self.sat = sat
+    from nbdebug.capture.fold import stat_values
 
     g = torch.Generator().manual_seed(0)
     ts = [torch.randn(50, generator=g), torch.tanh(torch.randn(40, generator=g) * 5), torch.zeros(1),
@@ -343,7 +339,7 @@ def test_step_history_values_equal_summarize() -> None:
     raw = np.stack([tensor_stats(t, saturation=(-1.0, 1.0) if i == 1 else None) for i, t in enumerate(ts)])
     grad = np.stack([tensor_stats(torch.randn(5, generator=g)), np.full(9, np.nan),
                      tensor_stats(torch.randn(7, generator=g)), tensor_stats(torch.randn(2, generator=g))])
-    v = _stat_values(raw, grad, [Row(False), Row(True), Row(False), Row(False)])
+    v = stat_values(raw, grad, [1])  # row 1 saturates
     s, gs = summarize(raw), summarize(grad)
     for k in ("mean", "std", "min", "max", "zero_frac", "norm", "nan", "inf"):
         np.testing.assert_allclose(v[:, FI[k]], s[k].astype(np.float32), rtol=1e-6, equal_nan=True)

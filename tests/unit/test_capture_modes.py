@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -334,17 +335,23 @@ def test_compiled_model_rows_have_the_plain_names() -> None:
 
 @pytest.mark.parametrize("at_call", [2, 5])  # forward hook (2nd layer), gradient hook (in backward)
 def test_keyboard_interrupt_inside_our_own_hook(monkeypatch: pytest.MonkeyPatch, at_call: int) -> None:
-    import nbdebug.capture.session as session
+    import nbdebug.capture.calls as calls
+    import nbdebug.capture.forward as forward
 
-    real, n = session.tensor_stats, [0]
+    n = [0]
 
-    def interrupted(*a: object, **k: object) -> object:
-        n[0] += 1
-        if n[0] == at_call:
-            raise KeyboardInterrupt
-        return real(*a, **k)
+    def interrupting(real: Any) -> Any:
+        def interrupted(*a: object, **k: object) -> object:
+            n[0] += 1
+            if n[0] == at_call:
+                raise KeyboardInterrupt
+            return real(*a, **k)
 
-    monkeypatch.setattr(session, "tensor_stats", interrupted)
+        return interrupted
+
+    # the stats of outputs (forward hooks) and of output gradients (gradient hooks), counted together
+    monkeypatch.setattr(forward, "stats_and_units", interrupting(forward.stats_and_units))
+    monkeypatch.setattr(calls, "tensor_stats", interrupting(calls.tensor_stats))
     m = mlp()
     before = fingerprint(m)
     with pytest.raises(KeyboardInterrupt):

@@ -203,3 +203,73 @@ def test_thermometer_grouped_view_lab(page, lab):
     assert w.locator(".nbd-row").count() == 1603 + 32  # every leaf, and each block's own output (residual stream)
     assert kernel_json(page, "_nndebug_widget.js_error") == ""
 
+
+
+TIMED_LOOP = """%%nndebug model --view thermometer -o res
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+g = torch.Generator().manual_seed(1)
+for k in range(3):
+    model(torch.randint(0, 64, (1, 8), generator=g)).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(4.0)  # the residual stream grows 4x per step
+"""
+
+_NORM = re.compile(r"residual stream norm (\S+) ")
+
+
+def _strip_value(panel, block: int) -> float:
+    title = panel.locator(f'.nbd-grp[data-group="0"] .nbd-cell[title^="model.layers.{block}:"]').get_attribute("title")
+    m = _NORM.search(title or "")
+    assert m, title
+    return float(m.group(1))
+
+
+def test_grouped_view_follows_the_step_slider_lab(page, lab):
+    """A 3-step training loop on the 1,635-row model: moving the thermometer's step slider redraws
+    the group strips and the rows inside an open block at that step (the residual stream norm at
+    step k equals the kernel's ``residual_history`` at k, a block row's mean ± std its ``res.at(k)``),
+    "whole run" shows the merged residual stream; the slider's step still reaches the kernel."""
+    write_notebook(lab.root, "therm_groups_steps", ["%load_ext nbdebug", MAGIC_SETUP + "import torch\n", TIMED_LOOP])
+    open_and_run(page, lab, "therm_groups_steps")
+    w = wait_widget(page, "thermometer")
+    panel = w.locator(".nbd-groups-panel")
+    expect(panel).to_be_visible()
+    expect(w.locator(".nbd-step-label")).to_have_text("step 3 of 3")
+    expect(panel.locator(".nbd-group-count")).to_contain_text("(values and flags at step 3)")
+    blocks = "[f'model.layers.{i}' for i in range(32)]"
+    ref = kernel_json(page, "(lambda h, rh: [[float(rh[h.step_index.tolist().index(k), b]) for b in (5, 20)] for k in (1, 2, 3)])"
+                            f"(res.history, __import__('nbdebug.inspectors.residual', fromlist=['x']).residual_history(res.history, {blocks}))")
+    last = _strip_value(panel, 5)
+    assert last == pytest.approx(ref[2][0], rel=6e-3)
+
+    w.locator("input.nbd-slider").fill("0")
+    w.locator(".nbd-step-label", has_text="step 1 of 3").wait_for()
+    expect(panel.locator(".nbd-group-count")).to_contain_text("(values and flags at step 1)")
+    assert _strip_value(panel, 5) == pytest.approx(ref[0][0], rel=6e-3)
+    assert _strip_value(panel, 20) == pytest.approx(ref[0][1], rel=6e-3)
+    assert last > 4 * _strip_value(panel, 5)  # a real redraw: the stream grew between the steps
+    run_code_and_wait_text(page, "print('step=', _nndebug_widget.step)", "step= 1")
+
+    # open block 5 at step 1: its own output row ("(output)") shows res.at(1)'s mean ± std
+    panel.locator('.nbd-cell[title^="model.layers.5:"]').click()
+    out = panel.locator(".nbd-blk-body .nbd-grow").filter(has=page.locator(".nbd-gname", has_text="(output)"))
+    expect(out).to_have_count(1)
+    mean, std = (float(x) for x in out.locator(".nbd-gstat").first.text_content().split(" ± "))
+    at1 = kernel_json(page, "[[r.stats['mean'], r.stats['std']] for r in res.at(1) if r.name == 'model.layers.5'][0]")
+    assert mean == pytest.approx(at1[0], rel=6e-3, abs=1e-3) and std == pytest.approx(at1[1], rel=6e-3)
+    w.locator("input.nbd-slider").fill("1")
+    w.locator(".nbd-step-label", has_text="step 2 of 3").wait_for()
+    assert _strip_value(panel, 5) == pytest.approx(ref[1][0], rel=6e-3)
+    expect(panel.locator('.nbd-blk:has(> .nbd-gname[title="model.layers.5"])')).to_have_class(re.compile("nbd-open"))  # stays open
+
+    # whole run: the payload's residual stream, merged over the run
+    w.locator(".nbd-whole").click()
+    expect(panel.locator(".nbd-group-count")).to_contain_text("(values and flags over the whole run)")
+    whole = kernel_json(page, "float(__import__('nbdebug.inspectors.residual', fromlist=['x'])"
+                              f".residual_stream(res.layers, {blocks}).norm[5])")
+    assert _strip_value(panel, 5) == pytest.approx(whole, rel=6e-3)
+    run_code_and_wait_text(page, "print('step=', _nndebug_widget.step)", "step= -1")
+    assert kernel_json(page, "_nndebug_widget.js_error") == ""
+    screenshot(page, "groups-steps-lab", w)

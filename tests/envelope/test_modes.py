@@ -140,3 +140,42 @@ def test_fx_traced_model_is_watched(record_property: Any) -> None:
     assert hook_count(gm) == 0
     for w in dbg.widgets():
         w.close()
+
+
+def test_hf_trainer(shell: Any, tmp_path: Any, record_property: Any) -> None:
+    """``%%nndebug model`` around ``trainer.train()`` (transformers' Trainer, gradient accumulation, an
+    evaluation): one step per training forward, each step's loss and row mean equal to the same run
+    without nbdebug, the update ratio only where the optimizer stepped, the evaluation kept out, the
+    trained model and the hooks as without nbdebug."""
+    pytest.importorskip("transformers")
+    import numpy as np
+
+    from nbdebug.capture import fingerprint, hook_count, same_fingerprint
+    from nbdebug.capture.hooks import optimizer_hook_count
+
+    from . import trainers as TR
+
+    record_property("cell", ("hf_trainer", "thermometer"))
+    ref, meas = TR.reference(tmp_path / "ref")
+    n = TR.STEPS * TR.ACCUM
+    assert len(meas["loss"]) == len(meas["mean"]) == n, meas  # the premise: one grad-enabled forward per micro-batch
+    model = TR.gpt2()
+    shell.user_ns.update(model=model, trainer=TR.trainer(model, tmp_path / "run"))
+    hooks, opt_hooks = hook_count(model), optimizer_hook_count()
+    r = shell.run_cell("%%nndebug model -o run\ntrainer.train()")
+    assert r.success, r.error_in_exec
+    assert hook_count(model) == hooks and optimizer_hook_count() == opt_hooks
+    assert same_fingerprint(fingerprint(ref), fingerprint(model)) == [], "the trained model differs from the run without nbdebug"
+    run = shell.user_ns["run"]
+    assert run.steps == n and run.step_index.tolist() == list(range(1, n + 1)) and run.eval_steps == 1, (run.steps, run.eval_steps)
+    np.testing.assert_allclose(run.series("loss"), meas["loss"], rtol=1e-6)
+    np.testing.assert_allclose(run.series(TR.ROW, "mean"), meas["mean"], rtol=1e-5, atol=1e-7)
+    ratio = run.series(TR.ROW, "update_ratio")  # the optimizer steps after every ACCUM-th forward
+    stepped = np.arange(1, n + 1) % TR.ACCUM == 0
+    assert np.isfinite(ratio[stepped]).all() and (ratio[stepped] > 0).all() and np.isnan(ratio[~stepped]).all(), ratio
+    w = shell.user_ns["_nndebug_widget"]
+    assert (w.steps, w.running) == (n, False)
+    shown = {d["application/vnd.jupyter.widget-view+json"]["model_id"] for d in shell.displayed
+             if "application/vnd.jupyter.widget-view+json" in d}
+    assert shown == {w.model_id}, shown  # the live view, refreshed in place at the end
+    w.close()

@@ -43,6 +43,7 @@ LABELS = {
     "train_bf16": "bfloat16 model trained without a GradScaler",
     "train_fp16": "float16 model trained without a GradScaler",
     "autocast_fp16": "`torch.autocast(\"cpu\", float16)` training without a GradScaler",
+    "hf_trainer": "`transformers.Trainer.train()` in the cell (accumulation, evaluation)",
     "ddp": "DDP on 2 gloo processes (`%%nndebug --distributed`)",
     "every": "`--every 3` (sampled steps)",
     "continue": "`--continue run1` across two cells",

@@ -1,6 +1,12 @@
 """Thermometer capture overhead vs the plain forward(+backward) and vs the hooks people write today.
 
     python benchmarks/bench_capture.py [--rounds 7] [--quick]
+    python benchmarks/bench_capture.py --kernel [--threads 1 2]
+
+``--kernel``: the per-tensor cost of ``stats_and_units`` (the forward hook's stats + dead-unit
+mask) and ``tensor_stats`` with the fused native kernel vs the torch/numpy path
+(``NBDEBUG_NATIVE=0``), on tensors just written by a ReLU (1k, 16k, 1M float32 elements), in µs
+per call including the Python work, per torch thread count.
 
 Models: a ResNet-18-shaped CNN (batch 8, 224²) and a GPT-2-small-config transformer (random init,
 128 tokens). Variants, all hooking every leaf module:
@@ -119,12 +125,71 @@ def bench(name: str, model: nn.Module, make_input, rounds: int) -> list[tuple[st
     return rows
 
 
+def _per_call_us(fn, reps: int, rounds: int = 9) -> float:  # type: ignore[no-untyped-def]
+    """Median over rounds of the mean µs per call of ``reps`` calls."""
+    import statistics
+    import time
+
+    fn()
+    out = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        out.append((time.perf_counter() - t) / reps * 1e6)
+    return statistics.median(out)
+
+
+def _kernel_one(src: torch.Tensor) -> dict[tuple[str, str], float]:
+    from nbdebug.capture import native
+    from nbdebug.capture.stats import stats_and_units, tensor_stats
+
+    x = torch.empty_like(src)
+    reps = 50 if src.numel() > 100_000 else 2000
+
+    def write() -> None:  # a fresh output, as in a forward hook
+        torch.clamp_min(src, 0, out=x)
+
+    base = _per_call_us(write, reps)
+    res = {}
+    for mode in ("native", "fallback"):
+        os.environ["NBDEBUG_NATIVE"] = "1" if mode == "native" else "0"
+        native._reset()
+        assert native.available() == (mode == "native"), native.status()
+        res[mode, "stats"] = _per_call_us(lambda: (write(), tensor_stats(x)), reps) - base
+        res[mode, "units"] = _per_call_us(lambda: (write(), stats_and_units(x, units=True)), reps) - base
+    return res
+
+
+def kernel(threads: list[int]) -> None:
+    """Per-tensor stats cost, native kernel vs the torch/numpy path."""
+    from nbdebug.capture import native
+
+    shapes = {"1k (8x125)": (8, 125), "16k (64x250)": (64, 250), "16k (8x8x16x16)": (8, 8, 16, 16),
+              "1M (64x16x32x32)": (64, 16, 32, 32), "1M (1024x1024)": (1024, 1024)}
+    rows = []
+    for nt in threads:
+        torch.set_num_threads(nt)
+        for label, shape in shapes.items():
+            res = _kernel_one(torch.randn(shape))
+            rows.append((str(nt), label, *(f"{res[m, k]:.1f}" for k in ("stats", "units") for m in ("fallback", "native"))))
+    os.environ.pop("NBDEBUG_NATIVE")
+    native._reset()
+    print(f"torch {torch.__version__}; native: {native.status()}; load {os.getloadavg()[0]:.2f}")
+    print(table(rows, ("threads", "tensor", "tensor_stats µs before", "after", "stats_and_units µs before", "after")))
+
+
 def main() -> None:
     exact_rss_env()
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="small inputs, to check the script runs")
+    ap.add_argument("--kernel", action="store_true", help="per-tensor stats cost: native kernel vs torch/numpy")
+    ap.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="torch thread counts for --kernel")
     a = ap.parse_args()
+    if a.kernel:
+        kernel(a.threads)
+        return
     torch.manual_seed(0)
     b, hw, tokens = (1, 64, 16) if a.quick else (8, 224, 128)
     rows = []

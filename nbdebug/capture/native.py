@@ -30,26 +30,29 @@ from .native_build import cache_dir
 __all__ = ["available", "cache_dir", "gather", "seg_norms", "sq_norms", "stats", "status"]
 
 MIN_PER_THREAD = 1 << 18  # elements per thread before a tensor is split across threads
+GIL_MAX = 1 << 16  # tensors below this many elements: calls that keep the GIL (cheaper by ~0.1 µs)
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
 _status = "not loaded yet"
-_stats_fn = None  # the bound nbd_stats, set once loaded
-_owner = 0  # thread id owning the scratch buffers below
-_out = np.empty(9)
-_alive = np.zeros(1024, np.uint8)
-_out_addr = _alive_addr = 0
+# the bound entry points, set once loaded: nbd_stats / nbd_stats_sat keeping the GIL and releasing it
+_stats_fn = _sat_fn = _stats_big = _sat_big = None
+_owner = 0  # thread id owning the scratch buffer below
+_own: tuple[np.ndarray, np.ndarray, int] = (np.empty(9), np.zeros(0, np.uint8), 0)  # (fields, unit bytes, address)
 _get_ident = threading.get_ident
 
 
 def _load() -> None:
-    global _lib, _tried, _status, _stats_fn
+    global _lib, _tried, _status, _stats_fn, _sat_fn, _stats_big, _sat_big
     with _lock:
         if _tried:
             return
-        lib, why = native_build.load()
-        _lib, _stats_fn, _status, _tried = lib, (lib.nbd_stats if lib is not None else None), why, True
+        libs, why = native_build.load()
+        if libs is not None:
+            _lib, held = libs
+            _stats_fn, _sat_fn, _stats_big, _sat_big = held.nbd_stats, held.nbd_stats_sat, _lib.nbd_stats, _lib.nbd_stats_sat
+        _status, _tried = why, True
 
 
 def available() -> bool:
@@ -68,36 +71,36 @@ def status() -> str:
 
 def _reset() -> None:
     """Forget the loaded kernel so that the next use reads ``NBDEBUG_NATIVE``/``CC`` again (tests)."""
-    global _lib, _tried, _status, _stats_fn, _owner
+    global _lib, _tried, _status, _stats_fn, _sat_fn, _stats_big, _sat_big, _owner
     with _lock:
-        _lib, _tried, _status, _stats_fn, _owner = None, False, "not loaded yet", None, 0
+        _lib, _tried, _status, _owner = None, False, "not loaded yet", 0
+        _stats_fn = _sat_fn = _stats_big = _sat_big = None
 
 
-def _scratch(c: int) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """The calling thread's output buffers (the first caller owns the cached ones)."""
-    global _owner, _alive, _out_addr, _alive_addr
+def _new_scratch(c: int) -> tuple[np.ndarray, np.ndarray, int]:
+    buf = np.zeros(9 + (max(c, 1024) + 7) // 8)  # 9 fields, then the unit mask's bytes
+    return buf[:9], buf[9:].view(np.uint8), buf.ctypes.data
+
+
+def _scratch(c: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The calling thread's output buffer for ``c`` units (the first caller owns a cached one)."""
+    global _owner, _own
     ident = _get_ident()
     if _owner == 0:
         _owner = ident
-    if ident == _owner:
-        if c > _alive.size:
-            _alive = np.zeros(max(c, 2 * _alive.size), np.uint8)
-            _alive_addr = 0
-        if not _out_addr:
-            _out_addr = _out.ctypes.data
-        if not _alive_addr:
-            _alive_addr = _alive.ctypes.data
-        return _out, _alive, _out_addr, _alive_addr
-    out, alive = np.empty(9), np.zeros(max(c, 1), np.uint8)
-    return out, alive, out.ctypes.data, alive.ctypes.data
+    if ident != _owner:
+        return _new_scratch(c)
+    if c > _own[1].size:
+        _own = _new_scratch(2 * c)
+    return _own
 
 
 _Tensor, _Param, _F32, _STRIDED = torch.Tensor, torch.nn.Parameter, torch.float32, torch.strided
 _sat_cache: dict[tuple[float, float, float], tuple[float, float]] = {}
 
 
-def _dense_units(t: torch.Tensor, n: int) -> tuple[int, int, int] | None:
-    """``(outer, C, inner)`` of a non-contiguous tensor whose memory is still dense (a permutation,
+def _dense_units(t: torch.Tensor, n: int) -> tuple[int, int] | None:
+    """``(C, inner)`` of a non-contiguous tensor whose memory is still dense (a permutation,
     e.g. channels-last): unit ``c`` (dim 1) is every ``inner`` run at ``c`` of each ``C * inner``
     row. None when the memory has gaps or overlaps."""
     shape, strides = t.shape, t.stride()
@@ -107,9 +110,8 @@ def _dense_units(t: torch.Tensor, n: int) -> tuple[int, int, int] | None:
             return None
         expect *= sz
     if len(shape) < 2 or shape[1] == 1:
-        return 1, 1, n
-    c, inner = shape[1], strides[1]
-    return n // (c * inner), c, inner
+        return 1, n
+    return shape[1], strides[1]
 
 
 def stats(t: torch.Tensor, saturation: tuple[float, float] | None = None, sat_eps: float = 1e-3,
@@ -137,42 +139,55 @@ def stats(t: torch.Tensor, saturation: tuple[float, float] | None = None, sat_ep
     if (tp is not _Tensor and tp is not _Param) or t.dtype is not _F32 or not t.is_cpu or t.layout is not _STRIDED:
         return None
     n = t.numel()
+    shape = t.shape
     if t.is_contiguous():
-        shape = t.shape
         if len(shape) >= 2:
-            outer, c = shape[0], shape[1]
-            inner = n // (outer * c) if n else 0
+            c = shape[1]
+            inner = n // (shape[0] * c) if n else 0
         else:
-            outer, c, inner = 1, 1, n
+            c, inner = 1, n
     else:
         layout = _dense_units(t, n)
         if layout is None:
             return None
-        outer, c, inner = layout
+        c, inner = layout
     try:
         ptr = t.data_ptr()
     except (RuntimeError, NotImplementedError):  # functorch wrappers and other storage-less tensors
         return None
-    flags = 2 if units and t.dim() >= 2 else 0
-    lo = hi = 0.0
-    if saturation is not None:
-        key = (saturation[0], saturation[1], sat_eps)
-        bounds = _sat_cache.get(key)
-        if bounds is None:
-            bounds = _sat_cache[key] = (float(np.float32(key[0] + sat_eps)), float(np.float32(key[1] - sat_eps)))
-        lo, hi = bounds
-        flags |= 1
-    nt = torch.get_num_threads() if n >= 2 * MIN_PER_THREAD else 1
-    if _get_ident() == _owner and c <= _alive.size:
-        out, alive, out_addr, alive_addr = _out, _alive, _out_addr, _alive_addr
+    flags = 2 if units and len(shape) >= 2 else 0
+    own = _own
+    if c > own[1].size or _get_ident() != _owner:
+        own = _scratch(c)
+    out, alive, addr = own
+    if n < GIL_MAX:
+        if saturation is None:
+            rc = fn(ptr, n, c, inner, flags, addr)
+        else:
+            rc = _sat_fn(ptr, n, c, inner, flags | 1, *_bounds(saturation, sat_eps), addr)  # type: ignore[misc]
     else:
-        out, alive, out_addr, alive_addr = _scratch(c)
-    if fn(ptr, outer, c, inner, flags, lo, hi, nt, MIN_PER_THREAD, out_addr, alive_addr):
+        if n >= 2 * MIN_PER_THREAD:
+            flags |= min(torch.get_num_threads(), n // MIN_PER_THREAD) << 8
+        if saturation is None:
+            rc = _stats_big(ptr, n, c, inner, flags, addr)  # type: ignore[misc]
+        else:
+            rc = _sat_big(ptr, n, c, inner, flags | 1, *_bounds(saturation, sat_eps), addr)  # type: ignore[misc]
+    if rc:
         return None
     row = out.copy()
     if flags & 2 and row[5] < row[0]:
         return row, alive[:c].astype(bool)
     return row, None
+
+
+def _bounds(saturation: tuple[float, float], sat_eps: float) -> tuple[float, float]:
+    """``(lo + sat_eps, hi - sat_eps)`` rounded to float32 (how numpy/torch compare a float32 tensor
+    with a Python float), cached."""
+    key = (saturation[0], saturation[1], sat_eps)
+    bounds = _sat_cache.get(key)
+    if bounds is None:
+        bounds = _sat_cache[key] = (float(np.float32(key[0] + sat_eps)), float(np.float32(key[1] - sat_eps)))
+    return bounds
 
 
 def _pointers(tensors: Sequence[torch.Tensor]) -> tuple[list[int], list[int]] | None:
@@ -200,7 +215,7 @@ def sq_norms(tensors: Sequence[torch.Tensor]) -> np.ndarray | None:
     None when the kernel is not available or any tensor is not a plain float32 contiguous CPU
     tensor (the caller keeps its own path then).
     """
-    if not (_stats_fn is not None or (not _tried and available())):
+    if not (_lib is not None or (not _tried and available())):
         return None
     got = _pointers(tensors)
     if got is None:
@@ -246,7 +261,7 @@ def seg_norms(before_flat: np.ndarray, params: Sequence[torch.Tensor]) -> tuple[
     the kernel is not available or a parameter does not qualify; ValueError when ``before_flat``'s
     size is not the parameters' total.
     """
-    if not (_stats_fn is not None or (not _tried and available())):
+    if not (_lib is not None or (not _tried and available())):
         return None
     got = _pointers(params)
     if got is None:
@@ -266,7 +281,7 @@ def gather(params: Sequence[torch.Tensor], out: np.ndarray) -> bool:
     float32 array of their total size): the snapshot :func:`seg_norms` reads. False (nothing
     written) when the kernel is not available or a tensor does not qualify; ValueError on a size
     mismatch."""
-    if not (_stats_fn is not None or (not _tried and available())):
+    if not (_lib is not None or (not _tried and available())):
         return False
     got = _pointers(params)
     if got is None:

@@ -13,7 +13,8 @@
  * fast-math flag (x < m ? x : m is exactly MINPS/MAXPS, NaN-safe). On x86-64 Linux with gcc the
  * hot functions are cloned for x86-64-v4 (AVX-512), v3 (AVX2, FMA) and the baseline, picked at
  * load time (never -march=native into a shared cache).
- * Large tensors can be split across POSIX threads (a thread per part, created per call).
+ * Large tensors can be split across POSIX threads (a thread per part, created per call; the parts
+ * start on chunk boundaries so the lane grouping, and the sums, do not depend on the units mode).
  */
 #include <math.h>
 #include <pthread.h>
@@ -33,7 +34,7 @@
 #define NBD_INLINE static inline __attribute__((always_inline))
 #define NBD_API __attribute__((visibility("default")))
 
-#define NBD_ABI 1
+#define NBD_ABI 2
 #define W 16           /* lanes */
 #define BLK 8          /* values per lane summed in float32 before the flush into double */
 #define CHUNK 4096     /* elements per step of the column-mask mode (L1-resident) */
@@ -280,23 +281,21 @@ NBD_CLONES static void nonfinite_pass(const float *restrict x, int64_t n, int64_
 
 NBD_API int nbd_abi(void) { return NBD_ABI; }
 
-/* Stats of a float32 tensor whose memory is outer x C x inner (dense), laid out as nbdebug's
- * FIELDS into out[9]: numel, sum, sumsq, min, max, nonzero, nan, inf, extra.
- * flags: 1 = count saturation (x <= lo or x >= hi, both already float32 values), 2 = unit mask:
- * alive[c] (c < C) = 1 when unit c holds a value != 0 (NaN included), else 0; meaningful only
- * when some value is zero (out[5] < out[0]).
- * nthreads > 1 splits tensors of at least min_per_thread * 2 elements across POSIX threads.
- * Returns 0, or -1 when memory for the column mask could not be allocated (out untouched). */
-NBD_API int nbd_stats(const float *x, int64_t outer, int64_t C, int64_t inner, int64_t flags, double lo, double hi,
-                      int64_t nthreads, int64_t min_per_thread, double *out, uint8_t *alive) {
-    const int64_t n = outer * C * inner;
-    const int sat = (int)(flags & 1), units = (flags & 2) && n > 0;
+/* Stats of a float32 tensor of n elements whose memory is outer x C x inner (dense), laid out as
+ * nbdebug's FIELDS into scratch[0..8]: numel, sum, sumsq, min, max, nonzero, nan, inf, extra.
+ * flags: 2 = unit mask: the bytes after those 9 doubles, alive[c] (c < C), are 1 when unit c holds a
+ * value != 0 (NaN included), else 0 (meaningful only when some value is zero: out[5] < out[0]);
+ * flags >> 8 = number of threads to split the pass across (the caller decides; 0 or 1: none).
+ * nbd_stats_sat also counts into extra the values <= lo or >= hi (bounds already float32 values).
+ * Returns 0, or -1 when memory for the column mask could not be allocated (scratch untouched). */
+static int stats_impl(const float *x, int64_t n, int64_t C, int64_t inner, int64_t flags, int sat, double lo, double hi,
+                      double *out) {
+    uint8_t *alive = (uint8_t *)(out + 9);
+    const int units = (flags & 2) && n > 0;
     int mode = 0;
     if (units) mode = (inner >= 16 || C * inner > ((int64_t)1 << 20)) ? 1 : 2;
-    int64_t nt = nthreads < 1 ? 1 : (nthreads > MAX_THREADS ? MAX_THREADS : nthreads);
-    if (min_per_thread < 1) min_per_thread = 1;
-    if (n / min_per_thread < nt) nt = n / min_per_thread;
-    if (nt < 1) nt = 1;
+    int64_t nt = flags >> 8;
+    nt = nt < 1 ? 1 : (nt > MAX_THREADS ? MAX_THREADS : nt);
     const int64_t L = C * inner;
     job_t jobs[MAX_THREADS];
     uint32_t *masks = NULL;
@@ -359,6 +358,15 @@ NBD_API int nbd_stats(const float *x, int64_t outer, int64_t C, int64_t inner, i
     out[7] = (double)inf;
     out[8] = (double)a.sat;
     return 0;
+}
+
+NBD_API int nbd_stats(const float *x, int64_t n, int64_t C, int64_t inner, int64_t flags, double *scratch) {
+    return stats_impl(x, n, C, inner, flags, 0, 0.0, 0.0, scratch);
+}
+
+NBD_API int nbd_stats_sat(const float *x, int64_t n, int64_t C, int64_t inner, int64_t flags, double lo, double hi,
+                          double *scratch) {
+    return stats_impl(x, n, C, inner, flags, 1, lo, hi, scratch);
 }
 
 /* Sum of squares of a - b (b NULL: of a) over n floats: float32 blocks flushed into double lanes,

@@ -179,3 +179,41 @@ def test_hf_trainer(shell: Any, tmp_path: Any, record_property: Any) -> None:
              if "application/vnd.jupyter.widget-view+json" in d}
     assert shown == {w.model_id}, shown  # the live view, refreshed in place at the end
     w.close()
+
+
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*")  # lightning's own use of a deprecated torch name
+def test_lightning_fit(shell: Any, record_property: Any) -> None:
+    """``%%nndebug module`` around Lightning's ``trainer.fit`` (``training_step`` calls the submodules,
+    the module's own forward never runs; a sanity check and validation under ``inference_mode``): one
+    step per ``training_step``, the encoder's mean per step equal to what the module measured itself,
+    validation kept out, the trained module and the hooks as in the same fit without nbdebug."""
+    pytest.importorskip("lightning")
+    import logging
+
+    import numpy as np
+
+    from nbdebug.capture import fingerprint, hook_count, same_fingerprint
+    from nbdebug.capture.hooks import optimizer_hook_count
+
+    from . import trainers as TR
+
+    record_property("cell", ("lightning", "thermometer"))
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # "GPU available: False" and tips
+    ref = TR.lit_module()
+    TR.lit_fit(ref)
+    module = TR.lit_module()
+    shell.user_ns.update(module=module, TR=TR)
+    hooks, opt_hooks = hook_count(module), optimizer_hook_count()
+    r = shell.run_cell("%%nndebug module -o run\ntrainer = TR.lit_fit(module)")
+    assert r.success, r.error_in_exec
+    assert shell.user_ns["trainer"].global_step == TR.LIT_STEPS
+    assert hook_count(module) == hooks and optimizer_hook_count() == opt_hooks
+    assert same_fingerprint(fingerprint(ref), fingerprint(module)) == [], "the trained module differs from the fit without nbdebug"
+    assert module.enc_means == ref.enc_means and len(ref.enc_means) == TR.LIT_STEPS
+    run = shell.user_ns["run"]
+    assert run.steps == TR.LIT_STEPS and run.step_index.tolist() == list(range(1, TR.LIT_STEPS + 1))
+    assert run.eval_steps == 1 + TR.LIT_STEPS // TR.LIT_VAL_EVERY, run.eval_steps  # the sanity check and each validation
+    assert run["encoder.0"].calls == TR.LIT_STEPS and not any("#" in row.name for row in run.layers)
+    np.testing.assert_allclose(run.series("encoder.2", "mean"), ref.enc_means, rtol=1e-5, atol=1e-7)
+    assert np.isfinite(run.series("decoder.2", "update_ratio")).all()
+    shell.user_ns["_nndebug_widget"].close()

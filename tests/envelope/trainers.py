@@ -1,10 +1,15 @@
-"""Training frameworks in a ``%%nndebug`` cell: ``transformers.Trainer.train()`` on a tiny random GPT-2
-(no dropout, so runs repeat bit for bit), 3 optimizer steps × 2 micro-batches, one evaluation batch
-after step 3.
+"""Training frameworks in a ``%%nndebug`` cell.
 
-The reference is the same Trainer run on an identical model with plain hooks measuring, per
-grad-enabled forward (a step of the thermometer's history): the model's own ``loss`` and the output
-mean of :data:`ROW`.
+``transformers.Trainer.train()`` on a tiny random GPT-2 (no dropout, so runs repeat bit for bit), 3
+optimizer steps × 2 micro-batches, one evaluation batch after step 3. The reference is the same
+Trainer run on an identical model with plain hooks measuring, per grad-enabled forward (a step of the
+thermometer's history): the model's own ``loss`` and the output mean of :data:`ROW`.
+
+Lightning's ``trainer.fit`` on a LitAutoEncoder-shaped module whose ``training_step`` calls
+``self.decoder(self.encoder(x))`` (its own ``forward`` never runs), with a sanity-check validation
+batch before training and one after every :data:`LIT_VAL_EVERY` steps (``inference_mode``). The
+module records its encoder's output mean per ``training_step``; the reference is the same fit of an
+identical module without nbdebug.
 """
 
 from __future__ import annotations
@@ -72,3 +77,53 @@ def reference(out: Path) -> tuple[nn.Module, dict[str, list[float]]]:
         for h in handles:
             h.remove()
     return model, got
+
+
+LIT_STEPS = 6
+LIT_VAL_EVERY = 3
+
+
+def lit_module() -> Any:
+    """A fresh LitAutoEncoder-shaped ``LightningModule`` (seeded)."""
+    import lightning.pytorch as L
+    import torch.nn.functional as F
+
+    class LitAE(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+            self.decoder = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 4))
+            self.enc_means: list[float] = []
+
+        def training_step(self, batch: Any, i: int) -> torch.Tensor:
+            x, _ = batch
+            z = self.encoder(x)
+            self.enc_means.append(float(z.detach().mean()))
+            return F.mse_loss(self.decoder(z), x)
+
+        def validation_step(self, batch: Any, i: int) -> None:
+            x, _ = batch
+            self.log("val_loss", F.mse_loss(self.decoder(self.encoder(x)), x))
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    return LitAE()
+
+
+def lit_loader() -> Any:
+    g = torch.Generator().manual_seed(0)
+    ds = torch.utils.data.TensorDataset(torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g))
+    return torch.utils.data.DataLoader(ds, batch_size=4)
+
+
+def lit_fit(module: Any) -> Any:
+    """The cell body: ``trainer.fit(module, ...)`` with a sanity check and validation, on the CPU."""
+    import lightning.pytorch as L
+
+    trainer = L.Trainer(max_steps=LIT_STEPS, val_check_interval=LIT_VAL_EVERY, limit_val_batches=1, num_sanity_val_steps=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu", devices=1)
+    trainer.fit(module, lit_loader(), lit_loader())
+    return trainer

@@ -44,6 +44,7 @@ LABELS = {
     "train_fp16": "float16 model trained without a GradScaler",
     "autocast_fp16": "`torch.autocast(\"cpu\", float16)` training without a GradScaler",
     "hf_trainer": "`transformers.Trainer.train()` in the cell (accumulation, evaluation)",
+    "lightning": "Lightning `trainer.fit` in the cell (`training_step` calls submodules)",
     "ddp": "DDP on 2 gloo processes (`%%nndebug --distributed`)",
     "every": "`--every 3` (sampled steps)",
     "continue": "`--continue run1` across two cells",

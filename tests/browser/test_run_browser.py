@@ -2,7 +2,8 @@
 two ``SpoolDebug`` blocks with RANK=0/1: no processes needed here; NaN planted on rank 1 at step 3,
 one parameter changed on rank 1, a layer with a hostile name) shows the rank selector on rank 1, the
 first-NaN card with rank/step/module, the spread column; choosing rank 0 fetches that rank's table
-from the kernel and redraws it (values equal the kernel's ``run.ranks[0]``)."""
+from the kernel and redraws it (values equal the kernel's ``run.ranks[0]``); its step slider moves the
+spread column to that step (min … max of the ranks' series there) and to the whole run, without a request."""
 
 from __future__ import annotations
 
@@ -60,6 +61,23 @@ SHOW_CELL = "w = run.widget()\nw"
 MEAN = re.compile(r"mean (\S+) ±")
 
 
+SPREAD_TEXT = """(name) => {
+    for (const r of document.querySelectorAll('.nbdebug-run .nbdebug-thermometer .nbd-row')) {
+        const first = r.querySelector('.nbd-name')?.firstChild;
+        if (first && first.textContent === name) return r.querySelector('.nbd-spread-cell')?.textContent ?? null;
+    }
+    return null;
+}"""
+
+
+def spread_cell(page, row: str) -> tuple[float, float]:
+    """The spread column's ``lo … hi`` (or one value) of the row named ``row``."""
+    text = page.evaluate(SPREAD_TEXT, row)
+    assert text, row
+    parts = [float(x) for x in text.split(" … ")]
+    return parts[0], parts[-1]
+
+
 def row_mean(widget, i: int) -> float:
     title = widget.locator(f'.nbdebug-thermometer .nbd-row[data-row="{i}"] .nbd-therm').get_attribute("title") or ""
     m = MEAN.search(title)
@@ -108,3 +126,24 @@ def test_run_view_lab(page, lab) -> None:
     assert widget.locator(".nbd-row .nbd-spread-cell").count() == 5
     run_code_and_wait_text(page, "print('rank=' + str(w.rank), 'err=' + repr(w.js_error))", "rank=0 err=''")
     screenshot(page, "run-lab", widget)
+
+    # rank 0's step slider: the spread column follows it (step 2: min … max of the ranks' series at
+    # step 2), then "whole run" (the ranks' merged rows), from the spread trait already in the browser
+    # (rank 1's merged row 3 is NaN from step 3 on: the spread is over the ranks with a finite value)
+    ref = kernel_json(page, "(lambda fin: {'s2': [fin(r.series(n, 'mean')[1] for r in run.ranks) for n in ('0', '3')], "
+                            "'whole': [fin(r[n].stats['mean'] for r in run.ranks) for n in ('0', '3')]})"
+                            "(lambda xs: sorted(float(x) for x in xs if x == x))")
+    widget.locator(".nbdebug-thermometer input.nbd-slider").fill("1")
+    widget.locator(".nbd-step-label", has_text="step 2 of 4").wait_for()
+    for i, row in enumerate(("0", "3")):
+        lo, hi = spread_cell(page, row)
+        assert (lo, hi) == (pytest.approx(ref["s2"][i][0], rel=5e-3), pytest.approx(ref["s2"][i][-1], rel=5e-3)), row
+    assert ref["s2"][0][0] != pytest.approx(ref["whole"][0][0], rel=5e-3)
+    widget.locator(".nbdebug-thermometer .nbd-whole").click()
+    widget.locator(".nbd-step-label", has_text="whole run").wait_for()
+    for i, row in enumerate(("0", "3")):
+        lo, hi = spread_cell(page, row)
+        assert (lo, hi) == (pytest.approx(ref["whole"][i][0], rel=5e-3), pytest.approx(ref["whole"][i][-1], rel=5e-3)), row
+    title = widget.locator(".nbd-h-spread").get_attribute("title") or ""
+    assert "over the whole run" in title
+    assert kernel_json(page, "w.js_error") == ""

@@ -41,7 +41,7 @@ SPREAD_FIELDS: tuple[str, ...] = ("mean", "std", "max", "grad_norm", "param_grad
 #: the static fallback stays under this many bytes (rows beyond it are left out, and it says so)
 FALLBACK_BYTES = 200_000
 #: bytes of per-step spread (``step_lo`` + ``step_hi``) sent up front; more kept steps: evenly spaced ones
-SPREAD_STEP_BYTES = 2 * 2**20
+SPREAD_STEP_BYTES = 2**20
 
 
 def _flatten(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

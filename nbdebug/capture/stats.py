@@ -6,6 +6,10 @@ through min/max, so the exact NaN/Inf counts are only computed when min or max i
 the CPU that check is a plain memory read; on accelerators the counts are always computed on the
 device (cheap there) so that nothing waits for the host.
 
+On the host path, float32 CPU tensors take the fused native kernel instead (:mod:`.native`: one pass
+for every field and the dead-unit mask; the torch/numpy path of :mod:`.hoststats` when it is off or
+unavailable, with the same fields).
+
 A raw stat vector is laid out as :data:`FIELDS` (a float64 numpy row on the CPU, a
 :class:`DeviceStats` pair of float32/int64 tensors elsewhere — never float64 on the device);
 :func:`to_host_rows` brings many over at once and :func:`summarize` turns them into means, stds and

@@ -217,3 +217,39 @@ def test_lightning_fit(shell: Any, record_property: Any) -> None:
     np.testing.assert_allclose(run.series("encoder.2", "mean"), ref.enc_means, rtol=1e-5, atol=1e-7)
     assert np.isfinite(run.series("decoder.2", "update_ratio")).all()
     shell.user_ns["_nndebug_widget"].close()
+
+
+def test_eval_loop(record_property: Any) -> None:
+    """An evaluation cell: ``model.eval()`` and a loop over batches under ``torch.no_grad()`` (no
+    training in the cell): each forward is a step of the history, each step's row means equal that
+    batch's own (plain hooks on a copy), the outputs and the model as without nbdebug."""
+    import copy
+
+    import numpy as np
+    import torch
+
+    import nbdebug
+    from nbdebug.capture import fingerprint, hook_count, same_fingerprint
+
+    from . import models as M
+    from .usercode import reference_activations
+
+    record_property("cell", ("eval_loop", "thermometer"))
+    model = M.tiny_cnn().eval()
+    g = torch.Generator().manual_seed(4)
+    xs = [torch.randn(*M.IMAGE_SHAPE, generator=g) for _ in range(5)]
+    ref = copy.deepcopy(model)
+    acts = [reference_activations(ref, lambda m, x=x: m(x)) for x in xs]
+    with torch.no_grad():
+        want = [ref(x) for x in xs]
+    with nbdebug.debug(model, view="thermometer") as dbg, torch.no_grad():
+        outs = [model(x) for x in xs]
+    assert all(torch.equal(a, b) for a, b in zip(outs, want)), "the cell's outputs changed"
+    res = dbg.result
+    assert [r.name for r in res.layers] == M.CNN_ROWS
+    assert res.steps == len(xs) and res.step_index.tolist() == list(range(1, len(xs) + 1)) and res.eval_steps == 0
+    for row in M.CNN_ROWS:
+        np.testing.assert_allclose(res.series(row, "mean"), [float(a[row].mean()) for a in acts], rtol=1e-5, atol=1e-7, err_msg=row)
+    assert hook_count(model) == 0 and same_fingerprint(fingerprint(ref), fingerprint(model)) == []
+    for w in dbg.widgets():
+        w.close()

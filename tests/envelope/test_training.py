@@ -84,9 +84,10 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
         T.compiled(ref)
     ref_scaler = torch.amp.GradScaler("cpu") if spec.scaler else None
     # --break-on stops inside step NAN_AT's forward: the reference stops at the same point
-    ref_batches = batches[: T.NAN_AT - 1] if spec.nan_at else batches
+    breaks = bool(spec.nan_at and spec.options.get("break_on"))
+    ref_batches = batches[: T.NAN_AT - 1] if breaks else batches
     meas = T.reference(mode, ref, ref_opt, ref_batches, ref_scaler)
-    if spec.nan_at:
+    if breaks:
         ref_opt.zero_grad()
     hooks_before = hook_count(model)
     rng = torch.get_rng_state()
@@ -135,8 +136,10 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
             else:
                 assert math.isnan(got[k - 1]), (row, got[k - 1])
         assert sorted(r for r, v in meas.stats.items() if len(v) >= k) == ["bn", "conv1", "conv2", "relu"]
-    elif spec.nan_at:
+    elif breaks:
         check_break(raised, res, model, meas)
+    elif spec.nan_at:
+        check_anomaly(raised, res, meas)
     elif spec.options.get("step_on") == "optimizer":  # a step = one optimizer step: its micro-batches merge
         assert raised is None, raised
         k = n // spec.accum
@@ -198,7 +201,7 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
         assert not [f for f in rep.flags if "exploding" in f], rep.summary
         ok = [k for k, s in enumerate(res.step_index.tolist()) if s not in meas.skipped]
         assert (res.series("2", "param_grad_norm")[ok] < 1e2).all(), res.series("2", "param_grad_norm")
-    if spec.nan_at:  # the forward of step NAN_AT raised before its loss existed: unknown, not step NAN_AT-1's
+    if breaks:  # the forward of step NAN_AT raised before its loss existed: unknown, not step NAN_AT-1's
         loss = res.series("loss")
         assert math.isnan(loss[T.NAN_AT - 1]), f"step {T.NAN_AT} shows a loss of {loss[T.NAN_AT - 1]} (step {T.NAN_AT - 1}'s)"
 
@@ -217,6 +220,19 @@ def check_break(raised: BaseException | None, res: Any, model: torch.nn.Module, 
     assert res.first_nonfinite_step == T.NAN_AT
     np.testing.assert_allclose(res.series("conv1", "mean")[: len(kept)], [meas.stats["conv1"][s - 1][0] for s in kept], rtol=1e-5)
     np.testing.assert_allclose(res.series("loss")[: len(kept)], meas.loss[: len(kept)], rtol=1e-6)
+
+
+def check_anomaly(raised: BaseException | None, res: Any, meas: T.Measured) -> None:
+    """``torch.autograd.detect_anomaly()`` and an overflow at step NAN_AT: anomaly mode's own error
+    (raised in step NAN_AT's backward) comes out unchanged, steps 1..NAN_AT are recorded (the earlier
+    ones equal to the reference's), and the first non-finite value is step NAN_AT's forward in conv1."""
+    assert type(raised) is RuntimeError and type(meas.raised) is RuntimeError and str(raised) == str(meas.raised), (raised, meas.raised)
+    assert "nan" in str(raised).lower(), raised
+    assert res.steps == T.NAN_AT and res.step_index.tolist() == list(range(1, T.NAN_AT + 1)), res.step_index
+    for row, per_step in meas.stats.items():
+        np.testing.assert_allclose(res.series(row, "mean")[: T.NAN_AT - 1], [m for m, _ in per_step[: T.NAN_AT - 1]], rtol=1e-5, atol=1e-7, err_msg=row)
+    assert (res.first_nonfinite_step, res.first_nonfinite_phase) == (T.NAN_AT, "forward"), (res.first_nonfinite_step, res.first_nonfinite_phase)
+    assert res.incident is not None and res.incident.module == "conv1", res.incident
 
 
 def test_continue_across_two_cells(shell, record_property) -> None:  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ before the step); the history under nbdebug must equal those measurements step b
 from __future__ import annotations
 
 import copy
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ class Loop:
     autocast: torch.dtype | None = None  # the forward under torch.autocast("cpu", dtype) (set by scaler: bfloat16)
     dtype: torch.dtype | None = None  # the model and its batches in this dtype (pure half-precision training)
     compiled: bool = False  # the loop calls torch.compile(model, backend="eager"), compiled before the cell
+    anomaly: bool = False  # the loop runs under torch.autograd.detect_anomaly() (users hunting a NaN)
     accum: int = 1  # micro-batches per optimizer step
     interrupt_at: int | None = None
     interrupt_in_forward: int | None = None  # the model's own forward raises KeyboardInterrupt after conv2 at this step
@@ -70,6 +72,8 @@ MODES: dict[str, Loop] = {
     "train_fp16": Loop(dtype=torch.float16),
     "autocast_fp16": Loop(autocast=torch.float16),
     "compiled_loop": Loop(compiled=True),
+    "anomaly": Loop(anomaly=True),
+    "anomaly_nan": Loop(anomaly=True, nan_at=NAN_AT),  # anomaly mode's RuntimeError in step NAN_AT's backward
 }
 
 
@@ -128,6 +132,16 @@ def loop(mode: str, model: nn.Module, opt: torch.optim.Optimizer, batches: list[
          ns: dict[str, Any], scaler: Any = None) -> list[torch.Tensor]:
     """The cell body: the user's training loop. ``ns["loss"]`` holds the step's loss (``--loss loss``)."""
     spec = MODES[mode]
+    if not spec.anomaly:
+        return _steps(spec, model, opt, batches, ns, scaler)
+    with warnings.catch_warnings():  # "Anomaly Detection has been enabled. This mode will increase the runtime"
+        warnings.simplefilter("ignore", UserWarning)
+        with torch.autograd.detect_anomaly():
+            return _steps(spec, model, opt, batches, ns, scaler)
+
+
+def _steps(spec: Loop, model: nn.Module, opt: torch.optim.Optimizer, batches: list[tuple[torch.Tensor, torch.Tensor]],
+           ns: dict[str, Any], scaler: Any) -> list[torch.Tensor]:
     outs = []
     for s, (x, y) in enumerate(batches, 1):
         if (s - 1) % spec.accum == 0:

@@ -13,12 +13,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .stats import SATURATING, Raw, merge_raw, tensor_stats
+from .stats import IDX, SATURATING, Raw, merge_raw, tensor_stats
 
 if TYPE_CHECKING:
     from .session import Capture
 
 __all__: list[str] = []  # private to the capture package
+
+_ndarray = np.ndarray
+_NAN, _INF = IDX["nan"], IDX["inf"]
 
 
 class _Row:
@@ -97,6 +100,8 @@ class _Call:
             stats = last[5].copy() if isinstance(last[5], np.ndarray) else last[5].clone()
         else:
             stats = tensor_stats(g, on_device=cap.device_path)
+            if type(stats) is not _ndarray or stats[_NAN] + stats[_INF] > 0:
+                cap._maybe_bad = True  # the step's close looks for the first non-finite gradient
             if g.is_contiguous() and g.numel() and not g.is_inference():
                 cap._last_grad = (weakref.ref(g), g.data_ptr(), g.numel(), g.dtype, g._version, stats)
         if self.closed:  # a delayed backward: folded with the next step (History.update)

@@ -82,8 +82,8 @@ class Layout:
     each call), calls per row, each row's first call, the saturating and unit rows, where each
     module's first row sits (parameter-gradient norms, parameter norms and update ratios go there)."""
 
-    __slots__ = ("committed", "counts", "first_idx", "hids", "ids", "inv", "inv_a", "key", "mod_pos", "pos_cache",
-                 "rows", "sat", "span", "unique", "unit_rows")
+    __slots__ = ("committed", "counts", "first_idx", "grad_init", "hids", "ids", "inv", "inv_a", "key", "mod_pos",
+                 "pos_cache", "rows", "sat", "span", "unique", "unit_rows")
 
     def __init__(self, key: list[_Row], first_row: dict[str, _Row]) -> None:
         self.key = key
@@ -111,6 +111,7 @@ class Layout:
         self.mod_pos = {m: pos[fr.id] for m, fr in first_row.items() if fr.id in pos}
         self.hids: np.ndarray | None = None
         self.committed = False  # every row has been committed once (none is new)
+        self.grad_init = False  # every row's gradient accumulator has started (see accumulate_step)
         self.pos_cache: dict[Any, tuple[np.ndarray, np.ndarray]] = {}  # module-name keys → (positions, which keys)
 
     def history_ids(self) -> np.ndarray:
@@ -176,41 +177,51 @@ _V_GRAD_RUN = _V_GRAD_COLS == list(range(_V_GRAD_LO, _V_GRAD_LO + 7)) and _V_GRA
 _SAT = _FI["saturated_frac"]
 
 
-def stat_values(raw: np.ndarray, grad: np.ndarray, sat: list[int], with_grad: bool | None = None) -> np.ndarray:
-    """History values of a step's rows: output stats (and saturation of the ``sat`` rows) from ``raw``,
-    gradient stats from ``grad`` (NaN rows: none), like :func:`~nbdebug.capture.stats.summarize`, with
-    one numpy op per field over all rows."""
-    n = raw.shape[0]
+def step_values(rg: np.ndarray, sat: list[int], with_grad: bool) -> np.ndarray:
+    """History values of a step's rows from their ``[rows, 2 × N_FIELDS]`` raw stats (outputs', then
+    gradients'; NaN: no gradient): output stats and the saturation of the ``sat`` rows, gradient
+    stats, like :func:`~nbdebug.capture.stats.summarize`, with one numpy op per field over all rows."""
+    n = rg.shape[0]
     vals = np.full((n, _F), np.nan, np.float32)
-    if with_grad is None:
-        with_grad = not np.isnan(grad[:, 0]).all()
-    both = np.concatenate([raw, grad]) if with_grad else raw
-    out = np.empty((both.shape[0], 9))
+    both = rg.reshape(2 * n, N_FIELDS) if with_grad else rg[:, :N_FIELDS]  # rows: out 0, grad 0, out 1, …
+    out = np.empty((both.shape[0], N_FIELDS))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         cnt = both[:, 0]
-        safe = np.where(cnt > 0, cnt, np.nan)
-        mean = np.divide(both[:, 1], safe, out=out[:, 0])
-        var = np.maximum(both[:, 2] / safe - mean * mean, 0.0)
-        np.sqrt(np.where(cnt > 1, var * cnt / np.maximum(cnt - 1, 1), np.nan), out=out[:, 1])
+        if cnt.min() > 1:  # every row has 2+ values (NaN rows, no gradient, fail this: the general path)
+            mean = np.divide(both[:, 1], cnt, out=out[:, 0])
+            var = np.maximum(both[:, 2] / cnt - mean * mean, 0.0)
+            np.sqrt(var * cnt / (cnt - 1), out=out[:, 1])
+            safe = cnt
+        else:
+            safe = np.where(cnt > 0, cnt, np.nan)
+            mean = np.divide(both[:, 1], safe, out=out[:, 0])
+            var = np.maximum(both[:, 2] / safe - mean * mean, 0.0)
+            np.sqrt(np.where(cnt > 1, var * cnt / np.maximum(cnt - 1, 1), np.nan), out=out[:, 1])
         out[:, 2:4] = both[:, 3:5]
         np.subtract(1.0, both[:, 5] / safe, out=out[:, 4])
         np.sqrt(both[:, 2], out=out[:, 5])
         out[:, 6:8] = both[:, 6:8]
         np.divide(both[:, 8], safe, out=out[:, 8])
+    o = out[0::2] if with_grad else out
     if _V_STAT_RUN:
-        vals[:, _V_STAT_LO : _V_STAT_LO + 8] = out[:n, :8]
+        vals[:, _V_STAT_LO : _V_STAT_LO + 8] = o[:, :8]
     else:
-        vals[:, _V_STAT] = out[:n, :8]
+        vals[:, _V_STAT] = o[:, :8]
     if sat:
-        vals[sat, _SAT] = out[:n, 8][sat]
+        vals[sat, _SAT] = o[sat, 8]
     if with_grad:
+        g = out[1::2]
         if _V_GRAD_RUN:
-            g = out[n:]
             vals[:, _V_GRAD_LO : _V_GRAD_LO + 4] = g[:, :4]
             vals[:, _V_GRAD_LO + 4 : _V_GRAD_LO + 7] = g[:, 5:8]
         else:
-            vals[:, _V_GRAD_COLS] = out[n:, _V_GRAD_SRC]
+            vals[:, _V_GRAD_COLS] = g[:, _V_GRAD_SRC]
     return vals
+
+
+def stat_values(raw: np.ndarray, grad: np.ndarray, sat: list[int]) -> np.ndarray:
+    """:func:`step_values` from separate ``[rows, N_FIELDS]`` output and gradient raw stats."""
+    return step_values(np.concatenate([raw, grad], axis=1), sat, not np.isnan(grad[:, 0]).all())
 
 
 def _or(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
@@ -247,22 +258,51 @@ def _backward_origin(calls: list[Any], grads: np.ndarray) -> tuple[Any, Any] | N
 
 
 def _ensure_run(cap: Capture) -> None:
-    """Whole-run accumulators sized for every row so far: raw and gradient sums/min/max, calls, units."""
+    """Whole-run accumulators sized for every row so far: raw and gradient sums/min/max side by side in
+    ``cap.run_rg`` (``cap.run_raw``/``cap.run_grad`` are its two halves), calls, units."""
     n = len(cap._rows)
     have = cap.run_raw.shape[0]
     if n > have:
         size = max(n, 2 * have, 16)
-        raw = np.zeros((size, N_FIELDS))
-        raw[:, _MN], raw[:, _MX] = np.inf, -np.inf
-        grad = np.full((size, N_FIELDS), np.nan)
-        raw[:have], grad[:have] = cap.run_raw, cap.run_grad
+        rg = np.zeros((size, 2 * N_FIELDS))
+        rg[:, _MN], rg[:, _MX] = np.inf, -np.inf
+        rg[:, N_FIELDS:] = np.nan
+        rg[:have, :N_FIELDS], rg[:have, N_FIELDS:] = cap.run_raw, cap.run_grad
         calls = np.zeros(size, np.int64)
         calls[:have] = cap.run_calls
-        cap.run_raw, cap.run_grad, cap.run_calls = raw, grad, calls
+        cap.run_rg, cap.run_raw, cap.run_grad, cap.run_calls = rg, rg[:, :N_FIELDS], rg[:, N_FIELDS:], calls
     if cap.run_units.shape[0] != cap.run_raw.shape[0] or cap.units_known != n:
         units = np.zeros(cap.run_raw.shape[0], bool)
         units[:n] = [r.units > 0 for r in cap._rows]
         cap.run_units, cap.units_known = units, n
+
+
+def accumulate_step(cap: Capture, lay: Layout, at: np.ndarray | slice, rg: np.ndarray, has_grad: bool) -> None:
+    """Fold a step's merged ``[rows, 2 × N_FIELDS]`` stats into the run accumulators (rows ``at``):
+    exactly :func:`_accumulate` on each half (gradients only for rows that have some). When every row
+    has gradients, they have had some before (no fresh accumulator) and no min is NaN, the two halves
+    are one in-place update of a slice."""
+    if isinstance(at, slice) and has_grad and lay.grad_init:
+        with np.errstate(invalid="ignore", over="ignore"):
+            mins, maxs = rg[:, _MN :: N_FIELDS], rg[:, _MX :: N_FIELDS]
+            if not np.isnan(mins + maxs).any():  # a NaN min or max (NaN values, an empty tensor): the exact path
+                cur = cap.run_rg[at]
+                mn = np.fmin(cur[:, _MN :: N_FIELDS], mins)
+                mx = np.fmax(cur[:, _MX :: N_FIELDS], maxs)
+                cur += rg
+                cur[:, _MN :: N_FIELDS], cur[:, _MX :: N_FIELDS] = mn, mx
+                return
+    _accumulate(cap.run_raw, at, rg[:, :N_FIELDS])
+    if not has_grad:
+        return
+    grad = rg[:, N_FIELDS:]
+    has_g = ~np.isnan(grad[:, 0])
+    if has_g.all():
+        _accumulate(cap.run_grad, at, grad)
+        lay.grad_init = True  # every row's gradient accumulator has started: none is fresh from now on
+    elif has_g.any():
+        ids = lay.ids if isinstance(at, slice) else at
+        _accumulate(cap.run_grad, ids[has_g], grad[has_g])
 
 
 def _accumulate(run: np.ndarray, ids: np.ndarray | slice, raw: np.ndarray) -> None:

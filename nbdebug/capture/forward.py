@@ -62,6 +62,7 @@ class _Forward:
     _budget_exceeded: bool
     _truncated: bool
     _layout: Any
+    _maybe_bad: bool
     _hot: Any
     _hot_call: _Call | None
     _broke: bool
@@ -205,6 +206,8 @@ class _Forward:
                 row.units = t.shape[1]
                 cap._layout = None
             check = on_device or type(raw) is not ndarray or raw[_NAN] + raw[_INF] > 0
+            if check:
+                cap._maybe_bad = True
             starts.append([call])
             if not kwargs and len(inputs) == 1 and type(x := inputs[0]) is Tensor and not check:
                 if x.is_floating_point():
@@ -270,6 +273,8 @@ class _Forward:
             new.append((call, t))
         if not new:
             return
+        if check:
+            self._maybe_bad = True
         starts.append([c for c, _ in new])
         first = new[0][0]
         self._link_inputs(inputs, kwargs, first, check)

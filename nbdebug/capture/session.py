@@ -142,8 +142,10 @@ class Capture(_Passes, _Forward, _ParamGrads):
         self.watch: Any = None  # OptimizerWatch while entered
         self._rows: list[_Row] = []
         self._row_of: dict[str, _Row] = {}
-        self.run_raw = np.zeros((0, N_FIELDS))  # whole-run accumulators per row id (see assemble.commit)
-        self.run_grad = np.zeros((0, N_FIELDS))
+        # whole-run accumulators per row id (see fold.accumulate_step): outputs' and gradients' raw stats
+        # side by side in run_rg, run_raw / run_grad its two halves
+        self.run_rg = np.zeros((0, 2 * N_FIELDS))
+        self.run_raw, self.run_grad = self.run_rg[:, :N_FIELDS], self.run_rg[:, N_FIELDS:]
         self.run_calls = np.zeros(0, np.int64)
         self.run_units = np.zeros(0, bool)
         self.units_known = 0  # rows whose ``units`` are in run_units
@@ -187,6 +189,7 @@ class Capture(_Passes, _Forward, _ParamGrads):
         self._grad_snapshot: dict[int, tuple[int, int | None]] = {}
         self._pg_map: tuple[tuple[int, ...], Any] | None = None  # the last parameter list's owners (paramgrads)
         self._layout: Any = None  # the last step's fold.Layout (rows of its calls, in order)
+        self._maybe_bad = False  # a hook of the open step saw a NaN/Inf count (or stats it cannot read on the host)
         self._t0 = 0.0
         self._error: ErrorSite | None = None
         self._raised: str | None = None
@@ -227,6 +230,7 @@ class Capture(_Passes, _Forward, _ParamGrads):
             self._last_grad = None
             self._pg_norms = None
             self._hot, self._hot_call = None, None
+            self._maybe_bad = False
 
     def _remove_tensor_hooks(self) -> None:
         handles, self._tensor_handles = self._tensor_handles, []

@@ -31,9 +31,10 @@ from .fold import (
     _merge2,
     _or,
     _unscale,
+    accumulate_step,
     merge_calls,
     merge_grads,
-    stat_values,
+    step_values,
 )
 from .history import FIELD_INDEX, HISTORY_FIELDS
 from .incidents import Incident, forward_incident, step_incidents
@@ -64,8 +65,8 @@ class _StepData:
 
     calls: list[Any]
     rows: list[Any]  # _Row of each merged step row
-    raw: np.ndarray  # [n, N_FIELDS] merged per row
-    grad: np.ndarray  # [n, N_FIELDS] (NaN rows: no gradient)
+    rg: np.ndarray  # [n, 2 × N_FIELDS] merged per row: outputs' raw stats, then gradients' (NaN: no gradient)
+    has_grad: bool  # some row has gradient stats
     values: np.ndarray  # [n, F] float32 for the history
     alive: list[np.ndarray | None]  # per row: units non-zero in some call of the step (None: all / n.a.)
     counts: np.ndarray  # calls per row
@@ -150,24 +151,28 @@ def close_step(cap: Capture) -> None:
     if not calls:
         return
     scale = _scale_of(h_scale)
-    raws = np.array(h_raw, dtype=np.float64)
+    # outputs' and gradients' raw stats side by side: [calls, 2 × N_FIELDS] (one array for the whole fold)
+    both = np.empty((n, 2 * N_FIELDS))
+    both[:, :N_FIELDS] = h_raw
     n_grad = n - sum(1 for g in h_grad if g is None)
     if n_grad == n:
-        grads = np.array(h_grad, dtype=np.float64)
+        both[:, N_FIELDS:] = h_grad
     else:
-        grads = np.full((n, N_FIELDS), np.nan)
+        both[:, N_FIELDS:] = np.nan
         if n_grad:
             for j, g in enumerate(h_grad):
                 if g is not None:
-                    grads[j] = g
+                    both[j, N_FIELDS:] = g
+    raws, grads = both[:, :N_FIELDS], both[:, N_FIELDS:]
     if scale is not None:
         _unscale(grads, scale)
     lay = _layout(cap, calls)
     rows = lay.rows
-    raw, grad = merge_calls(lay, raws), merge_grads(lay, grads)
     if lay.unique:
+        rg = both
         alive, first_call = h_alive, calls
     else:
+        rg = np.concatenate([merge_calls(lay, raws), merge_grads(lay, grads)], axis=1)
         nr = len(rows)
         alive = [None] * nr
         first_call = [calls[j] for j in lay.first_idx]
@@ -177,7 +182,7 @@ def close_step(cap: Capture) -> None:
                 seen[r], alive[r] = True, h_alive[j]
             else:
                 alive[r] = _or(alive[r], h_alive[j])
-    values = stat_values(raw, grad, lay.sat, n_grad > 0)
+    values = step_values(rg, lay.sat, n_grad > 0)
     for r, units in lay.unit_rows:
         a = alive[r]
         values[r, _DEAD] = 0.0 if a is None else ((a.size - int(np.count_nonzero(a))) / a.size if a.size == units else math.nan)
@@ -218,11 +223,13 @@ def close_step(cap: Capture) -> None:
             if m:
                 checks_bad[id(c)] = not all(np.isfinite(x).all() for x in h_checks[k : k + m])
                 k += m
-    data = _StepData(calls, rows, raw, grad, values, alive, lay.counts, first_call, checks_bad,
+    data = _StepData(calls, rows, rg, n_grad > 0, values, alive, lay.counts, first_call, checks_bad,
                      {"loss": loss, "lr": lr_of.get("", math.nan), "skipped": 1.0 if skipped else 0.0}, skipped,
                      {m: v for m, v in lr_of.items() if m}, lay)
-    # the step's non-finite check, in phase order (counts are never negative: any > 0 ⇔ their sum > 0)
-    if (raws[:, _NAN : _INF + 1] > 0).any():
+    # the step's non-finite check, in phase order (counts are never negative: any > 0 ⇔ their sum > 0);
+    # on the CPU path the hooks flagged a step with any NaN/Inf count (else nothing to look for)
+    suspect = cap.device_path or cap._maybe_bad
+    if suspect and (raws[:, _NAN : _INF + 1] > 0).any():
         j = int(np.flatnonzero(raws[:, _NAN] + raws[:, _INF] > 0)[0])
         c = calls[j]
         what = "NaN" if raws[j, _NAN] > 0 else "Inf"
@@ -231,7 +238,7 @@ def close_step(cap: Capture) -> None:
             data.fwd_incident = cap._hot
         elif c.held is not None:
             data.fwd_incident = forward_incident(cap, c, *c.held)
-    if not skipped and n_grad and (grads[:, _NAN : _INF + 1] > 0).any():
+    if suspect and not skipped and n_grad and (grads[:, _NAN : _INF + 1] > 0).any():
         data.bwd = _backward_origin(calls, grads)
     if not skipped and pg_bad:
         data.pg = min(pg_bad, key=lambda m: cap.first_row[m].id if m in cap.first_row else 1 << 30)
@@ -345,7 +352,7 @@ def commit(cap: Capture, data: _StepData) -> None:
     rows, ids = data.rows, lay.ids
     at = ids if lay.span is None else lay.span
     _ensure_run(cap)
-    run, calls = cap.run_raw, cap.run_calls
+    calls = cap.run_calls
     old: np.ndarray | None = None  # rows seen in an earlier step (None: all of them)
     if not lay.committed:
         seen = calls[ids]
@@ -359,18 +366,15 @@ def commit(cap: Capture, data: _StepData) -> None:
             row.alive = data.alive[r]
         old = seen > 0
         lay.committed = True
-    _accumulate(run, at, data.raw)
-    has_g = ~np.isnan(data.grad[:, 0])
-    if has_g.all():
-        _accumulate(cap.run_grad, at, data.grad)
-    elif has_g.any():
-        _accumulate(cap.run_grad, ids[has_g], data.grad[has_g])
+    accumulate_step(cap, lay, at, data.rg, data.has_grad)
     calls[at] += data.counts
     units = cap.run_units
     for r, _ in lay.unit_rows:
         row = rows[r]
-        if (old is None or old[r]) and units[row.id]:
-            row.alive = _or(row.alive, data.alive[r])
+        if (old is None or old[r]) and units[row.id] and row.alive is not None:
+            # None is "every unit alive so far": a mask that became all-true is dropped (no more merging)
+            a = _or(row.alive, data.alive[r])
+            row.alive = None if a is None or a.all() else a
     if data.skipped:
         cap.skipped.append(step)
     if data.lrs:

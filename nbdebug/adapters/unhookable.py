@@ -27,11 +27,11 @@ def _exported_graph(model: nn.Module) -> bool:
 def unhookable_reason(model: nn.Module) -> str | None:
     """None for a model whose layers hooks can see; otherwise the one line a view shows instead."""
     if isinstance(model, torch.jit.ScriptModule):
-        return (f"{type(model).__name__} is a TorchScript module: hooks cannot see inside it; "
-                "debug the Python model it was traced or scripted from")
+        return (f"{type(model).__name__} is a TorchScript module: hooks cannot see inside it "
+                "(debug the Python model it was traced or scripted from)")
     if _exported_graph(model):
         return ("the model is a graph exported by torch.export: its layers are not called as modules, so hooks "
-                "cannot see them; debug the Python model it was exported from")
+                "cannot see them (debug the Python model it was exported from)")
     return None
 
 

@@ -180,7 +180,7 @@ describe("grouped view over time", () => {
     expect(d.stripValue(0, "severity")).toBe(2);
   });
 
-  it("the position follows the thermometer's step trait; while running, the payload as sent", () => {
+  it("the position follows the thermometer's step trait; while running, the last slot or the slider's", () => {
     const store = new HistoryStore();
     store.applyTrait(historyTrait());
     const model = thermometerModel();
@@ -190,7 +190,54 @@ describe("grouped view over time", () => {
     model.set("step", -1);
     expect(groupPosition(model, store)).toEqual({ kind: "whole" });
     model.set("running", true);
-    expect(groupPosition(model, store)).toEqual({ kind: "payload" });
+    expect(groupPosition(model, store)).toEqual({ kind: "slot", slot: 2 }); // no merged rows yet
+    model.set("step", 2);
+    expect(groupPosition(model, store)).toEqual({ kind: "slot", slot: 1 });
+    expect(groupPosition(model, new HistoryStore())).toEqual({ kind: "payload" });
+    model.set("running", false);
+    expect(groupPosition(model, new HistoryStore())).toEqual({ kind: "payload" });
+  });
+
+  it("while the cell runs: the live tree (groups_live, no values) filled from the pushed history slots", async () => {
+    const live: any = groupsPayload();
+    const nan = (w: { shape: number[] }) => wire("float32", Array(w.shape.reduce((a, b) => a * b, 1)).fill(NaN), w.shape);
+    Object.assign(live, { values: nan(live.values), strip: nan(live.strip), step: null, live: true, flag_codes: [], residual_growth: nan(live.residual_growth) });
+    live.row_flags = wire("uint32", NAMES.map(() => 0));
+    live.block_flags = wire("uint32", [0, 0, 0]);
+    live.group_flags = wire("uint32", [0]);
+    live.residual = { group: 0, d: 4, largest_jump: null, first_nonfinite: null, notes: [] };
+    for (const k of ["hist_steps", "hist_stats", "hist_blocks", "hist_strip"]) delete live[k];
+    const model = thermometerModel();
+    for (const [k, v] of Object.entries({ running: true, history: {}, layers: [], groups: live, group_stat: "std" })) model.set(k, v);
+    const el = mount(widget.render, model);
+    const h = historyTrait();
+    const msg = (steps: number[], from: number) => {
+      const buffers = [new Int32Array(steps).buffer, new Float32Array(steps.flatMap((s) => NAMES.flatMap((_, r) => val(s, r)))).buffer, new Uint16Array(steps.flatMap((s) => NAMES.map((_, r) => flagAt(s, r)))).buffer];
+      const content = {
+        type: "history", from, reset: from === 0, fields: HIST_FIELDS, rows: from === 0 ? h.rows : undefined, flag_bits: BITS, total_steps: steps[steps.length - 1], first_nonfinite_step: 0, group: 1,
+        arrays: { steps: { dtype: "int32", shape: [steps.length], buffer: 0 }, last: { dtype: "float32", shape: [steps.length, NAMES.length, HIST_FIELDS.length], buffer: 1 }, flags: { dtype: "uint16", shape: [steps.length, NAMES.length], buffer: 2 } },
+      };
+      model.emit("msg:custom", content, buffers);
+    };
+    msg([1, 2], 0);
+    await tick();
+    const panel = el.querySelector<HTMLElement>(".nbd-groups-panel")!;
+    expect(panel.style.display).toBe("");
+    expect(cellTitles(el)).toEqual(["layers.0: mean std 1.5", "layers.1: mean std 3", "layers.2: mean std 4.5"]); // step 2, the last so far
+    expect(panel.querySelector(".nbd-group-count")!.textContent).toBe("11 rows, 1 group of repeated blocks (values and flags at step 2)");
+    expect(panel.querySelector(".nbd-grp .nbd-gflags")!.textContent).toBe("dead");
+    msg([3], 2);
+    await tick();
+    expect(cellTitles(el)[1]).toBe("layers.1: mean std 4.5"); // follows the live step
+    await slide(el, 0); // the slider while the kernel is busy: step 1, from the pushed slots
+    expect(model.get("step")).toBe(1);
+    expect(cellTitles(el)).toEqual(["layers.0: mean std 0.75", "layers.1: mean std 1.5", "layers.2: mean std 2.25"]);
+    const sel = panel.querySelector<HTMLSelectElement>(".nbd-group-stat")!;
+    sel.value = "residual";
+    sel.dispatchEvent(new Event("change"));
+    expect(cellTitles(el)[1]).toBe("layers.1: residual stream norm 5.98 (×1.51 vs previous block)"); // residual_history at step 1
+    expect(model.sent).toEqual([]);
+    expect(model.get("js_error")).toBe("");
   });
 
   it("in the thermometer: the slider moves the strips, rows and flags; no request reaches the kernel", async () => {

@@ -20,6 +20,7 @@ Pure computation (numpy only): no torch, no Jupyter.
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections.abc import Sequence
@@ -32,7 +33,8 @@ from ..capture.names import split_call_name
 
 __all__ = [
     "GROUPED_MIN_ROWS", "ROW_FIELDS", "SEVERITY", "STRIP_STATS", "Block", "Group", "GroupTree", "attach_residual",
-    "group_history", "group_report", "group_rows", "groups_payload", "groups_view", "match", "residual_for", "split_module",
+    "group_history", "group_report", "group_rows", "groups_live", "groups_payload", "groups_view", "match", "residual_for",
+    "split_module",
 ]
 
 #: per-row statistics sent to the grouped view (in this order), from the thermometer's table columns
@@ -274,6 +276,34 @@ def groups_view(report: Any, layers: Sequence[Any] | None = None, min_rows: int 
     if history is not None and len(history.step_index) >= 2:
         arrays["hist_steps"], arrays["hist_blocks"], arrays["hist_strip"] = group_history(history, tree)
         meta["hist_stats"] = list(HISTORY_STATS)
+    return meta, arrays
+
+
+def groups_live(rows: Sequence[Any], min_rows: int = GROUPED_MIN_ROWS) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+    """The grouped view of a running cell: :func:`groups_payload` of the tree of ``rows`` (a
+    history's ``row_info``: name, module, type, shape) without values, flags or strips (NaN): the
+    browser fills them from the history it holds, at the step slider's step. The residual stream
+    is attached to the top-level group with the most blocks when their output rows are among
+    ``rows`` (norms per step from the history); meta ``live`` is True. None below ``min_rows`` rows
+    or when no block repeats."""
+    from .residual import block_rows
+
+    if len(rows) < min_rows:
+        return None
+    names = [str(r.get("name")) for r in rows]
+    tree = group_rows(names, modules=[str(r.get("module") or "") for r in rows], types=[str(r.get("type") or "") for r in rows])
+    if not tree.groups:
+        return None
+    top = [g for g in range(len(tree.groups)) if tree.groups[g].parent == -1]
+    if top:
+        g = max(top, key=lambda g: len(tree.groups[g].blocks))
+        outs = block_rows(names, [tree.blocks[b].name for b in tree.groups[g].blocks])
+        shapes = [tuple(rows[names.index(o)].get("shape") or ()) for o in outs if o is not None]
+        if shapes:
+            tree.residual = {"group": g, "d": int(shapes[0][-1]) if shapes[0] else 1, "largest_jump": None,
+                             "first_nonfinite": None, "growth": [math.nan] * len(tree.groups[g].blocks), "notes": []}
+    meta, arrays = groups_payload(tree)
+    meta["step"], meta["live"] = None, True
     return meta, arrays
 
 

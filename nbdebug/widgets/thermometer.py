@@ -33,7 +33,7 @@ import traitlets
 
 from ..capture.history import FIELD_INDEX, History
 from ..capture.session import CaptureResult
-from ..inspectors.groups import groups_view
+from ..inspectors.groups import groups_live, groups_view
 from ..inspectors.history import FLAG_BITS, step_flags
 from ..inspectors.thermometer import COLUMNS, LEGEND, ThermometerReport, Thresholds, diagnose
 from ._base import NBWidget, rpc
@@ -95,7 +95,8 @@ class ThermometerWidget(NBWidget):
     events = traitlets.List().tag(sync=True)
     running = traitlets.Bool(False).tag(sync=True)
     #: rows grouped by the module tree, repeated blocks collapsed (``inspectors.groups.groups_view``;
-    #: {} below 100 rows or when nothing repeats) and the statistic of its strips ("": its default)
+    #: {} below 100 rows or when nothing repeats; while the cell runs, ``groups_live``: the tree of the
+    #: rows so far, values from the history in the browser) and the statistic of its strips ("": its default)
     groups = traitlets.Dict().tag(sync=True)
     group_stat = traitlets.Unicode("").tag(sync=True)
 
@@ -199,6 +200,11 @@ class ThermometerWidget(NBWidget):
         body, buffers = pack_arrays(content, arrays)
         self.send(body, buffers)
         f.token = token
+        if len(history.rows) != f.grouped:  # the grouped view's tree of the rows so far (values: the history)
+            f.grouped = len(history.rows)
+            live = groups_live(history.row_info)
+            if live is not None:
+                self.groups = {**live[0], **{k: encode_array(v) for k, v in live[1].items()}}
         return True
 
     @classmethod
@@ -298,6 +304,7 @@ class _Feed:
     nonfinite: int = 0  # first step with a NaN/Inf seen in what was sent
     incidents: int = 0
     rows: int = 0  # history rows the browser has the names of
+    grouped: int = 0  # history rows the live grouped view's tree was built from
 
 
 def _slot_bytes(rows: int, banded: bool) -> int:

@@ -415,3 +415,66 @@ def test_widget_history_holds_every_grouped_row_for_the_slider():
             assert last[1, rows.index(name), j] == pytest.approx(at2[name].stats["std"], rel=1e-6)
     finally:
         w.close()
+
+
+def _llama_row_info(blocks: int) -> list[dict]:
+    """A Llama capture's history rows (leaves and each block's own output), as History.row_info."""
+    names = llama_names(blocks)
+    info = [{"name": n, "module": n, "type": "Linear" if "proj" in n else "", "shape": (1, 5, 16), "dtype": "float32"}
+            for n in names]
+    at = names.index("model.norm")
+    return info[:at] + [{"name": f"model.layers.{i}", "module": f"model.layers.{i}", "type": "LlamaDecoderLayer",
+                         "shape": (1, 5, 16), "dtype": "float32"} for i in range(blocks)] + info[at:]
+
+
+def test_groups_live_is_the_tree_without_values():
+    """While the cell runs the grouped view gets the tree of the history's rows (values, flags and
+    strips come from the history in the browser): the same groups and blocks as the final payload,
+    NaN values, the residual stream's group and hidden size; None when too few rows or no repeats."""
+    from nbdebug.inspectors.groups import groups_live
+
+    info = _llama_row_info(3)
+    meta, arrays = groups_live(info, min_rows=10)
+    assert meta["live"] is True and meta["step"] is None and meta["flag_codes"] == []
+    full = full_names(meta, arrays)
+    assert [full[i] for i in arrays["group_name"]] == ["model.layers"]
+    assert [full[i] for i in arrays["block_name"]] == [f"model.layers.{i}" for i in range(3)]
+    assert arrays["block_rows"].tolist() == [11, 11, 11]  # 10 leaves and the block's own output
+    assert [full[i] for i in arrays["row_name"]] == [r["name"] for r in info]
+    S = [STRIP_STATS.index(s) for s in ("std", "absmax", "grad_norm", "zero_frac", "residual")]
+    assert np.isnan(arrays["values"]).all() and np.isnan(arrays["strip"][:, S]).all()
+    assert meta["residual"] == {"group": 0, "d": 16, "largest_jump": None, "first_nonfinite": None, "notes": []}
+    assert np.isnan(arrays["residual_growth"]).all() and arrays["residual_growth"].shape == (3,)
+    final = group_rows([r["name"] for r in info], modules=[r["module"] for r in info])
+    assert arrays["row_owner"].tolist() == final.owner.tolist()
+    # leaves only (no block outputs): no residual stream; too few rows or nothing repeated: no view
+    meta, _ = groups_live([r for r in info if r["type"] != "LlamaDecoderLayer"], min_rows=10)
+    assert meta["residual"] is None
+    assert groups_live(info) is None  # 38 rows < GROUPED_MIN_ROWS
+    assert groups_live([{"name": f"fc{i}", "module": f"fc{i}"} for i in range(200)]) is None
+
+
+def test_live_widget_sends_the_grouped_tree_once_per_row_set():
+    """``push_history`` of a running thermometer sets the ``groups`` trait to the live tree when the
+    rows change (not on every push); ``finish`` replaces it with the final payload."""
+    from nbdebug.capture.history import History
+    from nbdebug.widgets.thermometer import ThermometerWidget
+
+    info = _llama_row_info(10)  # 113 rows: grouped
+    names = [r["name"] for r in info]
+    h = History.from_arrays([1, 2], names, {"mean": np.ones((2, len(names))), "std": np.ones((2, len(names)))},
+                            row_info=info)
+    w = ThermometerWidget.waiting()
+    sent: list = []
+    w.send = lambda content, buffers=None: sent.append(content)  # type: ignore[method-assign]
+    try:
+        assert w.groups == {}
+        assert w.push_history(h)
+        g = w.groups
+        assert g["live"] is True and len(g["block_name"]["shape"]) == 1 and g["block_name"]["shape"][0] == 10
+        assert g["residual"]["group"] == 0 and sent[0]["type"] == "history"
+        h.append(3, np.arange(len(names)), np.ones((len(names), len(h.values("last")[0, 0]))))
+        assert w.push_history(h)
+        assert w.groups is g  # same rows: the tree is not sent again
+    finally:
+        w.close()

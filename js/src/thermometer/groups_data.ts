@@ -63,6 +63,8 @@ export class GroupData {
   readonly step: number | null;
   /** Values and flags merged over the whole run (the thermometer's "whole run" choice). */
   readonly whole: boolean = false;
+  /** Values from the history at one kept step (the slider's), not the payload's own. */
+  readonly timed: boolean = false;
   readonly groups: GroupInfo[] = [];
   readonly blocks: BlockInfo[] = [];
   readonly top: Item[] = [];
@@ -140,9 +142,8 @@ export class GroupData {
 
   /** "at step 41" / "over the whole run" when the run has kept steps ("" otherwise). */
   get at(): string {
-    if (this.histSteps.length < 2) return "";
     if (this.whole) return "over the whole run";
-    return this.step !== null ? `at step ${this.step}` : "";
+    return this.step !== null && (this.timed || this.histSteps.length >= 2) ? `at step ${this.step}` : "";
   }
 
   /** Index of the shown step among the blocks' kept steps (the sparklines' cursor; undefined: whole run). */
@@ -173,6 +174,7 @@ export class GroupData {
       strip: p.strip,
       step: p.step,
       whole: p.whole,
+      timed: true,
       residual: p.residual,
       growth: p.growth,
       blocks: this.blocks.map((b, i) => ({ ...b, flags: p.blockFlags[i] })),

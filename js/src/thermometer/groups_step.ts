@@ -14,13 +14,14 @@ import { StatTable, type Layer } from "./rows";
 export type GroupPosition = { kind: "payload" } | { kind: "slot"; slot: number } | { kind: "whole" };
 
 /** The table's position in the thermometer (same rule as its `position()`: the `step` trait, 0 the
- * last kept slot, -1 the whole run; without 2+ kept slots, or while running, the payload as sent). */
+ * last kept slot, -1 the whole run once the merged rows came; a finished run without 2+ kept slots:
+ * the payload as sent). While the cell runs, the payload is the tree alone (`groups_live`). */
 export function groupPosition(model: AnyModel, store: HistoryStore): GroupPosition {
   const n = store.length;
   const running = Boolean(model.get("running"));
-  if (running || n < 2) return { kind: "payload" };
+  if (running ? n < 1 : n < 2) return { kind: "payload" };
   const step = Number(model.get("step") ?? 0);
-  if (step < 0 && (model.get("layers") ?? []).length) return { kind: "whole" };
+  if (!running && step < 0 && (model.get("layers") ?? []).length) return { kind: "whole" };
   return { kind: "slot", slot: step > 0 ? store.slotOf(step) : n - 1 };
 }
 

@@ -83,6 +83,7 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
     if spec.compiled:  # torch.compile marks the module it wraps: so is the reference's (measured eagerly)
         T.compiled(ref)
     ref_scaler = torch.amp.GradScaler("cpu") if spec.scaler else None
+    first_acts = T.first_activations(mode, ref, batches[0][0]) if view.startswith("all") else {}
     # --break-on stops inside step NAN_AT's forward: the reference stops at the same point
     breaks = bool(spec.nan_at and spec.options.get("break_on"))
     ref_batches = batches[: T.NAN_AT - 1] if breaks else batches
@@ -191,6 +192,8 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
     if w is not None:  # the widget's final state: the whole run, the report's step and events, not running
         assert (w.steps, w.running, w.step) == (res.steps, False, 0), (w.steps, w.running, w.step)  # 0: follows the last step
         assert [(e["step"], e["row"], e["code"]) for e in w.events] == [(e.step, e.row, e.code) for e in rep.events]
+    if view.startswith("all"):  # the vision views: the first step's maps, Grad-CAM on the first call (as the train_step cells)
+        check_vision(dbg, ref, batches[0][0], meas, first_acts)
     close_all(dbg)
     if backend is not None:  # the views watched it run eagerly (hooks_see_compiled); afterwards it runs compiled again
         assert compiled_runs >= 1 and backend.calls == compiled_runs, (compiled_runs, backend.calls)
@@ -204,6 +207,20 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
     if breaks:  # the forward of step NAN_AT raised before its loss existed: unknown, not step NAN_AT-1's
         loss = res.series("loss")
         assert math.isnan(loss[T.NAN_AT - 1]), f"step {T.NAN_AT} shows a loss of {loss[T.NAN_AT - 1]} (step {T.NAN_AT - 1}'s)"
+
+
+def check_vision(dbg: Any, ref: torch.nn.Module, first: torch.Tensor, meas: T.Measured, acts: dict[str, torch.Tensor]) -> None:
+    """``all`` in a loop: feature maps equal to the reference loop's first training forward, Grad-CAM
+    (on the cell's first call) equal to the hand computation with the trained weights — the checks of
+    the matrix's ``train_step`` cells."""
+    from .checks import check_featuremaps, check_gradcam
+    from .usercode import Outcome
+
+    widgets = dict(zip(dbg.views, dbg.widgets()))
+    ctx = dict(mode="train_step", family="cnn", lm=False, ref=ref, inp=first, ref_out=meas.outs, acts=acts)
+    for v, fn in (("featuremaps", check_featuremaps), ("gradcam", check_gradcam)):
+        assert v in dbg.results, (v, dbg.skipped.get(v))
+        fn(Outcome(v, result=dbg.results[v], widget=widgets.get(v)), {**ctx, "view": v})
 
 
 def check_break(raised: BaseException | None, res: Any, model: torch.nn.Module, meas: T.Measured) -> None:

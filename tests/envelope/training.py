@@ -128,6 +128,19 @@ def compiled(model: nn.Module, warm: torch.Tensor | None = None) -> tuple[nn.Mod
     return c, backend
 
 
+def first_activations(mode: str, model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every leaf call's output in the loop's first training forward (on a copy of ``model``, by call name)."""
+    from .usercode import reference_activations
+
+    spec = MODES[mode]
+
+    def forward(m: nn.Module) -> Any:
+        with torch.autocast("cpu", dtype=spec.autocast) if spec.autocast is not None else nullcontext():
+            return m(x)
+
+    return reference_activations(model, forward)
+
+
 def loop(mode: str, model: nn.Module, opt: torch.optim.Optimizer, batches: list[tuple[torch.Tensor, torch.Tensor]],
          ns: dict[str, Any], scaler: Any = None) -> list[torch.Tensor]:
     """The cell body: the user's training loop. ``ns["loss"]`` holds the step's loss (``--loss loss``)."""

@@ -1,6 +1,10 @@
-"""Modes of the real-use matrix that need more than a fresh tiny model per cell: a model offloaded by
-accelerate to the CPU and disk (``offload.py``), and a DDP model trained on two gloo processes under
-``%%nndebug --distributed`` (``ddp.py``). Each through the magic, with content and hygiene checked."""
+"""Modes of the real-use matrix that need more than a fresh tiny model per cell, each with its content
+and hygiene checked: a model offloaded by accelerate to the CPU and disk (``offload.py``, through
+``%%nndebug``), a DDP model trained on two gloo processes under ``%%nndebug --distributed``
+(``ddp.py``), TorchScript modules and ``torch.export`` graphs (one line per view: hooks cannot see
+their layers) next to an FX-traced model (watched as usual), ``transformers.Trainer.train()`` and
+Lightning's ``trainer.fit`` in a ``%%nndebug`` cell (``trainers.py``), and an evaluation loop.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,11 @@ MLP with cross-entropy and an optimizer made *before* the cell, on batches drawn
 reference runs the same loop on an identical copy with its own plain hooks (per training forward:
 each row's mean and zero fraction, by call name) and its own ``‖Δθ‖/‖θ‖`` per optimizer step (θ
 before the step); the history under nbdebug must equal those measurements step by step.
+
+Modes beyond the plain loop: bf16 autocast with a GradScaler, pure bf16/fp16 weights and fp16
+autocast without one, a ``torch.compile``d model (compiled and warmed up before the cell),
+``torch.autograd.detect_anomaly()`` (with an overflow: anomaly mode's own error), ``--every``,
+``--break-on``, interrupts, gradient accumulation.
 """
 
 from __future__ import annotations

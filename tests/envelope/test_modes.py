@@ -258,3 +258,58 @@ def test_eval_loop(record_property: Any) -> None:
     assert hook_count(model) == 0 and same_fingerprint(fingerprint(ref), fingerprint(model)) == []
     for w in dbg.widgets():
         w.close()
+
+
+class _ScriptedInside:
+    """A Python model with a TorchScript block inside (``torch.jit.script`` of a Linear-ReLU): ``a → act → b``."""
+
+    @staticmethod
+    def build() -> Any:
+        import warnings
+
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.a = nn.Linear(4, 8)
+                with warnings.catch_warnings():  # torch.jit is deprecated in favour of torch.export / torch.compile
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    self.act = torch.jit.script(nn.Sequential(nn.Linear(8, 8), nn.ReLU()))
+                self.b = nn.Linear(8, 2)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return self.b(self.act(self.a(x)))
+
+        torch.manual_seed(0)
+        return Net()
+
+
+@pytest.mark.xfail(strict=True, reason="capture/select.py model_modules: hooks are registered on the TorchScript "
+                   "submodule `act` (and its children), which raises 'register_forward_hook is not supported on "
+                   "ScriptModules', so the whole thermometer is skipped; needs ScriptModule subtrees left out")
+def test_scripted_submodule(record_property: Any) -> None:
+    """A TorchScript block inside a Python model: the thermometer shows the Python layers around it
+    (``a``, ``b``), each equal to a plain-hook run, and leaves the model as it was."""
+    import torch
+
+    import nbdebug
+    from nbdebug.capture import fingerprint, hook_count, same_fingerprint
+
+    record_property("cell", ("script_child", "thermometer"))
+    model = _ScriptedInside.build()
+    ref = _ScriptedInside.build()  # not deepcopy: copying a ScriptModule makes its parameters non-leaf clones
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(3))
+    want = {n: ref.get_submodule(n)(inp) for n, inp in (("a", x),)}
+    want["b"] = ref(x)
+    with nbdebug.debug(model, view="thermometer") as dbg:
+        out = model(x)
+    ref_out = ref(x)
+    assert torch.equal(out, ref_out)
+    assert hook_count(model) == 0 and same_fingerprint(fingerprint(ref), fingerprint(model)) == []
+    assert "thermometer" in dbg.results, dbg.skipped
+    res = dbg.result
+    assert [r.name for r in res.layers] == ["a", "b"], [r.name for r in res.layers]
+    for name, t in want.items():
+        assert res[name].stats["mean"] == pytest.approx(float(t.detach().mean()), rel=1e-5, abs=1e-7), name

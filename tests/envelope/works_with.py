@@ -28,6 +28,7 @@ LABELS = {
     "compiled_loop": "`torch.compile`d model trained in the loop (warmed up before the cell)",
     "fx_traced": "`torch.fx.symbolic_trace`d model",
     "torchscript": "TorchScript module (`torch.jit.trace` / `script` / `load`)",
+    "script_child": "a TorchScript block inside a Python model",
     "exported": "`torch.export`ed graph (`exported.module()`)",
     "offloaded": "accelerate-offloaded model (CPU + disk `device_map`), `no_grad`",
     "offloaded_generate": "accelerate-offloaded model, `generate()`",

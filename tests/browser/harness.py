@@ -37,8 +37,10 @@ __all__ = [
     "run_code_and_wait_text",
     "run_js",
     "screenshot",
+    "start_run_all",
     "start_server",
     "wait_canvas_nonblank",
+    "wait_cell_finished",
     "wait_widget",
     "write_notebook",
 ]
@@ -211,6 +213,26 @@ def open_and_run(
     outputs = run_js(page, _OUTPUTS, None)
     raise_on_error_outputs(outputs)
     return outputs
+
+
+def start_run_all(page: Any) -> None:
+    """Start running every cell of the current notebook and return at once (to watch a cell while it
+    runs; :func:`wait_cell_finished` waits for its end)."""
+    run_js(page, "app.commands.execute('notebook:run-all-cells'); return true;")
+
+
+_CELL_FINISHED = """(i) => {
+    const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+    const c = cells[i < 0 ? cells.length + i : i];
+    return !!c && c.model.type === 'code' && c.model.executionCount !== null;
+}"""
+
+
+def wait_cell_finished(page: Any, index: int, timeout: int = KERNEL_IDLE_MS) -> None:
+    """Wait until code cell ``index`` has an execution count: set by its execute_reply, so the cell
+    has finished (the kernel's status is no signal: it flips to idle between other requests while a
+    cell still runs, in JupyterLab and Notebook 7 alike)."""
+    page.wait_for_function(_CELL_FINISHED, arg=index, timeout=timeout)
 
 
 def raise_on_error_outputs(cells: list[dict[str, Any]]) -> None:

@@ -27,6 +27,9 @@
   into the capture's one per-step transfer): the capture divides the step's gradient statistics by
   it, since backward ran on the scaled loss.
 
+Parts: :mod:`.updates` (what an optimizer steps, snapshots and per-module sums), :mod:`.scaler`
+(the GradScaler wrappers), :mod:`.losses` (the step's loss; re-exported here).
+
 Several optimizer steps between two :meth:`OptimizerWatch.take` calls: ``stepped`` counts them,
 each module keeps the numbers of the *last* step that touched it (several optimizers usually own
 disjoint modules, so each module gets its own optimizer's), ``skipped`` is true if any was skipped.
@@ -36,20 +39,20 @@ Numbers are floats on the CPU and 0-d float32 tensors on the device path (accele
 
 from __future__ import annotations
 
-import functools
-import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from .budget import format_bytes
-from .hooks import HookSet, SharedPatch
+from .hooks import HookSet
 from .leaves import local
+from .losses import as_float_later, loss_of_output
+from .scaler import _SCALE, _SCALER, scaler_patched
+from .updates import _Group, _norms, _Plan, aggregate, aggregate_on_device
 
 __all__ = ["NO_OPTIMIZER_NOTE", "OptimizerWatch", "StepUpdates", "as_float_later", "loss_of_output", "scaler_patched"]
 
@@ -79,160 +82,6 @@ class StepUpdates:
     param_norm: dict[str, Number] = field(default_factory=dict)
     lr: dict[str, Number] = field(default_factory=dict)
     scale: Number | None = None  # the GradScaler scale the step's backward used (None: no scaler)
-
-
-_FLAT_MAX = 1 << 20  # float32 CPU parameters up to this many elements in all: the numpy path of _Group
-_BATCH = 4  # on the CPU, this many parameters of one shape are copied and normed as one stacked tensor
-
-
-class _Group:
-    """Parameters of one device and dtype in a plan (single ones first, then runs of one shape that
-    are stacked on the CPU: one op instead of one per tensor), and which module each norm belongs to."""
-
-    __slots__ = ("_index", "_views", "batches", "entries", "flat", "n_single", "originals", "params", "positions")
-
-    def __init__(self, params: list[torch.Tensor], entries: list[int], positions: list[int], stack: bool,
-                 originals: list[torch.Tensor]) -> None:
-        by_shape: dict[tuple[int, ...], list[int]] = {}
-        for i, p in enumerate(params):
-            by_shape.setdefault(tuple(p.shape), []).append(i)
-        runs = [ix for ix in by_shape.values() if stack and len(ix) >= _BATCH]
-        batched = {i for ix in runs for i in ix}
-        order = [i for i in range(len(params)) if i not in batched] + [i for ix in runs for i in ix]
-        where = {old: new for new, old in enumerate(order)}
-        self.params = [params[i] for i in order]
-        self.originals = [originals[i] for i in order]  # the optimizer's own tensors (``params`` may be FSDP2 shards)
-        self.n_single = len(params) - len(batched)
-        self.batches: list[slice] = []
-        start = self.n_single
-        for ix in runs:
-            self.batches.append(slice(start, start + len(ix)))
-            start += len(ix)
-        self.entries = entries  # module index (in the plan) of each (parameter, module) pair
-        self.positions = [where[i] for i in positions]  # parameter position (in ``self.params``) of each pair
-        self._index: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        # small float32 CPU parameters: the snapshot is one numpy concatenation and the norms BLAS dots
-        # (a few µs per step instead of a dozen torch dispatches)
-        self.flat: list[int] | None = None
-        self._views: tuple[list[int], list[np.ndarray], list[np.ndarray]] | None = None  # (data_ptrs, numpy views, 2 buffers)
-        if stack and self.params and all(
-                p.dtype == torch.float32 and p.device.type == "cpu" and p.layout == torch.strided and p.is_contiguous()
-                and not p.is_inference() for p in self.params) and sum(p.numel() for p in self.params) <= _FLAT_MAX:
-            ends = np.cumsum([p.numel() for p in self.params]).tolist()
-            self.flat = [0, *ends]
-
-    def index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``entries`` and ``positions`` (None when one pair per parameter, in order) as device tensors."""
-        if self._index is None or self._index[0].device != device:
-            identity = self.positions == list(range(len(self.params)))
-            self._index = (torch.tensor(self.entries, device=device),
-                           None if identity else torch.tensor(self.positions, device=device))
-        return self._index
-
-    def _flat(self, slot: int) -> np.ndarray:
-        """The parameters' values copied into buffer ``slot`` (0: before the step, 1: after). The two
-        buffers live as long as the group: a fresh megabyte-sized array per step costs page faults."""
-        views = self._views
-        ptrs = [p.data_ptr() for p in self.params]
-        if views is None or views[0] != ptrs:  # first use, or a parameter's storage was replaced (p.data = ...)
-            assert self.flat is not None
-            views = self._views = (ptrs, [p.detach().numpy().reshape(-1) for p in self.params],
-                                   [np.empty(self.flat[-1], np.float32), np.empty(self.flat[-1], np.float32)])
-        return np.concatenate(views[1], out=views[2][slot])
-
-    def snapshot(self) -> Any:
-        """Copies of the parameters before the step: the single ones, and one stacked tensor per run
-        (small CPU parameters: one flat numpy copy)."""
-        if self.flat is not None:
-            return self._flat(0)
-        return _clone(self.params[: self.n_single]), [torch.stack(self.params[s]) for s in self.batches]
-
-    def norms(self, copy: tuple[list[torch.Tensor], list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(‖θ_before‖, ‖Δθ‖) per parameter, in ``params`` order, from the snapshot (consumed)."""
-        if self.flat is not None:
-            before_flat: np.ndarray = copy  # type: ignore[assignment]
-            diff_flat = np.subtract(before_flat, self._flat(1), out=self._views[2][1])  # type: ignore[index]
-            b, d = [], []
-            with np.errstate(over="ignore", invalid="ignore"):
-                for lo, hi in zip(self.flat, self.flat[1:]):
-                    x, y = before_flat[lo:hi], diff_flat[lo:hi]
-                    b.append(math.sqrt(float(np.dot(x, x))))
-                    d.append(math.sqrt(float(np.dot(y, y))))
-            return np.array(b), np.array(d)  # type: ignore[return-value]
-        singles, stacks = copy
-        before: list[torch.Tensor] = []
-        diff: list[torch.Tensor] = []
-        if singles:
-            before.append(torch.stack(_norms(singles)))
-            torch._foreach_sub_(singles, self.params[: self.n_single])  # θ_before − θ_after, on our copy
-            diff.append(torch.stack(_norms(singles)))
-        for s, snap in zip(self.batches, stacks):
-            before.append(_row_norms(snap))
-            diff.append(_row_norms(torch.stack(self.params[s]).sub_(snap)))
-        return torch.cat(before).float(), torch.cat(diff).float()
-
-
-class _Plan:
-    """What one optimizer steps of the watched modules (cached; rebuilt when its groups or the set of
-    parameters with a gradient change)."""
-
-    __slots__ = ("candidates", "closure", "groups", "key", "mask", "module_group", "names", "nbytes", "pending", "posts")
-
-    def __init__(self, key: tuple[int, ...], candidates: list[tuple[torch.Tensor, int, list[str]]]) -> None:
-        self.key = key
-        self.candidates = candidates  # (parameter, its param group, watched modules owning it)
-        self.mask: tuple[bool, ...] | None = None
-        self.groups: list[_Group] = []
-        self.names: list[str] = []
-        self.module_group: list[int] = []
-        self.nbytes = 0
-        # per group, before the step: the snapshot, or (over budget) the parameter norms
-        self.pending: list[tuple[list[torch.Tensor], list[torch.Tensor]] | torch.Tensor] | None = None
-        self.posts = 0  # completed steps (post-hook calls) of this optimizer
-        self.closure = False  # the pending step was given a closure (gradients appear inside the step)
-
-
-# -- GradScaler: one wrapper per process, shared by every entered watch ---------------------------
-def _wrap_scaler_step(original: Any) -> Any:
-    @functools.wraps(original)
-    def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        watches = tuple(_SCALER.users)
-        if not watches or not getattr(self, "_enabled", True):
-            return original(self, optimizer, *args, **kwargs)
-        for w in watches:
-            w._note_scale(self)
-        tokens = [w._scaler_before(optimizer) for w in watches]
-        out = original(self, optimizer, *args, **kwargs)
-        for w, token in zip(watches, tokens):
-            w._scaler_after(optimizer, token)
-        return out
-
-    return step
-
-
-# torch.amp.GradScaler since torch 2.3 (torch.cuda.amp.GradScaler subclasses it); before, the CUDA one
-_SCALER = SharedPatch(getattr(torch.amp, "GradScaler", None) or getattr(torch.cuda.amp, "GradScaler", None),
-                      "step", _wrap_scaler_step)
-
-
-def _wrap_scaler_scale(original: Any) -> Any:
-    @functools.wraps(original)
-    def scale(self: Any, outputs: Any) -> Any:
-        out = original(self, outputs)
-        if getattr(self, "_enabled", True):
-            for w in tuple(_SCALE.users):
-                w._note_scale(self)
-        return out
-
-    return scale
-
-
-_SCALE = SharedPatch(_SCALER.owner, "scale", _wrap_scaler_scale)
-
-
-def scaler_patched() -> bool:
-    """Whether ``torch.amp.GradScaler.step`` (or ``.scale``) is wrapped right now (for hygiene checks)."""
-    return _SCALER.active or _SCALE.active
 
 
 class OptimizerWatch:
@@ -272,6 +121,7 @@ class OptimizerWatch:
         self._model_params = {id(p) for p in source}
         self._plans: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Plan | None] = weakref.WeakKeyDictionary()
         self._seen: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._last: tuple[weakref.ref[torch.optim.Optimizer], _Plan | None] | None = None  # the last optimizer's plan
         self._handles: list[Any] = []
         self._reset()
 
@@ -307,6 +157,7 @@ class OptimizerWatch:
     def _clear(self) -> None:
         """Drop every strong reference to the model's parameters (the result outlives the cell)."""
         self._plans = weakref.WeakKeyDictionary()
+        self._last = None
         self._owners = {}
 
     # -- results ------------------------------------------------------------------------------
@@ -352,16 +203,28 @@ class OptimizerWatch:
         a ``closure`` (the gradients appear inside the step) every one that requires a gradient."""
         groups = opt.param_groups
         key = tuple(len(g["params"]) for g in groups)
-        plan = self._plans.get(opt, False)
+        plan = self._cached(opt)
         if plan is False or (plan is not None and plan.key != key):
             plan = self._new_plan(opt, key)
             self._plans[opt] = plan
+            self._last = (weakref.ref(opt), plan)
             if plan is not None:
                 self._seen.add(opt)
         if plan is not None:
             mask = tuple((p.requires_grad if closure else p.grad is not None) for p, _, _ in plan.candidates)
             if mask != plan.mask:
                 self._group(plan, mask)
+        return plan
+
+    def _cached(self, opt: torch.optim.Optimizer) -> _Plan | bool | None:
+        """The optimizer's plan (None: not one of the model's), False when it has none yet; the last
+        optimizer's without a weak-dictionary lookup."""
+        last = self._last
+        if last is not None and last[0]() is opt:
+            return last[1]
+        plan = self._plans.get(opt, False)
+        if plan is not False:
+            self._last = (weakref.ref(opt), plan)
         return plan
 
     def _new_plan(self, opt: torch.optim.Optimizer, key: tuple[int, ...]) -> _Plan | None:
@@ -434,8 +297,8 @@ class OptimizerWatch:
                 plan.pending = [torch.stack(_norms(g.params)).float() for g in plan.groups]
 
     def _post(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
-        plan = self._plans.get(opt)
-        if plan is None:
+        plan = self._cached(opt)
+        if plan is None or plan is False:
             return
         plan.posts += 1
         self._stepped += 1
@@ -466,81 +329,24 @@ class OptimizerWatch:
         after a closure), left out of its module's numbers (a module with none stepped: ratio NaN)."""
         with torch.no_grad():
             have_diff = not isinstance(pending[0], torch.Tensor)
-            norms = [g.norms(p) if have_diff else (p, None) for g, p in zip(plan.groups, pending)]
+            norms = [g.norms(p) if have_diff else (p, None, False) for g, p in zip(plan.groups, pending)]
             found_inf = getattr(opt, "found_inf", None)  # set by GradScaler on fused optimizers during step()
             if not isinstance(found_inf, torch.Tensor):
                 found_inf = None
-            aggregate = self._aggregate_on_device if on_device else self._aggregate
-            ratios, pnorms = aggregate(plan, norms, found_inf, missing)
+            if on_device:
+                ratios, pnorms, skip = aggregate_on_device(plan, norms, found_inf, missing)
+                if skip is not None:
+                    if isinstance(self._skipped, torch.Tensor):
+                        self._skipped = self._skipped | skip.to(self._skipped.device)
+                    elif self._skipped is False:
+                        self._skipped = skip
+            else:
+                ratios, pnorms, skipped = aggregate(plan, norms, found_inf, missing)
+                if skipped:
+                    self._skipped = True
         if have_diff:
             self._ratio.update(zip(plan.names, ratios))
         self._pnorm.update(zip(plan.names, pnorms))
-
-    def _aggregate(self, plan: _Plan, norms: list[tuple[torch.Tensor, torch.Tensor | None]],
-                   found_inf: torch.Tensor | None, missing: list[list[bool]] | None = None) -> tuple[list[float], list[float]]:
-        """CPU: per-parameter norms to the host in one op per group, summed per module in Python."""
-        m = len(plan.names)
-        d2, b2 = [0.0] * m, [0.0] * m
-        all2, unstepped = [0.0] * m, [missing is not None] * m  # ‖θ‖² over every parameter; no parameter stepped
-        for gi, (g, (before, diff)) in enumerate(zip(plan.groups, norms)):
-            n = len(g.params)
-            if isinstance(before, np.ndarray):
-                values = (before if diff is None else np.concatenate([before, diff])).tolist()
-            else:
-                values = (before if diff is None else torch.cat([before, diff])).tolist()
-            miss = missing[gi] if missing is not None else None
-            for pos, mi in zip(g.positions, g.entries):
-                if miss is not None:
-                    all2[mi] += values[pos] ** 2
-                    if miss[pos]:
-                        continue
-                    unstepped[mi] = False
-                b2[mi] += values[pos] ** 2
-                if diff is not None:
-                    d2[mi] += values[n + pos] ** 2
-        # a module none of whose parameters the step touched: its norm over all of them, no ratio
-        pnorms = [math.sqrt(a if no else b) for a, b, no in zip(all2, b2, unstepped)]
-        skipped = found_inf is not None and bool(found_inf.reshape(-1)[0] > 0)
-        if skipped:
-            self._skipped = True
-        nan = float("nan")
-        ratios = [nan if skipped or no else (math.sqrt(d) / b if b else (nan if d == 0 else math.inf))
-                  for d, b, no in zip(d2, pnorms, unstepped)]
-        return ratios, pnorms
-
-    def _aggregate_on_device(self, plan: _Plan, norms: list[tuple[torch.Tensor, torch.Tensor | None]],
-                             found_inf: torch.Tensor | None, missing: list[list[bool]] | None = None,
-                             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Device path: everything stays a tensor (0-d results), no host sync."""
-        # [‖Δθ‖² per module, ‖θ‖² per module], and with ``missing`` [‖θ‖² over all, stepped parameters]
-        acc: torch.Tensor | None = None
-        for gi, (g, (before, diff)) in enumerate(zip(plan.groups, norms)):
-            sq = torch.stack([torch.full_like(before, torch.nan) if diff is None else diff, before]).square()
-            if missing is not None:
-                keep = torch.tensor([not x for x in missing[gi]], dtype=sq.dtype, device=sq.device)
-                sq = torch.cat([sq * keep, sq[1:], keep[None]])
-            if acc is None:
-                acc = torch.zeros(sq.shape[0], len(plan.names), dtype=torch.float32, device=sq.device)
-            entries, positions = g.index(acc.device)
-            if positions is not None:
-                sq = sq.index_select(1, positions.to(sq.device))
-            acc.index_add_(1, entries, sq.to(acc.device))
-        assert acc is not None
-        norm = acc.sqrt()
-        ratio = norm[0] / norm[1]
-        pnorm = norm[1]
-        if missing is not None:  # a module none of whose parameters the step touched: no ratio, norm over all
-            none = acc[3] == 0
-            ratio = torch.where(none, torch.nan, ratio)
-            pnorm = torch.where(none, norm[2], pnorm)
-        if found_inf is not None:
-            skipped = found_inf.to(acc.device).reshape(-1)[0] > 0
-            ratio = torch.where(skipped, torch.nan, ratio)
-            if isinstance(self._skipped, torch.Tensor):
-                self._skipped = self._skipped | skipped.to(self._skipped.device)
-            elif self._skipped is False:
-                self._skipped = skipped
-        return list(ratio.unbind()), list(pnorm.unbind())
 
     def _note_scale(self, scaler: Any) -> None:
         """The scale ``scaler`` applies now (before its ``update()`` changes it in place): a float on
@@ -563,29 +369,11 @@ class OptimizerWatch:
             return  # fused optimizers always run step(); their found_inf is read in the post-hook
         if not getattr(type(opt).step, "hooked", False):
             return  # step hooks cannot fire for this class: nothing to conclude
-        plan = self._plans.get(opt)
-        if plan is None or plan.posts != token:
+        plan = self._cached(opt)
+        if plan is None or plan is False or plan.posts != token:
             return
         self._skipped = True
         self._step_done(opt, plan, self._device_path(plan))
-
-
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _norms(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """L2 norms in one batched op (accumulated in float32 for half-precision tensors)."""
-    return torch._foreach_norm(ts, 2, dtype=torch.float32) if ts and ts[0].dtype in _HALF else torch._foreach_norm(ts)
-
-
-def _row_norms(x: torch.Tensor) -> torch.Tensor:
-    """L2 norm of each x[i] (a stack of same-shape parameters), in float32 for half precision."""
-    return torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=1, dtype=torch.float32 if x.dtype in _HALF else None)
-
-
-def _clone(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-    clone = getattr(torch, "_foreach_clone", None)
-    return list(clone(ts)) if clone is not None and ts else [t.clone() for t in ts]
 
 
 def _to_float(x: Any) -> float:
@@ -602,41 +390,3 @@ def _number(x: Any, on_device: bool) -> Number:
     if isinstance(x, torch.Tensor) and on_device and x.device.type != "cpu":
         return x.detach().reshape(-1)[0].to(torch.float32, copy=True)
     return _to_float(x)
-
-
-def loss_of_output(output: Any) -> Any | None:
-    """The loss in a model's own output, detached, or None: a 0-d floating tensor; the ``loss`` of a
-    ``ModelOutput``/dict (Hugging Face models given labels); the first item of a tuple when it is a
-    0-d floating tensor (``return_dict=False`` with labels)."""
-    def scalar(t: Any) -> bool:
-        return isinstance(t, torch.Tensor) and t.dim() == 0 and t.is_floating_point()
-
-    if scalar(output):
-        return output.detach()
-    if isinstance(output, dict):
-        loss = output.get("loss")
-    elif isinstance(output, (tuple, list)):
-        loss = output[0] if output else None
-    else:
-        loss = getattr(output, "loss", None)
-    return loss.detach() if scalar(loss) else None
-
-
-def as_float_later(x: Any) -> float | torch.Tensor:
-    """``x`` (a loss: tensor, number or None) as a float, or as a detached 1-element float32 copy when it
-    is an accelerator tensor (read with the capture's one per-step transfer, never synced here).
-    A tensor of several values gives its mean (a ``reduction="none"`` loss); anything else NaN."""
-    if isinstance(x, torch.Tensor):
-        if not x.numel() or x.is_complex():
-            return float("nan")
-        t = x.detach()
-        t = t.reshape(1) if t.numel() == 1 else t.float().mean().reshape(1)
-        if t.device.type == "cpu":
-            return float(t[0])
-        return t.to(torch.float32, copy=True)
-    if isinstance(x, bool) or x is None:
-        return float("nan")
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return float("nan")

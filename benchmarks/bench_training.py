@@ -219,7 +219,10 @@ def breakdown(name: str, loop: Loop, rounds: int) -> list[str]:
     )
 
     import nbdebug.capture.session as S
+    from nbdebug.capture import calls as CL
+    from nbdebug.capture import forward as FW
     from nbdebug.capture import optim as O
+    from nbdebug.capture import paramgrads as PG
 
     pc = time.perf_counter
     acc: dict[str, float] = {}
@@ -233,20 +236,20 @@ def breakdown(name: str, loop: Loop, rounds: int) -> list[str]:
                 acc[key] = acc.get(key, 0.0) + pc() - t
         return w
 
-    saved = {(S.Capture, "_make_forward_hook"): S.Capture._make_forward_hook, (S._Call, "__call__"): S._Call.__call__,
-             (S, "close_step"): S.close_step, (S, "tensor_stats"): S.tensor_stats, (S, "unit_alive"): S.unit_alive,
+    saved = {(FW._Forward, "_make_forward_hook"): FW._Forward._make_forward_hook, (CL._Call, "__call__"): CL._Call.__call__,
+             (S, "close_step"): S.close_step, (FW, "stats_and_units"): FW.stats_and_units, (CL, "tensor_stats"): CL.tensor_stats,
              (O.OptimizerWatch, "_pre"): O.OptimizerWatch._pre, (O.OptimizerWatch, "_post"): O.OptimizerWatch._post,
-             (S.Capture, "_on_backward_end"): S.Capture._on_backward_end,
+             (PG._ParamGrads, "_on_backward_end"): PG._ParamGrads._on_backward_end,
              (S.Capture, "__enter__"): S.Capture.__enter__, (S.Capture, "__exit__"): S.Capture.__exit__}
-    mk = S.Capture._make_forward_hook
-    S.Capture._make_forward_hook = lambda self, n, m: timed("forward hooks", mk(self, n, m))  # type: ignore[method-assign]
-    S._Call.__call__ = timed("output-gradient hooks", S._Call.__call__)  # type: ignore[method-assign]
+    mk = FW._Forward._make_forward_hook
+    FW._Forward._make_forward_hook = lambda self, n, m: timed("forward hooks", mk(self, n, m))  # type: ignore[method-assign]
+    CL._Call.__call__ = timed("output-gradient hooks", CL._Call.__call__)  # type: ignore[method-assign]
     S.close_step = timed("step close (steps.close_step + commit)", S.close_step)
-    S.tensor_stats = timed("  (in those hooks: tensor_stats)", S.tensor_stats)
-    S.unit_alive = timed("  (in the forward hooks: unit_alive)", S.unit_alive)
+    FW.stats_and_units = timed("  (in the forward hooks: stats_and_units)", FW.stats_and_units)
+    CL.tensor_stats = timed("  (in the gradient hooks: tensor_stats)", CL.tensor_stats)
     O.OptimizerWatch._pre = timed("optimizer watch (pre + post hooks)", O.OptimizerWatch._pre)  # type: ignore[method-assign]
     O.OptimizerWatch._post = timed("optimizer watch (pre + post hooks)", O.OptimizerWatch._post)  # type: ignore[method-assign]
-    S.Capture._on_backward_end = timed("parameter-gradient norms", S.Capture._on_backward_end)  # type: ignore[method-assign]
+    PG._ParamGrads._on_backward_end = timed("parameter-gradient norms", PG._ParamGrads._on_backward_end)  # type: ignore[method-assign]
     S.Capture.__enter__ = timed("enter + exit (the result), per step", S.Capture.__enter__)  # type: ignore[method-assign]
     S.Capture.__exit__ = timed("enter + exit (the result), per step", S.Capture.__exit__)  # type: ignore[method-assign]
 

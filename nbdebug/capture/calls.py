@@ -161,20 +161,22 @@ _SMALL = 1 << 16
 
 
 def _host_sq_norms(grads: list[torch.Tensor]) -> np.ndarray | None:
-    """float64 sums of squares of small contiguous float32 CPU gradients (NATIVE's one call when it is
-    available, else a BLAS dot each: float32 overflow of finite values recounted in float64), or None
-    when one of them is not such a gradient."""
-    for g in grads:
-        if g.dtype != _F32 or not g.is_cpu or not g.is_contiguous() or g.numel() > _SMALL:
-            return None
+    """float64 sums of squares of contiguous float32 CPU gradients (NATIVE's one call when it is
+    available: any size when torch runs one thread; else a BLAS dot each for small ones: float32 overflow of finite
+    values recounted in float64), or None when one of them is not such a gradient."""
     native = _NATIVE[0] if _NATIVE else _load_native()
-    if native is not None:
+    # one thread per call: any size when torch runs one thread too, else small gradients only (torch's
+    # parallel norms win on large ones)
+    if native is not None and (torch.get_num_threads() == 1 or all(g.numel() <= _SMALL for g in grads)):
         try:
             sq = native(grads)
         except Exception:
             sq = None
         if sq is not None:
             return sq
+    for g in grads:
+        if g.dtype != _F32 or not g.is_cpu or not g.is_contiguous() or g.numel() > _SMALL:
+            return None
     out = np.empty(len(grads))
     dot = np.dot
     with np.errstate(over="ignore", invalid="ignore"):

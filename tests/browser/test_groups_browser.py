@@ -21,9 +21,11 @@ from playwright.sync_api import expect
 
 from .harness import (
     ARTIFACTS,
+    KERNEL_IDLE_MS,
     REPO,
     kernel_json,
     open_and_run,
+    open_notebook,
     run_code_and_wait_text,
     run_js,
     screenshot,
@@ -273,3 +275,56 @@ def test_grouped_view_follows_the_step_slider_lab(page, lab):
     run_code_and_wait_text(page, "print('step=', _nndebug_widget.step)", "step= -1")
     assert kernel_json(page, "_nndebug_widget.js_error") == ""
     screenshot(page, "groups-steps-lab", w)
+
+
+LIVE_LOOP = """%%nndebug model --view thermometer -o res
+import os, time
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+g = torch.Generator().manual_seed(1)
+for k in range(3):  # a step closes when the next one starts: 2 closed steps while the cell waits below
+    model(torch.randint(0, 64, (1, 8), generator=g)).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(4.0)
+    time.sleep(0.4)  # live pushes go out at most 4 times a second
+t0 = time.time()
+while not os.path.exists("release.flag") and time.time() - t0 < 600:  # busy until the test has looked
+    time.sleep(0.05)
+"""
+
+LIVE_MS = 400_000
+_PENDING = "() => window.jupyterapp.shell.currentWidget.content.widgets[2].model.executionCount === null"
+
+
+def test_grouped_view_live_while_the_cell_runs_lab(page, lab):
+    """While the training cell still runs (the kernel busy): the grouped view is there (the tree of
+    the rows so far), its strips follow the live steps and the step slider, from the pushed history;
+    after the cell ends, the value seen at step 1 equals the kernel's ``residual_history`` at step 1."""
+    flag = lab.root / "release.flag"
+    flag.unlink(missing_ok=True)
+    write_notebook(lab.root, "therm_groups_live", ["%load_ext nbdebug", MAGIC_SETUP + "import torch\n", LIVE_LOOP])
+    open_notebook(page, lab, "therm_groups_live")
+    run_js(page, "app.commands.execute('notebook:run-all-cells'); return true;")
+    try:
+        w = wait_widget(page, "thermometer")
+        w.locator(".nbd-step-count", has_text="2 steps (running…)").wait_for(timeout=LIVE_MS)  # 1,635 rows: slow steps
+        panel = w.locator(".nbd-groups-panel")
+        expect(panel).to_be_visible()
+        expect(panel.locator(".nbd-group-count")).to_contain_text("(values and flags at step 2)")
+        last = _strip_value(panel, 5)
+        w.locator("input.nbd-slider").fill("0")
+        w.locator(".nbd-step-label", has_text="step 1 of 2").wait_for()
+        expect(panel.locator(".nbd-group-count")).to_contain_text("(values and flags at step 1)")
+        first = _strip_value(panel, 5)
+        assert page.evaluate(_PENDING)  # all of it while the cell still ran
+    finally:
+        flag.write_text("go")
+    page.wait_for_function(f"() => !({_PENDING})()", timeout=KERNEL_IDLE_MS)
+    assert last > 2 * first  # the stream grew 4x per step: a real redraw
+    ref = kernel_json(page, "(lambda h, rh: [float(rh[h.step_index.tolist().index(k), 5]) for k in (1, 2)])"
+                            "(res.history, __import__('nbdebug.inspectors.residual', fromlist=['x'])"
+                            ".residual_history(res.history, [f'model.layers.{i}' for i in range(32)]))")
+    assert first == pytest.approx(ref[0], rel=6e-3) and last == pytest.approx(ref[1], rel=6e-3)
+    run_code_and_wait_text(page, "print('step=', _nndebug_widget.step)", "step= 1")
+    assert kernel_json(page, "_nndebug_widget.js_error") == ""

@@ -123,20 +123,29 @@ def load() -> tuple[tuple[ctypes.CDLL, ctypes.PyDLL] | None, str]:
         return None, cc
     argv, identity = cc
     target = cache_dir() / _key(identity, source) / LIB_NAME
-    if not target.exists():
+    got = _open(target) if target.exists() else "not built"
+    if isinstance(got, str):  # not built yet, or a bad file there (truncated, foreign): build it (again)
         try:
             why = _build(argv, target)
         except OSError as e:
             why = f"cannot write the cache ({e})"
         if why is not None:
             return None, why
+        got = _open(target)
+        if isinstance(got, str):
+            return None, got
+    return got, f"loaded {target}"
+
+
+def _open(target: pathlib.Path) -> tuple[ctypes.CDLL, ctypes.PyDLL] | str:
+    """The library at ``target`` loaded, bound and self-tested, or why not."""
     try:
         lib = ctypes.CDLL(str(target))
         _bind(lib)
         if lib.nbd_abi() != ABI or not _self_test(lib):
-            return None, f"self-test failed ({target})"
+            return f"self-test failed ({target})"
         held = ctypes.PyDLL(str(target))  # the same library, calls that keep the GIL (small tensors)
         _bind(held)
     except (OSError, AttributeError) as e:
-        return None, f"load failed: {e}"
-    return (lib, held), f"loaded {target}"
+        return f"load failed: {e}"
+    return lib, held

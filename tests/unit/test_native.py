@@ -270,6 +270,20 @@ def test_off_switch_and_missing_compiler(tmp_path: Path, monkeypatch: pytest.Mon
     assert not native.available() and native.status().startswith("build failed")
 
 
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def test_a_bad_library_in_the_cache_is_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbdebug.capture import native_build
+
+    monkeypatch.setenv("NBDEBUG_CACHE_DIR", str(tmp_path))
+    _argv, identity = native_build._compiler()  # type: ignore[misc]
+    target = tmp_path / native_build._key(identity, native_build.SRC.read_bytes()) / native_build.LIB_NAME
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"\x7fELF truncated")  # e.g. a copy interrupted half way
+    native._reset()
+    assert native.available(), native.status()
+    assert native.status() == f"loaded {target}" and target.stat().st_size > 1000
+
+
 _CHILD = """
 import sys, torch
 from nbdebug.capture import native

@@ -140,11 +140,11 @@ def merge_calls(lay: Layout, raws: np.ndarray) -> np.ndarray:
     n = len(lay.rows)
     out = np.zeros((n, N_FIELDS))
     inv_a = lay.inv_a
-    with np.errstate(invalid="ignore", over="ignore"):
-        np.add.at(out, inv_a, raws)
     mn, mx = np.full(n, np.inf), np.full(n, -np.inf)
-    np.minimum.at(mn, inv_a, raws[:, _MN])
-    np.maximum.at(mx, inv_a, raws[:, _MX])
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN min/max (NaN values, empty outputs) propagate quietly
+        np.add.at(out, inv_a, raws)
+        np.minimum.at(mn, inv_a, raws[:, _MN])
+        np.maximum.at(mx, inv_a, raws[:, _MX])
     out[:, _MN], out[:, _MX] = mn, mx
     return out
 

@@ -30,6 +30,8 @@ __all__ = ["MAX_CALLS"]
 
 _NAN, _INF, _NZ, _N, _MIN, _MAX = IDX["nan"], IDX["inf"], IDX["nonzero"], IDX["numel"], IDX["min"], IDX["max"]
 MAX_CALLS = 200_000  # per-call records kept per step
+#: the forward hook's short path for a plain tensor output (tests turn it off to compare with the general path)
+SHORT_PATH = True
 
 
 def _units_of(t: torch.Tensor, raw: Raw, on_device: bool) -> Any:
@@ -181,7 +183,7 @@ class _Forward:
             if len(step_calls) >= MAX_CALLS:
                 cap._truncated = True
                 return
-            if type(output) is not Tensor or output.is_complex():
+            if type(output) is not Tensor or not SHORT_PATH or output.is_complex():
                 cap._record_leaves(name, type_name, saturation, may_alias, module, inputs, kwargs, output)
                 return
             # the short path: one plain tensor out

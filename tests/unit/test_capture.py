@@ -329,9 +329,9 @@ def test_large_cpu_float32_stats_are_exact_on_signs_zeros_and_nonfinite(k: int) 
 def test_step_history_values_equal_summarize() -> None:
     """The vectorised per-step close gives the same numbers as :func:`summarize` (outputs, saturation,
     gradients; a row without gradient stays NaN)."""
+    from nbdebug.capture.fold import stat_values
     from nbdebug.capture.history import FIELD_INDEX as FI
     from nbdebug.capture.stats import summarize, tensor_stats
-    from nbdebug.capture.fold import stat_values
 
     g = torch.Generator().manual_seed(0)
     ts = [torch.randn(50, generator=g), torch.tanh(torch.randn(40, generator=g) * 5), torch.zeros(1),

@@ -4,6 +4,7 @@ dead units, evaluation forwards, delayed backward, --every, --continue, interrup
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -681,3 +682,102 @@ def test_model_that_is_its_own_only_layer(step_on: str) -> None:
     assert res.steps == 3 and res.eval_steps == 3 and res.forward_passes == 3 and [r.name for r in res.layers] == [""]
     np.testing.assert_allclose(res.series("", "mean"), means, rtol=1e-6)
     assert hook_count(m) == 0 and not m._forward_hooks_always_called
+
+
+class _Pair(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x * 2
+
+
+class _Empty(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :0]
+
+
+class _Mixed(nn.Module):
+    """Every case the capture's short paths hand to their general path: a tuple output, an aliased view
+    (Flatten), a module called twice per step (``relu#2``), a saturating Tanh, an empty output (NaN
+    min/max), a 1-element output (the general std branch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.relu, self.flat = nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten()
+        self.fc, self.tanh, self.pair, self.empty = nn.Linear(4 * 6 * 6, 8), nn.Tanh(), _Pair(), _Empty()
+        self.head, self.one = nn.Linear(8, 3), nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.flat(self.relu(self.conv(x)))
+        a, b = self.pair(self.tanh(self.fc(x)))
+        x = self.relu(a + b)
+        return self.head(x) + self.empty(x).sum() + self.one(self.head(x)[:1]).sum()
+
+
+def _mixed_run(step_on: str, general: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    import nbdebug.capture.forward as forward
+    import nbdebug.capture.steps as steps
+
+    torch.manual_seed(0)
+    m = _Mixed()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(4, 1, 8, 8, generator=g) for _ in range(12)]
+    xs[8][0, 0, 0, 0] = float("nan")  # a non-finite step late in the run
+    with monkeypatch.context() as mp:
+        if general:  # every short path off: the general forward path, the exact accumulation, a full non-finite scan
+            mp.setattr(forward, "SHORT_PATH", False)
+            real = steps.accumulate_step
+            mp.setattr(steps, "accumulate_step", lambda cap, lay, at, rg, has: real(cap, lay, lay.ids.copy(), rg, has))
+            mp.setattr(Capture, "_maybe_bad", property(lambda _self: True, lambda _self, _v: None), raising=False)
+        with Capture(m, step_on=step_on) as cap:
+            per_step = 2 if step_on == "optimizer" else 1
+            for i in range(0, len(xs), per_step):
+                opt.zero_grad()
+                for x in xs[i : i + per_step]:
+                    m(x).pow(2).mean().backward()
+                opt.step()
+    return cap.result
+
+
+@pytest.mark.parametrize("step_on", ["forward", "optimizer"])  # optimizer: two passes per step (rows merged)
+def test_short_paths_give_the_general_paths_history(step_on: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forward hook's short path, the step close's cached layout and one-slice accumulation, and the
+    skipped non-finite scan give exactly what the general paths give: same history (every kept step,
+    every field, last/min/max and scalars), same whole-run rows, same first non-finite step."""
+    fast, slow = _mixed_run(step_on, False, monkeypatch), _mixed_run(step_on, True, monkeypatch)
+    assert fast.steps == slow.steps == (6 if step_on == "optimizer" else 12)
+    assert fast.history.rows == slow.history.rows and "relu#2" in fast.history.rows and "pair[1]" in fast.history.rows
+    for agg in ("last", "min", "max"):
+        np.testing.assert_array_equal(fast.history.values(agg), slow.history.values(agg))
+        for s in ("loss", "lr", "skipped"):
+            np.testing.assert_array_equal(fast.history.scalar(s, agg), slow.history.scalar(s, agg))
+    assert [(r.name, r.calls, r.stats, r.grad, r.inputs) for r in fast.layers] == \
+        [(r.name, r.calls, r.stats, r.grad, r.inputs) for r in slow.layers] or _same_nan(fast, slow)
+    assert fast.first_nonfinite_step == slow.first_nonfinite_step is not None
+    assert fast.first_nonfinite_phase == slow.first_nonfinite_phase
+
+
+def _same_nan(a: Any, b: Any) -> bool:
+    """Whole-run rows equal, NaN equal to NaN."""
+    for ra, rb in zip(a.layers, b.layers, strict=True):
+        assert (ra.name, ra.calls, ra.inputs) == (rb.name, rb.calls, rb.inputs)
+        for da, db in ((ra.stats, rb.stats), (ra.grad or {}, rb.grad or {})):
+            assert da.keys() == db.keys()
+            np.testing.assert_array_equal(np.array(list(da.values())), np.array(list(db.values())))
+    return True
+
+
+def test_step_values_fast_branch_equals_general_branch() -> None:
+    """``fold.step_values`` takes a shorter branch when every row counts 2+ values: the same numbers as
+    the general branch (forced here by one more row counting a single value)."""
+    from nbdebug.capture.fold import step_values
+    from nbdebug.capture.stats import tensor_stats
+
+    g = torch.Generator().manual_seed(0)
+    rows = [np.concatenate([tensor_stats(torch.randn(n, generator=g)), tensor_stats(torch.randn(n + 3, generator=g))])
+            for n in (5, 17, 2)]
+    rg = np.stack(rows)
+    one = np.concatenate([tensor_stats(torch.randn(1, generator=g)), tensor_stats(torch.randn(4, generator=g))])
+    fast = step_values(rg, [1], True)
+    general = step_values(np.vstack([rg, one]), [1], True)
+    np.testing.assert_array_equal(fast, general[:3])
+    assert np.isnan(general[3, 1])  # std of one value

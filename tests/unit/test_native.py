@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -285,26 +286,37 @@ def test_a_bad_library_in_the_cache_is_built_again(tmp_path: Path, monkeypatch: 
 
 
 _CHILD = """
-import sys, torch
+import os, sys, time, torch
 from nbdebug.capture import native
+open(sys.argv[1] + ".ready", "w").close()
+while not os.path.exists(sys.argv[2]):  # start building together
+    time.sleep(0.005)
 ok = native.available()
 row, alive = native.stats(torch.tensor([[0.0, 2.0], [0.0, -1.0]]), units=True)
 print(ok, native.status(), row.tolist(), alive.tolist())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
 def test_two_processes_build_at_once(tmp_path: Path) -> None:
-    env = {**os.environ, "NBDEBUG_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, "-c", _CHILD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    cache, sync = tmp_path / "cache", tmp_path / "sync"
+    sync.mkdir()
+    env = {**os.environ, "NBDEBUG_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(sync / str(i)), str(sync / "go")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    deadline = time.monotonic() + 120
+    while not all((sync / f"{i}.ready").exists() for i in range(2)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (sync / "go").touch()
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
         assert out.startswith("True loaded "), out
         assert out.rstrip().endswith("[4.0, 1.0, 5.0, -1.0, 2.0, 2.0, 0.0, 0.0, 0.0] [False, True]")
-    libs = sorted(str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*") if f.is_file())
+    libs = sorted(str(f.relative_to(cache)) for f in cache.rglob("*") if f.is_file())
     assert len(libs) == 1 and libs[0].endswith("libnbdstats.so")  # one library, no temporary left over
+    assert [d.name for d in cache.rglob(".build-*")] == []
 
 
 @pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")

@@ -272,11 +272,12 @@ def seg_norms(before_flat: np.ndarray, params: Sequence[torch.Tensor]) -> tuple[
     ptrs, sizes = got
     _flat_f32(before_flat, sum(sizes))
     k = len(ptrs)
-    b, d = np.empty(k), np.empty(k)
+    out = (ctypes.c_double * (2 * k))()
     if k:
         i64 = ctypes.c_int64 * k
-        _lib.nbd_seg_norms(_address(before_flat), i64(*ptrs), i64(*sizes), k, b.ctypes.data, d.ctypes.data)  # type: ignore[union-attr]
-    return b, d
+        _lib.nbd_seg_norms(_address(before_flat), i64(*ptrs), i64(*sizes), k, out, ctypes.byref(out, 8 * k))  # type: ignore[union-attr]
+    both = np.frombuffer(out, np.float64) if k else np.zeros(0)
+    return both[:k], both[k:]
 
 
 def gather(params: Sequence[torch.Tensor], out: np.ndarray) -> bool:

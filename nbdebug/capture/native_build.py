@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -122,19 +123,38 @@ def load() -> tuple[tuple[ctypes.CDLL, ctypes.PyDLL] | None, str]:
     if isinstance(cc, str):
         return None, cc
     argv, identity = cc
-    target = cache_dir() / _key(identity, source) / LIB_NAME
-    got = _open(target) if target.exists() else "not built"
-    if isinstance(got, str):  # not built yet, or a bad file there (truncated, foreign): build it (again)
+    key, why = _key(identity, source), "no cache directory"
+    for root in _roots():
+        target = root / key / LIB_NAME
+        got = _open(target) if target.exists() else "not built"
+        if isinstance(got, str):  # not built yet, or a bad file there (truncated, foreign): build it (again)
+            try:
+                why = _build(argv, target)
+            except OSError as e:
+                why = f"cannot write the cache ({e})"
+                continue  # e.g. a read-only home: the private temporary directory next
+            if why is not None:
+                return None, why
+            got = _open(target)
+            if isinstance(got, str):
+                return None, got
+        return got, f"loaded {target}"
+    return None, why
+
+
+def _roots() -> Iterator[pathlib.Path]:
+    """:func:`cache_dir`, then (unless ``NBDEBUG_CACHE_DIR`` is set) a private directory of this user
+    in the system's temporary directory, used only if nobody else can write to it."""
+    yield cache_dir()
+    if not os.environ.get("NBDEBUG_CACHE_DIR") and hasattr(os, "getuid"):
+        tmp = pathlib.Path(tempfile.gettempdir()) / f"nbdebug-native-{os.getuid()}"
         try:
-            why = _build(argv, target)
-        except OSError as e:
-            why = f"cannot write the cache ({e})"
-        if why is not None:
-            return None, why
-        got = _open(target)
-        if isinstance(got, str):
-            return None, got
-    return got, f"loaded {target}"
+            tmp.mkdir(mode=0o700, exist_ok=True)
+            st = tmp.stat()
+        except OSError:
+            return
+        if st.st_uid == os.getuid() and not st.st_mode & 0o077:
+            yield tmp
 
 
 def _open(target: pathlib.Path) -> tuple[ctypes.CDLL, ctypes.PyDLL] | str:

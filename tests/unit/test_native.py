@@ -285,6 +285,21 @@ def test_a_bad_library_in_the_cache_is_built_again(tmp_path: Path, monkeypatch: 
     assert native.status() == f"loaded {target}" and target.stat().st_size > 1000
 
 
+@pytest.mark.skipif(ENV_OFF or not hasattr(os, "getuid"), reason="NBDEBUG_NATIVE=0 in the environment / no uid")
+def test_unwritable_cache_falls_back_to_a_private_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.delenv("NBDEBUG_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file" / "cache"))  # cannot be created
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    native._reset()
+    assert native.available(), native.status()
+    private = tmp_path / "tmp" / f"nbdebug-native-{os.getuid()}"
+    assert native.status().startswith(f"loaded {private}/") and (private.stat().st_mode & 0o777) == 0o700
+
+
 _CHILD = """
 import os, sys, time, torch
 from nbdebug.capture import native

@@ -161,6 +161,29 @@ def test_same_fields_as_fallback_and_reference(name: str, sat: tuple[float, floa
 
 
 @pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def test_no_torch_op_on_the_native_path() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(32, 16, 8, 8).relu()
+    with Ops() as spy:
+        tensor_stats(x[:, :3])  # not dense: the torch path (the spy sees its ops)
+    assert spy.ops
+    with Ops() as spy:
+        stats_and_units(x, saturation=(0.0, 1.0), units=True)  # one native pass: no torch op at all
+        tensor_stats(x)
+    assert spy.ops == []
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
 def test_hand_values_and_mask() -> None:
     t = torch.zeros(3, 4, 2)
     t[0, 0, 1] = 2.0

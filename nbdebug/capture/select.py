@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Union
 
+import torch
 from torch import nn
 from torch.nn.utils.parametrize import is_parametrized
 
@@ -42,8 +43,18 @@ def _is_leaf(m: nn.Module) -> bool:
 
 def model_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``named_modules()`` without the root and without parametrization internals
-    (``conv1.parametrizations.weight.0``): the modules whose calls are activations."""
-    return [(n, m) for n, m in model.named_modules() if n and ".parametrizations." not in f".{n}."]
+    (``conv1.parametrizations.weight.0``) and without TorchScript subtrees (a ``ScriptModule`` refuses
+    Python hooks; its calls are the graph's, not ours to see): the modules whose calls are activations."""
+    out: list[tuple[str, nn.Module]] = []
+    opaque: list[str] = []
+    for n, m in model.named_modules():
+        if not n or ".parametrizations." in f".{n}." or any(n.startswith(p + ".") for p in opaque):
+            continue
+        if isinstance(m, torch.jit.ScriptModule):
+            opaque.append(n)
+            continue
+        out.append((n, m))
+    return out
 
 
 def _pattern_matcher(pat: str) -> Callable[[str], bool] | None:

@@ -286,9 +286,6 @@ class _ScriptedInside:
         return Net()
 
 
-@pytest.mark.xfail(strict=True, reason="capture/select.py model_modules: hooks are registered on the TorchScript "
-                   "submodule `act` (and its children), which raises 'register_forward_hook is not supported on "
-                   "ScriptModules', so the whole thermometer is skipped; needs ScriptModule subtrees left out")
 def test_scripted_submodule(record_property: Any) -> None:
     """A TorchScript block inside a Python model: the thermometer shows the Python layers around it
     (``a``, ``b``), each equal to a plain-hook run, and leaves the model as it was."""

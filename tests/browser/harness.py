@@ -33,6 +33,7 @@ __all__ = [
     "kernel_json",
     "open_and_run",
     "open_notebook",
+    "reload_notebook",
     "run_cell",
     "run_code_and_wait_text",
     "run_js",
@@ -213,6 +214,14 @@ def open_and_run(
     outputs = run_js(page, _OUTPUTS, None)
     raise_on_error_outputs(outputs)
     return outputs
+
+
+def reload_notebook(page: Any, name: str) -> None:
+    """Save notebook ``name`` (its outputs), reload the page and wait until its kernel (the same one,
+    still running) is idle: widgets then restore from the kernel's state, as after a user's refresh."""
+    run_js(page, "await app.commands.execute('docmanager:save'); return true;")
+    page.reload(wait_until="domcontentloaded", timeout=PAGE_LOAD_MS)
+    page.wait_for_function(_KERNEL_IDLE, arg=ipynb(name), timeout=KERNEL_IDLE_MS)
 
 
 def start_run_all(page: Any) -> None:

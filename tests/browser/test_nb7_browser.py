@@ -2,7 +2,7 @@
 ``/notebooks/<path>`` UI of the session's Notebook 7 server): each test opens its notebook, runs it,
 checks the widget drew (pixels on its canvases, DOM values equal to the kernel's) and that an
 interaction reached the kernel (a synced trait a later cell prints, or an on-demand fetch the
-kernel answered). The JupyterLab twins are ``test_live_browser.py``, ``test_doctor_browser.py``,
+kernel answered); the live thermometer also comes back whole after a page refresh. The JupyterLab twins are ``test_live_browser.py``, ``test_doctor_browser.py``,
 ``test_groups_browser.py`` and ``test_run_browser.py``; the notebooks are theirs where they fit
 (imported, not copied), smaller where Lab's would cost CI time for nothing Notebook 7 adds.
 """
@@ -20,6 +20,7 @@ from .harness import (
     kernel_json,
     open_and_run,
     open_notebook,
+    reload_notebook,
     run_code_and_wait_text,
     run_js,
     screenshot,
@@ -121,6 +122,16 @@ def test_live_thermometer_notebook7(page, nb7) -> None:
     run_code_and_wait_text(page, "print('selected=' + _nndebug_widget.selected)", "selected=1")
     assert kernel_json(page, "_nndebug_widget.js_error") == ""
     screenshot(page, "live-nb7", widget)
+
+    # A page refresh: the widget comes back from the kernel's state (the whole history, not the live messages).
+    reload_notebook(page, "live_nb7")
+    widget = wait_widget(page, "thermometer")
+    widget.locator(".nbd-step-count", has_text=f"{STEPS} steps").wait_for()
+    k = 20
+    widget.locator("input.nbd-slider").fill(str(k - 1))
+    widget.locator(".nbd-step-label", has_text=f"step {k} of {STEPS}").wait_for()
+    title = widget.locator('.nbd-row[data-row="0"] .nbd-therm').get_attribute("title")
+    assert _std(title) == pytest.approx(kernel_json(page, f"[r.stats['std'] for r in res.at({k}) if r.name == '0']")[0], rel=6e-3)
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 ``/notebooks/<path>`` UI of the session's Notebook 7 server): each test opens its notebook, runs it,
 checks the widget drew (pixels on its canvases, DOM values equal to the kernel's) and that an
 interaction reached the kernel (a synced trait a later cell prints, or an on-demand fetch the
-kernel answered); the live thermometer also comes back whole after a page refresh. The JupyterLab twins are ``test_live_browser.py``, ``test_doctor_browser.py``,
-``test_groups_browser.py`` and ``test_run_browser.py``; the notebooks are theirs where they fit
-(imported, not copied), smaller where Lab's would cost CI time for nothing Notebook 7 adds.
+kernel answered); the live thermometer also comes back whole after a page refresh. The JupyterLab
+twins are ``test_live_browser.py``, ``test_doctor_browser.py``, ``test_groups_browser.py`` and
+``test_run_browser.py``; the notebooks are theirs where they fit (imported, not copied), smaller
+where Lab's would cost CI time for nothing Notebook 7 adds.
 """
 
 from __future__ import annotations

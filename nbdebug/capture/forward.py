@@ -204,9 +204,9 @@ class _Forward:
                 alive = _units_of(t, raw, on_device)
             call = _Call(cap, row, name, tuple(t.shape))
             call.raw, call.alive = raw, alive
-            if not row.units and t.dim() >= 2 and t.is_floating_point():
+            if not row.units and t.dim() >= 2 and t.is_floating_point() and t.shape[1]:
                 row.units = t.shape[1]
-                cap._layout = None
+                cap._layout = None  # the step layouts list the unit rows
             check = on_device or type(raw) is not ndarray or raw[_NAN] + raw[_INF] > 0
             if check:
                 cap._maybe_bad = True
@@ -267,7 +267,7 @@ class _Forward:
             else:
                 call.alive = _units_of(t, raw, on_device)
             call.raw = raw
-            if not row.units and t.dim() >= 2 and t.is_floating_point():
+            if not row.units and t.dim() >= 2 and t.is_floating_point() and t.shape[1]:
                 row.units = t.shape[1]
                 self._layout = None
             if not check and (not isinstance(raw, np.ndarray) or raw[_NAN] + raw[_INF] > 0):

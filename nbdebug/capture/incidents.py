@@ -13,6 +13,7 @@ so ``%debug`` opens in a frame holding ``inputs``, ``output`` and ``module``.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,8 +29,8 @@ from .leaves import local, tensor_leaves
 if TYPE_CHECKING:
     from .session import Capture
 
-__all__ = ["Incident", "LossSpikes", "NonFiniteError", "copy_within", "describe_nonfinite", "forward_incident", "param_stats",
-           "step_incidents"]
+__all__ = ["Incident", "LossSpikes", "NonFiniteError", "copy_within", "describe_nonfinite", "forward_incident", "loss_spike",
+           "param_stats", "step_incidents"]
 
 SPIKE_FACTOR = 10.0  # a loss above this many times the running median is a spike
 SPIKE_MIN_STEPS = 5  # steps with a loss before spikes are looked for
@@ -174,17 +175,23 @@ class LossSpikes:
 
     def __init__(self) -> None:
         self._losses: deque[float] = deque(maxlen=SPIKE_WINDOW)
+        self._sorted: list[float] = []  # the same losses, sorted (the median without a sort per step)
 
     def check(self, loss: float) -> float | None:
         """The median the (finite) ``loss`` spiked above, or None; then remembers it."""
         if not math.isfinite(loss):
             return None
         out = None
-        if len(self._losses) >= SPIKE_MIN_STEPS:
-            med = float(np.median(np.fromiter(self._losses, float)))
+        n = len(self._sorted)
+        if n >= SPIKE_MIN_STEPS:
+            s, m = self._sorted, n // 2
+            med = s[m] if n % 2 else (s[m - 1] + s[m]) / 2  # what np.median gives
             if med > 0 and loss > SPIKE_FACTOR * med:
                 out = med
+        if n == SPIKE_WINDOW:
+            del self._sorted[bisect.bisect_left(self._sorted, self._losses[0])]
         self._losses.append(loss)
+        bisect.insort(self._sorted, loss)
         return out
 
 
@@ -220,11 +227,17 @@ def step_incidents(cap: Capture, data: Any, step: int) -> bool:
                                 describe_nonfinite(step, data.pg, row.key if row else data.pg, "param_grad", "", None, None),
                                 params=_param_stats(cap, data.pg), previous=_previous(cap, row) if row else None,
                                 optimizer=_opt_state(cap, data.pg)))
-    loss = data.scalars["loss"]
-    med = cap.spikes.check(loss) if not math.isnan(loss) else None
-    if med is not None:
-        new.append(Incident("loss_spike", step, None, None, None,
-                            f"step {step}: loss {loss:.4g} is {loss / med:.1f}× the running median {med:.4g}",
-                            value=loss, median=med))
     cap.incidents += new
+    loss = data.scalars["loss"]
+    if not math.isnan(loss):
+        loss_spike(cap, step, loss)
     return first_bad
+
+
+def loss_spike(cap: Capture, step: int, loss: float) -> None:
+    """The loss spike incident of step ``step``, if its loss is one (see :class:`LossSpikes`)."""
+    med = cap.spikes.check(loss)
+    if med is not None:
+        cap.incidents.append(Incident("loss_spike", step, None, None, None,
+                                      f"step {step}: loss {loss:.4g} is {loss / med:.1f}× the running median {med:.4g}",
+                                      value=loss, median=med))

@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from . import assemble as _asm
+from .batch import flush
 from .budget import DEFAULT_MAX_BYTES
 from .calls import _Call, _Row, _version
 from .errors import ErrorSite, locate
@@ -134,7 +135,9 @@ class Capture(_Passes, _Forward, _ParamGrads):
         self.every, self.step_on, self.loss_fn, self.break_on = every, step_on, loss, break_on
         self.resume, self.on_step = resume, on_step
         self.result: CaptureResult | None = None
-        self.history = copy.deepcopy(resume.history) if resume is not None and resume.history is not None else History(self.max_bytes)
+        self._history = copy.deepcopy(resume.history) if resume is not None and resume.history is not None else History(self.max_bytes)
+        self._batch: list[Any] = []  # closed steps whose numbers wait to be folded (batch.py)
+        self._batch_sig: Any = None
         self._hooks = HookSet()
         # Output-gradient hooks: removed at exit (through the HookSet), pruned when a step closes once
         # their tensor's graph is gone (a long loop does not accumulate millions of handles).
@@ -240,7 +243,20 @@ class Capture(_Passes, _Forward, _ParamGrads):
     def _prune_tensor_hooks(self) -> None:
         self._tensor_handles = [h for h in self._tensor_handles if h.hooks_dict_ref() is not None]
 
+    @property
+    def history(self) -> History:
+        """The per-step history so far (steps waiting in the batch are folded first)."""
+        if self._batch:
+            try:
+                flush(self)
+            except Exception as err:  # never break a reader (a live view) with ours: those steps are lost
+                note = f"nbdebug could not summarise a step: {type(err).__name__}: {err}"
+                if note not in self.notes:
+                    self.notes.append(note)
+        return self._history
+
     def _commit_pending(self) -> None:
+        flush(self)
         pending, self._pending = self._pending, []
         for data in pending:
             commit(self, data)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .batch import defer, flush
 from .fold import (
     Layout,
     _accumulate,
@@ -90,6 +91,20 @@ def _f(x: Any) -> float:
     return float(a.mean()) if a.size else math.nan
 
 
+def _lr_of(opt_keys: list[tuple[str, tuple[str, ...]]], h_opt: list[Any]) -> dict[str, float]:
+    """Module → learning rate of the step ("" → the first group's), from the optimizer numbers."""
+    i = 0
+    for kind, mods in opt_keys:
+        if kind == "lr":
+            return dict(zip(mods, (v if type(v) is float else _f(v) for v in h_opt[i : i + len(mods)])))
+        i += len(mods)
+    return {}
+
+
+def _loss_of(h_loss: list[Any]) -> float:
+    return (sum(_f(x) for x in h_loss) / len(h_loss)) if h_loss else math.nan
+
+
 def _layout(cap: Capture, calls: list[_Call]) -> Layout:
     """The step's layout: the previous step's when its calls belong to the same rows in the same order."""
     key = [c.row for c in calls]
@@ -137,20 +152,25 @@ def close_step(cap: Capture) -> None:
     items.append(None if pg is None else (pg[1] if isinstance(pg[1], np.ndarray) else torch.stack(pg[1])))
     items.append(upd.scale if upd is not None else None)
     items.append(upd.skipped if upd is not None else False)
-    if cap.device_path or not _HOST_TYPES.issuperset(map(type, items)):
+    on_host = not cap.device_path and _HOST_TYPES.issuperset(map(type, items))
+    if not on_host:
         items = _host(items, cap.device_path)  # THE transfer of this step (none on the CPU path)
     h_raw, h_grad, h_alive = items[:n], items[n : 2 * n], items[2 * n : 3 * n]
-    pos = 3 * n + len(late)
-    _flush_late(cap, late, items[3 * n : pos])
-    h_checks = items[pos : pos + len(checks)]
-    pos += len(checks)
+    pos = 3 * n + len(late) + len(checks)
+    h_checks = items[3 * n + len(late) : pos]
     h_opt = items[pos : pos + len(opt_vals)]
     pos += len(opt_vals)
     h_loss = items[pos : pos + len(losses)]
     h_pg, h_scale, h_skip = items[-3], items[-2], items[-1]
+    scale = _scale_of(h_scale)
+    if (on_host and calls and not late and not checks and not cap._maybe_bad and (cap._open_grad or cap._seen_training)
+            and defer(cap, _layout(cap, calls), calls, h_raw, h_grad, h_alive, scale, pg, h_pg, pg_late, opt_keys, h_opt,
+                      _loss_of(h_loss), _lr_of(opt_keys, h_opt), h_skip if type(h_skip) is bool else bool(np.any(h_skip)))):
+        return  # folded later with other steps (batch.py)
+    flush(cap)  # steps waiting in the batch come first
+    _flush_late(cap, late, items[3 * n : 3 * n + len(late)])
     if not calls:
         return
-    scale = _scale_of(h_scale)
     # outputs' and gradients' raw stats side by side: [calls, 2 × N_FIELDS] (one array for the whole fold)
     both = np.empty((n, 2 * N_FIELDS))
     both[:, :N_FIELDS] = h_raw
@@ -202,19 +222,17 @@ def close_step(cap: Capture) -> None:
         p, w = lay.positions(names)
         if p.size:
             values[p, _PGN] = norm[w]
-    lr_of: dict[str, float] = {}
     i = 0
     for kind, mods in opt_keys:
-        got = [v if type(v) is float else _f(v) for v in h_opt[i : i + len(mods)]]
+        if kind != "lr":
+            got = [v if type(v) is float else _f(v) for v in h_opt[i : i + len(mods)]]
+            p, w = lay.positions(mods)
+            if p.size:
+                values[p, _OPT_COLS[kind]] = np.array(got)[w]
         i += len(mods)
-        if kind == "lr":
-            lr_of = dict(zip(mods, got))
-            continue
-        p, w = lay.positions(mods)
-        if p.size:
-            values[p, _OPT_COLS[kind]] = np.array(got)[w]
+    lr_of = _lr_of(opt_keys, h_opt)
     skipped = h_skip if type(h_skip) is bool else bool(np.any(h_skip))
-    loss = (sum(_f(x) for x in h_loss) / len(h_loss)) if h_loss else math.nan
+    loss = _loss_of(h_loss)
     checks_bad: dict[int, bool] = {}
     if checks:
         k = 0
@@ -330,7 +348,7 @@ def _flush_late(cap: Capture, late: list[Any], raws: list[Any]) -> None:
             vals[:, col] = gs[k]
         hids = np.array([r.hid for r, _ in rows])
         if (hids >= 0).all():
-            cap.history.update(step, hids, vals)
+            cap._history.update(step, hids, vals)
         if cap.bwd_step is None:
             calls = [c for c, _ in items]
             hit = _backward_origin(calls, np.stack([g for _, g in items]))
@@ -344,7 +362,7 @@ def commit(cap: Capture, data: _StepData) -> None:
     the history (``every``), then call ``on_step``."""
     cap.step += 1
     step = cap.step
-    hist = cap.history
+    hist = cap._history
     for c in data.calls:
         c.step = step
     lay = data.layout
@@ -396,6 +414,7 @@ def finish(cap: Capture) -> None:
     """At exit: close the open step, commit held-back no-grad steps, late gradients, the last step."""
     if cap._open:
         cap._close_step()
+    flush(cap)
     cap._commit_pending()
     if cap._late:
         late, cap._late = cap._late, []
@@ -404,7 +423,7 @@ def finish(cap: Capture) -> None:
         host = fetch.run()
         _flush_late(cap, late, [host[i] for i in slots])
     if cap.unappended is not None:
-        cap.history.append(*cap.unappended)
+        cap._history.append(*cap.unappended)
         cap.unappended = None
         if cap.on_step is not None:
             cap.on_step(cap)

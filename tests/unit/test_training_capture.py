@@ -712,7 +712,7 @@ class _Mixed(nn.Module):
         return self.head(x) + self.empty(x).sum() + self.one(self.head(x)[:1]).sum()
 
 
-def _mixed_run(step_on: str, general: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+def _mixed_run(step_on: str, general: bool, monkeypatch: pytest.MonkeyPatch, every: int = 1) -> Any:
     import nbdebug.capture.forward as forward
     import nbdebug.capture.steps as steps
 
@@ -722,29 +722,41 @@ def _mixed_run(step_on: str, general: bool, monkeypatch: pytest.MonkeyPatch) -> 
     g = torch.Generator().manual_seed(1)
     xs = [torch.randn(4, 1, 8, 8, generator=g) for _ in range(12)]
     xs[8][0, 0, 0, 0] = float("nan")  # a non-finite step late in the run
+    deferred = [0]
     with monkeypatch.context() as mp:
+        if not general:  # count the steps folded later in a batch (batch.py)
+            real_defer = steps.defer
+            mp.setattr(steps, "defer", lambda *a: deferred.__setitem__(0, deferred[0] + (ok := real_defer(*a))) or ok)
         if general:  # every short path off: the general forward path, the exact accumulation, a full non-finite scan
             mp.setattr(forward, "SHORT_PATH", False)
             real = steps.accumulate_step
             mp.setattr(steps, "accumulate_step", lambda cap, lay, at, rg, has: real(cap, lay, lay.ids.copy(), rg, has))
             mp.setattr(Capture, "_maybe_bad", property(lambda _self: True, lambda _self, _v: None), raising=False)
-        with Capture(m, step_on=step_on) as cap:
+        seen: list[tuple[int, int, int]] = []  # what on_step sees: (step, kept steps, last kept step)
+        on_step = (lambda c: seen.append((c.step, len(c.history), int(c.history.step_index[-1])))) if every > 1 else None
+        with Capture(m, step_on=step_on, every=every, on_step=on_step) as cap:
             per_step = 2 if step_on == "optimizer" else 1
             for i in range(0, len(xs), per_step):
                 opt.zero_grad()
                 for x in xs[i : i + per_step]:
                     m(x).pow(2).mean().backward()
                 opt.step()
+    cap.result.deferred = deferred[0]  # type: ignore[attr-defined]
+    cap.result.seen = seen  # type: ignore[attr-defined]
     return cap.result
 
 
-@pytest.mark.parametrize("step_on", ["forward", "optimizer"])  # optimizer: two passes per step (rows merged)
-def test_short_paths_give_the_general_paths_history(step_on: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The forward hook's short path, the step close's cached layout and one-slice accumulation, and the
-    skipped non-finite scan give exactly what the general paths give: same history (every kept step,
-    every field, last/min/max and scalars), same whole-run rows, same first non-finite step."""
-    fast, slow = _mixed_run(step_on, False, monkeypatch), _mixed_run(step_on, True, monkeypatch)
+@pytest.mark.parametrize(("step_on", "every"), [("forward", 1), ("forward", 3), ("optimizer", 1)])  # optimizer: two passes per step
+def test_short_paths_give_the_general_paths_history(step_on: str, every: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forward hook's short path, the step close's cached layout and one-slice accumulation, the
+    skipped non-finite scan and the batched fold (batch.py) give exactly what the general paths give:
+    same history (every kept step, every field, last/min/max and scalars), same whole-run rows, same
+    first non-finite step."""
+    fast, slow = _mixed_run(step_on, False, monkeypatch, every), _mixed_run(step_on, True, monkeypatch, every)
+    assert fast.seen == slow.seen  # on_step (every 3rd step and the first non-finite one) sees the same history
     assert fast.steps == slow.steps == (6 if step_on == "optimizer" else 12)
+    # the batched fold ran for the finite steps after the first (rows merged per step are folded at once)
+    assert fast.deferred == (7 if step_on == "forward" else 0) and slow.deferred == 0
     assert fast.history.rows == slow.history.rows and "relu#2" in fast.history.rows and "pair[1]" in fast.history.rows
     for agg in ("last", "min", "max"):
         np.testing.assert_array_equal(fast.history.values(agg), slow.history.values(agg))

@@ -1,0 +1,174 @@
+"""Steps folded in batches: the CPU path's usual training step costs a few Python operations when it
+closes, and its array work (history values, run accumulators, history append) is done for many steps
+at once.
+
+A step qualifies (:func:`defer`) when nothing about it needs looking at right away: host stats (not
+the device path), no hook saw a NaN/Inf count, finite parameter-gradient norms, no late gradients or
+input checks, every call has gradient stats, and its calls belong to the same rows in the same order as
+an already committed step whose every row had gradients (the cached :class:`~nbdebug.capture.fold.Layout`).
+Its step number, skipped flag, learning rates, loss-spike check and ``on_step`` call happen at once;
+its numbers wait in ``cap._batch``. :func:`flush` folds the waiting steps, in order, with the very
+element-wise operations the one-step path uses (so the history is bit for bit the same; tested), and
+runs before anything that reads what they change: another step that does not qualify, held-back
+no-grad steps, the end of the capture, late gradients, and any read of ``Capture.history`` (live views,
+the distributed spool), or when :data:`BATCH` steps wait.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .fold import _G_DIV1, Layout, _ensure_run, _or, accumulate_step, step_values
+from .history import FIELD_INDEX
+from .incidents import loss_spike
+from .stats import IDX, N_FIELDS
+
+if TYPE_CHECKING:
+    from .session import Capture
+
+__all__ = ["BATCH", "defer", "flush"]
+
+BATCH = 64  # steps that may wait before they are folded
+_DEAD, _PGN = FIELD_INDEX["dead_unit_frac"], FIELD_INDEX["param_grad_norm"]
+_OPT_COLS = {"param_norm": FIELD_INDEX["param_norm"], "update_ratio": FIELD_INDEX["update_ratio"]}
+_SUMSQ = IDX["sumsq"]
+
+
+class _Waiting:
+    """One closed step whose numbers wait for :func:`flush`."""
+
+    __slots__ = ("alive", "appended", "calls", "grad", "opt", "pg", "raw", "scalars", "scale", "step")
+
+    def __init__(self, calls: list[Any], step: int, raw: list[Any], grad: list[Any], alive: list[Any], scale: float | None,
+                 pg: np.ndarray | None, opt: list[Any], scalars: dict[str, float], appended: bool) -> None:
+        self.calls, self.step, self.raw, self.grad, self.alive, self.scale = calls, step, raw, grad, alive, scale
+        self.pg, self.opt, self.scalars, self.appended = pg, opt, scalars, appended
+
+
+def defer(cap: Capture, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad: list[Any], h_alive: list[Any],
+          scale: float | None, pg: Any, pg_host: Any, pg_late: bool, opt_keys: list[tuple[str, tuple[str, ...]]],
+          h_opt: list[Any], loss: float, lr_of: dict[str, float], skipped: bool) -> bool:
+    """Take the closed step into the batch and do its immediate part; False when it does not qualify
+    (the caller folds it now, after :func:`flush`)."""
+    if not (lay.committed and lay.grad_init and lay.unique and lay.span is not None):
+        return False
+    if any(g is None for g in h_grad):
+        return False
+    pgmap = None
+    if pg is not None:
+        if type(pg_host) is not np.ndarray or not math.isfinite(float(pg_host.sum())):
+            return False  # the step's parameter-gradient check needs it now
+        pgmap = cap._pg_modules(pg[0])
+        if scale is not None and not pg_late:
+            pg_host = pg_host / scale
+    sig = (lay, tuple(opt_keys), pgmap)
+    if cap._batch and cap._batch_sig != sig:
+        flush(cap)
+    cap._batch_sig = sig
+    cap.step += 1
+    step = cap.step
+    for c in calls:
+        c.step = step
+        c.closed = True
+        c.raw = c.alive = c.held = c.ref = c.grad_stats = None
+    if skipped:
+        cap.skipped.append(step)
+    lrs = {m: v for m, v in lr_of.items() if m}
+    if lrs:
+        cap.lrs.update(lrs)
+    scalars = {"loss": loss, "lr": lr_of.get("", math.nan), "skipped": 1.0 if skipped else 0.0}
+    if not math.isnan(loss):
+        loss_spike(cap, step, loss)
+    first = cap.resume.steps + 1 if cap.resume is not None else 1
+    appended = (step - first) % cap.every == 0
+    cap._batch.append(_Waiting(calls, step, h_raw, h_grad, h_alive, scale, pg_host if pg is not None else None,
+                               h_opt, scalars, appended))
+    if len(cap._batch) >= BATCH:
+        flush(cap)
+    if appended and cap.on_step is not None:
+        cap.on_step(cap)  # reading cap.history folds the waiting steps first
+    return True
+
+
+def flush(cap: Capture) -> None:
+    """Fold the waiting steps, in order: exactly what the one-step path does for each of them."""
+    batch = cap._batch
+    if not batch:
+        return
+    cap._batch = []
+    lay, opt_keys, pgmap = cap._batch_sig
+    _ensure_run(cap)
+    k, n = len(batch), len(lay.rows)
+    rg = np.empty((k, n, 2 * N_FIELDS))
+    rg[:, :, :N_FIELDS] = [w.raw for w in batch]
+    rg[:, :, N_FIELDS:] = [w.grad for w in batch]
+    if any(w.scale is not None for w in batch):  # x / 1.0 is x: steps without a scale are unchanged
+        s = np.array([1.0 if w.scale is None else w.scale for w in batch])[:, None]
+        g = rg[:, :, N_FIELDS:]
+        with np.errstate(invalid="ignore", over="ignore"):
+            g[:, :, _G_DIV1] /= s[:, :, None]
+            g[:, :, _SUMSQ] /= s * s
+    sat = [j * n + r for j in range(k) for r in lay.sat] if lay.sat else []
+    vals = step_values(rg.reshape(k * n, 2 * N_FIELDS), sat, True).reshape(k, n, -1)
+    for r, units in lay.unit_rows:
+        col = [w.alive[r] for w in batch]
+        if all(a is not None and a.size == units for a in col):
+            vals[:, r, _DEAD] = (units - np.count_nonzero(np.array(col), axis=1)) / units
+        else:
+            for j, a in enumerate(col):
+                vals[j, r, _DEAD] = 0.0 if a is None else ((a.size - int(np.count_nonzero(a))) / a.size if a.size == units else math.nan)
+    if pgmap is not None:
+        rep, mod_idx, names = pgmap
+        p = np.array([w.pg for w in batch])
+        sq = p * p
+        if rep is not None:
+            sq = sq[:, rep]
+        norm = np.empty((k, len(names)))
+        for m in range(len(names)):  # in parameter order, like bincount: the same sums
+            cols = np.flatnonzero(mod_idx == m)
+            acc = sq[:, cols[0]].copy()
+            for c in cols[1:]:
+                acc += sq[:, c]
+            norm[:, m] = acc
+        np.sqrt(norm, out=norm)
+        pos, which = lay.positions(names)
+        if pos.size:
+            vals[:, pos, _PGN] = norm[:, which]
+    i = 0
+    for kind, mods in opt_keys:
+        if kind != "lr":
+            arr = np.array([w.opt[i : i + len(mods)] for w in batch], dtype=np.float64)
+            pos, which = lay.positions(mods)
+            if pos.size:
+                vals[:, pos, _OPT_COLS[kind]] = arr[:, which]
+        i += len(mods)
+    at = lay.span
+    for j in range(k):
+        accumulate_step(cap, lay, at, rg[j], True)
+    cap.run_calls[at] += lay.counts * k
+    rows, units = lay.rows, cap.run_units
+    for r, _ in lay.unit_rows:
+        row = rows[r]
+        if not units[row.id]:
+            continue
+        for w in batch:
+            if row.alive is None:
+                break
+            a = _or(row.alive, w.alive[r])
+            row.alive = None if a is None or a.all() else a
+    for j, w in enumerate(batch):
+        g = rg[j, :, N_FIELDS:]
+        for jj, c in enumerate(w.calls):
+            c.grad_stats = g[jj]
+    hids = lay.history_ids()
+    hist = cap._history
+    for j, w in enumerate(batch):
+        if w.appended:
+            hist.append(w.step, hids, vals[j], w.scalars)
+            cap.unappended = None
+        else:
+            cap.unappended = (w.step, hids, vals[j], w.scalars)
+    cap.prev_values, cap.prev_rows = vals[-1], hids

@@ -294,7 +294,7 @@ def test_thermometer_keys_notebook7(page, nb7) -> None:
     widget.locator('.nbd-row[data-row="1"]').click()
     before = run_js(page, NOTEBOOK_STATE)
     page.keyboard.press("ArrowDown")
-    expect(widget.locator('.nbd-row[data-row="2"]')).to_have_class(re.compile("nbd-selected"))
+    expect(widget.locator('.nbd-row[data-row="2"]')).to_have_class(re.compile("nbd-selected"), timeout=3_000)
     slider = widget.locator("input.nbd-slider")
     slider.focus()
     page.keyboard.press("ArrowLeft")

@@ -280,11 +280,6 @@ for i in range(10):
 NOTEBOOK_STATE = "const nb = app.shell.currentWidget.content; return [nb.activeCellIndex, nb.mode];"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Notebook 7 handles keydown in the capture phase (its app starts without bubblingKeydown, JupyterLab "
-    "with it): the notebook's ArrowDown/ArrowLeft bindings (selector `.jp-Notebook.jp-mod-commandMode"
-    ":not(.jp-mod-readWrite) :focus`) take the keys of a focused thermometer row and of the step slider, "
-    "and move to the next cell; fixed by data-lm-suppress-shortcuts on the widgets' focusable elements"))
 def test_thermometer_keys_notebook7(page, nb7) -> None:
     """ArrowDown on a focused row selects the next row; ArrowLeft on the step slider goes one step back;
     the notebook's active cell does not move (as in JupyterLab for the rows)."""

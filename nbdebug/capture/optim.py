@@ -39,6 +39,7 @@ Numbers are floats on the CPU and 0-d float32 tensors on the device path (accele
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from .updates import _Group, _norms, _Plan, aggregate, aggregate_on_device
 __all__ = ["NO_OPTIMIZER_NOTE", "OptimizerWatch", "StepUpdates", "as_float_later", "loss_of_output", "scaler_patched"]
 
 Number = float | torch.Tensor  # a float, or a 0-d float32 tensor on the device path
+_NO_CONTEXT = contextlib.nullcontext()
 
 #: for the capture's notes when the model trained (gradients flowed) but no torch.optim optimizer stepped it
 NO_OPTIMIZER_NOTE = ("update ratio unavailable: no torch.optim optimizer stepped the model's parameters "
@@ -265,6 +267,7 @@ class OptimizerWatch:
         stack = self.on_device is not True
         plan.groups = [_Group(params, entries, positions, stack and dev.type == "cpu", originals)
                        for (dev, _), (params, entries, positions, originals) in by.items()]
+        plan.flat = bool(plan.groups) and all(g.flat is not None for g in plan.groups)
         # the snapshot, and for stacked runs the stacked parameters after the step
         plan.nbytes = nbytes = nbytes + sum(p.numel() * p.element_size() for g in plan.groups for p in g.params[g.n_single:])
         if plan.groups and nbytes > self.max_bytes:
@@ -289,6 +292,9 @@ class OptimizerWatch:
             return
         plan.closure = closure
         if not plan.groups:
+            return
+        if plan.flat and plan.nbytes <= self.max_bytes:  # numpy copies only: no autograd to keep out
+            plan.pending = [g.snapshot() for g in plan.groups]
             return
         with torch.no_grad():
             if plan.nbytes <= self.max_bytes:
@@ -316,7 +322,7 @@ class OptimizerWatch:
 
     def _step_done(self, opt: torch.optim.Optimizer, plan: _Plan, on_device: bool) -> None:
         """Learning rates of the step (what it used: read before a scheduler moves them), then tell the capture."""
-        lrs = [_number(g.get("lr"), on_device) for g in opt.param_groups]
+        lrs = [lr if type(lr := g.get("lr")) is float else _number(lr, on_device) for g in opt.param_groups]
         if lrs:
             self._lr.setdefault("", lrs[0])
         self._lr.update(zip(plan.names, (lrs[gi] for gi in plan.module_group)))
@@ -327,7 +333,7 @@ class OptimizerWatch:
                 missing: list[list[bool]] | None = None) -> None:
         """Ratios and norms of the step; ``missing`` (per group, per parameter): not stepped (no gradient
         after a closure), left out of its module's numbers (a module with none stepped: ratio NaN)."""
-        with torch.no_grad():
+        with torch.no_grad() if not plan.flat else _NO_CONTEXT:  # the flat path reads numpy copies only
             have_diff = not isinstance(pending[0], torch.Tensor)
             norms = [g.norms(p) if have_diff else (p, None, False) for g, p in zip(plan.groups, pending)]
             found_inf = getattr(opt, "found_inf", None)  # set by GradScaler on fused optimizers during step()

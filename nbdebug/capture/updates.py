@@ -129,7 +129,7 @@ class _Plan:
     """What one optimizer steps of the watched modules (cached; rebuilt when its groups or the set of
     parameters with a gradient change)."""
 
-    __slots__ = ("candidates", "closure", "groups", "key", "mask", "module_group", "names", "nbytes", "pending", "posts")
+    __slots__ = ("candidates", "closure", "flat", "groups", "key", "mask", "module_group", "names", "nbytes", "pending", "posts")
 
     def __init__(self, key: tuple[int, ...], candidates: list[tuple[torch.Tensor, int, list[str]]]) -> None:
         self.key = key
@@ -143,6 +143,7 @@ class _Plan:
         self.pending: list[tuple[list[torch.Tensor], list[torch.Tensor]] | torch.Tensor] | None = None
         self.posts = 0  # completed steps (post-hook calls) of this optimizer
         self.closure = False  # the pending step was given a closure (gradients appear inside the step)
+        self.flat = False  # every group copies its parameters into one numpy buffer (no torch op per step)
 
 
 # -- GradScaler: one wrapper per process, shared by every entered watch ---------------------------

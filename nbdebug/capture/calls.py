@@ -1,7 +1,9 @@
 """Per-call records of a :class:`~nbdebug.capture.session.Capture`: :class:`_Row` (one row of the
 whole run, merged over its calls in every step) and :class:`_Call` (one recorded tensor leaf of one
-module call in the open step, which is also that tensor's output-gradient hook), and two small
-autograd helpers the session's hooks use.
+module call in the open step, which is also that tensor's output-gradient hook), two small autograd
+helpers the session's hooks use, and :func:`grad_norms` (parameter-gradient norms: NATIVE's
+``sq_norms`` in one call for float32 CPU gradients, BLAS dots without it, batched ``_foreach_norm``
+otherwise; float32 overflow of finite gradients is not called non-finite).
 """
 
 from __future__ import annotations

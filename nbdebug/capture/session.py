@@ -10,7 +10,8 @@ optimizer step that follow belong to it; ``step_on="optimizer"`` ends a step aft
 ``optimizer.step()`` instead, so gradient-accumulation micro-batches merge). When a step closes
 (at the next step's forward, or at exit) its calls are folded into the whole-run rows and one
 :class:`~nbdebug.capture.history.History` entry, in one host transfer on the device path (no
-per-layer sync). Evaluation: once a grad-enabled forward has been seen, forwards under
+per-layer sync; on the CPU path the usual training step's array work waits in a batch of up to 64 steps,
+folded before anything reads it: :mod:`.batch`). Evaluation: once a grad-enabled forward has been seen, forwards under
 ``no_grad``/``inference_mode`` are not steps (counted in ``eval_steps``, not recorded). No-grad
 forwards *before* the first grad-enabled one are held back: they become evaluation when training
 starts, and steps when it never does (an inference cell), or once 16 of them are waiting.
@@ -38,6 +39,11 @@ Gradients arriving after their step closed (a delayed backward) are not unscaled
 ``loss``: when it returns the very object it returned at the previous step's close (the variable was
 not reassigned: the forward raised before it, or the loop forgot), the step's loss is unknown (NaN),
 with a note listing those steps (``stale_loss``).
+
+Parts: :mod:`.passes` (root hooks, where steps begin and end), :mod:`.forward` (the forward hooks),
+:mod:`.calls` (per-call records, output-gradient hooks), :mod:`.paramgrads` (parameter-gradient
+norms), :mod:`.steps` / :mod:`.fold` / :mod:`.batch` (closing a step), :mod:`.optim` (the optimizer
+watch), :mod:`.assemble` (the result at exit).
 """
 
 from __future__ import annotations

@@ -478,3 +478,14 @@ def test_live_widget_sends_the_grouped_tree_once_per_row_set():
         assert w.groups is g  # same rows: the tree is not sent again
     finally:
         w.close()
+
+
+def test_payload_functions_moved_and_reexported() -> None:
+    """groups_payload.py holds the payloads; ``nbdebug.inspectors.groups`` still exports them."""
+    from nbdebug.inspectors import groups, groups_payload
+
+    for name in ("group_history", "groups_live", "groups_payload", "groups_view"):
+        assert getattr(groups, name) is getattr(groups_payload, name)
+        assert getattr(groups_payload, name).__module__ == "nbdebug.inspectors.groups_payload"
+    with pytest.raises(AttributeError):
+        groups.no_such_name  # noqa: B018

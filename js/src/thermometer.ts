@@ -23,6 +23,7 @@ import {
   type Legend,
   type Scales,
 } from "./thermometer/rows";
+import { textsAt, type At, type Texts } from "./thermometer/step_texts";
 import { CSS } from "./thermometer/style";
 import { timeMarks, Timeline, type Position } from "./thermometer/timeline";
 
@@ -45,7 +46,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const nothing = h("div", { class: "nbd-nothing", text: "" });
   const table = h("div", { class: "nbd-table" }, [head, body, nothing]);
   const diagList = h("ul", { class: "nbd-diagnoses" });
-  const groups = new GroupsPanel(model, [table]); // the grouped view hides the flat table while on
+  // the grouped view hides the flat table while on; the table is rebuilt only when shown (1,600+ rows)
+  const groups = new GroupsPanel(model, [table], () => {
+    if (!groups.active && flatStale) drawFlat();
+  });
   const errorBox = h("div", { class: "nbd-error" });
   const detail = new DetailPanel(model, () => {
     const c = getComputedStyle(root).getPropertyValue("--jp-brand-color1").trim();
@@ -82,6 +86,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   let timed = false; // the run has a history of 2+ kept steps (or is still running)
   let storeRow = new Map<string, number>(); // row name → history row
   let traitIndex = new Map<string, number>(); // row name → index in the `layers` trait (histogram requests)
+  let flatStale = false; // the flat table's rows are not drawn for the current data (the grouped view is shown)
+  let at: At | null = null; // the slider's position as the texts name it (null: no history)
 
   const reportError = (where: string, err: unknown) => {
     const msg = `${where}: ${err instanceof Error ? err.message : String(err)}`;
@@ -100,6 +106,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   }
 
   function applySort(): void {
+    if (flatStale) return;
     const order = sortedOrder(layers, stats, String(model.get("sort_by") ?? ""), Boolean(model.get("sort_desc")));
     const frag = document.createDocumentFragment();
     for (const i of order) frag.appendChild(rows[i]);
@@ -114,7 +121,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     layers.forEach((l, i) => {
       const isFlagged = (l.flags ?? []).length > 0;
       if (isFlagged) flagged++;
-      rows[i].style.display = only && !isFlagged ? "none" : "";
+      if (!flatStale) rows[i].style.display = only && !isFlagged ? "none" : "";
     });
     counter.textContent = `${layers.length} layer outputs, ${flagged} flagged`;
     nothing.textContent = layers.length === 0 ? "no layer outputs were captured" : only && flagged === 0 ? "no flagged layers" : "";
@@ -124,29 +131,52 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   function select(name: string, opts: { scroll?: boolean; force?: boolean } = {}): void {
     if (name === current && !opts.force) return;
     groups.select(name);
-    if (current && byName.has(current)) rows[byName.get(current)!]?.classList.remove("nbd-selected");
+    if (current && byName.has(current) && !flatStale) rows[byName.get(current)!]?.classList.remove("nbd-selected");
     current = name;
     const i = byName.get(name);
     if (!name || i === undefined) {
       detail.clear();
       return;
     }
-    const row = rows[i];
-    row.classList.add("nbd-selected");
-    if (opts.scroll && typeof row.scrollIntoView === "function") row.scrollIntoView({ block: "nearest" });
+    if (!flatStale) {
+      const row = rows[i];
+      row.classList.add("nbd-selected");
+      if (opts.scroll && typeof row.scrollIntoView === "function") row.scrollIntoView({ block: "nearest" });
+    }
     // histograms are fetched by the row's index in the run's table (the same name at every step)
-    void detail.show(traitIndex.get(name) ?? i, name, stats, columns);
+    void detail.show(traitIndex.get(name) ?? i, name, stats, columns, {
+      at: at ? (at.whole ? "whole run" : `step ${at.step}`) : "",
+      unavailable: String(model.get("histogram_note") ?? ""),
+    });
+  }
+
+  /** The header, notes and diagnoses at the slider's position (step_texts.ts). */
+  function texts(): Texts {
+    const kernel: Texts = {
+      summary: String(model.get("summary") ?? ""),
+      notes: (model.get("notes") ?? []).map(String),
+      diagnoses: model.get("diagnoses") ?? [],
+    };
+    const run = model.get("run_texts");
+    return textsAt(at, Number(model.get("report_step") ?? 0), kernel, run && typeof run === "object" ? run : null, layers, stats, model.get("legend") ?? {});
   }
 
   function renderTexts(): void {
-    replaceChildren(summary, withCode(String(model.get("summary") ?? "")));
+    const t = texts();
+    replaceChildren(summary, withCode(t.summary));
+    if (model.get("running") && store.length) {
+      const nan = store.firstNonfinite ? `, first NaN/Inf at step ${store.firstNonfinite}` : "";
+      const gap = store.gap ? " (earlier steps appear when the cell ends)" : "";
+      const where = pos.whole || pos.slot >= store.length - 1 ? "" : `; table at step ${store.step(pos.slot)}`;
+      summary.textContent = `running: ${store.totalSteps} step${store.totalSteps === 1 ? "" : "s"} so far${nan}${gap}${where}`;
+    }
     renderRaised(raisedBox, model.get("raised") as Partial<Raised> | undefined);
-    const ns: string[] = model.get("notes") ?? [];
+    const ns = t.notes;
     replaceChildren(notes, ns.map((n) => h("li", {}, withCode(String(n)))));
     notes.style.display = ns.length ? "" : "none";
     const legend: Legend = model.get("legend") ?? {};
     const present = new Set(layers.flatMap((l) => l.flags ?? []));
-    const diags: Diagnosis[] = model.get("diagnoses") ?? [];
+    const diags: Diagnosis[] = t.diagnoses;
     for (const d of diags) present.add(d.code);
     replaceChildren(
       legendBox,
@@ -199,12 +229,32 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     sparkLabel.style.display = timed ? "" : "none";
   }
 
+  /** Build the flat table's rows for the current data (layers, stats at the position). */
+  function drawFlat(): void {
+    flatStale = false;
+    scales = computeScales(stats);
+    const legend: Legend = model.get("legend") ?? {};
+    const stat = sparkStat();
+    const nan = timeMarks(store).filter((m) => m.cls === "nbd-mark-nan");
+    rows = layers.map((l, i) => {
+      const row = buildRow(l, i, stats, scales!, legend);
+      if (stat) row.appendChild(sparkCell(store, storeRow.get(String(l.name)), stat, pos.whole ? undefined : pos.slot, nan, sparks));
+      return row;
+    });
+    replaceChildren(body, []);
+    applySort();
+    applyFilter();
+    const i = byName.get(current);
+    if (current && i !== undefined) rows[i]?.classList.add("nbd-selected");
+  }
+
   function rebuild(): void {
     errorBox.textContent = live.error;
     try {
       syncTrait(model);
       const running = Boolean(model.get("running"));
       const merged: Layer[] = model.get("layers") ?? [];
+      detail.reset(model.get("layers"));
       columns = model.get("columns") ?? [];
       traitIndex = new Map();
       merged.forEach((l, i) => traitIndex.has(String(l.name)) || traitIndex.set(String(l.name), i));
@@ -223,29 +273,19 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
         layers = merged;
         stats = new StatTable(model.get("stats"), columns, layers.length);
       }
-      scales = computeScales(stats);
-      const legend: Legend = model.get("legend") ?? {};
-      const stat = sparkStat();
-      const nan = timeMarks(store).filter((m) => m.cls === "nbd-mark-nan");
-      rows = layers.map((l, i) => {
-        const row = buildRow(l, i, stats, scales!, legend);
-        if (stat) row.appendChild(sparkCell(store, storeRow.get(String(l.name)), stat, pos.whole ? undefined : pos.slot, nan, sparks));
-        return row;
-      });
+      const total = store.totalSteps || (store.length ? store.step(store.length - 1) : 0);
+      at = timed ? { whole: pos.whole, step: pos.whole ? 0 : store.step(pos.slot), total } : null;
       byName = new Map();
       layers.forEach((l, i) => {
         if (!byName.has(String(l.name))) byName.set(String(l.name), i);
       });
-      replaceChildren(body, []);
-      applySort();
+      groups.sync(model.get("legend") ?? {});
+      // the flat table is drawn only when shown: with the grouped view on, a slider move at 1,600+
+      // rows would otherwise rebuild every hidden row (drawn when the grouped view is switched off)
+      flatStale = groups.active;
+      if (!flatStale) drawFlat();
       applyFilter();
       renderTexts();
-      groups.sync(model.get("legend") ?? {});
-      if (running && store.length) {
-        const nan = store.firstNonfinite ? `, first NaN/Inf at step ${store.firstNonfinite}` : "";
-        const gap = store.gap ? " (earlier steps appear when the cell ends)" : "";
-        summary.textContent = `running: ${store.totalSteps} step${store.totalSteps === 1 ? "" : "s"} so far${nan}${gap}`;
-      }
       timeline.update(store, pos, running, merged.length > 0);
       timeline.el.style.display = timed ? "" : "none";
       renderSparkChoices();
@@ -346,9 +386,11 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     ["change:stats", schedule],
     ["change:columns", schedule],
     ["change:legend", schedule],
-    ["change:summary", schedule],
-    ["change:notes", schedule],
-    ["change:diagnoses", schedule],
+    ["change:summary", renderTexts],
+    ["change:notes", renderTexts],
+    ["change:diagnoses", renderTexts],
+    ["change:run_texts", renderTexts],
+    ["change:report_step", renderTexts],
     ["change:has_grads", schedule],
     ["change:raised", schedule],
     ["change:history", schedule],

@@ -18,7 +18,7 @@ float32 [K, rows, fields] (across the ranks that kept that step), and ``whole_lo
 idle after the run): request ``rank`` ``{rank}`` answers ``{rank, traits}`` with the arrays in
 binary buffers (each array's place in ``traits`` holds ``{"__array__": name}``); ``rank_request``
 ``{rank, method, params}`` answers what the rank's thermometer would (histograms are not spooled:
-an error that says so). ``js/src/run.ts`` draws it with the thermometer's own renderer.
+the rank's ``histogram_note`` trait says so and its rows send no request; asked anyway, an error). ``js/src/run.ts`` draws it with the thermometer's own renderer.
 """
 
 from __future__ import annotations
@@ -178,7 +178,12 @@ class RunWidget(NBWidget):
     def _rank_request(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         rank, method = int(params["rank"]), str(params.get("method"))
         self.report_of(rank)  # a rank that recorded nothing says so
-        if method == "histogram":
+        if method == "histogram":  # the rank's table says when none is kept (histogram_note): no request then
+            from .thermometer import histogram_answer
+
+            cap = self.run.ranks[rank]
+            if any(r.sample is not None or r.histogram is not None for r in cap.layers):
+                return histogram_answer(cap, int(params.get("params", {}).get("row", -1)))
             raise ValueError(f"histograms are not kept across processes (rank {rank}): the spool carries each "
                              "step's statistics only; run the rank's code in this kernel with nbdebug.debug for values")
         raise KeyError(f"unknown request {method!r} for rank {rank}")

@@ -39,7 +39,7 @@ from ..inspectors.thermometer import COLUMNS, LEGEND, ThermometerReport, Thresho
 from ._base import NBWidget, rpc
 from ._transport import encode_array, pack_arrays
 
-__all__ = ["LIVE_BYTES", "TRAIT_BYTES", "WIRE_FIELDS", "ThermometerWidget"]
+__all__ = ["LIVE_BYTES", "TRAIT_BYTES", "WIRE_FIELDS", "ThermometerWidget", "histogram_answer"]
 
 #: per-row history fields sent to the browser (what the table, the detail panel and sparklines show)
 WIRE_FIELDS: tuple[str, ...] = (
@@ -99,6 +99,13 @@ class ThermometerWidget(NBWidget):
     #: rows so far, values from the history in the browser) and the statistic of its strips ("": its default)
     groups = traitlets.Dict().tag(sync=True)
     group_stat = traitlets.Unicode("").tag(sync=True)
+    #: the kept step ``summary``, ``notes`` and ``diagnoses`` describe (0: no history); at other slider
+    #: steps the browser decides the header and diagnoses from that step's flags (step_texts.ts)
+    report_step = traitlets.Int(0).tag(sync=True)
+    #: ``{summary, notes, diagnoses}`` of the whole-run report (the slider's "whole run"; {} without history)
+    run_texts = traitlets.Dict().tag(sync=True)
+    #: why no row has a histogram ("": rows have one, fetched on click); set, a click sends no request
+    histogram_note = traitlets.Unicode("").tag(sync=True)
 
     def __init__(self, report: ThermometerReport, capture: CaptureResult | None = None,
                  thresholds: Thresholds | None = None, **kwargs: Any) -> None:
@@ -135,6 +142,9 @@ class ThermometerWidget(NBWidget):
             events=[dataclasses.asdict(e) for e in report.events],
             incidents=[_incident(i) for i in getattr(capture, "incidents", None) or []],
             history={},
+            report_step=int(report.step or 0) if timed else 0,
+            run_texts={},
+            histogram_note=_histogram_note(capture),
         )
         grouped = groups_view(report, getattr(capture, "layers", None), history=hist if timed else None)
         state["groups"] = {} if grouped is None else {**grouped[0], **{k: encode_array(v) for k, v in grouped[1].items()}}
@@ -143,12 +153,14 @@ class ThermometerWidget(NBWidget):
             flags = _layer_flags_to_rows(report, hist)
             arrays, meta = _payload(hist, 0, group, flags=flags, first_nonfinite=report.first_nonfinite_step or 0)
             state["history"] = {**meta, **{k: encode_array(v) for k, v in arrays.items()}}
-            if group > 1:
-                state["notes"].append(
-                    f"the widget shows {len(arrays['steps'])} of the {len(hist)} kept steps (each the last of {group} kept "
-                    f"steps, with their min/max) to keep the notebook under {TRAIT_BYTES / 2**20:.1f} MB; "
-                    "result.series() and result.at() have every kept step"
-                )
+            extra = [] if group == 1 else [
+                f"the widget shows {len(arrays['steps'])} of the {len(hist)} kept steps (each the last of {group} kept "
+                f"steps, with their min/max) to keep the notebook under {TRAIT_BYTES / 2**20:.1f} MB; "
+                "result.series() and result.at() have every kept step"
+            ]
+            state["notes"] += extra
+            state["run_texts"] = {"summary": run.summary, "notes": [*run.notes, *extra],
+                                  "diagnoses": [dataclasses.asdict(d) for d in run.diagnoses]}
         return state
 
     @classmethod
@@ -221,42 +233,14 @@ class ThermometerWidget(NBWidget):
     # -- on-demand data ---------------------------------------------------------------------
     @rpc("histogram")
     def _histogram(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        row = int(params["row"])
         if self.capture is None and self.running:
             raise ValueError("the cell is still running: histograms are available once it has finished")
-        if self.capture is None or not 0 <= row < len(self.capture.layers):
-            raise IndexError(f"row {row} out of range")
-        rec = self.capture.layers[row]
-        bins = 32
-        if rec.histogram is not None:
-            counts, edges = rec.histogram
-            return self._hist_answer(rec, counts, edges, exact=True, sampled=int(rec.stats["numel"]))
-        if rec.sample is None:
-            raise ValueError(
-                f"no values kept for `{rec.name}` (byte budget reached): re-run with a larger max_bytes"
-            )
-        fin = rec.sample[np.isfinite(rec.sample)].astype(np.float64)
-        lo, hi = rec.stats["min"], rec.stats["max"]
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            lo, hi = (float(fin.min()), float(fin.max())) if fin.size else (0.0, 1.0)
-        if hi <= lo:
-            hi = lo + 1.0
-        counts, edges = np.histogram(fin, bins=bins, range=(lo, hi))
-        exact = rec.sample.size >= rec.stats["numel"]
-        return self._hist_answer(rec, counts, edges, exact=exact, sampled=int(rec.sample.size))
+        return histogram_answer(self.capture, int(params["row"]))
 
     @staticmethod
-    def _hist_answer(rec: Any, counts: np.ndarray, edges: np.ndarray, *, exact: bool, sampled: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        result = {
-            "name": rec.name,
-            "min": float(edges[0]),
-            "max": float(edges[-1]),
-            "total": int(rec.stats["numel"]),
-            "sampled": sampled,
-            "exact": bool(exact),
-        }
-        return result, {"counts": np.asarray(counts, dtype=np.float32), "edges": np.asarray(edges, dtype=np.float32)}
-
+    def histogram_answer(capture: CaptureResult | None, row: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The ``histogram`` request's answer for row ``row`` of ``capture`` (:func:`histogram_answer`)."""
+        return histogram_answer(capture, row)
     # -- static fallback and repr -------------------------------------------------------------
     def fallback_html(self) -> str:
         """A plain table (no scripts) shown where widgets cannot render (nbviewer, GitHub, HTML export)."""
@@ -439,3 +423,73 @@ def _fmt(x: float) -> str:
     if x == 0 or 1e-3 <= abs(x) < 1e4:
         return f"{x:.4g}"
     return f"{x:.3e}"
+
+
+def histogram_answer(capture: CaptureResult | None, row: int, bins: int = 32) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``histogram`` request's answer: ``{name, min, max, total, sampled, exact, first_step,
+    last_step}`` and float32 ``counts``/``edges`` of row ``row``'s kept values (its exact device
+    histogram, else its sample). Values are kept at the row's first call only: ``first_step`` …
+    ``last_step`` is the kept step (bucket) they come from (0: unknown), which the browser names
+    next to the histogram when the slider is elsewhere."""
+    if capture is None or not 0 <= row < len(capture.layers):
+        raise IndexError(f"row {row} out of range")
+    rec = capture.layers[row]
+    first, last = _first_kept(capture, rec.name)
+    if rec.histogram is not None:
+        counts, edges = rec.histogram
+        return _hist_answer(rec, counts, edges, exact=True, sampled=int(rec.stats["numel"]), steps=(first, last))
+    if rec.sample is None:
+        raise ValueError(f"no values kept for `{rec.name}` (byte budget reached): re-run with a larger max_bytes")
+    fin = rec.sample[np.isfinite(rec.sample)].astype(np.float64)
+    lo, hi = rec.stats["min"], rec.stats["max"]
+    if getattr(capture, "steps", 1) > 1 or not (math.isfinite(lo) and math.isfinite(hi)):
+        # over several steps the rows' min/max are the run's: the first call's sample spans its own range
+        lo, hi = (float(fin.min()), float(fin.max())) if fin.size else (0.0, 1.0)
+    if hi <= lo:
+        hi = lo + 1.0
+    counts, edges = np.histogram(fin, bins=bins, range=(lo, hi))
+    exact = rec.sample.size >= rec.stats["numel"]
+    return _hist_answer(rec, counts, edges, exact=exact, sampled=int(rec.sample.size), steps=(first, last))
+
+
+def _hist_answer(rec: Any, counts: np.ndarray, edges: np.ndarray, *, exact: bool, sampled: int,
+                 steps: tuple[int, int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    result = {
+        "name": rec.name,
+        "min": float(edges[0]),
+        "max": float(edges[-1]),
+        "total": int(rec.stats["numel"]),
+        "sampled": sampled,
+        "exact": bool(exact),
+        "first_step": int(steps[0]),
+        "last_step": int(steps[1]),
+    }
+    return result, {"counts": np.asarray(counts, dtype=np.float32), "edges": np.asarray(edges, dtype=np.float32)}
+
+
+def _first_kept(capture: CaptureResult, name: str) -> tuple[int, int]:
+    """The first and last step of the first kept bucket where row ``name`` has values (its first
+    call, where its histogram values were kept); (1, 1) for a single-step capture, (0, 0) unknown."""
+    hist = getattr(capture, "history", None)
+    if hist is None or not len(hist):
+        return (1, 1) if getattr(capture, "steps", 1) == 1 else (0, 0)
+    try:
+        series = np.asarray(hist.series(name, "nan"), dtype=np.float64)  # a count: NaN only where the row is absent
+    except (KeyError, ValueError):
+        return 0, 0
+    seen = np.flatnonzero(~np.isnan(series))
+    if not seen.size:
+        return 0, 0
+    j = int(seen[0])
+    return int(hist.bucket_first[j]), int(hist.step_index[j])
+
+
+def _histogram_note(capture: CaptureResult | None) -> str:
+    """Why no row of ``capture`` has a histogram ("" when some row has kept values): a rank of a
+    distributed run, whose spool carries statistics only."""
+    if capture is None or not capture.layers:
+        return ""
+    if any(r.sample is not None or r.histogram is not None for r in capture.layers):
+        return ""
+    return ("no histogram: values are not kept across processes (each rank's spool carries per-step statistics "
+            "only); run the rank's code in this kernel with nbdebug.debug for histograms")

@@ -69,8 +69,9 @@ export class GroupsPanel {
   private merged = { layers: null as unknown, stats: null as unknown, table: new StatTable(null, [], 0), version: 0 };
   private store: HistoryStore;
 
-  /** The grouped view follows the slider of the thermometer on `model` (its shared HistoryStore). */
-  constructor(private model: AnyModel, private flat: HTMLElement[]) {
+  /** The grouped view follows the slider of the thermometer on `model` (its shared HistoryStore);
+   * `onToggle` runs after the switch changed (the thermometer draws its flat table when shown). */
+  constructor(private model: AnyModel, private flat: HTMLElement[], private onToggle: () => void = () => {}) {
     this.store = shared(model).store;
     this.toggle = h("input", { attrs: { type: "checkbox", class: "nbd-grouped-toggle", checked: true } });
     this.body = h("div", { class: "nbd-groups-body" });
@@ -78,7 +79,7 @@ export class GroupsPanel {
       h("label", { class: "nbd-grouped-label", title: "rows grouped by the module tree; repeated blocks as one line" }, [this.toggle, " grouped by blocks"]),
       this.body,
     ]);
-    this.toggle.addEventListener("change", this.apply);
+    this.toggle.addEventListener("change", this.toggled);
     this.el.style.display = "none";
   }
 
@@ -137,10 +138,15 @@ export class GroupsPanel {
   }
 
   destroy(): void {
-    this.toggle.removeEventListener("change", this.apply);
+    this.toggle.removeEventListener("change", this.toggled);
     this.view?.destroy();
     this.el.remove();
   }
+
+  private toggled = () => {
+    this.apply();
+    this.onToggle();
+  };
 
   private apply = () => {
     this.el.style.display = this.view ? "" : "none";

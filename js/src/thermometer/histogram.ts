@@ -1,7 +1,7 @@
 // The detail panel of the selected layer: every statistic, plus a 32-bin histogram fetched on
 // demand with rpc(model, "histogram", {row}) and drawn on <canvas class="nbdebug-histogram">.
 import { fmt, fmtInt, h, replaceChildren } from "../lib/dom";
-import { rpc, type AnyModel } from "../lib/rpc";
+import { rpc, type AnyModel, type RpcAnswer } from "../lib/rpc";
 import type { StatTable } from "./rows";
 
 export interface HistogramResult {
@@ -11,6 +11,30 @@ export interface HistogramResult {
   total: number;
   sampled: number;
   exact: boolean;
+  /** The kept steps the values were taken at (the row's first call): first … last of its bucket; 0 unknown. */
+  first_step?: number;
+  last_step?: number;
+}
+
+/** Where the histogram is shown: `at` the slider's position ("step 5", "whole run"; "" without a
+ * history); `unavailable`: why no histogram exists (no request is sent, e.g. a rank of a run). */
+export interface ShowAt {
+  at?: string;
+  unavailable?: string;
+}
+
+/** What the histogram note says: the values counted and which step they are from, against `at`. */
+export function histogramNote(result: HistogramResult, at = ""): string {
+  const total = Number(result.total);
+  const base = result.exact ? `exact: all ${fmtInt(total)} values` : `sample of ${fmtInt(Number(result.sampled))} of ${fmtInt(total)} values`;
+  if (!at) return base;
+  const a = Number(result.first_step) || 0;
+  const b = Number(result.last_step) || a;
+  const kept = a ? (a === b ? `step ${fmtInt(a)}` : `steps ${fmtInt(a)}–${fmtInt(b)}`) : "";
+  if (kept && at === `step ${fmtInt(a)}` && a === b) return `${base} at ${kept}`;
+  const from = kept ? `kept at ${kept} (the row's first call)` : "kept at the row's first call";
+  const not = at === "whole run" ? "not the whole run's" : `not ${at}'s`;
+  return `${base}, ${from}: ${not} (histograms are kept for the first call only)`;
 }
 
 const CSS_W = 360;
@@ -67,9 +91,30 @@ function statsTable(stats: StatTable, row: number, columns: string[]): HTMLEleme
 export class DetailPanel {
   readonly el: HTMLElement;
   private seq = 0;
+  // answers per row of the run's table: a histogram does not depend on the slider's step, so moving
+  // the slider with a row selected sends no new request (cleared when the table's rows change)
+  private cache = new Map<number, Promise<RpcAnswer<HistogramResult>>>();
+  private source: unknown = undefined;
 
   constructor(private model: AnyModel, private accent: () => string) {
     this.el = h("div", { class: "nbd-detail" });
+  }
+
+  /** Forget cached answers when `source` (the run table's rows) is not the one they came from. */
+  reset(source: unknown): void {
+    if (source === this.source) return;
+    this.source = source;
+    this.cache.clear();
+  }
+
+  private fetch(row: number): Promise<RpcAnswer<HistogramResult>> {
+    let p = this.cache.get(row);
+    if (!p) {
+      p = rpc<HistogramResult>(this.model, "histogram", { row });
+      this.cache.set(row, p);
+      p.catch(() => this.cache.get(row) === p && this.cache.delete(row));
+    }
+    return p;
   }
 
   clear(): void {
@@ -78,21 +123,29 @@ export class DetailPanel {
     this.el.removeAttribute("data-histogram");
   }
 
-  async show(row: number, name: string, stats: StatTable, columns: string[]): Promise<void> {
+  async show(row: number, name: string, stats: StatTable, columns: string[], where: ShowAt = {}): Promise<void> {
     const seq = ++this.seq;
+    const at = where.at ?? "";
     const canvas = h("canvas", { class: "nbdebug-histogram", attrs: { width: CSS_W, height: CSS_H } });
     const lo = h("span", { text: "" });
     const hi = h("span", { text: "" });
     const note = h("div", { class: "nbd-hist-note", text: "loading histogram…" });
     const box = h("div", { class: "nbd-hist-box" }, [canvas, h("div", { class: "nbd-hist-axis" }, [lo, hi]), note]);
     replaceChildren(this.el, [
-      h("div", { class: "nbd-detail-title" }, ["layer ", h("code", { text: name })]),
+      h("div", { class: "nbd-detail-title" }, ["layer ", h("code", { text: name }), at ? ` at ${at}` : ""]),
       box,
       statsTable(stats, row, columns),
     ]);
+    if (where.unavailable) {
+      // nothing to fetch (a rank's table: histograms are not kept across processes): a quiet line
+      canvas.style.display = "none";
+      note.textContent = where.unavailable;
+      this.el.setAttribute("data-histogram", "none");
+      return;
+    }
     this.el.setAttribute("data-histogram", "loading");
     try {
-      const { result, arrays } = await rpc<HistogramResult>(this.model, "histogram", { row });
+      const { result, arrays } = await this.fetch(row);
       if (seq !== this.seq) return;
       const counts = arrays.counts?.data;
       const edges = arrays.edges?.data;
@@ -100,10 +153,7 @@ export class DetailPanel {
       drawHistogram(canvas, counts, edges, this.accent());
       lo.textContent = fmt(result.min);
       hi.textContent = fmt(result.max);
-      const total = Number(result.total);
-      note.textContent = result.exact
-        ? `exact: all ${fmtInt(total)} values`
-        : `sample of ${fmtInt(Number(result.sampled))} of ${fmtInt(total)} values`;
+      note.textContent = histogramNote(result, at);
       this.el.setAttribute("data-histogram", "ready");
     } catch (err) {
       if (seq !== this.seq) return;

@@ -267,3 +267,25 @@ def test_spread_over_time_stays_within_its_budget(tmp_path: Path) -> None:
     k = run.ranks[1].step_index.tolist().index(5)
     assert out["step_hi"][1, 0, 0] == max(np.float32(res.series(rows[0], "mean")[k]) for res in run.ranks)
     assert spread_over_time(run, rows, max_bytes=0)["steps"].tolist() == [9]
+
+
+def test_rank_tables_say_histograms_are_not_kept_so_a_click_asks_nothing(tmp_path: Path) -> None:
+    """A rank's thermometer traits carry ``histogram_note`` (its rows then send no histogram request:
+    js/tests/thermometer_step.test.ts), the per-step texts of the rank's report and its whole run."""
+    run = two_ranks(tmp_path, nan=None, change=None)
+    w = RunWidget(run)
+    assert all(r.sample is None and r.histogram is None for res in run.ranks for r in res.layers)
+    for traits in (w.rank_state["traits"], w.rank_traits(1)):
+        assert traits["histogram_note"].startswith("no histogram: values are not kept across processes")
+    rep = w.report_of(1)
+    t = w.rank_traits(1)
+    assert t["report_step"] == rep.step == 4 and t["summary"] == rep.summary
+    assert t["run_texts"]["summary"] == diagnose(run.ranks[1], step="run").summary
+    # a thermometer of this process keeps values: no note, histograms answered
+    torch.manual_seed(0)
+    from nbdebug.capture.session import Capture
+
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+    with Capture(m) as cap:
+        m(torch.randn(6, 4)).sum().backward()
+    assert ThermometerWidget.from_capture(cap.result).histogram_note == ""

@@ -132,3 +132,53 @@ def test_magic_cell_raising_in_the_model_shows_where(shell) -> None:  # type: ig
     assert "no problems found" not in page
     assert shell.run_cell("assert hook_count(model) == 0").success
     w.close()
+
+
+class _LateBranch(nn.Module):
+    """A ReLU net whose ``late`` layer runs only from step 3 on (its values are first kept there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.act, self.late = nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        y = self.act(self.fc(x))
+        return self.late(y) if self.calls >= 3 else y
+
+
+def test_texts_at_the_report_step_and_over_the_run_and_where_histograms_were_kept() -> None:
+    """``report_step`` names the step summary/notes/diagnoses describe; ``run_texts`` is the whole-run
+    report; a histogram's answer names the step its values were kept at (the row's first call)."""
+    from nbdebug.inspectors.thermometer import diagnose
+
+    torch.manual_seed(0)
+    m = _LateBranch()
+    with Capture(m, sample_size=100_000) as cap:
+        for _ in range(5):
+            m(torch.randn(16, 4)).sum().backward()
+    res = cap.result
+    w = ThermometerWidget.from_capture(res)
+    assert w.report_step == 5 and w.summary.startswith("step 5: ")
+    assert any(n.startswith("table and flags at step 5 of 5 (5 kept steps)") for n in w.notes)  # step_texts.ts rewrites it
+    run = diagnose(res, step="run")
+    assert w.run_texts["summary"] == run.summary and w.run_texts["notes"] == run.notes
+    assert [d["message"] for d in w.run_texts["diagnoses"]] == [d.message for d in run.diagnoses]
+    assert w.histogram_note == ""
+    names = [r.name for r in res.layers]
+    ans = {n: w.handle_request("histogram", {"row": names.index(n)}) for n in ("act", "late")}
+    assert (ans["act"][0]["result"]["first_step"], ans["act"][0]["result"]["last_step"]) == (1, 1)
+    assert (ans["late"][0]["result"]["first_step"], ans["late"][0]["result"]["last_step"]) == (3, 3)
+    # over several steps the bins span the kept sample (the first call), not the run's min/max
+    body, buffers = ans["late"]
+    sample = res.layers[names.index("late")].sample
+    edges = np.frombuffer(bytes(buffers[body["arrays"]["edges"]["buffer"]]), dtype=np.float32)
+    assert edges[0] == np.float32(sample.min()) and edges[-1] == np.float32(sample.max())
+    counts = np.frombuffer(bytes(buffers[body["arrays"]["counts"]["buffer"]]), dtype=np.float32)
+    np.testing.assert_array_equal(counts, np.histogram(sample.astype(np.float64), bins=32, range=(float(sample.min()), float(sample.max())))[0])
+    # a single call: no history, the texts are the report's own
+    single, _ = make_widget()
+    assert single.report_step == 0 and single.run_texts == {}
+    body, _ = single.handle_request("histogram", {"row": 0})
+    assert (body["result"]["first_step"], body["result"]["last_step"]) == (1, 1)

@@ -34,7 +34,7 @@ __all__ = ["BATCH", "defer", "flush"]
 BATCH = 64  # steps that may wait before they are folded
 _DEAD, _PGN = FIELD_INDEX["dead_unit_frac"], FIELD_INDEX["param_grad_norm"]
 _OPT_COLS = {"param_norm": FIELD_INDEX["param_norm"], "update_ratio": FIELD_INDEX["update_ratio"]}
-_SUMSQ = IDX["sumsq"]
+_SUMSQ, _MN, _MX = IDX["sumsq"], IDX["min"], IDX["max"]
 
 
 class _Waiting:
@@ -146,8 +146,19 @@ def flush(cap: Capture) -> None:
                 vals[:, pos, _OPT_COLS[kind]] = arr[:, which]
         i += len(mods)
     at = lay.span
-    for j in range(k):
-        accumulate_step(cap, lay, at, rg[j], True)
+    if np.isnan(rg[:, :, _MN::N_FIELDS] + rg[:, :, _MX::N_FIELDS]).any():
+        for j in range(k):  # a NaN min/max (an empty output): step by step, the exact rules
+            accumulate_step(cap, lay, at, rg[j], True)
+    else:
+        # what accumulate_step's one-slice update does step after step: sums in the same order (a reduction
+        # over the first axis adds the steps one after the other), min/max over all of them
+        cur = cap.run_rg[at]
+        both = np.concatenate([cur[None], rg])
+        with np.errstate(invalid="ignore", over="ignore"):
+            total = np.add.reduce(both, axis=0)
+        total[:, _MN::N_FIELDS] = np.fmin.reduce(both[:, :, _MN::N_FIELDS], axis=0)
+        total[:, _MX::N_FIELDS] = np.fmax.reduce(both[:, :, _MX::N_FIELDS], axis=0)
+        cur[...] = total
     cap.run_calls[at] += lay.counts * k
     rows, units = lay.rows, cap.run_units
     for r, _ in lay.unit_rows:
@@ -164,11 +175,9 @@ def flush(cap: Capture) -> None:
         for jj, c in enumerate(w.calls):
             c.grad_stats = g[jj]
     hids = lay.history_ids()
-    hist = cap._history
-    for j, w in enumerate(batch):
-        if w.appended:
-            hist.append(w.step, hids, vals[j], w.scalars)
-            cap.unappended = None
-        else:
-            cap.unappended = (w.step, hids, vals[j], w.scalars)
+    kept = [j for j, w in enumerate(batch) if w.appended]
+    if kept:
+        cap._history.append_many([batch[j].step for j in kept], hids, vals[kept], [batch[j].scalars for j in kept])
+    last = batch[-1]
+    cap.unappended = None if last.appended else (last.step, hids, vals[-1], last.scalars)
     cap.prev_values, cap.prev_rows = vals[-1], hids

@@ -17,6 +17,7 @@ The last step appended is always the last kept slot's last step.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -257,6 +258,51 @@ class History:
         self._ver[j] = self._version
         self.steps = step
         self.appended += 1
+
+    def append_many(self, steps: Sequence[int], rows: np.ndarray, values: np.ndarray,
+                    scalars: Sequence[Mapping[str, float] | None]) -> None:
+        """:meth:`append` for several steps of the same ``rows`` (``values``: ``[len(steps), len(rows), F]``):
+        one write per stored array while each step still gets a slot of its own (no merging), else
+        :meth:`append` step by step. The result is the same either way."""
+        k = len(steps)
+        if not k:
+            return
+        if len(self.rows) > self._rcap:
+            self._ensure_rows()
+        j0 = self._k
+        if (self._stride != 1 or j0 + k > self.max_slots() or steps[0] <= self.steps
+                or any(b <= a for a, b in itertools.pairwise(steps))):
+            for s, v, sc in zip(steps, values, scalars):
+                self.append(s, rows, v, sc)
+            return
+        values = np.asarray(values, dtype=_F32)
+        rows = np.asarray(rows, dtype=np.intp)
+        if values.shape != (k, len(rows), _F):
+            raise ValueError(f"values must be [{k}, len(rows), {_F}] (HISTORY_FIELDS), got {values.shape}")
+        sv = np.full((k, _S), np.nan, _F32)
+        for i, sc in enumerate(scalars):
+            for key, x in (sc or {}).items():
+                c = SCALAR_INDEX.get(key)
+                if c is None:
+                    raise KeyError(f"history: unknown scalar {key!r}; valid: {SCALARS}")
+                sv[i, c] = np.nan if x is None else x
+        while self._kcap < j0 + k:
+            self._alloc(min(max(16, 2 * self._kcap), self.max_slots()), self._rcap)
+        sl = slice(j0, j0 + k)
+        last, lo, hi = self._v
+        last[sl] = np.nan
+        last[sl, rows] = values
+        lo[sl] = last[sl]
+        hi[sl] = last[sl]
+        for a in self._s:
+            a[sl] = sv
+        st = np.asarray(steps, dtype=np.int64)
+        self._first[sl], self._last[sl], self._count[sl] = st, st, 1
+        self._ver[sl] = np.arange(self._version + 1, self._version + k + 1)
+        self._version += k
+        self._k = j0 + k
+        self.steps = int(st[-1])
+        self.appended += k
 
     def update(self, step: int, rows: np.ndarray, values: np.ndarray) -> bool:
         """Late data for an appended step (e.g. gradients that arrived after the step was appended):

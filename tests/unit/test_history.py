@@ -350,3 +350,35 @@ def test_copy_is_independent_and_stride_doubles() -> None:
     assert h.step_index.tolist() == [2, 4] and h.rows == ["r0"] and h.steps == 4
     np.testing.assert_array_equal(h.values("min")[:, 0, 0], [1000.0, 3000.0])
     np.testing.assert_array_equal(c.values("min")[:, 0, 0], [1000.0, 4000.0 - 9999, 5000.5])
+
+
+@pytest.mark.parametrize("budget_slots", [1000, 5])  # room for every step; a budget that decimates (step by step)
+def test_append_many_equals_appending_step_by_step(budget_slots: int) -> None:
+    """``append_many`` (the capture's batched steps) leaves the history exactly as one ``append`` per step:
+    values, min/max, scalars, bucket bounds, change tokens, and later appends."""
+    rng = np.random.default_rng(0)
+    rows = ["a", "b", "c"]
+    budget = budget_slots * History.slot_bytes(len(rows))
+    one, many = History(budget), History(budget)
+    for h in (one, many):
+        ids = np.array([h.row_id(r) for r in rows])
+    vals = rng.standard_normal((9, 3, len(HISTORY_FIELDS))).astype(np.float32)
+    vals[2, 1, 4] = np.nan
+    sc = [{"loss": float(i), "lr": 0.1, "skipped": 0.0} for i in range(9)]
+    steps = [1, 2, 3, 5, 6, 7, 9, 10, 11]
+    one.append(steps[0], ids, vals[0], sc[0])
+    many.append(steps[0], ids, vals[0], sc[0])
+    for s, v, c in zip(steps[1:6], vals[1:6], sc[1:6]):
+        one.append(s, ids, v, c)
+    many.append_many(steps[1:6], ids, vals[1:6], sc[1:6])
+    for s, v, c in zip(steps[6:], vals[6:], sc[6:]):
+        one.append(s, ids, v, c)
+    many.append_many(steps[6:], ids[[2, 0, 1]], vals[6:][:, [2, 0, 1]], sc[6:])  # rows in another order
+    for agg in ("last", "min", "max"):
+        np.testing.assert_array_equal(one.values(agg), many.values(agg))
+        np.testing.assert_array_equal(one.scalar("loss", agg), many.scalar("loss", agg))
+    for attr in ("step_index", "bucket_first", "bucket_steps", "steps", "appended", "stride", "nbytes"):
+        assert np.array_equal(getattr(one, attr), getattr(many, attr)), attr
+    assert one.changes_since(3) == many.changes_since(3) and one.changes_since(0) == many.changes_since(0)
+    with pytest.raises(ValueError):
+        many.append_many([11, 12], ids, vals[:2], sc[:2])  # steps must increase

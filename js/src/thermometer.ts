@@ -147,6 +147,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     void detail.show(traitIndex.get(name) ?? i, name, stats, columns, {
       at: at ? (at.whole ? "whole run" : `step ${at.step}`) : "",
       unavailable: String(model.get("histogram_note") ?? ""),
+      statRow: i, // the row in the table at the position (a step's rows are the history's)
     });
   }
 

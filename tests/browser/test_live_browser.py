@@ -109,10 +109,22 @@ def test_live_thermometer_lab(page, lab) -> None:
     ref = kernel_json(page, f"[r.stats['std'] for r in res.at({k}) if r.name == '0']")
     assert _std(title) == pytest.approx(ref[0], rel=6e-3)
     assert _std(last_title) > 1.5 * ref[0]  # the last step's inputs are 3x larger: not the same value
+    # the header, the note naming the table's step and the flags follow the slider (not step 80's)
+    flags = kernel_json(page, f"(lambda r: [list(f) for f in r.flags])(__import__('nbdebug').inspectors.thermometer.diagnose(res, step={k}))")
+    head = widget.locator(".nbd-summary").text_content() or ""
+    assert head.startswith(f"step {k}: 3 layers: "), head
+    assert head.endswith("no flags") == (not any(flags)), (head, flags)
+    notes = widget.locator(".nbd-notes li").all_text_contents()
+    assert any(n.startswith(f"table and flags at step {k} of {STEPS} (") for n in notes), notes
+    assert not any(f"step {STEPS} of {STEPS}" in n for n in notes), notes
     # The slider position reached the kernel (comm messages and execute requests share the shell channel).
     run_code_and_wait_text(page, "print('step=', _nndebug_widget.step)", f"step= {k}")
     # A row click too.
     widget.locator('.nbd-row[data-row="1"]').click()
     run_code_and_wait_text(page, "print('selected=' + _nndebug_widget.selected)", "selected=1")
+    # its histogram says which step its values were kept at (the first call), not step k's
+    assert widget.locator(".nbd-detail-title").text_content() == f"layer 1 at step {k}"
+    note = widget.locator('[data-histogram="ready"] .nbd-hist-note').text_content() or ""
+    assert note.endswith(f", kept at step 1 (the row's first call): not step {k}'s (histograms are kept for the first call only)"), note
     assert kernel_json(page, "_nndebug_widget.js_error") == ""
     screenshot(page, "live-lab", widget)

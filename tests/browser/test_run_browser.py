@@ -135,6 +135,19 @@ def test_run_view_lab(page, lab) -> None:
                             "(lambda xs: sorted(float(x) for x in xs if x == x))")
     widget.locator(".nbdebug-thermometer input.nbd-slider").fill("1")
     widget.locator(".nbd-step-label", has_text="step 2 of 4").wait_for()
+    # the header and the note naming the table's step follow the slider too (not step 4's)
+    head = widget.locator(".nbdebug-thermometer .nbd-summary").text_content() or ""
+    assert head.startswith("step 2: 5 layers: "), head
+    notes = widget.locator(".nbdebug-thermometer .nbd-notes li").all_text_contents()
+    assert any(n.startswith("table and flags at step 2 of 4 (") for n in notes), notes
+    assert not any("step 4 of 4" in n for n in notes), notes
+    # a row click: no histogram request (a rank's values are not kept across processes), a quiet line
+    widget.locator('.nbdebug-thermometer .nbd-row[data-row="0"] .nbd-type').click()
+    widget.locator('.nbd-detail[data-histogram="none"]').wait_for()
+    note = widget.locator(".nbd-detail .nbd-hist-note").text_content() or ""
+    assert note.startswith("no histogram: values are not kept across processes"), note
+    assert widget.locator(".nbd-detail .nbd-error").count() == 0
+    assert kernel_json(page, "w.js_error") == ""
     for i, row in enumerate(("0", "3")):
         lo, hi = spread_cell(page, row)
         assert (lo, hi) == (pytest.approx(ref["s2"][i][0], rel=5e-3), pytest.approx(ref["s2"][i][-1], rel=5e-3)), row

@@ -21,6 +21,8 @@ export interface HistogramResult {
 export interface ShowAt {
   at?: string;
   unavailable?: string;
+  /** The row's index in `stats` when it differs from its index in the run's table (a step's rows). */
+  statRow?: number;
 }
 
 /** What the histogram note says: the values counted and which step they are from, against `at`. */
@@ -134,7 +136,7 @@ export class DetailPanel {
     replaceChildren(this.el, [
       h("div", { class: "nbd-detail-title" }, ["layer ", h("code", { text: name }), at ? ` at ${at}` : ""]),
       box,
-      statsTable(stats, row, columns),
+      statsTable(stats, where.statRow ?? row, columns),
     ]);
     if (where.unavailable) {
       // nothing to fetch (a rank's table: histograms are not kept across processes): a quiet line

@@ -165,11 +165,19 @@ def flush(cap: Capture) -> None:
         row = rows[r]
         if not units[row.id]:
             continue
-        for w in batch:
-            if row.alive is None:
-                break
-            a = _or(row.alive, w.alive[r])
-            row.alive = None if a is None or a.all() else a
+        if row.alive is None:
+            continue  # every unit alive already: stays so
+        col = [w.alive[r] for w in batch]
+        if all(a is not None and a.shape == row.alive.shape for a in col):
+            # OR is monotone: merging step by step ends where one OR over every step does
+            a = row.alive | np.logical_or.reduce(np.array(col), axis=0)
+            row.alive = None if a.all() else a
+        else:
+            for a in col:
+                if row.alive is None:
+                    break
+                m = _or(row.alive, a)
+                row.alive = None if m is None or m.all() else m
     for j, w in enumerate(batch):
         g = rg[j, :, N_FIELDS:]
         for jj, c in enumerate(w.calls):

@@ -97,15 +97,16 @@ class _Call:
         # The gradient of a view (Flatten, reshape) is a view of the next gradient: same elements, same
         # stats (same start, size and dtype, both contiguous, that tensor alive and unchanged).
         last = cap._last_grad
-        if (last is not None and g.data_ptr() == last[1] and g.numel() == last[2] and g.dtype == last[3]
-                and g.is_contiguous() and (src := last[0]()) is not None and src._version == last[4]):
+        ptr, n, contiguous = g.data_ptr(), g.numel(), g.is_contiguous()
+        if (last is not None and ptr == last[1] and n == last[2] and contiguous and g.dtype == last[3]
+                and (src := last[0]()) is not None and src._version == last[4]):
             stats = last[5].copy() if isinstance(last[5], np.ndarray) else last[5].clone()
         else:
             stats = tensor_stats(g, on_device=cap.device_path)
             if type(stats) is not _ndarray or stats[_NAN] + stats[_INF] > 0:
                 cap._maybe_bad = True  # the step's close looks for the first non-finite gradient
-            if g.is_contiguous() and g.numel() and not g.is_inference():
-                cap._last_grad = (weakref.ref(g), g.data_ptr(), g.numel(), g.dtype, g._version, stats)
+            if contiguous and n and not g.is_inference():
+                cap._last_grad = (weakref.ref(g), ptr, n, g.dtype, g._version, stats)
         if self.closed:  # a delayed backward: folded with the next step (History.update)
             if self.late is None:
                 cap._late.append(self)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .calls import _EMPTY, _Call, _Row, _version
+from .calls import _EMPTY, _Call, _Row
 from .hooks import tensor_hook
 from .incidents import NonFiniteError, forward_incident
 from .leaves import tensor_leaves
@@ -54,7 +54,8 @@ class _Forward:
     _row_of: dict[str, _Row]
     first_row: dict[str, _Row]
     _by_tensor: dict[int, _Call]
-    _by_storage: dict[tuple[int, int, torch.dtype], _Call]
+    _by_storage: dict[int, _Call]
+    _may_alias_any: bool
     _occurrence: dict[str, list[list[_Call]]]
     _claimed: set[int]
     _step_calls: list[_Call]
@@ -121,15 +122,16 @@ class _Forward:
 
     def _aliased_stats(self, t: torch.Tensor) -> Raw | None:
         """Stats of an already-recorded tensor of this step with the same elements, or None (same
-        start, size and dtype of a live storage, unchanged version counter; inference tensors have
-        none and are always recomputed)."""
-        if not self._by_storage or not t.is_contiguous() or not t.numel():
-            return None
-        hit = self._by_storage.get((t.data_ptr(), t.numel(), t.dtype))
+        start, size and dtype of a live storage, both contiguous, unchanged version counter; inference
+        tensors have none and are always recomputed). ``_by_storage`` maps a recorded output's
+        ``data_ptr`` to its call (the latest one at that address)."""
+        hit = self._by_storage.get(t.data_ptr())
         if hit is None:
             return None
         src = hit.ref()
-        if t.is_inference() or src is None or src.data_ptr() != t.data_ptr() or _version(t) != hit.version:
+        if (src is None or hit.version is None or t.is_inference() or not t.is_contiguous() or not src.is_contiguous()
+                or t.numel() != src.numel() or not t.numel() or t.dtype != src.dtype or src.data_ptr() != t.data_ptr()
+                or t._version != hit.version):
             return None
         raw = hit.raw
         return raw.copy() if isinstance(raw, np.ndarray) else raw.clone()  # type: ignore[union-attr]
@@ -166,6 +168,7 @@ class _Forward:
         task_id, grad_enabled, ref = torch._C._current_graph_task_id, torch.is_grad_enabled, weakref.ref
         ndarray = np.ndarray
         cap = self
+        may_alias_any = self._may_alias_any
 
         def hook(module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if task_id() != -1:  # inside a backward: checkpoint recomputation
@@ -223,9 +226,9 @@ class _Forward:
             step_calls.append(call)
             call.ref = ref(t)
             by_tensor[id(t)] = call
-            if t.is_contiguous() and t.numel():
+            if may_alias_any:  # what an aliasing output (Flatten, Identity, in-place ops) copies its stats from
                 call.version = None if t.is_inference() else t._version
-                by_storage[(t.data_ptr(), t.numel(), t.dtype)] = call
+                by_storage[t.data_ptr()] = call
             if cap.grads and t.requires_grad and grad_enabled():
                 call.hooked = True
                 cap._tensor_handles.append(tensor_hook(t, call))
@@ -291,9 +294,8 @@ class _Forward:
             step_calls.append(call)
             call.ref = weakref.ref(t)
             by_tensor[id(t)] = call
-            if t.is_contiguous() and t.numel():
-                call.version = None if t.is_inference() else t._version
-                by_storage[(t.data_ptr(), t.numel(), t.dtype)] = call
+            call.version = None if t.is_inference() else t._version
+            by_storage[t.data_ptr()] = call
             if grads and t.requires_grad:
                 call.hooked = True
                 tensor_handles.append(tensor_hook(t, call))

@@ -72,7 +72,7 @@ from .paramgrads import _ParamGrads
 from .passes import _Passes
 from .result import CaptureResult, LayerRecord
 from .select import LayerFilter, select_modules
-from .stats import N_FIELDS
+from .stats import N_FIELDS, SATURATING
 from .steps import close_step, commit, finish
 from .weak import ModelRef
 
@@ -162,10 +162,13 @@ class Capture(_Passes, _Forward, _ParamGrads):
         self.module_of: dict[str, nn.Module] = dict(self.modules)
         self._step_calls: list[_Call] = []
         self._by_tensor: dict[int, _Call] = {}  # id(output) → its call (call.ref checks identity)
-        # (data_ptr, numel, dtype) of recorded contiguous outputs → (tensor, call, version): an output
-        # that aliases one of them unchanged (Identity, Dropout in eval, Flatten, views) has the same
-        # stats, so they are copied instead of recomputed.
-        self._by_storage: dict[tuple[int, int, torch.dtype], _Call] = {}
+        # data_ptr of recorded outputs → their call (its weak ref and version): an output that aliases one of
+        # them unchanged (Identity, Dropout in eval, Flatten, views; same size and dtype, both contiguous)
+        # has the same stats, so they are copied instead of recomputed.
+        self._by_storage: dict[int, _Call] = {}
+        # some selected module can return an alias of a recorded output (no parameters, not saturating)
+        self._may_alias_any = any(SATURATING.get(type(m).__name__) is None and not any(True for _ in m.parameters(recurse=False))
+                                  for _, m in self.modules)
         self._occurrence: dict[str, list[list[_Call]]] = {}  # module → leaves of each of its calls in this pass
         self._claimed: set[int] = set()  # id of first leaves whose recomputation was hooked in this step
         self.step = resume.steps if resume is not None else 0  # last committed step

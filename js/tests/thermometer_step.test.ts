@@ -153,17 +153,18 @@ describe("the thermometer's texts follow the step slider", () => {
     await tick();
     await tick();
     expect(text(el, ".nbd-detail-title")).toBe("layer fc at step 2");
-    expect(text(el, ".nbd-hist-note")).toBe("exact: all 512 values, kept at step 1 (the row's first call): not step 2's (histograms are kept for the first call only)");
+    expect(text(el, ".nbd-hist-note")).toBe("exact: all 512 values");
+    expect(text(el, ".nbd-hist-when")).toBe("histogram of the values kept at step 1 (the row's first call), not step 2's: histograms are kept for the first call only");
     // the detail's statistics are step 2's
     expect(el.querySelector(".nbd-stats")!.textContent).toContain("mean20");
     await slide(el, 0);
     await tick();
     expect(text(el, ".nbd-detail-title")).toBe("layer fc at step 1");
-    expect(text(el, ".nbd-hist-note")).toBe("exact: all 512 values at step 1");
+    expect(text(el, ".nbd-hist-when")).toBe("histogram of step 1's values (the row's first call)");
     (el.querySelector(".nbd-whole") as HTMLButtonElement).click();
     await tick();
     await tick();
-    expect(text(el, ".nbd-hist-note")).toBe("exact: all 512 values, kept at step 1 (the row's first call): not the whole run's (histograms are kept for the first call only)");
+    expect(text(el, ".nbd-hist-when")).toBe("histogram of the values kept at step 1 (the row's first call), not the whole run's: histograms are kept for the first call only");
     expect(model.sent.filter((s) => s.content.method === "histogram").map((s) => s.content.params.row)).toEqual([1]);
   });
 

@@ -124,7 +124,8 @@ def test_live_thermometer_lab(page, lab) -> None:
     run_code_and_wait_text(page, "print('selected=' + _nndebug_widget.selected)", "selected=1")
     # its histogram says which step its values were kept at (the first call), not step k's
     assert widget.locator(".nbd-detail-title").text_content() == f"layer 1 at step {k}"
-    note = widget.locator('[data-histogram="ready"] .nbd-hist-note').text_content() or ""
-    assert note.endswith(f", kept at step 1 (the row's first call): not step {k}'s (histograms are kept for the first call only)"), note
+    when = widget.locator('[data-histogram="ready"] .nbd-hist-when').text_content() or ""
+    assert when == (f"histogram of the values kept at step 1 (the row's first call), not step {k}'s: "
+                    "histograms are kept for the first call only"), when
     assert kernel_json(page, "_nndebug_widget.js_error") == ""
     screenshot(page, "live-lab", widget)

@@ -25,18 +25,22 @@ export interface ShowAt {
   statRow?: number;
 }
 
-/** What the histogram note says: the values counted and which step they are from, against `at`. */
-export function histogramNote(result: HistogramResult, at = ""): string {
+/** What the histogram note says: the values counted (exactly, or a sample of how many). */
+export function histogramNote(result: HistogramResult): string {
   const total = Number(result.total);
-  const base = result.exact ? `exact: all ${fmtInt(total)} values` : `sample of ${fmtInt(Number(result.sampled))} of ${fmtInt(total)} values`;
-  if (!at) return base;
+  return result.exact ? `exact: all ${fmtInt(total)} values` : `sample of ${fmtInt(Number(result.sampled))} of ${fmtInt(total)} values`;
+}
+
+/** Which step the histogram's values are from, said against the slider's position `at` ("" without
+ * a history): values are kept at the row's first call only, never implied to be another step's. */
+export function histogramWhen(result: HistogramResult, at = ""): string {
+  if (!at) return "";
   const a = Number(result.first_step) || 0;
   const b = Number(result.last_step) || a;
   const kept = a ? (a === b ? `step ${fmtInt(a)}` : `steps ${fmtInt(a)}–${fmtInt(b)}`) : "";
-  if (kept && at === `step ${fmtInt(a)}` && a === b) return `${base} at ${kept}`;
-  const from = kept ? `kept at ${kept} (the row's first call)` : "kept at the row's first call";
+  if (kept && a === b && at === `step ${fmtInt(a)}`) return `histogram of step ${fmtInt(a)}'s values (the row's first call)`;
   const not = at === "whole run" ? "not the whole run's" : `not ${at}'s`;
-  return `${base}, ${from}: ${not} (histograms are kept for the first call only)`;
+  return `histogram of the values kept at ${kept || "the row's first call"}${kept ? " (the row's first call)" : ""}, ${not}: histograms are kept for the first call only`;
 }
 
 const CSS_W = 360;
@@ -132,7 +136,8 @@ export class DetailPanel {
     const lo = h("span", { text: "" });
     const hi = h("span", { text: "" });
     const note = h("div", { class: "nbd-hist-note", text: "loading histogram…" });
-    const box = h("div", { class: "nbd-hist-box" }, [canvas, h("div", { class: "nbd-hist-axis" }, [lo, hi]), note]);
+    const when = h("div", { class: "nbd-hist-when", text: "" }); // which step the values are from
+    const box = h("div", { class: "nbd-hist-box" }, [canvas, h("div", { class: "nbd-hist-axis" }, [lo, hi]), note, when]);
     replaceChildren(this.el, [
       h("div", { class: "nbd-detail-title" }, ["layer ", h("code", { text: name }), at ? ` at ${at}` : ""]),
       box,
@@ -155,7 +160,8 @@ export class DetailPanel {
       drawHistogram(canvas, counts, edges, this.accent());
       lo.textContent = fmt(result.min);
       hi.textContent = fmt(result.max);
-      note.textContent = histogramNote(result, at);
+      note.textContent = histogramNote(result);
+      when.textContent = histogramWhen(result, at);
       this.el.setAttribute("data-histogram", "ready");
     } catch (err) {
       if (seq !== this.seq) return;

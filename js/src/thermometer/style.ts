@@ -97,7 +97,7 @@ export const CSS = `
 .nbdebug-thermometer .nbd-hist-box { display: flex; flex-direction: column; gap: 2px; }
 .nbdebug-thermometer canvas.nbdebug-histogram { width: 360px; height: 120px; border-bottom: 1px solid var(--nbd-border); }
 .nbdebug-thermometer .nbd-hist-axis { display: flex; justify-content: space-between; width: 360px; color: var(--nbd-fg2); font-size: 0.85em; }
-.nbdebug-thermometer .nbd-hist-note { color: var(--nbd-fg2); font-size: 0.88em; }
+.nbdebug-thermometer .nbd-hist-note, .nbdebug-thermometer .nbd-hist-when { color: var(--nbd-fg2); font-size: 0.88em; }
 .nbdebug-thermometer .nbd-error { color: var(--jp-error-color1, #c62828); white-space: pre-wrap; }
 .nbdebug-thermometer .nbd-stats { border-collapse: collapse; font-size: 0.9em; align-self: flex-start; }
 .nbdebug-thermometer .nbd-stats td { padding: 0 8px 0 0; }

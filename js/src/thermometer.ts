@@ -14,16 +14,13 @@ import { renderRaised, type Raised } from "./thermometer/raised";
 import {
   StatTable,
   buildRow,
-  chip,
   computeScales,
-  flagColor,
   sortedOrder,
-  type Diagnosis,
   type Layer,
   type Legend,
   type Scales,
 } from "./thermometer/rows";
-import { textsAt, type At, type Texts } from "./thermometer/step_texts";
+import { drawDiagnoses, drawLegend, textsAt, type At, type Texts } from "./thermometer/step_texts";
 import { CSS } from "./thermometer/style";
 import { timeMarks, Timeline, type Position } from "./thermometer/timeline";
 
@@ -175,34 +172,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     const ns = t.notes;
     replaceChildren(notes, ns.map((n) => h("li", {}, withCode(String(n)))));
     notes.style.display = ns.length ? "" : "none";
-    const legend: Legend = model.get("legend") ?? {};
-    const present = new Set(layers.flatMap((l) => l.flags ?? []));
-    const diags: Diagnosis[] = t.diagnoses;
-    for (const d of diags) present.add(d.code);
-    replaceChildren(
-      legendBox,
-      Object.entries(legend).map(([code, e]) =>
-        h("span", { class: ["nbd-legend-item", !present.has(code) && "nbd-absent"], title: e.description ?? code, data: { code } }, [
-          h("span", { class: "nbd-swatch", style: { background: flagColor(legend, code) } }),
-          e.label || code,
-        ]),
-      ),
-    );
-    replaceChildren(
-      diagList,
-      diags.map((d) =>
-        h("li", { class: `nbd-sev-${d.severity}`, style: { "--nbd-chip": flagColor(legend, d.code) } }, [
-          h("div", {}, [
-            h("span", { class: "nbd-sev", text: d.severity }),
-            chip(legend, d.code),
-            d.layer ? h("span", { class: "nbd-link", text: d.layer, data: { layer: d.layer }, title: "show this layer" }) : null,
-            d.layer ? " — " : null,
-            ...withCode(d.message),
-          ]),
-          d.suggestion ? h("div", { class: "nbd-suggestion" }, withCode(d.suggestion)) : null,
-        ]),
-      ),
-    );
+    drawLegend(legendBox, model.get("legend") ?? {}, layers, t.diagnoses);
+    drawDiagnoses(diagList, model.get("legend") ?? {}, t.diagnoses);
   }
 
   /** Where the table is, from the `step` trait: 0 follows the last kept step, -1 is the whole run. */

@@ -2,8 +2,9 @@
 // The kernel's texts describe one step (`report_step`, the last kept step) and the whole run
 // (`run_texts`); at any other kept step they are decided here from the flags and values of that
 // step already in the browser (no request: the kernel may be busy), and say so.
-import { fmt, fmtPct } from "../lib/dom";
-import type { Diagnosis, Layer, Legend, StatTable } from "./rows";
+import { fmt, fmtPct, h, replaceChildren } from "../lib/dom";
+import { withCode } from "./cards";
+import { chip, flagColor, type Diagnosis, type Layer, type Legend, type StatTable } from "./rows";
 
 export interface Texts {
   summary: string;
@@ -120,4 +121,38 @@ export function textsAt(at: At | null, reportStep: number, kernel: Texts, run: P
   }
   if (reportStep > 0 && at.step === reportStep) return kernel;
   return browserTexts(at, layers, stats, legend, kernel);
+}
+
+/** The flag legend, codes absent from the rows and diagnoses at this position dimmed. */
+export function drawLegend(box: HTMLElement, legend: Legend, layers: Layer[], diags: Diagnosis[]): void {
+  const present = new Set(layers.flatMap((l) => (l.flags ?? []).map(String)));
+  for (const d of diags) present.add(d.code);
+  replaceChildren(
+    box,
+    Object.entries(legend).map(([code, e]) =>
+      h("span", { class: ["nbd-legend-item", !present.has(code) && "nbd-absent"], title: e.description ?? code, data: { code } }, [
+        h("span", { class: "nbd-swatch", style: { background: flagColor(legend, code) } }),
+        e.label || code,
+      ]),
+    ),
+  );
+}
+
+/** The diagnoses list (model text as text nodes; a layer name links to its row via data-layer). */
+export function drawDiagnoses(list: HTMLElement, legend: Legend, diags: Diagnosis[]): void {
+  replaceChildren(
+    list,
+    diags.map((d) =>
+      h("li", { class: `nbd-sev-${d.severity}`, style: { "--nbd-chip": flagColor(legend, d.code) } }, [
+        h("div", {}, [
+          h("span", { class: "nbd-sev", text: d.severity }),
+          chip(legend, d.code),
+          d.layer ? h("span", { class: "nbd-link", text: d.layer, data: { layer: d.layer }, title: "show this layer" }) : null,
+          d.layer ? " — " : null,
+          ...withCode(d.message),
+        ]),
+        d.suggestion ? h("div", { class: "nbd-suggestion" }, withCode(d.suggestion)) : null,
+      ]),
+    ),
+  );
 }

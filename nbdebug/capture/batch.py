@@ -70,10 +70,9 @@ def defer(cap: Capture, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad:
     cap._batch_sig = sig
     cap.step += 1
     step = cap.step
-    for c in calls:
+    for c in calls:  # their stats live in the batch now (released, and gradient stats set, by flush)
         c.step = step
         c.closed = True
-        c.raw = c.alive = c.held = c.ref = c.grad_stats = None
     if skipped:
         cap.skipped.append(step)
     lrs = {m: v for m, v in lr_of.items() if m}
@@ -182,6 +181,7 @@ def flush(cap: Capture) -> None:
         g = rg[j, :, N_FIELDS:]
         for jj, c in enumerate(w.calls):
             c.grad_stats = g[jj]
+            c.raw = c.alive = c.ref = None
     hids = lay.history_ids()
     kept = [j for j, w in enumerate(batch) if w.appended]
     if kept:

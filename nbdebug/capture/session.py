@@ -148,6 +148,7 @@ class Capture(_Passes, _Forward, _ParamGrads):
         # Output-gradient hooks: removed at exit (through the HookSet), pruned when a step closes once
         # their tensor's graph is gone (a long loop does not accumulate millions of handles).
         self._tensor_handles: list[Any] = []
+        self._prune_at = 256  # prune the handles when there are this many
         self.watch: Any = None  # OptimizerWatch while entered
         self._rows: list[_Row] = []
         self._row_of: dict[str, _Row] = {}
@@ -250,7 +251,12 @@ class Capture(_Passes, _Forward, _ParamGrads):
             h.remove()
 
     def _prune_tensor_hooks(self) -> None:
+        """Drop the handles of gradient hooks whose tensor is gone, once the list has doubled since the
+        last pruning (a long loop keeps only the hooks of graphs still alive, at no cost per step)."""
+        if len(self._tensor_handles) < self._prune_at:
+            return
         self._tensor_handles = [h for h in self._tensor_handles if h.hooks_dict_ref() is not None]
+        self._prune_at = max(256, 2 * len(self._tensor_handles))
 
     @property
     def history(self) -> History:

@@ -142,33 +142,37 @@ def close_step(cap: Capture) -> None:
                 opt_keys.append((kind, tuple(d)))
                 opt_vals += d.values()
     checks = [t for c in calls for t in c.input_checks]
-    items: list[Any] = [c.raw for c in calls]
-    items += [c.grad_stats for c in calls]
-    items += [c.alive for c in calls]
-    items += [c.late for c in late]
-    items += checks
-    items += opt_vals
-    items += losses
-    items.append(None if pg is None else (pg[1] if isinstance(pg[1], np.ndarray) else torch.stack(pg[1])))
-    items.append(upd.scale if upd is not None else None)
-    items.append(upd.skipped if upd is not None else False)
-    on_host = not cap.device_path and _HOST_TYPES.issuperset(map(type, items))
+    h_raw = [c.raw for c in calls]
+    h_grad = [c.grad_stats for c in calls]
+    h_alive = [c.alive for c in calls]
+    small: list[Any] = [*opt_vals, *losses, None if pg is None else (pg[1] if isinstance(pg[1], np.ndarray) else torch.stack(pg[1])),
+                        upd.scale if upd is not None else None, upd.skipped if upd is not None else False]
+    # On the CPU path a hook that produced stats it cannot read on the host raised _maybe_bad: else the
+    # calls' stats are host arrays already and only their unit masks (a tensor for half precision) and
+    # the step's other numbers need a look.
+    on_host = (not cap.device_path and not cap._maybe_bad and not late and not checks
+               and _HOST_TYPES.issuperset(map(type, small)) and _HOST_TYPES.issuperset(map(type, h_alive)))
+    h_late: list[Any] = []
+    h_checks: list[Any] = []
     if not on_host:
-        items = _host(items, cap.device_path)  # THE transfer of this step (none on the CPU path)
-    h_raw, h_grad, h_alive = items[:n], items[n : 2 * n], items[2 * n : 3 * n]
-    pos = 3 * n + len(late) + len(checks)
-    h_checks = items[3 * n + len(late) : pos]
-    h_opt = items[pos : pos + len(opt_vals)]
-    pos += len(opt_vals)
-    h_loss = items[pos : pos + len(losses)]
-    h_pg, h_scale, h_skip = items[-3], items[-2], items[-1]
+        items = [*h_raw, *h_grad, *h_alive, *(c.late for c in late), *checks, *small]
+        on_host = not cap.device_path and _HOST_TYPES.issuperset(map(type, items))
+        if not on_host:
+            items = _host(items, cap.device_path)  # THE transfer of this step (none on the CPU path)
+        h_raw, h_grad, h_alive = items[:n], items[n : 2 * n], items[2 * n : 3 * n]
+        pos = 3 * n + len(late)
+        h_late, h_checks = items[3 * n : pos], items[pos : pos + len(checks)]
+        small = items[pos + len(checks) :]
+    h_opt = small[: len(opt_vals)]
+    h_loss = small[len(opt_vals) : len(opt_vals) + len(losses)]
+    h_pg, h_scale, h_skip = small[-3], small[-2], small[-1]
     scale = _scale_of(h_scale)
     if (on_host and calls and not late and not checks and not cap._maybe_bad and (cap._open_grad or cap._seen_training)
             and defer(cap, _layout(cap, calls), calls, h_raw, h_grad, h_alive, scale, pg, h_pg, pg_late, opt_keys, h_opt,
                       _loss_of(h_loss), _lr_of(opt_keys, h_opt), h_skip if type(h_skip) is bool else bool(np.any(h_skip)))):
         return  # folded later with other steps (batch.py)
     flush(cap)  # steps waiting in the batch come first
-    _flush_late(cap, late, items[3 * n : 3 * n + len(late)])
+    _flush_late(cap, late, h_late)
     if not calls:
         return
     # outputs' and gradients' raw stats side by side: [calls, 2 × N_FIELDS] (one array for the whole fold)

@@ -63,8 +63,10 @@ class ThermometerWidget(NBWidget):
     ``first_nonfinite_step``; UI state synced both ways: ``selected``, ``flagged_only``, ``sort_by``,
     ``sort_desc``, ``step`` (the step the table shows: 0 the last, -1 the whole run) and
     ``spark_stat`` (the statistic of the over-time column). Over time: ``history`` (see the module
-    docstring), ``incidents``, ``events``, ``running`` (True while the cell runs). ``report`` and
-    ``capture`` keep the Python-side data.
+    docstring), ``incidents``, ``events``, ``running`` (True while the cell runs); ``report_step`` (the
+    step ``summary``/``notes``/``diagnoses`` describe) and ``run_texts`` (the whole run's): at other
+    slider steps the browser says that step's header and flags itself; ``histogram_note`` (why no
+    row has a histogram: a click then asks nothing). ``report`` and ``capture`` keep the Python-side data.
     """
 
     _view_name_ = "thermometer"

@@ -255,8 +255,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       // the flat table is drawn only when shown: with the grouped view on, a slider move at 1,600+
       // rows would otherwise rebuild every hidden row (drawn when the grouped view is switched off)
       flatStale = groups.active;
-      if (!flatStale) drawFlat();
-      applyFilter();
+      if (flatStale) applyFilter(); // the counter (drawFlat applies the filter itself)
+      else drawFlat();
       renderTexts();
       timeline.update(store, pos, running, merged.length > 0);
       timeline.el.style.display = timed ? "" : "none";

@@ -228,7 +228,7 @@ describe("a slider move with the grouped view shown (1,602 rows)", () => {
       stats: { view: f32View(merged.flat(), 0), dtype: "float32", shape: [names.length, COLUMNS.length] },
       history: historyTrait(names, steps, () => 0),
       report_step: 40,
-      summary: "step 40: 1,602 layers: no problems found",
+      summary: "step 40: 1602 layers: no problems found",
       notes: [],
       diagnoses: [],
       groups: groupsPayload(names, blocks, per),
@@ -246,7 +246,7 @@ describe("a slider move with the grouped view shown (1,602 rows)", () => {
     };
     const grouped: number[] = [];
     for (const slot of [20, 9, 4]) grouped.push(await time(slot));
-    expect(text(el, ".nbd-summary")).toBe("step 5: 1,602 layers: no flags");
+    expect(text(el, ".nbd-summary")).toBe("step 5: 1602 layers: no flags");
     expect(el.querySelector(".nbd-body .nbd-row")).toBe(before); // the hidden rows were not rebuilt
     // shown again: drawn at step 5
     toggle.checked = false;

@@ -27,7 +27,7 @@ const WARNINGS = new Set(["dead", "exploding"]);
 /** Codes in the order their lines are listed (unknown codes after, in order of appearance). */
 const ORDER = ["raised", "nan_origin_fwd", "nan_origin_bwd", "nonfinite", "exploding", "dead", "vanishing", "saturated", "dead_units", "update_ratio"];
 
-const plural = (n: number, word: string) => `${n.toLocaleString("en-US")} ${word}${n === 1 ? "" : "s"}`;
+const plural = (n: number, word: string) => `${n} ${word}${n === 1 ? "" : "s"}`; // as the kernel says it (steps.py plural)
 
 /** A row's value behind flag `code` at this position ("" when the table lacks it). */
 function valueOf(stats: StatTable, i: number, code: string): string {

@@ -16,10 +16,7 @@ def loss_of_output(output: Any) -> Any | None:
     """The loss in a model's own output, detached, or None: a 0-d floating tensor; the ``loss`` of a
     ``ModelOutput``/dict (Hugging Face models given labels); the first item of a tuple when it is a
     0-d floating tensor (``return_dict=False`` with labels)."""
-    def scalar(t: Any) -> bool:
-        return isinstance(t, torch.Tensor) and t.dim() == 0 and t.is_floating_point()
-
-    if scalar(output):
+    if _scalar(output):
         return output.detach()
     if isinstance(output, dict):
         loss = output.get("loss")
@@ -27,7 +24,11 @@ def loss_of_output(output: Any) -> Any | None:
         loss = output[0] if output else None
     else:
         loss = getattr(output, "loss", None)
-    return loss.detach() if scalar(loss) else None
+    return loss.detach() if _scalar(loss) else None
+
+
+def _scalar(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() == 0 and t.is_floating_point()
 
 
 def as_float_later(x: Any) -> float | torch.Tensor:
@@ -37,6 +38,8 @@ def as_float_later(x: Any) -> float | torch.Tensor:
     if isinstance(x, torch.Tensor):
         if not x.numel() or x.is_complex():
             return float("nan")
+        if x.is_cpu and x.numel() == 1:
+            return float(x.item())
         t = x.detach()
         t = t.reshape(1) if t.numel() == 1 else t.float().mean().reshape(1)
         if t.device.type == "cpu":

@@ -1,7 +1,8 @@
 """The live thermometer in a real JupyterLab: while a ~8 s training loop runs under ``%%nndebug``
 (the cell has no execution count yet, the kernel is busy) the step counter and the table change
 several times; after it ends, the slider shows an earlier step's values (equal to the kernel's
-``res.at(k)``) from data already in the browser, and the slider position reaches the kernel.
+``res.at(k)``) from data already in the browser, with the header and the note naming step k (not the
+last), the slider position reaches the kernel, and a row's histogram says it holds step 1's values.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@ two ``SpoolDebug`` blocks with RANK=0/1: no processes needed here; NaN planted o
 one parameter changed on rank 1, a layer with a hostile name) shows the rank selector on rank 1, the
 first-NaN card with rank/step/module, the spread column; choosing rank 0 fetches that rank's table
 from the kernel and redraws it (values equal the kernel's ``run.ranks[0]``); its step slider moves the
-spread column to that step (min … max of the ranks' series there) and to the whole run, without a request."""
+spread column to that step (min … max of the ranks' series there) and to the whole run, without a request;
+the header and the note name the slider's step; a row click asks for no histogram (a rank's values are not
+kept across processes: a quiet line says so) and leaves no ``js_error``."""
 
 from __future__ import annotations
 

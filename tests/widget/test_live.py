@@ -294,6 +294,11 @@ def test_magic_loop_is_shown_once_and_updated_at_most_4_times_a_second(sh, outbo
     np.testing.assert_array_equal(decode_array(w.history["last"])[:, 0, WIRE_FIELDS.index("mean")],
                                   res.series("0", "mean").astype(np.float32))
     assert not w.running and w.report.step == 60
+    # the texts the slider's step is compared with: the kernel's at step 60, and over the whole run
+    from nbdebug.inspectors.thermometer import diagnose
+
+    assert w.report_step == 60 and w.summary.startswith("step 60: ")
+    assert w.run_texts["summary"] == diagnose(res, step="run").summary and w.histogram_note == ""
 
 
 def test_keyboard_interrupt_mid_loop_keeps_the_steps(sh, outbox) -> None:  # type: ignore[no-untyped-def]

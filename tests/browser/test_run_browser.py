@@ -161,4 +161,7 @@ def test_run_view_lab(page, lab) -> None:
         assert (lo, hi) == (pytest.approx(ref["whole"][i][0], rel=5e-3), pytest.approx(ref["whole"][i][-1], rel=5e-3)), row
     title = widget.locator(".nbd-h-spread").get_attribute("title") or ""
     assert "over the whole run" in title
+    # the header is the kernel's whole-run report of rank 0 (backticked names drawn as code)
+    merged = kernel_json(page, "__import__('nbdebug.inspectors.thermometer', fromlist=['diagnose']).diagnose(run.ranks[0], step='run').summary")
+    assert widget.locator(".nbdebug-thermometer .nbd-summary").text_content() == merged.replace("`", "")
     assert kernel_json(page, "w.js_error") == ""

@@ -1,13 +1,18 @@
-"""The loss of a training step: found in the model's own output (:func:`loss_of_output`) and read
-without a host sync on accelerators (:func:`as_float_later`: a float on the CPU, a 1-element device
-copy otherwise, brought over with the capture's one per-step transfer).
+"""The loss of a training step: found in the model's own output (:func:`loss_of_output`), or what
+the user's ``loss()`` returns (:func:`_user_loss`: unknown when it is the previous step's very object,
+with a note), read without a host sync on accelerators (:func:`as_float_later`: a float on the CPU,
+a 1-element device copy otherwise, brought over with the capture's one per-step transfer).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from .session import Capture
 
 __all__ = ["as_float_later", "loss_of_output"]
 
@@ -51,3 +56,39 @@ def as_float_later(x: Any) -> float | torch.Tensor:
         return float(x)
     except (TypeError, ValueError):
         return float("nan")
+
+
+def _user_loss(cap: Capture, calls: list[Any]) -> list[Any]:
+    """The step's loss from the user's ``loss()``: unknown (no entry, so NaN) when it returns the very
+    object of the previous step's close (the variable was not reassigned: a forward that raised, or a
+    loop that forgot to), with a note."""
+    try:
+        v = cap.loss_fn()
+    except Exception:  # the user's name may not exist yet
+        v = None
+    if v is None:
+        return []
+    prev, cap._loss_prev = cap._loss_prev, _identity(v)
+    if prev is not None and (prev() if isinstance(prev, weakref.ref) else prev[0]) is v:
+        if calls:
+            old = _stale_note(cap.stale_loss)
+            cap.stale_loss.append(cap.step + 1)
+            new = _stale_note(cap.stale_loss)
+            cap.notes[:] = [new if n == old else n for n in cap.notes] if old in cap.notes else [*cap.notes, new]
+        return []
+    return [as_float_later(v)]
+
+
+def _stale_note(steps: list[int]) -> str:
+    shown = ", ".join(map(str, steps[:5])) + (f" and {len(steps) - 5} more" if len(steps) > 5 else "")
+    return (f"loss unknown (NaN) at step{'s' if len(steps) > 1 else ''} {shown}: the loss variable still held "
+            "the previous step's loss object (not reassigned, e.g. the forward raised before it)")
+
+
+def _identity(v: Any) -> Any:
+    """A reference to ``v`` for the next step's identity check: weak for tensors (never keeps a graph
+    alive), else the object itself in a 1-tuple (floats: tiny)."""
+    try:
+        return weakref.ref(v)
+    except TypeError:
+        return (v,)

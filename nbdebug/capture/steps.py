@@ -14,7 +14,6 @@ work per step goes through the step's cached :class:`~nbdebug.capture.fold.Layou
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +38,7 @@ from .fold import (
 )
 from .history import FIELD_INDEX, HISTORY_FIELDS
 from .incidents import Incident, forward_incident, step_incidents
+from .losses import _user_loss
 from .stats import IDX, N_FIELDS, summarize
 
 PENDING_NO_GRAD = 16  # no-grad forwards held back before the first training forward (then: an inference cell)
@@ -276,44 +276,6 @@ def close_step(cap: Capture) -> None:
             cap._commit_pending()
     else:
         commit(cap, data)
-
-
-def _user_loss(cap: Capture, calls: list[Any]) -> list[Any]:
-    """The step's loss from the user's ``loss()``: unknown (no entry, so NaN) when it returns the very
-    object of the previous step's close (the variable was not reassigned: a forward that raised, or a
-    loop that forgot to), with a note."""
-    from .optim import as_float_later
-
-    try:
-        v = cap.loss_fn()
-    except Exception:  # the user's name may not exist yet
-        v = None
-    if v is None:
-        return []
-    prev, cap._loss_prev = cap._loss_prev, _identity(v)
-    if prev is not None and (prev() if isinstance(prev, weakref.ref) else prev[0]) is v:
-        if calls:
-            old = _stale_note(cap.stale_loss)
-            cap.stale_loss.append(cap.step + 1)
-            new = _stale_note(cap.stale_loss)
-            cap.notes[:] = [new if n == old else n for n in cap.notes] if old in cap.notes else [*cap.notes, new]
-        return []
-    return [as_float_later(v)]
-
-
-def _stale_note(steps: list[int]) -> str:
-    shown = ", ".join(map(str, steps[:5])) + (f" and {len(steps) - 5} more" if len(steps) > 5 else "")
-    return (f"loss unknown (NaN) at step{'s' if len(steps) > 1 else ''} {shown}: the loss variable still held "
-            "the previous step's loss object (not reassigned, e.g. the forward raised before it)")
-
-
-def _identity(v: Any) -> Any:
-    """A reference to ``v`` for the next step's identity check: weak for tensors (never keeps a graph
-    alive), else the object itself in a 1-tuple (floats: tiny)."""
-    try:
-        return weakref.ref(v)
-    except TypeError:
-        return (v,)
 
 
 def _scale_of(x: Any) -> float | None:

@@ -1,15 +1,18 @@
 // Layer thermometer: one row per captured layer output in execution order, with activation
 // statistics on a shared symlog scale, zero fraction, NaN/Inf counts, gradient norms and
 // diagnosis flags. Clicking a row selects it (synced `selected`) and fetches its histogram on
-// demand. Python side: nbdebug/widgets/thermometer.py (ThermometerWidget); contract in its docstring.
+// demand. Python side: nbdebug/widgets/thermometer.py (ThermometerWidget) and thermometer_data.py
+// (the history and histogram payloads; contract in their docstrings). This file builds the view and
+// redraws it from the traits and the live history; user input is in thermometer/input.ts.
 import { h, replaceChildren, styleElement } from "./lib/dom";
 import type { AnyModel } from "./lib/rpc";
 import { renderEvents, renderIncidents, withCode } from "./thermometer/cards";
-import { buildHeader as drawHeader, HEADERS } from "./thermometer/header";
+import { buildHeader as drawHeader } from "./thermometer/header";
 import { DetailPanel } from "./thermometer/histogram";
 import type { HistEvent } from "./thermometer/history";
 import { initialize, messageHandler, shared, SparkCache, sparkCell, SPARK_STATS, syncTrait } from "./thermometer/live";
 import { GroupsPanel } from "./thermometer/groups_widget";
+import { bindInput } from "./thermometer/input";
 import { renderRaised, type Raised } from "./thermometer/raised";
 import {
   StatTable,
@@ -283,73 +286,16 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     });
   };
 
-  const onHeadClick = (ev: Event) => {
-    const target = (ev.target as HTMLElement).closest("[data-sort]") as HTMLElement | null;
-    if (!target) return;
-    const col = target.getAttribute("data-sort") ?? "";
-    const spec = HEADERS.find((s) => s.sort === col);
-    if (!col) {
-      model.set("sort_by", "");
-      model.set("sort_desc", false);
-    } else if (String(model.get("sort_by") ?? "") === col) {
-      model.set("sort_desc", !model.get("sort_desc"));
-    } else {
-      model.set("sort_by", col);
-      model.set("sort_desc", spec ? Boolean(spec.desc) : true);
-    }
-    model.save_changes();
-    applySort();
-  };
-  const onBodyClick = (ev: Event) => {
-    const row = (ev.target as HTMLElement).closest(".nbd-row") as HTMLElement | null;
-    if (!row) return;
-    const i = Number(row.getAttribute("data-row"));
-    const name = String(layers[i]?.name ?? "");
-    const again = name === current;
-    select(name, { force: again });
-    if (!again) {
-      model.set("selected", name);
-      model.save_changes();
-    }
-  };
-  // Keyboard: Enter/Space select the focused row, arrows move through the visible rows.
-  const onBodyKey = (ev: KeyboardEvent) => {
-    const row = (ev.target as HTMLElement).closest(".nbd-row") as HTMLElement | null;
-    if (!row) return;
-    if (ev.key === "Enter" || ev.key === " ") {
-      ev.preventDefault();
-      row.click();
-    } else if (ev.key === "ArrowDown" || ev.key === "ArrowUp") {
-      ev.preventDefault();
-      let next = (ev.key === "ArrowDown" ? row.nextElementSibling : row.previousElementSibling) as HTMLElement | null;
-      while (next && next.style.display === "none") {
-        next = (ev.key === "ArrowDown" ? next.nextElementSibling : next.previousElementSibling) as HTMLElement | null;
-      }
-      if (next) {
-        next.focus();
-        next.click();
-      }
-    }
-  };
-  const onDiagClick = (ev: Event) => {
-    const link = (ev.target as HTMLElement).closest("[data-layer]") as HTMLElement | null;
-    if (!link) return;
-    const name = link.getAttribute("data-layer") ?? "";
-    if (!byName.has(name)) return;
-    select(name, { scroll: true });
-    model.set("selected", name);
-    model.save_changes();
-  };
-  const onOnly = () => {
-    model.set("flagged_only", onlyBox.checked);
-    model.save_changes();
-    applyFilter();
-  };
-  head.addEventListener("click", onHeadClick);
-  body.addEventListener("click", onBodyClick);
-  body.addEventListener("keydown", onBodyKey);
-  diagList.addEventListener("click", onDiagClick);
-  onlyBox.addEventListener("change", onOnly);
+  // clicks, keys, the checkbox and the statistic select (thermometer/input.ts)
+  const unbindInput = bindInput(model, store, { head, body, diagList, onlyBox, sparkSel, incidentsBox, eventsList }, {
+    rowName: (i) => String(layers[i]?.name ?? ""),
+    current: () => current,
+    has: (name) => byName.has(name),
+    select,
+    applySort,
+    applyFilter,
+    pick,
+  });
 
   const onSelected = () => select(String(model.get("selected") ?? ""), { scroll: true });
   const onSortTrait = () => applySort();
@@ -382,38 +328,13 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   live.views.add(schedule);
   const onMsg = live.modelListener ? null : messageHandler(model);
   if (onMsg) model.on("msg:custom", onMsg);
-  const onSpark = () => {
-    model.set("spark_stat", sparkSel.value);
-    model.save_changes();
-  };
-  const onJump = (ev: Event) => {
-    const link = (ev.target as HTMLElement).closest(".nbd-link") ? ((ev.target as HTMLElement).closest("[data-step]") as HTMLElement | null) : null;
-    if (!link) return;
-    const step = Number(link.getAttribute("data-step"));
-    if (step > 0 && store.length) pick({ slot: store.slotOf(step), whole: false });
-    const layer = link.getAttribute("data-layer");
-    if (layer) {
-      model.set("selected", layer);
-      model.save_changes();
-    }
-  };
-  sparkSel.addEventListener("change", onSpark);
-  incidentsBox.addEventListener("click", onJump);
-  eventsList.addEventListener("click", onJump);
 
   rebuild();
   root.dataset.ready = "1";
 
   return () => {
     for (const [ev, cb] of subs) model.off(ev, cb);
-    head.removeEventListener("click", onHeadClick);
-    body.removeEventListener("click", onBodyClick);
-    body.removeEventListener("keydown", onBodyKey);
-    diagList.removeEventListener("click", onDiagClick);
-    onlyBox.removeEventListener("change", onOnly);
-    sparkSel.removeEventListener("change", onSpark);
-    incidentsBox.removeEventListener("click", onJump);
-    eventsList.removeEventListener("click", onJump);
+    unbindInput();
     live.views.delete(schedule);
     if (onMsg) model.off("msg:custom", onMsg);
     timeline.destroy();

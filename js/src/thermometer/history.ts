@@ -1,5 +1,5 @@
 // The per-step history of the thermometer, mirrored in the browser. Python side:
-// nbdebug/widgets/thermometer.py (`history` trait and `history` custom messages, same layout).
+// nbdebug/widgets/thermometer_data.py (`history` trait and `history` custom messages, same layout).
 //
 // Filled from the `history` trait (final state, saved notebooks) and, while the cell runs, from
 // custom messages {type: "history", from, reset, ...} that carry only the new slots: slots from

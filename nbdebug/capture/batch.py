@@ -11,7 +11,7 @@ its numbers wait in ``cap._batch``. :func:`flush` folds the waiting steps, in or
 element-wise operations the one-step path uses (so the history is bit for bit the same; tested), and
 runs before anything that reads what they change: another step that does not qualify, held-back
 no-grad steps, the end of the capture, late gradients, and any read of ``Capture.history`` (live views,
-the distributed spool), or when :data:`BATCH` steps wait.
+the distributed spool), or when :data:`BATCH` steps (:data:`BATCH_CALLS` calls) wait.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from .stats import IDX, N_FIELDS
 if TYPE_CHECKING:
     from .session import Capture
 
-__all__ = ["BATCH", "defer", "flush"]
+__all__ = ["BATCH", "BATCH_CALLS", "defer", "flush"]
 
 BATCH = 64  # steps that may wait before they are folded
+BATCH_CALLS = 4096  # ... and calls (a few MB: a model with many rows waits fewer steps)
 _DEAD, _PGN = FIELD_INDEX["dead_unit_frac"], FIELD_INDEX["param_grad_norm"]
 _OPT_COLS = {"param_norm": FIELD_INDEX["param_norm"], "update_ratio": FIELD_INDEX["update_ratio"]}
 _SUMSQ, _MN, _MX = IDX["sumsq"], IDX["min"], IDX["max"]
@@ -85,7 +86,7 @@ def defer(cap: Capture, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad:
     appended = (step - first) % cap.every == 0
     cap._batch.append(_Waiting(calls, step, h_raw, h_grad, h_alive, scale, pg_host if pg is not None else None,
                                h_opt, scalars, appended))
-    if len(cap._batch) >= BATCH:
+    if len(cap._batch) >= BATCH or len(cap._batch) * len(calls) >= BATCH_CALLS:
         flush(cap)
     if appended and cap.on_step is not None:
         cap.on_step(cap)  # reading cap.history folds the waiting steps first

@@ -1,5 +1,7 @@
+// @vitest-environment happy-dom
 import { describe, expect, it } from "vitest";
-import { fmt, fmtInt, fmtPct } from "../src/lib/dom";
+import { fmt, fmtInt, fmtPct, h } from "../src/lib/dom";
+import { isOwnKey } from "../src/lib/keys";
 
 describe("fmt", () => {
   it("uses 3 significant digits", () => {
@@ -33,5 +35,34 @@ describe("fmt", () => {
     expect(fmtPct(0.00001)).toBe("<0.1%");
     expect(fmtPct(0.996)).toBe("99.6%");
     expect(fmtPct(1)).toBe("100%");
+  });
+});
+
+describe("notebook shortcuts and our keys", () => {
+  it("marks focusable elements and suppresses the notebook's shortcuts only for our own plain keys, during that event", async () => {
+    const row = h("div", { attrs: { tabindex: 0 } });
+    const plain = h("div");
+    const btn = h("button");
+    document.body.append(row, plain, btn);
+    expect(row.hasAttribute("data-nbd-keys")).toBe(true);
+    expect(btn.hasAttribute("data-nbd-keys")).toBe(true);
+    expect(plain.hasAttribute("data-nbd-keys")).toBe(false);
+    expect(row.hasAttribute("data-lm-suppress-shortcuts")).toBe(false); // never static
+    const seen: (string | null)[] = [];
+    const probe = (ev: Event) => seen.push((ev.target as Element).getAttribute("data-lm-suppress-shortcuts"));
+    document.addEventListener("keydown", probe, true); // where lumino listens (Notebook 7: capture phase)
+    const press = (el: Element, init: KeyboardEventInit) => el.dispatchEvent(new KeyboardEvent("keydown", { bubbles: true, ...init }));
+    press(row, { key: "ArrowDown" });
+    press(row, { key: "Enter", shiftKey: true }); // Shift+Enter runs the cell: the notebook's
+    press(row, { key: "s", ctrlKey: true }); // save: the notebook's
+    press(row, { key: "Escape" });
+    press(plain, { key: "ArrowDown" });
+    press(btn, { key: " " });
+    document.removeEventListener("keydown", probe, true);
+    expect(seen).toEqual(["true", null, null, null, null, "true"]);
+    await new Promise((r) => setTimeout(r, 0));
+    expect(row.hasAttribute("data-lm-suppress-shortcuts")).toBe(false);
+    expect(isOwnKey(row, { key: "ArrowUp", ctrlKey: false, metaKey: false, altKey: false, shiftKey: false })).toBe(true);
+    expect(isOwnKey(row, { key: "a", ctrlKey: false, metaKey: false, altKey: false, shiftKey: false })).toBe(false);
   });
 });

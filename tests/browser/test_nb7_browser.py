@@ -282,7 +282,8 @@ NOTEBOOK_STATE = "const nb = app.shell.currentWidget.content; return [nb.activeC
 
 def test_thermometer_keys_notebook7(page, nb7) -> None:
     """ArrowDown on a focused row selects the next row; ArrowLeft on the step slider goes one step back;
-    the notebook's active cell does not move (as in JupyterLab for the rows)."""
+    the notebook's active cell does not move (as in JupyterLab for the rows); Shift+Enter stays the
+    notebook's."""
     write_notebook(nb7.root, "keys_nb7", ["%load_ext nbdebug", LIVE_SETUP, KEYS_LOOP])
     open_and_run(page, nb7, "keys_nb7")
     widget = wait_widget(page, "thermometer")
@@ -296,3 +297,9 @@ def test_thermometer_keys_notebook7(page, nb7) -> None:
     widget.locator(".nbd-step-label", has_text="step 9 of 10").wait_for(timeout=5_000)
     assert run_js(page, NOTEBOOK_STATE) == before
     run_code_and_wait_text(page, "print(_nndebug_widget.selected, _nndebug_widget.step)", "2 9")
+    # Only the navigation keys are the widget's: Shift+Enter on a focused row still runs the cell and
+    # moves the notebook on (the notebook's shortcut), it does not select the row.
+    widget.locator('.nbd-row[data-row="0"]').click()
+    at = run_js(page, NOTEBOOK_STATE)[0]
+    page.keyboard.press("Shift+Enter")
+    page.wait_for_function(f"() => window.jupyterapp.shell.currentWidget.content.activeCellIndex !== {at}", timeout=10_000)

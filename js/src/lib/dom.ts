@@ -1,3 +1,5 @@
+import { ownKeys } from "./keys";
+
 // Element helpers for the views. Model text (layer names, tokens, class names) is untrusted, so
 // everything here goes through `textContent` and `setAttribute` only, never HTML parsing of strings.
 //
@@ -24,8 +26,8 @@ export interface HOptions {
 
 const FOCUSABLE = new Set(["input", "select", "textarea", "button"]);
 
-/** Create an element; never parses HTML. Focusable ones (form controls, a `tabindex`) keep their keys
- * from the notebook's shortcuts (`data-lm-suppress-shortcuts`). */
+/** Create an element; never parses HTML. Focusable ones (form controls, a `tabindex`) keep their
+ * navigation keys from the notebook's shortcuts (see {@link ownKeys}). */
 export function h<K extends keyof HTMLElementTagNameMap>(
   tag: K,
   opts?: HOptions,
@@ -46,9 +48,7 @@ export function h(tag: string, opts: HOptions = {}, children: Child[] = []): HTM
     }
   }
   if (opts.data) for (const [k, v] of Object.entries(opts.data)) el.setAttribute(`data-${k}`, String(v));
-  // Keys pressed in a control of ours are ours: JupyterLab/Notebook 7 match their shortcuts (arrows
-  // move between cells, Enter edits) at the focused element first, unless it carries this marker.
-  if (FOCUSABLE.has(tag) || el.hasAttribute("tabindex")) el.setAttribute("data-lm-suppress-shortcuts", "true");
+  if (FOCUSABLE.has(tag) || el.hasAttribute("tabindex")) ownKeys(el);
   if (opts.title !== undefined) el.setAttribute("title", opts.title);
   if (opts.text !== undefined) el.textContent = String(opts.text);
   if (opts.on) for (const [ev, fn] of Object.entries(opts.on)) el.addEventListener(ev, fn);

@@ -60,7 +60,7 @@ def defer(cap: Capture, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad:
         return False
     pgmap = None
     if pg is not None:
-        if type(pg_host) is not np.ndarray or not math.isfinite(float(pg_host.sum())):
+        if type(pg_host) is not np.ndarray or not math.isfinite(sum(pg_host.tolist())):
             return False  # the step's parameter-gradient check needs it now
         pgmap = cap._pg_modules(pg[0])
         if scale is not None and not pg_late:

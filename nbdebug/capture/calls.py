@@ -102,6 +102,8 @@ class _Call:
                 and (src := last[0]()) is not None and src._version == last[4]):
             stats = last[5].copy() if isinstance(last[5], np.ndarray) else last[5].clone()
         else:
+            if not ptr and n and g._is_zerotensor():  # a ZeroTensor (torch.sgn's): no memory to read, all zeros
+                g = torch.zeros(g.shape, dtype=g.dtype, device=g.device)
             stats = tensor_stats(g, on_device=cap.device_path)
             if type(stats) is not _ndarray or stats[_NAN] + stats[_INF] > 0:
                 cap._maybe_bad = True  # the step's close looks for the first non-finite gradient
@@ -167,6 +169,8 @@ def _host_sq_norms(grads: list[torch.Tensor]) -> np.ndarray | None:
     """float64 sums of squares of contiguous float32 CPU gradients (NATIVE's one call when it is
     available: any size when torch runs one thread; else a BLAS dot each for small ones: float32 overflow of finite
     values recounted in float64), or None when one of them is not such a gradient."""
+    if any(map(_is_zero, grads)):
+        return _with_zeros(grads)
     native = _NATIVE[0] if _NATIVE else _load_native()
     # one thread per call: any size when torch runs one thread too, else small gradients only (torch's
     # parallel norms win on large ones)
@@ -190,6 +194,22 @@ def _host_sq_norms(grads: list[torch.Tensor]) -> np.ndarray | None:
                 f64 = f.astype(np.float64)
                 sq = float(dot(f64, f64))
             out[i] = sq
+    return out
+
+
+_is_zero = torch.Tensor._is_zerotensor
+
+
+def _with_zeros(grads: list[torch.Tensor]) -> np.ndarray | None:
+    """:func:`_host_sq_norms` when some gradients are ZeroTensors (``torch.sgn``'s gradients): they
+    have no memory (``data_ptr() == 0``, ``.numpy()`` raises) and their sum of squares is 0."""
+    live = [i for i, g in enumerate(grads) if not g._is_zerotensor()]
+    out = np.zeros(len(grads))
+    if live:
+        sq = _host_sq_norms([grads[i] for i in live])
+        if sq is None:
+            return None
+        out[live] = sq
     return out
 
 

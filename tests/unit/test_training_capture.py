@@ -793,3 +793,43 @@ def test_step_values_fast_branch_equals_general_branch() -> None:
     general = step_values(np.vstack([rg, one]), [1], True)
     np.testing.assert_array_equal(fast, general[:3])
     assert np.isnan(general[3, 1])  # std of one value
+
+
+class _SignGate(nn.Module):
+    """``x * sgn(g)``: ``g`` is used only through ``torch.sgn``, whose gradient is a ZeroTensor (no
+    memory: ``data_ptr() == 0``, ``.numpy()`` raises)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.g = nn.Parameter(torch.tensor([0.5, -2.0, 1.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sgn(self.g)
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+@pytest.mark.parametrize("native_norms", [True, False])
+def test_zerotensor_parameter_gradient_has_norm_zero(device_path: bool, native_norms: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parameter used only through ``torch.sgn`` in an SGD loop: the loop runs, its gradient norm is 0
+    every step, the other parameters' norms are the real ones (native norms and the numpy path)."""
+    from nbdebug.capture import calls
+
+    if not native_norms:
+        monkeypatch.setattr(calls, "_NATIVE", [None])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), _SignGate(), nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(5, 4)
+    want: list[float] = []
+    with Capture(model, device_path=device_path) as cap:
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            assert model[1].g.grad._is_zerotensor()
+            want.append(float(torch.linalg.vector_norm(torch.cat([model[2].weight.grad.reshape(-1), model[2].bias.grad]))))
+            opt.step()
+    res = cap.result
+    assert res.steps == 3 and res.first_nonfinite_step is None and res.param_grad_nonfinite_step is None
+    assert list(res.series("1", "param_grad_norm")) == [0.0, 0.0, 0.0]
+    np.testing.assert_allclose(res.series("2", "param_grad_norm"), want, rtol=1e-5)

@@ -1,4 +1,4 @@
-"""The fused native statistics kernel (``_native/stats.c``): compiled on first use, loaded with ctypes.
+"""The fused native statistics kernel (``_native/stats.c``, ``norms.c``): compiled on first use, loaded with ctypes.
 
 One pass over a float32 CPU tensor gives every field of :data:`~nbdebug.capture.stats.FIELDS`
 (and, on request, the dead-unit mask) instead of the 4-5 torch/numpy passes of the fallback path.
@@ -9,7 +9,11 @@ reads and one ctypes call with plain integer arguments; results land in prealloc
 the first calling thread; other threads get their own) and are copied out.
 
 ``NBDEBUG_NATIVE=0`` turns it off; no compiler, a failed build, a failed load or a failed self-test
-all mean the torch/numpy path, silently except for :func:`status` (a one-line reason).
+all mean the torch/numpy path, silently except for :func:`status` (a one-line reason); so does any
+error while building or loading it (never raised into the caller's hook).
+
+A ZeroTensor (``torch.sgn``'s gradients, ``_efficientzerotensor``) has no memory (``data_ptr() == 0``):
+its stats are exact zeros, computed without reading anything.
 
 >>> available() in (True, False)
 True
@@ -19,12 +23,14 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from . import native_build
+from .hoststats import zero_row
 from .native_build import cache_dir
 
 __all__ = ["available", "cache_dir", "gather", "seg_norms", "sq_norms", "stats", "status"]
@@ -42,7 +48,6 @@ _status = "not loaded yet"
 # the bound entry points, set once loaded: nbd_stats / nbd_stats_sat keeping the GIL and releasing it
 _stats_fn = _sat_fn = _stats_big = _sat_big = None
 _owner = 0  # thread id owning the scratch buffer below
-_own: tuple[np.ndarray, np.ndarray, int] = (np.empty(9), np.zeros(0, np.uint8), 0)  # (fields, unit bytes, address)
 _get_ident = threading.get_ident
 
 
@@ -51,7 +56,10 @@ def _load() -> None:
     with _lock:
         if _tried:
             return
-        libs, why = native_build.load()
+        try:
+            libs, why = native_build.load()
+        except Exception as e:  # anything at all (no home directory, a broken toolchain): the torch path
+            libs, why = None, f"kernel unavailable ({type(e).__name__}: {e})"
         if libs is not None:
             _lib, held = libs
             _stats_fn, _sat_fn, _stats_big, _sat_big = held.nbd_stats, held.nbd_stats_sat, _lib.nbd_stats, _lib.nbd_stats_sat
@@ -73,10 +81,11 @@ def status() -> str:
 
 
 def _reset() -> None:
-    """Forget the loaded kernel so that the next use reads ``NBDEBUG_NATIVE``/``CC`` again (tests)."""
-    global _lib, _tried, _status, _stats_fn, _sat_fn, _stats_big, _sat_big, _owner
+    """Forget the loaded kernel (and the scratch buffer) so that the next use reads ``NBDEBUG_NATIVE``/``CC``
+    again (tests)."""
+    global _lib, _tried, _status, _stats_fn, _sat_fn, _stats_big, _sat_big, _owner, _own
     with _lock:
-        _lib, _tried, _status, _owner = None, False, "not loaded yet", 0
+        _lib, _tried, _status, _owner, _own = None, False, "not loaded yet", 0, _new_scratch(0)
         _stats_fn = _sat_fn = _stats_big = _sat_big = None
 
 
@@ -85,8 +94,12 @@ def _new_scratch(c: int) -> tuple[np.ndarray, np.ndarray, int]:
     return buf[:9], buf[9:].view(np.uint8), buf.ctypes.data
 
 
+_own = _new_scratch(0)  # (fields, unit bytes, address) of the owning thread
+
+
 def _scratch(c: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """The calling thread's output buffer for ``c`` units (the first caller owns a cached one)."""
+    """The calling thread's output buffer for ``c`` units (0 without a unit mask; the first caller
+    owns a cached one, grown only for a mask of more units)."""
     global _owner, _own
     ident = _get_ident()
     if _owner == 0:
@@ -159,9 +172,12 @@ def stats(t: torch.Tensor, saturation: tuple[float, float] | None = None, sat_ep
     except (RuntimeError, NotImplementedError):  # functorch wrappers and other storage-less tensors
         return None
     flags = 2 if units and len(shape) >= 2 else 0
+    if not ptr and n:  # no memory: a ZeroTensor (exact zeros, nothing to read), else not ours
+        return _zero_stats(t, n, saturation, sat_eps, flags) if t._is_zerotensor() else None
+    cu = c if flags else 0  # unit bytes needed
     own = _own
-    if c > own[1].size or _get_ident() != _owner:
-        own = _scratch(c)
+    if cu > own[1].size or _get_ident() != _owner:
+        own = _scratch(cu)
     out, alive, addr = own
     if n < GIL_MAX:
         if saturation is None:
@@ -183,6 +199,13 @@ def stats(t: torch.Tensor, saturation: tuple[float, float] | None = None, sat_ep
     return row, None
 
 
+def _zero_stats(t: torch.Tensor, n: int, saturation: tuple[float, float] | None, sat_eps: float,
+                flags: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The row (and, with the unit flag, the all-dead mask) of ``n`` zeros."""
+    row = zero_row(n, None if saturation is None else _bounds(saturation, sat_eps))
+    return row, (np.zeros(t.shape[1], bool) if flags & 2 else None)
+
+
 def _bounds(saturation: tuple[float, float], sat_eps: float) -> tuple[float, float]:
     """``(lo + sat_eps, hi - sat_eps)`` rounded to float32 (how numpy/torch compare a float32 tensor
     with a Python float), cached."""
@@ -193,7 +216,10 @@ def _bounds(saturation: tuple[float, float], sat_eps: float) -> tuple[float, flo
     return bounds
 
 
-def _pointers(tensors: Sequence[torch.Tensor]) -> tuple[list[int], list[int]] | None:
+def _pointers(tensors: Sequence[torch.Tensor], zeros: bool = False) -> tuple[list[int], list[int]] | None:
+    """Addresses and sizes of plain float32 contiguous CPU tensors, or None when one is not such a
+    tensor or has no memory; with ``zeros``, a ZeroTensor passes as an empty array (its sum of
+    squares is 0)."""
     ptrs, sizes = [], []
     for t in tensors:
         tp = type(t)
@@ -201,10 +227,16 @@ def _pointers(tensors: Sequence[torch.Tensor]) -> tuple[list[int], list[int]] | 
                 or t.layout is not _STRIDED or not t.is_contiguous()):
             return None
         try:
-            ptrs.append(t.data_ptr())
+            ptr = t.data_ptr()
         except (RuntimeError, NotImplementedError):
             return None
-        sizes.append(t.numel())
+        n = t.numel()
+        if not ptr and n:  # nothing to read there
+            if not (zeros and t._is_zerotensor()):
+                return None
+            n = 0
+        ptrs.append(ptr)
+        sizes.append(n)
     return ptrs, sizes
 
 
@@ -212,15 +244,14 @@ def sq_norms(tensors: Sequence[torch.Tensor]) -> np.ndarray | None:
     """Float64 sums of squares of float32 contiguous CPU tensors, in one native call.
 
     ``sq_norms([g1, g2, ...]) -> np.ndarray`` of shape ``[len(tensors)]`` (take ``np.sqrt`` for
-    L2 norms). Squares are summed in float32 over blocks of 8 values per lane and accumulated in
-    float64; a block that overflows float32 (finite values above ~1e19) is summed again per element
-    in float64, so a finite tensor never gets an infinite norm. NaN/Inf in a tensor give NaN/Inf.
+    L2 norms). Each value is squared and summed in float64 (no float32 overflow of finite values,
+    no underflow of tiny ones); NaN/Inf in a tensor give NaN/Inf; a ZeroTensor gives 0.
     None when the kernel is not available or any tensor is not a plain float32 contiguous CPU
     tensor (the caller keeps its own path then).
     """
     if not (_lib is not None or (not _tried and available())):
         return None
-    got = _pointers(tensors)
+    got = _pointers(tensors, zeros=True)
     if got is None:
         return None
     ptrs, sizes = got
@@ -232,16 +263,17 @@ def sq_norms(tensors: Sequence[torch.Tensor]) -> np.ndarray | None:
     return np.frombuffer(out, np.float64) if k else np.zeros(0)
 
 
-_addr_cache: list[tuple[np.ndarray, int]] = []
+_addr_cache: list[tuple[weakref.ref[np.ndarray], int]] = []
 
 
 def _address(a: np.ndarray) -> int:
-    """``a.ctypes.data``, cached for the few long-lived buffers (a lookup costs ~1 µs)."""
-    for arr, addr in _addr_cache:
-        if arr is a:
+    """``a.ctypes.data``, cached for the few long-lived buffers (a lookup costs ~1 µs); held weakly,
+    so a snapshot buffer the caller drops is freed."""
+    for ref, addr in _addr_cache:
+        if ref() is a:
             return addr
     addr = a.ctypes.data
-    _addr_cache.insert(0, (a, addr))
+    _addr_cache.insert(0, (weakref.ref(a), addr))
     del _addr_cache[8:]
     return addr
 
@@ -260,7 +292,7 @@ def seg_norms(before_flat: np.ndarray, params: Sequence[torch.Tensor]) -> tuple[
     ``params`` are the live float32 contiguous CPU parameters (read through ``data_ptr``, nothing
     copied). Returns two float64 arrays of ``len(params)``: ``sum(before_i ** 2)`` and
     ``sum((before_i - param_i) ** 2)`` (the difference taken in float32, like ``np.subtract`` on
-    the two float32 arrays; sums as in :func:`sq_norms`). ``before_flat`` is not modified. None when
+    the two float32 arrays; squares summed in float64 as in :func:`sq_norms`). ``before_flat`` is not modified. None when
     the kernel is not available or a parameter does not qualify; ValueError when ``before_flat``'s
     size is not the parameters' total.
     """

@@ -1,13 +1,16 @@
-"""Compiling and loading the native statistics kernel (``_native/stats.c``) for :mod:`.native`.
+"""Compiling and loading the native statistics kernel (``_native/*.c``) for :mod:`.native`.
 
-The source is compiled with the system C compiler (``$CC`` or ``cc``; :data:`FLAGS`; on x86-64
+The sources are compiled with the system C compiler (``$CC`` or ``cc``; :data:`FLAGS`; on x86-64
 Linux with gcc the hot loops are cloned for x86-64-v4/v3/baseline and picked at load time, never
-``-march=native``) into ``cache_dir()/<key>/libnbdstats.so``, where ``key`` hashes the source, the
-compiler (path, size, mtime, extra arguments), the flags and the platform: a changed source or
-compiler builds a new library, an unchanged one is only loaded. The build runs in a private
-temporary directory next to the target and is moved in place with ``os.replace`` (atomic), so
-kernels or processes starting at once never load a half-written file; the loser of a race just
-replaces the file with an identical one. A loaded library must pass a self-test on a known array.
+``-march=native``) into one library, ``cache_dir()/<key>/libnbdstats.so``, where ``key`` hashes the
+sources, the compiler (path, size, mtime, extra arguments), the flags and the platform: a changed
+source or compiler builds a new library, an unchanged one is only loaded. The build runs in a
+private temporary directory next to the target, is loaded and self-tested from there, and only then
+moved in place with ``os.replace`` (atomic), so kernels or processes starting at once never load a
+half-written file and a process never keeps a stale handle; the loser of a race just replaces the
+file with an identical one. A library that fails the self-test is unloaded and built again. Only a
+compiler error about the clones (``target_clones``, ``arch=``, ifunc) builds the next
+:data:`VARIANTS` entry; any other failure (e.g. the compiler killed) caches nothing.
 """
 
 from __future__ import annotations
@@ -26,20 +29,47 @@ from collections.abc import Iterator
 
 import numpy as np
 
-SRC = pathlib.Path(__file__).with_name("_native") / "stats.c"
-ABI = 2  # nbd_abi() of a library this Python side can drive
+NATIVE_DIR = pathlib.Path(__file__).with_name("_native")
+SOURCES = ("stats.c", "norms.c")  # compiled into one library
+HEADERS = ("nbd.h",)
+ABI = 3  # nbd_abi() of a library this Python side can drive
+# extra flags tried in turn, the next one only when the compiler rejects the clones of the previous:
+# gcc < 11 has no x86-64-v3/v4 level names, some toolchains have no ifunc
+VARIANTS = ((), ("-DNBD_AVX2_ONLY",), ("-DNBD_NO_CLONES",))
+_CLONE_ERRORS = ("target_clones", "target_clone", "ifunc", "arch=", "x86-64-v", "avx2")
 FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden")
 LIB_NAME = "libnbdstats.so"
 
 
-def cache_dir() -> pathlib.Path:
-    """Where compiled kernels live (one subdirectory per source/compiler/flags/platform key)."""
+def _configured_dir() -> pathlib.Path:
+    """``$NBDEBUG_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or ``~/.cache``, then ``nbdebug/native``;
+    raises (RuntimeError, KeyError) when there is no home directory (HOME unset and no passwd entry)."""
     env = os.environ.get("NBDEBUG_CACHE_DIR")
     if env:
         return pathlib.Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME")
     root = pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache"
     return root / "nbdebug" / "native"
+
+
+def _private_tmp() -> pathlib.Path:
+    """This user's private directory in the system's temporary directory."""
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    return pathlib.Path(tempfile.gettempdir()) / f"nbdebug-native-{uid}"
+
+
+def cache_dir() -> pathlib.Path:
+    """Where compiled kernels live (one subdirectory per source/compiler/flags/platform key): the
+    configured/home cache, or the private temporary directory when there is no home directory."""
+    try:
+        return _configured_dir()
+    except (RuntimeError, KeyError, OSError):
+        return _private_tmp()
+
+
+def _sources() -> bytes:
+    """Every source and header, in a fixed order (what the cache key hashes)."""
+    return b"\0".join((NATIVE_DIR / name).read_bytes() for name in (*SOURCES, *HEADERS))
 
 
 def _compiler() -> tuple[list[str], str] | str:
@@ -63,24 +93,29 @@ def _key(identity: str, source: bytes) -> str:
     return h.hexdigest()[:20]
 
 
-def _build(argv: list[str], target: pathlib.Path) -> str | None:
-    """Compile the kernel to ``target`` atomically; None on success, else the reason."""
+def _build(argv: list[str], target: pathlib.Path) -> tuple[ctypes.CDLL, ctypes.PyDLL] | str:
+    """Compile the kernel, load and self-test it from the temporary directory, then move it to
+    ``target`` atomically: the loaded library, or the reason there is none (nothing written)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".build-", dir=target.parent)
     try:
         out = os.path.join(tmp, LIB_NAME)
         err = ""
-        # function multi-versioning needs ifunc support and (for the level names) gcc >= 11
-        for extra in ((), ("-DNBD_AVX2_ONLY",), ("-DNBD_NO_CLONES",)):
-            cmd = [*argv, *FLAGS, *extra, "-o", out, str(SRC)]
+        for extra in VARIANTS:
+            cmd = [*argv, *FLAGS, *extra, "-I", str(NATIVE_DIR), "-o", out, *(str(NATIVE_DIR / f) for f in SOURCES)]
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp)
             except (OSError, subprocess.SubprocessError) as e:
                 return f"compiler failed to run: {e}"
             if r.returncode == 0 and os.path.exists(out):
-                os.replace(out, target)
-                return None
-            err = (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[0]
+                got = _open(pathlib.Path(out))
+                if not isinstance(got, str):
+                    os.replace(out, target)
+                return got
+            lines = [ln for ln in r.stderr.strip().splitlines() if "error" in ln.lower()] or r.stderr.strip().splitlines()
+            err = lines[0] if lines else f"exit code {r.returncode}"
+            if not any(k in r.stderr for k in _CLONE_ERRORS):
+                break  # not about the clones (e.g. the compiler was killed): no lesser variant cached
         return f"build failed: {err}"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -90,6 +125,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     i64, f64, vp = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
     lib.nbd_abi.restype = ctypes.c_int
     lib.nbd_abi.argtypes = []
+    lib.nbd_variant.restype = ctypes.c_char_p
+    lib.nbd_variant.argtypes = []
     for name, args in (("nbd_stats", [vp, i64, i64, i64, i64, vp]), ("nbd_stats_sat", [vp, i64, i64, i64, i64, f64, f64, vp])):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = ctypes.c_int, args
@@ -102,11 +139,22 @@ def _bind(lib: ctypes.CDLL) -> None:
 
 
 def _self_test(lib: ctypes.CDLL) -> bool:
+    """Every field on a known array (tail loop), and sums in double through the vector loop."""
     x = np.array([1.0, -2.0, 0.0, -0.0, 3.5, 0.5], np.float32)
     scratch = np.zeros(9 + 1)  # 9 fields, then the unit mask's bytes
     rc = lib.nbd_stats_sat(x.ctypes.data, 6, 3, 2, 2, 0.5, 3.0, scratch.ctypes.data)
     want = [6, 3.0, 1 + 4 + 12.25 + 0.25, -2.0, 3.5, 4, 0, 0, 5]
-    return rc == 0 and scratch[:9].tolist() == want and scratch[9:].view(np.uint8)[:3].tolist() == [1, 0, 1]
+    ok = rc == 0 and scratch[:9].tolist() == want and scratch[9:].view(np.uint8)[:3].tolist() == [1, 0, 1]
+    y = np.zeros(256, np.float32)
+    y[[0, 128, 5]] = [1.0, -1.0, 1e-23]  # a float32 sum or square would lose the tiny value
+    rc = lib.nbd_stats(y.ctypes.data, 256, 1, 256, 0, scratch.ctypes.data)
+    tiny = float(np.float32(1e-23))
+    return ok and rc == 0 and scratch[1] == tiny and scratch[2] == 2.0 + tiny * tiny and scratch[5] == 3
+
+
+def variant(lib: ctypes.CDLL) -> str:
+    """How the loaded library's hot loops were compiled (e.g. ``clones x86-64-v4/v3/default``)."""
+    return lib.nbd_variant().decode()
 
 
 def load() -> tuple[tuple[ctypes.CDLL, ctypes.PyDLL] | None, str]:
@@ -116,7 +164,7 @@ def load() -> tuple[tuple[ctypes.CDLL, ctypes.PyDLL] | None, str]:
     if os.environ.get("NBDEBUG_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         return None, "disabled (NBDEBUG_NATIVE=0)"
     try:
-        source = SRC.read_bytes()
+        source = _sources()
     except OSError as e:
         return None, f"kernel source missing ({e})"
     cc = _compiler()
@@ -129,25 +177,27 @@ def load() -> tuple[tuple[ctypes.CDLL, ctypes.PyDLL] | None, str]:
         got = _open(target) if target.exists() else "not built"
         if isinstance(got, str):  # not built yet, or a bad file there (truncated, foreign): build it (again)
             try:
-                why = _build(argv, target)
+                got = _build(argv, target)
             except OSError as e:
                 why = f"cannot write the cache ({e})"
                 continue  # e.g. a read-only home: the private temporary directory next
-            if why is not None:
-                return None, why
-            got = _open(target)
             if isinstance(got, str):
                 return None, got
-        return got, f"loaded {target}"
+        return got, f"loaded {target} ({variant(got[0])})"
     return None, why
 
 
 def _roots() -> Iterator[pathlib.Path]:
-    """:func:`cache_dir`, then (unless ``NBDEBUG_CACHE_DIR`` is set) a private directory of this user
+    """The configured cache directory (if there is one), then (unless ``NBDEBUG_CACHE_DIR`` is set) a private directory of this user
     in the system's temporary directory, used only if nobody else can write to it."""
-    yield cache_dir()
+    try:
+        configured: pathlib.Path | None = _configured_dir()
+    except (RuntimeError, KeyError, OSError):  # no home directory (HOME unset, no passwd entry)
+        configured = None
+    if configured is not None:
+        yield configured
     if not os.environ.get("NBDEBUG_CACHE_DIR") and hasattr(os, "getuid"):
-        tmp = pathlib.Path(tempfile.gettempdir()) / f"nbdebug-native-{os.getuid()}"
+        tmp = _private_tmp()
         try:
             tmp.mkdir(mode=0o700, exist_ok=True)
             st = tmp.stat()
@@ -158,14 +208,33 @@ def _roots() -> Iterator[pathlib.Path]:
 
 
 def _open(target: pathlib.Path) -> tuple[ctypes.CDLL, ctypes.PyDLL] | str:
-    """The library at ``target`` loaded, bound and self-tested, or why not."""
+    """The library at ``target`` loaded, bound and self-tested, or why not (a library that fails is
+    unloaded again, so that the same path can be loaded afresh once rebuilt)."""
     try:
         lib = ctypes.CDLL(str(target))
+    except OSError as e:
+        return f"load failed: {e}"
+    try:
         _bind(lib)
-        if lib.nbd_abi() != ABI or not _self_test(lib):
-            return f"self-test failed ({target})"
+        ok = lib.nbd_abi() == ABI and _self_test(lib)
+    except AttributeError:  # a library of another version: a missing entry point
+        ok = False
+    if not ok:
+        _unload(lib)
+        return f"self-test failed ({target})"
+    try:
         held = ctypes.PyDLL(str(target))  # the same library, calls that keep the GIL (small tensors)
         _bind(held)
     except (OSError, AttributeError) as e:
         return f"load failed: {e}"
     return lib, held
+
+
+def _unload(lib: ctypes.CDLL) -> None:
+    """dlclose a library nothing will call again (best effort)."""
+    try:
+        import _ctypes
+
+        _ctypes.dlclose(lib._handle)  # type: ignore[attr-defined]
+    except (ImportError, AttributeError, OSError):
+        pass

@@ -30,7 +30,16 @@ import numpy as np
 import torch
 
 from . import native
-from .hoststats import _NP_DTYPES, NUMPY_MAX, _cpu_f32_rest, _maximum, _minimum, _numpy_stats
+from .hoststats import (
+    _NP_DTYPES,
+    _TINY_SQ,
+    NUMPY_MAX,
+    _cpu_f32_rest,
+    _maximum,
+    _minimum,
+    _numpy_stats,
+    zero_row,
+)
 
 __all__ = ["FIELDS", "SATURATING", "DeviceStats", "device_histogram", "merge_raw", "stats_and_units", "summarize", "tensor_stats", "to_host_rows"]
 
@@ -114,6 +123,8 @@ def tensor_stats(
         got = native.stats(t, saturation, sat_eps)
         if got is not None:
             return got[0]
+        if t._is_zerotensor():  # no memory to read (numpy refuses it): exact zeros
+            return _zero_raw(t, saturation, sat_eps)
     if (not on_device and t.dtype in _NP_DTYPES and t.device.type == "cpu" and t.numel() <= NUMPY_MAX
             and t.layout == torch.strided and not t.is_inference()):
         return _numpy_stats(t, saturation, sat_eps)
@@ -135,7 +146,10 @@ def tensor_stats(
             # int32 bit pattern gives both the non-negative case (ReLU outputs: one int min/max, no
             # float min/max and no -0.0 pass) and a vectorised count of non-zeros (through numpy).
             rest = _cpu_f32_rest(x, n)
-            return np.array([n, s.item(), ss.item(), *rest, 0 if extra is None else extra.item()], dtype=np.float64)
+            ss_f = ss.item()
+            if ss_f < n * _TINY_SQ and (rest[0] or rest[1]):  # float32 squares of tiny values underflowed
+                ss_f = float(np.dot(x.numpy().astype(np.float64), x.numpy().astype(np.float64)))
+            return np.array([n, s.item(), ss_f, *rest, 0 if extra is None else extra.item()], dtype=np.float64)
         mn, mx = torch.aminmax(x)
         mn_f, mx_f = mn.item(), mx.item()
         nan = inf = 0
@@ -154,6 +168,17 @@ def tensor_stats(
     numel = torch.full((), n, dtype=torch.int64, device=x.device)
     parts = [numel, nz, torch.isnan(x).sum(), torch.isinf(x).sum(), zero if extra is None else extra]
     return DeviceStats(floats, torch.stack([p.to(torch.int64) for p in parts]))
+
+
+def _zero_raw(t: torch.Tensor, saturation: tuple[float, float] | None, sat_eps: float) -> np.ndarray:
+    """The host row of a ZeroTensor: ``t.numel()`` zeros (bounds compared in ``t``'s dtype, like the
+    torch/numpy comparison of a tensor with a Python float)."""
+    bounds = None
+    if saturation is not None:
+        lo, hi = saturation
+        one = torch.tensor([lo + sat_eps, hi - sat_eps], dtype=t.dtype if t.is_floating_point() else torch.float32)
+        bounds = (float(one[0]), float(one[1]))
+    return zero_row(t.numel(), bounds)
 
 
 def merge_raw(a: Raw, b: Raw) -> Raw:
@@ -262,6 +287,8 @@ def unit_alive(t: torch.Tensor, sign: int = 0, on_device: bool = False) -> torch
         got = native.stats(t, units=True)
         if got is not None:
             return np.ones(t.shape[1], bool) if got[1] is None else got[1]
+        if t._is_zerotensor():  # all zeros: every unit dead
+            return np.zeros(t.shape[1], bool)
     x = t.detach()
     c = x.shape[1]
     if not on_device and x.device.type == "cpu" and x.dtype in _NP_DTYPES and x.numel() <= NUMPY_MAX and not x.is_inference():

@@ -1,20 +1,19 @@
 /* nbdebug's fused statistics kernel (see nbdebug/capture/native.py, which compiles and loads it).
  *
- * One pass over a float32 tensor gives sum and sum of squares (float lanes over short blocks of
- * 8 values per lane, flushed into double lanes: error <= ~8 ulp of the sum of |x|), min, max
- * (NaN-ignoring compares; NaN is reported by the caller's second pass), the count of zeros
- * (x == 0: -0.0 is zero, NaN is not), optionally the saturation count (x <= lo, x >= hi, in
- * float32 like numpy/torch comparisons with a Python float) and optionally the per-unit alive
- * mask (unit = dim 1 of an outer x C x inner memory layout). A second pass runs only when the
- * first one's double sums are not finite: exact NaN/Inf counts, and the sums recomputed per
- * element in double when nothing was NaN/Inf (a float32 block overflowed).
+ * One pass over a float32 tensor gives the sum and the sum of squares (each value converted to
+ * double and summed, squared in double, in double lanes: no float32 rounding, overflow or
+ * underflow), min, max (NaN-ignoring compares; NaN is reported by the second pass), the count of
+ * zeros (x == 0: -0.0 is zero, NaN is not), optionally the saturation count (x <= lo, x >= hi, in
+ * float32 like numpy/torch comparisons with a Python float) and optionally the per-unit alive mask
+ * (unit = dim 1 of an outer x C x inner memory layout). A second pass runs only when the first
+ * one's sums are not finite (a NaN or an Inf is present): exact NaN/Inf counts, and the sums per
+ * element in double (the order of the float64 reference).
  *
  * The loops are written over fixed lane arrays so that gcc/clang vectorise them without any
- * fast-math flag (x < m ? x : m is exactly MINPS/MAXPS, NaN-safe). On x86-64 Linux with gcc the
- * hot functions are cloned for x86-64-v4 (AVX-512), v3 (AVX2, FMA) and the baseline, picked at
- * load time (never -march=native into a shared cache).
+ * fast-math flag (x < m ? x : m is exactly MINPS/MAXPS, NaN-safe); see nbd.h for the clones.
  * Large tensors can be split across POSIX threads (a thread per part, created per call; the parts
  * start on chunk boundaries so the lane grouping, and the sums, do not depend on the units mode).
+ * The norms for parameter gradients and the optimizer watch are in norms.c.
  */
 #include <math.h>
 #include <pthread.h>
@@ -22,21 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && !defined(NBD_NO_CLONES)
-#if defined(NBD_AVX2_ONLY) /* compilers without the x86-64-v3/v4 level names (gcc < 11) */
-#define NBD_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define NBD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-#else
-#define NBD_CLONES
-#endif
-#define NBD_INLINE static inline __attribute__((always_inline))
-#define NBD_API __attribute__((visibility("default")))
+#include "nbd.h"
 
-#define NBD_ABI 2
-#define W 16           /* lanes */
-#define BLK 8          /* values per lane summed in float32 before the flush into double */
+#define NBD_ABI 3
+#define W 32           /* lanes (4 AVX-512 / 8 AVX2 registers of doubles per sum) */
 #define CHUNK 4096     /* elements per step of the column-mask mode (L1-resident) */
 #define MAX_THREADS 64
 
@@ -108,24 +96,16 @@ NBD_INLINE int64_t pass(const float *restrict x, int64_t n, lanes_t *restrict l,
         z[j] = e[j] = 0;
     }
     int64_t i = 0;
-    for (; i + W * BLK <= n; i += W * BLK) {
-        float s[W], ss[W];
-        for (int j = 0; j < W; j++) s[j] = ss[j] = 0.0f;
-        for (int k = 0; k < BLK; k++) {
-            const float *p = x + i + k * W;
-            for (int j = 0; j < W; j++) {
-                float v = p[j];
-                s[j] += v;
-                ss[j] += v * v;
-                mn[j] = v < mn[j] ? v : mn[j];
-                mx[j] = v > mx[j] ? v : mx[j];
-                z[j] += (v == 0.0f);
-                if (sat) e[j] += (v <= lo) + (v >= hi);
-            }
-        }
+    for (; i + W <= n; i += W) {
         for (int j = 0; j < W; j++) {
-            S[j] += s[j];
-            SS[j] += ss[j];
+            float v = x[i + j];
+            double d = v;
+            S[j] += d;
+            SS[j] += d * d;
+            mn[j] = v < mn[j] ? v : mn[j];
+            mx[j] = v > mx[j] ? v : mx[j];
+            z[j] += (v == 0.0f);
+            if (sat) e[j] += (v <= lo) + (v >= hi);
         }
     }
     int64_t zz = 0, ee = 0;
@@ -141,8 +121,9 @@ NBD_INLINE int64_t pass(const float *restrict x, int64_t n, lanes_t *restrict l,
     float m = l->m, M = l->M;
     for (; i < n; i++) {
         float v = x[i];
-        s += v;
-        ss += (double)(v * v);
+        double d = v;
+        s += d;
+        ss += d * d;
         m = v < m ? v : m;
         M = v > M ? v : M;
         zz += (v == 0.0f);
@@ -281,6 +262,9 @@ NBD_CLONES static void nonfinite_pass(const float *restrict x, int64_t n, int64_
 
 NBD_API int nbd_abi(void) { return NBD_ABI; }
 
+/* How the hot loops were compiled (native.status() names it). */
+NBD_API const char *nbd_variant(void) { return NBD_VARIANT; }
+
 /* Stats of a float32 tensor of n elements whose memory is outer x C x inner (dense), laid out as
  * nbdebug's FIELDS into scratch[0..8]: numel, sum, sumsq, min, max, nonzero, nan, inf, extra.
  * flags: 2 = unit mask: the bytes after those 9 doubles, alive[c] (c < C), are 1 when unit c holds a
@@ -340,14 +324,8 @@ static int stats_impl(const float *x, int64_t n, int64_t C, int64_t inner, int64
         free(masks);
     }
     int64_t nan = 0, inf = 0;
-    if (!isfinite(a.sum) || !isfinite(a.sumsq)) {
-        double s, ss;
-        nonfinite_pass(x, n, &nan, &inf, &s, &ss);
-        if (nan == 0 && inf == 0) {  /* a float32 block overflowed: the sums again, per element in double */
-            a.sum = s;
-            a.sumsq = ss;
-        }
-    }
+    if (!isfinite(a.sum) || !isfinite(a.sumsq))  /* a NaN or an Inf: finite values cannot overflow a double sum */
+        nonfinite_pass(x, n, &nan, &inf, &a.sum, &a.sumsq);
     out[0] = (double)n;
     out[1] = a.sum;
     out[2] = a.sumsq;
@@ -367,71 +345,4 @@ NBD_API int nbd_stats(const float *x, int64_t n, int64_t C, int64_t inner, int64
 NBD_API int nbd_stats_sat(const float *x, int64_t n, int64_t C, int64_t inner, int64_t flags, double lo, double hi,
                           double *scratch) {
     return stats_impl(x, n, C, inner, flags, 1, lo, hi, scratch);
-}
-
-/* Sum of squares of a - b (b NULL: of a) over n floats: float32 blocks flushed into double lanes,
- * per element in double when a block overflowed. */
-NBD_INLINE double sq_impl(const float *restrict a, const float *restrict b, int64_t n, const int diff) {
-    double S[W];
-    for (int j = 0; j < W; j++) S[j] = 0.0;
-    int64_t i = 0;
-    for (; i + W * BLK <= n; i += W * BLK) {
-        float s[W];
-        for (int j = 0; j < W; j++) s[j] = 0.0f;
-        for (int k = 0; k < BLK; k++) {
-            const float *p = a + i + k * W;
-            if (diff) {
-                const float *q = b + i + k * W;
-                for (int j = 0; j < W; j++) {
-                    float d = p[j] - q[j];
-                    s[j] += d * d;
-                }
-            } else {
-                for (int j = 0; j < W; j++) s[j] += p[j] * p[j];
-            }
-        }
-        for (int j = 0; j < W; j++) S[j] += s[j];
-    }
-    double r = 0.0;
-    for (int j = 0; j < W; j++) r += S[j];
-    for (; i < n; i++) {
-        float d = diff ? a[i] - b[i] : a[i];
-        r += (double)(d * d);
-    }
-    if (isinf(r)) {  /* float32 overflow of finite values, or an Inf: per element in double */
-        r = 0.0;
-        for (i = 0; i < n; i++) {
-            double d = diff ? (double)(a[i] - b[i]) : (double)a[i];
-            r += d * d;
-        }
-    }
-    return r;
-}
-
-NBD_CLONES static double sq_sum(const float *a, int64_t n) { return sq_impl(a, NULL, n, 0); }
-NBD_CLONES static double sq_diff(const float *a, const float *b, int64_t n) { return sq_impl(a, b, n, 1); }
-
-/* out[i] = sum of squares (double) of the float32 array at ptrs[i] with sizes[i] elements. */
-NBD_API void nbd_sq_norms(const int64_t *ptrs, const int64_t *sizes, int64_t k, double *out) {
-    for (int64_t i = 0; i < k; i++) out[i] = sq_sum((const float *)(intptr_t)ptrs[i], sizes[i]);
-}
-
-/* Parameters i = 0..k-1 of sizes[i] elements at ptrs[i], their "before" values consecutive in
- * before[]: sq_before[i] = sum of before_i^2, sq_diff[i] = sum of (before_i - param_i)^2 (the
- * difference in float32, like numpy's subtract; sums in double). */
-NBD_API void nbd_seg_norms(const float *before, const int64_t *ptrs, const int64_t *sizes, int64_t k,
-                           double *sq_before, double *sq_diffs) {
-    for (int64_t i = 0; i < k; i++) {
-        sq_before[i] = sq_sum(before, sizes[i]);
-        sq_diffs[i] = sq_diff(before, (const float *)(intptr_t)ptrs[i], sizes[i]);
-        before += sizes[i];
-    }
-}
-
-/* Copies k float32 arrays (ptrs[i], sizes[i] elements) one after the other into out. */
-NBD_API void nbd_gather(const int64_t *ptrs, const int64_t *sizes, int64_t k, float *out) {
-    for (int64_t i = 0; i < k; i++) {
-        memcpy(out, (const void *)(intptr_t)ptrs[i], (size_t)sizes[i] * sizeof(float));
-        out += sizes[i];
-    }
 }

@@ -62,7 +62,6 @@ NUMPY_MAX = 1 << 16  # CPU tensors up to this size: numpy reductions (a few µs 
 
 
 _minimum, _maximum, _add = np.minimum.reduce, np.maximum.reduce, np.add.reduce
-_TINY_SQ = 1e-30  # a float32 sum of squares below n * this may have lost tiny squares (|x| < ~1e-19)
 _F32_SAFE = 1e16  # |x| below this: the float32 sum of squares cannot overflow for any tensor under NUMPY_MAX
 
 
@@ -78,9 +77,6 @@ def _numpy_stats(t: torch.Tensor, saturation: tuple[float, float] | None, sat_ep
     nan = inf = 0
     if -_F32_SAFE < mn and mx < _F32_SAFE:  # finite and small: nothing can overflow or be NaN
         s, ss = float(_add(x, dtype=np.float64)), float(np.dot(x, x))
-        if ss < n * _TINY_SQ and x.dtype == np.float32 and (mn or mx):  # float32 squares underflowed
-            x64 = x.astype(np.float64)
-            ss = float(np.dot(x64, x64))
     else:
         with np.errstate(over="ignore", invalid="ignore"):
             s, ss = float(_add(x, dtype=np.float64)), float(np.dot(x, x))

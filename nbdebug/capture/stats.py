@@ -32,7 +32,6 @@ import torch
 from . import native
 from .hoststats import (
     _NP_DTYPES,
-    _TINY_SQ,
     NUMPY_MAX,
     _cpu_f32_rest,
     _maximum,
@@ -146,10 +145,7 @@ def tensor_stats(
             # int32 bit pattern gives both the non-negative case (ReLU outputs: one int min/max, no
             # float min/max and no -0.0 pass) and a vectorised count of non-zeros (through numpy).
             rest = _cpu_f32_rest(x, n)
-            ss_f = ss.item()
-            if ss_f < n * _TINY_SQ and (rest[0] or rest[1]):  # float32 squares of tiny values underflowed
-                ss_f = float(np.dot(x.numpy().astype(np.float64), x.numpy().astype(np.float64)))
-            return np.array([n, s.item(), ss_f, *rest, 0 if extra is None else extra.item()], dtype=np.float64)
+            return np.array([n, s.item(), ss.item(), *rest, 0 if extra is None else extra.item()], dtype=np.float64)
         mn, mx = torch.aminmax(x)
         mn_f, mx_f = mn.item(), mx.item()
         nan = inf = 0

@@ -679,6 +679,7 @@ def test_no_memory_kept_after_use() -> None:
 
 
 def test_tiny_values_on_the_torch_numpy_path() -> None:
+    """The BLAS dots of the fallback keep tiny squares (the native kernel must match them)."""
     with fallback():
         for n in (1000, (1 << 16) + 5):  # numpy, then torch's reductions
             t = torch.full((n,), 1e-23)

@@ -105,7 +105,8 @@ def flush(cap: Capture) -> None:
     rg = np.empty((k, n, 2 * N_FIELDS))
     rg[:, :, :N_FIELDS] = [w.raw for w in batch]
     rg[:, :, N_FIELDS:] = [w.grad for w in batch]
-    if any(w.scale is not None for w in batch):  # x / 1.0 is x: steps without a scale are unchanged
+    scaled = any(w.scale is not None for w in batch)
+    if scaled:  # x / 1.0 is x: steps without a scale are unchanged
         s = np.array([1.0 if w.scale is None else w.scale for w in batch])[:, None]
         g = rg[:, :, N_FIELDS:]
         with np.errstate(invalid="ignore", over="ignore"):
@@ -113,10 +114,15 @@ def flush(cap: Capture) -> None:
             g[:, :, _SUMSQ] /= s * s
     sat = [j * n + r for j in range(k) for r in lay.sat] if lay.sat else []
     vals = step_values(rg.reshape(k * n, 2 * N_FIELDS), sat, True).reshape(k, n, -1)
+    stacked: dict[int, np.ndarray] = {}  # a unit row's masks of every waiting step, [k, units]
     for r, units in lay.unit_rows:
         col = [w.alive[r] for w in batch]
-        if all(a is not None and a.size == units for a in col):
-            vals[:, r, _DEAD] = (units - np.count_nonzero(np.array(col), axis=1)) / units
+        masks = [a for a in col if a is not None]
+        if not masks:  # no zero in any of these calls (a conv or linear output): no dead unit
+            vals[:, r, _DEAD] = 0.0
+        elif len(masks) == k and all(a.size == units for a in col):
+            st = stacked[r] = np.array(col)
+            vals[:, r, _DEAD] = (units - np.count_nonzero(st, axis=1)) / units
         else:
             for j, a in enumerate(col):
                 vals[j, r, _DEAD] = 0.0 if a is None else ((a.size - int(np.count_nonzero(a))) / a.size if a.size == units else math.nan)
@@ -167,10 +173,15 @@ def flush(cap: Capture) -> None:
             continue
         if row.alive is None:
             continue  # every unit alive already: stays so
-        col = [w.alive[r] for w in batch]
-        if all(a is not None and a.shape == row.alive.shape for a in col):
+        st = stacked.get(r)
+        col: Any = st
+        if st is None:
+            col = [w.alive[r] for w in batch]
+            if all(a is not None and a.shape == row.alive.shape for a in col):
+                st = np.array(col)
+        if st is not None and st.shape[1:] == row.alive.shape:
             # OR is monotone: merging step by step ends where one OR over every step does
-            a = row.alive | np.logical_or.reduce(np.array(col), axis=0)
+            a = row.alive | np.logical_or.reduce(st, axis=0)
             row.alive = None if a.all() else a
         else:
             for a in col:
@@ -179,9 +190,10 @@ def flush(cap: Capture) -> None:
                 m = _or(row.alive, a)
                 row.alive = None if m is None or m.all() else m
     for j, w in enumerate(batch):
-        g = rg[j, :, N_FIELDS:]
-        for jj, c in enumerate(w.calls):
-            c.grad_stats = g[jj]
+        if scaled:  # else each call's gradient stats are already these values (rg was filled from them)
+            for c, g in zip(w.calls, rg[j, :, N_FIELDS:]):
+                c.grad_stats = g
+        for c in w.calls:
             c.raw = c.alive = c.ref = None
     hids = lay.history_ids()
     kept = [j for j, w in enumerate(batch) if w.appended]

@@ -200,7 +200,8 @@ class _Forward:
             row = row_of.get(key)
             if row is None:
                 row = cap._new_row(key, name, type_name, t)
-            raw = cap._aliased_stats(t) if may_alias and by_storage else None
+            # an aliasing output (Flatten, in-place ops) starts where a recorded output does
+            raw = cap._aliased_stats(t) if may_alias and by_storage and t.data_ptr() in by_storage else None
             if raw is None:
                 raw, alive = stats_and_units(t, saturation=saturation, units=True, on_device=on_device)
             else:

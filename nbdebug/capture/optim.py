@@ -204,7 +204,7 @@ class OptimizerWatch:
         """The optimizer's plan, grouped for the parameters it will step: those with a gradient, or with
         a ``closure`` (the gradients appear inside the step) every one that requires a gradient."""
         groups = opt.param_groups
-        key = tuple(len(g["params"]) for g in groups)
+        key = tuple([len(g["params"]) for g in groups])
         plan = self._cached(opt)
         if plan is False or (plan is not None and plan.key != key):
             plan = self._new_plan(opt, key)
@@ -213,7 +213,8 @@ class OptimizerWatch:
             if plan is not None:
                 self._seen.add(opt)
         if plan is not None:
-            mask = tuple((p.requires_grad if closure else p.grad is not None) for p, _, _ in plan.candidates)
+            cands = plan.candidates
+            mask = tuple([p.requires_grad for p, _, _ in cands] if closure else [p.grad is not None for p, _, _ in cands])
             if mask != plan.mask:
                 self._group(plan, mask)
         return plan

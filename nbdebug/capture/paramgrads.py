@@ -58,11 +58,14 @@ class _ParamGrads:
         grads: list[torch.Tensor] = []
         for p in self._pg_fresh.values():
             g = p.grad
-            if g is None or g.layout != _STRIDED:
+            if g is None or g.layout is not _STRIDED:
                 continue
             params.append(p)
             if type(g) is not _Tensor:
                 g = local(g)
+            elif not g.requires_grad:  # the usual gradient
+                grads.append(g)
+                continue
             grads.append(g.detach() if g.requires_grad else g)
         if params:
             self._pg_norms = (params, grad_norms(grads, self.device_path))

@@ -29,7 +29,7 @@ class _Group:
     """Parameters of one device and dtype in a plan (single ones first, then runs of one shape that
     are stacked on the CPU: one op instead of one per tensor), and which module each norm belongs to."""
 
-    __slots__ = ("_index", "_views", "batches", "entries", "entries_a", "flat", "n_single", "originals", "params", "positions",
+    __slots__ = ("_index", "_seg", "_views", "batches", "entries", "entries_a", "flat", "n_single", "originals", "params", "positions",
                  "positions_a")
 
     def __init__(self, params: list[torch.Tensor], entries: list[int], positions: list[int], stack: bool,
@@ -59,6 +59,7 @@ class _Group:
         # (a few µs per step instead of a dozen torch dispatches)
         self.flat: list[int] | None = None
         self._views: tuple[list[int], list[np.ndarray], list[np.ndarray]] | None = None  # (data_ptrs, numpy views, 2 buffers)
+        self._seg: Any = None  # NATIVE's seg_plan for the snapshot buffer and these parameters (when it has one)
         if stack and self.params and all(
                 p.dtype == torch.float32 and p.device.type == "cpu" and p.layout == torch.strided and p.is_contiguous()
                 and not p.is_inference() for p in self.params) and sum(p.numel() for p in self.params) <= _FLAT_MAX:
@@ -97,6 +98,9 @@ class _Group:
         float32 L2 norms (tensors) otherwise."""
         if self.flat is not None:
             before_flat: np.ndarray = copy
+            got = self._planned(before_flat)
+            if got is not None:
+                return got[0], got[1], True
             seg = _native("seg_norms")
             if seg is not None:
                 try:
@@ -123,6 +127,24 @@ class _Group:
             before.append(_row_norms(snap))
             diff.append(_row_norms(torch.stack(self.params[s]).sub_(snap)))
         return torch.cat(before).float(), torch.cat(diff).float(), False
+
+
+    def _planned(self, before_flat: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """``seg_norms`` through NATIVE's ``seg_plan`` (pointers, sizes and addresses packed once), when
+        it has one: the plan is rebuilt when a parameter's storage moved (``p.data = ...``) or the
+        snapshot buffer is another one; None otherwise (the caller takes ``seg_norms``)."""
+        make = _native("seg_plan")
+        if make is None:
+            return None
+        ptrs = [p.data_ptr() for p in self.params]
+        plan = self._seg
+        if plan is None or plan[0] != ptrs or plan[1] is not before_flat:
+            try:
+                run = make(before_flat, self.params)
+            except Exception:  # a parameter that no longer qualifies: seg_norms decides
+                run = None
+            plan = self._seg = (ptrs, before_flat, run)
+        return None if plan[2] is None else plan[2]()
 
 
 class _Plan:

@@ -534,3 +534,46 @@ def test_closure_step_leaves_out_a_parameter_of_a_module_without_grad() -> None:
     want = ((w - model.fc.weight.detach()).norm() / w.norm()).item()
     assert upd.update_ratio["fc"] == pytest.approx(want, rel=1e-6)
     assert upd.param_norm["fc"] == pytest.approx(w.norm().item(), rel=1e-6)
+
+
+def test_seg_plan_caller_rebuilds_when_a_storage_moves_and_equals_seg_norms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flat group uses NATIVE's ``seg_plan`` when there is one (a reference built on ``seg_norms``
+    here): the same ratios and norms as without it, one plan while the parameters stay put, a new
+    one after ``p.data = ...`` moves a storage."""
+    import numpy as np
+
+    from nbdebug.capture import native, updates
+    from nbdebug.capture.session import Capture
+
+    if not native.available():
+        pytest.skip(native.status())
+    built: list[list[int]] = []
+
+    def seg_plan(before_flat: np.ndarray, params: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+        built.append([p.data_ptr() for p in params])
+        return lambda: native.seg_norms(before_flat, params)
+
+    def run(plan: bool) -> tuple[np.ndarray, np.ndarray]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x = torch.randn(4, 6)
+        with monkeypatch.context() as mp:
+            mp.setitem(updates._NATIVE, "seg_plan", seg_plan if plan else None)
+            with Capture(model) as cap:
+                for i in range(6):
+                    if i == 3:
+                        with torch.no_grad():
+                            model[0].weight.data = model[0].weight.data.clone()  # a new storage
+                    opt.zero_grad()
+                    model(x).pow(2).sum().backward()
+                    opt.step()
+        res = cap.result
+        return (np.array([res.series(r, "update_ratio") for r in ("0", "2")]),
+                np.array([res.series(r, "param_norm") for r in ("0", "2")]))
+
+    with_plan, without = run(True), run(False)
+    assert len(built) == 2 and built[0] != built[1]  # built once, again after the storage moved
+    np.testing.assert_array_equal(with_plan[0], without[0])
+    np.testing.assert_array_equal(with_plan[1], without[1])
+    assert with_plan[0].shape == (2, 6) and np.isfinite(with_plan[0]).all() and (with_plan[0] > 0).all()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ from . import native_build
 from .hoststats import zero_row
 from .native_build import cache_dir
 
-__all__ = ["available", "cache_dir", "gather", "seg_norms", "sq_norms", "stats", "status"]
+__all__ = ["available", "cache_dir", "gather", "seg_norms", "seg_plan", "sq_norms", "stats", "status"]
 
 # Elements per thread before a tensor is split across threads (torch.get_num_threads() > 1): a part
 # of 1M floats takes ~60-110 µs, creating and joining a thread ~20 µs (more when cores are busy), so
@@ -310,6 +310,37 @@ def seg_norms(before_flat: np.ndarray, params: Sequence[torch.Tensor]) -> tuple[
         _lib.nbd_seg_norms(_address(before_flat), i64(*ptrs), i64(*sizes), k, out, ctypes.byref(out, 8 * k))  # type: ignore[union-attr]
     both = np.frombuffer(out, np.float64) if k else np.zeros(0)
     return both[:k], both[k:]
+
+
+def seg_plan(before_flat: np.ndarray, params: Sequence[torch.Tensor]) -> Callable[[], tuple[np.ndarray, np.ndarray]] | None:
+    """:func:`seg_norms` for a fixed snapshot buffer and fixed parameters, packed once.
+
+    Returns a function of no arguments giving ``(sumsq_before, sumsq_diff)`` exactly as
+    ``seg_norms(before_flat, params)`` would at the time of the call (fresh arrays each time), or
+    None when :func:`seg_norms` would be None. The plan holds the parameters' addresses: the caller
+    must build a new one when a parameter's storage moves (``p.data = ...``: compare ``data_ptr()``s)
+    or the buffer changes. It keeps ``before_flat`` alive while it exists.
+    """
+    if not (_lib is not None or (not _tried and available())):
+        return None
+    got = _pointers(params)
+    if got is None or not got[0]:
+        return None
+    ptrs, sizes = got
+    _flat_f32(before_flat, sum(sizes))
+    k = len(ptrs)
+    i64 = ctypes.c_int64 * k
+    ptr_arr, size_arr = i64(*ptrs), i64(*sizes)
+    out = np.empty(2 * k)
+    fn, before_addr, out_addr = _lib.nbd_seg_norms, before_flat.ctypes.data, out.ctypes.data  # type: ignore[union-attr]
+
+    def run() -> tuple[np.ndarray, np.ndarray]:
+        fn(before_addr, ptr_arr, size_arr, k, out_addr, out_addr + 8 * k)
+        both = out.copy()
+        return both[:k], both[k:]
+
+    run.keep = (before_flat, out, ptr_arr, size_arr)  # type: ignore[attr-defined]  # alive as long as the plan
+    return run
 
 
 def gather(params: Sequence[torch.Tensor], out: np.ndarray) -> bool:

@@ -444,6 +444,30 @@ def test_sq_norms_seg_norms_gather() -> None:
 
 
 @pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def test_seg_plan_equals_seg_norms_at_every_call() -> None:
+    """A packed plan reads the parameters as they are when it runs (not when it was built) and gives
+    fresh arrays each time; None where seg_norms is None."""
+    g = torch.Generator().manual_seed(4)
+    params = [torch.randn(s, generator=g) for s in [(6, 3), (3,), (257,)]]
+    buf = np.empty(sum(p.numel() for p in params), np.float32)
+    assert native.gather(params, buf)
+    run = native.seg_plan(buf, params)
+    assert run is not None
+    first = run()
+    for step in range(3):
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                p.mul_(0.9).add_(0.01 * (i + step))
+        got, want = run(), native.seg_norms(buf, params)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert first[1].sum() == 0.0 and got[1].sum() > 0  # earlier results are not overwritten
+    assert native.seg_plan(buf, [params[0].double()]) is None
+    assert native.seg_plan(np.empty(0, np.float32), []) is None
+    with pytest.raises(ValueError):
+        native.seg_plan(buf[:-1], params)
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
 def test_capture_rows_equal_with_and_without_kernel() -> None:
     from nbdebug.capture.session import Capture
     from nbdebug.capture.stats import FIELDS

@@ -5,7 +5,7 @@ A :class:`_Plan` per optimizer lists the watched parameters it holds, grouped by
 (:class:`_Group`), rebuilt when its parameter groups or the set of parameters with a gradient change.
 Before a step a group snapshots its parameters (small float32 CPU parameters: one flat numpy copy into
 a buffer the group keeps; else per-tensor clones and stacked runs of same-shape parameters); after it,
-:meth:`_Group.norms` gives ‖θ_before‖ and ‖Δθ‖ per parameter (the flat copy through NATIVE's
+:meth:`_Group.norms` gives ‖θ_before‖ and ‖Δθ‖ per parameter (the flat copy through the native kernel's
 ``seg_norms``: one call reading the parameters by pointer, squared sums in float64), and
 :func:`aggregate` / :func:`aggregate_on_device` sum them per module (the host path: one ``bincount``
 per sum, in the same order as a loop; the device path: tensors only, no host sync).
@@ -59,7 +59,7 @@ class _Group:
         # (a few µs per step instead of a dozen torch dispatches)
         self.flat: list[int] | None = None
         self._views: tuple[list[int], list[np.ndarray], list[np.ndarray]] | None = None  # (data_ptrs, numpy views, 2 buffers)
-        self._seg: Any = None  # NATIVE's seg_plan for the snapshot buffer and these parameters (when it has one)
+        self._seg: Any = None  # the native kernel's seg_plan for the snapshot buffer and these parameters (when it has one)
         if stack and self.params and all(
                 p.dtype == torch.float32 and p.device.type == "cpu" and p.layout == torch.strided and p.is_contiguous()
                 and not p.is_inference() for p in self.params) and sum(p.numel() for p in self.params) <= _FLAT_MAX:
@@ -130,7 +130,7 @@ class _Group:
 
 
     def _planned(self, before_flat: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """``seg_norms`` through NATIVE's ``seg_plan`` (pointers, sizes and addresses packed once), when
+        """``seg_norms`` through the native kernel's ``seg_plan`` (pointers, sizes and addresses packed once), when
         it has one: the plan is rebuilt when a parameter's storage moved (``p.data = ...``) or the
         snapshot buffer is another one; None otherwise (the caller takes ``seg_norms``)."""
         make = _native("seg_plan")
@@ -172,7 +172,7 @@ class _Plan:
 
 
 def _native(name: str) -> Any:
-    """NATIVE's helper ``name`` when the kernel is available, else None (resolved once)."""
+    """the native kernel's helper ``name`` when the kernel is available, else None (resolved once)."""
     hit = _NATIVE.get(name, False)
     if hit is False:
         hit = None

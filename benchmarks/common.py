@@ -56,17 +56,24 @@ def peak_extra_bytes(fn: Callable[[], object]) -> int:
     return max(peak - before, 0)
 
 
-def interleaved(variants: dict[str, Callable[[], object]], rounds: int = 7, warmup: int = 2) -> dict[str, float]:
-    """Median seconds of each variant over interleaved rounds."""
+def interleaved(variants: dict[str, Callable[[], object]], rounds: int = 7, warmup: int = 2,
+                cpu: dict[str, float] | None = None) -> dict[str, float]:
+    """Median wall seconds of each variant over interleaved rounds; with ``cpu`` (a dict), also the
+    median CPU seconds of the process per variant, filled in (on a shared machine the time another
+    process takes from a 1-thread loop shows in wall time, not in CPU time)."""
     for _ in range(warmup):
         for fn in variants.values():
             fn()
     times: dict[str, list[float]] = {k: [] for k in variants}
+    cpus: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(rounds):
         for k, fn in variants.items():
-            t = time.perf_counter()
+            c, t = time.process_time(), time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t)
+            cpus[k].append(time.process_time() - c)
+    if cpu is not None:
+        cpu.update({k: statistics.median(v) for k, v in cpus.items()})
     return {k: statistics.median(v) for k, v in times.items()}
 
 

@@ -11,9 +11,9 @@ import { groupPosition, groupsAtSlot, groupsWhole } from "../src/thermometer/gro
 import { HistoryStore } from "../src/thermometer/history";
 import { StatTable } from "../src/thermometer/rows";
 import { FakeModel } from "./fakeModel";
+import { HOSTILE, historyTrait as buildHistory, slide, thermometerUiTraits, wire } from "./fixtures";
 import { mount, tick, unmountAll } from "./mount";
 
-const HOSTILE = "<img src=x onerror=alert(1)>";
 const NAMES = ["embed", ...[0, 1, 2].flatMap((b) => [`layers.${b}.fc`, `layers.${b}.act`, `layers.${b}`]), HOSTILE];
 const OWNER = [-1, 0, 0, 0, 1, 1, 1, 2, 2, 2, -1];
 const TYPES = ["Embedding", ...[0, 1, 2].flatMap(() => ["Linear", "ReLU", "Block"]), "Linear"];
@@ -28,12 +28,6 @@ const STEPS = [1, 2, 3];
 const val = (s: number, r: number) => [s + r / 4, (s * (r + 1)) / 4, -(s + r), s * r, r / 16, s === 2 && r === 5 ? 3 : 0, 0, r + s, 0.001];
 /** dead: layers.1.act at step 2, layers.2.act at step 3. */
 const flagAt = (s: number, r: number) => ((s === 2 && r === 5) || (s === 3 && r === 8) ? BITS.dead : 0);
-
-const wire = (dtype: "int32" | "uint32" | "uint16" | "float32", values: number[], shape = [values.length]) => {
-  const C = { int32: Int32Array, uint32: Uint32Array, uint16: Uint16Array, float32: Float32Array }[dtype];
-  const a = C.from(values);
-  return { view: new DataView(a.buffer), dtype, shape };
-};
 
 /** The `groups` payload as groups_payload lays it out (names as flat tree nodes), at the last step,
  * with the whole-run residual stream 100/200/300 (distinct from every per-step value). */
@@ -79,18 +73,17 @@ function groupsPayload() {
 
 /** The `history` trait (wire arrays inline), every row of shape [2, 4]. */
 function historyTrait() {
-  return {
+  return buildHistory({
+    names: NAMES,
     fields: HIST_FIELDS,
-    rows: NAMES.map((name, r) => ({ name, module: name, type: TYPES[r], shape: [2, 4], dtype: "float32" })),
-    flag_bits: BITS,
-    total_steps: 3,
-    first_nonfinite_step: 2,
-    group: 1,
-    steps: wire("int32", STEPS),
-    last: wire("float32", STEPS.flatMap((s) => NAMES.flatMap((_, r) => val(s, r))), [3, NAMES.length, HIST_FIELDS.length]),
-    flags: wire("uint16", STEPS.flatMap((s) => NAMES.map((_, r) => flagAt(s, r))), [3, NAMES.length]),
-    loss: wire("float32", [3, 2, 1]),
-  };
+    steps: STEPS,
+    value: (s, r, _f, k) => val(s, r)[k],
+    types: TYPES,
+    flagBits: BITS,
+    flagAt,
+    firstNonfiniteStep: 2,
+    loss: [3, 2, 1],
+  });
 }
 
 /** Merged rows over the run (the `layers`/`stats` traits): std = 10 + r, mean = -r, min/max ±(r + 1). */
@@ -109,17 +102,8 @@ function thermometerModel() {
     summary: "3 steps",
     notes: [],
     has_grads: true,
-    selected: "",
-    flagged_only: false,
-    sort_by: "",
-    sort_desc: true,
-    js_error: "",
-    step: 0,
-    spark_stat: "mean",
+    ...thermometerUiTraits(),
     history: historyTrait(),
-    incidents: [],
-    events: [],
-    running: false,
     groups: groupsPayload(),
     group_stat: "",
   });
@@ -127,12 +111,6 @@ function thermometerModel() {
 
 const f32 = Math.fround;
 const cellTitles = (el: HTMLElement) => Array.from(el.querySelectorAll(".nbd-groups-panel .nbd-grp .nbd-cell")).map((c) => c.getAttribute("title"));
-const slide = async (el: HTMLElement, slot: number) => {
-  const slider = el.querySelector(".nbd-slider") as HTMLInputElement;
-  slider.value = String(slot);
-  slider.dispatchEvent(new Event("input"));
-  await tick();
-};
 
 afterEach(unmountAll);
 

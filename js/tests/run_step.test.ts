@@ -6,9 +6,9 @@ import { afterEach, describe, expect, it } from "vitest";
 import widget from "../src/run";
 import { spreadOf } from "../src/run/spread";
 import { FakeModel, f32View } from "./fakeModel";
+import { HOSTILE, historyTrait, slide, wire } from "./fixtures";
 import { mount, tick, unmountAll } from "./mount";
 
-const HOSTILE = "<img src=x onerror=alert(1)>";
 const NAMES = ["0", "1", HOSTILE];
 const COLUMNS = ["mean", "std", "min", "max", "zero_frac", "nan", "inf", "grad_norm"];
 const FIELDS = ["mean", "std", "min", "max", "zero_frac", "nan", "inf", "grad_norm"];
@@ -17,15 +17,9 @@ const SPREAD_STEPS = [1, 3]; // the widget kept evenly spaced steps: none for st
 
 /** Rank r's mean of row i at step s: rank 0 positive, rank 1 negative (the spread is ±). */
 const mean = (r: number, s: number, i: number) => (r ? -1 : 1) * (s + i / 4);
-const wire = (dtype: "int32" | "uint16" | "float32", values: number[], shape = [values.length]) => {
-  const C = { int32: Int32Array, uint16: Uint16Array, float32: Float32Array }[dtype];
-  const a = C.from(values);
-  return { view: new DataView(a.buffer), dtype, shape };
-};
 
 function rankTraits(r: number) {
   const layers = NAMES.map((name) => ({ name, module: name, type: "Linear", shape: [6, 8], dtype: "float32", flags: [], calls: 3 }));
-  const row = (s: number, i: number) => FIELDS.map((f) => (f === "mean" ? mean(r, s, i) : f === "std" ? 1 : 0));
   return {
     layers,
     columns: COLUMNS,
@@ -40,17 +34,14 @@ function rankTraits(r: number) {
     first_nonfinite_step: 0,
     incidents: [],
     events: [],
-    history: {
+    history: historyTrait({
+      names: NAMES,
       fields: FIELDS,
-      rows: NAMES.map((name) => ({ name, module: name, type: "Linear", shape: [6, 8], dtype: "float32" })),
-      flag_bits: { dead: 8 },
-      total_steps: 3,
-      first_nonfinite_step: 0,
-      group: 1,
-      steps: wire("int32", STEPS),
-      last: wire("float32", STEPS.flatMap((s) => NAMES.flatMap((_, i) => row(s, i))), [3, 3, FIELDS.length]),
-      flags: wire("uint16", STEPS.flatMap(() => [0, 0, 0]), [3, 3]),
-    },
+      steps: STEPS,
+      value: (s, i, f) => (f === "mean" ? mean(r, s, i) : f === "std" ? 1 : 0),
+      shape: [6, 8],
+      flagBits: { dead: 8 },
+    }),
   };
 }
 
@@ -99,12 +90,6 @@ const cell = (el: HTMLElement, name: string) => {
   return row.querySelector<HTMLElement>(".nbd-spread-cell")!;
 };
 const texts = (el: HTMLElement) => NAMES.map((n) => cell(el, n).textContent);
-const slide = async (el: HTMLElement, slot: number) => {
-  const slider = el.querySelector(".nbd-slider") as HTMLInputElement;
-  slider.value = String(slot);
-  slider.dispatchEvent(new Event("input"));
-  await tick();
-};
 
 afterEach(unmountAll);
 

@@ -7,11 +7,11 @@ import widget from "../src/thermometer";
 import { HistoryStore } from "../src/thermometer/history";
 import { columns as sparkColumns } from "../src/lib/sparkline";
 import { FakeModel, f32View } from "./fakeModel";
+import { HOSTILE, thermometerUiTraits } from "./fixtures";
 import { mount, tick, unmountAll } from "./mount";
 
 const COLUMNS = ["mean", "std", "min", "max", "zero_frac", "near_zero_frac", "nan", "inf", "numel", "grad_norm", "param_grad_norm", "dead_unit_frac", "update_ratio"];
 const FIELDS = ["mean", "std", "min", "max", "zero_frac", "nan", "inf", "dead_unit_frac", "grad_norm"];
-const HOSTILE = "<img src=x onerror=alert(1)>";
 const ROWS = [
   { name: "fc", module: "fc", type: "Linear", shape: [8, 16], dtype: "float32" },
   { name: HOSTILE, module: HOSTILE, type: "ReLU", shape: [8, 16], dtype: "float32" },
@@ -69,16 +69,8 @@ function liveModel(extra: Record<string, any> = {}) {
     summary: "running: waiting for the first step",
     notes: [],
     has_grads: false,
-    selected: "",
-    flagged_only: false,
-    sort_by: "",
-    sort_desc: true,
-    js_error: "",
-    step: 0,
-    spark_stat: "mean",
+    ...thermometerUiTraits(),
     history: {},
-    incidents: [],
-    events: [],
     running: true,
     ...extra,
   });

@@ -7,11 +7,11 @@
 import { afterEach, describe, expect, it } from "vitest";
 import widget from "../src/thermometer";
 import { FakeModel, f32View } from "./fakeModel";
+import { HOSTILE, historyTrait as buildHistory, slide, thermometerUiTraits, wire } from "./fixtures";
 import { mount, tick, unmountAll } from "./mount";
 
 const COLUMNS = ["mean", "std", "min", "max", "zero_frac", "near_zero_frac", "nan", "inf", "numel", "grad_norm"];
 const FIELDS = ["mean", "std", "min", "max", "zero_frac", "nan", "inf", "grad_norm"];
-const HOSTILE = "<img src=x onerror=alert(1)>";
 const BITS = { nonfinite: 4, dead: 8 };
 const LEGEND = {
   dead: { label: "dead", color: "#756bb1", description: "always zero: no gradient flows" },
@@ -19,28 +19,12 @@ const LEGEND = {
 };
 const STEP_NOTE = "table and flags at step 3 of 3 (3 kept steps); flags are decided per step, events over the kept steps; numel is one call's, near-zero is only in the whole-run table";
 
-const wire = (dtype: "int32" | "uint32" | "uint16" | "float32", values: number[], shape = [values.length]) => {
-  const C = { int32: Int32Array, uint32: Uint32Array, uint16: Uint16Array, float32: Float32Array }[dtype];
-  return { view: new DataView(C.from(values).buffer), dtype, shape };
-};
-
 /** Row r at step s: mean = 10 s + r; zero_frac 0.97 for row 1 at step 2 (dead there), else 0.25. */
 const value = (s: number, r: number, f: string) =>
   ({ mean: 10 * s + r, std: 1, min: -1, max: 1, zero_frac: s === 2 && r === 1 ? 0.97 : 0.25, nan: 0, inf: 0, grad_norm: 0.5 })[f] ?? NaN;
 
 function historyTrait(names: string[], steps: number[], flagAt: (s: number, r: number) => number) {
-  return {
-    fields: FIELDS,
-    rows: names.map((name) => ({ name, module: name, type: "Linear", shape: [2, 4], dtype: "float32" })),
-    flag_bits: BITS,
-    total_steps: steps[steps.length - 1],
-    first_nonfinite_step: 0,
-    group: 1,
-    steps: wire("int32", steps),
-    last: wire("float32", steps.flatMap((s) => names.flatMap((_, r) => FIELDS.map((f) => value(s, r, f)))), [steps.length, names.length, FIELDS.length]),
-    flags: wire("uint16", steps.flatMap((s) => names.map((_, r) => flagAt(s, r))), [steps.length, names.length]),
-    loss: wire("float32", steps.map((s) => 1 / s)),
-  };
+  return buildHistory({ names, fields: FIELDS, steps, value, flagBits: BITS, flagAt, loss: steps.map((s) => 1 / s) });
 }
 
 /** The final state of a 3-step run of rows `fc`, HOSTILE: the kernel's texts at step 3 and over the run. */
@@ -59,17 +43,8 @@ function runModel(extra: Record<string, any> = {}) {
     run_texts: { summary: "2 layers over 3 steps: no problems found", notes: ["the model ran 3 steps (calls of its forward): stats cover every step, histograms the first"], diagnoses: [] },
     histogram_note: "",
     has_grads: true,
-    selected: "",
-    flagged_only: false,
-    sort_by: "",
-    sort_desc: true,
-    js_error: "",
-    step: 0,
-    spark_stat: "mean",
+    ...thermometerUiTraits(),
     history: historyTrait(names, [1, 2, 3], (s, r) => (s === 2 && r === 1 ? BITS.dead : 0)),
-    incidents: [],
-    events: [],
-    running: false,
     ...extra,
   });
 }
@@ -94,12 +69,6 @@ function answerHistograms(model: FakeModel) {
 
 const text = (el: HTMLElement, sel: string) => el.querySelector(sel)!.textContent;
 const texts = (el: HTMLElement, sel: string) => Array.from(el.querySelectorAll(sel)).map((e) => e.textContent);
-const slide = async (el: HTMLElement, slot: number) => {
-  const slider = el.querySelector(".nbd-slider") as HTMLInputElement;
-  slider.value = String(slot);
-  slider.dispatchEvent(new Event("input"));
-  await tick();
-};
 
 afterEach(unmountAll);
 

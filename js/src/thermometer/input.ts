@@ -113,22 +113,19 @@ export function bindInput(model: AnyModel, store: HistoryStore, t: InputTargets,
       model.save_changes();
     }
   };
-  t.head.addEventListener("click", onHeadClick);
-  t.body.addEventListener("click", onBodyClick);
-  t.body.addEventListener("keydown", onBodyKey);
-  t.diagList.addEventListener("click", onDiagClick);
-  t.onlyBox.addEventListener("change", onOnly);
-  t.sparkSel.addEventListener("change", onSpark);
-  t.incidentsBox.addEventListener("click", onJump);
-  t.eventsList.addEventListener("click", onJump);
+  // One table for both adding and removing, so the two cannot drift apart.
+  const listeners: Array<[EventTarget, string, EventListener]> = [
+    [t.head, "click", onHeadClick],
+    [t.body, "click", onBodyClick],
+    [t.body, "keydown", onBodyKey as EventListener],
+    [t.diagList, "click", onDiagClick],
+    [t.onlyBox, "change", onOnly],
+    [t.sparkSel, "change", onSpark],
+    [t.incidentsBox, "click", onJump],
+    [t.eventsList, "click", onJump],
+  ];
+  for (const [target, type, handler] of listeners) target.addEventListener(type, handler);
   return () => {
-    t.head.removeEventListener("click", onHeadClick);
-    t.body.removeEventListener("click", onBodyClick);
-    t.body.removeEventListener("keydown", onBodyKey);
-    t.diagList.removeEventListener("click", onDiagClick);
-    t.onlyBox.removeEventListener("change", onOnly);
-    t.sparkSel.removeEventListener("change", onSpark);
-    t.incidentsBox.removeEventListener("click", onJump);
-    t.eventsList.removeEventListener("click", onJump);
+    for (const [target, type, handler] of listeners) target.removeEventListener(type, handler);
   };
 }

@@ -30,16 +30,23 @@ opt = torch.optim.SGD(model.parameters(), lr=0.05)
 gen = torch.Generator().manual_seed(1)
 """
 
-STEPS = 80
-LOOP = f"""%%nndebug model --loss loss -o res
-for i in range({STEPS}):
-    x = torch.randn(32, 4, generator=gen) * (1 + i / 20)   # batches of growing scale: the stats move
+
+def loop_cell(steps: int, growth: int) -> str:
+    """The live cell (after :data:`SETUP`): ``steps`` training steps of 0.1 s each on batches whose
+    scale grows by 1 every ``growth`` steps, so the stats move while it runs."""
+    return f"""%%nndebug model --loss loss -o res
+for i in range({steps}):
+    x = torch.randn(32, 4, generator=gen) * (1 + i / {growth})   # batches of growing scale: the stats move
     opt.zero_grad()
     loss = nn.functional.mse_loss(model(x), torch.zeros(32, 2))
     loss.backward()
     opt.step()
     time.sleep(0.1)
 """
+
+
+STEPS = 80
+LOOP = loop_cell(STEPS, 20)
 
 # In the page: every 50 ms, note the step counter, row 0's tooltip and whether the loop cell is
 # still running (no execution count yet).

@@ -37,6 +37,7 @@ from .test_doctor_browser import RUN_CELL as DOCTOR_RUN
 from .test_live_browser import SETUP as LIVE_SETUP
 from .test_live_browser import WATCH as LIVE_WATCH
 from .test_live_browser import _std
+from .test_live_browser import loop_cell as live_loop_cell
 from .test_run_browser import BUILD_CELL as RUN_BUILD
 from .test_run_browser import SHOW_CELL as RUN_SHOW
 from .test_run_browser import row_mean
@@ -69,15 +70,7 @@ def _kernel_counted(layers: str, name: str) -> str:
 # Live thermometer: the table changes while the cell runs
 # --------------------------------------------------------------------------------------------
 STEPS = 50  # 5 s at 0.1 s per step: ~20 live pushes at 4 per second (Lab's twin runs 80)
-LOOP = f"""%%nndebug model --loss loss -o res
-for i in range({STEPS}):
-    x = torch.randn(32, 4, generator=gen) * (1 + i / 10)   # batches of growing scale: the stats move
-    opt.zero_grad()
-    loss = nn.functional.mse_loss(model(x), torch.zeros(32, 2))
-    loss.backward()
-    opt.step()
-    time.sleep(0.1)
-"""
+LOOP = live_loop_cell(STEPS, 10)
 
 
 def test_live_thermometer_notebook7(page, nb7) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["BasicBlock", "ResNetShaped", "offload_map", "offloaded_llama"]
+__all__ = ["BasicBlock", "ResNetShaped", "TokenDataset", "offload_map", "offloaded_llama", "tiny_gpt2"]
 
 
 class BasicBlock(nn.Module):
@@ -61,6 +61,31 @@ class ResNetShaped(nn.Module):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class TokenDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """``n`` seeded random sequences of 8 token ids below 40, each its own labels (causal LM training)."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, 40, (n, 8), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def tiny_gpt2() -> nn.Module:
+    """A seeded random-init GPT-2 (vocabulary 40, 2 layers of width 16, no dropout: runs repeat bit
+    for bit), for :class:`TokenDataset`. Needs ``transformers``."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
+                       embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return T.GPT2LMHeadModel(cfg)
 
 
 def _llama_config(tied: bool, layers: int, hidden: int, vocab: int, heads: int = 4) -> Any:

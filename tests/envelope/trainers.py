@@ -20,30 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbdebug.testing import TokenDataset as Tokens
+from nbdebug.testing import tiny_gpt2 as gpt2
+
 STEPS = 3  # optimizer steps
 ACCUM = 2  # micro-batches per optimizer step
 ROW = "transformer.h.0.mlp.c_fc"
-
-
-class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __init__(self, n: int, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(0, 40, (n, 8), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
-def gpt2() -> nn.Module:
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
-                                  embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-    return transformers.GPT2LMHeadModel(cfg)
 
 
 def trainer(model: nn.Module, out: Path) -> Any:

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 
 from nbdebug.capture.hooks import hook_count
+from nbdebug.testing import TokenDataset as _Tokens
+from nbdebug.testing import tiny_gpt2 as _gpt2
 
 STEPS = 6
 LR = 1e-3
@@ -54,26 +56,6 @@ def test_lazy_names_resolve() -> None:
 
 # -- Hugging Face Trainer ----------------------------------------------------------------------
 transformers = pytest.importorskip("transformers")
-
-
-class _Tokens(torch.utils.data.Dataset):
-    def __init__(self, n: int, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(0, 40, (n, 8), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
-def _gpt2() -> nn.Module:
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2,
-                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                  bos_token_id=0, eos_token_id=0)
-    return transformers.GPT2LMHeadModel(cfg)
 
 
 class _Logs(transformers.TrainerCallback):

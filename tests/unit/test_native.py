@@ -328,14 +328,21 @@ def test_off_switch_and_missing_compiler(tmp_path: Path, monkeypatch: pytest.Mon
     assert not native.available() and native.status().startswith("build failed")
 
 
-@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
-def test_a_bad_library_in_the_cache_is_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _cache_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Path]:
+    """With the cache in ``tmp_path``: the compiler's argv and the path (its folder made) where the
+    library for this compiler and these sources is looked up."""
     from nbdebug.capture import native_build
 
     monkeypatch.setenv("NBDEBUG_CACHE_DIR", str(tmp_path))
-    _argv, identity = native_build._compiler()  # type: ignore[misc]
+    argv, identity = native_build._compiler()  # type: ignore[misc]
     target = tmp_path / native_build._key(identity, native_build._sources()) / native_build.LIB_NAME
     target.parent.mkdir(parents=True)
+    return argv, target
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def test_a_bad_library_in_the_cache_is_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _argv, target = _cache_target(tmp_path, monkeypatch)
     target.write_bytes(b"\x7fELF truncated")  # e.g. a copy interrupted half way
     native._reset()
     assert native.available(), native.status()
@@ -631,10 +638,7 @@ def test_no_home_directory_uses_the_private_temporary_directory(tmp_path: Path, 
 def test_a_foreign_library_is_rebuilt_and_the_new_one_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from nbdebug.capture import native_build
 
-    monkeypatch.setenv("NBDEBUG_CACHE_DIR", str(tmp_path))
-    argv, identity = native_build._compiler()  # type: ignore[misc]
-    target = tmp_path / native_build._key(identity, native_build._sources()) / native_build.LIB_NAME
-    target.parent.mkdir(parents=True)
+    argv, target = _cache_target(tmp_path, monkeypatch)
     old = tmp_path / "old.c"  # a valid library of another ABI under the key's path (loads, fails the self-test)
     old.write_text((native_build.NATIVE_DIR / "stats.c").read_text().replace(f"#define NBD_ABI {native_build.ABI}", "#define NBD_ABI 1"))
     subprocess.run([*argv, *native_build.FLAGS, "-DNBD_NO_CLONES", "-I", str(native_build.NATIVE_DIR), "-o", str(target),

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["BasicBlock", "ResNetShaped", "TokenDataset", "offload_map", "offloaded_llama", "tiny_gpt2"]
+__all__ = ["BasicBlock", "ResNetShaped", "TokenDataset", "lit_autoencoder", "offload_map", "offloaded_llama", "tiny_gpt2"]
 
 
 class BasicBlock(nn.Module):
@@ -86,6 +86,41 @@ def tiny_gpt2() -> nn.Module:
     cfg = T.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
     return T.GPT2LMHeadModel(cfg)
+
+
+def lit_autoencoder() -> Any:
+    """A seeded LitAutoEncoder-shaped ``LightningModule`` on 4 features: its ``training_step`` calls
+    ``self.decoder(self.encoder(x))`` (its own ``forward`` never runs) and appends the encoder's
+    output mean to ``enc_means`` and the detached loss to ``losses``; SGD at lr 0.1. Needs
+    ``lightning``."""
+    import lightning.pytorch as L
+    import torch.nn.functional as F
+
+    class LitAE(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+            self.decoder = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 4))
+            self.losses: list[torch.Tensor] = []
+            self.enc_means: list[float] = []
+
+        def training_step(self, batch: Any, i: int) -> torch.Tensor:
+            x, _ = batch
+            z = self.encoder(x)
+            self.enc_means.append(float(z.detach().mean()))
+            loss = F.mse_loss(self.decoder(z), x)
+            self.losses.append(loss.detach())
+            return loss
+
+        def validation_step(self, batch: Any, i: int) -> None:
+            x, _ = batch
+            self.log("val_loss", F.mse_loss(self.decoder(self.encoder(x)), x))
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    return LitAE()
 
 
 def _llama_config(tied: bool, layers: int, hidden: int, vocab: int, heads: int = 4) -> Any:

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from nbdebug.testing import TokenDataset as Tokens
+from nbdebug.testing import lit_autoencoder
 from nbdebug.testing import tiny_gpt2 as gpt2
 
 STEPS = 3  # optimizer steps
@@ -64,34 +65,9 @@ def reference(out: Path) -> tuple[nn.Module, dict[str, list[float]]]:
 LIT_STEPS = 6
 LIT_VAL_EVERY = 3
 
-
-def lit_module() -> Any:
-    """A fresh LitAutoEncoder-shaped ``LightningModule`` (seeded)."""
-    import lightning.pytorch as L
-    import torch.nn.functional as F
-
-    class LitAE(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.encoder = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
-            self.decoder = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 4))
-            self.enc_means: list[float] = []
-
-        def training_step(self, batch: Any, i: int) -> torch.Tensor:
-            x, _ = batch
-            z = self.encoder(x)
-            self.enc_means.append(float(z.detach().mean()))
-            return F.mse_loss(self.decoder(z), x)
-
-        def validation_step(self, batch: Any, i: int) -> None:
-            x, _ = batch
-            self.log("val_loss", F.mse_loss(self.decoder(self.encoder(x)), x))
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    torch.manual_seed(0)
-    return LitAE()
+#: A fresh LitAutoEncoder-shaped ``LightningModule`` (seeded): records its encoder's output mean per
+#: ``training_step`` in ``enc_means``.
+lit_module = lit_autoencoder
 
 
 def lit_loader() -> Any:

@@ -16,6 +16,7 @@ from torch import nn
 
 from nbdebug.capture.hooks import hook_count
 from nbdebug.testing import TokenDataset as _Tokens
+from nbdebug.testing import lit_autoencoder
 from nbdebug.testing import tiny_gpt2 as _gpt2
 
 STEPS = 6
@@ -315,35 +316,9 @@ def test_lightning_training_step_calling_submodules_one_step_per_optimizer_step(
     """LitAutoEncoder-shaped: ``training_step`` calls ``self.decoder(self.encoder(x))`` (the module's own
     forward never runs); validation (inference_mode) after every 4 steps is evaluation, not steps."""
     L = pytest.importorskip("lightning.pytorch")
-    import torch.nn.functional as F
-
     import nbdebug
 
-    class LitAE(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.encoder = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
-            self.decoder = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 4))
-            self.losses: list[torch.Tensor] = []
-            self.enc_means: list[float] = []
-
-        def training_step(self, batch: Any, i: int) -> torch.Tensor:
-            x, _ = batch
-            z = self.encoder(x)
-            self.enc_means.append(float(z.detach().mean()))
-            loss = F.mse_loss(self.decoder(z), x)
-            self.losses.append(loss.detach())
-            return loss
-
-        def validation_step(self, batch: Any, i: int) -> None:
-            x, _ = batch
-            self.log("val_loss", F.mse_loss(self.decoder(self.encoder(x)), x))
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    torch.manual_seed(0)
-    module = LitAE()
+    module = lit_autoencoder()
     own = hook_count(module)
     cb = nbdebug.LightningCallback(live=False)
     steps = 12

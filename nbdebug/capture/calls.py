@@ -1,7 +1,7 @@
 """Per-call records of a :class:`~nbdebug.capture.session.Capture`: :class:`_Row` (one row of the
 whole run, merged over its calls in every step) and :class:`_Call` (one recorded tensor leaf of one
 module call in the open step, which is also that tensor's output-gradient hook), two small autograd
-helpers the session's hooks use, and :func:`grad_norms` (parameter-gradient norms: NATIVE's
+helpers the session's hooks use, and :func:`grad_norms` (parameter-gradient norms: the native kernel's
 ``sq_norms`` in one call for float32 CPU gradients, BLAS dots without it, batched ``_foreach_norm``
 otherwise; float32 overflow of finite gradients is not called non-finite).
 """
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from . import native as _native
 from .stats import IDX, SATURATING, Raw, merge_raw, tensor_stats
 
 if TYPE_CHECKING:
@@ -166,17 +167,16 @@ _SMALL = 1 << 16
 
 
 def _host_sq_norms(grads: list[torch.Tensor]) -> np.ndarray | None:
-    """float64 sums of squares of contiguous float32 CPU gradients (NATIVE's one call when it is
-    available: any size when torch runs one thread; else a BLAS dot each for small ones: float32 overflow of finite
+    """float64 sums of squares of contiguous float32 CPU gradients (the native kernel's one call when it is
+    in use: any size when torch runs one thread; else a BLAS dot each for small ones: float32 overflow of finite
     values recounted in float64), or None when one of them is not such a gradient."""
     if any(map(_is_zero, grads)):
         return _with_zeros(grads)
-    native = _NATIVE[0] if _NATIVE else _load_native()
     # one thread per call: any size when torch runs one thread too, else small gradients only (torch's
-    # parallel norms win on large ones)
-    if native is not None and (torch.get_num_threads() == 1 or all(g.numel() <= _SMALL for g in grads)):
+    # parallel norms win on large ones); None from the kernel when it is not in use
+    if torch.get_num_threads() == 1 or all(g.numel() <= _SMALL for g in grads):
         try:
-            sq = native(grads)
+            sq = _native.sq_norms(grads)
         except Exception:
             sq = None
         if sq is not None:
@@ -211,22 +211,6 @@ def _with_zeros(grads: list[torch.Tensor]) -> np.ndarray | None:
             return None
         out[live] = sq
     return out
-
-
-_NATIVE: list[Any] = []  # [native.sq_norms or None], resolved on first use (loading may compile it)
-
-
-def _load_native() -> Any:
-    fn = None
-    try:
-        from . import native
-
-        if native.available():
-            fn = getattr(native, "sq_norms", None)
-    except Exception:  # not there, or broken: the numpy path
-        fn = None
-    _NATIVE[:] = [fn]
-    return fn
 
 
 def _without_overflow(grads: list[torch.Tensor], norms: list[torch.Tensor], device_path: bool) -> list[torch.Tensor]:

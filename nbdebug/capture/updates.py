@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import native
+
 __all__: list[str] = []  # private to the capture package
 
 _FLAT_MAX = 1 << 20  # float32 CPU parameters up to this many elements in all: the numpy path of _Group
@@ -172,22 +174,9 @@ class _Plan:
 
 
 def _native(name: str) -> Any:
-    """the native kernel's helper ``name`` when the kernel is available, else None (resolved once)."""
-    hit = _NATIVE.get(name, False)
-    if hit is False:
-        hit = None
-        try:
-            from . import native
-
-            if native.available():
-                hit = getattr(native, name, None)
-        except Exception:
-            hit = None
-        _NATIVE[name] = hit
-    return hit
-
-
-_NATIVE: dict[str, Any] = {}
+    """The native kernel's helper ``name`` when the kernel is in use, else None (asked each time: the
+    kernel may be switched off, e.g. ``NBDEBUG_NATIVE=0`` and ``native._reset()`` in tests)."""
+    return getattr(native, name, None) if native.available() else None
 
 
 def aggregate(plan: _Plan, norms: list[tuple[Any, Any, bool]], found_inf: torch.Tensor | None,

@@ -66,7 +66,10 @@ def defer(cap: Capture, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad:
         if scale is not None and not pg_late:
             pg_host = pg_host / scale
     sig = (lay, tuple(opt_keys), pgmap)
-    if cap._batch and cap._batch_sig != sig:
+    prev = cap._batch_sig
+    # the layout and the parameter map are cached objects (the same object while nothing changed);
+    # never compare them with == (the map holds numpy arrays)
+    if cap._batch and (prev[0] is not lay or prev[2] is not pgmap or prev[1] != sig[1]):
         flush(cap)
     cap._batch_sig = sig
     cap.step += 1
@@ -98,7 +101,6 @@ def flush(cap: Capture) -> None:
     batch = cap._batch
     if not batch:
         return
-    cap._batch = []
     lay, opt_keys, pgmap = cap._batch_sig
     _ensure_run(cap)
     k, n = len(batch), len(lay.rows)
@@ -151,6 +153,8 @@ def flush(cap: Capture) -> None:
             if pos.size:
                 vals[:, pos, _OPT_COLS[kind]] = arr[:, which]
         i += len(mods)
+    # Everything above only computed: a KeyboardInterrupt there leaves the batch waiting for finish().
+    cap._batch = []
     at = lay.span
     if np.isnan(rg[:, :, _MN::N_FIELDS] + rg[:, :, _MX::N_FIELDS]).any():
         for j in range(k):  # a NaN min/max (an empty output): step by step, the exact rules

@@ -326,21 +326,22 @@ class Capture(_Passes, _Forward, _ParamGrads):
         try:
             self._hooks.remove()
         finally:
-            try:
-                finish(self)
-            except Exception as err:
-                if exc is None:
-                    raise
-                self.notes.append(f"nbdebug could not fold the last step: {type(err).__name__}: {err}")
-            try:
-                self.result = _asm.assemble(self)
-            except Exception as err:
-                if exc is None:
-                    raise
-                # The user's exception is what the cell must show: ours becomes a note.
-                self._rows = []
-                self.result = _asm.assemble(self)
-                self.result.notes.append(f"nbdebug could not summarise what ran before the error: {type(err).__name__}: {err}")
+            try:  # a KeyboardInterrupt while folding the last steps still lets go of the model (below)
+                try:
+                    finish(self)
+                except Exception as err:
+                    if exc is None:
+                        raise
+                    self.notes.append(f"nbdebug could not fold the last step: {type(err).__name__}: {err}")
+                try:
+                    self.result = _asm.assemble(self)
+                except Exception as err:
+                    if exc is None:
+                        raise
+                    # The user's exception is what the cell must show: ours becomes a note.
+                    self._rows = []
+                    self.result = _asm.assemble(self)
+                    self.result.notes.append(f"nbdebug could not summarise what ran before the error: {type(err).__name__}: {err}")
             finally:
                 self.modules, self.module_of = [], {}  # the model's submodules (and their parameters) are not ours to keep
                 self._hold = None

@@ -7,6 +7,11 @@ A module called outside the model's forward (a rootless pass) or during a backwa
 recomputation) is routed to the pass rules (:mod:`.passes`) or :meth:`_Forward._on_recompute`.
 The common call (one plain tensor out) takes a short path: same records, same order of effects as
 the general one (tuple, dict and ``ModelOutput`` outputs, complex leaves), only fewer Python steps.
+
+An output that aliases an already-recorded tensor of the step (Identity, Flatten, eval Dropout, a
+view: same start, size and dtype) reuses its stats when the version counter has not moved. Writes
+that bypass the counter (through ``.data`` or a ``.numpy()`` view) are not seen: such an alias shows
+the stats from before the write.
 """
 
 from __future__ import annotations

@@ -1,0 +1,299 @@
+"""The batched step fold (nbdebug/capture/batch.py) against the slow reference (batching off, the
+forward short path off): freezing layers mid-run, KeyboardInterrupt while folding and at exit, the
+bulk reduction really exercised, and ``hooks.tensor_hook`` next to the user's own tensor hooks."""
+
+from __future__ import annotations
+
+import gc
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import nbdebug.capture.batch as batch
+import nbdebug.capture.forward as forward
+import nbdebug.capture.steps as steps
+from nbdebug.capture import hook_count
+from nbdebug.capture.history import FIELD_INDEX
+from nbdebug.capture.session import Capture
+
+
+def _run(loop: Callable[[], Capture], reference: bool, mp: pytest.MonkeyPatch) -> Capture:
+    """``loop`` seeded, with the batched fold and the forward short path off when ``reference``."""
+    with mp.context() as m:
+        if reference:
+            m.setattr(steps, "defer", lambda *a: False)
+            m.setattr(forward, "SHORT_PATH", False)
+        torch.manual_seed(0)
+        return loop()
+
+
+def _assert_same(a: Any, b: Any) -> None:
+    """Exactly the same result: kept steps, history last/min/max and scalars, whole-run rows, first
+    non-finite step, skipped steps, notes."""
+    assert a.steps == b.steps
+    ha, hb = a.history, b.history
+    assert ha.rows == hb.rows and len(ha) == len(hb)
+    np.testing.assert_array_equal(ha.step_index, hb.step_index)
+    for agg in ("last", "min", "max"):
+        np.testing.assert_array_equal(ha.values(agg), hb.values(agg))
+        for s in ("loss", "lr", "skipped"):
+            np.testing.assert_array_equal(ha.scalar(s, agg), hb.scalar(s, agg))
+    assert [(r.name, r.calls, r.inputs) for r in a.layers] == [(r.name, r.calls, r.inputs) for r in b.layers]
+    for ra, rb in zip(a.layers, b.layers, strict=True):
+        for da, db in ((ra.stats, rb.stats), (ra.grad or {}, rb.grad or {})):
+            assert da.keys() == db.keys()
+            np.testing.assert_array_equal(np.array(list(da.values()), float), np.array(list(db.values()), float))
+    assert (a.first_nonfinite_step, a.first_nonfinite_phase) == (b.first_nonfinite_step, b.first_nonfinite_phase)
+    assert str(getattr(a, "skipped_steps", None)) == str(getattr(b, "skipped_steps", None))
+    assert a.notes == b.notes
+
+
+def _mlp() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+# 1. a change in which parameters get gradients (HEAD~1: ValueError comparing the batch signature,
+#    every later step lost)
+
+def _freeze_optim() -> Capture:
+    m = _mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    with Capture(m) as cap:
+        for i in range(30):
+            if i == 10:  # freeze a layer mid-run (gradual unfreezing), unfreeze it at 20
+                m[2].requires_grad_(False)
+            if i == 20:
+                m[2].requires_grad_(True)
+            opt.zero_grad(set_to_none=False)
+            m(torch.randn(4, 6, generator=g)).pow(2).mean().backward()
+            opt.step()
+    return cap
+
+
+def _freeze_by_hand() -> Capture:
+    m = _mlp()
+    g = torch.Generator().manual_seed(1)
+    with Capture(m) as cap:
+        for i in range(30):
+            if i == 10:
+                m[2].requires_grad_(False)
+            m.zero_grad()
+            m(torch.randn(4, 6, generator=g)).pow(2).mean().backward()
+            with torch.no_grad():  # a hand-written update, no torch.optim
+                for p in m.parameters():
+                    if p.grad is not None:
+                        p -= 0.05 * p.grad
+    return cap
+
+
+@pytest.mark.parametrize("loop", [_freeze_optim, _freeze_by_hand], ids=["optim", "by_hand"])
+def test_freezing_a_layer_mid_run_keeps_every_step(loop: Callable[[], Capture], monkeypatch: pytest.MonkeyPatch) -> None:
+    fast, slow = _run(loop, False, monkeypatch).result, _run(loop, True, monkeypatch).result
+    assert fast.steps == slow.steps == 30 and len(fast.history) == 30
+    assert not any("ValueError" in n for n in fast.notes)
+    _assert_same(fast, slow)
+
+
+# 2. a KeyboardInterrupt inside flush (HEAD~1 emptied the batch first: the waiting steps were lost)
+
+def _interrupted_in_flush(mp: pytest.MonkeyPatch, interrupt: bool) -> Any:
+    real, fired = batch.step_values, [False]
+
+    def flaky(rg: np.ndarray, *a: Any) -> Any:
+        if interrupt and not fired[0] and rg.shape[0] > 6 * 20:  # a fold of 20+ waiting steps
+            fired[0] = True
+            raise KeyboardInterrupt
+        return real(rg, *a)
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Flatten(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(3)
+    cap = Capture(m)
+    with mp.context() as p:
+        p.setattr(batch, "step_values", flaky)
+        try:
+            with cap:
+                for _ in range(100):
+                    opt.zero_grad()
+                    m(torch.randn(4, 6, generator=g)).pow(2).mean().backward()
+                    opt.step()
+        except KeyboardInterrupt:
+            pass
+    assert fired[0] == interrupt
+    return cap, m
+
+
+def test_keyboard_interrupt_inside_flush_keeps_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    cap, m = _interrupted_in_flush(monkeypatch, True)
+    whole, _ = _interrupted_in_flush(monkeypatch, False)
+    r, w = cap.result, whole.result
+    assert r.steps < 100 and r.steps > 20  # interrupted at the first full flush
+    assert len(r.history) == r.steps
+    assert [x.calls for x in r.layers] == [r.steps] * len(r.layers)
+    assert hook_count(m) == 0
+    # the steps kept equal the first r.steps of the uninterrupted run
+    np.testing.assert_array_equal(r.history.values("last"), w.history.values("last")[: r.steps])
+    np.testing.assert_array_equal(r.history.step_index, w.history.step_index[: r.steps])
+
+
+# 3. a KeyboardInterrupt inside finish at exit (HEAD~1 kept the model strongly)
+
+def test_keyboard_interrupt_inside_finish_lets_go_of_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = steps.flush
+
+    def flaky(cap: Capture) -> None:
+        if cap._batch and any(f.name == "finish" for f in traceback.extract_stack()):
+            raise KeyboardInterrupt  # a second Ctrl-C while the capture folds its waiting steps at exit
+        real(cap)
+
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    cap = Capture(m)
+    raised = False
+    with monkeypatch.context() as p:
+        p.setattr(steps, "flush", flaky)
+        try:
+            with cap:
+                for _ in range(10):
+                    opt.zero_grad()
+                    m(torch.randn(3, 4)).sum().backward()
+                    opt.step()
+        except KeyboardInterrupt:
+            raised = True
+    assert raised
+    assert hook_count(m) == 0
+    ref = weakref.ref(m)
+    del m, opt
+    gc.collect()
+    assert ref() is None
+    assert cap._hold is None and cap.modules == []
+
+
+# 4. the bulk reduction really runs (no empty outputs: no NaN min/max) and equals the step-by-step path
+
+class _Tied(nn.Module):
+    """An MLP with a dead-unit ReLU and an input projection tied to the output's weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(6, 16)
+        self.act = nn.ReLU()
+        self.mid = nn.Linear(16, 16)
+        self.tanh = nn.Tanh()
+        self.out = nn.Linear(16, 6)
+        self.back = nn.Linear(6, 16, bias=False)
+        self.back.weight = self.inp.weight  # a shared parameter (two modules, one tensor)
+        with torch.no_grad():
+            self.mid.bias[:4] = -50.0  # four units that never fire (dead units)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.mid(self.act(self.inp(x))))
+        return self.out(self.tanh(h)) + self.back(x).sum(-1, keepdim=True)
+
+
+def _plain() -> Capture:
+    m = _Tied()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(3)
+    with Capture(m) as cap:
+        for _ in range(80):
+            opt.zero_grad()
+            m(torch.randn(4, 6, generator=g)).pow(2).mean().backward()
+            opt.step()
+    return cap
+
+
+def _scaled(bf16: bool = False) -> Capture:
+    m = _Tied()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(3)
+    sc = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=5)
+    with Capture(m) as cap:
+        for i in range(80):
+            x = torch.randn(4, 6, generator=g)
+            if i == 72:  # after a full batch
+                x[0, 0] = float("nan")  # a skipped step
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = m(x).float().pow(2).mean()
+            sc.scale(loss).backward()
+            sc.step(opt)
+            sc.update()
+    return cap
+
+
+def _scaled_bf16() -> Capture:
+    return _scaled(True)
+
+
+@pytest.mark.parametrize("loop", [_plain, _scaled, _scaled_bf16], ids=["tied_dead", "gradscaler", "gradscaler_bf16"])
+def test_bulk_fold_runs_and_equals_the_step_by_step_path(loop: Callable[[], Capture], monkeypatch: pytest.MonkeyPatch) -> None:
+    folds: list[int] = []  # steps per flush
+    per_step = [0]  # the step-by-step branch inside flush
+    real_sv, real_acc = batch.step_values, batch.accumulate_step
+    with monkeypatch.context() as p:
+        p.setattr(batch, "step_values", lambda rg, *a: (folds.append(rg.shape[0]), real_sv(rg, *a))[1])
+        p.setattr(batch, "accumulate_step", lambda *a: (per_step.__setitem__(0, per_step[0] + 1), real_acc(*a))[1])
+        fast = _run(loop, False, monkeypatch).result
+    slow = _run(loop, True, monkeypatch).result
+    rows = len(fast.layers)
+    assert per_step[0] == 0  # never the NaN min/max fallback: the bulk branch folded every batch
+    if loop is not _scaled_bf16:  # bf16 autocast: the steps are folded one by one (not deferred) today
+        assert any(k == batch.BATCH * rows for k in folds)  # a full BATCH of waiting steps folded at once
+        assert sum(folds) // rows >= 70
+    assert fast.steps == slow.steps == 80
+    dead = fast.history.values("last")[:, fast.history.rows.index("act#2"), FIELD_INDEX["dead_unit_frac"]]
+    finite = fast.history.step_index != (fast.first_nonfinite_step or -1)  # the NaN input of the GradScaler runs: no zero, no dead unit
+    assert (dead[finite] >= 4 / 16).all()  # the four dead units are seen in every other step
+    _assert_same(fast, slow)
+    if loop is not _plain:
+        assert fast.first_nonfinite_step == 73  # i == 72, steps count from 1
+        assert fast.history.scalar("skipped", "last").any()
+
+
+# 5. hooks.tensor_hook next to the user's tensor hooks
+
+def test_tensor_hooks_keep_the_users_order_retain_grad_and_leaf_outputs() -> None:
+    order: list[str] = []
+    m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Identity(), nn.Linear(4, 1))
+    m[1].register_forward_hook(lambda mod, i, o: (o.register_hook(lambda g: order.append("user-before")), None)[1])
+    x = torch.randn(2, 3, requires_grad=True)
+    outs: dict[str, torch.Tensor] = {}
+    users = hook_count(m)  # the user's forward hook
+    with Capture(m) as cap:
+        h = m[2].register_forward_hook(lambda mod, i, o: (outs.setdefault("id", o), None)[1])
+        y = m(x)
+        outs["id"].retain_grad()
+        outs["id"].register_hook(lambda g: order.append("user-after"))
+        y.sum().backward()
+        h.remove()
+    assert order == ["user-before", "user-after"]
+    grad = outs["id"].grad
+    assert grad is not None
+    np.testing.assert_array_equal(grad.numpy(), m[3].weight.detach().expand(2, 4).numpy())
+    assert hook_count(m) == users == 1
+    left = list((outs["id"]._backward_hooks or {}).values())
+    # the Identity's output is the ReLU's: both user hooks stay, in their order, none of ours
+    assert len(left) == 2 and all(f.__module__ == __name__ for f in left)
+    assert {r.name for r in cap.result.layers if r.grad} >= {"0", "1", "2", "3"}
+    # the output-gradient stats of the Identity are those of the real gradient
+    row = next(r for r in cap.result.layers if r.name == "2")
+    assert row.grad["mean"] == pytest.approx(float(grad.mean()), rel=1e-6)
+
+    # a leaf tensor as a selected module's output (Identity on the leaf input)
+    x2 = torch.randn(2, 3, requires_grad=True)
+    mm = nn.Sequential(nn.Identity(), nn.Linear(3, 1))
+    with Capture(mm) as c2:
+        mm(x2).sum().backward()
+    leaf = next(r for r in c2.result.layers if r.name == "0")
+    assert leaf.grad is not None
+    assert leaf.grad["mean"] == pytest.approx(float(mm[1].weight.mean()), rel=1e-6)
+    assert not x2._backward_hooks and hook_count(mm) == 0

@@ -27,3 +27,16 @@ def shell() -> Iterator[Any]:
     assert sh.run_cell("%load_ext nbdebug").success
     yield sh
     InteractiveShell.clear_instance()
+
+
+@pytest.fixture(autouse=True)
+def _no_accelerator_left_behind() -> Iterator[None]:
+    """A test that runs a ``transformers.Trainer`` creates accelerate's process-wide state; left behind,
+    ``accelerate.notebook_launcher`` in a later test refuses to start ("the `Accelerator` should only be
+    initialized inside your training function"). Reset it after any test that made one."""
+    yield
+    import sys
+
+    state = sys.modules.get("accelerate.state")
+    if state is not None and (state.AcceleratorState._shared_state or state.PartialState._shared_state):
+        state.AcceleratorState._reset_state(reset_partial_state=True)

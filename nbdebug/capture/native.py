@@ -240,6 +240,13 @@ def _pointers(tensors: Sequence[torch.Tensor], zeros: bool = False) -> tuple[lis
     return ptrs, sizes
 
 
+def _ready(tensors: Sequence[torch.Tensor], zeros: bool = False) -> tuple[list[int], list[int]] | None:
+    """:func:`_pointers` of ``tensors`` when the kernel is in use (loading it on first use), else None."""
+    if not (_lib is not None or (not _tried and available())):
+        return None
+    return _pointers(tensors, zeros)
+
+
 def sq_norms(tensors: Sequence[torch.Tensor]) -> np.ndarray | None:
     """Float64 sums of squares of float32 contiguous CPU tensors, in one native call.
 
@@ -249,9 +256,7 @@ def sq_norms(tensors: Sequence[torch.Tensor]) -> np.ndarray | None:
     None when the kernel is not available or any tensor is not a plain float32 contiguous CPU
     tensor (the caller keeps its own path then).
     """
-    if not (_lib is not None or (not _tried and available())):
-        return None
-    got = _pointers(tensors, zeros=True)
+    got = _ready(tensors, zeros=True)
     if got is None:
         return None
     ptrs, sizes = got
@@ -296,9 +301,7 @@ def seg_norms(before_flat: np.ndarray, params: Sequence[torch.Tensor]) -> tuple[
     the kernel is not available or a parameter does not qualify; ValueError when ``before_flat``'s
     size is not the parameters' total.
     """
-    if not (_lib is not None or (not _tried and available())):
-        return None
-    got = _pointers(params)
+    got = _ready(params)
     if got is None:
         return None
     ptrs, sizes = got
@@ -321,9 +324,7 @@ def seg_plan(before_flat: np.ndarray, params: Sequence[torch.Tensor]) -> Callabl
     must build a new one when a parameter's storage moves (``p.data = ...``: compare ``data_ptr()``s)
     or the buffer changes. It keeps ``before_flat`` alive while it exists.
     """
-    if not (_lib is not None or (not _tried and available())):
-        return None
-    got = _pointers(params)
+    got = _ready(params)
     if got is None or not got[0]:
         return None
     ptrs, sizes = got
@@ -348,9 +349,7 @@ def gather(params: Sequence[torch.Tensor], out: np.ndarray) -> bool:
     float32 array of their total size): the snapshot :func:`seg_norms` reads. False (nothing
     written) when the kernel is not available or a tensor does not qualify; ValueError on a size
     mismatch."""
-    if not (_lib is not None or (not _tried and available())):
-        return False
-    got = _pointers(params)
+    got = _ready(params)
     if got is None:
         return False
     ptrs, sizes = got

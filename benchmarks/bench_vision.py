@@ -36,6 +36,9 @@ if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and sys.platform.startswith(
 import torch
 from torch import nn
 
+sys.path.insert(0, os.path.dirname(__file__))
+from common import interleaved
+
 from nbdebug.inspectors.featuremaps import encode_page
 from nbdebug.recorders.gradcam import compute_cams, probe
 from nbdebug.testing import ResNetShaped
@@ -61,28 +64,6 @@ def peak_mb(fn: Callable[[], object]) -> float:
     base = _status()["VmRSS"]
     fn()
     return (_status()["VmHWM"] - base) / 2**20
-
-
-def interleaved(fns: dict[str, Callable[[], object]], reps: int, cpu: dict[str, float] | None = None) -> dict[str, float]:
-    """Median wall seconds per call of each function, runs interleaved round by round.
-
-    ``cpu`` (if given) receives the median process CPU seconds per call: less sensitive than wall
-    time to other processes competing for the cores.
-    """
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    cpus: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():  # warm-up
-        fn()
-    for _ in range(reps):
-        for name, fn in fns.items():
-            c = time.process_time()
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-            cpus[name].append(time.process_time() - c)
-    if cpu is not None:
-        cpu.update({k: statistics.median(v) for k, v in cpus.items()})
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def bench_gradcam(reps: int) -> None:
@@ -123,7 +104,7 @@ def bench_gradcam(reps: int) -> None:
             "captum LayerGradCam, top-5 (5 calls)": captum(5),
         }
         cpu: dict[str, float] = {}
-        t = interleaved(fns, reps if batch == 1 else max(3, reps // 3), cpu)
+        t = interleaved(fns, rounds=reps if batch == 1 else max(3, reps // 3), warmup=1, cpu=cpu)
         mem = {k: statistics.median(peak_mb(fn) for _ in range(3)) for k, fn in fns.items()}
         model.zero_grad(set_to_none=True)  # captum leaves nothing, but be sure
         fwd = "inference forward (no_grad)"
@@ -170,7 +151,7 @@ def bench_featuregrid(reps: int) -> None:
         with torch.no_grad():
             return model(torch.randn(1, 3, 224, 224))
 
-    t = interleaved({"forward": forward, "nbdebug": nbdebug_prep, "matplotlib": matplotlib_grid}, max(3, reps // 2))
+    t = interleaved({"forward": forward, "nbdebug": nbdebug_prep, "matplotlib": matplotlib_grid}, rounds=max(3, reps // 2), warmup=1)
     nb_bytes, mpl_bytes = nbdebug_prep(), matplotlib_grid()
     samples = []
     for _ in range(200):

@@ -95,7 +95,8 @@ class OptimizerWatch:
     ``model``: an optimizer counts when it holds one of its parameters (default: those of
     ``modules``, recursively). ``on_device``: numbers as 0-d tensors (default: when the parameters
     are not on the CPU). ``on_step``: called after every optimizer step (and skipped scaler step)
-    of the model's optimizers, once this watch has counted it.
+    of the model's optimizers, once this watch has counted it. ``on_pre``: called before every
+    optimizer step of the model's optimizers (the gradients it will use are in place).
     """
 
     def __init__(
@@ -107,11 +108,13 @@ class OptimizerWatch:
         model: nn.Module | None = None,
         on_device: bool | None = None,
         on_step: Callable[[], Any] | None = None,
+        on_pre: Callable[[], Any] | None = None,
     ) -> None:
         self.hooks = hooks
         self.max_bytes = int(max_bytes)
         self.on_device = on_device
         self.on_step = on_step
+        self.on_pre = on_pre
         self.notes: list[str] = []
         self.optimizer_steps = 0  # over the whole capture
         self._modules = {name: weakref.ref(m) for name, m in modules}
@@ -291,6 +294,8 @@ class OptimizerWatch:
         plan = self._plan(opt, closure)
         if plan is None:
             return
+        if self.on_pre is not None:
+            self.on_pre()
         plan.closure = closure
         if not plan.groups:
             return

@@ -26,7 +26,7 @@ from torch import nn
 from .hooks import HookSet
 from .weak import ModelRef
 
-__all__ = ["ModelCall"]
+__all__ = ["CACHE_KWARGS", "ModelCall", "is_cache_kwarg", "without_cache"]
 
 # class -> (original generate, number of active watchers); one wrapper per class however many watch
 _PATCHED: dict[type, tuple[Any, int]] = {}
@@ -60,8 +60,30 @@ def _wrap_generate(original: Any) -> Any:
     return generate
 
 
+#: keywords a KV cache is passed under: ``past_key_values``, and ``cache`` since transformers 5.24
+#: (``generate()`` passes that one; the old name is still accepted with a deprecation warning)
+CACHE_KWARGS = ("past_key_values", "cache")
+
+
+def _is_kv_cache(value: Any) -> bool:
+    """A transformers ``Cache`` (anything with ``get_seq_length``) or the legacy tuple of per-layer tuples."""
+    return callable(getattr(value, "get_seq_length", None)) or (
+        isinstance(value, (tuple, list)) and bool(value) and isinstance(value[0], (tuple, list)))
+
+
+def is_cache_kwarg(key: str, value: Any) -> bool:
+    """``key=value`` passes a KV cache: ``past_key_values`` always (as before), ``cache`` only when the
+    value is one (a model of the user's may take a ``cache`` argument of its own)."""
+    return key == "past_key_values" or (key == "cache" and _is_kv_cache(value))
+
+
+def without_cache(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without the KV cache (see :func:`is_cache_kwarg`)."""
+    return {k: v for k, v in kwargs.items() if not is_cache_kwarg(k, v)}
+
+
 def _cache_length(kwargs: dict[str, Any]) -> int:
-    cache = kwargs.get("past_key_values")
+    cache = next((kwargs[k] for k in CACHE_KWARGS if kwargs.get(k) is not None and is_cache_kwarg(k, kwargs[k])), None)
     if cache is None:
         return 0
     get = getattr(cache, "get_seq_length", None)
@@ -80,7 +102,7 @@ class ModelCall:
     while entered.
 
     References are kept, not copies: views re-run the model on exactly what the user passed. A KV
-    cache passed as ``past_key_values`` is not kept (it grows with every step of a generation; the
+    cache passed as ``past_key_values`` (or ``cache``, transformers ≥ 5.24) is not kept (it grows with every step of a generation; the
     views' own forwards run without one). ``keep_output=False`` keeps no output either.
     ``calls`` counts every top-level call, so views can say "the cell ran the model 3 times; the
     first call is shown". The model itself is held weakly (``model`` raises
@@ -121,7 +143,7 @@ class ModelCall:
         self.calls += 1
         if self.args is None:
             self.args = args
-            self.kwargs = {k: v for k, v in kwargs.items() if k != "past_key_values"}
+            self.kwargs = without_cache(kwargs)
             self.grad_enabled = torch.is_grad_enabled()
         if self.watch_generate and self.in_generate == 0:
             from ..adapters.text import input_ids_of

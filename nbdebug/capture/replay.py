@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .hooks import HookSet
-from .inputs import ModelCall
+from .inputs import ModelCall, without_cache
 from .state import preserve_buffers, suspend_hooks
 
 __all__ = ["Replay", "ReplayMember", "forward_again", "generation_note", "int_option", "join", "leave", "nothing_shown", "replay_final"]
@@ -44,7 +44,7 @@ def int_option(value: Any, default: int) -> int:
 def _no_cache(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
     if getattr(model, "config", None) is None:
         return dict(kwargs)
-    out = {k: v for k, v in kwargs.items() if k != "past_key_values"}
+    out = without_cache(kwargs)
     out["use_cache"] = False
     return out
 

@@ -604,18 +604,22 @@ def test_model_call_keeps_no_kv_cache_and_output_only_when_asked() -> None:
     import weakref
 
     from nbdebug.capture import ModelCall
+    from nbdebug.capture.inputs import CACHE_KWARGS
 
     m = tiny("llama")
     ids = torch.randint(1, 60, (1, 4))
     caches: list[weakref.ref] = []
-    handle = m.register_forward_pre_hook(
-        lambda _m, a, kw: caches.append(weakref.ref(kw["past_key_values"])) if kw.get("past_key_values") is not None else None,
-        with_kwargs=True)
+    def note_cache(_m: object, _a: object, kw: dict) -> None:
+        for key in CACHE_KWARGS:  # generate() passes `cache` since transformers 5.24, `past_key_values` before
+            if kw.get(key) is not None:
+                caches.append(weakref.ref(kw[key]))
+
+    handle = m.register_forward_pre_hook(note_cache, with_kwargs=True)
     with ModelCall(m, watch_generate=True, keep_output=False) as lang, ModelCall(m) as cam:
         m.generate(ids, max_new_tokens=3, do_sample=False)
     handle.remove()
     assert lang.generated and lang.calls == cam.calls == 3
-    assert "past_key_values" not in lang.kwargs and "past_key_values" not in cam.kwargs
+    assert not set(CACHE_KWARGS) & (set(lang.kwargs) | set(cam.kwargs))
     assert lang.output is None and cam.output is not None  # Grad-CAM's default: the output is kept
     del cam
     gc.collect()
@@ -654,3 +658,24 @@ def test_rerun_stops_after_the_layer_and_keeps_the_last_one() -> None:
     for block in m.model.layers:
         del block.forward
     assert hook_count(m) == 0 and m.config._attn_implementation == "sdpa"
+
+
+def test_model_call_drops_a_kv_cache_under_either_name_and_keeps_a_models_own_cache_argument() -> None:
+    """transformers 5.24 renamed generate()'s cache keyword to ``cache``; a model's own ``cache``
+    argument that is not a KV cache is the user's input and stays."""
+    from nbdebug.capture import ModelCall
+    from nbdebug.capture.inputs import _cache_length, without_cache
+
+    class Own(torch.nn.Module):
+        def forward(self, x: torch.Tensor, cache: torch.Tensor | None = None) -> torch.Tensor:
+            return x if cache is None else x + cache
+
+    m, x, mine = Own(), torch.ones(2), torch.full((2,), 3.0)
+    with ModelCall(m) as call:
+        m(x, cache=mine)
+    assert call.kwargs is not None and call.kwargs["cache"] is mine
+    legacy = ((torch.zeros(1, 1, 5, 2), torch.zeros(1, 1, 5, 2)),)
+    for key in ("cache", "past_key_values"):
+        assert without_cache({"input_ids": x, key: legacy}) == {"input_ids": x}
+        assert _cache_length({key: legacy}) == 5
+    assert _cache_length({"cache": mine}) == 0

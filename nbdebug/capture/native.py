@@ -1,12 +1,19 @@
-"""The fused native statistics kernel (``_native/stats.c``, ``norms.c``): compiled on first use, loaded with ctypes.
+"""The fused native statistics kernel (``_native/stats.c``, ``norms.c``): compiled on first use, called through a CPython module or ctypes.
 
 One pass over a float32 CPU tensor gives every field of :data:`~nbdebug.capture.stats.FIELDS`
 (and, on request, the dead-unit mask) instead of the 4-5 torch/numpy passes of the fallback path.
 The C source ships in the package and is compiled on first use with the system C compiler into a
 per-user cache, ``$NBDEBUG_CACHE_DIR/<key>/`` (default ``~/.cache/nbdebug/native/<key>/``, or under
-``$XDG_CACHE_HOME``): see :mod:`.native_build`. Per-call Python work is kept to a few attribute
-reads and one ctypes call with plain integer arguments; results land in preallocated buffers (of
-the first calling thread; other threads get their own) and are copied out.
+``$XDG_CACHE_HOME``): see :mod:`.native_build`. Two artefacts live there: the ctypes library
+``libnbdstats.so`` and, when Python's and numpy's headers are present, the CPython module
+``_nbdext<EXT_SUFFIX>`` (``_native/pyext.c`` with the same sources). The module's METH_FASTCALL
+entry points (``stats``, ``sq_norms``, the ``seg_plan`` run) read the tensor's attributes in C and
+return fresh numpy arrays filled there (~0.1-0.5 µs of overhead a call instead of ~2 µs); what they
+leave to Python (tensors with gaps or permuted, ZeroTensors, tensors of :data:`GIL_MAX` elements or
+more, saturation bounds that are not floats) and every call when the module is missing takes the
+ctypes path: a few attribute reads, one ctypes call, results in preallocated buffers (of the first
+calling thread; other threads get their own) copied out. Both paths run the same C code: the same
+rows and masks, bit for bit.
 
 ``NBDEBUG_NATIVE=0`` turns it off; no compiler, a failed build, a failed load or a failed self-test
 all mean the torch/numpy path, silently except for :func:`status` (a one-line reason); so does any
@@ -22,6 +29,7 @@ True
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -39,7 +47,7 @@ __all__ = ["available", "cache_dir", "gather", "seg_norms", "seg_plan", "sq_norm
 # of 1M floats takes ~60-110 µs, creating and joining a thread ~20 µs (more when cores are busy), so
 # only tensors of 2M+ elements are split; below, one thread already beats torch's 4-5 parallel passes.
 MIN_PER_THREAD = 1 << 20
-GIL_MAX = 1 << 16  # tensors below this many elements: calls that keep the GIL (cheaper by ~0.1 µs)
+GIL_MAX = 1 << 16  # tensors below this many elements: calls that keep the GIL (cheaper by ~0.1 µs); never split (< 2 * MIN_PER_THREAD)
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -47,12 +55,15 @@ _tried = False
 _status = "not loaded yet"
 # the bound entry points, set once loaded: nbd_stats / nbd_stats_sat keeping the GIL and releasing it
 _stats_fn = _sat_fn = _stats_big = _sat_big = None
+# the CPython module's entry points (None without it); _SLOW: "not decided here, take the ctypes path"
+_fast_stats = _fast_sq = _fast_seg = None
+_SLOW = object()
 _owner = 0  # thread id owning the scratch buffer below
 _get_ident = threading.get_ident
 
 
 def _load() -> None:
-    global _lib, _tried, _status, _stats_fn, _sat_fn, _stats_big, _sat_big
+    global _lib, _tried, _status, _stats_fn, _sat_fn, _stats_big, _sat_big, _fast_stats, _fast_sq, _fast_seg
     with _lock:
         if _tried:
             return
@@ -61,8 +72,14 @@ def _load() -> None:
         except Exception as e:  # anything at all (no home directory, a broken toolchain): the torch path
             libs, why = None, f"kernel unavailable ({type(e).__name__}: {e})"
         if libs is not None:
-            _lib, held = libs
+            _lib, held, ext = libs
             _stats_fn, _sat_fn, _stats_big, _sat_big = held.nbd_stats, held.nbd_stats_sat, _lib.nbd_stats, _lib.nbd_stats_sat
+            if ext is not None:
+                try:
+                    ext.setup(_Tensor, _Param, _F32, _STRIDED, _SLOW, GIL_MAX)
+                    _fast_stats, _fast_sq, _fast_seg = ext.stats, ext.sq_norms, ext.seg_run
+                except Exception as e:  # never raised into a hook: the ctypes calls
+                    why = f"{why.removesuffix('; CPython entry points)')}; ctypes calls: {type(e).__name__}: {e})"
         _status, _tried = why, True
 
 
@@ -83,10 +100,13 @@ def status() -> str:
 def _reset() -> None:
     """Forget the loaded kernel (and the scratch buffer) so that the next use reads ``NBDEBUG_NATIVE``/``CC``
     again (tests)."""
-    global _lib, _tried, _status, _stats_fn, _sat_fn, _stats_big, _sat_big, _owner, _own
+    global _lib, _tried, _status, _stats_fn, _sat_fn, _stats_big, _sat_big, _owner, _own, _fast_stats, _fast_sq, _fast_seg
     with _lock:
         _lib, _tried, _status, _owner, _own = None, False, "not loaded yet", 0, _new_scratch(0)
-        _stats_fn = _sat_fn = _stats_big = _sat_big = None
+        _stats_fn = _sat_fn = _stats_big = _sat_big = _fast_stats = _fast_sq = _fast_seg = None
+# the CPython module's entry points (None without it); _SLOW: "not decided here, take the ctypes path"
+_fast_stats = _fast_sq = _fast_seg = None
+_SLOW = object()
 
 
 def _new_scratch(c: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -143,6 +163,11 @@ def stats(t: torch.Tensor, saturation: tuple[float, float] | None = None, sat_ep
     bool ``[C]`` array over dim 1, True where the unit holds a value != 0 (NaN counts), and None when
     no value is zero (every unit alive) or ``units`` is false.
     """
+    fast = _fast_stats
+    if fast is not None:  # the CPython module: the whole call in C, or _SLOW
+        got = fast(t, saturation, sat_eps, units)
+        if got is not _SLOW:
+            return got
     fn = _stats_fn
     if fn is None:
         if _tried:
@@ -256,6 +281,9 @@ def sq_norms(tensors: Sequence[torch.Tensor]) -> np.ndarray | None:
     None when the kernel is not available or any tensor is not a plain float32 contiguous CPU
     tensor (the caller keeps its own path then).
     """
+    fast = _fast_sq
+    if fast is not None:  # the CPython module: the same checks and sums in C, a fresh array
+        return fast(tensors)
     got = _ready(tensors, zeros=True)
     if got is None:
         return None
@@ -332,6 +360,11 @@ def seg_plan(before_flat: np.ndarray, params: Sequence[torch.Tensor]) -> Callabl
     k = len(ptrs)
     i64 = ctypes.c_int64 * k
     ptr_arr, size_arr = i64(*ptrs), i64(*sizes)
+    seg = _fast_seg
+    if seg is not None:  # the CPython module: one call giving two fresh arrays
+        run_fast = functools.partial(seg, before_flat.ctypes.data, ctypes.addressof(ptr_arr), ctypes.addressof(size_arr), k, sum(sizes))
+        run_fast.keep = (before_flat, ptr_arr, size_arr)  # type: ignore[attr-defined]  # alive as long as the plan
+        return run_fast
     out = np.empty(2 * k)
     fn, before_addr, out_addr = _lib.nbd_seg_norms, before_flat.ctypes.data, out.ctypes.data  # type: ignore[union-attr]
 

@@ -11,12 +11,21 @@ half-written file and a process never keeps a stale handle; the loser of a race 
 file with an identical one. A library that fails the self-test is unloaded and built again. Only a
 compiler error about the clones (``target_clones``, ``arch=``, ifunc) builds the next
 :data:`VARIANTS` entry; any other failure (e.g. the compiler killed) caches nothing.
+
+Next to the library, when Python's and numpy's headers are present (``sysconfig.get_paths()["include"]``,
+``numpy.get_include()``; the key also hashes the Python version, ``EXT_SUFFIX`` and the numpy
+version), the same sources plus ``pyext.c`` are built into the CPython module
+``<key>/_nbdext<EXT_SUFFIX>`` (:func:`extension`: the library's clone variant, the same private
+build directory, import and self-test, ``os.replace``). No headers, a failed build or a module that
+fails its self-test leave the library's ctypes calls (the status says why) and cache nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import pathlib
 import platform
@@ -24,13 +33,16 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from collections.abc import Iterator
+from types import ModuleType
 
 import numpy as np
 
 NATIVE_DIR = pathlib.Path(__file__).with_name("_native")
 SOURCES = ("stats.c", "norms.c")  # compiled into one library
+EXT_SOURCE = "pyext.c"  # with SOURCES: the CPython module
 HEADERS = ("nbd.h",)
 ABI = 3  # nbd_abi() of a library this Python side can drive
 # extra flags tried in turn, the next one only when the compiler rejects the clones of the previous:
@@ -39,6 +51,7 @@ VARIANTS = ((), ("-DNBD_AVX2_ONLY",), ("-DNBD_NO_CLONES",))
 _CLONE_ERRORS = ("target_clones", "target_clone", "ifunc", "arch=", "x86-64-v", "avx2")
 FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden")
 LIB_NAME = "libnbdstats.so"
+EXT_NAME = "_nbdext"  # the CPython module: _nbdext<EXT_SUFFIX> next to LIB_NAME
 
 
 def _configured_dir() -> pathlib.Path:
@@ -69,7 +82,7 @@ def cache_dir() -> pathlib.Path:
 
 def _sources() -> bytes:
     """Every source and header, in a fixed order (what the cache key hashes)."""
-    return b"\0".join((NATIVE_DIR / name).read_bytes() for name in (*SOURCES, *HEADERS))
+    return b"\0".join((NATIVE_DIR / name).read_bytes() for name in (*SOURCES, EXT_SOURCE, *HEADERS))
 
 
 def _compiler() -> tuple[list[str], str] | str:
@@ -90,6 +103,7 @@ def _compiler() -> tuple[list[str], str] | str:
 def _key(identity: str, source: bytes) -> str:
     h = hashlib.sha256(source)
     h.update(f"|{identity}|{' '.join(FLAGS)}|{sys.platform}|{platform.machine()}|{ABI}".encode())
+    h.update(f"|{sys.version}|{sysconfig.get_config_var('EXT_SUFFIX')}|{np.__version__}".encode())  # the CPython module's ABI
     return h.hexdigest()[:20]
 
 
@@ -157,10 +171,10 @@ def variant(lib: ctypes.CDLL) -> str:
     return lib.nbd_variant().decode()
 
 
-def load() -> tuple[tuple[ctypes.CDLL, ctypes.PyDLL] | None, str]:
-    """``((library, gil_held), status)``: the kernel built if needed and loaded twice (calls that
-    release the GIL, for large tensors, and calls that keep it: ~0.1 µs less each), or None and the
-    reason."""
+def load() -> tuple[tuple[ctypes.CDLL, ctypes.PyDLL, ModuleType | None] | None, str]:
+    """``((library, gil_held, module), status)``: the kernel built if needed and loaded twice (calls that
+    release the GIL, for large tensors, and calls that keep it: ~0.1 µs less each), and the CPython
+    module (None when it cannot be built or loaded: the status says why), or None and the reason."""
     if os.environ.get("NBDEBUG_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         return None, "disabled (NBDEBUG_NATIVE=0)"
     try:
@@ -183,7 +197,12 @@ def load() -> tuple[tuple[ctypes.CDLL, ctypes.PyDLL] | None, str]:
                 continue  # e.g. a read-only home: the private temporary directory next
             if isinstance(got, str):
                 return None, got
-        return got, f"loaded {target} ({variant(got[0])})"
+        try:
+            ext, note = extension(argv, got[0], target.parent)
+        except Exception as e:  # anything at all (e.g. a cache that cannot be written any more): ctypes calls
+            ext, note = None, f"{type(e).__name__}: {e}"
+        note = "CPython entry points" if ext is not None else f"ctypes calls: {note}"
+        return (*got, ext), f"loaded {target} ({variant(got[0])}; {note})"
     return None, why
 
 
@@ -238,3 +257,85 @@ def _unload(lib: ctypes.CDLL) -> None:
         _ctypes.dlclose(lib._handle)  # type: ignore[attr-defined]
     except (ImportError, AttributeError, OSError):
         pass
+
+
+# -- the CPython module (_nbdext): the same kernel called without ctypes ---------------------------
+
+_EXTRA_OF = {"clones x86-64-v4/v3/default": (), "clones avx2/default": ("-DNBD_AVX2_ONLY",)}  # else NBD_NO_CLONES
+
+
+def ext_path(folder: pathlib.Path) -> pathlib.Path:
+    """Where the CPython module lives next to the library: ``_nbdext<EXT_SUFFIX>``."""
+    return folder / (EXT_NAME + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+
+
+def _ext_includes() -> list[str] | str:
+    """``-I`` arguments for Python's and numpy's headers, or why there are none."""
+    py = sysconfig.get_paths().get("include")
+    if not py or not os.path.isfile(os.path.join(py, "Python.h")):
+        return "no Python headers"
+    npy = np.get_include()
+    if not os.path.isfile(os.path.join(npy, "numpy", "arrayobject.h")):
+        return "no numpy headers"
+    return ["-I", py, "-I", npy]
+
+
+def extension(argv: list[str], lib: ctypes.CDLL, folder: pathlib.Path) -> tuple[ModuleType | None, str]:
+    """The CPython module next to the library ``lib`` (loaded from ``folder``), built like the library
+    when missing or bad (same sources, flags and clone variant as ``lib``; private temporary directory,
+    self-tested, then ``os.replace``): ``(module, "")``, or None and why (a failure caches nothing)."""
+    target = ext_path(folder)
+    if target.exists():
+        got = _open_ext(target)
+        if not isinstance(got, str):
+            return got, ""
+    inc = _ext_includes()
+    if isinstance(inc, str):
+        return None, inc
+    extra = _EXTRA_OF.get(variant(lib), ("-DNBD_NO_CLONES",))
+    tmp = tempfile.mkdtemp(prefix=".build-", dir=folder)
+    try:
+        out = os.path.join(tmp, target.name)
+        cmd = [*argv, *FLAGS, *extra, "-I", str(NATIVE_DIR), *inc, "-o", out,
+               *(str(NATIVE_DIR / f) for f in (EXT_SOURCE, *SOURCES))]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp)
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"compiler failed to run: {e}"
+        if r.returncode or not os.path.exists(out):
+            lines = [ln for ln in r.stderr.strip().splitlines() if "error" in ln.lower()] or r.stderr.strip().splitlines()
+            return None, f"build failed: {lines[0] if lines else f'exit code {r.returncode}'}"
+        got = _open_ext(pathlib.Path(out))
+        if isinstance(got, str):
+            return None, got
+        os.replace(out, target)
+        return got, ""
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _open_ext(path: pathlib.Path) -> ModuleType | str:
+    """The CPython module at ``path`` imported and self-tested, or why not."""
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(EXT_NAME, str(path))
+        spec = importlib.util.spec_from_file_location(EXT_NAME, str(path), loader=loader)
+        assert spec is not None
+        mod = importlib.util.module_from_spec(spec)
+        loader.exec_module(mod)
+        ok = mod.abi() == ABI and _self_test_ext(mod)
+    except Exception as e:  # ImportError (a truncated or foreign file), a missing entry point
+        return f"module not loaded ({type(e).__name__}: {e})"
+    return mod if ok else f"module failed its self-test ({path})"
+
+
+def _self_test_ext(mod: ModuleType) -> bool:
+    """:func:`_self_test`'s arrays through the module's own result building (fresh row and mask)."""
+    x = np.array([1.0, -2.0, 0.0, -0.0, 3.5, 0.5], np.float32)
+    row, alive = mod.raw_stats(x.ctypes.data, 6, 3, 2, 2 | 1, 0.5, 3.0)
+    ok = row.tolist() == [6, 3.0, 1 + 4 + 12.25 + 0.25, -2.0, 3.5, 4, 0, 0, 5] and alive.dtype == bool
+    ok = ok and alive.tolist() == [True, False, True]
+    y = np.zeros(256, np.float32)
+    y[[0, 128, 5]] = [1.0, -1.0, 1e-23]
+    row, alive = mod.raw_stats(y.ctypes.data, 256, 1, 256, 0, 0.0, 0.0)
+    tiny = float(np.float32(1e-23))
+    return ok and alive is None and row[1] == tiny and row[2] == 2.0 + tiny * tiny and row[5] == 3

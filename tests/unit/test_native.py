@@ -22,12 +22,13 @@ import pytest
 import torch
 from torch import nn
 
-from nbdebug.capture import native
+from nbdebug.capture import native, native_build
 from nbdebug.capture.stats import IDX, stats_and_units, tensor_stats, unit_alive
 
 EXACT = [IDX[f] for f in ("numel", "min", "max", "nonzero", "nan", "inf", "extra")]
 REPO = Path(__file__).resolve().parents[2]
 ENV_OFF = os.environ.get("NBDEBUG_NATIVE", "1") == "0"
+HAVE_EXT = not isinstance(native_build._ext_includes(), str)  # Python's and numpy's headers: the CPython module is built
 
 
 @pytest.fixture(autouse=True)
@@ -331,8 +332,6 @@ def test_off_switch_and_missing_compiler(tmp_path: Path, monkeypatch: pytest.Mon
 def _cache_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Path]:
     """With the cache in ``tmp_path``: the compiler's argv and the path (its folder made) where the
     library for this compiler and these sources is looked up."""
-    from nbdebug.capture import native_build
-
     monkeypatch.setenv("NBDEBUG_CACHE_DIR", str(tmp_path))
     argv, identity = native_build._compiler()  # type: ignore[misc]
     target = tmp_path / native_build._key(identity, native_build._sources()) / native_build.LIB_NAME
@@ -394,7 +393,9 @@ def test_two_processes_build_at_once(tmp_path: Path) -> None:
         assert out.startswith("True loaded "), out
         assert out.rstrip().endswith("[4.0, 1.0, 5.0, -1.0, 2.0, 2.0, 0.0, 0.0, 0.0] [False, True]")
     libs = sorted(str(f.relative_to(cache)) for f in cache.rglob("*") if f.is_file())
-    assert len(libs) == 1 and libs[0].endswith("libnbdstats.so")  # one library, no temporary left over
+    want = [native_build.LIB_NAME] + ([native_build.ext_path(Path()).name] if HAVE_EXT else [])
+    assert sorted(Path(f).name for f in libs) == sorted(want)  # one library (and module), no temporary left over
+    assert len({Path(f).parent for f in libs}) == 1
     assert [d.name for d in cache.rglob(".build-*")] == []
 
 
@@ -589,7 +590,6 @@ def test_training_loop_with_a_zero_tensor_parameter_gradient(kernel: bool) -> No
 
 
 def test_errors_while_loading_never_reach_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nbdebug.capture import native_build
     from nbdebug.capture.session import Capture
 
     calls = []
@@ -615,8 +615,6 @@ def test_no_home_directory_uses_the_private_temporary_directory(tmp_path: Path, 
     import pwd
     import tempfile
 
-    from nbdebug.capture import native_build
-
     for var in ("HOME", "XDG_CACHE_HOME", "NBDEBUG_CACHE_DIR"):
         monkeypatch.delenv(var, raising=False)
 
@@ -636,8 +634,6 @@ def test_no_home_directory_uses_the_private_temporary_directory(tmp_path: Path, 
 
 @pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
 def test_a_foreign_library_is_rebuilt_and_the_new_one_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nbdebug.capture import native_build
-
     argv, target = _cache_target(tmp_path, monkeypatch)
     old = tmp_path / "old.c"  # a valid library of another ABI under the key's path (loads, fails the self-test)
     old.write_text((native_build.NATIVE_DIR / "stats.c").read_text().replace(f"#define NBD_ABI {native_build.ABI}", "#define NBD_ABI 1"))
@@ -674,7 +670,9 @@ def test_only_a_clones_error_builds_the_lesser_variant(tmp_path: Path, monkeypat
                                                 "echo \"stats.c:40:1: error: the call requires 'ifunc', which is not supported\" >&2; exit 1", "no-ifunc-cc", real))
     native._reset()
     assert native.available(), native.status()
-    assert native.status().endswith("(no clones)")
+    assert "(no clones; " in native.status()
+    if HAVE_EXT:  # the module is built with the library's variant
+        assert native.status().endswith("(no clones; CPython entry points)") and native._fast_stats is not None
 
 
 @pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
@@ -702,8 +700,8 @@ def test_no_memory_kept_after_use() -> None:
     assert gone() is None  # the address cache does not keep a snapshot buffer alive
     native.stats(torch.randn(2, 50_000))  # no unit mask asked: the scratch does not grow for 50k units
     assert native._own[1].size <= 1024
-    native.stats(torch.randn(2, 5000), units=True)
-    assert native._own[1].size >= 5000
+    native.stats(torch.randn(2, 50_000), units=True)  # the ctypes path (GIL_MAX elements or more)
+    assert native._own[1].size >= 50_000
 
 
 def test_tiny_values_on_the_torch_numpy_path() -> None:
@@ -713,3 +711,145 @@ def test_tiny_values_on_the_torch_numpy_path() -> None:
             t = torch.full((n,), 1e-23)
             want = n * float(np.float32(1e-23)) ** 2
             assert tensor_stats(t)[IDX["sumsq"]] == pytest.approx(want, rel=1e-6) and want > 0
+
+
+# -- the CPython module (_nbdext): the same answers as the ctypes calls, and every way without it --
+
+needs_ext = pytest.mark.skipif(ENV_OFF or not HAVE_EXT, reason="NBDEBUG_NATIVE=0 in the environment / no Python or numpy headers")
+
+
+@contextmanager
+def _ctypes_only() -> Iterator[None]:
+    """The ctypes calls (the module's entry points set aside), restored afterwards."""
+    assert native.available(), native.status()
+    saved = native._fast_stats, native._fast_sq, native._fast_seg
+    native._fast_stats = native._fast_sq = native._fast_seg = None
+    try:
+        yield
+    finally:
+        native._fast_stats, native._fast_sq, native._fast_seg = saved
+
+
+def _identical(got: tuple[np.ndarray, np.ndarray | None] | None, want: tuple[np.ndarray, np.ndarray | None] | None) -> None:
+    """The same row bit for bit (NaN, -0.0) and the same mask (or both None)."""
+    if got is None or want is None:
+        assert got is want
+        return
+    assert got[0].dtype == want[0].dtype == np.float64 and got[0].shape == (9,)
+    assert got[0].tobytes() == want[0].tobytes(), (got[0], want[0])
+    if want[1] is None:
+        assert got[1] is None
+    else:
+        assert got[1].dtype == want[1].dtype == bool and got[1].tolist() == want[1].tolist()
+
+
+@needs_ext
+def test_the_module_is_built_and_used_here() -> None:
+    assert native.available() and native.status().endswith("; CPython entry points)"), native.status()
+    lib = Path(native.status().removeprefix("loaded ").rsplit(" (", 1)[0])
+    assert native_build.ext_path(lib.parent).is_file() and native._fast_stats is not None
+
+
+@needs_ext
+@pytest.mark.parametrize("sat", [*SATURATIONS, [0.0, 1.0], (np.float32(-1.0), 1.0), (0, 1)], ids=str)
+def test_module_and_ctypes_give_identical_results(sat: object) -> None:
+    class Sub(torch.Tensor):
+        pass
+
+    base = torch.randn(6, 8)
+    with torch.inference_mode():
+        inf_t = torch.randn(5, 7).relu()
+    others = [torch._efficientzerotensor((3, 4, 2)), base.double(), base[:, ::2], base.as_subclass(Sub), torch.arange(6),
+              nn.Parameter(torch.randn(4, 4)), inf_t, torch.randn(2, 40_000).relu(), torch.zeros(3, 5000)]
+    for t in [*CASES.values(), *BIG.values(), *others]:
+        for units in (False, True):
+            got = native.stats(t, sat, 1e-3, units)  # type: ignore[arg-type]
+            with _ctypes_only():
+                want = native.stats(t, sat, 1e-3, units)  # type: ignore[arg-type]
+            _identical(got, want)
+            again = native.stats(t, sat, 1e-3, units)  # type: ignore[arg-type]
+            if got is not None:  # fresh arrays each call
+                assert again[0] is not got[0] and (got[1] is None or again[1] is not got[1])
+
+
+@needs_ext
+def test_module_sq_norms_and_seg_plan_equal_the_ctypes_calls() -> None:
+    g = torch.Generator().manual_seed(5)
+    ts = [torch.randn(s, generator=g) for s in [(10, 5), (5,), (300, 7), (1,), (129,), (70_000,)]]
+    z = torch._efficientzerotensor((3,))
+    groups = [ts, [z, *ts], [], [ts[0].double()], [ts[0].t()], [*ts, torch.randn(3, 3)[:, :2]], tuple(ts), [nn.Parameter(ts[2])]]
+    for group in groups:
+        got = native.sq_norms(group)
+        with _ctypes_only():
+            want = native.sq_norms(group)
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert got.dtype == np.float64 and got.tobytes() == want.tobytes()
+    buf = np.empty(sum(t.numel() for t in ts), np.float32)
+    assert native.gather(ts, buf)
+    run = native.seg_plan(buf, ts)
+    with _ctypes_only():
+        slow = native.seg_plan(buf, ts)
+    first = run()
+    with torch.no_grad():
+        for i, t in enumerate(ts):
+            t.mul_(0.5).add_(i)
+    for a, b in zip(run(), slow()):
+        assert a.dtype == np.float64 and a.tobytes() == b.tobytes()
+    assert first[1].sum() == 0.0  # not overwritten by the later call
+
+
+def test_without_python_headers_the_ctypes_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if ENV_OFF:
+        pytest.skip("NBDEBUG_NATIVE=0 in the environment")
+    monkeypatch.setenv("NBDEBUG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native_build, "_ext_includes", lambda: "no Python headers")
+    native._reset()
+    assert native.available() and native.status().endswith("; ctypes calls: no Python headers)"), native.status()
+    assert native._fast_stats is None and native._fast_sq is None and native._fast_seg is None
+    t = CASES["dead-units"]
+    row, alive = native.stats(t, (0.0, 1.0), units=True)
+    assert not list(tmp_path.rglob(native_build.EXT_NAME + "*"))
+    # headers that do not compile: nothing cached, the ctypes calls
+    monkeypatch.setattr(native_build, "_ext_includes", lambda: ["-I", str(tmp_path / "nowhere"), "-DNBD_MISSING_HEADERS"])
+    native._reset()
+    assert native.available() and "; ctypes calls: build failed: " in native.status(), native.status()
+    assert not list(tmp_path.rglob(native_build.EXT_NAME + "*")) and not list(tmp_path.rglob(".build-*"))
+    _identical(native.stats(t, (0.0, 1.0), units=True), (row, alive))
+    if HAVE_EXT:  # headers again: the module is built next to the library, same answers
+        monkeypatch.undo()
+        monkeypatch.setenv("NBDEBUG_CACHE_DIR", str(tmp_path))
+        native._reset()
+        assert native.status().endswith("; CPython entry points)") and native._fast_stats is not None
+        _identical(native.stats(t, (0.0, 1.0), units=True), (row, alive))
+
+
+@needs_ext
+def test_a_bad_module_in_the_cache_is_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _argv, target = _cache_target(tmp_path, monkeypatch)
+    ext = native_build.ext_path(target.parent)
+    ext.write_bytes(b"\x7fELF truncated")
+    native._reset()
+    assert native.available() and native.status().endswith("; CPython entry points)"), native.status()
+    assert ext.stat().st_size > 1000 and not list(tmp_path.rglob(".build-*"))
+
+
+@needs_ext
+def test_a_module_that_fails_to_set_up_leaves_the_ctypes_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = native_build.load
+
+    def load() -> tuple[object, str]:
+        libs, why = real()
+        assert libs is not None
+
+        class Broken:
+            def setup(self, *_: object) -> None:
+                raise RuntimeError("no")
+
+        return (libs[0], libs[1], Broken()), why
+
+    monkeypatch.setattr(native_build, "load", load)
+    native._reset()
+    assert native.available() and native._fast_stats is None
+    assert native.status().endswith("; ctypes calls: RuntimeError: no)"), native.status()
+    assert native.stats(torch.ones(3))[0].tolist() == [3, 3.0, 3.0, 1.0, 1.0, 3, 0, 0, 0]

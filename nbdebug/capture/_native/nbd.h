@@ -1,4 +1,4 @@
-/* Shared by the kernel's sources (stats.c, norms.c): one shared library, built by native_build.py.
+/* Shared by the kernel's sources (stats.c, norms.c, and pyext.c for the CPython module): built by native_build.py.
  *
  * On x86-64 Linux with gcc the hot functions are cloned for x86-64-v4 (AVX-512), v3 (AVX2, FMA)
  * and the baseline, picked at load time (never -march=native into a shared cache); gcc < 11 (no
@@ -23,5 +23,14 @@
 #endif
 #define NBD_INLINE static inline __attribute__((always_inline))
 #define NBD_API __attribute__((visibility("default")))
+
+/* the entry points (stats.c, norms.c), for pyext.c's CPython module */
+NBD_API int nbd_abi(void);
+NBD_API int nbd_stats(const float *x, int64_t n, int64_t C, int64_t inner, int64_t flags, double *scratch);
+NBD_API int nbd_stats_sat(const float *x, int64_t n, int64_t C, int64_t inner, int64_t flags, double lo, double hi,
+                          double *scratch);
+NBD_API void nbd_sq_norms(const int64_t *ptrs, const int64_t *sizes, int64_t k, double *out);
+NBD_API void nbd_seg_norms(const float *before, const int64_t *ptrs, const int64_t *sizes, int64_t k,
+                           double *sq_before, double *sq_diffs);
 
 #endif

@@ -7,13 +7,13 @@ per-user cache, ``$NBDEBUG_CACHE_DIR/<key>/`` (default ``~/.cache/nbdebug/native
 ``$XDG_CACHE_HOME``): see :mod:`.native_build`. Two artefacts live there: the ctypes library
 ``libnbdstats.so`` and, when Python's and numpy's headers are present, the CPython module
 ``_nbdext<EXT_SUFFIX>`` (``_native/pyext.c`` with the same sources). The module's METH_FASTCALL
-entry points (``stats``, ``sq_norms``, the ``seg_plan`` run) read the tensor's attributes in C and
-return fresh numpy arrays filled there (~0.1-0.5 µs of overhead a call instead of ~2 µs); what they
-leave to Python (tensors with gaps or permuted, ZeroTensors, tensors of :data:`GIL_MAX` elements or
-more, saturation bounds that are not floats) and every call when the module is missing takes the
-ctypes path: a few attribute reads, one ctypes call, results in preallocated buffers (of the first
-calling thread; other threads get their own) copied out. Both paths run the same C code: the same
-rows and masks, bit for bit.
+entry points (``stats``, ``sq_norms``, the ``seg_plan`` run) read the tensors' attributes in C and
+return fresh numpy arrays filled there (~0.3-0.4 µs of overhead a call instead of ~2 µs). What the
+module's ``stats`` leaves to Python (non-contiguous tensors, ZeroTensors, tensors of :data:`GIL_MAX`
+elements or more, saturation bounds that are not floats) and every call when the module is missing
+take the ctypes path: a few attribute reads, one ctypes call, results in preallocated buffers (of
+the first calling thread; other threads get their own) copied out. Both paths run the same C code:
+the same rows and masks, bit for bit, and the same None cases.
 
 ``NBDEBUG_NATIVE=0`` turns it off; no compiler, a failed build, a failed load or a failed self-test
 all mean the torch/numpy path, silently except for :func:`status` (a one-line reason); so does any

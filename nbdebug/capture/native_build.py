@@ -52,6 +52,7 @@ _CLONE_ERRORS = ("target_clones", "target_clone", "ifunc", "arch=", "x86-64-v", 
 FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden")
 LIB_NAME = "libnbdstats.so"
 EXT_NAME = "_nbdext"  # the CPython module: _nbdext<EXT_SUFFIX> next to LIB_NAME
+EXT_FLAGS = ("-undefined", "dynamic_lookup") if sys.platform == "darwin" else ()  # Python's symbols come from the process
 
 
 def _configured_dir() -> pathlib.Path:
@@ -296,7 +297,7 @@ def extension(argv: list[str], lib: ctypes.CDLL, folder: pathlib.Path) -> tuple[
     tmp = tempfile.mkdtemp(prefix=".build-", dir=folder)
     try:
         out = os.path.join(tmp, target.name)
-        cmd = [*argv, *FLAGS, *extra, "-I", str(NATIVE_DIR), *inc, "-o", out,
+        cmd = [*argv, *FLAGS, *extra, *EXT_FLAGS, "-I", str(NATIVE_DIR), *inc, "-o", out,
                *(str(NATIVE_DIR / f) for f in (EXT_SOURCE, *SOURCES))]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp)

@@ -121,6 +121,8 @@ class _Call:
         if self.grad_order < 0:
             self.grad_order = cap._grad_counter
             cap._grad_counter += 1
+        if not cap._pg_queued and cap._pg_params:  # look at the parameter gradients when this backward ends
+            cap._pg_backward()
         return None
 
 

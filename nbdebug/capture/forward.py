@@ -187,6 +187,7 @@ class _Forward:
             if not cap._open:  # not expected (every pass opens a step); never lose the call
                 cap._open, cap._open_grad = True, grad_enabled()
                 cap._passes += 1
+                cap._pg_step_opens()
             step_calls = cap._step_calls
             if len(step_calls) >= MAX_CALLS:
                 cap._truncated = True

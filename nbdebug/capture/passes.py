@@ -42,6 +42,7 @@ class _Passes:
     step_on: str
     loss_fn: Any
     _close_step: Callable[[], None]  # Capture's
+    _pg_step_opens: Callable[[], None]  # _ParamGrads'
 
     def _on_root_pre(self, *_: Any) -> None:
         if _in_backward():  # the whole model recomputed by checkpointing: not a new step
@@ -96,6 +97,7 @@ class _Passes:
             self._close_step()
         if not self._open:
             self._open, self._open_grad = True, grad
+            self._pg_step_opens()
         self._passes += 1
         self._occurrence.clear()
         self._claimed.clear()

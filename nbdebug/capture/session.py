@@ -195,7 +195,11 @@ class Capture(_Passes, _Forward, _ParamGrads):
         self._loss_prev: Any = None  # what loss() returned at the previous close (weakref / 1-tuple)
         self.stale_loss: list[int] = []  # steps whose loss() returned the previous step's object (NaN loss)
         self._pg_fresh: dict[int, torch.Tensor] = {}  # params whose .grad a backward of this step wrote
-        self._pg_queued = False
+        self._pg_params: list[torch.Tensor] = []  # the watched parameters (paramgrads), while entered
+        self._pg_seen: list[Any] = []  # per watched parameter: (weakref to its .grad, version) at the last look
+        self._pg_queued = 0  # 1, 2: the backward-end callback is queued (paramgrads)
+        self._pg_scanned = False  # the open step's gradients were looked at after a backward
+        self._pg_late = False  # ... and its norms were taken late (before the optimizer step, or at close)
         self.pg_seen = False  # some step had fresh parameter gradients
         self._pg_norms: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self._param_owner: dict[int, list[str]] = {}
@@ -308,7 +312,8 @@ class Capture(_Passes, _Forward, _ParamGrads):
                 self._watch_params()
             self._hooks.on_remove(self._remove_tensor_hooks)
             self.watch = OptimizerWatch(self.modules, self._hooks, self.max_bytes, model=model,
-                                        on_device=True if self.device_path else None, on_step=self._on_optimizer_step)
+                                        on_device=True if self.device_path else None, on_step=self._on_optimizer_step,
+                                        on_pre=self._pg_fallback if self.grads else None)
             self.watch.__enter__()
         except BaseException:
             self._hooks.remove()
@@ -351,4 +356,5 @@ class Capture(_Passes, _Forward, _ParamGrads):
                 self._by_storage.clear()
                 self._pg_fresh.clear()
                 self._pg_norms = None
+                self._pg_params, self._pg_seen = [], []
                 self._loss_prev = None

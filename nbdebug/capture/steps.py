@@ -118,9 +118,8 @@ def close_step(cap: Capture) -> None:
     """Bring the open step to the host (one transfer) and commit it (or hold it back: a no-grad step
     before any training forward)."""
     calls: list[_Call] = cap._step_calls
-    pg_late = cap._pg_norms is None and bool(cap._pg_fresh)  # norms taken now: after a scaler.step unscaled them
-    if pg_late:
-        cap._take_param_norms()
+    cap._pg_fallback()  # no backward of the step reached a recorded output: its gradients now
+    pg_late = cap._pg_late  # norms taken after the backward: a scaler.step has unscaled them
     pg, cap._pg_norms = cap._pg_norms, None
     if pg is not None:
         cap.pg_seen = True

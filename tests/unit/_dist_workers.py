@@ -107,6 +107,8 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
                 loss.backward()
                 if scenario == "fsdp" and step == STEPS:  # the full gradients' norms, gathered (a collective)
                     ref = {n: float(p.grad.full_tensor().norm()) for n, p in model.named_parameters()}
+                elif scenario == "ddp" and step == STEPS:  # the gradients DDP averaged over the ranks
+                    ref = {n: float(p.grad.norm()) for n, p in model.named_parameters()}
                 opt.step()
                 opt.zero_grad()
                 if scenario == "diverge" and rank == DIVERGE_RANK and step == DIVERGE_AFTER:

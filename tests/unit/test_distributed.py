@@ -208,6 +208,12 @@ def test_spawn_launch(tmp_path: Path) -> None:
     run = launch("ddp", tmp_path, start_method="spawn")
     assert run.error is None, run.error
     assert [r.steps for r in run.ranks] == [W.STEPS, W.STEPS] and run.hooks_left == {0: 0, 1: 0}
+    # parameter-gradient norms are read after DDP averaged the gradients (each rank has its own batch,
+    # so a norm read before the all-reduce differs between the ranks)
+    ref = worker_json(tmp_path, 0)["ref_grad_norms"]
+    for name in ("0", "3"):
+        want = np.hypot(ref[f"{name}.weight"], ref[f"{name}.bias"])
+        assert [float(r.series(name, "param_grad_norm")[-1]) for r in run.ranks] == pytest.approx([want, want], rel=1e-5)
     assert run.diverged == [] and run.first_nonfinite == []
     assert {p.meta["rank_source"] for p in run.processes} == {"torch.distributed"}
 

@@ -833,3 +833,68 @@ def test_zerotensor_parameter_gradient_has_norm_zero(device_path: bool, native_n
     assert res.steps == 3 and res.first_nonfinite_step is None and res.param_grad_nonfinite_step is None
     assert list(res.series("1", "param_grad_norm")) == [0.0, 0.0, 0.0]
     np.testing.assert_allclose(res.series("2", "param_grad_norm"), want, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ which parameter gradients are a step's
+def test_param_grad_norms_are_the_steps_own_gradients_without_per_parameter_hooks() -> None:
+    """A parameter's gradient is the step's when the step's backward wrote it (a new .grad, or one
+    accumulated in place): ``zero_grad(set_to_none=False)`` zeroes in place too, so a layer the backward
+    does not reach has no norm (NaN), not 0; a layer it reaches has ‖∇‖ of its own weight and bias."""
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+            self.side = nn.Linear(3, 2)  # on the loss's path only at even steps
+
+        def forward(self, x: torch.Tensor, k: int) -> torch.Tensor:
+            y = self.m(x)
+            s = self.side(x)
+            return y + s if k % 2 == 0 else y + s.detach()
+
+    model = Net()
+    m, side = model.m, model.side
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs = [torch.randn(5, 3) for _ in range(4)]
+    want: list[dict[str, float]] = []
+    with Capture(model) as cap:
+        assert not any(p._post_accumulate_grad_hooks for p in model.parameters())  # no hook per parameter
+        for k, x in enumerate(xs):
+            opt.zero_grad(set_to_none=False)
+            model(x, k).pow(2).mean().backward()
+            want.append({name: float(torch.cat([mod.weight.grad.reshape(-1), mod.bias.grad]).norm())
+                         for name, mod in (("m.0", m[0]), ("m.2", m[2]), ("side", side))})
+            opt.step()
+    res = cap.result
+    assert res.steps == 4
+    for name in ("m.0", "m.2"):
+        np.testing.assert_allclose(res.series(name, "param_grad_norm"), [w[name] for w in want], rtol=1e-6)
+    side_pgn = res.series("side", "param_grad_norm")
+    np.testing.assert_allclose(side_pgn[[0, 2]], [want[0]["side"], want[2]["side"]], rtol=1e-6)
+    assert np.isnan(side_pgn[[1, 3]]).all()
+
+
+def test_param_grad_norms_when_no_recorded_output_is_on_the_backwards_path() -> None:
+    """A loss on the parameters alone (no output-gradient hook fires): the norms are read before the
+    optimizer step; without an optimizer, when the step closes, so a gradient zeroed before that (here
+    by the next step's ``zero_grad()``) is not seen: the known limit of having no hook per parameter."""
+    m = nn.Linear(2, 2)
+    with torch.no_grad():
+        m.weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        m.bias.copy_(torch.tensor([0.5, -0.5]))
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    want = float(torch.cat([2 * m.weight.detach().reshape(-1), 2 * m.bias.detach()]).norm())
+    for use_opt in (True, False):
+        with Capture(m) as cap:
+            for _ in range(2):
+                opt.zero_grad()
+                m(torch.ones(1, 2))  # a step opens; its output is not on the loss's path
+                (m.weight.pow(2).sum() + m.bias.pow(2).sum()).backward()
+                if use_opt:
+                    opt.step()
+        got = cap.result.series("", "param_grad_norm")
+        if use_opt:
+            assert got.tolist() == pytest.approx([want, want], rel=1e-6)
+        else:
+            assert np.isnan(got[0]) and got[1] == pytest.approx(want, rel=1e-6)

@@ -853,3 +853,20 @@ def test_a_module_that_fails_to_set_up_leaves_the_ctypes_calls(monkeypatch: pyte
     assert native.available() and native._fast_stats is None
     assert native.status().endswith("; ctypes calls: RuntimeError: no)"), native.status()
     assert native.stats(torch.ones(3))[0].tolist() == [3, 3.0, 3.0, 1.0, 1.0, 3, 0, 0, 0]
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+@pytest.mark.parametrize("shape", [(5, 7, 3, 331), (3, 5, 1000), (9, 11, 17), (40, 1030), (16, 1024), (7, 2, 4097), (2, 3, 5, 7)], ids=str)
+def test_unit_masks_across_chunk_boundaries(shape: tuple[int, ...]) -> None:
+    """Segments (units) that straddle the kernel's 4,096-element chunks, units wrapping within a chunk,
+    a column per unit: the mask equals numpy's, on both call paths."""
+    g = torch.Generator().manual_seed(sum(shape))
+    t = torch.randn(*shape, generator=g).relu()
+    dead = torch.rand(shape[1], generator=g) < 0.4
+    t[:, dead] = 0.0
+    t[-1, -1] = 0.0 if t[:-1, -1].abs().sum() else 1.0  # the last unit's last sample matters on its own
+    want = (t.numpy().reshape(shape[0], shape[1], -1) != 0).any(axis=(0, 2))
+    for path in (_loaded, _ctypes_only) if HAVE_EXT else (_loaded,):
+        with path():
+            row, alive = native.stats(t, units=True)
+        assert row[IDX["nonzero"]] < row[IDX["numel"]] and alive.tolist() == want.tolist()

@@ -219,8 +219,8 @@ static void *run_job(void *arg) {
         int64_t z = run_pass(j->x + p, k, &l, j->sat, j->lo, j->hi);
         zeros += z;
         if (j->mode == 1) {
-            for (int64_t s = p / inner; s * inner < p + k; s++) {
-                int64_t c = s % C;
+            int64_t s = p / inner, c = s % C;  /* segment s is unit c = s % C (one division a chunk) */
+            for (; s * inner < p + k; s++, c = c + 1 == C ? 0 : c + 1) {
                 if (__atomic_load_n(&j->alive[c], __ATOMIC_RELAXED)) continue;
                 int64_t a = s * inner > p ? s * inner : p, e = (s + 1) * inner < p + k ? (s + 1) * inner : p + k;
                 if (z == 0 || any_nonzero(j->x + a, e - a)) __atomic_store_n(&j->alive[c], 1, __ATOMIC_RELAXED);
@@ -316,10 +316,14 @@ static int stats_impl(const float *x, int64_t n, int64_t C, int64_t inner, int64
     if (mode == 2) {
         for (int64_t t = 1; t < nt; t++)
             for (int64_t i = 0; i < L; i++) masks[i] |= masks[t * L + i];
-        for (int64_t c = 0; c < C; c++) {
-            uint32_t any = 0;
-            for (int64_t i = 0; i < inner; i++) any |= masks[c * inner + i];
-            alive[c] = any != 0;
+        if (inner == 1) {  /* a column per unit (N x C): one vectorisable loop */
+            for (int64_t c = 0; c < C; c++) alive[c] = masks[c] != 0;
+        } else {
+            for (int64_t c = 0; c < C; c++) {
+                uint32_t any = 0;
+                for (int64_t i = 0; i < inner; i++) any |= masks[c * inner + i];
+                alive[c] = any != 0;
+            }
         }
         free(masks);
     }

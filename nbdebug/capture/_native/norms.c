@@ -13,28 +13,52 @@
 
 #define NW 32 /* double lanes (4 AVX-512 / 8 AVX2 registers) */
 
-/* Sum of squares of a - b (diff) or of a, over n floats. */
-NBD_INLINE double sq_impl(const float *restrict a, const float *restrict b, int64_t n, const int diff) {
+/* Sum of squares of n floats, squared and summed in double lanes. */
+NBD_CLONES static double sq_sum(const float *restrict a, int64_t n) {
     double S[NW];
     for (int j = 0; j < NW; j++) S[j] = 0.0;
     int64_t i = 0;
     for (; i + NW <= n; i += NW) {
         for (int j = 0; j < NW; j++) {
-            double d = diff ? (double)(a[i + j] - b[i + j]) : (double)a[i + j];
+            double d = (double)a[i + j];
             S[j] += d * d;
         }
     }
     double r = 0.0;
     for (int j = 0; j < NW; j++) r += S[j];
     for (; i < n; i++) {
-        double d = diff ? (double)(a[i] - b[i]) : (double)a[i];
+        double d = (double)a[i];
         r += d * d;
     }
     return r;
 }
 
-NBD_CLONES static double sq_sum(const float *a, int64_t n) { return sq_impl(a, NULL, n, 0); }
-NBD_CLONES static double sq_diff(const float *a, const float *b, int64_t n) { return sq_impl(a, b, n, 1); }
+/* sq_sum(a) into *sa and the sum of squares of a - b into *sd in one pass over a and b (sq_sum's lanes
+ * and order for both sums: the same bits as two separate passes). */
+NBD_CLONES static void sq_both(const float *restrict a, const float *restrict b, int64_t n, double *sa, double *sd) {
+    double S[NW], D[NW];
+    for (int j = 0; j < NW; j++) S[j] = D[j] = 0.0;
+    int64_t i = 0;
+    for (; i + NW <= n; i += NW) {
+        for (int j = 0; j < NW; j++) {
+            double x = (double)a[i + j], d = (double)(a[i + j] - b[i + j]);
+            S[j] += x * x;
+            D[j] += d * d;
+        }
+    }
+    double r = 0.0, q = 0.0;
+    for (int j = 0; j < NW; j++) {
+        r += S[j];
+        q += D[j];
+    }
+    for (; i < n; i++) {
+        double x = (double)a[i], d = (double)(a[i] - b[i]);
+        r += x * x;
+        q += d * d;
+    }
+    *sa = r;
+    *sd = q;
+}
 
 /* out[i] = sum of squares (double) of the float32 array at ptrs[i] with sizes[i] elements. */
 NBD_API void nbd_sq_norms(const int64_t *ptrs, const int64_t *sizes, int64_t k, double *out) {
@@ -46,8 +70,7 @@ NBD_API void nbd_sq_norms(const int64_t *ptrs, const int64_t *sizes, int64_t k, 
 NBD_API void nbd_seg_norms(const float *before, const int64_t *ptrs, const int64_t *sizes, int64_t k,
                            double *sq_before, double *sq_diffs) {
     for (int64_t i = 0; i < k; i++) {
-        sq_before[i] = sq_sum(before, sizes[i]);
-        sq_diffs[i] = sq_diff(before, (const float *)(intptr_t)ptrs[i], sizes[i]);
+        sq_both(before, (const float *)(intptr_t)ptrs[i], sizes[i], &sq_before[i], &sq_diffs[i]);
         before += sizes[i];
     }
 }

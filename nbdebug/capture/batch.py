@@ -11,7 +11,10 @@ its numbers wait in ``cap._batch``. :func:`flush` folds the waiting steps, in or
 element-wise operations the one-step path uses (so the history is bit for bit the same; tested), and
 runs before anything that reads what they change: another step that does not qualify, held-back
 no-grad steps, the end of the capture, late gradients, and any read of ``Capture.history`` (live views,
-the distributed spool), or when :data:`BATCH` steps (:data:`BATCH_CALLS` calls) wait.
+the distributed spool), or when :data:`BATCH` steps (:data:`BATCH_CALLS` calls) wait. What the
+calls' stats do not give (:func:`step_extras`: dead units, parameter-gradient norms, optimizer numbers)
+and the whole-run unit masks (:func:`merge_alive`) are computed here for ``k`` steps, and the one-step
+close (:mod:`.steps`) calls the same functions with ``k = 1``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .fold import _G_DIV1, Layout, _ensure_run, _or, accumulate_step, step_values
+from .fold import Layout, _ensure_run, _or, _unscale, accumulate_step, step_values
 from .history import FIELD_INDEX
 from .incidents import loss_spike
 from .stats import IDX, N_FIELDS
@@ -29,29 +32,29 @@ from .stats import IDX, N_FIELDS
 if TYPE_CHECKING:
     from .session import Capture
 
-__all__ = ["BATCH", "BATCH_CALLS", "defer", "flush"]
+__all__ = ["BATCH", "BATCH_CALLS", "defer", "flush", "kept", "merge_alive", "step_extras"]
 
 BATCH = 64  # steps that may wait before they are folded
 BATCH_CALLS = 4096  # ... and calls (a few MB: a model with many rows waits fewer steps)
+_MN, _MX = IDX["min"], IDX["max"]
 _DEAD, _PGN = FIELD_INDEX["dead_unit_frac"], FIELD_INDEX["param_grad_norm"]
 _OPT_COLS = {"param_norm": FIELD_INDEX["param_norm"], "update_ratio": FIELD_INDEX["update_ratio"]}
-_SUMSQ, _MN, _MX = IDX["sumsq"], IDX["min"], IDX["max"]
 
 
 class _Waiting:
     """One closed step whose numbers wait for :func:`flush`."""
 
-    __slots__ = ("alive", "appended", "calls", "grad", "opt", "pg", "raw", "scalars", "scale", "step")
+    __slots__ = ("alive", "appended", "calls", "grad", "opt", "pg", "pg_div", "raw", "scalars", "scale", "step")
 
     def __init__(self, calls: list[Any], step: int, raw: list[Any], grad: list[Any], alive: list[Any], scale: float | None,
-                 pg: np.ndarray | None, opt: list[Any], scalars: dict[str, float], appended: bool) -> None:
+                 pg: np.ndarray | None, pg_div: float | None, opt: list[Any], scalars: dict[str, float], appended: bool) -> None:
         self.calls, self.step, self.raw, self.grad, self.alive, self.scale = calls, step, raw, grad, alive, scale
-        self.pg, self.opt, self.scalars, self.appended = pg, opt, scalars, appended
+        self.pg, self.pg_div, self.opt, self.scalars, self.appended = pg, pg_div, opt, scalars, appended
 
 
 def defer(cap: Capture, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad: list[Any], h_alive: list[Any],
           scale: float | None, pg: Any, pg_host: Any, pg_late: bool, opt_keys: list[tuple[str, tuple[str, ...]]],
-          h_opt: list[Any], loss: float, lr_of: dict[str, float], skipped: bool) -> bool:
+          h_opt: list[Any], scalars: dict[str, float], lrs: dict[str, float], skipped: bool) -> bool:
     """Take the closed step into the batch and do its immediate part; False when it does not qualify
     (the caller folds it now, after :func:`flush`)."""
     if not (lay.committed and lay.grad_init and lay.unique and lay.span is not None):
@@ -63,8 +66,6 @@ def defer(cap: Capture, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad:
         if type(pg_host) is not np.ndarray or not math.isfinite(sum(pg_host.tolist())):
             return False  # the step's parameter-gradient check needs it now
         pgmap = cap._pg_modules(pg[0])
-        if scale is not None and not pg_late:
-            pg_host = pg_host / scale
     sig = (lay, tuple(opt_keys), pgmap)
     prev = cap._batch_sig
     # the layout and the parameter map are cached objects (the same object while nothing changed);
@@ -79,21 +80,24 @@ def defer(cap: Capture, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad:
         c.closed = True
     if skipped:
         cap.skipped.append(step)
-    lrs = {m: v for m, v in lr_of.items() if m}
     if lrs:
         cap.lrs.update(lrs)
-    scalars = {"loss": loss, "lr": lr_of.get("", math.nan), "skipped": 1.0 if skipped else 0.0}
+    loss = scalars["loss"]
     if not math.isnan(loss):
         loss_spike(cap, step, loss)
-    first = cap.resume.steps + 1 if cap.resume is not None else 1
-    appended = (step - first) % cap.every == 0
+    appended = kept(cap, step)
     cap._batch.append(_Waiting(calls, step, h_raw, h_grad, h_alive, scale, pg_host if pg is not None else None,
-                               h_opt, scalars, appended))
+                               None if pg_late else scale, h_opt, scalars, appended))
     if len(cap._batch) >= BATCH or len(cap._batch) * len(calls) >= BATCH_CALLS:
         flush(cap)
     if appended and cap.on_step is not None:
         cap.on_step(cap)  # reading cap.history folds the waiting steps first
     return True
+
+
+def kept(cap: Capture, step: int) -> bool:
+    """Whether ``every`` keeps ``step`` in the history (counted from the capture's first step)."""
+    return (step - (cap.resume.steps + 1 if cap.resume is not None else 1)) % cap.every == 0
 
 
 def flush(cap: Capture) -> None:
@@ -109,50 +113,12 @@ def flush(cap: Capture) -> None:
     rg[:, :, N_FIELDS:] = [w.grad for w in batch]
     scaled = any(w.scale is not None for w in batch)
     if scaled:  # x / 1.0 is x: steps without a scale are unchanged
-        s = np.array([1.0 if w.scale is None else w.scale for w in batch])[:, None]
-        g = rg[:, :, N_FIELDS:]
-        with np.errstate(invalid="ignore", over="ignore"):
-            g[:, :, _G_DIV1] /= s[:, :, None]
-            g[:, :, _SUMSQ] /= s * s
+        _unscale(rg[:, :, N_FIELDS:], np.array([1.0 if w.scale is None else w.scale for w in batch])[:, None, None])
     sat = [j * n + r for j in range(k) for r in lay.sat] if lay.sat else []
     vals = step_values(rg.reshape(k * n, 2 * N_FIELDS), sat, True).reshape(k, n, -1)
-    stacked: dict[int, np.ndarray] = {}  # a unit row's masks of every waiting step, [k, units]
-    for r, units in lay.unit_rows:
-        col = [w.alive[r] for w in batch]
-        masks = [a for a in col if a is not None]
-        if not masks:  # no zero in any of these calls (a conv or linear output): no dead unit
-            vals[:, r, _DEAD] = 0.0
-        elif len(masks) == k and all(a.size == units for a in col):
-            st = stacked[r] = np.array(col)
-            vals[:, r, _DEAD] = (units - np.count_nonzero(st, axis=1)) / units
-        else:
-            for j, a in enumerate(col):
-                vals[j, r, _DEAD] = 0.0 if a is None else ((a.size - int(np.count_nonzero(a))) / a.size if a.size == units else math.nan)
-    if pgmap is not None:
-        rep, mod_idx, names = pgmap
-        p = np.array([w.pg for w in batch])
-        sq = p * p
-        if rep is not None:
-            sq = sq[:, rep]
-        norm = np.empty((k, len(names)))
-        for m in range(len(names)):  # in parameter order, like bincount: the same sums
-            cols = np.flatnonzero(mod_idx == m)
-            acc = sq[:, cols[0]].copy()
-            for c in cols[1:]:
-                acc += sq[:, c]
-            norm[:, m] = acc
-        np.sqrt(norm, out=norm)
-        pos, which = lay.positions(names)
-        if pos.size:
-            vals[:, pos, _PGN] = norm[:, which]
-    i = 0
-    for kind, mods in opt_keys:
-        if kind != "lr":
-            arr = np.array([w.opt[i : i + len(mods)] for w in batch], dtype=np.float64)
-            pos, which = lay.positions(mods)
-            if pos.size:
-                vals[:, pos, _OPT_COLS[kind]] = arr[:, which]
-        i += len(mods)
+    alive = [w.alive for w in batch]
+    stacked, _ = step_extras(vals, lay, alive, opt_keys, [w.opt for w in batch],
+                             None if pgmap is None else (pgmap, [w.pg for w in batch], [w.pg_div for w in batch]))
     # Everything above only computed: a KeyboardInterrupt there leaves the batch waiting for finish().
     cap._batch = []
     at = lay.span
@@ -170,29 +136,7 @@ def flush(cap: Capture) -> None:
         total[:, _MX::N_FIELDS] = np.fmax.reduce(both[:, :, _MX::N_FIELDS], axis=0)
         cur[...] = total
     cap.run_calls[at] += lay.counts * k
-    rows, units = lay.rows, cap.run_units
-    for r, _ in lay.unit_rows:
-        row = rows[r]
-        if not units[row.id]:
-            continue
-        if row.alive is None:
-            continue  # every unit alive already: stays so
-        st = stacked.get(r)
-        col: Any = st
-        if st is None:
-            col = [w.alive[r] for w in batch]
-            if all(a is not None and a.shape == row.alive.shape for a in col):
-                st = np.array(col)
-        if st is not None and st.shape[1:] == row.alive.shape:
-            # OR is monotone: merging step by step ends where one OR over every step does
-            a = row.alive | np.logical_or.reduce(st, axis=0)
-            row.alive = None if a.all() else a
-        else:
-            for a in col:
-                if row.alive is None:
-                    break
-                m = _or(row.alive, a)
-                row.alive = None if m is None or m.all() else m
+    merge_alive(lay, cap.run_units, alive, stacked)
     for j, w in enumerate(batch):
         if scaled:  # else each call's gradient stats are already these values (rg was filled from them)
             for c, g in zip(w.calls, rg[j, :, N_FIELDS:]):
@@ -206,3 +150,99 @@ def flush(cap: Capture) -> None:
     last = batch[-1]
     cap.unappended = None if last.appended else (last.step, hids, vals[-1], last.scalars)
     cap.prev_values, cap.prev_rows = vals[-1], hids
+
+
+def step_extras(vals: np.ndarray, lay: Layout, alive: list[list[Any]], opt_keys: list[tuple[str, tuple[str, ...]]],
+                opt: list[list[Any]], pg: tuple[Any, list[Any], list[float | None]] | None
+                ) -> tuple[dict[int, np.ndarray], list[str]]:
+    """The history values of ``k`` steps of one layout beyond their calls' stats, into ``vals``
+    (``[k, rows, F]``; :func:`flush` and, for one step, :func:`~nbdebug.capture.steps.close_step`:
+    one code, element-wise, so a step's numbers do not depend on ``k``): dead-unit fractions (``alive``: per step, each row's mask of units non-zero in some
+    call, None: no zero), optimizer numbers (``opt``: per step, ``opt_keys``' values in order) and
+    parameter-gradient norms summed per module (``pg``: ``Capture._pg_modules``' map, per step the
+    norms and the scale they still need dividing by) on each module's first row. Returns the full
+    masks stacked per unit row (``{row: [k, units]}``, when ``k > 1``; for :func:`merge_alive`) and
+    the modules whose norm is not finite."""
+    k = len(alive)
+    stacked: dict[int, np.ndarray] = {}
+    for r, units in lay.unit_rows:
+        col = [a[r] for a in alive]
+        if all(a is None for a in col):  # no zero in any of these calls (a conv or linear output): no dead unit
+            vals[:, r, _DEAD] = 0.0
+        elif k > 1 and all(a is not None and a.size == units for a in col):
+            st = stacked[r] = np.array(col)
+            vals[:, r, _DEAD] = (units - np.count_nonzero(st, axis=1)) / units
+        else:
+            for j, a in enumerate(col):
+                vals[j, r, _DEAD] = 0.0 if a is None else ((a.size - int(np.count_nonzero(a))) / a.size if a.size == units else math.nan)
+    i, nums = 0, _numbers(opt)
+    for kind, mods in opt_keys:
+        if kind != "lr":
+            pos, which = lay.positions(mods)
+            if pos.size:
+                vals[:, pos, _OPT_COLS[kind]] = nums[:, i + which]
+        i += len(mods)
+    if pg is None:
+        return stacked, []
+    (rep, mod_idx, names), norms, div = pg
+    p = np.array(norms, dtype=np.float64).reshape(k, -1)
+    if any(d is not None for d in div):  # x / 1.0 is x: steps without a divisor are unchanged
+        p = p / np.array([1.0 if d is None else d for d in div])[:, None]
+    sq = p * p
+    if rep is not None:
+        sq = sq[:, rep]
+    m = len(names)
+    # per step and module, in parameter order (bincount adds one weight after the other: the sums of a Python loop)
+    at = mod_idx if k == 1 else (np.arange(0, k * m, m)[:, None] + mod_idx).reshape(-1)
+    norm = np.sqrt(np.bincount(at, weights=sq.reshape(-1), minlength=k * m)).reshape(k, m)
+    pos, which = lay.positions(names)
+    if pos.size:
+        vals[:, pos, _PGN] = norm[:, which]
+    return stacked, [names[j] for j in np.flatnonzero(~np.isfinite(norm).all(axis=0)).tolist()]
+
+
+def _numbers(rows: list[list[Any]]) -> np.ndarray:
+    """``[k, m]`` float64 of ``k`` lists of ``m`` numbers (:func:`_f` of each: floats, 0-d arrays, None)."""
+    try:
+        arr = np.array(rows, dtype=np.float64)
+        if arr.ndim == 2:
+            return arr
+    except (TypeError, ValueError):  # an array of several numbers: its mean
+        pass
+    return np.array([[v if type(v) is float else _f(v) for v in r] for r in rows], dtype=np.float64)
+
+
+def _f(x: Any) -> float:
+    """A number of a step on the host as a float (an array: its mean; empty: NaN)."""
+    if isinstance(x, float):
+        return x
+    a = np.asarray(x, dtype=np.float64).reshape(-1)
+    return float(a.mean()) if a.size else math.nan
+
+
+def merge_alive(lay: Layout, units: np.ndarray, alive: list[list[Any]], stacked: dict[int, np.ndarray],
+                old: np.ndarray | None = None) -> None:
+    """``row.alive`` (units alive in some step so far; None: every unit, or not known) of each unit row
+    ORed with ``k`` steps' masks (:func:`step_extras`' arguments and result; ``old``: rows to merge,
+    None: all). A mask that became all-true is dropped (no more merging): OR is monotone, so one OR
+    over the steps' stacked masks ends where merging them one by one does."""
+    rows = lay.rows
+    for r, _ in lay.unit_rows:
+        row = rows[r]
+        if row.alive is None or not units[row.id] or (old is not None and not old[r]):
+            continue
+        st = stacked.get(r)
+        col: Any = st
+        if st is None:
+            col = [a[r] for a in alive]
+            if len(col) > 1 and all(a is not None and a.shape == row.alive.shape for a in col):
+                st = np.array(col)
+        if st is not None and st.shape[1:] == row.alive.shape:
+            a = row.alive | np.logical_or.reduce(st, axis=0)
+            row.alive = None if a.all() else a
+            continue
+        for a in col:
+            m = _or(row.alive, a)
+            row.alive = None if m is None or m.all() else m
+            if row.alive is None:
+                break

@@ -30,7 +30,6 @@ __all__: list[str] = []  # private to the capture package
 _F = len(HISTORY_FIELDS)
 _FI = FIELD_INDEX
 _MN, _MX = IDX["min"], IDX["max"]
-_ADD = [i for i in range(N_FIELDS) if i not in (_MN, _MX)]
 
 
 def _host(items: list[Any], batch: bool) -> list[Any]:
@@ -231,15 +230,16 @@ def _or(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
 
 
 _G_DIV1 = [IDX["sum"], IDX["min"], IDX["max"]]
+_SQ = slice(IDX["sumsq"], IDX["sumsq"] + 1)
 
 
-def _unscale(grads: np.ndarray, scale: float) -> None:
-    """Raw gradient rows of a GradScaler-scaled backward → the unscaled gradients' (in place): sums,
-    min and max divided by the scale, sums of squares by its square; counts (numel, non-zero,
-    NaN, Inf) unchanged."""
+def _unscale(grads: np.ndarray, scale: float | np.ndarray) -> None:
+    """Raw gradient rows (``[..., N_FIELDS]``) of a GradScaler-scaled backward → the unscaled gradients'
+    (in place): sums, min and max divided by the scale, sums of squares by its square; counts (numel,
+    non-zero, NaN, Inf) unchanged. ``scale``: a number, or one per step (shape ``[steps, 1, 1]``)."""
     with np.errstate(invalid="ignore", over="ignore"):
-        grads[:, _G_DIV1] /= scale
-        grads[:, IDX["sumsq"]] /= scale * scale
+        grads[..., _G_DIV1] /= scale
+        grads[..., _SQ] /= scale * scale
 
 
 def _backward_origin(calls: list[Any], grads: np.ndarray) -> tuple[Any, Any] | None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .batch import defer, flush
+from .batch import _f, defer, flush, kept, merge_alive, step_extras
 from .fold import (
     Layout,
     _accumulate,
@@ -54,8 +54,6 @@ _FI = FIELD_INDEX
 _GRAD_COLS = [_FI["grad_" + k] for k in ("mean", "std", "min", "max", "norm", "nan", "inf")]
 _GRAD_KEYS = ("mean", "std", "min", "max", "norm", "nan", "inf")
 _NAN, _INF = IDX["nan"], IDX["inf"]
-_DEAD, _PGN = _FI["dead_unit_frac"], _FI["param_grad_norm"]
-_OPT_COLS = {"param_norm": _FI["param_norm"], "update_ratio": _FI["update_ratio"]}
 #: types every item of a step has on the CPU path (nothing to transfer)
 _HOST_TYPES = frozenset({np.ndarray, type(None), float, bool, int})
 
@@ -82,13 +80,6 @@ class _StepData:
     bwd: tuple[Any, Any] | None = None  # (call with the first non-finite output gradient, origin consumer)
     pg: str | None = None  # first module whose parameter gradients were non-finite
     incidents: list[Incident] = field(default_factory=list)
-
-
-def _f(x: Any) -> float:
-    if isinstance(x, float):
-        return x
-    a = np.asarray(x, dtype=np.float64).reshape(-1)
-    return float(a.mean()) if a.size else math.nan
 
 
 def _lr_of(opt_keys: list[tuple[str, tuple[str, ...]]], h_opt: list[Any]) -> dict[str, float]:
@@ -166,9 +157,13 @@ def close_step(cap: Capture) -> None:
     h_loss = small[len(opt_vals) : len(opt_vals) + len(losses)]
     h_pg, h_scale, h_skip = small[-3], small[-2], small[-1]
     scale = _scale_of(h_scale)
+    skipped = h_skip if type(h_skip) is bool else bool(np.any(h_skip))
+    lr_of = _lr_of(opt_keys, h_opt)
+    scalars = {"loss": _loss_of(h_loss), "lr": lr_of.get("", math.nan), "skipped": 1.0 if skipped else 0.0}
+    lrs = {m: v for m, v in lr_of.items() if m}
     if (on_host and calls and not late and not checks and not cap._maybe_bad and (cap._open_grad or cap._seen_training)
             and defer(cap, _layout(cap, calls), calls, h_raw, h_grad, h_alive, scale, pg, h_pg, pg_late, opt_keys, h_opt,
-                      _loss_of(h_loss), _lr_of(opt_keys, h_opt), h_skip if type(h_skip) is bool else bool(np.any(h_skip)))):
+                      scalars, lrs, skipped)):
         return  # folded later with other steps (batch.py)
     flush(cap)  # steps waiting in the batch come first
     _flush_late(cap, late, h_late)
@@ -206,36 +201,9 @@ def close_step(cap: Capture) -> None:
             else:
                 alive[r] = _or(alive[r], h_alive[j])
     values = step_values(rg, lay.sat, n_grad > 0)
-    for r, units in lay.unit_rows:
-        a = alive[r]
-        values[r, _DEAD] = 0.0 if a is None else ((a.size - int(np.count_nonzero(a))) / a.size if a.size == units else math.nan)
-    # parameter-gradient norms (one per module, on its first row) and optimizer numbers
-    pg_bad: list[str] = []
-    if pg is not None:
-        pg_host = np.asarray(h_pg, dtype=np.float64).reshape(-1)
-        if scale is not None and not pg_late:
-            pg_host = pg_host / scale
-        rep, mod_idx, names = cap._pg_modules(pg[0])
-        sq = pg_host * pg_host
-        # per module, in parameter order (bincount adds sequentially: the same sums as a Python loop)
-        norm = np.sqrt(np.bincount(mod_idx, weights=sq[rep] if rep is not None else sq, minlength=len(names)))
-        bad = np.flatnonzero(~np.isfinite(norm))
-        if bad.size:
-            pg_bad = [names[i] for i in bad.tolist()]
-        p, w = lay.positions(names)
-        if p.size:
-            values[p, _PGN] = norm[w]
-    i = 0
-    for kind, mods in opt_keys:
-        if kind != "lr":
-            got = [v if type(v) is float else _f(v) for v in h_opt[i : i + len(mods)]]
-            p, w = lay.positions(mods)
-            if p.size:
-                values[p, _OPT_COLS[kind]] = np.array(got)[w]
-        i += len(mods)
-    lr_of = _lr_of(opt_keys, h_opt)
-    skipped = h_skip if type(h_skip) is bool else bool(np.any(h_skip))
-    loss = _loss_of(h_loss)
+    # dead units, parameter-gradient norms (one per module, on its first row), optimizer numbers
+    _, pg_bad = step_extras(values[None], lay, [alive], opt_keys, [h_opt],
+                            None if pg is None else (cap._pg_modules(pg[0]), [h_pg], [None if pg_late else scale]))
     checks_bad: dict[int, bool] = {}
     if checks:
         k = 0
@@ -244,9 +212,8 @@ def close_step(cap: Capture) -> None:
             if m:
                 checks_bad[id(c)] = not all(np.isfinite(x).all() for x in h_checks[k : k + m])
                 k += m
-    data = _StepData(calls, rows, rg, n_grad > 0, values, alive, lay.counts, first_call, checks_bad,
-                     {"loss": loss, "lr": lr_of.get("", math.nan), "skipped": 1.0 if skipped else 0.0}, skipped,
-                     {m: v for m, v in lr_of.items() if m}, lay)
+    data = _StepData(calls, rows, rg, n_grad > 0, values, alive, lay.counts, first_call, checks_bad, scalars, skipped,
+                     lrs, lay)
     # the step's non-finite check, in phase order (counts are never negative: any > 0 ⇔ their sum > 0);
     # on the CPU path the hooks flagged a step with any NaN/Inf count (else nothing to look for)
     suspect = cap.device_path or cap._maybe_bad
@@ -351,21 +318,14 @@ def commit(cap: Capture, data: _StepData) -> None:
         lay.committed = True
     accumulate_step(cap, lay, at, data.rg, data.has_grad)
     calls[at] += data.counts
-    units = cap.run_units
-    for r, _ in lay.unit_rows:
-        row = rows[r]
-        if (old is None or old[r]) and units[row.id] and row.alive is not None:
-            # None is "every unit alive so far": a mask that became all-true is dropped (no more merging)
-            a = _or(row.alive, data.alive[r])
-            row.alive = None if a is None or a.all() else a
+    merge_alive(lay, cap.run_units, [data.alive], {}, old)
     if data.skipped:
         cap.skipped.append(step)
     if data.lrs:
         cap.lrs.update(data.lrs)
     hids = lay.history_ids()
     first_bad = step_incidents(cap, data, step)
-    first = cap.resume.steps + 1 if cap.resume is not None else 1
-    if (step - first) % cap.every == 0 or first_bad:
+    if kept(cap, step) or first_bad:
         hist.append(step, hids, data.values, data.scalars)
         cap.unappended = None
         if cap.on_step is not None:

@@ -1,6 +1,7 @@
 """The batched step fold (nbdebug/capture/batch.py) against the slow reference (batching off, the
 forward short path off): freezing layers mid-run, KeyboardInterrupt while folding and at exit, the
-bulk reduction really exercised, and ``hooks.tensor_hook`` next to the user's own tensor hooks."""
+bulk reduction really exercised, ``hooks.tensor_hook`` next to the user's own tensor hooks, and the
+step extras and unit masks of k steps at once against k folds of one step."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import gc
 import traceback
 import weakref
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ import nbdebug.capture.batch as batch
 import nbdebug.capture.forward as forward
 import nbdebug.capture.steps as steps
 from nbdebug.capture import hook_count
+from nbdebug.capture.fold import Layout
 from nbdebug.capture.history import FIELD_INDEX
 from nbdebug.capture.session import Capture
 
@@ -297,3 +300,80 @@ def test_tensor_hooks_keep_the_users_order_retain_grad_and_leaf_outputs() -> Non
     assert leaf.grad is not None
     assert leaf.grad["mean"] == pytest.approx(float(mm[1].weight.detach().mean()), rel=1e-6)
     assert not x2._backward_hooks and hook_count(mm) == 0
+
+
+# 6. the step extras (dead units, optimizer numbers, parameter-gradient norms) and the run's unit masks:
+#    k steps at once (flush) equal k folds of one step (close_step / commit), on every branch
+
+def _extras_case() -> tuple[Layout, list[Any], list[tuple[str, tuple[str, ...]]], list[list[Any]], Any, list[Any], list[Any]]:
+    rng = np.random.default_rng(0)
+    rows = [SimpleNamespace(id=i, sat=False, units=u, alive=None) for i, u in enumerate([0, 4, 4, 3, 5])]
+    lay = Layout(rows, {"a": rows[0], "b": rows[1], "c": rows[3]})  # type: ignore[arg-type]
+    k = 6
+    alive = [[None,
+              rng.random(4) > 0.4,  # a full mask every step: stacked
+              rng.random(4) > 0.4 if j % 2 else None,  # some steps without a zero
+              np.ones(2, bool) if j == 3 else rng.random(3) > 0.5,  # a mask of another size: NaN
+              None]  # never a zero: 0
+             for j in range(k)]
+    opt_keys = [("update_ratio", ("a", "b", "x")), ("lr", ("", "a")), ("param_norm", ("c", "a"))]
+    opt: list[list[Any]] = [[*rng.random(3).tolist(), 0.1, 0.1, *rng.random(2).tolist()] for _ in range(k)]
+    opt[2][0] = np.float32(0.25).reshape(())  # a 0-d host array (the device path)
+    opt[4][5] = np.array([1.0, 2.0, 4.0])  # an array of several numbers: its mean
+    opt[5][1] = None  # NaN
+    pgmap = (np.array([0, 1, 1, 2]), np.array([0, 0, 1, 2]), ("a", "b", "c"))  # parameter 1 shared by a and b
+    norms = [rng.random(3) for _ in range(k)]
+    norms[4][2] = np.inf
+    return lay, alive, opt_keys, opt, pgmap, norms, [None, 2.0, None, 0.5, None, 3.0]
+
+
+def test_step_extras_of_k_steps_equal_k_folds_of_one() -> None:
+    lay, alive, opt_keys, opt, pgmap, norms, div = _extras_case()
+    k, n, f = len(alive), len(lay.rows), len(FIELD_INDEX)
+    many = np.full((k, n, f), np.nan, np.float32)
+    stacked, bad = batch.step_extras(many, lay, alive, opt_keys, opt, (pgmap, norms, div))
+    one = np.full((k, n, f), np.nan, np.float32)
+    bad_one = set()
+    for j in range(k):
+        _, b = batch.step_extras(one[j][None], lay, [alive[j]], opt_keys, [opt[j]], (pgmap, [norms[j]], [div[j]]))
+        bad_one |= set(b)
+    np.testing.assert_array_equal(many.view(np.uint32), one.view(np.uint32))
+    assert bad == ["c"] and bad_one == {"c"} and list(stacked) == [1]
+    dead = many[:, :, FIELD_INDEX["dead_unit_frac"]]
+    np.testing.assert_array_equal(dead[:, 1], [np.float32((4 - a[1].sum()) / 4) for a in alive])
+    assert np.isnan(dead[3, 3]) and (dead[:, 4] == 0).all() and dead[0, 2] == 0 and np.isnan(dead[:, 0]).all()
+    ur, pn, pgn = (many[:, :, FIELD_INDEX[c]] for c in ("update_ratio", "param_norm", "param_grad_norm"))
+    assert ur[2, 0] == np.float32(0.25) and ur[4, 0] == np.float32(opt[4][0]) and np.isnan(ur[5, 1])
+    assert pn[4, 3] == np.float32(7 / 3) and pn[0, 0] == np.float32(opt[0][6])
+    p = np.array([norms[j] / (div[j] or 1.0) for j in range(k)])
+    np.testing.assert_array_equal(pgn[:, 0], np.sqrt(p[:, 0] ** 2 + p[:, 1] ** 2).astype(np.float32))
+    np.testing.assert_array_equal(pgn[:, 1], p[:, 1].astype(np.float32))
+    assert np.isinf(pgn[4, 3])
+
+
+def test_merge_alive_of_k_steps_equals_k_merges_of_one() -> None:
+    rows = [SimpleNamespace(id=i, sat=False, units=u, alive=None) for i, u in enumerate([0, 4, 4, 3, 5, 2])]
+    lay = Layout(rows, {})  # type: ignore[arg-type]
+    k = 6
+    hot = np.eye(4, dtype=bool)
+    alive = [[None,
+              hot[j % 2],  # stacked; units 0 and 1 alive: stays a mask
+              hot[min(j, 3)],  # every unit alive by step 4: dropped
+              np.ones(2, bool) if j == 3 else np.zeros(3, bool),  # a mask of another size: dropped
+              None if j == 4 else np.zeros(5, bool),  # a step without a zero: every unit alive, dropped
+              np.zeros(2, bool)]  # never alive: stays all false
+             for j in range(k)]
+    results = []
+    for at_once in (True, False):
+        for r in rows:
+            r.alive = np.zeros(r.units, bool) if r.units else None
+        units = np.array([r.units > 0 for r in rows])
+        if at_once:
+            stacked, _ = batch.step_extras(np.zeros((k, len(rows), len(FIELD_INDEX)), np.float32), lay, alive, [], [[]] * k, None)
+            assert sorted(stacked) == [1, 2, 5]
+            batch.merge_alive(lay, units, alive, stacked)
+        else:
+            for a in alive:
+                batch.merge_alive(lay, units, [a], {})
+        results.append([None if r.alive is None else r.alive.tolist() for r in rows])
+    assert results[0] == results[1] == [None, [True, True, False, False], None, None, None, [False, False]]

@@ -740,7 +740,7 @@ def _identical(got: tuple[np.ndarray, np.ndarray | None] | None, want: tuple[np.
     if want[1] is None:
         assert got[1] is None
     else:
-        assert got[1].dtype == want[1].dtype == bool and got[1].tolist() == want[1].tolist()
+        assert got[1].dtype == want[1].dtype == bool and got[1].tobytes() == want[1].tobytes()  # bytes 0/1 only
 
 
 @needs_ext
@@ -870,3 +870,87 @@ def test_unit_masks_across_chunk_boundaries(shape: tuple[int, ...]) -> None:
         with path():
             row, alive = native.stats(t, units=True)
         assert row[IDX["nonzero"]] < row[IDX["numel"]] and alive.tolist() == want.tolist()
+
+
+@needs_ext
+def test_the_module_decides_small_plain_tensors_itself() -> None:
+    """The identity tests above hold trivially if the module hands everything back: it must answer
+    plain contiguous float32 CPU tensors below GIL_MAX itself, and give SLOW only for what native.py
+    decides (non-contiguous memory, a ZeroTensor, GIL_MAX elements or more, bounds not floats)."""
+    assert native.available(), native.status()
+    fast, slow = native._fast_stats, native._SLOW
+    assert fast is not None, native.status()
+    for t in [*CASES.values(), torch.tensor(2.5), torch.empty(0, 3), nn.Parameter(torch.randn(3, 4))]:
+        if t.is_contiguous() and t.numel() < native.GIL_MAX:
+            for sat in SATURATIONS:
+                assert fast(t, sat, 1e-3, True) is not slow
+    assert fast(torch.randn(4, 6).t(), None, 1e-3, False) is slow
+    assert fast(torch._efficientzerotensor((3, 4)), None, 1e-3, True) is slow
+    assert fast(torch.randn(native.GIL_MAX), None, 1e-3, False) is slow and fast(torch.randn(native.GIL_MAX - 1), None, 1e-3, False) is not slow
+    assert fast(torch.ones(3), (0, 1), 1e-3, False) is slow and fast(torch.ones(3), (0.0, 1.0), 1, False) is slow
+    assert fast(torch.ones(3).double(), None, 1e-3, False) is None
+    ts = [torch.randn(5), torch.randn(2, 3)]
+    buf = np.empty(11, np.float32)
+    assert native.gather(ts, buf)
+    plan = native.seg_plan(buf, ts)
+    assert getattr(plan, "func", None) is native._fast_seg  # the module's run, not the ctypes closure
+
+
+_CLEARING_MODE = """
+import gc, sys, torch
+from torch.overrides import TorchFunctionMode
+from nbdebug.capture import native
+assert native.available() and native._fast_sq is not None, native.status()
+grads = []
+class Clear(TorchFunctionMode):  # Python code run while the module reads a tensor's attributes
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if grads:
+            grads.clear()
+            gc.collect()
+            junk = [torch.full((1000,), 7.0) for _ in range(100)], [bytearray(64) for _ in range(1000)]
+        return out
+for _ in range(20):
+    grads[:] = [torch.full((1000,), 2.0) for _ in range(50)]
+    with Clear():
+        got = native.sq_norms(grads)
+print(got.tolist() == [4000.0] * 50)
+"""
+
+
+@needs_ext
+def test_module_sq_norms_survives_the_list_emptied_during_the_call() -> None:
+    """A __torch_function__ mode (or a finaliser) that empties the caller's list while the module
+    reads the tensors' attributes: the module works on its own tuple of them (was a segfault)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-c", _CLEARING_MODE], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.strip() == "True", r.stdout
+
+
+@pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
+def test_an_empty_tensor_with_a_huge_unit_dimension_needs_no_mask_memory() -> None:
+    """No elements, 2**60 units: the kernel writes no mask, so neither path allocates one (was a
+    MemoryError on both)."""
+    t = torch.empty(0, 2**60)
+    for path in (_loaded, _ctypes_only) if HAVE_EXT else (_loaded,):
+        with path():
+            row, alive = native.stats(t, (0.0, 1.0), units=True)
+        assert row[IDX["numel"]] == 0 and alive is None
+
+
+def test_the_cache_key_changes_with_numpy_and_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The module is compiled against the numpy and Python headers of the build: another numpy,
+    Python or extension suffix must not load it (a new key, a new folder)."""
+    key = native_build._key("cc", b"src")
+    monkeypatch.setattr(native_build.np, "__version__", np.__version__ + ".post1")
+    assert native_build._key("cc", b"src") != key
+    monkeypatch.undo()
+    monkeypatch.setattr(native_build.sys, "version", sys.version + "+")
+    assert native_build._key("cc", b"src") != key
+    monkeypatch.undo()
+    real = native_build.sysconfig.get_config_var
+    monkeypatch.setattr(native_build.sysconfig, "get_config_var", lambda name: ".other.so" if name == "EXT_SUFFIX" else real(name))
+    assert native_build._key("cc", b"src") != key
+    monkeypatch.undo()
+    assert native_build._key("cc", b"src") == key

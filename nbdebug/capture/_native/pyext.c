@@ -4,10 +4,10 @@
  *
  * A ctypes call costs ~1 µs and the results went through a scratch buffer copied out; here one
  * METH_FASTCALL call reads the tensor's attributes, runs the same C code and returns fresh numpy
- * arrays. Whatever this file does not decide itself (a non-contiguous tensor, no memory, a tensor
- * large enough to release the GIL or split over threads, saturation bounds that are not floats) it
- * hands back as the SLOW sentinel and native.py takes its ctypes path: the same answers as before,
- * bit for bit, with the same None cases. Nothing here is shared between calls but constants, so
+ * arrays. Whatever this file does not decide itself (a non-contiguous tensor, data_ptr() 0 with
+ * elements (a ZeroTensor), a tensor large enough to release the GIL or split over threads, saturation
+ * bounds or sat_eps that are not floats) it hands back as the SLOW sentinel and native.py takes its
+ * ctypes path: the same answers as before, bit for bit, with the same None cases. Nothing here is shared between calls but constants, so
  * threads need no scratch of their own.
  */
 #define PY_SSIZE_T_CLEAN
@@ -122,7 +122,7 @@ static PyObject *result(int rc, const double *scratch, int64_t flags, int64_t c)
 static PyObject *run_stats(const float *x, int64_t n, int64_t c, int64_t inner, int64_t flags, int sat, double lo, double hi) {
     double local[9 + STACK_UNITS / sizeof(double)];
     double *scratch = local;
-    if ((flags & 2) && c > STACK_UNITS) {
+    if ((flags & 2) && c > STACK_UNITS && n) { /* no elements: no mask written (nor read), whatever C */
         scratch = (double *)malloc(9 * sizeof(double) + (size_t)c);
         if (!scratch) return PyErr_NoMemory();
     }
@@ -164,21 +164,22 @@ static PyObject *stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         if (i == 1) c = s;
     }
     Py_DECREF(shape);
+    if (n >= small_max) return Py_NewRef(SLOW); /* large: native.py releases the GIL (and may split) */
     ok = call_true(t, s_is_contiguous);
     if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(SLOW); /* dense or not: native.py */
     int64_t inner = n;
     if (nd >= 2) inner = n ? n / (d0 * c) : 0;
     else c = 1;
+    int units = PyObject_IsTrue(args[3]);
+    if (units < 0) return NULL;
+    int64_t flags = units && nd >= 2 ? 2 : 0;
     void *ptr = NULL;
-    ok = data_ptr(t, &ptr);
+    ok = data_ptr(t, &ptr); /* the last call into Python before the kernel reads the memory */
     if (ok <= 0) {
         if (ok < 0) return NULL;
         Py_RETURN_NONE;
     }
-    int units = PyObject_IsTrue(args[3]);
-    if (units < 0) return NULL;
-    int64_t flags = units && nd >= 2 ? 2 : 0;
-    if ((!ptr && n) || n >= small_max) return Py_NewRef(SLOW); /* a ZeroTensor or not ours; large: GIL released */
+    if (!ptr && n) return Py_NewRef(SLOW); /* a ZeroTensor or not ours: native.py */
     if (saturation == Py_None) return run_stats((const float *)ptr, n, c, inner, flags, 0, 0.0, 0.0);
     PyObject *eps = args[2];
     if (!PyTuple_CheckExact(saturation) || PyTuple_GET_SIZE(saturation) != 2 || !PyFloat_CheckExact(eps)
@@ -213,10 +214,12 @@ static PyObject *sq_norms(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_TypeError, "sq_norms(tensors)");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(args[0], "sq_norms: a sequence of tensors");
+    /* a tuple of our own (a list's copy): the attribute reads below can run Python code (a
+     * __torch_function__ mode, a finaliser) that empties the caller's list and frees its tensors */
+    PyObject *seq = PySequence_Tuple(args[0]);
     if (!seq) return NULL;
-    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t k = PyTuple_GET_SIZE(seq);
+    PyObject **items = &PyTuple_GET_ITEM(seq, 0);
     int64_t stack[2 * STACK_TENSORS];
     int64_t *ptrs = stack, *sizes = stack + STACK_TENSORS;
     PyObject *out = NULL;

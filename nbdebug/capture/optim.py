@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -53,12 +54,22 @@ from .hooks import HookSet
 from .leaves import local
 from .losses import as_float_later, loss_of_output
 from .scaler import _SCALE, _SCALER, scaler_patched
-from .updates import _Group, _norms, _Plan, aggregate, aggregate_on_device
+from .updates import (
+    _Group,
+    _norms,
+    _number,
+    _Plan,
+    aggregate,
+    aggregate_on_device,
+    flat_update,
+    optimizer_state,
+)
 
 __all__ = ["NO_OPTIMIZER_NOTE", "OptimizerWatch", "StepUpdates", "as_float_later", "loss_of_output", "scaler_patched"]
 
 Number = float | torch.Tensor  # a float, or a 0-d float32 tensor on the device path
 _NO_CONTEXT = contextlib.nullcontext()
+_ndarray = np.ndarray
 
 #: for the capture's notes when the model trained (gradients flowed) but no torch.optim optimizer stepped it
 NO_OPTIMIZER_NOTE = ("update ratio unavailable: no torch.optim optimizer stepped the model's parameters "
@@ -179,45 +190,22 @@ class OptimizerWatch:
         (for the flight recorder, not per step); ``{}`` when the module or optimizers are gone."""
         ref = self._modules.get(module)
         mod = ref() if ref is not None else None
-        if mod is None:
-            return {}
-        out: dict[str, dict[str, float]] = {}
-        pending: list[tuple[dict[str, float], str, torch.Tensor]] = []
-        for pname, p in mod.named_parameters(recurse=False):
-            for opt in list(self._seen):
-                group = next((g for g in opt.param_groups if any(q is p for q in g["params"])), None)
-                if group is None:
-                    continue
-                entry = out[pname] = {"lr": _to_float(group.get("lr"))}
-                for key, value in opt.state.get(p, {}).items():
-                    if isinstance(value, torch.Tensor) and value.numel() and not value.is_complex():
-                        pending.append((entry, str(key), local(value).detach().float().norm() if value.numel() > 1 else local(value).detach().float().reshape(())))
-                    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                        entry[str(key)] = float(value)
-                break
-        if pending:
-            with torch.no_grad():
-                values = torch.stack([v.cpu() for _, _, v in pending]).tolist()
-            for (entry, key, _), v in zip(pending, values):
-                entry[key] = v
-        return out
+        return {} if mod is None else optimizer_state(mod, list(self._seen))
 
     # -- plans --------------------------------------------------------------------------------
     def _plan(self, opt: torch.optim.Optimizer, closure: bool = False) -> _Plan | None:
         """The optimizer's plan, grouped for the parameters it will step: those with a gradient, or with
         a ``closure`` (the gradients appear inside the step) every one that requires a gradient."""
-        groups = opt.param_groups
-        key = tuple([len(g["params"]) for g in groups])
-        plan = self._cached(opt)
-        if plan is False or (plan is not None and plan.key != key):
-            plan = self._new_plan(opt, key)
+        last = self._last
+        plan = last[1] if last is not None and last[0]() is opt else self._cached(opt)
+        if plan is False or (plan is not None and plan.key != [len(g["params"]) for g in opt.param_groups]):
+            plan = self._new_plan(opt, [len(g["params"]) for g in opt.param_groups])
             self._plans[opt] = plan
             self._last = (weakref.ref(opt), plan)
             if plan is not None:
                 self._seen.add(opt)
         if plan is not None:
-            cands = plan.candidates
-            mask = tuple([p.requires_grad for p, _, _ in cands] if closure else [p.grad is not None for p, _, _ in cands])
+            mask = [p.requires_grad for p in plan.params] if closure else [p.grad is not None for p in plan.params]
             if mask != plan.mask:
                 self._group(plan, mask)
         return plan
@@ -233,7 +221,7 @@ class OptimizerWatch:
             self._last = (weakref.ref(opt), plan)
         return plan
 
-    def _new_plan(self, opt: torch.optim.Optimizer, key: tuple[int, ...]) -> _Plan | None:
+    def _new_plan(self, opt: torch.optim.Optimizer, key: list[int]) -> _Plan | None:
         owners, ours = self._owners, self._model_params
         belongs = False
         candidates: list[tuple[torch.Tensor, int, list[str]]] = []
@@ -246,7 +234,7 @@ class OptimizerWatch:
                     candidates.append((p, gi, hit[1]))
         return _Plan(key, candidates) if belongs or candidates else None
 
-    def _group(self, plan: _Plan, mask: tuple[bool, ...]) -> None:
+    def _group(self, plan: _Plan, mask: list[bool]) -> None:
         """Group the parameters that have a gradient by device and dtype (the optimizer steps those)."""
         plan.mask = mask
         names: dict[str, int] = {}
@@ -272,6 +260,9 @@ class OptimizerWatch:
         plan.groups = [_Group(params, entries, positions, stack and dev.type == "cpu", originals)
                        for (dev, _), (params, entries, positions, originals) in by.items()]
         plan.flat = bool(plan.groups) and all(g.flat is not None for g in plan.groups)
+        plan.fast = plan.groups[0] if plan.flat and len(plan.groups) == 1 else None
+        plan.on_device = self._device_path(plan)
+        plan.lr_one = not any(module_group)
         # the snapshot, and for stacked runs the stacked parameters after the step
         plan.nbytes = nbytes = nbytes + sum(p.numel() * p.element_size() for g in plan.groups for p in g.params[g.n_single:])
         if plan.groups and nbytes > self.max_bytes:
@@ -287,10 +278,13 @@ class OptimizerWatch:
 
     # -- hooks --------------------------------------------------------------------------------
     def _pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        # opt.step(closure) (Lightning's default): backward runs inside the step, so which parameters
-        # get a gradient is known only after it; snapshot all that can, sort them out in _post
-        rest = args[1:] if args and args[0] is opt else args  # torch passes (self, closure?) as args
-        closure = callable(kwargs.get("closure") if kwargs else None) or (bool(rest) and callable(rest[0]))
+        if kwargs or len(args) != 1 or args[0] is not opt:  # not the usual opt.step(): look for a closure
+            # opt.step(closure) (Lightning's default): backward runs inside the step, so which parameters
+            # get a gradient is known only after it; snapshot all that can, sort them out in _post
+            rest = args[1:] if args and args[0] is opt else args  # torch passes (self, closure?) as args
+            closure = callable(kwargs.get("closure") if kwargs else None) or (bool(rest) and callable(rest[0]))
+        else:
+            closure = False
         plan = self._plan(opt, closure)
         if plan is None:
             return
@@ -299,39 +293,58 @@ class OptimizerWatch:
         plan.closure = closure
         if not plan.groups:
             return
-        if plan.flat and plan.nbytes <= self.max_bytes:  # numpy copies only: no autograd to keep out
-            plan.pending = [g.snapshot() for g in plan.groups]
-            return
-        with torch.no_grad():
-            if plan.nbytes <= self.max_bytes:
+        if plan.nbytes <= self.max_bytes:
+            if plan.fast is not None:  # one numpy copy: no autograd to keep out
+                plan.pending = [plan.fast.snapshot()]
+                return
+            with torch.no_grad():
                 plan.pending = [g.snapshot() for g in plan.groups]
-            else:
+        else:
+            with torch.no_grad():
                 plan.pending = [torch.stack(_norms(g.params)).float() for g in plan.groups]
 
     def _post(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
-        plan = self._cached(opt)
+        last = self._last
+        plan = last[1] if last is not None and last[0]() is opt else self._cached(opt)
         if plan is None or plan is False:
             return
         plan.posts += 1
         self._stepped += 1
         self.optimizer_steps += 1
         pending, plan.pending = plan.pending, None
-        on_device = self._device_path(plan)
         if pending is not None:
             missing = None
             if plan.closure:  # parameters the closure gave no gradient: the optimizer did not step them
                 missing = [[p.grad is None for p in g.originals] for g in plan.groups]
                 if not any(any(m) for m in missing):
                     missing = None
-            self._record(opt, plan, pending, on_device, missing)
-        self._step_done(opt, plan, on_device)
+            fast = plan.fast
+            if fast is not None and missing is None and type(pending[0]) is _ndarray:  # the usual CPU step
+                found_inf = getattr(opt, "found_inf", None)  # set by GradScaler on fused optimizers during step()
+                skipped = isinstance(found_inf, torch.Tensor) and bool(found_inf.reshape(-1)[0] > 0)
+                ratios, pnorms = flat_update(fast, pending[0], len(plan.names), skipped)
+                if skipped:
+                    self._skipped = True
+                self._ratio.update(zip(plan.names, ratios))
+                self._pnorm.update(zip(plan.names, pnorms))
+            else:
+                self._record(opt, plan, pending, plan.on_device, missing)
+        self._step_done(opt, plan, plan.on_device)
 
     def _step_done(self, opt: torch.optim.Optimizer, plan: _Plan, on_device: bool) -> None:
         """Learning rates of the step (what it used: read before a scheduler moves them), then tell the capture."""
-        lrs = [lr if type(lr := g.get("lr")) is float else _number(lr, on_device) for g in opt.param_groups]
-        if lrs:
-            self._lr.setdefault("", lrs[0])
-        self._lr.update(zip(plan.names, (lrs[gi] for gi in plan.module_group)))
+        groups = opt.param_groups
+        if plan.lr_one and groups:  # every watched module in the first param group: one lr
+            lr = groups[0].get("lr")
+            if type(lr) is not float:
+                lr = _number(lr, on_device)
+            self._lr.setdefault("", lr)
+            self._lr.update(dict.fromkeys(plan.names, lr))
+        else:
+            lrs = [lr if type(lr := g.get("lr")) is float else _number(lr, on_device) for g in groups]
+            if lrs:
+                self._lr.setdefault("", lrs[0])
+            self._lr.update(zip(plan.names, [lrs[gi] for gi in plan.module_group]))
         if self.on_step is not None:
             self.on_step()
 
@@ -385,20 +398,5 @@ class OptimizerWatch:
         if plan is None or plan is False or plan.posts != token:
             return
         self._skipped = True
-        self._step_done(opt, plan, self._device_path(plan))
+        self._step_done(opt, plan, plan.on_device)
 
-
-def _to_float(x: Any) -> float:
-    if isinstance(x, torch.Tensor):
-        return float(x.detach().float().reshape(-1)[0]) if x.numel() else float("nan")
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
-def _number(x: Any, on_device: bool) -> Number:
-    """A learning rate as a float, or as a 0-d float32 tensor when it is a device tensor."""
-    if isinstance(x, torch.Tensor) and on_device and x.device.type != "cpu":
-        return x.detach().reshape(-1)[0].to(torch.float32, copy=True)
-    return _to_float(x)

@@ -8,23 +8,28 @@ a buffer the group keeps; else per-tensor clones and stacked runs of same-shape 
 :meth:`_Group.norms` gives ‖θ_before‖ and ‖Δθ‖ per parameter (the flat copy through the native kernel's
 ``seg_norms``: one call reading the parameters by pointer, squared sums in float64), and
 :func:`aggregate` / :func:`aggregate_on_device` sum them per module (the host path: one ``bincount``
-per sum, in the same order as a loop; the device path: tensors only, no host sync).
+per sum, in the same order as a loop; the device path: tensors only, no host sync). The usual CPU step
+(one flat group, every stepped parameter with its gradient) takes :func:`flat_update`: one snapshot
+copy before, one native call and two ``bincount``s after.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import numpy as np
 import torch
 
 from . import native
+from .leaves import local
 
-__all__: list[str] = []  # private to the capture package
+__all__: list[str] = []  # private to the capture package (optim.py)
 
 _FLAT_MAX = 1 << 20  # float32 CPU parameters up to this many elements in all: the numpy path of _Group
 _BATCH = 4  # on the CPU, this many parameters of one shape are copied and normed as one stacked tensor
+_ptr, _div, _sqrt = torch.Tensor.data_ptr, operator.truediv, math.sqrt
 
 
 class _Group:
@@ -80,7 +85,7 @@ class _Group:
         """The parameters' values copied into buffer ``slot`` (0: before the step, 1: after). The two
         buffers live as long as the group: a fresh megabyte-sized array per step costs page faults."""
         views = self._views
-        ptrs = [p.data_ptr() for p in self.params]
+        ptrs = list(map(_ptr, self.params))
         if views is None or views[0] != ptrs:  # first use, or a parameter's storage was replaced (p.data = ...)
             assert self.flat is not None
             views = self._views = (ptrs, [p.detach().numpy().reshape(-1) for p in self.params],
@@ -96,27 +101,10 @@ class _Group:
 
     def norms(self, copy: Any) -> tuple[Any, Any, bool]:
         """(θ_before, Δθ) per parameter in ``params`` order from the snapshot (consumed), and whether they
-        are squared: float64 sums of squares on the flat path (one native call, or a BLAS dot each),
-        float32 L2 norms (tensors) otherwise."""
+        are squared: float64 sums of squares on the flat path (:meth:`flat_norms`), float32 L2 norms
+        (tensors) otherwise."""
         if self.flat is not None:
-            before_flat: np.ndarray = copy
-            got = self._planned(before_flat)
-            if got is not None:
-                return got[0], got[1], True
-            seg = _native("seg_norms")
-            if seg is not None:
-                try:
-                    got = seg(before_flat, self.params)
-                except Exception:  # a parameter that no longer qualifies: the numpy path
-                    got = None
-                if got is not None:
-                    return got[0], got[1], True
-            diff_flat = np.subtract(before_flat, self._flat(1), out=self._views[2][1])  # type: ignore[index]
-            b, d = np.empty(len(self.params)), np.empty(len(self.params))
-            with np.errstate(over="ignore", invalid="ignore"):
-                for i, (lo, hi) in enumerate(zip(self.flat, self.flat[1:])):
-                    x, y = before_flat[lo:hi], diff_flat[lo:hi]
-                    b[i], d[i] = float(np.dot(x, x)), float(np.dot(y, y))
+            b, d = self.flat_norms(copy)
             return b, d, True
         singles, stacks = copy
         before: list[torch.Tensor] = []
@@ -130,53 +118,88 @@ class _Group:
             diff.append(_row_norms(torch.stack(self.params[s]).sub_(snap)))
         return torch.cat(before).float(), torch.cat(diff).float(), False
 
-
-    def _planned(self, before_flat: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """``seg_norms`` through the native kernel's ``seg_plan`` (pointers, sizes and addresses packed once), when
-        it has one: the plan is rebuilt when a parameter's storage moved (``p.data = ...``) or the
-        snapshot buffer is another one; None otherwise (the caller takes ``seg_norms``)."""
+    def flat_norms(self, before_flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Float64 sums of squares of θ_before and Δθ per parameter from the flat snapshot: the native
+        kernel's ``seg_plan`` (pointers, sizes and addresses packed once; rebuilt when a parameter's
+        storage moved, ``p.data = ...``, or the snapshot buffer is another one), else its ``seg_norms``,
+        else a BLAS dot each."""
         make = _native("seg_plan")
-        if make is None:
-            return None
-        ptrs = [p.data_ptr() for p in self.params]
-        plan = self._seg
-        if plan is None or plan[0] != ptrs or plan[1] is not before_flat:
+        if make is not None:
+            ptrs = list(map(_ptr, self.params))
+            plan = self._seg
+            if plan is None or plan[0] != ptrs or plan[1] is not before_flat:
+                try:
+                    run = make(before_flat, self.params)
+                except Exception:  # a parameter that no longer qualifies: seg_norms decides
+                    run = None
+                plan = self._seg = (ptrs, before_flat, run)
+            if plan[2] is not None:
+                return plan[2]()
+        seg = _native("seg_norms")
+        if seg is not None:
             try:
-                run = make(before_flat, self.params)
-            except Exception:  # a parameter that no longer qualifies: seg_norms decides
-                run = None
-            plan = self._seg = (ptrs, before_flat, run)
-        return None if plan[2] is None else plan[2]()
+                got = seg(before_flat, self.params)
+            except Exception:  # a parameter that no longer qualifies: the numpy path
+                got = None
+            if got is not None:
+                return got
+        assert self.flat is not None
+        diff_flat = np.subtract(before_flat, self._flat(1), out=self._views[2][1])  # type: ignore[index]
+        b, d = np.empty(len(self.params)), np.empty(len(self.params))
+        with np.errstate(over="ignore", invalid="ignore"):
+            for i, (lo, hi) in enumerate(zip(self.flat, self.flat[1:])):
+                x, y = before_flat[lo:hi], diff_flat[lo:hi]
+                b[i], d[i] = float(np.dot(x, x)), float(np.dot(y, y))
+        return b, d
 
 
 class _Plan:
     """What one optimizer steps of the watched modules (cached; rebuilt when its groups or the set of
-    parameters with a gradient change)."""
+    parameters with a gradient change), with what each step needs laid out once."""
 
-    __slots__ = ("candidates", "closure", "flat", "groups", "key", "mask", "module_group", "names", "nbytes", "pending", "posts")
+    __slots__ = ("candidates", "closure", "fast", "flat", "groups", "key", "lr_one", "mask", "module_group", "names",
+                 "nbytes", "on_device", "params", "pending", "posts")
 
-    def __init__(self, key: tuple[int, ...], candidates: list[tuple[torch.Tensor, int, list[str]]]) -> None:
-        self.key = key
+    def __init__(self, key: list[int], candidates: list[tuple[torch.Tensor, int, list[str]]]) -> None:
+        self.key = key  # the number of parameters in each of the optimizer's param groups
         self.candidates = candidates  # (parameter, its param group, watched modules owning it)
-        self.mask: tuple[bool, ...] | None = None
+        self.params = [p for p, _, _ in candidates]
+        self.mask: list[bool] | None = None  # which candidates the step touches (have a gradient)
         self.groups: list[_Group] = []
         self.names: list[str] = []
         self.module_group: list[int] = []
+        self.lr_one = True  # every module's parameters are in the first param group
         self.nbytes = 0
         # per group, before the step: the snapshot, or (over budget) the parameter norms
-        self.pending: list[tuple[list[torch.Tensor], list[torch.Tensor]] | torch.Tensor] | None = None
+        self.pending: list[Any] | None = None
         self.posts = 0  # completed steps (post-hook calls) of this optimizer
         self.closure = False  # the pending step was given a closure (gradients appear inside the step)
         self.flat = False  # every group copies its parameters into one numpy buffer (no torch op per step)
-
-
-# -- GradScaler: one wrapper per process, shared by every entered watch ---------------------------
+        self.fast: _Group | None = None  # the one group when ``flat`` (float32 CPU: a flat group is the only one)
+        self.on_device = False  # numbers as 0-d tensors (the device path)
 
 
 def _native(name: str) -> Any:
     """The native kernel's helper ``name`` when the kernel is in use, else None (asked each time: the
     kernel may be switched off, e.g. ``NBDEBUG_NATIVE=0`` and ``native._reset()`` in tests)."""
     return getattr(native, name, None) if native.available() else None
+
+
+def flat_update(g: _Group, before_flat: np.ndarray, m: int, skipped: bool) -> tuple[list[float], list[float]]:
+    """The usual CPU step of a flat group (every stepped parameter had its gradient before the step):
+    (ratios, parameter norms) of its ``m`` modules, exactly as :func:`aggregate` gives them."""
+    before, diff = g.flat_norms(before_flat)
+    pos, e = g.positions_a, g.entries_a
+    if pos is not None:
+        before, diff = before[pos], diff[pos]
+    pnorms = list(map(_sqrt, np.bincount(e, weights=before, minlength=m).tolist()))
+    if skipped:
+        return [math.nan] * m, pnorms
+    d2 = np.bincount(e, weights=diff, minlength=m).tolist()
+    if 0.0 in pnorms:  # ‖θ‖ = 0: inf, or NaN when Δθ = 0 too
+        nan, inf = math.nan, math.inf
+        return [_sqrt(d) / b if b else (nan if d == 0 else inf) for d, b in zip(d2, pnorms)], pnorms
+    return list(map(_div, map(_sqrt, d2), pnorms)), pnorms
 
 
 def aggregate(plan: _Plan, norms: list[tuple[Any, Any, bool]], found_inf: torch.Tensor | None,
@@ -278,3 +301,44 @@ def _row_norms(x: torch.Tensor) -> torch.Tensor:
 def _clone(ts: list[torch.Tensor]) -> list[torch.Tensor]:
     clone = getattr(torch, "_foreach_clone", None)
     return list(clone(ts)) if clone is not None and ts else [t.clone() for t in ts]
+
+
+def _to_float(x: Any) -> float:
+    if isinstance(x, torch.Tensor):
+        return float(x.detach().float().reshape(-1)[0]) if x.numel() else float("nan")
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _number(x: Any, on_device: bool) -> float | torch.Tensor:
+    """A learning rate as a float, or as a 0-d float32 tensor when it is a device tensor."""
+    if isinstance(x, torch.Tensor) and on_device and x.device.type != "cpu":
+        return x.detach().reshape(-1)[0].to(torch.float32, copy=True)
+    return _to_float(x)
+
+
+def optimizer_state(mod: torch.nn.Module, opts: list[torch.optim.Optimizer]) -> dict[str, dict[str, float]]:
+    """``OptimizerWatch.state_of`` for module ``mod`` and the optimizers that stepped: one sync."""
+    out: dict[str, dict[str, float]] = {}
+    pending: list[tuple[dict[str, float], str, torch.Tensor]] = []
+    for pname, p in mod.named_parameters(recurse=False):
+        for opt in opts:
+            group = next((g for g in opt.param_groups if any(q is p for q in g["params"])), None)
+            if group is None:
+                continue
+            entry = out[pname] = {"lr": _to_float(group.get("lr"))}
+            for key, value in opt.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor) and value.numel() and not value.is_complex():
+                    v = local(value).detach().float()
+                    pending.append((entry, str(key), v.norm() if value.numel() > 1 else v.reshape(())))
+                elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                    entry[str(key)] = float(value)
+            break
+    if pending:
+        with torch.no_grad():
+            values = torch.stack([v.cpu() for _, _, v in pending]).tolist()
+        for (entry, key, _), v in zip(pending, values):
+            entry[key] = v
+    return out

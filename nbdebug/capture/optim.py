@@ -278,6 +278,26 @@ class OptimizerWatch:
 
     # -- hooks --------------------------------------------------------------------------------
     def _pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        try:
+            self._before_step(opt, args, kwargs)
+        except Exception as err:  # never break the user's loop with ours: this step's numbers are lost
+            self._failed(opt, err)
+
+    def _post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        try:
+            self._after_step(opt, args, kwargs)
+        except Exception as err:
+            self._failed(opt, err)
+
+    def _failed(self, opt: torch.optim.Optimizer, err: Exception) -> None:
+        plan = self._plans.get(opt)
+        if plan:
+            plan.pending = None
+        note = f"nbdebug could not read an optimizer step: {type(err).__name__}: {err}"
+        if note not in self.notes:
+            self.notes.append(note)
+
+    def _before_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if kwargs or len(args) != 1 or args[0] is not opt:  # not the usual opt.step(): look for a closure
             # opt.step(closure) (Lightning's default): backward runs inside the step, so which parameters
             # get a gradient is known only after it; snapshot all that can, sort them out in _post
@@ -303,7 +323,7 @@ class OptimizerWatch:
             with torch.no_grad():
                 plan.pending = [torch.stack(_norms(g.params)).float() for g in plan.groups]
 
-    def _post(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+    def _after_step(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         last = self._last
         plan = last[1] if last is not None and last[0]() is opt else self._cached(opt)
         if plan is None or plan is False:

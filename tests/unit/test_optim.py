@@ -578,3 +578,32 @@ def test_seg_plan_caller_rebuilds_when_a_storage_moves_and_equals_seg_norms(monk
     np.testing.assert_array_equal(with_plan[0], without[0])
     np.testing.assert_array_equal(with_plan[1], without[1])
     assert with_plan[0].shape == (2, 6) and np.isfinite(with_plan[0]).all() and (with_plan[0] > 0).all()
+
+
+@pytest.mark.parametrize("where", ["flat_update", "_plan"])
+def test_an_error_in_the_watch_is_a_note_and_the_users_loop_runs_on(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    from nbdebug.capture import optim as O
+    from nbdebug.capture.session import Capture
+
+    def boom(*_a: object, **_k: object) -> None:
+        raise ValueError("boom")
+
+    if where == "flat_update":
+        monkeypatch.setattr(O, "flat_update", boom)
+    else:
+        monkeypatch.setattr(O.OptimizerWatch, "_plan", boom)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    ref = [p.detach().clone() for p in m.parameters()]
+    before = optimizer_hook_count()
+    with Capture(m) as cap:
+        for _ in range(3):
+            opt.zero_grad()
+            m(torch.ones(2, 3)).sum().backward()
+            opt.step()
+    res = cap.result
+    assert res.steps == 3 and optimizer_hook_count() == before
+    assert any(n.startswith("nbdebug could not read an optimizer step: ValueError: boom") for n in res.notes)
+    assert all(not torch.equal(a, b) for a, b in zip(ref, m.parameters()))  # the optimizer stepped
+    assert math.isnan(res.series("0", "update_ratio")[-1])

@@ -155,15 +155,17 @@ def bench_loop(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, st
         return None
 
     def capture_no_watch() -> object:
-        """Diagnostic: the capture without its OptimizerWatch (update ratios, lr), to attribute the overhead."""
+        """Diagnostic: the capture with an OptimizerWatch whose step hooks do nothing (update ratios and
+        learning rates not read; the hooks' dispatch by torch remains), to attribute the overhead."""
         from nbdebug.capture import optim
 
-        saved, optim.OptimizerWatch = optim.OptimizerWatch, None  # the capture skips a missing watch
+        saved = optim.OptimizerWatch._pre, optim.OptimizerWatch._post
+        optim.OptimizerWatch._pre = optim.OptimizerWatch._post = lambda *_: None  # type: ignore[method-assign]
         try:
             with Capture(model):
                 loop()
         finally:
-            optim.OptimizerWatch = saved
+            optim.OptimizerWatch._pre, optim.OptimizerWatch._post = saved  # type: ignore[method-assign]
         return None
 
     def debug() -> object:
@@ -187,7 +189,7 @@ def bench_loop(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, st
 
     variants: dict[str, Callable[[], object]] = {
         "plain": plain, "nbdebug Capture": capture, "nbdebug.debug (%%nndebug)": debug, "nbdebug.debug live=True": debug_live,
-        "(Capture without optimizer watch)": capture_no_watch,
+        "(Capture, optimizer hooks empty)": capture_no_watch,
     }
     notes: list[str] = []
     if references:
@@ -207,6 +209,41 @@ def bench_loop(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, st
                  f"with it: {(debug_total + wt) / t['plain']:.3f}× plain")
     notes.append(f"{name}: Capture result {history_steps(kept.get('capture'))}")
     return rows, notes
+
+
+def per_step(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, rounds: int) -> list[str]:
+    """Each variant's cost split into a per-step part and a once-per-cell part (hook registration, the
+    result, a live widget's creation and last update): the loop timed at ``steps`` steps and at 1 step,
+    interleaved (process CPU time); per step = (T(steps) − T(1)) / (steps − 1), once = T(1) − per step."""
+    loops = {n: Loop(model, x, y, n) for n in (1, steps)}
+
+    def variants(loop: Loop) -> dict[str, Callable[[], object]]:
+        def capture() -> None:
+            with Capture(model):
+                loop()
+
+        def debug() -> None:
+            with nbdebug.debug(model, "thermometer"):
+                loop()
+
+        def live() -> None:
+            with quiet_ipython(), nbdebug.debug(model, "thermometer", live=True) as dbg:
+                loop()
+            for w in dbg.widgets():
+                w.close()
+
+        return {"plain": loop, "Capture": capture, "debug": debug, "debug live=True": live}
+
+    both = {f"{k}@{n}": fn for n, lp in loops.items() for k, fn in variants(lp).items()}
+    cpu: dict[str, float] = {}
+    interleaved(both, rounds=rounds, warmup=1, cpu=cpu)
+    per = {k: (cpu[f"{k}@{steps}"] - cpu[f"{k}@1"]) / (steps - 1) for k in variants(loops[1])}
+    lines = [f"{name}: per step and once per cell (CPU time, {steps} vs 1 step, median of {rounds} interleaved rounds)"]
+    for k, v in per.items():
+        once = cpu[f"{k}@1"] - v
+        lines.append(f"  {k:16s} {v * 1e6:7.1f} µs/step  {v / per['plain']:.3f}× plain per step;  "
+                     f"once per cell {max(once - (cpu['plain@1'] - per['plain']), 0.0) * 1e3:5.2f} ms more than plain")
+    return lines
 
 
 def breakdown(name: str, loop: Loop, rounds: int) -> list[str]:
@@ -263,7 +300,6 @@ def breakdown(name: str, loop: Loop, rounds: int) -> list[str]:
             if isinstance(o, torch.Tensor) and o.requires_grad:
                 o.register_hook(noop)
         hs = [m.register_forward_hook(fh, with_kwargs=True) for m in loop.model.modules() if not list(m.children())]
-        hs += [p.register_post_accumulate_grad_hook(noop) for p in loop.model.parameters()]
         hs += [register_optimizer_step_pre_hook(noop), register_optimizer_step_post_hook(noop)]
         try:
             loop()
@@ -319,7 +355,7 @@ def breakdown(name: str, loop: Loop, rounds: int) -> list[str]:
     lines = [f"{name}: breakdown per step (median of {rounds} interleaved rounds)",
              f"  plain loop                              {ms(p)}",
              f"    forward / backward / optimizer step   {' / '.join(f'{med([x[i] for x in ph]) / n * 1e3:.3f}' for i in range(3))} ms",
-             f"  no-op hooks (fwd, tensor, param, optim) {ms(med(floor))}  {med(floor) / p:.2f}× plain (the floor of any hook-based capture)",
+             f"  no-op hooks (fwd, tensor, optim)        {ms(med(floor))}  {med(floor) / p:.2f}× plain (the floor of any hook-based capture)",
              f"  Capture                                 {ms(med(cap))}  {med(cap) / p:.2f}× plain; overhead {ms(med(cap) - p)}"]
     keys = sorted({k for d in parts for k in d}, key=lambda k: (k.startswith("  "), -med([d.get(k, 0.0) for d in parts])))
     for k in keys:
@@ -400,6 +436,7 @@ def main() -> None:
                           20 if a.quick else 100, rounds, False, tmp)
         rows += r
         notes += n
+        notes += per_step("digits", digits, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)), 20 if a.quick else 100, rounds)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {rounds} interleaved rounds, "
           f"load average {os.getloadavg()[0]:.2f} at the end")
     print(table(rows, ("loop", "variant", "ms (median)", "ms/step", "× plain", "× plain (CPU time)")))

@@ -172,10 +172,8 @@ def _host_sq_norms(grads: list[torch.Tensor]) -> np.ndarray | None:
     """float64 sums of squares of contiguous float32 CPU gradients (the native kernel's one call when it is
     in use: any size when torch runs one thread; else a BLAS dot each for small ones: float32 overflow of finite
     values recounted in float64), or None when one of them is not such a gradient."""
-    if any(map(_is_zero, grads)):
-        return _with_zeros(grads)
     # one thread per call: any size when torch runs one thread too, else small gradients only (torch's
-    # parallel norms win on large ones); None from the kernel when it is not in use
+    # parallel norms win on large ones); None from the kernel when it is not in use (it gives 0 for a ZeroTensor)
     if torch.get_num_threads() == 1 or all(g.numel() <= _SMALL for g in grads):
         try:
             sq = _native.sq_norms(grads)
@@ -183,6 +181,8 @@ def _host_sq_norms(grads: list[torch.Tensor]) -> np.ndarray | None:
             sq = None
         if sq is not None:
             return sq
+    if any(map(_is_zero, grads)):
+        return _with_zeros(grads)
     for g in grads:
         if g.dtype != _F32 or not g.is_cpu or not g.is_contiguous() or g.numel() > _SMALL:
             return None

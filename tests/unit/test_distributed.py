@@ -11,7 +11,6 @@ import gc
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -40,24 +39,7 @@ from nbdebug.distributed import SpoolDebug, load, run_distributed
 ROWS = ["0", "1", "2", "3"]  # the inner Sequential's names, never "module.0"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(scenario: str, out: Path, start_method: str = "fork", **kw) -> object:
-    """Run ``scenario`` on 2 gloo ranks. A launch whose workers hang (killed after 120 s, see
-    ``W.start``; their stacks are on stderr) is retried once on a fresh port and spool: it happened
-    once after the last step of a fork launch in a full-suite run, and is not what these tests check."""
-    for attempt in range(2):
-        port = free_port()
-        run = run_distributed(lambda p=port: W.start(W.worker, (2, p, scenario, str(out)), start_method), timeout_s=60, **kw)
-        if not isinstance(getattr(run, "error", None), TimeoutError) or attempt:
-            return run
-        for f in out.glob("rank*.json"):
-            f.unlink()
-    raise AssertionError("unreachable")
+free_port, launch = W.free_port, W.launch
 
 
 def worker_json(out: Path, rank: int) -> dict:

@@ -12,8 +12,10 @@ place, which bumps it) since the last look. The selected modules' own parameters
   callbacks distributed wrappers queue during the backward: DDP's averaged gradients are read);
   the norms of the step's fresh gradients are then taken in one batch
   (:func:`~nbdebug.capture.calls.grad_norms`);
-* otherwise (no recorded output was on the backward's path) before the optimizer step, or at the
-  step's close: those norms are *late* (a GradScaler has unscaled the gradients by then).
+* otherwise (no recorded output was on the backward's path) before the optimizer step (under a
+  GradScaler, before each optimizer step of the step: the scaler unscales one optimizer's gradients at
+  a time), or at the step's close: those norms are *late* (a GradScaler has unscaled the gradients by
+  then).
 
 When the step closes the norms are summed per module (a parameter shared by several modules counts
 for each) into ``param_grad_norm`` on the module's first row.
@@ -21,7 +23,11 @@ for each) into ``param_grad_norm`` on the module's first row.
 The limit of having no hook per parameter: a backward that reaches the parameters without passing a
 recorded output (a loss on the parameters alone), in a loop without a ``torch.optim`` optimizer,
 whose gradients are removed (``zero_grad()``, ``p.grad = None``) before the step closes, is not seen
-(that step's ``param_grad_norm`` is NaN). A per-parameter hook cost ~4 µs per parameter per step.
+(that step's ``param_grad_norm`` is NaN). Once a backward of the step reached a recorded output, a
+later backward of the same step that reaches none (a second loss on the parameters alone, backward
+on its own) is not seen either: the norms stay those at the end of the last backward that reached one.
+Late norms are of the gradients as the optimizer gets them (after a ``clip_grad_norm_``, say). A
+per-parameter hook cost ~4 µs per parameter per step.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ class _ParamGrads:
 
     modules: list[tuple[str, nn.Module]]
     device_path: bool
+    watch: Any  # Capture's OptimizerWatch (its _scale: a GradScaler scaled the open step's loss)
     _open: bool
     _pg_params: list[torch.Tensor]
     _pg_seen: list[tuple[Any, int] | None]
@@ -134,10 +141,25 @@ class _ParamGrads:
             self._pg_late = False
             self._take_param_norms()
 
-    def _pg_fallback(self) -> None:
-        """Before an optimizer step and at a step's close: when no backward of the step reached a
-        recorded output, the gradients are looked at now (late norms)."""
+    def _pg_pre(self) -> None:
+        """Before an optimizer step: when no backward of the step reached a recorded output, the
+        gradients are looked at now (late norms). Under a GradScaler they are looked at again before
+        each later optimizer step of the step (the scaler unscales one optimizer's gradients at a time:
+        by the last one every gradient is unscaled)."""
         if self._pg_scanned or not self._pg_params:
+            return
+        scaled = self.watch._scale is not None
+        if not scaled:
+            self._pg_scanned = True
+        # (unscaling in place does not move a gradient's version: under a scaler, taken again regardless)
+        if self._pg_scan(True) or (scaled and self._pg_late and self._pg_fresh):
+            self._pg_late = True
+            self._take_param_norms()
+
+    def _pg_fallback(self) -> None:
+        """At a step's close: when neither a backward reaching a recorded output nor an optimizer step
+        looked at the step's gradients, they are looked at now (late norms)."""
+        if self._pg_scanned or self._pg_late or not self._pg_params:
             return
         self._pg_scanned = True
         if self._pg_scan(True):

@@ -313,7 +313,7 @@ class Capture(_Passes, _Forward, _ParamGrads):
             self._hooks.on_remove(self._remove_tensor_hooks)
             self.watch = OptimizerWatch(self.modules, self._hooks, self.max_bytes, model=model,
                                         on_device=True if self.device_path else None, on_step=self._on_optimizer_step,
-                                        on_pre=self._pg_fallback if self.grads else None)
+                                        on_pre=self._pg_pre if self.grads else None)
             self.watch.__enter__()
         except BaseException:
             self._hooks.remove()

@@ -1,0 +1,36 @@
+"""Late parameter-gradient norms (no recorded output on the backward's path) under a GradScaler."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nbdebug.capture.session import Capture
+
+
+def _loop(set_to_none: bool) -> tuple[list[list[float]], list[float]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    o1 = torch.optim.SGD(model[0].parameters(), lr=0.0)
+    o2 = torch.optim.SGD(model[1].parameters(), lr=0.0)
+    sc = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    with Capture(model) as cap:
+        for _ in range(3):
+            o1.zero_grad(set_to_none=set_to_none)
+            o2.zero_grad(set_to_none=set_to_none)
+            model(torch.ones(1, 2))  # a step opens; its output is not on the loss's path
+            sc.scale(sum(p.pow(2).sum() for p in model.parameters())).backward()
+            sc.step(o1)
+            sc.step(o2)
+            sc.update()
+    want = [float(torch.cat([2 * m.weight.detach().reshape(-1), 2 * m.bias.detach()]).norm()) for m in model]
+    return [cap.result.series(n, "param_grad_norm").tolist() for n in ("0", "1")], want
+
+
+def test_late_norms_under_a_grad_scaler_with_two_optimizers_are_unscaled() -> None:
+    """The scaler unscales one optimizer's gradients at a time: norms taken before the first optimizer's
+    step would hold the second optimizer's gradients still scaled (1024× too large)."""
+    for set_to_none in (True, False):
+        got, want = _loop(set_to_none)
+        for g, w in zip(got, want):
+            assert g == [w] * 3 or all(abs(x - w) <= 1e-5 * w for x in g), (set_to_none, got, want)

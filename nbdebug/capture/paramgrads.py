@@ -9,7 +9,8 @@ place, which bumps it) since the last look. The selected modules' own parameters
   ``zero_grad(set_to_none=False)``, are not this step's);
 * at the end of every backward that reached a recorded output: the first output-gradient hook of
   the backward queues an engine callback (queued once more from there, so that it runs after the
-  callbacks distributed wrappers queue during the backward: DDP's averaged gradients are read);
+  callbacks distributed wrappers queue during the backward: DDP's averaged gradients are read; one
+  the engine drops uncalled, the backward having raised, is not waited for);
   the norms of the step's fresh gradients are then taken in one batch
   (:func:`~nbdebug.capture.calls.grad_norms`);
 * otherwise (no recorded output was on the backward's path) before the optimizer step (under a
@@ -51,6 +52,33 @@ _ref = weakref.ref
 
 def _engine() -> Any:
     return torch.autograd.Variable._execution_engine
+
+
+class _BackwardEnd:
+    """The engine callback of one backward: its first call queues it once more (so that it runs after
+    the callbacks queued during the backward), the second calls ``_on_backward_end``. When the engine
+    drops it uncalled (the backward raised, or was interrupted), the capture stops waiting for it, so
+    the step's later backwards queue their own."""
+
+    __slots__ = ("calls", "cap")
+
+    def __init__(self, cap: _ParamGrads) -> None:
+        self.cap, self.calls = cap, 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            try:
+                _engine().queue_callback(self)
+                return
+            except Exception:
+                pass
+        self.calls = 2
+        self.cap._on_backward_end()
+
+    def __del__(self) -> None:
+        if self.calls < 2:
+            self.cap._pg_queued = 0
 
 
 class _ParamGrads:
@@ -121,20 +149,13 @@ class _ParamGrads:
         """Called by the first output-gradient hook of a backward: look at the gradients once it ends."""
         self._pg_queued = 1
         try:
-            _engine().queue_callback(self._on_backward_end)
+            _engine().queue_callback(_BackwardEnd(self))
         except Exception:  # no engine callback: looked at before the optimizer step or at the step's close
             self._pg_queued = 0
 
     def _on_backward_end(self) -> None:
-        """End of a backward (second call: after the callbacks queued during it, e.g. DDP's gradient
-        averaging): the norms of the step's fresh gradients, in one batch."""
-        if self._pg_queued == 1:
-            self._pg_queued = 2
-            try:
-                _engine().queue_callback(self._on_backward_end)
-                return
-            except Exception:
-                pass
+        """End of a backward (after the callbacks queued during it, e.g. DDP's gradient averaging): the
+        norms of the step's fresh gradients, in one batch."""
         self._pg_queued = 0
         self._pg_scanned = True
         if self._pg_scan(True) or (self._pg_norms is None and self._pg_fresh):

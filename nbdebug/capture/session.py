@@ -197,7 +197,7 @@ class Capture(_Passes, _Forward, _ParamGrads):
         self._pg_fresh: dict[int, torch.Tensor] = {}  # params whose .grad a backward of this step wrote
         self._pg_params: list[torch.Tensor] = []  # the watched parameters (paramgrads), while entered
         self._pg_seen: list[Any] = []  # per watched parameter: (weakref to its .grad, version) at the last look
-        self._pg_queued = 0  # 1, 2: the backward-end callback is queued (paramgrads)
+        self._pg_queued = 0  # 1: the backward-end callback is queued (paramgrads)
         self._pg_scanned = False  # the open step's gradients were looked at after a backward
         self._pg_late = False  # ... and its norms were taken late (before the optimizer step, or at close)
         self.pg_seen = False  # some step had fresh parameter gradients

@@ -34,3 +34,33 @@ def test_late_norms_under_a_grad_scaler_with_two_optimizers_are_unscaled() -> No
         got, want = _loop(set_to_none)
         for g, w in zip(got, want):
             assert g == [w] * 3 or all(abs(x - w) <= 1e-5 * w for x in g), (set_to_none, got, want)
+
+
+def test_a_backward_that_raised_does_not_leave_the_steps_later_backwards_unseen() -> None:
+    """Gradient accumulation (step_on="optimizer"): a micro-batch's backward raises midway (its end-of-backward
+    callback is dropped by the engine) and the loop goes on; the step's norms are of the gradients the
+    optimizer steps, not those after the first micro-batch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    want: list[list[float]] = []
+
+    def boom(_: torch.Tensor) -> None:
+        raise RuntimeError("boom")
+
+    with Capture(model, step_on="optimizer") as cap:
+        for _ in range(2):
+            opt.zero_grad()
+            for j in range(3):
+                x = torch.randn(5, 3, requires_grad=True)
+                if j == 1:
+                    x.register_hook(boom)  # after every layer's gradients: the callback is lost
+                try:
+                    model(x).pow(2).mean().backward()
+                except RuntimeError:
+                    pass
+            want.append([float(torch.cat([m.weight.grad.reshape(-1), m.bias.grad]).norm()) for m in (model[0], model[2])])
+            opt.step()
+    got = [cap.result.series(n, "param_grad_norm").tolist() for n in ("0", "2")]
+    for i in range(2):
+        assert got[i] == [w[i] for w in want] or all(abs(g - w[i]) <= 1e-6 * w[i] for g, w in zip(got[i], want)), (got, want)

@@ -77,7 +77,7 @@ class _BackwardEnd:
         self.cap._on_backward_end()
 
     def __del__(self) -> None:
-        if self.calls < 2:
+        if getattr(self, "calls", 2) < 2:  # (a copy made without __init__, by TorchDynamo tracing the hook: nothing)
             self.cap._pg_queued = 0
 
 

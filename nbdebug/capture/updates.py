@@ -195,11 +195,15 @@ def flat_update(g: _Group, before_flat: np.ndarray, m: int, skipped: bool) -> tu
     pnorms = list(map(_sqrt, np.bincount(e, weights=before, minlength=m).tolist()))
     if skipped:
         return [math.nan] * m, pnorms
-    d2 = np.bincount(e, weights=diff, minlength=m).tolist()
-    if 0.0 in pnorms:  # ‖θ‖ = 0: inf, or NaN when Δθ = 0 too
+    return _ratios(np.bincount(e, weights=diff, minlength=m).tolist(), pnorms), pnorms
+
+
+def _ratios(d2: list[float], pnorms: list[float]) -> list[float]:
+    """‖Δθ‖/‖θ‖ per module from ‖Δθ‖² and ‖θ‖ (‖θ‖ = 0: inf, or NaN when Δθ = 0 too)."""
+    if 0.0 in pnorms:
         nan, inf = math.nan, math.inf
-        return [_sqrt(d) / b if b else (nan if d == 0 else inf) for d, b in zip(d2, pnorms)], pnorms
-    return list(map(_div, map(_sqrt, d2), pnorms)), pnorms
+        return [_sqrt(d) / b if b else (nan if d == 0 else inf) for d, b in zip(d2, pnorms)]
+    return list(map(_div, map(_sqrt, d2), pnorms))
 
 
 def aggregate(plan: _Plan, norms: list[tuple[Any, Any, bool]], found_inf: torch.Tensor | None,
@@ -246,10 +250,10 @@ def aggregate(plan: _Plan, norms: list[tuple[Any, Any, bool]], found_inf: torch.
         # a module none of whose parameters the step touched: its norm over all of them, no ratio
         pnorms = [math.sqrt(a if no else b) for a, b, no in zip(all2, b2, unstepped)]
     skipped = found_inf is not None and bool(found_inf.reshape(-1)[0] > 0)
-    nan = float("nan")
-    ratios = [nan if skipped or no else (math.sqrt(d) / b if b else (nan if d == 0 else math.inf))
-              for d, b, no in zip(d2, pnorms, unstepped)]
-    return ratios, pnorms, skipped
+    if skipped:
+        return [math.nan] * m, pnorms, True
+    ratios = _ratios(d2, pnorms)
+    return [math.nan if no else r for r, no in zip(ratios, unstepped)], pnorms, False
 
 
 def aggregate_on_device(plan: _Plan, norms: list[tuple[Any, Any, bool]], found_inf: torch.Tensor | None,

@@ -36,6 +36,7 @@ per step.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -149,7 +150,13 @@ class _ParamGrads:
             self._pg_scan(False)
 
     def _pg_backward(self) -> None:
-        """Called by the first output-gradient hook of a backward: look at the gradients once it ends."""
+        """Called by the first output-gradient hook of a backward: look at the gradients once it ends.
+        Not under compiled autograd: it traces the hook, and an engine callback queued from traced
+        code fails the user's backward (the gradients are then looked at before the optimizer step,
+        or at the step's close)."""
+        ca = sys.modules.get("torch._dynamo.compiled_autograd")
+        if ca is not None and (ca.in_compiled_autograd_region or ca.compiled_autograd_enabled):
+            return
         self._pg_queued = 1
         try:
             _engine().queue_callback(_BackwardEnd(self))

@@ -46,6 +46,7 @@ class Loop:
     dtype: torch.dtype | None = None  # the model and its batches in this dtype (pure half-precision training)
     compiled: bool = False  # the loop calls torch.compile(model, backend="eager"), compiled before the cell
     anomaly: bool = False  # the loop runs under torch.autograd.detect_anomaly() (users hunting a NaN)
+    compiled_autograd: bool = False  # backward under compiled autograd (TorchDynamo traces the backward and its hooks)
     accum: int = 1  # micro-batches per optimizer step
     interrupt_at: int | None = None
     interrupt_in_forward: int | None = None  # the model's own forward raises KeyboardInterrupt after conv2 at this step
@@ -78,6 +79,7 @@ MODES: dict[str, Loop] = {
     "autocast_fp16": Loop(autocast=torch.float16),
     "compiled_loop": Loop(compiled=True),
     "anomaly": Loop(anomaly=True),
+    "compiled_autograd": Loop(compiled_autograd=True),
     "anomaly_nan": Loop(anomaly=True, nan_at=NAN_AT),  # anomaly mode's RuntimeError in step NAN_AT's backward
 }
 
@@ -177,7 +179,8 @@ def _steps(spec: Loop, model: nn.Module, opt: torch.optim.Optimizer, batches: li
             scaler.step(opt)
             scaler.update()
         else:
-            (loss / spec.accum).backward()
+            with _compiled_autograd() if spec.compiled_autograd else nullcontext():
+                (loss / spec.accum).backward()
             if s % spec.accum == 0:
                 opt.step()
         if spec.eval_every and s % spec.eval_every == 0:
@@ -187,6 +190,13 @@ def _steps(spec: Loop, model: nn.Module, opt: torch.optim.Optimizer, batches: li
             model.train()
         outs.append(out.detach())
     return outs
+
+
+def _compiled_autograd() -> Any:
+    """The backward under compiled autograd with the eager backend (tracing without code generation)."""
+    from torch._dynamo import compiled_autograd
+
+    return compiled_autograd._enable(torch.compile(backend="eager"))
 
 
 @dataclass

@@ -48,6 +48,7 @@ LABELS = {
     "lightning": "Lightning `trainer.fit` in the cell (`training_step` calls submodules)",
     "anomaly": "`torch.autograd.detect_anomaly()` around the training loop",
     "anomaly_nan": "`detect_anomaly()` and an overflow (its RuntimeError; history up to that step)",
+    "compiled_autograd": "the backward under compiled autograd (`torch._dynamo.compiled_autograd`; gradient norms read before the optimizer step)",
     "eval_loop": "evaluation loop over batches (`eval()`, `no_grad`)",
     "ddp": "DDP on 2 gloo processes (`%%nndebug --distributed`)",
     "every": "`--every 3` (sampled steps)",

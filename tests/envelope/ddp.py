@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import datetime
 import faulthandler
+import gc
 import json
 import os
 import socket
@@ -103,6 +104,8 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
     result = {**meas, "hooks_left": hook_count(wrapped) - hooks, "optimizer_hooks_left": optimizer_hook_count() - opt_hooks,
               "diffs": same_fingerprint(fingerprint(ref), fingerprint(model)), "training": model.training}
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    del wrapped, ref_ddp, opt  # the DDP wrappers before their process group (see tests/unit/_dist_workers.py)
+    gc.collect()
     dist.destroy_process_group()
     faulthandler.cancel_dump_traceback_later()
 

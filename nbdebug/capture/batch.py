@@ -75,9 +75,8 @@ def defer(cap: Capture, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad:
     cap._batch_sig = sig
     cap.step += 1
     step = cap.step
-    for c in calls:  # their stats live in the batch now (released, and gradient stats set, by flush)
-        c.step = step
-        c.closed = True
+    cap._mark.step = step  # the step's calls' (their stats live in the batch now: flush sets the unscaled
+    # gradient stats of scaled steps; Capture._close_step marks them closed)
     if skipped:
         cap.skipped.append(step)
     if lrs:
@@ -137,12 +136,10 @@ def flush(cap: Capture) -> None:
         cur[...] = total
     cap.run_calls[at] += lay.counts * k
     merge_alive(lay, cap.run_units, alive, stacked)
-    for j, w in enumerate(batch):
-        if scaled:  # else each call's gradient stats are already these values (rg was filled from them)
+    if scaled:  # else each call's gradient stats are already these values (rg was filled from them)
+        for j, w in enumerate(batch):
             for c, g in zip(w.calls, rg[j, :, N_FIELDS:]):
                 c.grad_stats = g
-        for c in w.calls:
-            c.raw = c.alive = c.ref = None
     hids = lay.history_ids()
     kept = [j for j, w in enumerate(batch) if w.appended]
     if kept:
@@ -171,7 +168,7 @@ def step_extras(vals: np.ndarray, lay: Layout, alive: list[list[Any]], opt_keys:
             vals[:, r, _DEAD] = 0.0
         elif k > 1 and all(a is not None and a.size == units for a in col):
             st = stacked[r] = np.array(col)
-            vals[:, r, _DEAD] = (units - np.count_nonzero(st, axis=1)) / units
+            vals[:, r, _DEAD] = (units - st.sum(axis=1)) / units  # a bool sum: the count of units alive
         else:
             for j, a in enumerate(col):
                 vals[j, r, _DEAD] = 0.0 if a is None else ((a.size - int(np.count_nonzero(a))) / a.size if a.size == units else math.nan)
@@ -198,7 +195,10 @@ def step_extras(vals: np.ndarray, lay: Layout, alive: list[list[Any]], opt_keys:
     pos, which = lay.positions(names)
     if pos.size:
         vals[:, pos, _PGN] = norm[:, which]
-    return stacked, [names[j] for j in np.flatnonzero(~np.isfinite(norm).all(axis=0)).tolist()]
+    finite = np.isfinite(norm)
+    if finite.all():
+        return stacked, []
+    return stacked, [names[j] for j in np.flatnonzero(~finite.all(axis=0)).tolist()]
 
 
 def _numbers(rows: list[list[Any]]) -> np.ndarray:

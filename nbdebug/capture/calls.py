@@ -25,6 +25,7 @@ __all__: list[str] = []  # private to the capture package
 
 _ndarray = np.ndarray
 _NAN, _INF = IDX["nan"], IDX["inf"]
+_SLOW = _native._SLOW
 
 
 class _Row:
@@ -69,15 +70,26 @@ class _Row:
         self.hid = -1  # its History row id (assigned when first folded)
 
 
+class _StepMark:
+    """What the calls of one step share: whether the step closed (a gradient arriving later belongs to
+    a delayed backward) and its number once committed (0 before). Set once for all of them."""
+
+    __slots__ = ("closed", "step")
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.step = 0
+
+
 class _Call:
     """One recorded tensor leaf of one module call in the open step; it is also the output-gradient
     hook of that tensor (no closure per call: fewer objects for the garbage collector)."""
 
-    __slots__ = ("alive", "cap", "closed", "grad_order", "grad_stats", "held", "hooked", "input_calls",
-                 "input_checks", "late", "module", "raw", "ref", "row", "shape", "step", "version")
+    __slots__ = ("alive", "cap", "grad_order", "grad_stats", "held", "hooked", "input_calls",
+                 "input_checks", "late", "mark", "module", "raw", "ref", "row", "shape", "version")
 
-    def __init__(self, cap: Capture, row: _Row, module: str, shape: tuple[int, ...]) -> None:
-        self.cap, self.row, self.module, self.shape = cap, row, module, shape
+    def __init__(self, cap: Capture, row: _Row, module: str, shape: tuple[int, ...], mark: _StepMark) -> None:
+        self.cap, self.row, self.module, self.shape, self.mark = cap, row, module, shape, mark
         self.raw: Raw | None = None
         self.grad_stats: Raw | None = None
         self.late: Raw | None = None  # gradient stats that arrived after the step closed
@@ -87,8 +99,6 @@ class _Call:
         self.input_calls: list[_Call] = _EMPTY  # type: ignore[assignment]  # a list once linked
         self.input_checks: list[torch.Tensor] = _EMPTY  # type: ignore[assignment]
         self.held: tuple[Any, Any] | None = None  # (inputs, output) until the step's check (device path)
-        self.closed = False
-        self.step = 0  # filled when the step is committed
         self.ref: Any = None  # weakref to the output tensor (input linking, aliasing)
         self.version: int | None = None
 
@@ -105,12 +115,14 @@ class _Call:
         else:
             if not ptr and n and g._is_zerotensor():  # a ZeroTensor (torch.sgn's): no memory to read, all zeros
                 g = torch.zeros(g.shape, dtype=g.dtype, device=g.device)
-            stats = tensor_stats(g, on_device=cap.device_path)
+            fast = _native._fast_stats  # tensor_stats' first step, one call less (see forward.py)
+            got = fast(g, None, 1e-3, False) if fast is not None and not cap.device_path else None
+            stats = got[0] if got is not None and got is not _SLOW else tensor_stats(g, on_device=cap.device_path)
             if type(stats) is not _ndarray or stats[_NAN] + stats[_INF] > 0:
                 cap._maybe_bad = True  # the step's close looks for the first non-finite gradient
             if contiguous and n and not g.is_inference():
                 cap._last_grad = (weakref.ref(g), ptr, n, g.dtype, g._version, stats)
-        if self.closed:  # a delayed backward: folded with the next step (History.update)
+        if self.mark.closed:  # a delayed backward: folded with the next step (History.update)
             if self.late is None:
                 cap._late.append(self)
             self.late = stats if self.late is None else merge_raw(self.late, stats)

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .calls import _EMPTY, _Call, _Row
+from . import native
+from .calls import _EMPTY, _Call, _Row, _StepMark
 from .hooks import tensor_hook
 from .incidents import NonFiniteError, forward_incident
 from .leaves import tensor_leaves
@@ -33,6 +34,7 @@ from .stats import IDX, SATURATING, Raw, device_histogram, stats_and_units, unit
 
 __all__ = ["MAX_CALLS"]
 
+SLOW = native._SLOW
 _NAN, _INF, _NZ, _N, _MIN, _MAX = IDX["nan"], IDX["inf"], IDX["nonzero"], IDX["numel"], IDX["min"], IDX["max"]
 MAX_CALLS = 200_000  # per-call records kept per step
 #: the forward hook's short path for a plain tensor output (tests turn it off to compare with the general path)
@@ -64,6 +66,7 @@ class _Forward:
     _occurrence: dict[str, list[list[_Call]]]
     _claimed: set[int]
     _step_calls: list[_Call]
+    _mark: _StepMark
     _tensor_handles: list[Any]
     _bytes: int
     _dropped_bytes: int
@@ -209,10 +212,14 @@ class _Forward:
             # an aliasing output (Flatten, in-place ops) starts where a recorded output does
             raw = cap._aliased_stats(t) if may_alias and by_storage and t.data_ptr() in by_storage else None
             if raw is None:
-                raw, alive = stats_and_units(t, saturation=saturation, units=True, on_device=on_device)
+                fast = native._fast_stats  # the native module's entry point (None: not loaded yet, or no module)
+                got = fast(t, saturation, 1e-3, True) if fast is not None and not on_device else None
+                if got is None or got is SLOW:  # what stats_and_units does first, one call less
+                    got = stats_and_units(t, saturation=saturation, units=True, on_device=on_device)
+                raw, alive = got
             else:
                 alive = _units_of(t, raw, on_device)
-            call = _Call(cap, row, name, tuple(t.shape))
+            call = _Call(cap, row, name, tuple(t.shape), cap._mark)
             call.raw, call.alive = raw, alive
             if not row.units and t.dim() >= 2 and t.is_floating_point() and t.shape[1]:
                 row.units = t.shape[1]
@@ -270,7 +277,7 @@ class _Forward:
             row = self._row_of.get(key)
             if row is None:
                 row = self._new_row(key, name, type_name, t)
-            call = _Call(self, row, name, tuple(t.shape))
+            call = _Call(self, row, name, tuple(t.shape), self._mark)
             raw = self._aliased_stats(t) if may_alias else None
             if raw is None:
                 raw, call.alive = stats_and_units(t, saturation=saturation, units=True, on_device=on_device)

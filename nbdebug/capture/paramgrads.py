@@ -8,9 +8,9 @@ place, which bumps it) since the last look. The selected modules' own parameters
 * when a step opens (gradients left over from before it, or zeroed in place by
   ``zero_grad(set_to_none=False)``, are not this step's);
 * at the end of every backward that reached a recorded output: the first output-gradient hook of
-  the backward queues an engine callback (queued once more from there, so that it runs after the
-  callbacks distributed wrappers queue during the backward: DDP's averaged gradients are read; one
-  the engine drops uncalled, the backward having raised, is not waited for);
+  the backward queues an engine callback (when a process group exists, queued once more from there,
+  so that it runs after the callbacks distributed wrappers queue during the backward: DDP's averaged
+  gradients are read; one the engine drops uncalled, the backward having raised, is not waited for);
   the norms of the step's fresh gradients are then taken in one batch
   (:func:`~nbdebug.capture.calls.grad_norms`);
 * otherwise (no recorded output was on the backward's path) before the optimizer step (under a
@@ -36,6 +36,7 @@ per step.
 
 from __future__ import annotations
 
+import operator
 import sys
 import weakref
 from typing import Any
@@ -58,11 +59,18 @@ def _engine() -> Any:
     return torch.autograd.Variable._execution_engine
 
 
+def _distributed() -> bool:
+    """Whether a default process group exists (DDP, FSDP and the like need one; only then can
+    callbacks that change the gradients have been queued during the backward)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
 class _BackwardEnd:
-    """The engine callback of one backward: its first call queues it once more (so that it runs after
-    the callbacks queued during the backward), the second calls ``_on_backward_end``. When the engine
-    drops it uncalled (the backward raised, or was interrupted), the capture stops waiting for it, so
-    the step's later backwards queue their own."""
+    """The engine callback of one backward: with a process group, its first call queues it once more
+    (so that it runs after the callbacks queued during the backward), the second (else the first)
+    calls ``_on_backward_end``. When the engine drops it uncalled (the backward raised, or was
+    interrupted), the capture stops waiting for it, so the step's later backwards queue their own."""
 
     __slots__ = ("calls", "cap")
 
@@ -71,7 +79,7 @@ class _BackwardEnd:
 
     def __call__(self) -> None:
         self.calls += 1
-        if self.calls == 1:
+        if self.calls == 1 and _distributed():  # only distributed wrappers queue such callbacks
             try:
                 _engine().queue_callback(self)
                 return
@@ -200,7 +208,8 @@ class _ParamGrads:
     def _take_param_norms(self) -> None:
         params: list[torch.Tensor] = []
         grads: list[torch.Tensor] = []
-        for p in self._pg_fresh.values():
+        fresh = self._pg_fresh
+        for p in fresh.values():
             g = p.grad
             if g is None or g.layout is not _STRIDED:
                 continue
@@ -212,15 +221,20 @@ class _ParamGrads:
                 continue
             grads.append(g.detach() if g.requires_grad else g)
         if params:
+            watched = self._pg_params
+            if len(params) == len(watched) and all(map(operator.is_, params, watched)):
+                params = watched  # every watched parameter in order: the list _pg_modules knows without a key
             self._pg_norms = (params, grad_norms(grads, self.device_path))
 
     def _pg_modules(self, params: list[torch.Tensor]) -> tuple[np.ndarray | None, np.ndarray, tuple[str, ...]]:
         """For per-module sums of ``params``' squared norms: (index of the parameter of each
         (parameter, owner) pair, or None when that is every parameter once in order; owner index of
         each pair; owner names in first-seen order). Cached for the last list of parameters."""
-        key = tuple(map(id, params))
         hit = self._pg_map
-        if hit is not None and hit[0] == key:
+        if params is self._pg_params and hit is not None and hit[0] is params:  # every watched parameter
+            return hit[1]
+        key = params if params is self._pg_params else tuple(map(id, params))
+        if hit is not None and hit[0] == key and type(hit[0]) is type(key):
             return hit[1]
         names: dict[str, int] = {}
         rep: list[int] = []

@@ -61,7 +61,7 @@ from torch import nn
 from . import assemble as _asm
 from .batch import flush
 from .budget import DEFAULT_MAX_BYTES
-from .calls import _Call, _Row, _version
+from .calls import _Call, _Row, _StepMark, _version
 from .errors import ErrorSite, locate
 from .forward import MAX_CALLS, _Forward
 from .history import History
@@ -175,6 +175,7 @@ class Capture(_Passes, _Forward, _ParamGrads):
         self.step = resume.steps if resume is not None else 0  # last committed step
         self._passes = 0
         self._open = False  # a step is being recorded
+        self._mark = _StepMark()  # shared by the open step's calls (closed when it closes)
         self._open_grad = False  # ... and it is a training step
         self._eval = False  # the current top-level pass is an evaluation (not recorded)
         self._seen_training = False
@@ -239,6 +240,8 @@ class Capture(_Passes, _Forward, _ParamGrads):
             if note not in self.notes:
                 self.notes.append(note)
         finally:
+            self._mark.closed = True  # the step's calls: a gradient from now on is late
+            self._mark = _StepMark()
             self._step_calls = []
             self._prune_tensor_hooks()
             self._by_tensor.clear()

@@ -87,7 +87,10 @@ def _lr_of(opt_keys: list[tuple[str, tuple[str, ...]]], h_opt: list[Any]) -> dic
     i = 0
     for kind, mods in opt_keys:
         if kind == "lr":
-            return dict(zip(mods, (v if type(v) is float else _f(v) for v in h_opt[i : i + len(mods)])))
+            vals = h_opt[i : i + len(mods)]
+            if not all(type(v) is float for v in vals):
+                vals = [v if type(v) is float else _f(v) for v in vals]
+            return dict(zip(mods, vals))
         i += len(mods)
     return {}
 
@@ -131,7 +134,8 @@ def close_step(cap: Capture) -> None:
             if d:
                 opt_keys.append((kind, tuple(d)))
                 opt_vals += d.values()
-    checks = [t for c in calls for t in c.input_checks]
+    # inputs are checked only by a call whose check raised _maybe_bad (forward.py: _link_inputs)
+    checks = [t for c in calls for t in c.input_checks] if cap._maybe_bad else []
     h_raw = [c.raw for c in calls]
     h_grad = [c.grad_stats for c in calls]
     h_alive = [c.alive for c in calls]
@@ -230,8 +234,7 @@ def close_step(cap: Capture) -> None:
         data.bwd = _backward_origin(calls, grads)
     if not skipped and pg_bad:
         data.pg = min(pg_bad, key=lambda m: cap.first_row[m].id if m in cap.first_row else 1 << 30)
-    for j, c in enumerate(calls):
-        c.closed = True
+    for j, c in enumerate(calls):  # (Capture._close_step marks them closed)
         c.raw = c.alive = c.held = c.ref = None
         if c.input_checks:
             c.input_checks = []
@@ -263,8 +266,8 @@ def _flush_late(cap: Capture, late: list[Any], raws: list[Any]) -> None:
             continue
         _accumulate(cap.run_grad, np.array([c.row.id]), raw[None])
         c.grad_stats = raw.copy() if c.grad_stats is None else _merge2(c.grad_stats, raw)
-        if c.step:
-            by_step.setdefault(c.step, []).append((c, c.grad_stats))
+        if c.mark.step:
+            by_step.setdefault(c.mark.step, []).append((c, c.grad_stats))
     for step, items in sorted(by_step.items()):
         rows, idx = [], {}
         for c, g in items:
@@ -295,8 +298,8 @@ def commit(cap: Capture, data: _StepData) -> None:
     cap.step += 1
     step = cap.step
     hist = cap._history
-    for c in data.calls:
-        c.step = step
+    for c in data.calls:  # one mark (the step's) for all of them
+        c.mark.step = step
     lay = data.layout
     assert lay is not None
     rows, ids = data.rows, lay.ids

@@ -56,6 +56,17 @@ def _esm_for(name: str) -> pathlib.Path | str:
     )
 
 
+_ANYWIDGET_KEYS = frozenset({"_esm", "_css", "_anywidget_id"})
+
+
+def _class_trait(cls: type, name: str, value: str) -> None:
+    """A synced Unicode trait ``name`` with default ``value`` on ``cls`` while it is being created
+    (from ``__init_subclass__``: traitlets' metaclass then registers it like one of the class body)."""
+    trait = traitlets.Unicode(value).tag(sync=True)
+    setattr(cls, name, trait)
+    trait.class_init(cls, name)
+
+
 class NBWidget(anywidget.AnyWidget):
     """Common base: subclasses set ``_view_name_`` (the JS entry) and define ``@rpc`` handlers."""
 
@@ -70,7 +81,14 @@ class NBWidget(anywidget.AnyWidget):
         # dynamically; those must keep the trait). Set before anywidget's hook, which turns a path
         # into watched FileContents (ANYWIDGET_HMR=1 reloads on rebuild).
         if "_view_name_" in cls.__dict__ and cls._view_name_:
-            cls._esm = _esm_for(cls._view_name_)
+            esm = _esm_for(cls._view_name_)
+            if isinstance(esm, str):
+                # The module text and anywidget's id as class traits: anywidget then adds no trait per
+                # instance except an equal id, which add_traits drops (see there).
+                _class_trait(cls, "_esm", esm)
+                _class_trait(cls, "_anywidget_id", f"{cls.__module__}.{cls.__name__}")
+            else:
+                cls._esm = esm  # a watched path (ANYWIDGET_HMR=1): anywidget's own per-instance trait
         super().__init_subclass__(**kwargs)
         handlers: dict[str, str] = {}
         for klass in reversed(cls.__mro__):
@@ -83,6 +101,22 @@ class NBWidget(anywidget.AnyWidget):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.on_msg(self._handle_request)
+
+    def add_traits(self, **traits: Any) -> None:
+        """Traits added to this instance, except anywidget's ``_esm``/``_css``/``_anywidget_id`` when the
+        class already has that trait: ``AnyWidget.__init__`` passes its id to every new widget, and
+        adding a trait makes traitlets create a new class for the instance (~0.3 ms each, in the cell's
+        time). Such a trait's value is set instead when it differs (a subclass of a view: its own id)."""
+        cls, rest = type(self), {}
+        for k, v in traits.items():
+            own = getattr(cls, k, None) if k in _ANYWIDGET_KEYS else None
+            if isinstance(own, traitlets.Unicode) and type(v) is type(own):
+                if v.default_value != own.default_value:
+                    self.set_trait(k, v.default_value)
+            else:
+                rest[k] = v
+        if rest:
+            super().add_traits(**rest)
 
     def close(self) -> None:
         """Close the widget and its Layout child (ipywidgets leaves the Layout's comm open)."""

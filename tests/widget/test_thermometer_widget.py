@@ -182,3 +182,52 @@ def test_texts_at_the_report_step_and_over_the_run_and_where_histograms_were_kep
     assert single.report_step == 0 and single.run_texts == {}
     body, _ = single.handle_request("histogram", {"row": 0})
     assert (body["result"]["first_step"], body["result"]["last_step"]) == (1, 1)
+
+
+def test_view_widgets_keep_their_class_and_still_sync_anywidgets_traits() -> None:
+    """anywidget gives every new widget ``_anywidget_id`` (and ``_esm`` unless the class has that trait);
+    adding a trait makes traitlets create a class per instance (~0.3 ms in the cell's time). The view
+    classes hold both as class traits, so no class is created, and the synced state still has them."""
+    import importlib
+    import pkgutil
+
+    import traitlets
+
+    import nbdebug.widgets
+    from nbdebug.inspectors.thermometer import Thresholds
+    from nbdebug.widgets._base import STATIC, NBWidget
+
+    for mod in pkgutil.iter_modules(nbdebug.widgets.__path__):
+        importlib.import_module(f"nbdebug.widgets.{mod.name}")
+    views = [c for c in _subclasses(NBWidget) if c.__dict__.get("_view_name_")]
+    assert ThermometerWidget in views and len(views) >= 5
+    for cls in views:
+        if (STATIC / f"{cls._view_name_}.js").exists():
+            assert isinstance(cls.__dict__["_esm"], traitlets.Unicode)
+            assert cls.__dict__["_anywidget_id"].default_value == f"{cls.__module__}.{cls.__name__}"
+    w = ThermometerWidget.waiting(Thresholds())
+    try:
+        assert type(w) is ThermometerWidget
+        state = w.get_state()
+        assert state["_anywidget_id"] == "nbdebug.widgets.thermometer.ThermometerWidget"
+        assert state["_esm"] == ThermometerWidget.__dict__["_esm"].default_value and state["_esm"]
+        assert {"_esm", "_anywidget_id"} <= set(w.keys)
+    finally:
+        w.close()
+
+    class Renamed(ThermometerWidget):  # a subclass without a view name: anywidget's own id for it
+        pass
+
+    r = Renamed.waiting(Thresholds())
+    try:
+        assert r.get_state()["_anywidget_id"].endswith(".Renamed")
+        assert r.get_state()["_esm"] == state["_esm"]
+    finally:
+        r.close()
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for c in cls.__subclasses__():
+        out += [c, *_subclasses(c)]
+    return out

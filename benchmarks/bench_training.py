@@ -1,6 +1,6 @@
 """Training-loop overhead of the per-step history (issue 10), next to wandb.watch and detect_anomaly.
 
-    python benchmarks/bench_training.py [--rounds 5] [--threads 1] [--steps 10000] [--quick]
+    python benchmarks/bench_training.py [--rounds 5] [--threads 1] [--steps 10000] [--quick] [--processes 5]
 
 (a) small CNN (3 conv layers, 32 channels, 32×32 inputs, batch 32, ReLU, a linear head, SGD), a
     40-step loop: plain, ``nbdebug.Capture`` (full history, every step), ``nbdebug.debug(model,
@@ -13,13 +13,18 @@
 (c) a 300-row model (150 Linear+ReLU pairs, width 32, batch 8) for 10,000 steps under
     ``max_bytes=64MB``: history bytes, process RSS growth, time per step vs plain.
 One process, interleaved rounds (A, B, C, A, B, C…), medians. ``torch.set_num_threads`` (default
-1) keeps two runs of the same loop comparable on a shared 2-core machine.
+1) keeps two runs of the same loop comparable on a shared 2-core machine. The digits ratios also move
+by ±0.03 from one process to the next (memory layout, not load): ``--processes N`` measures them
+again in N fresh processes and reports each variant's median, min and max over them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -409,6 +414,21 @@ def memory_run(steps: int) -> list[str]:
     return lines
 
 
+def across_processes(n: int, rounds: int, threads: int, quick: bool) -> list[str]:
+    """The digits loop's ratios (CPU time, × plain) measured in ``n`` fresh processes, one after the other."""
+    runs: list[dict[str, float]] = []
+    for _ in range(n):
+        cmd = [sys.executable, __file__, "--digits-only", "--rounds", str(rounds), "--threads", str(threads)] + (["--quick"] if quick else [])
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    lines = [f"digits ({20 if quick else 100} steps) in {n} fresh processes, × plain (CPU time): median [min – max]; each process's value"]
+    for k in runs[0]:
+        vals = [r[k] for r in runs]
+        lines.append(f"  {k:34s} {statistics.median(vals):.3f} [{min(vals):.3f} – {max(vals):.3f}]   "
+                     + " ".join(f"{v:.3f}" for v in vals))
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -418,10 +438,18 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true", help="skip the 10,000-step memory run (c)")
     ap.add_argument("--quick", action="store_true", help="few steps and rounds, to check the script runs")
     ap.add_argument("--breakdown", action="store_true", help="also: where each loop's step time goes (timers in Capture)")
+    ap.add_argument("--processes", type=int, default=1, help="also: the digits loop (b) in N fresh processes (median, min, max)")
+    ap.add_argument("--digits-only", action="store_true", help=argparse.SUPPRESS)  # one of those processes: JSON ratios out
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     rounds, mem_steps = (2, 300) if a.quick else (a.rounds, a.steps)
     torch.manual_seed(0)
+    if a.digits_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            r, _ = bench_loop("digits", digits_model(), torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)),
+                              20 if a.quick else 100, rounds, False, tmp)
+        print(json.dumps({row[1]: float(row[5]) for row in r}))  # CPU-time ratios to plain
+        return
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -448,6 +476,9 @@ def main() -> None:
     print("targets: small CNN Capture/debug ≤ 1.15×, digits ≤ 1.5×")
     for line in notes:
         print(line)
+    if a.processes > 1:
+        for line in across_processes(a.processes, rounds, a.threads, a.quick):
+            print(line)
     if not a.no_memory:
         for line in memory_run(mem_steps):
             print(line)

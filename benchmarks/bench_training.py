@@ -14,7 +14,7 @@
     ``max_bytes=64MB``: history bytes, process RSS growth, time per step vs plain.
 One process, interleaved rounds (A, B, C, A, B, C…), medians. ``torch.set_num_threads`` (default
 1) keeps two runs of the same loop comparable on a shared 2-core machine. The digits ratios also move
-by ±0.03 from one process to the next (memory layout, not load): ``--processes N`` measures them
+by ±0.03 from one process to the next on a quiet machine: ``--processes N`` measures them
 again in N fresh processes and reports each variant's median, min and max over them.
 """
 

@@ -82,6 +82,7 @@ class _Forward:
     _eval: bool
     _open: bool
     _open_grad: bool
+    _opt_stepped: bool
     _passes: int
     max_bytes: int
     sample_size: int
@@ -188,7 +189,7 @@ class _Forward:
             if cap._eval:
                 return
             if not cap._open:  # not expected (every pass opens a step); never lose the call
-                cap._open, cap._open_grad = True, grad_enabled()
+                cap._open, cap._open_grad, cap._opt_stepped = True, grad_enabled(), False
                 cap._passes += 1
                 cap._pg_step_opens()
             step_calls = cap._step_calls

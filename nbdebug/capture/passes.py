@@ -5,7 +5,8 @@ A *pass* is one top-level forward: the model's own ``forward`` (the root pre-hoo
 calls submodules directly, a stretch of selected-module calls that begins at the first of them
 (:meth:`_Passes._rootless`). :meth:`_Passes._begin_pass` decides what a pass is: an evaluation (a
 no-grad pass once training has been seen: counted, not recorded), another pass of the open step
-(``step_on="optimizer"``), or a new step (the open one is closed first).
+(``step_on="optimizer"``, until a pass that follows an optimizer step), or a new step (the open one
+is closed first).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class _Passes:
     _seen_training: bool
     _open: bool
     _open_grad: bool
+    _opt_stepped: bool  # step_on="optimizer": an optimizer stepped since the open step began
     _pending: list[Any]
     _passes: int
     _occurrence: dict[str, Any]
@@ -93,10 +95,10 @@ class _Passes:
             if self._pending:
                 self.eval_steps += len(self._pending)
                 self._pending.clear()
-        if self._open and (self.step_on == "forward" or not grad or not self._open_grad):
+        if self._open and (self.step_on == "forward" or not grad or not self._open_grad or self._opt_stepped):
             self._close_step()
         if not self._open:
-            self._open, self._open_grad = True, grad
+            self._open, self._open_grad, self._opt_stepped = True, grad, False
             self._pg_step_opens()
         self._passes += 1
         self._occurrence.clear()
@@ -110,5 +112,7 @@ class _Passes:
             self._losses.append(as_float_later(loss))
 
     def _on_optimizer_step(self) -> None:
+        """``step_on="optimizer"``: the open training step ends at the next training pass (or at exit),
+        so every optimizer stepped before it (two optimizers after one backward) belongs to it."""
         if self.step_on == "optimizer" and self._open and self._open_grad:
-            self._close_step()
+            self._opt_stepped = True

@@ -6,8 +6,9 @@
 >>> cap.result.layers[0].stats["mean"], cap.result.series("0", "mean")   # doctest: +SKIP
 
 A *step* is one grad-enabled call of the model's top-level ``forward`` (its backward and the
-optimizer step that follow belong to it; ``step_on="optimizer"`` ends a step after each
-``optimizer.step()`` instead, so gradient-accumulation micro-batches merge). When a step closes
+optimizer step that follow belong to it; with ``step_on="optimizer"`` a step runs instead until the
+first training forward after an ``optimizer.step()``, so gradient-accumulation micro-batches merge and
+two optimizers stepped after one backward belong to the same step). When a step closes
 (at the next step's forward, or at exit) its calls are folded into the whole-run rows and one
 :class:`~nbdebug.capture.history.History` entry, in one host transfer on the device path (no
 per-layer sync; on the CPU path the usual training step's array work waits in a batch of up to 64 steps,
@@ -175,6 +176,7 @@ class Capture(_Passes, _Forward, _ParamGrads):
         self.step = resume.steps if resume is not None else 0  # last committed step
         self._passes = 0
         self._open = False  # a step is being recorded
+        self._opt_stepped = False  # step_on="optimizer": an optimizer stepped in the open step (passes.py)
         self._mark = _StepMark()  # shared by the open step's calls (closed when it closes)
         self._open_grad = False  # ... and it is a training step
         self._eval = False  # the current top-level pass is an evaluation (not recorded)

@@ -10,7 +10,8 @@ before the step); the history under nbdebug must equal those measurements step b
 Modes beyond the plain loop: bf16 autocast with a GradScaler, pure bf16/fp16 weights and fp16
 autocast without one, a ``torch.compile``d model (compiled and warmed up before the cell),
 ``torch.autograd.detect_anomaly()`` (with an overflow: anomaly mode's own error), ``--every``,
-``--break-on``, interrupts, gradient accumulation.
+``--break-on``, interrupts, gradient accumulation, two optimizers (``fc`` and the rest) stepped after
+each backward.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Loop:
     anomaly: bool = False  # the loop runs under torch.autograd.detect_anomaly() (users hunting a NaN)
     compiled_autograd: bool = False  # backward under compiled autograd (TorchDynamo traces the backward and its hooks)
     accum: int = 1  # micro-batches per optimizer step
+    two_optimizers: bool = False  # one optimizer for ``fc``, one for the rest, both stepped after each backward
     interrupt_at: int | None = None
     interrupt_in_forward: int | None = None  # the model's own forward raises KeyboardInterrupt after conv2 at this step
     nan_at: int | None = None
@@ -73,6 +75,7 @@ MODES: dict[str, Loop] = {
     "interrupt_loop_forward": Loop(interrupt_in_forward=INTERRUPT_AT),
     "grad_accum": Loop(steps=8, accum=ACCUM),
     "grad_accum_opt": Loop(steps=8, accum=ACCUM, options={"step_on": "optimizer"}),
+    "two_optimizers_opt": Loop(two_optimizers=True, eval_every=2, options={"step_on": "optimizer"}),
     # modes users train in without a GradScaler: pure bf16 / fp16 weights, fp16 autocast
     "train_bf16": Loop(dtype=torch.bfloat16),
     "train_fp16": Loop(dtype=torch.float16),
@@ -103,8 +106,29 @@ def build(mode: str) -> tuple[nn.Module, torch.optim.Optimizer, list[tuple[torch
     if spec.dtype is not None:
         model = model.to(spec.dtype)
         batches = [(x.to(spec.dtype), y) for x, y in batches]
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt: Any = TwoOptimizers(model) if spec.two_optimizers else torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     return model, opt, batches
+
+
+class TwoOptimizers:
+    """What the loop calls ``opt`` in the two-optimizer mode: ``fc``'s own SGD (another learning rate)
+    and one for the rest, zeroed and stepped one after the other; each a real ``torch.optim`` optimizer."""
+
+    def __init__(self, model: nn.Module) -> None:
+        head = list(model.fc.parameters())
+        body = [p for p in model.parameters() if all(p is not q for q in head)]
+        self.parts = [torch.optim.SGD(body, lr=0.05, momentum=0.9), torch.optim.SGD(head, lr=0.02, momentum=0.5)]
+
+    def zero_grad(self) -> None:
+        for o in self.parts:
+            o.zero_grad()
+
+    def step(self) -> None:
+        for o in self.parts:
+            o.step()
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        return [o.state_dict() for o in self.parts]
 
 
 class CountingBackend:
@@ -239,17 +263,23 @@ def reference(mode: str, model: nn.Module, opt: torch.optim.Optimizer, batches: 
     before: dict[str, list[torch.Tensor]] = {}
     mods = {n: m for n, m in model.named_modules() if n and list(m.parameters(recurse=False))}
 
-    def opt_pre(*_: Any) -> None:
-        before.clear()
-        before.update({n: [p.detach().clone() for p in m.parameters(recurse=False)] for n, m in mods.items()})
+    def stepped(o: torch.optim.Optimizer) -> dict[str, nn.Module]:
+        """The modules whose parameters ``o`` steps."""
+        held = {id(p) for g in o.param_groups for p in g["params"]}
+        return {n: m for n, m in mods.items() if any(id(p) in held for p in m.parameters(recurse=False))}
 
-    def opt_post(*_: Any) -> None:
-        for n, m in mods.items():
+    def opt_pre(o: torch.optim.Optimizer, *_: Any) -> None:
+        before.clear()
+        before.update({n: [p.detach().clone() for p in m.parameters(recurse=False)] for n, m in stepped(o).items()})
+
+    def opt_post(o: torch.optim.Optimizer, *_: Any) -> None:
+        for n, m in stepped(o).items():
             # in float32: a half parameter's own arithmetic would round the difference away
             d = sum(float((p.detach().float() - q.float()).pow(2).sum()) for p, q in zip(m.parameters(recurse=False), before[n])) ** 0.5
             got.ratio.setdefault(n, {})[step["n"]] = d / sum(float(q.float().pow(2).sum()) for q in before[n]) ** 0.5
 
-    handles += [opt.register_step_pre_hook(opt_pre), opt.register_step_post_hook(opt_post)]
+    for o in opt.parts if isinstance(opt, TwoOptimizers) else [opt]:
+        handles += [o.register_step_pre_hook(opt_pre), o.register_step_post_hook(opt_post)]
     ns = LossLog()
     real_update = scaler.update if scaler is not None else None
 
@@ -290,6 +320,11 @@ class LossLog(dict):  # type: ignore[type-arg]
 def copies(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
     """An identical model and an optimizer over its parameters with the same hyper-parameters and state."""
     ref = copy.deepcopy(model)
+    if isinstance(opt, TwoOptimizers):
+        ref_two = TwoOptimizers(ref)
+        for mine, theirs in zip(ref_two.parts, opt.parts):
+            mine.load_state_dict(copy.deepcopy(theirs.state_dict()))
+        return ref, ref_two  # type: ignore[return-value]
     ref_opt = type(opt)(ref.parameters(), **opt.defaults)
     ref_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
     return ref, ref_opt

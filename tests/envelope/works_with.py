@@ -58,6 +58,7 @@ LABELS = {
     "interrupt_loop_forward": "KeyboardInterrupt inside `forward` mid-loop (history kept)",
     "grad_accum": "gradient accumulation (2 micro-batches per optimizer step)",
     "grad_accum_opt": "gradient accumulation, `step_on=\"optimizer\"` (micro-batches merged)",
+    "two_optimizers_opt": "two optimizers stepped after each backward, `step_on=\"optimizer\"` (one step)",
     "parametrized": "parametrized layers (`weight_norm`)",
     "double_backward": "gradient penalty (`autograd.grad(create_graph=True)`)",
     "frozen": "frozen model (`requires_grad_(False)`)",

@@ -898,3 +898,37 @@ def test_param_grad_norms_when_no_recorded_output_is_on_the_backwards_path() -> 
             assert got.tolist() == pytest.approx([want, want], rel=1e-6)
         else:
             assert np.isnan(got[0]) and got[1] == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("eval_between", [False, True])
+def test_step_on_optimizer_two_optimizers_after_one_backward_are_one_step(eval_between: bool) -> None:
+    """step_on="optimizer": a step ends at the first training forward after an optimizer step, so two
+    optimizers stepped after one backward (one per part of the model) belong to the same step: every
+    step has both parts' update ratios and learning rates, and there is one step per iteration (an
+    evaluation forward in between changes nothing)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt_a = torch.optim.SGD(m[0].parameters(), lr=0.1)
+    opt_b = torch.optim.SGD(m[2].parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(16, 4)
+    want: dict[str, list[float]] = {"0": [], "2": []}
+    with Capture(m, step_on="optimizer") as cap:
+        for _ in range(3):
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            m(x).pow(2).mean().backward()
+            before = {k: torch.cat([p.detach().reshape(-1).clone() for p in m[int(k)].parameters()]) for k in want}
+            opt_a.step()
+            opt_b.step()
+            for k in want:
+                after = torch.cat([p.detach().reshape(-1) for p in m[int(k)].parameters()])
+                want[k].append(float((after - before[k]).norm() / before[k].norm()))
+            if eval_between:
+                with torch.no_grad():
+                    m(x)
+    res = cap.result
+    assert res.steps == 3 and res.step_index.tolist() == [1, 2, 3]
+    for k, ratios in want.items():
+        assert res.series(k, "update_ratio").tolist() == pytest.approx(ratios, rel=1e-5)
+    assert res.lrs == {"0": 0.1, "2": 0.01}
+    assert res.eval_steps == (3 if eval_between else 0)

@@ -108,7 +108,7 @@ class _ParamGrads:
     _pg_late: bool
     _pg_norms: tuple[list[torch.Tensor], Any] | None
     _param_owner: dict[int, list[str]]
-    _pg_map: tuple[tuple[int, ...], Any] | None
+    _pg_map: tuple[Any, Any] | None  # (the watched list itself or a tuple of ids, its owners)
 
     def _watch_params(self) -> None:
         """The selected modules' own parameters whose gradients are watched (their gradients now are
@@ -208,8 +208,7 @@ class _ParamGrads:
     def _take_param_norms(self) -> None:
         params: list[torch.Tensor] = []
         grads: list[torch.Tensor] = []
-        fresh = self._pg_fresh
-        for p in fresh.values():
+        for p in self._pg_fresh.values():
             g = p.grad
             if g is None or g.layout is not _STRIDED:
                 continue
@@ -231,11 +230,15 @@ class _ParamGrads:
         (parameter, owner) pair, or None when that is every parameter once in order; owner index of
         each pair; owner names in first-seen order). Cached for the last list of parameters."""
         hit = self._pg_map
-        if params is self._pg_params and hit is not None and hit[0] is params:  # every watched parameter
-            return hit[1]
-        key = params if params is self._pg_params else tuple(map(id, params))
-        if hit is not None and hit[0] == key and type(hit[0]) is type(key):
-            return hit[1]
+        key: Any
+        if params is self._pg_params:  # every watched parameter, in order: the list itself is the key
+            if hit is not None and hit[0] is params:
+                return hit[1]
+            key = params
+        else:  # (never compared with == as a list: that would compare tensors)
+            key = tuple(map(id, params))
+            if hit is not None and type(hit[0]) is tuple and hit[0] == key:
+                return hit[1]
         names: dict[str, int] = {}
         rep: list[int] = []
         idx: list[int] = []

@@ -25,7 +25,6 @@ __all__: list[str] = []  # private to the capture package
 
 _ndarray = np.ndarray
 _NAN, _INF = IDX["nan"], IDX["inf"]
-_SLOW = _native._SLOW
 
 
 class _Row:
@@ -115,9 +114,7 @@ class _Call:
         else:
             if not ptr and n and g._is_zerotensor():  # a ZeroTensor (torch.sgn's): no memory to read, all zeros
                 g = torch.zeros(g.shape, dtype=g.dtype, device=g.device)
-            fast = _native._fast_stats  # tensor_stats' first step, one call less (see forward.py)
-            got = fast(g, None, 1e-3, False) if fast is not None and not cap.device_path else None
-            stats = got[0] if got is not None and got is not _SLOW else tensor_stats(g, on_device=cap.device_path)
+            stats = tensor_stats(g, on_device=cap.device_path)
             if type(stats) is not _ndarray or stats[_NAN] + stats[_INF] > 0:
                 cap._maybe_bad = True  # the step's close looks for the first non-finite gradient
             if contiguous and n and not g.is_inference():

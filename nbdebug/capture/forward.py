@@ -24,7 +24,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import native
 from .calls import _EMPTY, _Call, _Row, _StepMark
 from .hooks import tensor_hook
 from .incidents import NonFiniteError, forward_incident
@@ -34,7 +33,6 @@ from .stats import IDX, SATURATING, Raw, device_histogram, stats_and_units, unit
 
 __all__ = ["MAX_CALLS"]
 
-SLOW = native._SLOW
 _NAN, _INF, _NZ, _N, _MIN, _MAX = IDX["nan"], IDX["inf"], IDX["nonzero"], IDX["numel"], IDX["min"], IDX["max"]
 MAX_CALLS = 200_000  # per-call records kept per step
 #: the forward hook's short path for a plain tensor output (tests turn it off to compare with the general path)
@@ -82,7 +80,6 @@ class _Forward:
     _eval: bool
     _open: bool
     _open_grad: bool
-    _opt_stepped: bool
     _passes: int
     max_bytes: int
     sample_size: int
@@ -94,6 +91,7 @@ class _Forward:
     fwd_step: int | None
     step: int
     _rootless: Callable[[str], None]  # _Passes'
+    _open_step: Callable[[bool], None]  # _Passes'
 
     def _new_row(self, key: str, module: str, type_: str, t: torch.Tensor) -> _Row:
         row = _Row(len(self._rows), key, module, type_, tuple(t.shape), str(t.dtype).replace("torch.", ""))
@@ -189,9 +187,8 @@ class _Forward:
             if cap._eval:
                 return
             if not cap._open:  # not expected (every pass opens a step); never lose the call
-                cap._open, cap._open_grad, cap._opt_stepped = True, grad_enabled(), False
+                cap._open_step(grad_enabled())
                 cap._passes += 1
-                cap._pg_step_opens()
             step_calls = cap._step_calls
             if len(step_calls) >= MAX_CALLS:
                 cap._truncated = True
@@ -213,11 +210,7 @@ class _Forward:
             # an aliasing output (Flatten, in-place ops) starts where a recorded output does
             raw = cap._aliased_stats(t) if may_alias and by_storage and t.data_ptr() in by_storage else None
             if raw is None:
-                fast = native._fast_stats  # the native module's entry point (None: not loaded yet, or no module)
-                got = fast(t, saturation, 1e-3, True) if fast is not None and not on_device else None
-                if got is None or got is SLOW:  # what stats_and_units does first, one call less
-                    got = stats_and_units(t, saturation=saturation, units=True, on_device=on_device)
-                raw, alive = got
+                raw, alive = stats_and_units(t, saturation=saturation, units=True, on_device=on_device)
             else:
                 alive = _units_of(t, raw, on_device)
             call = _Call(cap, row, name, tuple(t.shape), cap._mark)

@@ -44,7 +44,7 @@ from .history_read import (
 
 __all__ = ["FIELD_INDEX", "HISTORY_FIELDS", "SCALARS", "History"]
 
-_ALL_SCALARS = frozenset(SCALARS)  # compared with a dict's keys view (set equality)
+_ALL_SCALARS = frozenset(SCALARS)  # compared with a dict's keys view (a subset test)
 
 
 class History(HistoryReader):
@@ -282,16 +282,12 @@ class History(HistoryReader):
         rows = np.asarray(rows, dtype=np.intp)
         if values.shape != (k, len(rows), _F):
             raise ValueError(f"values must be [{k}, len(rows), {_F}] (HISTORY_FIELDS), got {values.shape}")
-        if all(type(sc) is dict and sc.keys() == _ALL_SCALARS for sc in scalars):  # the capture's steps: one conversion
-            sv = np.array([[sc[key] for key in SCALARS] for sc in scalars], dtype=_F32)  # type: ignore[index]  # None → NaN
-        else:
-            sv = np.full((k, _S), np.nan, _F32)
-            for i, sc in enumerate(scalars):
-                for key, x in (sc or {}).items():
-                    c = SCALAR_INDEX.get(key)
-                    if c is None:
-                        raise KeyError(f"history: unknown scalar {key!r}; valid: {SCALARS}")
-                    sv[i, c] = np.nan if x is None else x
+        for sc in scalars:
+            if sc and not sc.keys() <= _ALL_SCALARS:
+                bad = next(key for key in sc if key not in _ALL_SCALARS)
+                raise KeyError(f"history: unknown scalar {bad!r}; valid: {SCALARS}")
+        # one conversion for all the steps; a missing scalar and None are NaN
+        sv = np.array([[sc.get(key) if sc else None for key in SCALARS] for sc in scalars], dtype=_F32)
         while self._kcap < j0 + k:
             self._alloc(min(max(16, 2 * self._kcap), self.max_slots()), self._rcap)
         sl = slice(j0, j0 + k)

@@ -36,7 +36,6 @@ per step.
 
 from __future__ import annotations
 
-import operator
 import sys
 import weakref
 from typing import Any
@@ -108,7 +107,7 @@ class _ParamGrads:
     _pg_late: bool
     _pg_norms: tuple[list[torch.Tensor], Any] | None
     _param_owner: dict[int, list[str]]
-    _pg_map: tuple[Any, Any] | None  # (the watched list itself or a tuple of ids, its owners)
+    _pg_map: tuple[tuple[int, ...], Any] | None
 
     def _watch_params(self) -> None:
         """The selected modules' own parameters whose gradients are watched (their gradients now are
@@ -220,25 +219,16 @@ class _ParamGrads:
                 continue
             grads.append(g.detach() if g.requires_grad else g)
         if params:
-            watched = self._pg_params
-            if len(params) == len(watched) and all(map(operator.is_, params, watched)):
-                params = watched  # every watched parameter in order: the list _pg_modules knows without a key
             self._pg_norms = (params, grad_norms(grads, self.device_path))
 
     def _pg_modules(self, params: list[torch.Tensor]) -> tuple[np.ndarray | None, np.ndarray, tuple[str, ...]]:
         """For per-module sums of ``params``' squared norms: (index of the parameter of each
         (parameter, owner) pair, or None when that is every parameter once in order; owner index of
         each pair; owner names in first-seen order). Cached for the last list of parameters."""
+        key = tuple(map(id, params))
         hit = self._pg_map
-        key: Any
-        if params is self._pg_params:  # every watched parameter, in order: the list itself is the key
-            if hit is not None and hit[0] is params:
-                return hit[1]
-            key = params
-        else:  # (never compared with == as a list: that would compare tensors)
-            key = tuple(map(id, params))
-            if hit is not None and type(hit[0]) is tuple and hit[0] == key:
-                return hit[1]
+        if hit is not None and hit[0] == key:
+            return hit[1]
         names: dict[str, int] = {}
         rep: list[int] = []
         idx: list[int] = []

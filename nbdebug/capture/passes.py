@@ -98,8 +98,7 @@ class _Passes:
         if self._open and (self.step_on == "forward" or not grad or not self._open_grad or self._opt_stepped):
             self._close_step()
         if not self._open:
-            self._open, self._open_grad, self._opt_stepped = True, grad, False
-            self._pg_step_opens()
+            self._open_step(grad)
         self._passes += 1
         self._occurrence.clear()
         self._claimed.clear()
@@ -110,6 +109,11 @@ class _Passes:
         loss = loss_of_output(output)
         if loss is not None:
             self._losses.append(as_float_later(loss))
+
+    def _open_step(self, grad: bool) -> None:
+        """A step opens (a training step when ``grad``)."""
+        self._open, self._open_grad, self._opt_stepped = True, grad, False
+        self._pg_step_opens()
 
     def _on_optimizer_step(self) -> None:
         """``step_on="optimizer"``: the open training step ends at the next training pass (or at exit),

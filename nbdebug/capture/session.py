@@ -207,7 +207,7 @@ class Capture(_Passes, _Forward, _ParamGrads):
         self._pg_norms: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self._param_owner: dict[int, list[str]] = {}
         self._grad_snapshot: dict[int, tuple[int, int | None]] = {}
-        self._pg_map: tuple[Any, Any] | None = None  # the last parameter list's owners (paramgrads)
+        self._pg_map: tuple[tuple[int, ...], Any] | None = None  # the last parameter list's owners (paramgrads)
         self._layout: Any = None  # the last step's fold.Layout (rows of its calls, in order)
         self._maybe_bad = False  # a hook of the open step saw a NaN/Inf count (or stats it cannot read on the host)
         self._t0 = 0.0

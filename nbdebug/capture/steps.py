@@ -298,8 +298,8 @@ def commit(cap: Capture, data: _StepData) -> None:
     cap.step += 1
     step = cap.step
     hist = cap._history
-    for c in data.calls:  # one mark (the step's) for all of them
-        c.mark.step = step
+    if data.calls:  # one mark for all of the step's calls
+        data.calls[0].mark.step = step
     lay = data.layout
     assert lay is not None
     rows, ids = data.rows, lay.ids

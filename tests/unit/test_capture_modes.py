@@ -337,7 +337,6 @@ def test_compiled_model_rows_have_the_plain_names() -> None:
 def test_keyboard_interrupt_inside_our_own_hook(monkeypatch: pytest.MonkeyPatch, at_call: int) -> None:
     import nbdebug.capture.calls as calls
     import nbdebug.capture.forward as forward
-    import nbdebug.capture.native as native
 
     n = [0]
 
@@ -350,13 +349,9 @@ def test_keyboard_interrupt_inside_our_own_hook(monkeypatch: pytest.MonkeyPatch,
 
         return interrupted
 
-    # the stats of outputs (forward hooks) and of output gradients (gradient hooks), counted together:
-    # the hooks call the native module's entry point directly when it is loaded, else these two
+    # the stats of outputs (forward hooks) and of output gradients (gradient hooks), counted together
     monkeypatch.setattr(forward, "stats_and_units", interrupting(forward.stats_and_units))
     monkeypatch.setattr(calls, "tensor_stats", interrupting(calls.tensor_stats))
-    native.stats(torch.ones(2))  # loaded now (or known to be unavailable)
-    if native._fast_stats is not None:
-        monkeypatch.setattr(native, "_fast_stats", interrupting(native._fast_stats))
     m = mlp()
     before = fingerprint(m)
     with pytest.raises(KeyboardInterrupt):

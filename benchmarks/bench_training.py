@@ -12,6 +12,9 @@
     per hook call dominates. Target ≤ 1.5× plain.
 (c) a 300-row model (150 Linear+ReLU pairs, width 32, batch 8) for 10,000 steps under
     ``max_bytes=64MB``: history bytes, process RSS growth, time per step vs plain.
+(d) inference loops on the digits model: 100 forwards under ``torch.no_grad()``, and in grad mode
+    without a backward (predictions collected): plain vs Capture vs debug. No target; each forward is a
+    step (held back until 16 of them say it is an inference cell, then folded in batches).
 One process, interleaved rounds (A, B, C, A, B, C…), medians. ``torch.set_num_threads`` (default
 1) keeps two runs of the same loop comparable on a shared 2-core machine. The digits ratios also move
 by ±0.03 from one process to the next on a quiet machine: ``--processes N`` measures them
@@ -21,6 +24,7 @@ again in N fresh processes and reports each variant's median, min and max over t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -31,6 +35,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -429,6 +434,33 @@ def across_processes(n: int, rounds: int, threads: int, quick: bool) -> list[str
     return lines
 
 
+def inference_loops(rounds: int, quick: bool) -> list[tuple[str, ...]]:
+    """(d): forward-only loops (no optimizer, no backward) on the digits model."""
+    model, x = digits_model(), torch.randn(16, 1, 8, 8)
+    n = 20 if quick else 100
+    rows: list[tuple[str, ...]] = []
+    for mode, ctx in (("no_grad", torch.no_grad), ("grad mode, no backward", contextlib.nullcontext)):
+        def run(ctx: Callable[[], Any] = ctx) -> None:
+            with ctx():
+                outs = [model(x) for _ in range(n)]
+            del outs
+
+        def capture() -> None:
+            with Capture(model):
+                run()
+
+        def debug() -> None:
+            with nbdebug.debug(model, "thermometer"):
+                run()
+
+        cpu: dict[str, float] = {}
+        t = interleaved({"plain": run, "nbdebug Capture": capture, "nbdebug.debug (%%nndebug)": debug},
+                        rounds=rounds, warmup=1, cpu=cpu)
+        rows += [(f"digits {n} forwards, {mode}", k, f"{v * 1e3:.1f}", f"{v / n * 1e3:.3f}", f"{v / t['plain']:.3f}",
+                  f"{cpu[k] / cpu['plain']:.3f}") for k, v in t.items()]
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -470,6 +502,7 @@ def main() -> None:
         rows += r
         notes += n
         notes += per_step("digits", digits, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)), 20 if a.quick else 100, rounds)
+        rows += inference_loops(rounds, a.quick)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {rounds} interleaved rounds, "
           f"load average {os.getloadavg()[0]:.2f} at the end")
     print(table(rows, ("loop", "variant", "ms (median)", "ms/step", "× plain", "× plain (CPU time)")))

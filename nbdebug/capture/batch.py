@@ -4,14 +4,19 @@ at once.
 
 A step qualifies (:func:`defer`) when nothing about it needs looking at right away: host stats (not
 the device path), no hook saw a NaN/Inf count, finite parameter-gradient norms, no late gradients or
-input checks, every call has gradient stats, and its calls belong to the same rows in the same order as
-an already committed step whose every row had gradients (the cached :class:`~nbdebug.capture.fold.Layout`).
-Its step number, skipped flag, learning rates, loss-spike check and ``on_step`` call happen at once;
-its numbers wait in ``cap._batch``. :func:`flush` folds the waiting steps, in order, with the very
-element-wise operations the one-step path uses (so the history is bit for bit the same; tested), and
-runs before anything that reads what they change: another step that does not qualify, held-back
-no-grad steps, the end of the capture, late gradients, and any read of ``Capture.history`` (live views,
-the distributed spool), or when :data:`BATCH` steps (:data:`BATCH_CALLS` calls) wait. What the
+input checks, and its calls belong to the same rows in the same order as an already committed step (the
+cached :class:`~nbdebug.capture.fold.Layout`); then either every call has gradient stats (and every
+row of that layout has had some) or none has (a forward without backward: ``no_grad``,
+``inference_mode``, predictions). Steps with and without gradients are never in one batch. Its step
+number, skipped flag, learning rates, loss-spike check and ``on_step`` call happen at once
+(:func:`take`); its numbers wait in ``cap._batch``. A no-grad step before any training forward is held
+back instead (``cap._pending``, as :class:`_Held`; its layout may be that of the step held just before
+it): taken when the held-back steps are committed (an inference cell), dropped as an evaluation when
+training begins. :func:`flush` folds the waiting steps, in order, with the very element-wise operations
+the one-step path uses (so the history is bit for bit the same; tested), and runs before anything that
+reads what they change: another step that does not qualify, the end of the capture, late gradients,
+and any read of ``Capture.history`` (live views, the distributed spool), or when :data:`BATCH` steps
+(:data:`BATCH_CALLS` calls) wait. What the
 calls' stats do not give (:func:`step_extras`: dead units, parameter-gradient norms, optimizer numbers)
 and the whole-run unit masks (:func:`merge_alive`) are computed here for ``k`` steps, and the one-step
 close (:mod:`.steps`) calls the same functions with ``k = 1``.
@@ -32,7 +37,7 @@ from .stats import IDX, N_FIELDS
 if TYPE_CHECKING:
     from .session import Capture
 
-__all__ = ["BATCH", "BATCH_CALLS", "defer", "flush", "kept", "merge_alive", "step_extras"]
+__all__ = ["BATCH", "BATCH_CALLS", "defer", "flush", "kept", "merge_alive", "step_extras", "take"]
 
 BATCH = 64  # steps that may wait before they are folded
 BATCH_CALLS = 4096  # ... and calls (a few MB: a model with many rows waits fewer steps)
@@ -52,46 +57,78 @@ class _Waiting:
         self.pg, self.pg_div, self.opt, self.scalars, self.appended = pg, pg_div, opt, scalars, appended
 
 
+class _Held:
+    """A qualifying no-grad step closed before any training forward: it waits in ``cap._pending`` (dropped
+    as an evaluation if training follows) and is taken into the batch by :func:`take` when the held-back
+    steps are committed (an inference cell)."""
+
+    __slots__ = ("layout", "lrs", "sig", "skipped", "waiting")
+
+    def __init__(self, sig: tuple[Any, ...], waiting: _Waiting, lrs: dict[str, float], skipped: bool) -> None:
+        self.sig, self.waiting, self.lrs, self.skipped = sig, waiting, lrs, skipped
+        self.layout = sig[0]
+
+
 def defer(cap: Capture, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad: list[Any], h_alive: list[Any],
           scale: float | None, pg: Any, pg_host: Any, pg_late: bool, opt_keys: list[tuple[str, tuple[str, ...]]],
-          h_opt: list[Any], scalars: dict[str, float], lrs: dict[str, float], skipped: bool) -> bool:
+          h_opt: list[Any], scalars: dict[str, float], lrs: dict[str, float], skipped: bool, hold: bool = False) -> bool:
     """Take the closed step into the batch and do its immediate part; False when it does not qualify
-    (the caller folds it now, after :func:`flush`)."""
-    if not (lay.committed and lay.grad_init and lay.unique and lay.span is not None):
+    (the caller folds it now, after :func:`flush`). With ``hold`` (a no-grad step before any training
+    forward) a qualifying step goes to ``cap._pending`` instead; its layout may be the one of the step
+    held just before it (committed first)."""
+    if not (lay.unique and lay.span is not None):
         return False
-    if any(g is None for g in h_grad):
+    if not lay.committed and not (hold and cap._pending and cap._pending[-1].layout is lay):
         return False
+    if h_grad[0] is None:  # no call may have gradient stats: a step without backward (no_grad, inference)
+        if scale is not None or any(g is not None for g in h_grad):
+            return False
+        has_grad = False
+    elif not lay.grad_init or any(g is None for g in h_grad):
+        return False
+    else:
+        has_grad = True
     pgmap = None
     if pg is not None:
         if type(pg_host) is not np.ndarray or not math.isfinite(sum(pg_host.tolist())):
             return False  # the step's parameter-gradient check needs it now
         pgmap = cap._pg_modules(pg[0])
-    sig = (lay, tuple(opt_keys), pgmap)
+    w = _Waiting(calls, 0, h_raw, h_grad, h_alive, scale, pg_host if pg is not None else None,
+                 None if pg_late else scale, h_opt, scalars, False)
+    sig = (lay, tuple(opt_keys), pgmap, has_grad)
+    if hold:
+        cap._pending.append(_Held(sig, w, lrs, skipped))
+    else:
+        take(cap, sig, w, lrs, skipped)
+    return True
+
+
+def take(cap: Capture, sig: tuple[Any, ...], w: _Waiting, lrs: dict[str, float], skipped: bool) -> None:
+    """The immediate part of a deferred step (its number, skipped flag, learning rates, loss-spike check,
+    ``on_step``); its numbers wait in ``cap._batch``."""
     prev = cap._batch_sig
     # the layout and the parameter map are cached objects (the same object while nothing changed);
     # never compare them with == (the map holds numpy arrays)
-    if cap._batch and (prev[0] is not lay or prev[2] is not pgmap or prev[1] != sig[1]):
+    if cap._batch and (prev[0] is not sig[0] or prev[2] is not sig[2] or prev[1] != sig[1] or prev[3] != sig[3]):
         flush(cap)
     cap._batch_sig = sig
     cap.step += 1
-    step = cap.step
-    cap._mark.step = step  # the step's calls' (their stats live in the batch now: flush sets the unscaled
-    # gradient stats of scaled steps; Capture._close_step marks them closed)
+    step = w.step = cap.step
+    w.calls[0].mark.step = step  # the step's calls' one mark (their stats live in the batch now: flush sets
+    # the unscaled gradient stats of scaled steps; Capture._close_step marks them closed)
     if skipped:
         cap.skipped.append(step)
     if lrs:
         cap.lrs.update(lrs)
-    loss = scalars["loss"]
+    loss = w.scalars["loss"]
     if not math.isnan(loss):
         loss_spike(cap, step, loss)
-    appended = kept(cap, step)
-    cap._batch.append(_Waiting(calls, step, h_raw, h_grad, h_alive, scale, pg_host if pg is not None else None,
-                               None if pg_late else scale, h_opt, scalars, appended))
-    if len(cap._batch) >= BATCH or len(cap._batch) * len(calls) >= BATCH_CALLS:
+    w.appended = kept(cap, step)
+    cap._batch.append(w)
+    if len(cap._batch) >= BATCH or len(cap._batch) * len(w.calls) >= BATCH_CALLS:
         flush(cap)
-    if appended and cap.on_step is not None:
+    if w.appended and cap.on_step is not None:
         cap.on_step(cap)  # reading cap.history folds the waiting steps first
-    return True
 
 
 def kept(cap: Capture, step: int) -> bool:
@@ -104,31 +141,35 @@ def flush(cap: Capture) -> None:
     batch = cap._batch
     if not batch:
         return
-    lay, opt_keys, pgmap = cap._batch_sig
+    lay, opt_keys, pgmap, has_grad = cap._batch_sig
     _ensure_run(cap)
     k, n = len(batch), len(lay.rows)
     rg = np.empty((k, n, 2 * N_FIELDS))
     rg[:, :, :N_FIELDS] = [w.raw for w in batch]
-    rg[:, :, N_FIELDS:] = [w.grad for w in batch]
+    if has_grad:
+        rg[:, :, N_FIELDS:] = [w.grad for w in batch]
+    else:  # steps without gradients (defer: no call has any)
+        rg[:, :, N_FIELDS:] = np.nan
     scaled = any(w.scale is not None for w in batch)
     if scaled:  # x / 1.0 is x: steps without a scale are unchanged
         _unscale(rg[:, :, N_FIELDS:], np.array([1.0 if w.scale is None else w.scale for w in batch])[:, None, None])
     sat = [j * n + r for j in range(k) for r in lay.sat] if lay.sat else []
-    vals = step_values(rg.reshape(k * n, 2 * N_FIELDS), sat, True).reshape(k, n, -1)
+    vals = step_values(rg.reshape(k * n, 2 * N_FIELDS), sat, has_grad).reshape(k, n, -1)
     alive = [w.alive for w in batch]
     stacked, _ = step_extras(vals, lay, alive, opt_keys, [w.opt for w in batch],
                              None if pgmap is None else (pgmap, [w.pg for w in batch], [w.pg_div for w in batch]))
     # Everything above only computed: a KeyboardInterrupt there leaves the batch waiting for finish().
     cap._batch = []
     at = lay.span
-    if np.isnan(rg[:, :, _MN::N_FIELDS] + rg[:, :, _MX::N_FIELDS]).any():
+    used = rg if has_grad else rg[:, :, :N_FIELDS]  # the halves accumulate_step folds
+    if np.isnan(used[:, :, _MN::N_FIELDS] + used[:, :, _MX::N_FIELDS]).any():
         for j in range(k):  # a NaN min/max (an empty output): step by step, the exact rules
-            accumulate_step(cap, lay, at, rg[j], True)
+            accumulate_step(cap, lay, at, rg[j], has_grad)
     else:
         # what accumulate_step's one-slice update does step after step: sums in the same order (a reduction
         # over the first axis adds the steps one after the other), min/max over all of them
-        cur = cap.run_rg[at]
-        both = np.concatenate([cur[None], rg])
+        cur = cap.run_rg[at] if has_grad else cap.run_raw[at]
+        both = np.concatenate([cur[None], used])
         with np.errstate(invalid="ignore", over="ignore"):
             total = np.add.reduce(both, axis=0)
         total[:, _MN::N_FIELDS] = np.fmin.reduce(both[:, :, _MN::N_FIELDS], axis=0)

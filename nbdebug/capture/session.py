@@ -60,7 +60,7 @@ import torch
 from torch import nn
 
 from . import assemble as _asm
-from .batch import flush
+from .batch import _Held, flush, take
 from .budget import DEFAULT_MAX_BYTES
 from .calls import _Call, _Row, _StepMark, _version
 from .errors import ErrorSite, locate
@@ -280,10 +280,16 @@ class Capture(_Passes, _Forward, _ParamGrads):
         return self._history
 
     def _commit_pending(self) -> None:
+        """The held-back no-grad steps are an inference cell's: fold them, in order (those that qualified
+        for the batch are taken into it)."""
         flush(self)
         pending, self._pending = self._pending, []
         for data in pending:
-            commit(self, data)
+            if type(data) is _Held:
+                take(self, data.sig, data.waiting, data.lrs, data.skipped)
+            else:
+                flush(self)
+                commit(self, data)
 
     def _producer(self, t: torch.Tensor) -> tuple[str, tuple[int, ...] | None] | None:
         """Row name of the captured call that produced ``t``, and that call's first input shape."""

@@ -165,9 +165,12 @@ def close_step(cap: Capture) -> None:
     lr_of = _lr_of(opt_keys, h_opt)
     scalars = {"loss": _loss_of(h_loss), "lr": lr_of.get("", math.nan), "skipped": 1.0 if skipped else 0.0}
     lrs = {m: v for m, v in lr_of.items() if m}
-    if (on_host and calls and not late and not checks and not cap._maybe_bad and (cap._open_grad or cap._seen_training)
+    hold = not cap._open_grad and not cap._seen_training  # a no-grad step before any training forward: held back
+    if (on_host and calls and not late and not checks and not cap._maybe_bad
             and defer(cap, _layout(cap, calls), calls, h_raw, h_grad, h_alive, scale, pg, h_pg, pg_late, opt_keys, h_opt,
-                      scalars, lrs, skipped)):
+                      scalars, lrs, skipped, hold)):
+        if hold and len(cap._pending) >= PENDING_NO_GRAD:
+            cap._commit_pending()
         return  # folded later with other steps (batch.py)
     flush(cap)  # steps waiting in the batch come first
     _flush_late(cap, late, h_late)
@@ -239,7 +242,7 @@ def close_step(cap: Capture) -> None:
         if c.input_checks:
             c.input_checks = []
         c.grad_stats = grads[j] if h_grad[j] is not None else None
-    if not cap._open_grad and not cap._seen_training:
+    if hold:
         cap._pending.append(data)
         if len(cap._pending) >= PENDING_NO_GRAD:
             cap._commit_pending()
@@ -344,6 +347,7 @@ def finish(cap: Capture) -> None:
         cap._close_step()
     flush(cap)
     cap._commit_pending()
+    flush(cap)  # held-back steps taken into the batch
     if cap._late:
         late, cap._late = cap._late, []
         fetch = _Fetch(cap.device_path)

@@ -262,6 +262,66 @@ def test_bulk_fold_runs_and_equals_the_step_by_step_path(loop: Callable[[], Capt
         assert fast.history.scalar("skipped", "last").any()
 
 
+# 4b. steps without gradients (an inference loop, forwards without backward): batched too, the held-back
+#     no-grad steps before any training forward included (HEAD~1 folded each of them on its own)
+
+def _no_grad_loop(mode: str, steps: int = 100, train_after: int = 0) -> Capture:
+    m = _Tied()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(3)
+    ctx = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(mode)
+    outs = []
+    with Capture(m) as cap:
+        for _ in range(steps):
+            x = torch.randn(4, 6, generator=g)
+            if ctx is None:  # grad mode, no backward (outputs kept: a list of predictions)
+                outs.append(m(x))
+            else:
+                with ctx():
+                    m(x)
+        if mode == "delayed_backward":  # every step's gradients arrive after it closed (late)
+            torch.stack(outs).pow(2).mean().backward()
+        for _ in range(train_after):
+            opt.zero_grad()
+            m(torch.randn(4, 6, generator=g)).pow(2).mean().backward()
+            opt.step()
+    return cap
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "grad_no_backward", "delayed_backward"])
+def test_steps_without_gradients_fold_in_bulk_and_equal_the_step_by_step_path(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    folds: list[int] = []
+    real_sv = batch.step_values
+    with monkeypatch.context() as p:
+        p.setattr(batch, "step_values", lambda rg, *a: (folds.append(rg.shape[0]), real_sv(rg, *a))[1])
+        fast = _run(lambda: _no_grad_loop(mode), False, monkeypatch).result
+    slow = _run(lambda: _no_grad_loop(mode), True, monkeypatch).result
+    rows = len(fast.layers)
+    assert fast.steps == slow.steps == 100 and len(fast.history) == 100
+    # held back (16 no-grad steps, the first one folded alone as it meets new rows), then in batches
+    assert sum(folds) // rows >= 80 and max(folds) >= 15 * rows
+    grad_norm = fast.history.values("last")[:, :, FIELD_INDEX["grad_norm"]]
+    if mode == "delayed_backward":  # the late gradients reached every step's history entry
+        assert (grad_norm[:, fast.history.rows.index("out")] > 0).all()
+    else:
+        assert np.isnan(grad_norm).all()
+    dead = fast.history.values("last")[:, fast.history.rows.index("act#2"), FIELD_INDEX["dead_unit_frac"]]
+    assert (dead >= 4 / 16).all()
+    _assert_same(fast, slow)
+
+
+@pytest.mark.parametrize("before", [10, 40])
+def test_no_grad_steps_before_training_are_dropped_or_kept_as_before(before: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held-back no-grad steps: the first 16 of them are committed (an inference cell), the rest still
+    held back when training begins become evaluations, batched or not."""
+    fast = _run(lambda: _no_grad_loop("no_grad", before, 30), False, monkeypatch).result
+    slow = _run(lambda: _no_grad_loop("no_grad", before, 30), True, monkeypatch).result
+    committed = before // 16 * 16
+    assert fast.steps == slow.steps == committed + 30
+    assert fast.eval_steps == slow.eval_steps == before - committed
+    _assert_same(fast, slow)
+
+
 # 5. hooks.tensor_hook next to the user's tensor hooks
 
 def test_tensor_hooks_keep_the_users_order_retain_grad_and_leaf_outputs() -> None:

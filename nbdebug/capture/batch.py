@@ -51,7 +51,7 @@ class _Waiting:
 
     __slots__ = ("alive", "appended", "calls", "grad", "opt", "pg", "pg_div", "raw", "scalars", "scale", "step")
 
-    def __init__(self, calls: list[Any], step: int, raw: list[Any], grad: list[Any], alive: list[Any], scale: float | None,
+    def __init__(self, calls: list[Any] | None, step: int, raw: list[Any], grad: list[Any], alive: list[Any], scale: float | None,
                  pg: np.ndarray | None, pg_div: float | None, opt: list[Any], scalars: dict[str, float], appended: bool) -> None:
         self.calls, self.step, self.raw, self.grad, self.alive, self.scale = calls, step, raw, grad, alive, scale
         self.pg, self.pg_div, self.opt, self.scalars, self.appended = pg, pg_div, opt, scalars, appended
@@ -114,8 +114,9 @@ def take(cap: Capture, sig: tuple[Any, ...], w: _Waiting, lrs: dict[str, float],
     cap._batch_sig = sig
     cap.step += 1
     step = w.step = cap.step
-    w.calls[0].mark.step = step  # the step's calls' one mark (their stats live in the batch now: flush sets
-    # the unscaled gradient stats of scaled steps; Capture._close_step marks them closed)
+    w.calls[0].mark.step = step  # the step's calls' one mark (Capture._close_step marks them closed)
+    if w.scale is None:  # only a scaled step's calls are needed later (flush gives them their unscaled gradient
+        w.calls = None  # stats); the others may go with their graph (fewer long-lived objects for the gc)
     if skipped:
         cap.skipped.append(step)
     if lrs:
@@ -125,7 +126,7 @@ def take(cap: Capture, sig: tuple[Any, ...], w: _Waiting, lrs: dict[str, float],
         loss_spike(cap, step, loss)
     w.appended = kept(cap, step)
     cap._batch.append(w)
-    if len(cap._batch) >= BATCH or len(cap._batch) * len(w.calls) >= BATCH_CALLS:
+    if len(cap._batch) >= BATCH or len(cap._batch) * len(w.raw) >= BATCH_CALLS:
         flush(cap)
     if w.appended and cap.on_step is not None:
         cap.on_step(cap)  # reading cap.history folds the waiting steps first
@@ -179,8 +180,9 @@ def flush(cap: Capture) -> None:
     merge_alive(lay, cap.run_units, alive, stacked)
     if scaled:  # else each call's gradient stats are already these values (rg was filled from them)
         for j, w in enumerate(batch):
-            for c, g in zip(w.calls, rg[j, :, N_FIELDS:]):
-                c.grad_stats = g
+            if w.calls is not None:
+                for c, g in zip(w.calls, rg[j, :, N_FIELDS:]):
+                    c.grad_stats = g
     hids = lay.history_ids()
     kept = [j for j, w in enumerate(batch) if w.appended]
     if kept:

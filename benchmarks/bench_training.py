@@ -17,8 +17,8 @@
     step (held back until 16 of them say it is an inference cell, then folded in batches).
 One process, interleaved rounds (A, B, C, A, B, C…), medians. ``torch.set_num_threads`` (default
 1) keeps two runs of the same loop comparable on a shared 2-core machine. The digits ratios also move
-by ±0.03 from one process to the next on a quiet machine: ``--processes N`` measures them
-again in N fresh processes and reports each variant's median, min and max over them.
+by ±0.03 from one process to the next on a quiet machine (the small CNN's by more): ``--processes N``
+measures both loops again in N fresh processes each and reports each variant's median, min and max.
 """
 
 from __future__ import annotations
@@ -420,17 +420,20 @@ def memory_run(steps: int) -> list[str]:
 
 
 def across_processes(n: int, rounds: int, threads: int, quick: bool) -> list[str]:
-    """The digits loop's ratios (CPU time, × plain) measured in ``n`` fresh processes, one after the other."""
-    runs: list[dict[str, float]] = []
-    for _ in range(n):
-        cmd = [sys.executable, __file__, "--digits-only", "--rounds", str(rounds), "--threads", str(threads)] + (["--quick"] if quick else [])
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        runs.append(json.loads(out.strip().splitlines()[-1]))
-    lines = [f"digits ({20 if quick else 100} steps) in {n} fresh processes, × plain (CPU time): median [min – max]; each process's value"]
-    for k in runs[0]:
-        vals = [r[k] for r in runs]
-        lines.append(f"  {k:34s} {statistics.median(vals):.3f} [{min(vals):.3f} – {max(vals):.3f}]   "
-                     + " ".join(f"{v:.3f}" for v in vals))
+    """Each target loop's ratios (CPU time, × plain) measured in ``n`` fresh processes, one after the other."""
+    lines: list[str] = []
+    for loop, steps in (("digits", 20 if quick else 100), ("cnn", 8 if quick else 40)):
+        runs: list[dict[str, float]] = []
+        for _ in range(n):
+            cmd = [sys.executable, __file__, "--only", loop, "--rounds", str(rounds), "--threads", str(threads)] + (["--quick"] if quick else [])
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            runs.append(json.loads(out.strip().splitlines()[-1]))
+        name = "digits" if loop == "digits" else "small CNN"
+        lines.append(f"{name} ({steps} steps) in {n} fresh processes, × plain (CPU time): median [min – max]; each process's value")
+        for k in runs[0]:
+            vals = [r[k] for r in runs]
+            lines.append(f"  {k:34s} {statistics.median(vals):.3f} [{min(vals):.3f} – {max(vals):.3f}]   "
+                         + " ".join(f"{v:.3f}" for v in vals))
     return lines
 
 
@@ -470,16 +473,20 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true", help="skip the 10,000-step memory run (c)")
     ap.add_argument("--quick", action="store_true", help="few steps and rounds, to check the script runs")
     ap.add_argument("--breakdown", action="store_true", help="also: where each loop's step time goes (timers in Capture)")
-    ap.add_argument("--processes", type=int, default=1, help="also: the digits loop (b) in N fresh processes (median, min, max)")
-    ap.add_argument("--digits-only", action="store_true", help=argparse.SUPPRESS)  # one of those processes: JSON ratios out
+    ap.add_argument("--processes", type=int, default=1, help="also: the loops (a) and (b) in N fresh processes each (median, min, max)")
+    ap.add_argument("--only", choices=("digits", "cnn"), help=argparse.SUPPRESS)  # one of those processes: JSON ratios out
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     rounds, mem_steps = (2, 300) if a.quick else (a.rounds, a.steps)
     torch.manual_seed(0)
-    if a.digits_only:
+    if a.only:
         with tempfile.TemporaryDirectory() as tmp:
-            r, _ = bench_loop("digits", digits_model(), torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)),
-                              20 if a.quick else 100, rounds, False, tmp)
+            if a.only == "digits":
+                r, _ = bench_loop("digits", digits_model(), torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)),
+                                  20 if a.quick else 100, rounds, False, tmp)
+            else:
+                r, _ = bench_loop("small CNN", small_cnn(), torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,)),
+                                  8 if a.quick else 40, rounds, False, tmp)
         print(json.dumps({row[1]: float(row[5]) for row in r}))  # CPU-time ratios to plain
         return
     rows: list[tuple[str, ...]] = []

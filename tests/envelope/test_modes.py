@@ -227,7 +227,8 @@ def test_lightning_fit(shell: Any, record_property: Any) -> None:
 def test_eval_loop(record_property: Any) -> None:
     """An evaluation cell: ``model.eval()`` and a loop over batches under ``torch.no_grad()`` (no
     training in the cell): each forward is a step of the history, each step's row means equal that
-    batch's own (plain hooks on a copy), the outputs and the model as without nbdebug."""
+    batch's own (plain hooks on a copy), the outputs and the model as without nbdebug. 40 batches: held
+    back until 16 say it is an inference cell, then folded in batches (capture/batch.py)."""
     import copy
 
     import numpy as np
@@ -242,7 +243,7 @@ def test_eval_loop(record_property: Any) -> None:
     record_property("cell", ("eval_loop", "thermometer"))
     model = M.tiny_cnn().eval()
     g = torch.Generator().manual_seed(4)
-    xs = [torch.randn(*M.IMAGE_SHAPE, generator=g) for _ in range(5)]
+    xs = [torch.randn(*M.IMAGE_SHAPE, generator=g) for _ in range(40)]
     ref = copy.deepcopy(model)
     acts = [reference_activations(ref, lambda m, x=x: m(x)) for x in xs]
     with torch.no_grad():

@@ -76,6 +76,8 @@ MODES: dict[str, Loop] = {
     "grad_accum": Loop(steps=8, accum=ACCUM),
     "grad_accum_opt": Loop(steps=8, accum=ACCUM, options={"step_on": "optimizer"}),
     "two_optimizers_opt": Loop(two_optimizers=True, eval_every=2, options={"step_on": "optimizer"}),
+    # Ctrl-C after the first micro-batch of an optimizer step (step_on="optimizer": that step is open)
+    "interrupt_accum_opt": Loop(steps=8, accum=ACCUM, interrupt_at=INTERRUPT_AT + 1, options={"step_on": "optimizer"}),
     # modes users train in without a GradScaler: pure bf16 / fp16 weights, fp16 autocast
     "train_bf16": Loop(dtype=torch.bfloat16),
     "train_fp16": Loop(dtype=torch.float16),

@@ -59,6 +59,7 @@ LABELS = {
     "grad_accum": "gradient accumulation (2 micro-batches per optimizer step)",
     "grad_accum_opt": "gradient accumulation, `step_on=\"optimizer\"` (micro-batches merged)",
     "two_optimizers_opt": "two optimizers stepped after each backward, `step_on=\"optimizer\"` (one step)",
+    "interrupt_accum_opt": "KeyboardInterrupt mid-accumulation, `step_on=\"optimizer\"` (the open step kept)",
     "parametrized": "parametrized layers (`weight_norm`)",
     "double_backward": "gradient penalty (`autograd.grad(create_graph=True)`)",
     "frozen": "frozen model (`requires_grad_(False)`)",

@@ -310,6 +310,30 @@ def test_steps_without_gradients_fold_in_bulk_and_equal_the_step_by_step_path(mo
     _assert_same(fast, slow)
 
 
+def _generate() -> Capture:
+    """``generate()`` with a KV cache: one step per new token, the attention rows' shapes grow every step."""
+    from nbdebug.adapters.offline import tiny_lm
+
+    lm = tiny_lm("llama", vocab=64)
+    ids = torch.randint(1, 64, (1, 5), generator=torch.Generator().manual_seed(2))
+    with Capture(lm) as cap:
+        cap.tokens = lm.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=0)  # type: ignore[attr-defined]
+    return cap
+
+
+def test_generate_folds_in_bulk_and_equals_the_step_by_step_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    folds: list[int] = []
+    real_sv = batch.step_values
+    with monkeypatch.context() as p:
+        p.setattr(batch, "step_values", lambda rg, *a: (folds.append(rg.shape[0]), real_sv(rg, *a))[1])
+        fast = _run(_generate, False, monkeypatch)
+    slow = _run(_generate, True, monkeypatch)
+    assert torch.equal(fast.tokens, slow.tokens)  # type: ignore[attr-defined]
+    rows = len(fast.result.layers)
+    assert fast.result.steps == 40 and max(folds) >= 15 * rows
+    _assert_same(fast.result, slow.result)
+
+
 @pytest.mark.parametrize("before", [10, 40])
 def test_no_grad_steps_before_training_are_dropped_or_kept_as_before(before: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Held-back no-grad steps: the first 16 of them are committed (an inference cell), the rest still

@@ -226,6 +226,19 @@ def bench_loop(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, st
     return rows, notes
 
 
+def under_nbdebug(model: nn.Module, body: Callable[[], object]) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``body`` under ``Capture(model)`` and under ``nbdebug.debug(model, "thermometer")`` (what ``%%nndebug`` runs)."""
+    def capture() -> None:
+        with Capture(model):
+            body()
+
+    def debug() -> None:
+        with nbdebug.debug(model, "thermometer"):
+            body()
+
+    return capture, debug
+
+
 def per_step(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, rounds: int) -> list[str]:
     """Each variant's cost split into a per-step part and a once-per-cell part (hook registration, the
     result, a live widget's creation and last update): the loop timed at ``steps`` steps and at 1 step,
@@ -233,13 +246,7 @@ def per_step(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, step
     loops = {n: Loop(model, x, y, n) for n in (1, steps)}
 
     def variants(loop: Loop) -> dict[str, Callable[[], object]]:
-        def capture() -> None:
-            with Capture(model):
-                loop()
-
-        def debug() -> None:
-            with nbdebug.debug(model, "thermometer"):
-                loop()
+        capture, debug = under_nbdebug(model, loop)
 
         def live() -> None:
             with quiet_ipython(), nbdebug.debug(model, "thermometer", live=True) as dbg:
@@ -448,14 +455,7 @@ def inference_loops(rounds: int, quick: bool) -> list[tuple[str, ...]]:
                 outs = [model(x) for _ in range(n)]
             del outs
 
-        def capture() -> None:
-            with Capture(model):
-                run()
-
-        def debug() -> None:
-            with nbdebug.debug(model, "thermometer"):
-                run()
-
+        capture, debug = under_nbdebug(model, run)
         cpu: dict[str, float] = {}
         t = interleaved({"plain": run, "nbdebug Capture": capture, "nbdebug.debug (%%nndebug)": debug},
                         rounds=rounds, warmup=1, cpu=cpu)

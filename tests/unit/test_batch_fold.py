@@ -334,6 +334,34 @@ def test_generate_folds_in_bulk_and_equals_the_step_by_step_path(monkeypatch: py
     _assert_same(fast.result, slow.result)
 
 
+class _LossOut(nn.Module):
+    """Returns its own loss (a scalar output: the step's loss, as an HF model given labels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.r, self.b = nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (self.b(self.r(self.a(x))) - y).pow(2).mean()
+
+
+def _eval_losses() -> Capture:
+    m = _LossOut()
+    g = torch.Generator().manual_seed(1)
+    with Capture(m) as cap, torch.no_grad():
+        for i in range(40):
+            m(torch.randn(4, 6, generator=g), torch.full((4, 1), 100.0 if i == 30 else 0.0))
+    return cap
+
+
+def test_held_back_steps_keep_their_losses_and_loss_spikes(monkeypatch: pytest.MonkeyPatch) -> None:
+    fast, slow = _run(_eval_losses, False, monkeypatch).result, _run(_eval_losses, True, monkeypatch).result
+    assert [(i.kind, i.step, i.message) for i in fast.incidents] == [(i.kind, i.step, i.message) for i in slow.incidents]
+    assert [(i.kind, i.step) for i in fast.incidents] == [("loss_spike", 31)]
+    assert np.isfinite(fast.series("loss")).all()
+    _assert_same(fast, slow)
+
+
 @pytest.mark.parametrize("before", [10, 40])
 def test_no_grad_steps_before_training_are_dropped_or_kept_as_before(before: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Held-back no-grad steps: the first 16 of them are committed (an inference cell), the rest still

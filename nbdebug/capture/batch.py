@@ -62,11 +62,15 @@ class _Held:
     as an evaluation if training follows) and is taken into the batch by :func:`take` when the held-back
     steps are committed (an inference cell)."""
 
-    __slots__ = ("layout", "lrs", "sig", "skipped", "waiting")
+    __slots__ = ("lrs", "sig", "skipped", "waiting")
 
     def __init__(self, sig: tuple[Any, ...], waiting: _Waiting, lrs: dict[str, float], skipped: bool) -> None:
         self.sig, self.waiting, self.lrs, self.skipped = sig, waiting, lrs, skipped
-        self.layout = sig[0]
+
+    @property
+    def layout(self) -> Layout:
+        """Its step's layout (as a held-back ``_StepData``'s ``layout``)."""
+        return self.sig[0]
 
 
 def defer(cap: Capture, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad: list[Any], h_alive: list[Any],
@@ -97,7 +101,7 @@ def defer(cap: Capture, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad:
                  None if pg_late else scale, h_opt, scalars, False)
     sig = (lay, tuple(opt_keys), pgmap, has_grad)
     if hold:
-        cap._pending.append(_Held(sig, w, lrs, skipped))
+        cap._hold_back(_Held(sig, w, lrs, skipped))
     else:
         take(cap, sig, w, lrs, skipped)
     return True

@@ -74,7 +74,7 @@ from .passes import _Passes
 from .result import CaptureResult, LayerRecord
 from .select import LayerFilter, select_modules
 from .stats import N_FIELDS, SATURATING
-from .steps import close_step, commit, finish
+from .steps import PENDING_NO_GRAD, close_step, commit, finish
 from .weak import ModelRef
 
 __all__ = ["MAX_CALLS", "Capture", "CaptureResult", "LayerRecord"]
@@ -279,10 +279,16 @@ class Capture(_Passes, _Forward, _ParamGrads):
                     self.notes.append(note)
         return self._history
 
+    def _hold_back(self, step: Any) -> None:
+        """Hold back a no-grad step closed before any training forward (a ``_StepData``, or a ``_Held``
+        one waiting for the batch); after :data:`PENDING_NO_GRAD` of them the cell is an inference cell."""
+        self._pending.append(step)
+        if len(self._pending) >= PENDING_NO_GRAD:
+            self._commit_pending()
+
     def _commit_pending(self) -> None:
         """The held-back no-grad steps are an inference cell's: fold them, in order (those that qualified
-        for the batch are taken into it)."""
-        flush(self)
+        for the batch are taken into it, after the steps already there)."""
         pending, self._pending = self._pending, []
         for data in pending:
             if type(data) is _Held:

@@ -87,10 +87,7 @@ def _lr_of(opt_keys: list[tuple[str, tuple[str, ...]]], h_opt: list[Any]) -> dic
     i = 0
     for kind, mods in opt_keys:
         if kind == "lr":
-            vals = h_opt[i : i + len(mods)]
-            if not all(type(v) is float for v in vals):
-                vals = [v if type(v) is float else _f(v) for v in vals]
-            return dict(zip(mods, vals))
+            return dict(zip(mods, [v if type(v) is float else _f(v) for v in h_opt[i : i + len(mods)]]))
         i += len(mods)
     return {}
 
@@ -169,8 +166,6 @@ def close_step(cap: Capture) -> None:
     if (on_host and calls and not late and not checks and not cap._maybe_bad
             and defer(cap, _layout(cap, calls), calls, h_raw, h_grad, h_alive, scale, pg, h_pg, pg_late, opt_keys, h_opt,
                       scalars, lrs, skipped, hold)):
-        if hold and len(cap._pending) >= PENDING_NO_GRAD:
-            cap._commit_pending()
         return  # folded later with other steps (batch.py)
     flush(cap)  # steps waiting in the batch come first
     _flush_late(cap, late, h_late)
@@ -243,9 +238,7 @@ def close_step(cap: Capture) -> None:
             c.input_checks = []
         c.grad_stats = grads[j] if h_grad[j] is not None else None
     if hold:
-        cap._pending.append(data)
-        if len(cap._pending) >= PENDING_NO_GRAD:
-            cap._commit_pending()
+        cap._hold_back(data)
     else:
         commit(cap, data)
 

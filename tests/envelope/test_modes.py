@@ -224,11 +224,13 @@ def test_lightning_fit(shell: Any, record_property: Any) -> None:
     shell.user_ns["_nndebug_widget"].close()
 
 
-def test_eval_loop(record_property: Any) -> None:
+@pytest.mark.parametrize("stop_at", [None, 25], ids=["whole", "interrupted"])
+def test_eval_loop(stop_at: int | None, record_property: Any) -> None:
     """An evaluation cell: ``model.eval()`` and a loop over batches under ``torch.no_grad()`` (no
     training in the cell): each forward is a step of the history, each step's row means equal that
     batch's own (plain hooks on a copy), the outputs and the model as without nbdebug. 40 batches: held
-    back until 16 say it is an inference cell, then folded in batches (capture/batch.py)."""
+    back until 16 say it is an inference cell, then folded in batches (capture/batch.py). Interrupted
+    (Ctrl-C after batch 25, 9 of its steps still held back): every batch that ran is kept."""
     import copy
 
     import numpy as np
@@ -240,20 +242,28 @@ def test_eval_loop(record_property: Any) -> None:
     from . import models as M
     from .usercode import reference_activations
 
-    record_property("cell", ("eval_loop", "thermometer"))
+    record_property("cell", ("eval_loop" if stop_at is None else "eval_loop_interrupt", "thermometer"))
     model = M.tiny_cnn().eval()
     g = torch.Generator().manual_seed(4)
     xs = [torch.randn(*M.IMAGE_SHAPE, generator=g) for _ in range(40)]
+    ran = xs if stop_at is None else xs[:stop_at]
     ref = copy.deepcopy(model)
-    acts = [reference_activations(ref, lambda m, x=x: m(x)) for x in xs]
+    acts = [reference_activations(ref, lambda m, x=x: m(x)) for x in ran]
     with torch.no_grad():
-        want = [ref(x) for x in xs]
-    with nbdebug.debug(model, view="thermometer") as dbg, torch.no_grad():
-        outs = [model(x) for x in xs]
-    assert all(torch.equal(a, b) for a, b in zip(outs, want)), "the cell's outputs changed"
+        want = [ref(x) for x in ran]
+    outs: list[torch.Tensor] = []
+    try:
+        with nbdebug.debug(model, view="thermometer") as dbg, torch.no_grad():
+            for i, x in enumerate(xs):
+                outs.append(model(x))
+                if i + 1 == stop_at:
+                    raise KeyboardInterrupt("stopped by the user mid-loop")
+    except KeyboardInterrupt:
+        assert stop_at is not None
+    assert all(torch.equal(a, b) for a, b in zip(outs, want, strict=True)), "the cell's outputs changed"
     res = dbg.result
     assert [r.name for r in res.layers] == M.CNN_ROWS
-    assert res.steps == len(xs) and res.step_index.tolist() == list(range(1, len(xs) + 1)) and res.eval_steps == 0
+    assert res.steps == len(ran) and res.step_index.tolist() == list(range(1, len(ran) + 1)) and res.eval_steps == 0
     for row in M.CNN_ROWS:
         np.testing.assert_allclose(res.series(row, "mean"), [float(a[row].mean()) for a in acts], rtol=1e-5, atol=1e-7, err_msg=row)
     assert hook_count(model) == 0 and same_fingerprint(fingerprint(ref), fingerprint(model)) == []

@@ -50,6 +50,7 @@ LABELS = {
     "anomaly_nan": "`detect_anomaly()` and an overflow (its RuntimeError; history up to that step)",
     "compiled_autograd": "the backward under compiled autograd (`torch._dynamo.compiled_autograd`; gradient norms read before the optimizer step)",
     "eval_loop": "evaluation loop over batches (`eval()`, `no_grad`)",
+    "eval_loop_interrupt": "evaluation loop over batches, KeyboardInterrupt mid-loop (every batch that ran kept)",
     "ddp": "DDP on 2 gloo processes (`%%nndebug --distributed`)",
     "every": "`--every 3` (sampled steps)",
     "continue": "`--continue run1` across two cells",

@@ -2,42 +2,39 @@
 closes, and its array work (history values, run accumulators, history append) is done for many steps
 at once.
 
-A step qualifies (:func:`defer`) when nothing about it needs looking at right away: host stats (not
+A step qualifies (:func:`qualifies`) when nothing about it needs looking at right away: host stats (not
 the device path), no hook saw a NaN/Inf count, finite parameter-gradient norms, no late gradients or
 input checks, and its calls belong to the same rows in the same order as an already committed step (the
 cached :class:`~nbdebug.capture.fold.Layout`); then either every call has gradient stats (and every
 row of that layout has had some) or none has (a forward without backward: ``no_grad``,
 ``inference_mode``, predictions). Steps with and without gradients are never in one batch. Its step
 number, skipped flag, learning rates, loss-spike check and ``on_step`` call happen at once
-(:func:`take`); its numbers wait in ``cap._batch``. A no-grad step before any training forward is held
-back instead (``cap._pending``, as :class:`_Held`; its layout may be that of the step held just before
-it): taken when the held-back steps are committed (an inference cell), dropped as an evaluation when
-training begins. :func:`flush` folds the waiting steps, in order, with the very element-wise operations
+(:meth:`~nbdebug.capture.steps.Steps.take`); its numbers wait in a :class:`Batch` as a :class:`Waiting`.
+A no-grad step before any training forward is held back instead (as a :class:`Held`; its layout may be
+that of the step held just before it): taken when the held-back steps are committed (an inference
+cell), dropped as an evaluation when training begins. :meth:`Batch.fold` folds the waiting steps, in order, with the very element-wise operations
 the one-step path uses (so the history is bit for bit the same; tested), and runs before anything that
 reads what they change: another step that does not qualify, the end of the capture, late gradients,
 and any read of ``Capture.history`` (live views, the distributed spool), or when :data:`BATCH` steps
 (:data:`BATCH_CALLS` calls) wait. What the
 calls' stats do not give (:func:`step_extras`: dead units, parameter-gradient norms, optimizer numbers)
 and the whole-run unit masks (:func:`merge_alive`) are computed here for ``k`` steps, and the one-step
-close (:mod:`.steps`) calls the same functions with ``k = 1``.
+close (:mod:`.closing`) calls the same functions with ``k = 1``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from .fold import Layout, _ensure_run, _or, _unscale, accumulate_step, step_values
-from .history import FIELD_INDEX
-from .incidents import loss_spike
+from .fold import Layout, RunTotals, or_masks, step_values, unscale
+from .history import FIELD_INDEX, History
+from .rows import Row
 from .stats import IDX, N_FIELDS
 
-if TYPE_CHECKING:
-    from .session import Capture
-
-__all__ = ["BATCH", "BATCH_CALLS", "defer", "flush", "kept", "merge_alive", "step_extras", "take"]
+__all__ = ["BATCH", "BATCH_CALLS", "Batch", "Held", "Waiting", "as_float", "fold_one_by_one", "merge_alive", "qualifies", "step_extras"]
 
 BATCH = 64  # steps that may wait before they are folded
 BATCH_CALLS = 4096  # ... and calls (a few MB: a model with many rows waits fewer steps)
@@ -46,8 +43,8 @@ _DEAD, _PGN = FIELD_INDEX["dead_unit_frac"], FIELD_INDEX["param_grad_norm"]
 _OPT_COLS = {"param_norm": FIELD_INDEX["param_norm"], "update_ratio": FIELD_INDEX["update_ratio"]}
 
 
-class _Waiting:
-    """One closed step whose numbers wait for :func:`flush`."""
+class Waiting:
+    """One closed step whose numbers wait for :meth:`Batch.fold`."""
 
     __slots__ = ("alive", "appended", "calls", "grad", "opt", "pg", "pg_div", "raw", "scalars", "scale", "step")
 
@@ -57,153 +54,141 @@ class _Waiting:
         self.pg, self.pg_div, self.opt, self.scalars, self.appended = pg, pg_div, opt, scalars, appended
 
 
-class _Held:
-    """A qualifying no-grad step closed before any training forward: it waits in ``cap._pending`` (dropped
-    as an evaluation if training follows) and is taken into the batch by :func:`take` when the held-back
-    steps are committed (an inference cell)."""
+class Held:
+    """A qualifying no-grad step closed before any training forward: it waits with the held-back steps
+    (dropped as an evaluation if training follows) and is taken into the batch when they are committed
+    (an inference cell)."""
 
     __slots__ = ("lrs", "sig", "skipped", "waiting")
 
-    def __init__(self, sig: tuple[Any, ...], waiting: _Waiting, lrs: dict[str, float], skipped: bool) -> None:
+    def __init__(self, sig: tuple[Any, ...], waiting: Waiting, lrs: dict[str, float], skipped: bool) -> None:
         self.sig, self.waiting, self.lrs, self.skipped = sig, waiting, lrs, skipped
 
     @property
     def layout(self) -> Layout:
-        """Its step's layout (as a held-back ``_StepData``'s ``layout``)."""
+        """Its step's layout (as a held-back ``StepData``'s ``layout``)."""
         return self.sig[0]
 
 
-def defer(cap: Capture, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad: list[Any], h_alive: list[Any],
-          scale: float | None, pg: Any, pg_host: Any, pg_late: bool, opt_keys: list[tuple[str, tuple[str, ...]]],
-          h_opt: list[Any], scalars: dict[str, float], lrs: dict[str, float], skipped: bool, hold: bool = False) -> bool:
-    """Take the closed step into the batch and do its immediate part; False when it does not qualify
-    (the caller folds it now, after :func:`flush`). With ``hold`` (a no-grad step before any training
-    forward) a qualifying step goes to ``cap._pending`` instead; its layout may be the one of the step
-    held just before it (committed first)."""
+def qualifies(lay: Layout, h_grad: list[Any], scale: float | None, pg_host: Any, has_pg: bool,
+              held_layout: Layout | None) -> bool | None:
+    """Whether a closed step may wait in a batch: None when it may not (it is folded now), else whether
+    it has gradients. ``held_layout``: the layout of the step held back just before it, when this one
+    would be held back too (a held step may share it before it is committed)."""
     if not (lay.unique and lay.span is not None):
-        return False
-    if not lay.committed and not (hold and cap._pending and cap._pending[-1].layout is lay):
-        return False
+        return None
+    if not lay.committed and held_layout is not lay:
+        return None
     if h_grad[0] is None:  # no call may have gradient stats: a step without backward (no_grad, inference)
         if scale is not None or any(g is not None for g in h_grad):
-            return False
+            return None
         has_grad = False
     elif not lay.grad_init or any(g is None for g in h_grad):
-        return False
+        return None
     else:
         has_grad = True
-    pgmap = None
-    if pg is not None:
-        if type(pg_host) is not np.ndarray or not math.isfinite(sum(pg_host.tolist())):
-            return False  # the step's parameter-gradient check needs it now
-        pgmap = cap._pg_modules(pg[0])
-    w = _Waiting(calls, 0, h_raw, h_grad, h_alive, scale, pg_host if pg is not None else None,
-                 None if pg_late else scale, h_opt, scalars, False)
-    sig = (lay, tuple(opt_keys), pgmap, has_grad)
-    if hold:
-        cap._hold_back(_Held(sig, w, lrs, skipped))
-    else:
-        take(cap, sig, w, lrs, skipped)
-    return True
+    if has_pg and (type(pg_host) is not np.ndarray or not math.isfinite(sum(pg_host.tolist()))):
+        return None  # the step's parameter-gradient check needs it now
+    return has_grad
 
 
-def take(cap: Capture, sig: tuple[Any, ...], w: _Waiting, lrs: dict[str, float], skipped: bool) -> None:
-    """The immediate part of a deferred step (its number, skipped flag, learning rates, loss-spike check,
-    ``on_step``); its numbers wait in ``cap._batch``."""
-    prev = cap._batch_sig
-    # the layout and the parameter map are cached objects (the same object while nothing changed);
-    # never compare them with == (the map holds numpy arrays)
-    if cap._batch and (prev[0] is not sig[0] or prev[2] is not sig[2] or prev[1] != sig[1] or prev[3] != sig[3]):
-        flush(cap)
-    cap._batch_sig = sig
-    cap.step += 1
-    step = w.step = cap.step
-    w.calls[0].mark.step = step  # the step's calls' one mark (Capture._close_step marks them closed)
-    if w.scale is None:  # only a scaled step's calls are needed later (flush gives them their unscaled gradient
-        w.calls = None  # stats); the others may go with their graph (fewer long-lived objects for the gc)
-    if skipped:
-        cap.skipped.append(step)
-    if lrs:
-        cap.lrs.update(lrs)
-    loss = w.scalars["loss"]
-    if not math.isnan(loss):
-        loss_spike(cap, step, loss)
-    w.appended = kept(cap, step)
-    cap._batch.append(w)
-    if len(cap._batch) >= BATCH or len(cap._batch) * len(w.raw) >= BATCH_CALLS:
-        flush(cap)
-    if w.appended and cap.on_step is not None:
-        cap.on_step(cap)  # reading cap.history folds the waiting steps first
+class Batch:
+    """Closed steps of one signature (layout, optimizer keys, parameter map, with gradients or not)
+    waiting to be folded together: ``waiting`` (in step order), ``sig``."""
+
+    __slots__ = ("sig", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting: list[Waiting] = []
+        self.sig: Any = None
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    def other(self, sig: tuple[Any, ...]) -> bool:
+        """Steps of another signature wait (fold them before taking one of ``sig``)."""
+        prev = self.sig
+        # the layout and the parameter map are cached objects (the same object while nothing changed);
+        # never compare them with == (the map holds numpy arrays)
+        return bool(self.waiting) and (prev[0] is not sig[0] or prev[2] is not sig[2] or prev[1] != sig[1]
+                                       or prev[3] != sig[3])
+
+    def add(self, w: Waiting, sig: tuple[Any, ...]) -> bool:
+        """Let ``w`` wait; True when the batch is full (fold it now)."""
+        self.sig = sig
+        self.waiting.append(w)
+        return len(self.waiting) >= BATCH or len(self.waiting) * len(w.raw) >= BATCH_CALLS
+
+    def fold(self, totals: RunTotals, rows: list[Row], history: History) -> tuple[np.ndarray, np.ndarray, Any] | None:
+        """Fold the waiting steps, in order: exactly what the one-step path does for each of them (into
+        ``totals`` and ``history``). Returns the last step's history values, the rows' history ids and
+        the last step when ``every`` left it out of the history (else None); None when nothing waited."""
+        batch = self.waiting
+        if not batch:
+            return None
+        lay, opt_keys, pgmap, has_grad = self.sig
+        totals.ensure(rows)
+        k, n = len(batch), len(lay.rows)
+        rg = np.empty((k, n, 2 * N_FIELDS))
+        rg[:, :, :N_FIELDS] = [w.raw for w in batch]
+        if has_grad:
+            rg[:, :, N_FIELDS:] = [w.grad for w in batch]
+        else:  # steps without gradients (qualifies: no call has any)
+            rg[:, :, N_FIELDS:] = np.nan
+        scaled = any(w.scale is not None for w in batch)
+        if scaled:  # x / 1.0 is x: steps without a scale are unchanged
+            unscale(rg[:, :, N_FIELDS:], np.array([1.0 if w.scale is None else w.scale for w in batch])[:, None, None])
+        sat = [j * n + r for j in range(k) for r in lay.sat] if lay.sat else []
+        vals = step_values(rg.reshape(k * n, 2 * N_FIELDS), sat, has_grad).reshape(k, n, -1)
+        alive = [w.alive for w in batch]
+        stacked, _ = step_extras(vals, lay, alive, opt_keys, [w.opt for w in batch],
+                                 None if pgmap is None else (pgmap, [w.pg for w in batch], [w.pg_div for w in batch]))
+        # Everything above only computed: a KeyboardInterrupt there leaves the batch waiting for the exit.
+        self.waiting = []
+        at = lay.span
+        used = rg if has_grad else rg[:, :, :N_FIELDS]  # the halves RunTotals.add_step folds
+        if np.isnan(used[:, :, _MN::N_FIELDS] + used[:, :, _MX::N_FIELDS]).any():
+            fold_one_by_one(totals, lay, at, rg, has_grad)  # a NaN min/max (an empty output): the exact rules
+        else:
+            # what add_step's one-slice update does step after step: sums in the same order (a reduction
+            # over the first axis adds the steps one after the other), min/max over all of them
+            cur = totals.rg[at] if has_grad else totals.raw[at]
+            both = np.concatenate([cur[None], used])
+            with np.errstate(invalid="ignore", over="ignore"):
+                total = np.add.reduce(both, axis=0)
+            total[:, _MN::N_FIELDS] = np.fmin.reduce(both[:, :, _MN::N_FIELDS], axis=0)
+            total[:, _MX::N_FIELDS] = np.fmax.reduce(both[:, :, _MX::N_FIELDS], axis=0)
+            cur[...] = total
+        totals.calls[at] += lay.counts * k
+        merge_alive(lay, totals.units, alive, stacked)
+        if scaled:  # else each call's gradient stats are already these values (rg was filled from them)
+            for j, w in enumerate(batch):
+                if w.calls is not None:
+                    for c, g in zip(w.calls, rg[j, :, N_FIELDS:]):
+                        c.grad_stats = g
+        hids = lay.history_ids()
+        kept = [j for j, w in enumerate(batch) if w.appended]
+        if kept:
+            history.append_many([batch[j].step for j in kept], hids, vals[kept], [batch[j].scalars for j in kept])
+        last = batch[-1]
+        return vals[-1], hids, None if last.appended else (last.step, hids, vals[-1], last.scalars)
 
 
-def kept(cap: Capture, step: int) -> bool:
-    """Whether ``every`` keeps ``step`` in the history (counted from the capture's first step)."""
-    return (step - (cap.resume.steps + 1 if cap.resume is not None else 1)) % cap.every == 0
-
-
-def flush(cap: Capture) -> None:
-    """Fold the waiting steps, in order: exactly what the one-step path does for each of them."""
-    batch = cap._batch
-    if not batch:
-        return
-    lay, opt_keys, pgmap, has_grad = cap._batch_sig
-    _ensure_run(cap)
-    k, n = len(batch), len(lay.rows)
-    rg = np.empty((k, n, 2 * N_FIELDS))
-    rg[:, :, :N_FIELDS] = [w.raw for w in batch]
-    if has_grad:
-        rg[:, :, N_FIELDS:] = [w.grad for w in batch]
-    else:  # steps without gradients (defer: no call has any)
-        rg[:, :, N_FIELDS:] = np.nan
-    scaled = any(w.scale is not None for w in batch)
-    if scaled:  # x / 1.0 is x: steps without a scale are unchanged
-        _unscale(rg[:, :, N_FIELDS:], np.array([1.0 if w.scale is None else w.scale for w in batch])[:, None, None])
-    sat = [j * n + r for j in range(k) for r in lay.sat] if lay.sat else []
-    vals = step_values(rg.reshape(k * n, 2 * N_FIELDS), sat, has_grad).reshape(k, n, -1)
-    alive = [w.alive for w in batch]
-    stacked, _ = step_extras(vals, lay, alive, opt_keys, [w.opt for w in batch],
-                             None if pgmap is None else (pgmap, [w.pg for w in batch], [w.pg_div for w in batch]))
-    # Everything above only computed: a KeyboardInterrupt there leaves the batch waiting for finish().
-    cap._batch = []
-    at = lay.span
-    used = rg if has_grad else rg[:, :, :N_FIELDS]  # the halves accumulate_step folds
-    if np.isnan(used[:, :, _MN::N_FIELDS] + used[:, :, _MX::N_FIELDS]).any():
-        for j in range(k):  # a NaN min/max (an empty output): step by step, the exact rules
-            accumulate_step(cap, lay, at, rg[j], has_grad)
-    else:
-        # what accumulate_step's one-slice update does step after step: sums in the same order (a reduction
-        # over the first axis adds the steps one after the other), min/max over all of them
-        cur = cap.run_rg[at] if has_grad else cap.run_raw[at]
-        both = np.concatenate([cur[None], used])
-        with np.errstate(invalid="ignore", over="ignore"):
-            total = np.add.reduce(both, axis=0)
-        total[:, _MN::N_FIELDS] = np.fmin.reduce(both[:, :, _MN::N_FIELDS], axis=0)
-        total[:, _MX::N_FIELDS] = np.fmax.reduce(both[:, :, _MX::N_FIELDS], axis=0)
-        cur[...] = total
-    cap.run_calls[at] += lay.counts * k
-    merge_alive(lay, cap.run_units, alive, stacked)
-    if scaled:  # else each call's gradient stats are already these values (rg was filled from them)
-        for j, w in enumerate(batch):
-            if w.calls is not None:
-                for c, g in zip(w.calls, rg[j, :, N_FIELDS:]):
-                    c.grad_stats = g
-    hids = lay.history_ids()
-    kept = [j for j, w in enumerate(batch) if w.appended]
-    if kept:
-        cap._history.append_many([batch[j].step for j in kept], hids, vals[kept], [batch[j].scalars for j in kept])
-    last = batch[-1]
-    cap.unappended = None if last.appended else (last.step, hids, vals[-1], last.scalars)
-    cap.prev_values, cap.prev_rows = vals[-1], hids
+def fold_one_by_one(totals: RunTotals, lay: Layout, at: slice, rg: np.ndarray, has_grad: bool) -> None:
+    """Fold ``k`` steps' ``[k, rows, 2 × N_FIELDS]`` stats into ``totals`` one step after the other
+    (:meth:`~nbdebug.capture.fold.RunTotals.add_step`'s exact rules: a NaN min/max in some step)."""
+    for j in range(rg.shape[0]):
+        totals.add_step(lay, at, rg[j], has_grad)
 
 
 def step_extras(vals: np.ndarray, lay: Layout, alive: list[list[Any]], opt_keys: list[tuple[str, tuple[str, ...]]],
                 opt: list[list[Any]], pg: tuple[Any, list[Any], list[float | None]] | None
                 ) -> tuple[dict[int, np.ndarray], list[str]]:
     """The history values of ``k`` steps of one layout beyond their calls' stats, into ``vals``
-    (``[k, rows, F]``; :func:`flush` and, for one step, :func:`~nbdebug.capture.steps.close_step`:
+    (``[k, rows, F]``; :meth:`Batch.fold` and, for one step, :func:`~nbdebug.capture.closing.close_step`:
     one code, element-wise, so a step's numbers do not depend on ``k``): dead-unit fractions (``alive``: per step, each row's mask of units non-zero in some
     call, None: no zero), optimizer numbers (``opt``: per step, ``opt_keys``' values in order) and
-    parameter-gradient norms summed per module (``pg``: ``Capture._pg_modules``' map, per step the
+    parameter-gradient norms summed per module (``pg``: :meth:`~nbdebug.capture.paramgrads.ParamGrads.modules_of`' map, per step the
     norms and the scale they still need dividing by) on each module's first row. Returns the full
     masks stacked per unit row (``{row: [k, units]}``, when ``k > 1``; for :func:`merge_alive`) and
     the modules whose norm is not finite."""
@@ -249,17 +234,17 @@ def step_extras(vals: np.ndarray, lay: Layout, alive: list[list[Any]], opt_keys:
 
 
 def _numbers(rows: list[list[Any]]) -> np.ndarray:
-    """``[k, m]`` float64 of ``k`` lists of ``m`` numbers (:func:`_f` of each: floats, 0-d arrays, None)."""
+    """``[k, m]`` float64 of ``k`` lists of ``m`` numbers (:func:`as_float` of each: floats, 0-d arrays, None)."""
     try:
         arr = np.array(rows, dtype=np.float64)
         if arr.ndim == 2:
             return arr
     except (TypeError, ValueError):  # an array of several numbers: its mean
         pass
-    return np.array([[v if type(v) is float else _f(v) for v in r] for r in rows], dtype=np.float64)
+    return np.array([[v if type(v) is float else as_float(v) for v in r] for r in rows], dtype=np.float64)
 
 
-def _f(x: Any) -> float:
+def as_float(x: Any) -> float:
     """A number of a step on the host as a float (an array: its mean; empty: NaN)."""
     if isinstance(x, float):
         return x
@@ -289,7 +274,7 @@ def merge_alive(lay: Layout, units: np.ndarray, alive: list[list[Any]], stacked:
             row.alive = None if a.all() else a
             continue
         for a in col:
-            m = _or(row.alive, a)
+            m = or_masks(row.alive, a)
             row.alive = None if m is None or m.all() else m
             if row.alive is None:
                 break

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DEFAULT_MAX_BYTES", "format_bytes", "parse_bytes"]
+__all__ = ["DEFAULT_MAX_BYTES", "Budget", "format_bytes", "parse_bytes"]
 
 #: the budget when the user sets none (``%config NNDebugMagics.max_bytes`` changes it in the magic)
 DEFAULT_MAX_BYTES = 256 * 2**20
@@ -48,3 +48,41 @@ def format_bytes(n: int | float) -> str:
             v = n / size
             return f"{v:.0f} {unit}" if v >= 10 or v == int(v) else f"{v:.1f} {unit}"
     return f"{int(n)} B"
+
+
+class Budget:
+    """What one capture keeps beyond scalar stats, against ``max_bytes``: ``kept`` bytes so far,
+    ``dropped`` (what did not fit), ``exceeded`` (something did not fit)."""
+
+    __slots__ = ("dropped", "exceeded", "kept", "max_bytes")
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = int(max_bytes)
+        self.kept = 0
+        self.dropped = 0
+        self.exceeded = False
+
+    def keep(self, nbytes: int) -> bool:
+        """Count ``nbytes`` as kept when they fit (True); else count them as dropped (False)."""
+        if self.kept + nbytes > self.max_bytes:
+            self.exceeded = True
+            self.dropped += nbytes
+            return False
+        self.kept += nbytes
+        return True
+
+    @property
+    def left(self) -> int:
+        """Bytes still free (never negative)."""
+        return max(0, self.max_bytes - self.kept)
+
+    def add(self, nbytes: int) -> None:
+        """Count ``nbytes`` kept by a copy that sized itself to :attr:`left` (incident copies)."""
+        self.kept += nbytes
+
+    def note(self) -> str | None:
+        """The result's note when something did not fit, else None."""
+        if not self.exceeded:
+            return None
+        return (f"byte budget of {format_bytes(self.max_bytes)} reached: kept {format_bytes(self.kept)} of samples/histograms, "
+                f"dropped {format_bytes(self.dropped)} for later layers (stats are kept for every layer; raise max_bytes to keep them)")

@@ -13,26 +13,24 @@ numbers are the same either way (tested against the layout-free path).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from .history import FIELD_INDEX, HISTORY_FIELDS
+from .rows import Row
 from .stats import IDX, N_FIELDS, DeviceStats, nonfinite, packed_to_host, raw_from_host
 
-if TYPE_CHECKING:
-    from .calls import _Row
-    from .session import Capture
-
-__all__: list[str] = []  # private to the capture package
+__all__ = ["Fetch", "Layout", "RunTotals", "accumulate", "backward_origin", "host_items", "merge2", "merge_calls",
+           "merge_grads", "or_masks", "stat_values", "step_values", "unscale"]
 
 _F = len(HISTORY_FIELDS)
 _FI = FIELD_INDEX
 _MN, _MX = IDX["min"], IDX["max"]
 
 
-def _host(items: list[Any], batch: bool) -> list[Any]:
+def host_items(items: list[Any], batch: bool) -> list[Any]:
     """``items`` on the host: DeviceStats → raw rows, tensors → numpy, anything else as is; every
     device tensor crosses in one packed transfer per device (``batch``: CPU tensors too)."""
     dev: list[torch.Tensor] = []
@@ -59,7 +57,7 @@ def _host(items: list[Any], batch: bool) -> list[Any]:
     return out
 
 
-class _Fetch:
+class Fetch:
     """Collects what a step needs from the device; :meth:`run` brings it over in one transfer."""
 
     def __init__(self, batch: bool) -> None:
@@ -72,7 +70,7 @@ class _Fetch:
         return len(self.tensors) - 1
 
     def run(self) -> list[Any]:
-        return list(_host(self.tensors, self.batch))
+        return list(host_items(self.tensors, self.batch))
 
 
 class Layout:
@@ -81,13 +79,13 @@ class Layout:
     each call), calls per row, each row's first call, the saturating and unit rows, where each
     module's first row sits (parameter-gradient norms, parameter norms and update ratios go there)."""
 
-    __slots__ = ("committed", "counts", "first_idx", "grad_init", "hids", "ids", "inv", "inv_a", "key", "mod_pos",
-                 "pos_cache", "rows", "sat", "span", "unique", "unit_rows")
+    __slots__ = ("committed", "counts", "epoch", "first_idx", "grad_init", "hids", "ids", "inv", "inv_a", "key",
+                 "mod_pos", "pos_cache", "rows", "sat", "span", "unique", "unit_rows")
 
-    def __init__(self, key: list[_Row], first_row: dict[str, _Row]) -> None:
-        self.key = key
+    def __init__(self, key: list[Row], first_row: dict[str, Row], epoch: int = 0) -> None:
+        self.key, self.epoch = key, epoch  # epoch: the row table's when built (a row learning its units moves it)
         pos: dict[int, int] = {}
-        rows: list[_Row] = []
+        rows: list[Row] = []
         inv: list[int] = []
         first_idx: list[int] = []
         for j, r in enumerate(key):
@@ -110,7 +108,7 @@ class Layout:
         self.mod_pos = {m: pos[fr.id] for m, fr in first_row.items() if fr.id in pos}
         self.hids: np.ndarray | None = None
         self.committed = False  # every row has been committed once (none is new)
-        self.grad_init = False  # every row's gradient accumulator has started (see accumulate_step)
+        self.grad_init = False  # every row's gradient accumulator has started (see RunTotals.add_step)
         self.pos_cache: dict[Any, tuple[np.ndarray, np.ndarray]] = {}  # module-name keys → (positions, which keys)
 
     def history_ids(self) -> np.ndarray:
@@ -223,7 +221,8 @@ def stat_values(raw: np.ndarray, grad: np.ndarray, sat: list[int]) -> np.ndarray
     return step_values(np.concatenate([raw, grad], axis=1), sat, not np.isnan(grad[:, 0]).all())
 
 
-def _or(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+def or_masks(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    """Units alive in either mask (None: every unit; masks of different shapes: unknown, None)."""
     if a is None or b is None:
         return None
     return a | b if a.shape == b.shape else None
@@ -233,7 +232,7 @@ _G_DIV1 = [IDX["sum"], IDX["min"], IDX["max"]]
 _SQ = slice(IDX["sumsq"], IDX["sumsq"] + 1)
 
 
-def _unscale(grads: np.ndarray, scale: float | np.ndarray) -> None:
+def unscale(grads: np.ndarray, scale: float | np.ndarray) -> None:
     """Raw gradient rows (``[..., N_FIELDS]``) of a GradScaler-scaled backward → the unscaled gradients'
     (in place): sums, min and max divided by the scale, sums of squares by its square; counts (numel,
     non-zero, NaN, Inf) unchanged. ``scale``: a number, or one per step (shape ``[steps, 1, 1]``)."""
@@ -242,7 +241,7 @@ def _unscale(grads: np.ndarray, scale: float | np.ndarray) -> None:
         grads[..., _SQ] /= scale * scale
 
 
-def _backward_origin(calls: list[Any], grads: np.ndarray) -> tuple[Any, Any] | None:
+def backward_origin(calls: list[Any], grads: np.ndarray) -> tuple[Any, Any] | None:
     """First non-finite output gradient in backward order, and the consumer whose output gradient was
     still finite (the backward of that consumer made it)."""
     pos = {id(c): j for j, c in enumerate(calls)}
@@ -257,55 +256,67 @@ def _backward_origin(calls: list[Any], grads: np.ndarray) -> tuple[Any, Any] | N
     return None
 
 
-def _ensure_run(cap: Capture) -> None:
-    """Whole-run accumulators sized for every row so far: raw and gradient sums/min/max side by side in
-    ``cap.run_rg`` (``cap.run_raw``/``cap.run_grad`` are its two halves), calls, units."""
-    n = len(cap._rows)
-    have = cap.run_raw.shape[0]
-    if n > have:
-        size = max(n, 2 * have, 16)
-        rg = np.zeros((size, 2 * N_FIELDS))
-        rg[:, _MN], rg[:, _MX] = np.inf, -np.inf
-        rg[:, N_FIELDS:] = np.nan
-        rg[:have, :N_FIELDS], rg[:have, N_FIELDS:] = cap.run_raw, cap.run_grad
-        calls = np.zeros(size, np.int64)
-        calls[:have] = cap.run_calls
-        cap.run_rg, cap.run_raw, cap.run_grad, cap.run_calls = rg, rg[:, :N_FIELDS], rg[:, N_FIELDS:], calls
-    if cap.run_units.shape[0] != cap.run_raw.shape[0] or cap.units_known != n:
-        units = np.zeros(cap.run_raw.shape[0], bool)
-        units[:n] = [r.units > 0 for r in cap._rows]
-        cap.run_units, cap.units_known = units, n
+class RunTotals:
+    """The whole-run accumulators per row id: outputs' and gradients' raw sums/min/max side by side in
+    ``rg`` (``raw``/``grad`` are its two halves; a NaN gradient row: none yet), ``calls`` per row,
+    ``units`` (which rows have units). Grown by :meth:`ensure`, folded into by :meth:`add_step`."""
+
+    __slots__ = ("calls", "grad", "raw", "rg", "units", "units_known")
+
+    def __init__(self) -> None:
+        self.rg = np.zeros((0, 2 * N_FIELDS))
+        self.raw, self.grad = self.rg[:, :N_FIELDS], self.rg[:, N_FIELDS:]
+        self.calls = np.zeros(0, np.int64)
+        self.units = np.zeros(0, bool)
+        self.units_known = 0  # rows whose ``units`` are in ``units``
+
+    def ensure(self, rows: list[Row]) -> None:
+        """Accumulators sized for every row so far."""
+        n = len(rows)
+        have = self.raw.shape[0]
+        if n > have:
+            size = max(n, 2 * have, 16)
+            rg = np.zeros((size, 2 * N_FIELDS))
+            rg[:, _MN], rg[:, _MX] = np.inf, -np.inf
+            rg[:, N_FIELDS:] = np.nan
+            rg[:have, :N_FIELDS], rg[:have, N_FIELDS:] = self.raw, self.grad
+            calls = np.zeros(size, np.int64)
+            calls[:have] = self.calls
+            self.rg, self.raw, self.grad, self.calls = rg, rg[:, :N_FIELDS], rg[:, N_FIELDS:], calls
+        if self.units.shape[0] != self.raw.shape[0] or self.units_known != n:
+            units = np.zeros(self.raw.shape[0], bool)
+            units[:n] = [r.units > 0 for r in rows]
+            self.units, self.units_known = units, n
+
+    def add_step(self, lay: Layout, at: np.ndarray | slice, rg: np.ndarray, has_grad: bool) -> None:
+        """Fold a step's merged ``[rows, 2 × N_FIELDS]`` stats into the accumulators (rows ``at``):
+        exactly :func:`accumulate` on each half (gradients only for rows that have some). When every row
+        has gradients, they have had some before (no fresh accumulator) and no min is NaN, the two halves
+        are one in-place update of a slice."""
+        if isinstance(at, slice) and has_grad and lay.grad_init:
+            with np.errstate(invalid="ignore", over="ignore"):
+                mins, maxs = rg[:, _MN :: N_FIELDS], rg[:, _MX :: N_FIELDS]
+                if not np.isnan(mins + maxs).any():  # a NaN min or max (NaN values, an empty tensor): the exact path
+                    cur = self.rg[at]
+                    mn = np.fmin(cur[:, _MN :: N_FIELDS], mins)
+                    mx = np.fmax(cur[:, _MX :: N_FIELDS], maxs)
+                    cur += rg
+                    cur[:, _MN :: N_FIELDS], cur[:, _MX :: N_FIELDS] = mn, mx
+                    return
+        accumulate(self.raw, at, rg[:, :N_FIELDS])
+        if not has_grad:
+            return
+        grad = rg[:, N_FIELDS:]
+        has_g = ~np.isnan(grad[:, 0])
+        if has_g.all():
+            accumulate(self.grad, at, grad)
+            lay.grad_init = True  # every row's gradient accumulator has started: none is fresh from now on
+        elif has_g.any():
+            ids = lay.ids if isinstance(at, slice) else at
+            accumulate(self.grad, ids[has_g], grad[has_g])
 
 
-def accumulate_step(cap: Capture, lay: Layout, at: np.ndarray | slice, rg: np.ndarray, has_grad: bool) -> None:
-    """Fold a step's merged ``[rows, 2 × N_FIELDS]`` stats into the run accumulators (rows ``at``):
-    exactly :func:`_accumulate` on each half (gradients only for rows that have some). When every row
-    has gradients, they have had some before (no fresh accumulator) and no min is NaN, the two halves
-    are one in-place update of a slice."""
-    if isinstance(at, slice) and has_grad and lay.grad_init:
-        with np.errstate(invalid="ignore", over="ignore"):
-            mins, maxs = rg[:, _MN :: N_FIELDS], rg[:, _MX :: N_FIELDS]
-            if not np.isnan(mins + maxs).any():  # a NaN min or max (NaN values, an empty tensor): the exact path
-                cur = cap.run_rg[at]
-                mn = np.fmin(cur[:, _MN :: N_FIELDS], mins)
-                mx = np.fmax(cur[:, _MX :: N_FIELDS], maxs)
-                cur += rg
-                cur[:, _MN :: N_FIELDS], cur[:, _MX :: N_FIELDS] = mn, mx
-                return
-    _accumulate(cap.run_raw, at, rg[:, :N_FIELDS])
-    if not has_grad:
-        return
-    grad = rg[:, N_FIELDS:]
-    has_g = ~np.isnan(grad[:, 0])
-    if has_g.all():
-        _accumulate(cap.run_grad, at, grad)
-        lay.grad_init = True  # every row's gradient accumulator has started: none is fresh from now on
-    elif has_g.any():
-        ids = lay.ids if isinstance(at, slice) else at
-        _accumulate(cap.run_grad, ids[has_g], grad[has_g])
-
-
-def _accumulate(run: np.ndarray, ids: np.ndarray | slice, raw: np.ndarray) -> None:
+def accumulate(run: np.ndarray, ids: np.ndarray | slice, raw: np.ndarray) -> None:
     """Fold raw rows (unique ``ids``, or a slice of rows) into the run accumulator (a NaN accumulator
     row starts afresh). A NaN min/max in ``raw`` propagates; otherwise a NaN accumulated min/max is
     replaced (``fmin``/``fmax``)."""
@@ -325,7 +336,8 @@ def _accumulate(run: np.ndarray, ids: np.ndarray | slice, raw: np.ndarray) -> No
             run[ids] = cur
 
 
-def _merge2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def merge2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two raw stat rows of one tensor merged (sums added, min/max combined)."""
     with np.errstate(invalid="ignore", over="ignore"):
         out = a + b
     out[_MN], out[_MX] = min(a[_MN], b[_MN]), max(a[_MX], b[_MX])

@@ -4,7 +4,7 @@ leaf of a selected module's output, its stats and dead-unit mask (one
 them, its output-gradient hook, and the forward part of the flight recorder.
 
 A module called outside the model's forward (a rootless pass) or during a backward (checkpoint
-recomputation) is routed to the pass rules (:mod:`.passes`) or :meth:`_Forward._on_recompute`.
+recomputation) is routed to the pass rules (:mod:`.passes`) or :meth:`ForwardHooks._on_recompute`.
 The common call (one plain tensor out) takes a short path: same records, same order of effects as
 the general one (tuple, dict and ``ModelOutput`` outputs, complex leaves), only fewer Python steps.
 
@@ -12,6 +12,10 @@ An output that aliases an already-recorded tensor of the step (Identity, Flatten
 view: same start, size and dtype) reuses its stats when the version counter has not moved. Writes
 that bypass the counter (through ``.data`` or a ``.numpy()`` view) are not seen: such an alias shows
 the stats from before the write.
+
+A :class:`ForwardHooks` is built with what it fills and reads: the row table, the open step's records,
+the pass rules, the memory budget, and (for the flight recorder) the incident log and a callback
+giving the number the open step will have.
 """
 
 from __future__ import annotations
@@ -24,19 +28,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from .calls import _EMPTY, _Call, _Row, _StepMark
+from .budget import Budget
+from .calls import Call, OpenStep, in_backward
 from .hooks import tensor_hook
-from .incidents import NonFiniteError, forward_incident
+from .incidents import IncidentLog, NonFiniteError
 from .leaves import tensor_leaves
+from .losses import as_float_later, loss_of_output
 from .names import call_name
+from .passes import Passes
+from .rows import Row, RowTable
 from .stats import IDX, SATURATING, Raw, device_histogram, stats_and_units, unit_alive
 
-__all__ = ["MAX_CALLS"]
+__all__ = ["MAX_CALLS", "ForwardHooks"]
 
 _NAN, _INF, _NZ, _N, _MIN, _MAX = IDX["nan"], IDX["inf"], IDX["nonzero"], IDX["numel"], IDX["min"], IDX["max"]
 MAX_CALLS = 200_000  # per-call records kept per step
-#: the forward hook's short path for a plain tensor output (tests turn it off to compare with the general path)
-SHORT_PATH = True
 
 
 def _units_of(t: torch.Tensor, raw: Raw, on_device: bool) -> Any:
@@ -51,59 +57,47 @@ def _units_of(t: torch.Tensor, raw: Raw, on_device: bool) -> Any:
     return None
 
 
-class _Forward:
-    """Mixin of :class:`~nbdebug.capture.session.Capture`: the forward hooks and what they record."""
+class ForwardHooks:
+    """The forward hooks of a capture and what they record (see the module doc).
 
-    # attributes of the Capture (see its __init__)
-    _rows: list[_Row]
-    _row_of: dict[str, _Row]
-    first_row: dict[str, _Row]
-    _by_tensor: dict[int, _Call]
-    _by_storage: dict[int, _Call]
-    _may_alias_any: bool
-    _occurrence: dict[str, list[list[_Call]]]
-    _claimed: set[int]
-    _step_calls: list[_Call]
-    _mark: _StepMark
-    _tensor_handles: list[Any]
-    _bytes: int
-    _dropped_bytes: int
-    _budget_exceeded: bool
-    _truncated: bool
-    _layout: Any
-    _maybe_bad: bool
-    _hot: Any
-    _hot_call: _Call | None
-    _broke: bool
-    _pending: list[Any]
-    _root_depth: int
-    _eval: bool
-    _open: bool
-    _open_grad: bool
-    _passes: int
-    max_bytes: int
-    sample_size: int
-    histograms: bool
-    bins: int
-    grads: bool
-    device_path: bool
-    break_on: str | None
-    fwd_step: int | None
-    step: int
-    _rootless: Callable[[str], None]  # _Passes'
-    _open_step: Callable[[bool], None]  # _Passes'
+    Inputs: ``rows`` (the row table), ``rec`` (the open step's records), ``passes`` (the pass rules),
+    ``budget`` (samples, histograms, incident copies), ``log`` (the incident log: has a forward
+    incident been found, and its snapshots), ``next_step()`` (the number the open step will have);
+    options ``device_path``, ``grads``, ``sample_size``, ``histograms``, ``bins``, ``break_on`` and
+    ``short_path`` (the common one-tensor call's short path; False: every call takes the general path,
+    the reference the short path is tested against). ``truncated``: some step had more than
+    :data:`MAX_CALLS` calls (later ones not recorded)."""
 
-    def _new_row(self, key: str, module: str, type_: str, t: torch.Tensor) -> _Row:
-        row = _Row(len(self._rows), key, module, type_, tuple(t.shape), str(t.dtype).replace("torch.", ""))
-        self._rows.append(row)
-        self._row_of[key] = row
-        self.first_row.setdefault(module, row)
-        return row
+    def __init__(self, rows: RowTable, rec: OpenStep, passes: Passes, budget: Budget, log: IncidentLog,
+                 next_step: Callable[[], int], *, device_path: bool, grads: bool, sample_size: int, histograms: bool,
+                 bins: int, break_on: str | None, short_path: bool = True) -> None:
+        self.rows, self.rec, self.passes, self.budget, self.log = rows, rec, passes, budget, log
+        self.next_step = next_step
+        self.device_path, self.grads, self.sample_size = device_path, grads, sample_size
+        self.histograms, self.bins, self.break_on, self.short_path = histograms, bins, break_on, short_path
+        self.truncated = False
+        self.may_alias_any = False  # some selected module can return an alias of a recorded output
+        self._broke = False
 
-    def _link_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any], call: _Call, check: bool) -> None:
-        """Link a call to the captured calls that produced its inputs (by tensor identity).
+    def hooks(self, modules: list[tuple[str, nn.Module]]) -> list[tuple[nn.Module, Any]]:
+        """``(module, hook)`` for each selected module (registered ``with_kwargs=True`` by the capture)."""
+        # some selected module can return an alias of a recorded output (no parameters, not saturating)
+        self.may_alias_any = any(SATURATING.get(type(m).__name__) is None and not any(True for _ in m.parameters(recurse=False))
+                                 for _, m in modules)
+        return [(module, self._make_hook(name, module)) for name, module in modules]
 
-        Inputs not produced by a captured call of this step are checked for NaN/Inf only when
+    def on_root_out(self, _m: nn.Module, _args: Any, output: Any) -> None:
+        """The model's own forward returned: the loss in its output, when it holds one (no ``loss=``)."""
+        if self.passes.eval or in_backward():
+            return
+        loss = loss_of_output(output)
+        if loss is not None:
+            self.rec.losses.append(as_float_later(loss))
+
+    def _link_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any], call: Call, check: bool) -> None:
+        """Link a call to the recorded calls that produced its inputs (by tensor identity).
+
+        Inputs not produced by a recorded call of this step are checked for NaN/Inf only when
         ``check`` (the output was non-finite, or the device cannot tell without a sync): that check
         separates "this layer made the NaN" from "the NaN came in with the input". The check stays
         on the device (float32 min/max; never float64 there).
@@ -112,27 +106,23 @@ class _Forward:
             leaves: Any = (args[0],)
         else:
             leaves = [t for _, t in tensor_leaves((args, kwargs))]
+        by_tensor = self.rec.by_tensor
         for t in leaves:
             if not t.is_floating_point():
                 continue
-            hit = self._by_tensor.get(id(t))
+            hit = by_tensor.get(id(t))
             if hit is not None and hit.ref() is t:
-                if call.input_calls is _EMPTY:
-                    call.input_calls = [hit]
-                elif hit not in call.input_calls:
-                    call.input_calls.append(hit)
+                call.link_input(hit)
             elif check and t.numel():
                 mn, mx = torch.aminmax(t.detach())
-                if call.input_checks is _EMPTY:
-                    call.input_checks = []
-                call.input_checks.append(torch.stack([mn, mx]).to(torch.float32))
+                call.check_input(torch.stack([mn, mx]).to(torch.float32))
 
     def _aliased_stats(self, t: torch.Tensor) -> Raw | None:
         """Stats of an already-recorded tensor of this step with the same elements, or None (same
         start, size and dtype of a live storage, both contiguous, unchanged version counter; inference
-        tensors have none and are always recomputed). ``_by_storage`` maps a recorded output's
+        tensors have none and are always recomputed). ``rec.by_storage`` maps a recorded output's
         ``data_ptr`` to its call (the latest one at that address)."""
-        hit = self._by_storage.get(t.data_ptr())
+        hit = self.rec.by_storage.get(t.data_ptr())
         if hit is None:
             return None
         src = hit.ref()
@@ -143,17 +133,9 @@ class _Forward:
         raw = hit.raw
         return raw.copy() if isinstance(raw, np.ndarray) else raw.clone()  # type: ignore[union-attr]
 
-    def _keep(self, nbytes: int) -> bool:
-        if self._bytes + nbytes > self.max_bytes:
-            self._budget_exceeded = True
-            self._dropped_bytes += nbytes
-            return False
-        self._bytes += nbytes
-        return True
-
     def _sample(self, t: torch.Tensor) -> torch.Tensor | None:
         n = t.numel()
-        if n == 0 or self.sample_size <= 0 or not self._keep(min(n, self.sample_size) * 4):
+        if n == 0 or self.sample_size <= 0 or not self.budget.keep(min(n, self.sample_size) * 4):
             return None
         x = t.detach().reshape(-1)
         if n <= self.sample_size:
@@ -165,36 +147,35 @@ class _Forward:
             step -= 1
         return x[step // 2 :: step][: self.sample_size].float().clone()
 
-    def _make_forward_hook(self, name: str, mod: nn.Module) -> Any:
+    def _make_hook(self, name: str, mod: nn.Module) -> Any:
         type_name = type(mod).__name__
         saturation = SATURATING.get(type_name)
         on_device = self.device_path
         may_alias = saturation is None and not any(True for _ in mod.parameters(recurse=False))
         Tensor = torch.Tensor
-        occurrence, row_of, by_tensor, by_storage = self._occurrence, self._row_of, self._by_tensor, self._by_storage
+        rec, passes, rows, fw = self.rec, self.passes, self.rows, self
+        occurrence, row_of, by_tensor, by_storage = rec.occurrence, rows.by_key, rec.by_tensor, rec.by_storage
         task_id, grad_enabled, ref = torch._C._current_graph_task_id, torch.is_grad_enabled, weakref.ref
         ndarray = np.ndarray
-        cap = self
-        may_alias_any = self._may_alias_any
+        may_alias_any, short_path, grads = self.may_alias_any, self.short_path, self.grads
 
         def hook(module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if task_id() != -1:  # inside a backward: checkpoint recomputation
-                if not cap._eval:
-                    cap._on_recompute(name, output)
+                if not passes.eval:
+                    fw._on_recompute(name, output)
                 return
-            if not cap._root_depth:  # called outside the model's forward
-                cap._rootless(name)
-            if cap._eval:
+            if not passes.root_depth:  # called outside the model's forward
+                passes.rootless(name)
+            if passes.eval:
                 return
-            if not cap._open:  # not expected (every pass opens a step); never lose the call
-                cap._open_step(grad_enabled())
-                cap._passes += 1
-            step_calls = cap._step_calls
+            if not passes.open:  # not expected (every pass opens a step); never lose the call
+                passes.open_unexpected()
+            step_calls = rec.calls
             if len(step_calls) >= MAX_CALLS:
-                cap._truncated = True
+                fw.truncated = True
                 return
-            if type(output) is not Tensor or not SHORT_PATH or output.is_complex():
-                cap._record_leaves(name, type_name, saturation, may_alias, module, inputs, kwargs, output)
+            if type(output) is not Tensor or not short_path or output.is_complex():
+                fw._record_leaves(name, type_name, saturation, may_alias, module, inputs, kwargs, output)
                 return
             # the short path: one plain tensor out
             t = output
@@ -206,21 +187,20 @@ class _Forward:
                 key = call_name(name, len(starts))
             row = row_of.get(key)
             if row is None:
-                row = cap._new_row(key, name, type_name, t)
+                row = rows.new(key, name, type_name, t)
             # an aliasing output (Flatten, in-place ops) starts where a recorded output does
-            raw = cap._aliased_stats(t) if may_alias and by_storage and t.data_ptr() in by_storage else None
+            raw = fw._aliased_stats(t) if may_alias and by_storage and t.data_ptr() in by_storage else None
             if raw is None:
                 raw, alive = stats_and_units(t, saturation=saturation, units=True, on_device=on_device)
             else:
                 alive = _units_of(t, raw, on_device)
-            call = _Call(cap, row, name, tuple(t.shape), cap._mark)
+            call = Call(rec, row, name, tuple(t.shape), rec.mark)
             call.raw, call.alive = raw, alive
             if not row.units and t.dim() >= 2 and t.is_floating_point() and t.shape[1]:
-                row.units = t.shape[1]
-                cap._layout = None  # the step layouts list the unit rows
+                rows.set_units(row, t.shape[1])  # the step layouts list the unit rows
             check = on_device or type(raw) is not ndarray or raw[_NAN] + raw[_INF] > 0
             if check:
-                cap._maybe_bad = True
+                rec.maybe_bad = True
             starts.append([call])
             if not kwargs and len(inputs) == 1 and type(x := inputs[0]) is Tensor and not check:
                 if x.is_floating_point():
@@ -228,28 +208,28 @@ class _Forward:
                     if hit is not None and hit.ref() is x:
                         call.input_calls = [hit]
             else:
-                cap._link_inputs(inputs, kwargs, call, check)
+                fw._link_inputs(inputs, kwargs, call, check)
             if not row.sample_tried:
-                cap._first_sample(row, t)
+                fw._first_sample(row, t)
             step_calls.append(call)
             call.ref = ref(t)
             by_tensor[id(t)] = call
             if may_alias_any:  # what an aliasing output (Flatten, Identity, in-place ops) copies its stats from
                 call.version = None if t.is_inference() else t._version
                 by_storage[t.data_ptr()] = call
-            if cap.grads and t.requires_grad and grad_enabled():
+            if grads and t.requires_grad and grad_enabled():
                 call.hooked = True
-                cap._tensor_handles.append(tensor_hook(t, call))
-            if check and cap._hot is None:
-                cap._check_forward(module, inputs, kwargs, output, [(call, t)])
+                rec.handles.append(tensor_hook(t, call))
+            if check and rec.hot is None:
+                fw._check_forward(module, inputs, kwargs, output, [(call, t)])
 
         return hook
 
-    def _first_sample(self, row: _Row, t: torch.Tensor) -> None:
+    def _first_sample(self, row: Row, t: torch.Tensor) -> None:
         """The row's kept sample (and histogram), from its first call."""
         row.sample_tried = True
         row.sample = self._sample(t)
-        if self.histograms and t.numel() and self._keep(self.bins * 4 + 8):
+        if self.histograms and t.numel() and self.budget.keep(self.bins * 4 + 8):
             row.hist = device_histogram(t, self.bins)
 
     def _record_leaves(self, name: str, type_name: str, saturation: tuple[float, float] | None, may_alias: bool,
@@ -257,21 +237,22 @@ class _Forward:
         """The general path of the forward hook: every tensor leaf of the output (tuples, dicts,
         ``ModelOutput``), complex leaves skipped, leaves of one call recorded together."""
         on_device = self.device_path
+        rec, rows = self.rec, self.rows
         leaves = tensor_leaves(output, name)
-        starts = self._occurrence.get(name)
+        starts = rec.occurrence.get(name)
         if starts is None:
-            starts = self._occurrence[name] = []
+            starts = rec.occurrence[name] = []
         k = len(starts)
-        new: list[tuple[_Call, torch.Tensor]] = []
+        new: list[tuple[Call, torch.Tensor]] = []
         check = on_device
         for leaf_name, t in leaves:
             if t.is_complex():
                 continue
             key = leaf_name if k == 0 else call_name(leaf_name, k)
-            row = self._row_of.get(key)
+            row = rows.by_key.get(key)
             if row is None:
-                row = self._new_row(key, name, type_name, t)
-            call = _Call(self, row, name, tuple(t.shape), self._mark)
+                row = rows.new(key, name, type_name, t)
+            call = Call(rec, row, name, tuple(t.shape), rec.mark)
             raw = self._aliased_stats(t) if may_alias else None
             if raw is None:
                 raw, call.alive = stats_and_units(t, saturation=saturation, units=True, on_device=on_device)
@@ -279,20 +260,19 @@ class _Forward:
                 call.alive = _units_of(t, raw, on_device)
             call.raw = raw
             if not row.units and t.dim() >= 2 and t.is_floating_point() and t.shape[1]:
-                row.units = t.shape[1]
-                self._layout = None
+                rows.set_units(row, t.shape[1])
             if not check and (not isinstance(raw, np.ndarray) or raw[_NAN] + raw[_INF] > 0):
                 check = True
             new.append((call, t))
         if not new:
             return
         if check:
-            self._maybe_bad = True
+            rec.maybe_bad = True
         starts.append([c for c, _ in new])
         first = new[0][0]
         self._link_inputs(inputs, kwargs, first, check)
         grads = self.grads and torch.is_grad_enabled()
-        step_calls, tensor_handles, by_tensor, by_storage = self._step_calls, self._tensor_handles, self._by_tensor, self._by_storage
+        step_calls, handles, by_tensor, by_storage = rec.calls, rec.handles, rec.by_tensor, rec.by_storage
         for call, t in new:
             if call is not first:
                 call.input_calls = first.input_calls
@@ -306,12 +286,12 @@ class _Forward:
             by_storage[t.data_ptr()] = call
             if grads and t.requires_grad:
                 call.hooked = True
-                tensor_handles.append(tensor_hook(t, call))
-        if check and self._hot is None:
+                handles.append(tensor_hook(t, call))
+        if check and rec.hot is None:
             self._check_forward(module, inputs, kwargs, output, new)
 
     def _check_forward(self, module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any,
-                       new: list[tuple[_Call, torch.Tensor]]) -> None:
+                       new: list[tuple[Call, torch.Tensor]]) -> None:
         """The flight recorder's forward part: on the CPU the first non-finite output is known here
         (copy the call now); on the device path hold the call's inputs/output until the step's check,
         or (``break_on``) sync now."""
@@ -320,18 +300,18 @@ class _Forward:
             # Hold the call's tensors until the step's one check (copied only for the origin). Under
             # autograd they stay alive anyway; in a no-grad pass holding them would keep every
             # activation of the step, so an inference step's incident has no copies.
-            if self.fwd_step is None and torch.is_grad_enabled():
+            if self.log.fwd_step is None and torch.is_grad_enabled():
                 first.held = (inputs, output)
             return
         bad = any(float(c.raw.counts[2:4].sum()) > 0 if not isinstance(c.raw, np.ndarray) else c.raw[_NAN] + c.raw[_INF] > 0
                   for c, _ in new)
         if not bad:
             return
-        if self.fwd_step is None and self._hot is None:
-            self._hot, self._hot_call = forward_incident(self, first, inputs, output), first
+        if self.log.fwd_step is None and self.rec.hot is None:
+            self.rec.snapshot(self.log.forward_incident(first, inputs, output), first)
         if self.break_on == "nonfinite" and not self._broke:
             self._broke = True
-            step = self.step + len(self._pending) + 1
+            step = self.next_step()
             raise NonFiniteError(
                 f"step {step}: `{first.row.key}` produced a non-finite output (break_on='nonfinite'); "
                 f"`inputs`, `output` and `module` are in this frame",
@@ -345,7 +325,8 @@ class _Forward:
         for the first call of ``name`` in this step that has no hook yet (and the same output
         shape). With the non-reentrant implementation every original output was hooked already.
         """
-        starts = self._occurrence.get(name)
+        rec = self.rec
+        starts = rec.occurrence.get(name)
         if not starts or not (self.grads and torch.is_grad_enabled()):
             return
         leaves = [t for _, t in tensor_leaves(output, name) if not t.is_complex()]
@@ -355,11 +336,11 @@ class _Forward:
         free = [c for c in starts if not c[0].hooked and c[0].shape == shape]
         if not free:
             return
-        first = next((c for c in free if id(c[0]) not in self._claimed), None)
+        first = next((c for c in free if id(c[0]) not in rec.claimed), None)
         if first is None:  # a second backward through the same graph (retain_graph)
-            self._claimed.difference_update(id(c[0]) for c in free)
+            rec.claimed.difference_update(id(c[0]) for c in free)
             first = free[0]
-        self._claimed.add(id(first[0]))
+        rec.claimed.add(id(first[0]))
         for call, t in zip(first, leaves):
             if t.requires_grad:
-                self._tensor_handles.append(tensor_hook(t, call))
+                rec.handles.append(tensor_hook(t, call))

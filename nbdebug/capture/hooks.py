@@ -97,6 +97,11 @@ class HookSet:
     def __init__(self) -> None:
         self._handles: list[RemovableHandle | _Callback] = []
 
+    def handle_ids(self) -> set[int]:
+        """The ids of the module hooks registered through this set (``RemovableHandle.id``; the keys of
+        the hook tables they sit in)."""
+        return {h.id for h in self._handles if isinstance(h, RemovableHandle)}
+
     def forward(self, module: nn.Module, fn: Callable[..., Any], *, with_kwargs: bool = False) -> None:
         self._handles.append(module.register_forward_hook(fn, with_kwargs=with_kwargs))
 

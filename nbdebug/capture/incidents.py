@@ -16,21 +16,20 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from .budget import Budget
 from .history import HISTORY_FIELDS
 from .leaves import local, tensor_leaves
+from .rows import Row
 
-if TYPE_CHECKING:
-    from .session import Capture
-
-__all__ = ["Incident", "LossSpikes", "NonFiniteError", "copy_within", "describe_nonfinite", "forward_incident", "loss_spike",
-           "param_stats", "step_incidents"]
+__all__ = ["Incident", "IncidentLog", "LossSpikes", "NonFiniteError", "copy_within", "describe_nonfinite", "param_stats"]
 
 SPIKE_FACTOR = 10.0  # a loss above this many times the running median is a spike
 SPIKE_MIN_STEPS = 5  # steps with a loss before spikes are looked for
@@ -135,40 +134,6 @@ def describe_nonfinite(step: int, module: str, row: str, phase: str, what: str, 
     return f"step {step}: the parameter gradients of `{module}` went non-finite (forward outputs and output gradients were finite)"
 
 
-def forward_incident(cap: Capture, call: Any, inputs: Any, output: Any) -> Incident:
-    """The flight recorder's snapshot of the call that made the first non-finite forward output
-    (step and message are filled when the step is committed)."""
-    budget = max(0, cap.max_bytes - cap._bytes)
-    leaves = [t for t in (inputs if isinstance(inputs, (tuple, list)) else (inputs,)) if isinstance(t, torch.Tensor)]
-    ins, n_in = copy_within(list(leaves), budget)
-    out, n_out = copy_within(output, budget - n_in)
-    cap._bytes += n_in + n_out
-    return Incident("nonfinite", 0, call.module, call.row.key, "forward", "", ins, out,
-                    params=_param_stats(cap, call.module), optimizer=_opt_state(cap, call.module))
-
-
-def _param_stats(cap: Capture, module: str) -> dict[str, dict[str, float]]:
-    m = cap.module_of.get(module)
-    return param_stats(m) if m is not None else {}
-
-
-def _opt_state(cap: Capture, module: str) -> dict[str, dict[str, float]]:
-    try:
-        return cap.watch.state_of(module) if cap.watch is not None else {}
-    except Exception:
-        return {}
-
-
-def _previous(cap: Capture, row: Any) -> dict[str, float] | None:
-    if cap.prev_values is None or cap.prev_rows is None or row.hid < 0:
-        return None
-    hit = np.flatnonzero(cap.prev_rows == row.hid)
-    if not hit.size:
-        return None
-    v = cap.prev_values[hit[0]]
-    return {f: float(v[i]) for i, f in enumerate(HISTORY_FIELDS)}
-
-
 class LossSpikes:
     """Running median of the loss; :meth:`check` says when a loss is a spike (> 10× the median, after
     5 steps with a finite loss)."""
@@ -195,49 +160,118 @@ class LossSpikes:
         return out
 
 
-def step_incidents(cap: Capture, data: Any, step: int) -> bool:
-    """The first-non-finite bookkeeping and incidents of committed step ``step`` (one "nonfinite" incident
-    per capture: the first by step and phase; loss spikes); True when this step had a first."""
-    first_bad = False
-    new: list[Incident] = []
-    have = any(i.kind == "nonfinite" for i in cap.incidents)
-    if cap.fwd_step is None and data.fwd is not None:
-        c, finite, what = data.fwd
-        cap.fwd_step, cap.fwd_origin, first_bad = step, (c.row.id, finite), True
-        inc = data.fwd_incident or Incident("nonfinite", step, c.module, c.row.key, "forward", "",
-                                            params=_param_stats(cap, c.module), optimizer=_opt_state(cap, c.module))
-        inc.step, inc.previous = step, _previous(cap, c.row)
-        inc.message = describe_nonfinite(step, c.module, c.row.key, "forward", what, inc.inputs, finite)
-        new.append(inc)
-    if cap.bwd_step is None and data.bwd is not None:
-        bad, origin = data.bwd
-        cap.bwd_step, cap.bwd_row, first_bad = step, bad.row.id, True
-        cap.bwd_origin = origin.row.id if origin is not None else None
-        if not have and not new:
-            src = origin if origin is not None else bad
-            new.append(Incident("nonfinite", step, src.module, src.row.key, "output_grad",
-                                describe_nonfinite(step, src.module, src.row.key, "output_grad", "", None, None),
-                                params=_param_stats(cap, src.module), previous=_previous(cap, src.row),
-                                optimizer=_opt_state(cap, src.module)))
-    if cap.pg_step is None and data.pg is not None:
-        cap.pg_step, first_bad = step, True
-        if not have and not new:
-            row = cap.first_row.get(data.pg)
-            new.append(Incident("nonfinite", step, data.pg, row.key if row else None, "param_grad",
-                                describe_nonfinite(step, data.pg, row.key if row else data.pg, "param_grad", "", None, None),
-                                params=_param_stats(cap, data.pg), previous=_previous(cap, row) if row else None,
-                                optimizer=_opt_state(cap, data.pg)))
-    cap.incidents += new
-    loss = data.scalars["loss"]
-    if not math.isnan(loss):
-        loss_spike(cap, step, loss)
-    return first_bad
+class IncidentLog:
+    """The first non-finite value of a run (step, phase, origin) and its incidents (see the module doc).
 
+    Built with what its snapshots read: ``budget`` (copies of the origin call's tensors fit in what is
+    left), ``modules`` (name → the selected module, for its parameters' stats; emptied by
+    :meth:`release`), ``optimizer_state(module)`` (the optimizer state of its parameters), ``resume``
+    (an earlier result whose first steps and incidents carry over). Fed by the step folding
+    (:meth:`commit`, :meth:`loss_spike`, :meth:`remember`, :meth:`late_backward`); read by the result.
+    """
 
-def loss_spike(cap: Capture, step: int, loss: float) -> None:
-    """The loss spike incident of step ``step``, if its loss is one (see :class:`LossSpikes`)."""
-    med = cap.spikes.check(loss)
-    if med is not None:
-        cap.incidents.append(Incident("loss_spike", step, None, None, None,
-                                      f"step {step}: loss {loss:.4g} is {loss / med:.1f}× the running median {med:.4g}",
-                                      value=loss, median=med))
+    def __init__(self, budget: Budget, modules: dict[str, nn.Module],
+                 optimizer_state: Callable[[str], dict[str, dict[str, float]]] | None, resume: Any = None) -> None:
+        self.budget, self.modules, self.optimizer_state = budget, modules, optimizer_state
+        self.fwd_origin: tuple[int, bool] | None = None  # (row id, its inputs were finite)
+        self.fwd_step: int | None = resume.forward_nonfinite_step if resume is not None else None
+        self.bwd_row: int | None = None
+        self.bwd_origin: int | None = None
+        self.bwd_step: int | None = resume.backward_nonfinite_step if resume is not None else None
+        self.pg_step: int | None = resume.param_grad_nonfinite_step if resume is not None else None
+        self.incidents: list[Incident] = list(resume.incidents) if resume is not None else []
+        self.spikes = LossSpikes()
+        self.prev_values: np.ndarray | None = None  # the last committed step's history values (rows × fields)
+        self.prev_rows: np.ndarray | None = None  # ... and their history row ids
+
+    def release(self) -> None:
+        """At exit: hold no module of the model, no optimizer."""
+        self.modules, self.optimizer_state = {}, None
+
+    def forward_incident(self, call: Any, inputs: Any, output: Any) -> Incident:
+        """The flight recorder's snapshot of the call that made the first non-finite forward output
+        (step and message are filled when the step is committed)."""
+        budget = self.budget.left
+        leaves = [t for t in (inputs if isinstance(inputs, (tuple, list)) else (inputs,)) if isinstance(t, torch.Tensor)]
+        ins, n_in = copy_within(list(leaves), budget)
+        out, n_out = copy_within(output, budget - n_in)
+        self.budget.add(n_in + n_out)
+        return Incident("nonfinite", 0, call.module, call.row.key, "forward", "", ins, out,
+                        params=self._param_stats(call.module), optimizer=self._opt_state(call.module))
+
+    def _param_stats(self, module: str) -> dict[str, dict[str, float]]:
+        m = self.modules.get(module)
+        return param_stats(m) if m is not None else {}
+
+    def _opt_state(self, module: str) -> dict[str, dict[str, float]]:
+        try:
+            return self.optimizer_state(module) if self.optimizer_state is not None else {}
+        except Exception:
+            return {}
+
+    def remember(self, values: np.ndarray, hids: np.ndarray) -> None:
+        """The last committed step's history values and their row ids (an incident's ``previous``)."""
+        self.prev_values, self.prev_rows = values, hids
+
+    def _previous(self, row: Row) -> dict[str, float] | None:
+        if self.prev_values is None or self.prev_rows is None or row.hid < 0:
+            return None
+        hit = np.flatnonzero(self.prev_rows == row.hid)
+        if not hit.size:
+            return None
+        v = self.prev_values[hit[0]]
+        return {f: float(v[i]) for i, f in enumerate(HISTORY_FIELDS)}
+
+    def commit(self, data: Any, step: int, pg_row: Row | None) -> bool:
+        """The first-non-finite bookkeeping and incidents of committed step ``step`` (one "nonfinite"
+        incident per capture: the first by step and phase; loss spikes); True when this step had a
+        first. ``data``: the step's :class:`~nbdebug.capture.steps.StepData`; ``pg_row``: the first row of
+        the module whose parameter gradients went non-finite (``data.pg``), if it has one."""
+        first_bad = False
+        new: list[Incident] = []
+        have = any(i.kind == "nonfinite" for i in self.incidents)
+        if self.fwd_step is None and data.fwd is not None:
+            c, finite, what = data.fwd
+            self.fwd_step, self.fwd_origin, first_bad = step, (c.row.id, finite), True
+            inc = data.fwd_incident or Incident("nonfinite", step, c.module, c.row.key, "forward", "",
+                                                params=self._param_stats(c.module), optimizer=self._opt_state(c.module))
+            inc.step, inc.previous = step, self._previous(c.row)
+            inc.message = describe_nonfinite(step, c.module, c.row.key, "forward", what, inc.inputs, finite)
+            new.append(inc)
+        if self.bwd_step is None and data.bwd is not None:
+            bad, origin = data.bwd
+            self.bwd_step, self.bwd_row, first_bad = step, bad.row.id, True
+            self.bwd_origin = origin.row.id if origin is not None else None
+            if not have and not new:
+                src = origin if origin is not None else bad
+                new.append(Incident("nonfinite", step, src.module, src.row.key, "output_grad",
+                                    describe_nonfinite(step, src.module, src.row.key, "output_grad", "", None, None),
+                                    params=self._param_stats(src.module), previous=self._previous(src.row),
+                                    optimizer=self._opt_state(src.module)))
+        if self.pg_step is None and data.pg is not None:
+            self.pg_step, first_bad = step, True
+            if not have and not new:
+                row = pg_row
+                new.append(Incident("nonfinite", step, data.pg, row.key if row else None, "param_grad",
+                                    describe_nonfinite(step, data.pg, row.key if row else data.pg, "param_grad", "", None, None),
+                                    params=self._param_stats(data.pg), previous=self._previous(row) if row else None,
+                                    optimizer=self._opt_state(data.pg)))
+        self.incidents += new
+        loss = data.scalars["loss"]
+        if not math.isnan(loss):
+            self.loss_spike(step, loss)
+        return first_bad
+
+    def late_backward(self, step: int, bad: Any, origin: Any) -> None:
+        """A delayed backward's first non-finite output gradient (in step ``step``), when none was found before."""
+        if self.bwd_step is None:
+            self.bwd_step, self.bwd_row = step, bad.row.id
+            self.bwd_origin = origin.row.id if origin is not None else None
+
+    def loss_spike(self, step: int, loss: float) -> None:
+        """The loss spike incident of step ``step``, if its loss is one (see :class:`LossSpikes`)."""
+        med = self.spikes.check(loss)
+        if med is not None:
+            self.incidents.append(Incident("loss_spike", step, None, None, None,
+                                           f"step {step}: loss {loss:.4g} is {loss / med:.1f}× the running median {med:.4g}",
+                                           value=loss, median=med))

@@ -1,5 +1,5 @@
 """The loss of a training step: found in the model's own output (:func:`loss_of_output`), or what
-the user's ``loss()`` returns (:func:`_user_loss`: unknown when it is the previous step's very object,
+the user's ``loss()`` returns (:class:`UserLoss`: unknown when it is the previous step's very object,
 with a note), read without a host sync on accelerators (:func:`as_float_later`: a float on the CPU,
 a 1-element device copy otherwise, brought over with the capture's one per-step transfer).
 """
@@ -7,14 +7,12 @@ a 1-element device copy otherwise, brought over with the capture's one per-step 
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from .session import Capture
-
-__all__ = ["as_float_later", "loss_of_output"]
+__all__ = ["UserLoss", "as_float_later", "loss_of_output"]
 
 
 def loss_of_output(output: Any) -> Any | None:
@@ -58,25 +56,41 @@ def as_float_later(x: Any) -> float | torch.Tensor:
         return float("nan")
 
 
-def _user_loss(cap: Capture, calls: list[Any]) -> list[Any]:
+class UserLoss:
     """The step's loss from the user's ``loss()``: unknown (no entry, so NaN) when it returns the very
     object of the previous step's close (the variable was not reassigned: a forward that raised, or a
-    loop that forgot to), with a note."""
-    try:
-        v = cap.loss_fn()
-    except Exception:  # the user's name may not exist yet
-        v = None
-    if v is None:
-        return []
-    prev, cap._loss_prev = cap._loss_prev, _identity(v)
-    if prev is not None and (prev() if isinstance(prev, weakref.ref) else prev[0]) is v:
-        if calls:
-            old = _stale_note(cap.stale_loss)
-            cap.stale_loss.append(cap.step + 1)
-            new = _stale_note(cap.stale_loss)
-            cap.notes[:] = [new if n == old else n for n in cap.notes] if old in cap.notes else [*cap.notes, new]
-        return []
-    return [as_float_later(v)]
+    loop that forgot to). ``stale`` lists those steps; their note is kept up to date in ``notes`` (the
+    capture's list of notes, handed in)."""
+
+    __slots__ = ("fn", "notes", "prev", "stale")
+
+    def __init__(self, fn: Callable[[], Any], notes: list[str]) -> None:
+        self.fn, self.notes = fn, notes
+        self.prev: Any = None  # what fn() returned at the previous close (weakref / 1-tuple)
+        self.stale: list[int] = []  # steps whose loss() returned the previous step's object (NaN loss)
+
+    def read(self, step: int, has_calls: bool) -> list[Any]:
+        """The loss of the step closing now (to be numbered ``step``): ``[]`` (unknown) or one value."""
+        try:
+            v = self.fn()
+        except Exception:  # the user's name may not exist yet
+            v = None
+        if v is None:
+            return []
+        prev, self.prev = self.prev, _identity(v)
+        if prev is not None and (prev() if isinstance(prev, weakref.ref) else prev[0]) is v:
+            if has_calls:
+                old = _stale_note(self.stale)
+                self.stale.append(step)
+                new = _stale_note(self.stale)
+                notes = self.notes
+                notes[:] = [new if n == old else n for n in notes] if old in notes else [*notes, new]
+            return []
+        return [as_float_later(v)]
+
+    def release(self) -> None:
+        """At exit: hold nothing the user's loss returned."""
+        self.prev = None
 
 
 def _stale_note(steps: list[int]) -> str:

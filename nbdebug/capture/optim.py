@@ -27,7 +27,7 @@
   into the capture's one per-step transfer): the capture divides the step's gradient statistics by
   it, since backward ran on the scaled loss.
 
-Parts: :mod:`.updates` (what an optimizer steps, snapshots and per-module sums), :mod:`.scaler`
+Parts: :mod:`.plans` (what an optimizer steps, snapshots), :mod:`.updates` (per-module sums), :mod:`.scaler`
 (the GradScaler wrappers), :mod:`.losses` (the step's loss; re-exported here).
 
 Several optimizer steps between two :meth:`OptimizerWatch.take` calls: ``stepped`` counts them,
@@ -49,21 +49,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .budget import format_bytes
 from .hooks import HookSet
-from .leaves import local
 from .losses import as_float_later, loss_of_output
-from .scaler import _SCALE, _SCALER, scaler_patched
-from .updates import (
-    _Group,
-    _norms,
-    _number,
-    _Plan,
-    aggregate,
-    aggregate_on_device,
-    flat_update,
-    optimizer_state,
-)
+from .plans import Plan, new_plan, norms_of
+from .scaler import SCALER_SCALE, SCALER_STEP, scaler_patched
+from .updates import aggregate, aggregate_on_device, as_number, flat_update, optimizer_state
 
 __all__ = ["NO_OPTIMIZER_NOTE", "OptimizerWatch", "StepUpdates", "as_float_later", "loss_of_output", "scaler_patched"]
 
@@ -106,8 +96,9 @@ class OptimizerWatch:
     ``model``: an optimizer counts when it holds one of its parameters (default: those of
     ``modules``, recursively). ``on_device``: numbers as 0-d tensors (default: when the parameters
     are not on the CPU). ``on_step``: called after every optimizer step (and skipped scaler step)
-    of the model's optimizers, once this watch has counted it. ``on_pre``: called before every
-    optimizer step of the model's optimizers (the gradients it will use are in place).
+    of the model's optimizers, once this watch has counted it. ``on_pre(scaled)``: called before every
+    optimizer step of the model's optimizers (the gradients it will use are in place; ``scaled``: a
+    GradScaler scaled the loss of the step).
     """
 
     def __init__(
@@ -119,7 +110,7 @@ class OptimizerWatch:
         model: nn.Module | None = None,
         on_device: bool | None = None,
         on_step: Callable[[], Any] | None = None,
-        on_pre: Callable[[], Any] | None = None,
+        on_pre: Callable[[bool], Any] | None = None,
     ) -> None:
         self.hooks = hooks
         self.max_bytes = int(max_bytes)
@@ -135,10 +126,10 @@ class OptimizerWatch:
                 self._owners.setdefault(id(p), (p, []))[1].append(name)
         source = model.parameters() if model is not None else (p for _, m in modules for p in m.parameters())
         self._model_params = {id(p) for p in source}
-        self._plans: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Plan | None] = weakref.WeakKeyDictionary()
+        self._plans: weakref.WeakKeyDictionary[torch.optim.Optimizer, Plan | None] = weakref.WeakKeyDictionary()
         self._seen: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-        self._last: tuple[weakref.ref[torch.optim.Optimizer], _Plan | None] | None = None  # the last optimizer's plan
-        self._handles: list[Any] = []
+        self._last: tuple[weakref.ref[torch.optim.Optimizer], Plan | None] | None = None  # the last optimizer's plan
+        self._held: list[Any] = []
         self._reset()
 
     def _reset(self) -> None:
@@ -152,11 +143,11 @@ class OptimizerWatch:
     # -- context manager ----------------------------------------------------------------------
     def __enter__(self) -> OptimizerWatch:
         try:
-            self._handles.append(self.hooks.on_remove(self._clear))
-            self._handles.append(self.hooks.optimizer_step_pre(self._pre))
-            self._handles.append(self.hooks.optimizer_step_post(self._post))
-            self._handles.append(_SCALER.hold(self.hooks, self))
-            self._handles.append(_SCALE.hold(self.hooks, self))
+            self._held.append(self.hooks.on_remove(self._clear))
+            self._held.append(self.hooks.optimizer_step_pre(self._pre))
+            self._held.append(self.hooks.optimizer_step_post(self._post))
+            self._held.append(SCALER_STEP.hold(self.hooks, self))
+            self._held.append(SCALER_SCALE.hold(self.hooks, self))
         except BaseException:
             self.__exit__()
             raise
@@ -164,10 +155,10 @@ class OptimizerWatch:
 
     def __exit__(self, *exc: object) -> None:
         """Remove this watch's hooks and scaler wrapping (the HookSet's other handles stay)."""
-        while self._handles:
-            self._handles.pop().remove()
-        _SCALER.release(self)  # idempotent
-        _SCALE.release(self)
+        while self._held:
+            self._held.pop().remove()
+        SCALER_STEP.release(self)  # idempotent
+        SCALER_SCALE.release(self)
         self._clear()
 
     def _clear(self) -> None:
@@ -193,13 +184,13 @@ class OptimizerWatch:
         return {} if mod is None else optimizer_state(mod, list(self._seen))
 
     # -- plans --------------------------------------------------------------------------------
-    def _plan(self, opt: torch.optim.Optimizer, closure: bool = False) -> _Plan | None:
+    def _plan(self, opt: torch.optim.Optimizer, closure: bool = False) -> Plan | None:
         """The optimizer's plan, grouped for the parameters it will step: those with a gradient, or with
         a ``closure`` (the gradients appear inside the step) every one that requires a gradient."""
         last = self._last
         plan = last[1] if last is not None and last[0]() is opt else self._cached(opt)
         if plan is False or (plan is not None and plan.key != [len(g["params"]) for g in opt.param_groups]):
-            plan = self._new_plan(opt, [len(g["params"]) for g in opt.param_groups])
+            plan = new_plan(opt, [len(g["params"]) for g in opt.param_groups], self._owners, self._model_params)
             self._plans[opt] = plan
             self._last = (weakref.ref(opt), plan)
             if plan is not None:
@@ -207,10 +198,12 @@ class OptimizerWatch:
         if plan is not None:
             mask = [p.requires_grad for p in plan.params] if closure else [p.grad is not None for p in plan.params]
             if mask != plan.mask:
-                self._group(plan, mask)
+                note = plan.regroup(mask, self.on_device, self.max_bytes)
+                if note is not None and note not in self.notes:
+                    self.notes.append(note)
         return plan
 
-    def _cached(self, opt: torch.optim.Optimizer) -> _Plan | bool | None:
+    def _cached(self, opt: torch.optim.Optimizer) -> Plan | bool | None:
         """The optimizer's plan (None: not one of the model's), False when it has none yet; the last
         optimizer's without a weak-dictionary lookup."""
         last = self._last
@@ -220,61 +213,6 @@ class OptimizerWatch:
         if plan is not False:
             self._last = (weakref.ref(opt), plan)
         return plan
-
-    def _new_plan(self, opt: torch.optim.Optimizer, key: list[int]) -> _Plan | None:
-        owners, ours = self._owners, self._model_params
-        belongs = False
-        candidates: list[tuple[torch.Tensor, int, list[str]]] = []
-        for gi, g in enumerate(opt.param_groups):
-            for p in g["params"]:
-                belongs = belongs or id(p) in ours
-                hit = owners.get(id(p))
-                if (hit is not None and hit[0] is p and p.is_floating_point() and p.layout == torch.strided
-                        and p.device.type != "meta"):  # offloaded weights have no values to diff
-                    candidates.append((p, gi, hit[1]))
-        return _Plan(key, candidates) if belongs or candidates else None
-
-    def _group(self, plan: _Plan, mask: list[bool]) -> None:
-        """Group the parameters that have a gradient by device and dtype (the optimizer steps those)."""
-        plan.mask = mask
-        names: dict[str, int] = {}
-        module_group: list[int] = []
-        by: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int], list[int], list[torch.Tensor]]] = {}
-        nbytes = 0
-        for (p, gi, mods), has_grad in zip(plan.candidates, mask):
-            if not has_grad:
-                continue
-            params, entries, positions, originals = by.setdefault((p.device, p.dtype), ([], [], [], []))
-            originals.append(p)
-            for m in mods:
-                if m not in names:
-                    names[m] = len(names)
-                    module_group.append(gi)
-                entries.append(names[m])
-                positions.append(len(params))
-            p = local(p)  # FSDP2: this rank's shard
-            params.append(p)
-            nbytes += p.numel() * p.element_size()
-        plan.names, plan.module_group = list(names), module_group
-        stack = self.on_device is not True
-        plan.groups = [_Group(params, entries, positions, stack and dev.type == "cpu", originals)
-                       for (dev, _), (params, entries, positions, originals) in by.items()]
-        plan.flat = bool(plan.groups) and all(g.flat is not None for g in plan.groups)
-        plan.fast = plan.groups[0] if plan.flat and len(plan.groups) == 1 else None
-        plan.on_device = self._device_path(plan)
-        plan.lr_one = not any(module_group)
-        # the snapshot, and for stacked runs the stacked parameters after the step
-        plan.nbytes = nbytes = nbytes + sum(p.numel() * p.element_size() for g in plan.groups for p in g.params[g.n_single:])
-        if plan.groups and nbytes > self.max_bytes:
-            note = (f"update ratio unavailable: a copy of the parameters the optimizer steps ({format_bytes(nbytes)}) "
-                    f"does not fit in --max-bytes ({format_bytes(self.max_bytes)}); parameter norms and learning rates are kept")
-            if note not in self.notes:
-                self.notes.append(note)
-
-    def _device_path(self, plan: _Plan) -> bool:
-        if self.on_device is not None:
-            return self.on_device
-        return bool(plan.groups) and plan.groups[0].params[0].device.type != "cpu"
 
     # -- hooks --------------------------------------------------------------------------------
     def _pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -309,7 +247,7 @@ class OptimizerWatch:
         if plan is None:
             return
         if self.on_pre is not None:
-            self.on_pre()
+            self.on_pre(self._scale is not None)
         plan.closure = closure
         if not plan.groups:
             return
@@ -321,7 +259,7 @@ class OptimizerWatch:
                 plan.pending = [g.snapshot() for g in plan.groups]
         else:
             with torch.no_grad():
-                plan.pending = [torch.stack(_norms(g.params)).float() for g in plan.groups]
+                plan.pending = [torch.stack(norms_of(g.params)).float() for g in plan.groups]
 
     def _after_step(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         last = self._last
@@ -351,24 +289,24 @@ class OptimizerWatch:
                 self._record(opt, plan, pending, plan.on_device, missing)
         self._step_done(opt, plan, plan.on_device)
 
-    def _step_done(self, opt: torch.optim.Optimizer, plan: _Plan, on_device: bool) -> None:
+    def _step_done(self, opt: torch.optim.Optimizer, plan: Plan, on_device: bool) -> None:
         """Learning rates of the step (what it used: read before a scheduler moves them), then tell the capture."""
         groups = opt.param_groups
         if plan.lr_one and groups:  # every watched module in the first param group: one lr
             lr = groups[0].get("lr")
             if type(lr) is not float:
-                lr = _number(lr, on_device)
+                lr = as_number(lr, on_device)
             self._lr.setdefault("", lr)
             self._lr.update(dict.fromkeys(plan.names, lr))
         else:
-            lrs = [lr if type(lr := g.get("lr")) is float else _number(lr, on_device) for g in groups]
+            lrs = [lr if type(lr := g.get("lr")) is float else as_number(lr, on_device) for g in groups]
             if lrs:
                 self._lr.setdefault("", lrs[0])
             self._lr.update(zip(plan.names, [lrs[gi] for gi in plan.module_group]))
         if self.on_step is not None:
             self.on_step()
 
-    def _record(self, opt: torch.optim.Optimizer, plan: _Plan, pending: list[Any], on_device: bool,
+    def _record(self, opt: torch.optim.Optimizer, plan: Plan, pending: list[Any], on_device: bool,
                 missing: list[list[bool]] | None = None) -> None:
         """Ratios and norms of the step; ``missing`` (per group, per parameter): not stepped (no gradient
         after a closure), left out of its module's numbers (a module with none stepped: ratio NaN)."""
@@ -393,22 +331,22 @@ class OptimizerWatch:
             self._ratio.update(zip(plan.names, ratios))
         self._pnorm.update(zip(plan.names, pnorms))
 
-    def _note_scale(self, scaler: Any) -> None:
+    def note_scale(self, scaler: Any) -> None:
         """The scale ``scaler`` applies now (before its ``update()`` changes it in place): a float on
         the CPU, a 0-d device tensor copy otherwise (no host sync: it crosses with the step)."""
         sc = getattr(scaler, "_scale", None)
-        if not isinstance(sc, torch.Tensor) or not self._handles:
+        if not isinstance(sc, torch.Tensor) or not self._held:
             return
         with torch.no_grad():
             self._scale = float(sc) if sc.device.type == "cpu" else sc.detach().reshape(()).to(torch.float32, copy=True)
 
-    def _scaler_before(self, opt: Any) -> int | None:
-        if not isinstance(opt, torch.optim.Optimizer) or not self._handles:
+    def scaler_before(self, opt: Any) -> int | None:
+        if not isinstance(opt, torch.optim.Optimizer) or not self._held:
             return None
         plan = self._plan(opt)
         return None if plan is None else plan.posts
 
-    def _scaler_after(self, opt: Any, token: int | None) -> None:
+    def scaler_after(self, opt: Any, token: int | None) -> None:
         """After ``scaler.step(opt)`` returned: no step hook fired in between → the scaler skipped it."""
         if token is None or getattr(opt, "_step_supports_amp_scaling", False):
             return  # fused optimizers always run step(); their found_inf is read in the post-hook

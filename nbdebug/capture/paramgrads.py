@@ -3,7 +3,7 @@
 Which gradients a backward wrote is read from the gradients themselves: a parameter's ``.grad`` is
 *fresh* when it is a new tensor or the same one with a moved version counter (autograd accumulates in
 place, which bumps it) since the last look. The selected modules' own parameters are looked at
-(:meth:`_ParamGrads._pg_scan`, a few attribute reads each, no host sync):
+(:meth:`ParamGrads._scan`, a few attribute reads each, no host sync):
 
 * when a step opens (gradients left over from before it, or zeroed in place by
   ``zero_grad(set_to_none=False)``, are not this step's);
@@ -12,7 +12,7 @@ place, which bumps it) since the last look. The selected modules' own parameters
   so that it runs after the callbacks distributed wrappers queue during the backward: DDP's averaged
   gradients are read; one the engine drops uncalled, the backward having raised, is not waited for);
   the norms of the step's fresh gradients are then taken in one batch
-  (:func:`~nbdebug.capture.calls.grad_norms`);
+  (:func:`~nbdebug.capture.gradnorms.grad_norms`);
 * otherwise (no recorded output was on the backward's path) before the optimizer step (under a
   GradScaler, before each optimizer step of the step: the scaler unscales one optimizer's gradients at
   a time), or at the step's close: those norms are *late* (a GradScaler has unscaled the gradients by
@@ -44,10 +44,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .calls import grad_norms
+from .gradnorms import grad_norms
 from .leaves import local
 
-__all__: list[str] = []  # private to the capture package
+__all__ = ["ParamGrads"]
 
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
@@ -68,13 +68,13 @@ def _distributed() -> bool:
 class _BackwardEnd:
     """The engine callback of one backward: with a process group, its first call queues it once more
     (so that it runs after the callbacks queued during the backward), the second (else the first)
-    calls ``_on_backward_end``. When the engine drops it uncalled (the backward raised, or was
-    interrupted), the capture stops waiting for it, so the step's later backwards queue their own."""
+    calls :meth:`ParamGrads.backward_ended`. When the engine drops it uncalled (the backward raised, or
+    was interrupted), the watch stops waiting for it, so the step's later backwards queue their own."""
 
-    __slots__ = ("calls", "cap")
+    __slots__ = ("calls", "watch")
 
-    def __init__(self, cap: _ParamGrads) -> None:
-        self.cap, self.calls = cap, 0
+    def __init__(self, watch: ParamGrads) -> None:
+        self.watch, self.calls = watch, 0
 
     def __call__(self) -> None:
         self.calls += 1
@@ -85,52 +85,73 @@ class _BackwardEnd:
             except Exception:
                 pass
         self.calls = 2
-        self.cap._on_backward_end()
+        self.watch.backward_ended()
 
     def __del__(self) -> None:
         if getattr(self, "calls", 2) < 2:  # (a copy made without __init__, by TorchDynamo tracing the hook: nothing)
-            self.cap._pg_queued = 0
+            self.watch.queued = 0
 
 
-class _ParamGrads:
-    """Mixin of :class:`~nbdebug.capture.session.Capture`: parameter-gradient freshness and norms."""
+class ParamGrads:
+    """Parameter-gradient freshness and norms of the selected modules' own parameters (see the module
+    doc). ``device_path``: norms stay on the device; :meth:`watch` (at the capture's entry: the
+    gradients then are not fresh) says which parameters. ``params`` (watched), ``queued`` (1: the backward-end callback is queued) are
+    read by the gradient hooks; :meth:`take` hands the step's norms to its close."""
 
-    modules: list[tuple[str, nn.Module]]
-    device_path: bool
-    watch: Any  # Capture's OptimizerWatch (its _scale: a GradScaler scaled the open step's loss)
-    _open: bool
-    _pg_params: list[torch.Tensor]
-    _pg_seen: list[tuple[Any, int] | None]
-    _pg_fresh: dict[int, torch.Tensor]
-    _pg_queued: int
-    _pg_scanned: bool
-    _pg_late: bool
-    _pg_norms: tuple[list[torch.Tensor], Any] | None
-    _param_owner: dict[int, list[str]]
-    _pg_map: tuple[tuple[int, ...], Any] | None
+    __slots__ = (
+        "_map",
+        "_seen_grads",
+        "device_path",
+        "fresh",
+        "late",
+        "norms",
+        "owners",
+        "params",
+        "queued",
+        "scanned",
+        "seen",
+    )
 
-    def _watch_params(self) -> None:
+    def __init__(self, device_path: bool) -> None:
+        self.device_path = device_path
+        self.owners: dict[int, list[str]] = {}  # id(parameter) → the selected modules owning it
+        self.params: list[torch.Tensor] = []  # the watched parameters
+        self.fresh: dict[int, torch.Tensor] = {}  # params whose .grad a backward of this step wrote
+        self.queued = 0
+        self.scanned = False  # the open step's gradients were looked at after a backward
+        self.late = False  # ... and its norms were taken late (before the optimizer step, or at close)
+        self.norms: tuple[list[torch.Tensor], Any] | None = None  # (parameters, their norms) of the open step
+        self._seen_grads = False  # some step had fresh parameter gradients
+        self._map: tuple[tuple[int, ...], Any] | None = None  # the last parameter list's owners
+        self.seen: list[Any] = []  # per watched parameter: (weakref to its .grad, version) at the last look
+
+    @property
+    def any_seen(self) -> bool:
+        """Some closed step had fresh parameter gradients."""
+        return self._seen_grads
+
+    def watch(self, modules: list[tuple[str, nn.Module]]) -> None:
         """The selected modules' own parameters whose gradients are watched (their gradients now are
         not fresh)."""
         params: list[torch.Tensor] = []
-        for name, module in self.modules:
+        for name, module in modules:
             for p in module.parameters(recurse=False):
                 if not p.requires_grad or not p.is_leaf:
                     continue
-                owners = self._param_owner.get(id(p))
+                owners = self.owners.get(id(p))
                 if owners is not None:
                     owners.append(name)
                     continue
-                self._param_owner[id(p)] = [name]
+                self.owners[id(p)] = [name]
                 params.append(p)
-        self._pg_params, self._pg_seen = params, [None] * len(params)
-        self._pg_scan(False)
+        self.params, self.seen = params, [None] * len(params)
+        self._scan(False)
 
-    def _pg_scan(self, collect: bool) -> bool:
+    def _scan(self, collect: bool) -> bool:
         """Look at every watched gradient; with ``collect``, add those written since the last look to
         the step's fresh ones. True when some were."""
-        seen, fresh, new = self._pg_seen, self._pg_fresh, False
-        for i, p in enumerate(self._pg_params):
+        seen, fresh, new = self.seen, self.fresh, False
+        for i, p in enumerate(self.params):
             g = p.grad
             if g is None:
                 seen[i] = None
@@ -148,15 +169,15 @@ class _ParamGrads:
                 new = True
         return new
 
-    def _pg_step_opens(self) -> None:
+    def step_opens(self) -> None:
         """A step opens: gradients present now are not its own (and a callback lost to a backward
         that raised is not waited for)."""
-        self._pg_scanned = self._pg_late = False
-        self._pg_queued = 0
-        if self._pg_params:
-            self._pg_scan(False)
+        self.scanned = self.late = False
+        self.queued = 0
+        if self.params:
+            self._scan(False)
 
-    def _pg_backward(self) -> None:
+    def backward_started(self) -> None:
         """Called by the first output-gradient hook of a backward: look at the gradients once it ends.
         Not under compiled autograd: it traces the hook, and an engine callback queued from traced
         code fails the user's backward (the gradients are then looked at before the optimizer step,
@@ -164,50 +185,64 @@ class _ParamGrads:
         ca = sys.modules.get("torch._dynamo.compiled_autograd")
         if ca is not None and (ca.in_compiled_autograd_region or ca.compiled_autograd_enabled):
             return
-        self._pg_queued = 1
+        self.queued = 1
         try:
             _engine().queue_callback(_BackwardEnd(self))
         except Exception:  # no engine callback: looked at before the optimizer step or at the step's close
-            self._pg_queued = 0
+            self.queued = 0
 
-    def _on_backward_end(self) -> None:
+    def backward_ended(self) -> None:
         """End of a backward (after the callbacks queued during it, e.g. DDP's gradient averaging): the
         norms of the step's fresh gradients, in one batch."""
-        self._pg_queued = 0
-        self._pg_scanned = True
-        if self._pg_scan(True) or (self._pg_norms is None and self._pg_fresh):
-            self._pg_late = False
-            self._take_param_norms()
+        self.queued = 0
+        self.scanned = True
+        if self._scan(True) or (self.norms is None and self.fresh):
+            self.late = False
+            self._take_norms()
 
-    def _pg_pre(self) -> None:
+    def before_optimizer_step(self, scaled: bool) -> None:
         """Before an optimizer step: when no backward of the step reached a recorded output, the
-        gradients are looked at now (late norms). Under a GradScaler they are looked at again before
-        each later optimizer step of the step (the scaler unscales one optimizer's gradients at a time:
-        by the last one every gradient is unscaled)."""
-        if self._pg_scanned or not self._pg_params:
+        gradients are looked at now (late norms). Under a GradScaler (``scaled``) they are looked at
+        again before each later optimizer step of the step (the scaler unscales one optimizer's
+        gradients at a time: by the last one every gradient is unscaled)."""
+        if self.scanned or not self.params:
             return
-        scaled = self.watch._scale is not None
         if not scaled:
-            self._pg_scanned = True
+            self.scanned = True
         # (unscaling in place does not move a gradient's version: under a scaler, taken again regardless)
-        if self._pg_scan(True) or (scaled and self._pg_late and self._pg_fresh):
-            self._pg_late = True
-            self._take_param_norms()
+        if self._scan(True) or (scaled and self.late and self.fresh):
+            self.late = True
+            self._take_norms()
 
-    def _pg_fallback(self) -> None:
-        """At a step's close: when neither a backward reaching a recorded output nor an optimizer step
-        looked at the step's gradients, they are looked at now (late norms)."""
-        if self._pg_scanned or self._pg_late or not self._pg_params:
-            return
-        self._pg_scanned = True
-        if self._pg_scan(True):
-            self._pg_late = True
-            self._take_param_norms()
+    def take(self) -> tuple[tuple[list[torch.Tensor], Any] | None, bool]:
+        """At a step's close: its norms ``(parameters, norms)`` or None, and whether they were taken
+        late (a ``scaler.step`` has unscaled them by then). When neither a backward reaching a recorded
+        output nor an optimizer step looked at the step's gradients, they are looked at now."""
+        if not (self.scanned or self.late or not self.params):
+            self.scanned = True
+            if self._scan(True):
+                self.late = True
+                self._take_norms()
+        pg, self.norms = self.norms, None
+        if pg is not None:
+            self._seen_grads = True
+        self.fresh.clear()
+        return pg, self.late
 
-    def _take_param_norms(self) -> None:
+    def drop(self) -> None:
+        """Forget the open step's norms (its close failed, or the capture ended)."""
+        self.norms = None
+
+    def release(self) -> None:
+        """At exit: hold no parameter or gradient of the model."""
+        self.fresh.clear()
+        self.norms = None
+        self.params, self.seen = [], []
+
+    def _take_norms(self) -> None:
         params: list[torch.Tensor] = []
         grads: list[torch.Tensor] = []
-        for p in self._pg_fresh.values():
+        for p in self.fresh.values():
             g = p.grad
             if g is None or g.layout is not _STRIDED:
                 continue
@@ -219,25 +254,26 @@ class _ParamGrads:
                 continue
             grads.append(g.detach() if g.requires_grad else g)
         if params:
-            self._pg_norms = (params, grad_norms(grads, self.device_path))
+            self.norms = (params, grad_norms(grads, self.device_path))
 
-    def _pg_modules(self, params: list[torch.Tensor]) -> tuple[np.ndarray | None, np.ndarray, tuple[str, ...]]:
+    def modules_of(self, params: list[torch.Tensor]) -> tuple[np.ndarray | None, np.ndarray, tuple[str, ...]]:
         """For per-module sums of ``params``' squared norms: (index of the parameter of each
         (parameter, owner) pair, or None when that is every parameter once in order; owner index of
-        each pair; owner names in first-seen order). Cached for the last list of parameters."""
+        each pair; owner names in first-seen order). Cached for the last list of parameters (the same
+        object while nothing changed: a batch of steps compares it by identity)."""
         key = tuple(map(id, params))
-        hit = self._pg_map
+        hit = self._map
         if hit is not None and hit[0] == key:
             return hit[1]
         names: dict[str, int] = {}
         rep: list[int] = []
         idx: list[int] = []
-        owner = self._param_owner
+        owner = self.owners
         for i, p in enumerate(params):
             for mod in owner.get(id(p), ()):
                 rep.append(i)
                 idx.append(names.setdefault(mod, len(names)))
         out = (None if rep == list(range(len(params))) else np.array(rep, dtype=np.intp),
                np.array(idx, dtype=np.intp), tuple(names))
-        self._pg_map = (key, out)
+        self._map = (key, out)
         return out

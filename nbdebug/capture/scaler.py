@@ -14,29 +14,29 @@ import torch
 
 from .hooks import SharedPatch
 
-__all__ = ["scaler_patched"]
+__all__ = ["SCALER_SCALE", "SCALER_STEP", "scaler_patched"]
 
 
 # -- GradScaler: one wrapper per process, shared by every entered watch ---------------------------
 def _wrap_scaler_step(original: Any) -> Any:
     @functools.wraps(original)
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        watches = tuple(_SCALER.users)
+        watches = tuple(SCALER_STEP.users)
         if not watches or not getattr(self, "_enabled", True):
             return original(self, optimizer, *args, **kwargs)
         for w in watches:
-            w._note_scale(self)
-        tokens = [w._scaler_before(optimizer) for w in watches]
+            w.note_scale(self)
+        tokens = [w.scaler_before(optimizer) for w in watches]
         out = original(self, optimizer, *args, **kwargs)
         for w, token in zip(watches, tokens):
-            w._scaler_after(optimizer, token)
+            w.scaler_after(optimizer, token)
         return out
 
     return step
 
 
 # torch.amp.GradScaler since torch 2.3 (torch.cuda.amp.GradScaler subclasses it); before, the CUDA one
-_SCALER = SharedPatch(getattr(torch.amp, "GradScaler", None) or getattr(torch.cuda.amp, "GradScaler", None),
+SCALER_STEP = SharedPatch(getattr(torch.amp, "GradScaler", None) or getattr(torch.cuda.amp, "GradScaler", None),
                       "step", _wrap_scaler_step)
 
 
@@ -45,16 +45,16 @@ def _wrap_scaler_scale(original: Any) -> Any:
     def scale(self: Any, outputs: Any) -> Any:
         out = original(self, outputs)
         if getattr(self, "_enabled", True):
-            for w in tuple(_SCALE.users):
-                w._note_scale(self)
+            for w in tuple(SCALER_SCALE.users):
+                w.note_scale(self)
         return out
 
     return scale
 
 
-_SCALE = SharedPatch(_SCALER.owner, "scale", _wrap_scaler_scale)
+SCALER_SCALE = SharedPatch(SCALER_STEP.owner, "scale", _wrap_scaler_scale)
 
 
 def scaler_patched() -> bool:
     """Whether ``torch.amp.GradScaler.step`` (or ``.scale``) is wrapped right now (for hygiene checks)."""
-    return _SCALER.active or _SCALE.active
+    return SCALER_STEP.active or SCALER_SCALE.active

@@ -1,69 +1,49 @@
-"""Closing a step of a :class:`~nbdebug.capture.session.Capture`: the step's stats → rows and one
-:class:`~nbdebug.capture.history.History` entry, in one transfer per step.
+"""The run's steps: closed steps → the whole-run rows, the history and the incident log.
 
-:func:`close_step` brings everything a step recorded (stat vectors, gradient stats, dead-unit
-masks, input checks, parameter-gradient norms, optimizer numbers, the loss) to the host with
-:func:`~nbdebug.capture.stats.packed_to_host` (one ``.cpu()`` per device, whatever the number of
-layers; nothing to bring on the CPU path, where every item is already a host number), which is also
-the step's non-finite check; :func:`commit` folds it into the whole-run rows and the history;
-:func:`finish` closes the last step at exit (then :mod:`.assemble` builds the result). The array
-work per step goes through the step's cached :class:`~nbdebug.capture.fold.Layout` (see
-:mod:`.fold`): a few numpy operations over all rows, no Python loop over rows.
+A :class:`Steps` owns the step count, the :class:`~nbdebug.capture.history.History`, the whole-run
+accumulators (:class:`~nbdebug.capture.fold.RunTotals`), the batch of steps waiting to be folded
+(:class:`~nbdebug.capture.batch.Batch`), the no-grad steps held back before any training forward,
+skipped steps and learning rates. A closed step reaches it from :func:`~nbdebug.capture.closing.close_step`
+either as a :class:`StepData` (folded now: :meth:`Steps.commit`) or as a batch entry
+(:meth:`Steps.take`: its number, skipped flag, learning rates, loss-spike check and ``on_step`` now, its
+array work later in :meth:`Steps.flush`). Gradients that arrive after their step closed (a delayed
+backward) are folded by :meth:`Steps.late`; :meth:`Steps.finish` commits what still waits at exit.
+
+Data flows down only: a :class:`Steps` is built with the row table, the history, the incident log and
+an ``on_step()`` callback (the capture's live-view hook), and knows nothing of hooks.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-import torch
 
-from .batch import _f, defer, flush, kept, merge_alive, step_extras
-from .fold import (
-    Layout,
-    _accumulate,
-    _backward_origin,
-    _ensure_run,
-    _Fetch,
-    _host,
-    _merge2,
-    _or,
-    _unscale,
-    accumulate_step,
-    merge_calls,
-    merge_grads,
-    step_values,
-)
-from .history import FIELD_INDEX, HISTORY_FIELDS
-from .incidents import Incident, forward_incident, step_incidents
-from .losses import _user_loss
-from .stats import IDX, N_FIELDS, summarize
+from .batch import Batch, Held, Waiting, merge_alive, qualifies
+from .fold import Fetch, Layout, RunTotals, accumulate, backward_origin, merge2
+from .history import FIELD_INDEX, HISTORY_FIELDS, History
+from .incidents import Incident, IncidentLog
+from .rows import RowTable
+from .stats import summarize
+
+__all__ = ["PENDING_NO_GRAD", "StepData", "Steps"]
 
 PENDING_NO_GRAD = 16  # no-grad forwards held back before the first training forward (then: an inference cell)
 
-if TYPE_CHECKING:
-    from .calls import _Call
-    from .session import Capture
-
-__all__ = ["close_step", "commit", "finish"]
-
 _F = len(HISTORY_FIELDS)
-_FI = FIELD_INDEX
-_GRAD_COLS = [_FI["grad_" + k] for k in ("mean", "std", "min", "max", "norm", "nan", "inf")]
 _GRAD_KEYS = ("mean", "std", "min", "max", "norm", "nan", "inf")
-_NAN, _INF = IDX["nan"], IDX["inf"]
-#: types every item of a step has on the CPU path (nothing to transfer)
-_HOST_TYPES = frozenset({np.ndarray, type(None), float, bool, int})
+_GRAD_COLS = [FIELD_INDEX["grad_" + k] for k in _GRAD_KEYS]
 
 
 @dataclass
-class _StepData:
+class StepData:
     """One closed step on the host, waiting to be committed (or dropped as an evaluation)."""
 
     calls: list[Any]
-    rows: list[Any]  # _Row of each merged step row
+    rows: list[Any]  # Row of each merged step row
     rg: np.ndarray  # [n, 2 × N_FIELDS] merged per row: outputs' raw stats, then gradients' (NaN: no gradient)
     has_grad: bool  # some row has gradient stats
     values: np.ndarray  # [n, F] float32 for the history
@@ -82,273 +62,226 @@ class _StepData:
     incidents: list[Incident] = field(default_factory=list)
 
 
-def _lr_of(opt_keys: list[tuple[str, tuple[str, ...]]], h_opt: list[Any]) -> dict[str, float]:
-    """Module → learning rate of the step ("" → the first group's), from the optimizer numbers."""
-    i = 0
-    for kind, mods in opt_keys:
-        if kind == "lr":
-            return dict(zip(mods, [v if type(v) is float else _f(v) for v in h_opt[i : i + len(mods)]]))
-        i += len(mods)
-    return {}
+class Steps:
+    """The run's committed steps (see the module doc).
 
+    ``every``: the history keeps steps ``first``, ``first + every``, … (and the last, and the first
+    non-finite one); ``first``: the number of the capture's first step (a resumed run continues);
+    ``on_step()``: called after each step appended to the history; ``batching``: usual steps wait in a
+    batch and rows in order are accumulated through one slice (False: every step is folded alone, row
+    by row: the reference the fast paths are tested against).
+    ``count`` (the last committed step), ``skipped``, ``lrs``, ``batched`` (steps that waited in a
+    batch) are read by the capture and its result."""
 
-def _loss_of(h_loss: list[Any]) -> float:
-    return (sum(_f(x) for x in h_loss) / len(h_loss)) if h_loss else math.nan
+    def __init__(self, rows: RowTable, history: History, log: IncidentLog, *, every: int = 1, first: int = 1,
+                 on_step: Callable[[], None] | None = None, batching: bool = True) -> None:
+        self.rows, self.history, self.log = rows, history, log
+        self.every, self.first, self.on_step, self.batching = every, first, on_step, batching
+        self.count = first - 1  # the last committed step
+        self.totals = RunTotals()
+        self.batch = Batch()
+        self.pending: list[Any] = []  # closed no-grad steps not yet known to be steps or evaluation
+        self.skipped: list[int] = []
+        self.lrs: dict[str, float] = {}
+        self.unappended: Any = None  # the last committed step when ``every`` left it out
+        self.batched = 0
+        self._layout: Layout | None = None  # the last step's layout (rows of its calls, in order)
 
+    # -- what a closing step asks -------------------------------------------------------------
+    def layout(self, calls: list[Any]) -> Layout:
+        """The step's layout: the previous step's when its calls belong to the same rows in the same
+        order (and no row learnt its units since)."""
+        key = [c.row for c in calls]
+        lay = self._layout
+        rows = self.rows
+        if lay is None or lay.epoch != rows.epoch or lay.key != key:
+            lay = self._layout = Layout(key, rows.first_of, rows.epoch)
+        return lay
 
-def _layout(cap: Capture, calls: list[_Call]) -> Layout:
-    """The step's layout: the previous step's when its calls belong to the same rows in the same order."""
-    key = [c.row for c in calls]
-    lay = cap._layout
-    if lay is None or lay.key != key:
-        lay = cap._layout = Layout(key, cap.first_row)
-    return lay
+    def next_number(self) -> int:
+        """The number the open step will have (held-back steps come before it)."""
+        return self.count + len(self.pending) + 1
 
+    def held_layout(self) -> Layout | None:
+        """The layout of the last held-back step (a step held after it may share it)."""
+        return self.pending[-1].layout if self.pending else None
 
-def close_step(cap: Capture) -> None:
-    """Bring the open step to the host (one transfer) and commit it (or hold it back: a no-grad step
-    before any training forward)."""
-    calls: list[_Call] = cap._step_calls
-    cap._pg_fallback()  # no backward of the step reached a recorded output: its gradients now
-    pg_late = cap._pg_late  # norms taken after the backward: a scaler.step has unscaled them
-    pg, cap._pg_norms = cap._pg_norms, None
-    if pg is not None:
-        cap.pg_seen = True
-    cap._pg_fresh.clear()
-    upd = cap.watch.take() if cap.watch is not None else None
-    losses = list(cap._losses)
-    if cap.loss_fn is not None:
-        losses = _user_loss(cap, calls)
-    late, cap._late = cap._late, []
-    if not calls and not late and upd is None:
-        return
-    n = len(calls)
-    opt_keys: list[tuple[str, tuple[str, ...]]] = []  # (kind, its modules in order)
-    opt_vals: list[Any] = []
-    if upd is not None:
-        for kind in ("update_ratio", "param_norm", "lr"):
-            d = getattr(upd, kind)
-            if d:
-                opt_keys.append((kind, tuple(d)))
-                opt_vals += d.values()
-    # inputs are checked only by a call whose check raised _maybe_bad (forward.py: _link_inputs)
-    checks = [t for c in calls for t in c.input_checks] if cap._maybe_bad else []
-    h_raw = [c.raw for c in calls]
-    h_grad = [c.grad_stats for c in calls]
-    h_alive = [c.alive for c in calls]
-    small: list[Any] = [*opt_vals, *losses, None if pg is None else (pg[1] if isinstance(pg[1], np.ndarray) else torch.stack(pg[1])),
-                        upd.scale if upd is not None else None, upd.skipped if upd is not None else False]
-    # On the CPU path a hook that produced stats it cannot read on the host raised _maybe_bad: else the
-    # calls' stats are host arrays already and only their unit masks (a tensor for half precision) and
-    # the step's other numbers need a look.
-    on_host = (not cap.device_path and not cap._maybe_bad and not late and not checks
-               and _HOST_TYPES.issuperset(map(type, small)) and _HOST_TYPES.issuperset(map(type, h_alive)))
-    h_late: list[Any] = []
-    h_checks: list[Any] = []
-    if not on_host:
-        items = [*h_raw, *h_grad, *h_alive, *(c.late for c in late), *checks, *small]
-        on_host = not cap.device_path and _HOST_TYPES.issuperset(map(type, items))
-        if not on_host:
-            items = _host(items, cap.device_path)  # THE transfer of this step (none on the CPU path)
-        h_raw, h_grad, h_alive = items[:n], items[n : 2 * n], items[2 * n : 3 * n]
-        pos = 3 * n + len(late)
-        h_late, h_checks = items[3 * n : pos], items[pos : pos + len(checks)]
-        small = items[pos + len(checks) :]
-    h_opt = small[: len(opt_vals)]
-    h_loss = small[len(opt_vals) : len(opt_vals) + len(losses)]
-    h_pg, h_scale, h_skip = small[-3], small[-2], small[-1]
-    scale = _scale_of(h_scale)
-    skipped = h_skip if type(h_skip) is bool else bool(np.any(h_skip))
-    lr_of = _lr_of(opt_keys, h_opt)
-    scalars = {"loss": _loss_of(h_loss), "lr": lr_of.get("", math.nan), "skipped": 1.0 if skipped else 0.0}
-    lrs = {m: v for m, v in lr_of.items() if m}
-    hold = not cap._open_grad and not cap._seen_training  # a no-grad step before any training forward: held back
-    if (on_host and calls and not late and not checks and not cap._maybe_bad
-            and defer(cap, _layout(cap, calls), calls, h_raw, h_grad, h_alive, scale, pg, h_pg, pg_late, opt_keys, h_opt,
-                      scalars, lrs, skipped, hold)):
-        return  # folded later with other steps (batch.py)
-    flush(cap)  # steps waiting in the batch come first
-    _flush_late(cap, late, h_late)
-    if not calls:
-        return
-    # outputs' and gradients' raw stats side by side: [calls, 2 × N_FIELDS] (one array for the whole fold)
-    both = np.empty((n, 2 * N_FIELDS))
-    both[:, :N_FIELDS] = h_raw
-    n_grad = n - sum(1 for g in h_grad if g is None)
-    if n_grad == n:
-        both[:, N_FIELDS:] = h_grad
-    else:
-        both[:, N_FIELDS:] = np.nan
-        if n_grad:
-            for j, g in enumerate(h_grad):
-                if g is not None:
-                    both[j, N_FIELDS:] = g
-    raws, grads = both[:, :N_FIELDS], both[:, N_FIELDS:]
-    if scale is not None:
-        _unscale(grads, scale)
-    lay = _layout(cap, calls)
-    rows = lay.rows
-    if lay.unique:
-        rg = both
-        alive, first_call = h_alive, calls
-    else:
-        rg = np.concatenate([merge_calls(lay, raws), merge_grads(lay, grads)], axis=1)
-        nr = len(rows)
-        alive = [None] * nr
-        first_call = [calls[j] for j in lay.first_idx]
-        seen = [False] * nr
-        for j, r in enumerate(lay.inv):
-            if not seen[r]:
-                seen[r], alive[r] = True, h_alive[j]
+    def kept(self, step: int) -> bool:
+        """Whether ``every`` keeps ``step`` in the history (counted from the capture's first step)."""
+        return (step - self.first) % self.every == 0
+
+    # -- batched steps ----------------------------------------------------------------------------
+    def defer(self, lay: Layout, calls: list[Any], h_raw: list[Any], h_grad: list[Any], h_alive: list[Any],
+              scale: float | None, pg_host: Any, pgmap: Any, pg_late: bool, opt_keys: list[tuple[str, tuple[str, ...]]],
+              h_opt: list[Any], scalars: dict[str, float], lrs: dict[str, float], skipped: bool, hold: bool) -> bool:
+        """Let a closed step wait in the batch when it qualifies (:func:`~nbdebug.capture.batch.qualifies`);
+        False when it does not (the caller folds it now, after :meth:`flush`). With ``hold`` (a no-grad
+        step before any training forward) a qualifying step is held back instead. ``pgmap``: the
+        parameter-gradient map of the step's norms (None: no norms)."""
+        if not self.batching:
+            return False
+        has_grad = qualifies(lay, h_grad, scale, pg_host, pgmap is not None, self.held_layout() if hold else None)
+        if has_grad is None:
+            return False
+        w = Waiting(calls, 0, h_raw, h_grad, h_alive, scale, pg_host if pgmap is not None else None,
+                    None if pg_late else scale, h_opt, scalars, False)
+        sig = (lay, tuple(opt_keys), pgmap, has_grad)
+        self.batched += 1
+        if hold:
+            self.hold_back(Held(sig, w, lrs, skipped))
+        else:
+            self.take(sig, w, lrs, skipped)
+        return True
+
+    def take(self, sig: tuple[Any, ...], w: Waiting, lrs: dict[str, float], skipped: bool) -> None:
+        """The immediate part of a batched step (its number, skipped flag, learning rates, loss-spike
+        check, ``on_step``); its numbers wait in the batch."""
+        if self.batch.other(sig):
+            self.flush()
+        self.count += 1
+        step = w.step = self.count
+        w.calls[0].mark.step = step  # the step's calls' one mark (marked closed when the step closed)
+        if w.scale is None:  # only a scaled step's calls are needed later (the fold gives them their unscaled
+            w.calls = None  # gradient stats); the others may go with their graph (fewer long-lived objects)
+        if skipped:
+            self.skipped.append(step)
+        if lrs:
+            self.lrs.update(lrs)
+        loss = w.scalars["loss"]
+        if not math.isnan(loss):
+            self.log.loss_spike(step, loss)
+        w.appended = self.kept(step)
+        if self.batch.add(w, sig):
+            self.flush()
+        if w.appended and self.on_step is not None:
+            self.on_step()  # reading the capture's history folds the waiting steps first
+
+    def flush(self) -> None:
+        """Fold the waiting steps, in order: exactly what the one-step path does for each of them."""
+        out = self.batch.fold(self.totals, self.rows.rows, self.history)
+        if out is not None:
+            values, hids, self.unappended = out
+            self.log.remember(values, hids)
+
+    # -- held-back no-grad steps ---------------------------------------------------------------------
+    def hold_back(self, step: StepData | Held) -> None:
+        """Hold back a no-grad step closed before any training forward; after :data:`PENDING_NO_GRAD`
+        of them the cell is an inference cell."""
+        self.pending.append(step)
+        if len(self.pending) >= PENDING_NO_GRAD:
+            self.commit_pending()
+
+    def commit_pending(self) -> None:
+        """The held-back no-grad steps are an inference cell's: fold them, in order (those that
+        qualified for the batch are taken into it, after the steps already there)."""
+        pending, self.pending = self.pending, []
+        for data in pending:
+            if type(data) is Held:
+                self.take(data.sig, data.waiting, data.lrs, data.skipped)
             else:
-                alive[r] = _or(alive[r], h_alive[j])
-    values = step_values(rg, lay.sat, n_grad > 0)
-    # dead units, parameter-gradient norms (one per module, on its first row), optimizer numbers
-    _, pg_bad = step_extras(values[None], lay, [alive], opt_keys, [h_opt],
-                            None if pg is None else (cap._pg_modules(pg[0]), [h_pg], [None if pg_late else scale]))
-    checks_bad: dict[int, bool] = {}
-    if checks:
-        k = 0
-        for c in calls:
-            m = len(c.input_checks)
-            if m:
-                checks_bad[id(c)] = not all(np.isfinite(x).all() for x in h_checks[k : k + m])
-                k += m
-    data = _StepData(calls, rows, rg, n_grad > 0, values, alive, lay.counts, first_call, checks_bad, scalars, skipped,
-                     lrs, lay)
-    # the step's non-finite check, in phase order (counts are never negative: any > 0 ⇔ their sum > 0);
-    # on the CPU path the hooks flagged a step with any NaN/Inf count (else nothing to look for)
-    suspect = cap.device_path or cap._maybe_bad
-    if suspect and (raws[:, _NAN : _INF + 1] > 0).any():
-        j = int(np.flatnonzero(raws[:, _NAN] + raws[:, _INF] > 0)[0])
-        c = calls[j]
-        what = "NaN" if raws[j, _NAN] > 0 else "Inf"
-        data.fwd = (c, not checks_bad.get(id(c), False), what)
-        if cap._hot is not None and cap._hot_call is c:
-            data.fwd_incident = cap._hot
-        elif c.held is not None:
-            data.fwd_incident = forward_incident(cap, c, *c.held)
-    if suspect and not skipped and n_grad and (grads[:, _NAN : _INF + 1] > 0).any():
-        data.bwd = _backward_origin(calls, grads)
-    if not skipped and pg_bad:
-        data.pg = min(pg_bad, key=lambda m: cap.first_row[m].id if m in cap.first_row else 1 << 30)
-    for j, c in enumerate(calls):  # (Capture._close_step marks them closed)
-        c.raw = c.alive = c.held = c.ref = None
-        if c.input_checks:
-            c.input_checks = []
-        c.grad_stats = grads[j] if h_grad[j] is not None else None
-    if hold:
-        cap._hold_back(data)
-    else:
-        commit(cap, data)
+                self.flush()
+                self.commit(data)
 
+    def drop_pending(self) -> int:
+        """Training began: the held-back steps were evaluations. How many."""
+        n = len(self.pending)
+        self.pending.clear()
+        return n
 
-def _scale_of(x: Any) -> float | None:
-    """The GradScaler scale from the step's transfer (None: none, or not a usable divisor)."""
-    if x is None:
-        return None
-    s = _f(x)
-    return s if math.isfinite(s) and s > 0 and s != 1.0 else None
+    # -- one step -------------------------------------------------------------------------------------
+    def commit(self, data: StepData) -> None:
+        """Fold a closed step into the whole-run rows, the first-non-finite bookkeeping, the incidents
+        and the history (``every``), then call ``on_step``."""
+        self.count += 1
+        step = self.count
+        hist = self.history
+        if data.calls:  # one mark for all of the step's calls
+            data.calls[0].mark.step = step
+        lay = data.layout
+        assert lay is not None
+        rows, ids = data.rows, lay.ids
+        at = ids if lay.span is None or not self.batching else lay.span  # (a slice: one in-place update)
+        totals = self.totals
+        totals.ensure(self.rows.rows)
+        calls = totals.calls
+        old: np.ndarray | None = None  # rows seen in an earlier step (None: all of them)
+        if not lay.committed:
+            seen = calls[ids]
+            for r in np.flatnonzero(seen == 0).tolist():
+                row = rows[r]
+                row.hid = hist.row_id(row.key, {"module": row.module, "type": row.type, "shape": row.shape, "dtype": row.dtype})
+                row.first_step = step
+                c0 = data.first_call[r]
+                row.inputs = tuple(dict.fromkeys(c.row.id for c in c0.input_calls))
+                row.ext_nonfinite = data.checks_bad.get(id(c0), False)
+                row.alive = data.alive[r]
+            old = seen > 0
+            lay.committed = True
+        totals.add_step(lay, at, data.rg, data.has_grad)
+        calls[at] += data.counts
+        merge_alive(lay, totals.units, [data.alive], {}, old)
+        if data.skipped:
+            self.skipped.append(step)
+        if data.lrs:
+            self.lrs.update(data.lrs)
+        hids = lay.history_ids()
+        first_bad = self.log.commit(data, step, self.rows.first_of.get(data.pg) if data.pg is not None else None)
+        if self.kept(step) or first_bad:
+            hist.append(step, hids, data.values, data.scalars)
+            self.unappended = None
+            if self.on_step is not None:
+                self.on_step()
+        else:
+            self.unappended = (step, hids, data.values, data.scalars)
+        self.log.remember(data.values, hids)
 
+    def late(self, late: list[Any], raws: list[Any]) -> None:
+        """Gradients of closed steps (a delayed backward): merged rows, History.update, the backward check."""
+        if not late:
+            return
+        by_step: dict[int, list[tuple[Any, np.ndarray]]] = {}
+        for c, raw in zip(late, raws):
+            c.late = None
+            if raw is None:
+                continue
+            accumulate(self.totals.grad, np.array([c.row.id]), raw[None])
+            c.grad_stats = raw.copy() if c.grad_stats is None else merge2(c.grad_stats, raw)
+            if c.mark.step:
+                by_step.setdefault(c.mark.step, []).append((c, c.grad_stats))
+        for step, items in sorted(by_step.items()):
+            rows, idx = [], {}
+            for c, g in items:
+                if c.row.id not in idx:
+                    idx[c.row.id] = len(rows)
+                    rows.append((c.row, g))
+                else:
+                    k = idx[c.row.id]
+                    rows[k] = (rows[k][0], merge2(rows[k][1], g))
+            vals = np.full((len(rows), _F), np.nan, np.float32)
+            gs = summarize(np.stack([g for _, g in rows]))
+            for k, col in zip(_GRAD_KEYS, _GRAD_COLS):
+                vals[:, col] = gs[k]
+            hids = np.array([r.hid for r, _ in rows])
+            if (hids >= 0).all():
+                self.history.update(step, hids, vals)
+            if self.log.bwd_step is None:
+                hit = backward_origin([c for c, _ in items], np.stack([g for _, g in items]))
+                if hit is not None:
+                    self.log.late_backward(step, hit[0], hit[1])
 
-def _flush_late(cap: Capture, late: list[Any], raws: list[Any]) -> None:
-    """Gradients of closed steps (a delayed backward): merged rows, History.update, the backward check."""
-    if not late:
-        return
-    by_step: dict[int, list[tuple[Any, np.ndarray]]] = {}
-    for c, raw in zip(late, raws):
-        c.late = None
-        if raw is None:
-            continue
-        _accumulate(cap.run_grad, np.array([c.row.id]), raw[None])
-        c.grad_stats = raw.copy() if c.grad_stats is None else _merge2(c.grad_stats, raw)
-        if c.mark.step:
-            by_step.setdefault(c.mark.step, []).append((c, c.grad_stats))
-    for step, items in sorted(by_step.items()):
-        rows, idx = [], {}
-        for c, g in items:
-            if c.row.id not in idx:
-                idx[c.row.id] = len(rows)
-                rows.append((c.row, g))
-            else:
-                k = idx[c.row.id]
-                rows[k] = (rows[k][0], _merge2(rows[k][1], g))
-        vals = np.full((len(rows), _F), np.nan, np.float32)
-        gs = summarize(np.stack([g for _, g in rows]))
-        for k, col in zip(_GRAD_KEYS, _GRAD_COLS):
-            vals[:, col] = gs[k]
-        hids = np.array([r.hid for r, _ in rows])
-        if (hids >= 0).all():
-            cap._history.update(step, hids, vals)
-        if cap.bwd_step is None:
-            calls = [c for c, _ in items]
-            hit = _backward_origin(calls, np.stack([g for _, g in items]))
-            if hit is not None:
-                cap.bwd_step, cap.bwd_row = step, hit[0].row.id
-                cap.bwd_origin = hit[1].row.id if hit[1] is not None else None
-
-
-def commit(cap: Capture, data: _StepData) -> None:
-    """Fold a closed step into the whole-run rows, the first-non-finite bookkeeping, the incidents and
-    the history (``every``), then call ``on_step``."""
-    cap.step += 1
-    step = cap.step
-    hist = cap._history
-    if data.calls:  # one mark for all of the step's calls
-        data.calls[0].mark.step = step
-    lay = data.layout
-    assert lay is not None
-    rows, ids = data.rows, lay.ids
-    at = ids if lay.span is None else lay.span
-    _ensure_run(cap)
-    calls = cap.run_calls
-    old: np.ndarray | None = None  # rows seen in an earlier step (None: all of them)
-    if not lay.committed:
-        seen = calls[ids]
-        for r in np.flatnonzero(seen == 0).tolist():
-            row = rows[r]
-            row.hid = hist.row_id(row.key, {"module": row.module, "type": row.type, "shape": row.shape, "dtype": row.dtype})
-            row.first_step = step
-            c0 = data.first_call[r]
-            row.inputs = tuple(dict.fromkeys(c.row.id for c in c0.input_calls))
-            row.ext_nonfinite = data.checks_bad.get(id(c0), False)
-            row.alive = data.alive[r]
-        old = seen > 0
-        lay.committed = True
-    accumulate_step(cap, lay, at, data.rg, data.has_grad)
-    calls[at] += data.counts
-    merge_alive(lay, cap.run_units, [data.alive], {}, old)
-    if data.skipped:
-        cap.skipped.append(step)
-    if data.lrs:
-        cap.lrs.update(data.lrs)
-    hids = lay.history_ids()
-    first_bad = step_incidents(cap, data, step)
-    if kept(cap, step) or first_bad:
-        hist.append(step, hids, data.values, data.scalars)
-        cap.unappended = None
-        if cap.on_step is not None:
-            cap.on_step(cap)
-    else:
-        cap.unappended = (step, hids, data.values, data.scalars)
-    cap.prev_values, cap.prev_rows = data.values, hids
-
-
-def finish(cap: Capture) -> None:
-    """At exit: close the open step, commit held-back no-grad steps, late gradients, the last step."""
-    if cap._open:
-        cap._close_step()
-    flush(cap)
-    cap._commit_pending()
-    flush(cap)  # held-back steps taken into the batch
-    if cap._late:
-        late, cap._late = cap._late, []
-        fetch = _Fetch(cap.device_path)
-        slots = [fetch.add(c.late) for c in late]
-        host = fetch.run()
-        _flush_late(cap, late, [host[i] for i in slots])
-    if cap.unappended is not None:
-        cap._history.append(*cap.unappended)
-        cap.unappended = None
-        if cap.on_step is not None:
-            cap.on_step(cap)
+    def finish(self, late: list[Any], device_path: bool) -> None:
+        """At exit (the open step closed already): the batch, held-back no-grad steps, gradients that
+        came after their step closed, the last step when ``every`` left it out."""
+        self.flush()
+        self.commit_pending()
+        self.flush()  # held-back steps taken into the batch
+        if late:
+            fetch = Fetch(device_path)
+            slots = [fetch.add(c.late) for c in late]
+            host = fetch.run()
+            self.late(late, [host[i] for i in slots])
+        if self.unappended is not None:
+            self.history.append(*self.unappended)
+            self.unappended = None
+            if self.on_step is not None:
+                self.on_step()

@@ -18,22 +18,18 @@ import torch
 from torch import nn
 
 import nbdebug.capture.batch as batch
-import nbdebug.capture.forward as forward
-import nbdebug.capture.steps as steps
 from nbdebug.capture import hook_count
 from nbdebug.capture.fold import Layout
 from nbdebug.capture.history import FIELD_INDEX
 from nbdebug.capture.session import Capture
+from nbdebug.capture.steps import Steps
 
 
-def _run(loop: Callable[[], Capture], reference: bool, mp: pytest.MonkeyPatch) -> Capture:
-    """``loop`` seeded, with the batched fold and the forward short path off when ``reference``."""
-    with mp.context() as m:
-        if reference:
-            m.setattr(steps, "defer", lambda *a: False)
-            m.setattr(forward, "SHORT_PATH", False)
-        torch.manual_seed(0)
-        return loop()
+def _run(loop: Callable[..., Capture], reference: bool, mp: pytest.MonkeyPatch) -> Capture:
+    """``loop`` seeded, on the reference path (``fast_paths=False``: no batched fold, no forward short
+    path) when ``reference``."""
+    torch.manual_seed(0)
+    return loop(fast_paths=not reference)
 
 
 def _assert_same(a: Any, b: Any) -> None:
@@ -64,11 +60,11 @@ def _mlp() -> nn.Sequential:
 # 1. a change in which parameters get gradients (HEAD~1: ValueError comparing the batch signature,
 #    every later step lost)
 
-def _freeze_optim() -> Capture:
+def _freeze_optim(fast_paths: bool = True) -> Capture:
     m = _mlp()
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(1)
-    with Capture(m) as cap:
+    with Capture(m, fast_paths=fast_paths) as cap:
         for i in range(30):
             if i == 10:  # freeze a layer mid-run (gradual unfreezing), unfreeze it at 20
                 m[2].requires_grad_(False)
@@ -80,10 +76,10 @@ def _freeze_optim() -> Capture:
     return cap
 
 
-def _freeze_by_hand() -> Capture:
+def _freeze_by_hand(fast_paths: bool = True) -> Capture:
     m = _mlp()
     g = torch.Generator().manual_seed(1)
-    with Capture(m) as cap:
+    with Capture(m, fast_paths=fast_paths) as cap:
         for i in range(30):
             if i == 10:
                 m[2].requires_grad_(False)
@@ -150,19 +146,19 @@ def test_keyboard_interrupt_inside_flush_keeps_every_step(monkeypatch: pytest.Mo
 # 3. a KeyboardInterrupt inside finish at exit (HEAD~1 kept the model strongly)
 
 def test_keyboard_interrupt_inside_finish_lets_go_of_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = steps.flush
+    real = Steps.flush
 
-    def flaky(cap: Capture) -> None:
-        if cap._batch and any(f.name == "finish" for f in traceback.extract_stack()):
+    def flaky(self: Steps) -> None:
+        if len(self.batch) and any(f.name == "finish" for f in traceback.extract_stack()):
             raise KeyboardInterrupt  # a second Ctrl-C while the capture folds its waiting steps at exit
-        real(cap)
+        real(self)
 
     m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     cap = Capture(m)
     raised = False
     with monkeypatch.context() as p:
-        p.setattr(steps, "flush", flaky)
+        p.setattr(Steps, "flush", flaky)
         try:
             with cap:
                 for _ in range(10):
@@ -202,11 +198,11 @@ class _Tied(nn.Module):
         return self.out(self.tanh(h)) + self.back(x).sum(-1, keepdim=True)
 
 
-def _plain() -> Capture:
+def _plain(fast_paths: bool = True) -> Capture:
     m = _Tied()
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator().manual_seed(3)
-    with Capture(m) as cap:
+    with Capture(m, fast_paths=fast_paths) as cap:
         for _ in range(80):
             opt.zero_grad()
             m(torch.randn(4, 6, generator=g)).pow(2).mean().backward()
@@ -214,12 +210,12 @@ def _plain() -> Capture:
     return cap
 
 
-def _scaled(bf16: bool = False) -> Capture:
+def _scaled(bf16: bool = False, fast_paths: bool = True) -> Capture:
     m = _Tied()
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(3)
     sc = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=5)
-    with Capture(m) as cap:
+    with Capture(m, fast_paths=fast_paths) as cap:
         for i in range(80):
             x = torch.randn(4, 6, generator=g)
             if i == 72:  # after a full batch
@@ -233,18 +229,18 @@ def _scaled(bf16: bool = False) -> Capture:
     return cap
 
 
-def _scaled_bf16() -> Capture:
-    return _scaled(True)
+def _scaled_bf16(fast_paths: bool = True) -> Capture:
+    return _scaled(True, fast_paths)
 
 
 @pytest.mark.parametrize("loop", [_plain, _scaled, _scaled_bf16], ids=["tied_dead", "gradscaler", "gradscaler_bf16"])
 def test_bulk_fold_runs_and_equals_the_step_by_step_path(loop: Callable[[], Capture], monkeypatch: pytest.MonkeyPatch) -> None:
     folds: list[int] = []  # steps per flush
     per_step = [0]  # the step-by-step branch inside flush
-    real_sv, real_acc = batch.step_values, batch.accumulate_step
+    real_sv, real_acc = batch.step_values, batch.fold_one_by_one
     with monkeypatch.context() as p:
         p.setattr(batch, "step_values", lambda rg, *a: (folds.append(rg.shape[0]), real_sv(rg, *a))[1])
-        p.setattr(batch, "accumulate_step", lambda *a: (per_step.__setitem__(0, per_step[0] + 1), real_acc(*a))[1])
+        p.setattr(batch, "fold_one_by_one", lambda *a: (per_step.__setitem__(0, per_step[0] + 1), real_acc(*a))[1])
         fast = _run(loop, False, monkeypatch).result
     slow = _run(loop, True, monkeypatch).result
     rows = len(fast.layers)
@@ -265,13 +261,13 @@ def test_bulk_fold_runs_and_equals_the_step_by_step_path(loop: Callable[[], Capt
 # 4b. steps without gradients (an inference loop, forwards without backward): batched too, the held-back
 #     no-grad steps before any training forward included (HEAD~1 folded each of them on its own)
 
-def _no_grad_loop(mode: str, steps: int = 100, train_after: int = 0) -> Capture:
+def _no_grad_loop(mode: str, steps: int = 100, train_after: int = 0, fast_paths: bool = True) -> Capture:
     m = _Tied()
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(3)
     ctx = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(mode)
     outs = []
-    with Capture(m) as cap:
+    with Capture(m, fast_paths=fast_paths) as cap:
         for _ in range(steps):
             x = torch.randn(4, 6, generator=g)
             if ctx is None:  # grad mode, no backward (outputs kept: a list of predictions)
@@ -294,8 +290,8 @@ def test_steps_without_gradients_fold_in_bulk_and_equal_the_step_by_step_path(mo
     real_sv = batch.step_values
     with monkeypatch.context() as p:
         p.setattr(batch, "step_values", lambda rg, *a: (folds.append(rg.shape[0]), real_sv(rg, *a))[1])
-        fast = _run(lambda: _no_grad_loop(mode), False, monkeypatch).result
-    slow = _run(lambda: _no_grad_loop(mode), True, monkeypatch).result
+        fast = _run(lambda **kw: _no_grad_loop(mode, **kw), False, monkeypatch).result
+    slow = _run(lambda **kw: _no_grad_loop(mode, **kw), True, monkeypatch).result
     rows = len(fast.layers)
     assert fast.steps == slow.steps == 100 and len(fast.history) == 100
     # held back (16 no-grad steps, the first one folded alone as it meets new rows), then in batches
@@ -310,13 +306,13 @@ def test_steps_without_gradients_fold_in_bulk_and_equal_the_step_by_step_path(mo
     _assert_same(fast, slow)
 
 
-def _generate() -> Capture:
+def _generate(fast_paths: bool = True) -> Capture:
     """``generate()`` with a KV cache: one step per new token, the attention rows' shapes grow every step."""
     from nbdebug.adapters.offline import tiny_lm
 
     lm = tiny_lm("llama", vocab=64)
     ids = torch.randint(1, 64, (1, 5), generator=torch.Generator().manual_seed(2))
-    with Capture(lm) as cap:
+    with Capture(lm, fast_paths=fast_paths) as cap:
         cap.tokens = lm.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=0)  # type: ignore[attr-defined]
     return cap
 
@@ -345,10 +341,10 @@ class _LossOut(nn.Module):
         return (self.b(self.r(self.a(x))) - y).pow(2).mean()
 
 
-def _eval_losses() -> Capture:
+def _eval_losses(fast_paths: bool = True) -> Capture:
     m = _LossOut()
     g = torch.Generator().manual_seed(1)
-    with Capture(m) as cap, torch.no_grad():
+    with Capture(m, fast_paths=fast_paths) as cap, torch.no_grad():
         for i in range(40):
             m(torch.randn(4, 6, generator=g), torch.full((4, 1), 100.0 if i == 30 else 0.0))
     return cap
@@ -366,8 +362,8 @@ def test_held_back_steps_keep_their_losses_and_loss_spikes(monkeypatch: pytest.M
 def test_no_grad_steps_before_training_are_dropped_or_kept_as_before(before: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Held-back no-grad steps: the first 16 of them are committed (an inference cell), the rest still
     held back when training begins become evaluations, batched or not."""
-    fast = _run(lambda: _no_grad_loop("no_grad", before, 30), False, monkeypatch).result
-    slow = _run(lambda: _no_grad_loop("no_grad", before, 30), True, monkeypatch).result
+    fast = _run(lambda **kw: _no_grad_loop("no_grad", before, 30, **kw), False, monkeypatch).result
+    slow = _run(lambda **kw: _no_grad_loop("no_grad", before, 30, **kw), True, monkeypatch).result
     committed = before // 16 * 16
     assert fast.steps == slow.steps == committed + 30
     assert fast.eval_steps == slow.eval_steps == before - committed

@@ -145,9 +145,7 @@ def test_widget_shows_the_error_card_and_the_fallback_escapes_it() -> None:
 
 
 def test_our_failure_never_replaces_the_users_exception(monkeypatch: pytest.MonkeyPatch) -> None:
-    import nbdebug.capture.assemble as asm
-
-    real, calls = asm.assemble, []
+    real, calls = Capture._assemble, []
 
     def flaky(cap):  # type: ignore[no-untyped-def]
         calls.append(1)
@@ -155,7 +153,7 @@ def test_our_failure_never_replaces_the_users_exception(monkeypatch: pytest.Monk
             raise ZeroDivisionError("bug in nbdebug")
         return real(cap)
 
-    monkeypatch.setattr(asm, "assemble", flaky)
+    monkeypatch.setattr(Capture, "_assemble", flaky)
     m = beginner_cnn()
     with pytest.raises(RuntimeError, match="mat1 and mat2"):
         with Capture(m) as cap:

@@ -303,7 +303,7 @@ def test_recorder_honours_zero_options_and_byte_units() -> None:
     m = mlp()
     rec = ThermometerRecorder(m, dead_threshold=0, vanishing=0, exploding=0.0, max_bytes="0", sample_size=0)
     assert (rec.thresholds.dead, rec.thresholds.vanishing, rec.thresholds.exploding) == (0.0, 0.0, 0.0)
-    assert rec.capture.max_bytes == 0 and rec.capture.sample_size == 0
+    assert rec.capture.options.max_bytes == 0 and rec.capture.options.sample_size == 0
     with rec:
         m(torch.randn(2, 4)).sum().backward()
     res = rec.result()
@@ -311,8 +311,8 @@ def test_recorder_honours_zero_options_and_byte_units() -> None:
     rep = diagnose(res, rec.thresholds)
     assert rep.flagged("dead") == ["0"]  # threshold 0: the first layer is "dead", later ones inherit it (default: none)
     assert len(rep.flagged("exploding")) == 3  # every gradient norm is above 0
-    assert ThermometerRecorder(m, max_bytes="64MB").capture.max_bytes == 64 * 2**20
-    assert ThermometerRecorder(m).capture.max_bytes == 256 * 2**20
+    assert ThermometerRecorder(m, max_bytes="64MB").capture.options.max_bytes == 64 * 2**20
+    assert ThermometerRecorder(m).capture.options.max_bytes == 256 * 2**20
 
 
 def test_budget_note_says_what_was_dropped_in_binary_units() -> None:

@@ -156,10 +156,10 @@ def test_half_precision_stats_accumulate_in_float32_on_the_device() -> None:
 
 def test_device_path_switch_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NBDEBUG_DEVICE_PATH", raising=False)
-    assert not device_path_default() and not Capture(nn.Linear(1, 1)).device_path
+    assert not device_path_default() and not Capture(nn.Linear(1, 1)).options.device_path
     monkeypatch.setenv("NBDEBUG_DEVICE_PATH", "1")
-    assert device_path_default() and Capture(nn.Linear(1, 1)).device_path
-    assert not Capture(nn.Linear(1, 1), device_path=False).device_path
+    assert device_path_default() and Capture(nn.Linear(1, 1)).options.device_path
+    assert not Capture(nn.Linear(1, 1), device_path=False).options.device_path
 
 
 @pytest.mark.parametrize("device_path", [False, True])

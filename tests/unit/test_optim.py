@@ -542,7 +542,7 @@ def test_seg_plan_caller_rebuilds_when_a_storage_moves_and_equals_seg_norms(monk
     one after ``p.data = ...`` moves a storage."""
     import numpy as np
 
-    from nbdebug.capture import native, updates
+    from nbdebug.capture import native, plans
     from nbdebug.capture.session import Capture
 
     if not native.available():
@@ -559,8 +559,8 @@ def test_seg_plan_caller_rebuilds_when_a_storage_moves_and_equals_seg_norms(monk
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         x = torch.randn(4, 6)
         with monkeypatch.context() as mp:
-            real = updates._native
-            mp.setattr(updates, "_native", lambda name: (seg_plan if plan else None) if name == "seg_plan" else real(name))
+            real = plans._native
+            mp.setattr(plans, "_native", lambda name: (seg_plan if plan else None) if name == "seg_plan" else real(name))
             with Capture(model) as cap:
                 for i in range(6):
                     if i == 3:

@@ -713,34 +713,24 @@ class _Mixed(nn.Module):
 
 
 def _mixed_run(step_on: str, general: bool, monkeypatch: pytest.MonkeyPatch, every: int = 1) -> Any:
-    import nbdebug.capture.forward as forward
-    import nbdebug.capture.steps as steps
-
     torch.manual_seed(0)
     m = _Mixed()
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(1)
     xs = [torch.randn(4, 1, 8, 8, generator=g) for _ in range(12)]
     xs[8][0, 0, 0, 0] = float("nan")  # a non-finite step late in the run
-    deferred = [0]
-    with monkeypatch.context() as mp:
-        if not general:  # count the steps folded later in a batch (batch.py)
-            real_defer = steps.defer
-            mp.setattr(steps, "defer", lambda *a: deferred.__setitem__(0, deferred[0] + (ok := real_defer(*a))) or ok)
-        if general:  # every short path off: the general forward path, the exact accumulation, a full non-finite scan
-            mp.setattr(forward, "SHORT_PATH", False)
-            real = steps.accumulate_step
-            mp.setattr(steps, "accumulate_step", lambda cap, lay, at, rg, has: real(cap, lay, lay.ids.copy(), rg, has))
-            mp.setattr(Capture, "_maybe_bad", property(lambda _self: True, lambda _self, _v: None), raising=False)
-        seen: list[tuple[int, int, int]] = []  # what on_step sees: (step, kept steps, last kept step)
-        on_step = (lambda c: seen.append((c.step, len(c.history), int(c.history.step_index[-1])))) if every > 1 else None
-        with Capture(m, step_on=step_on, every=every, on_step=on_step) as cap:
-            per_step = 2 if step_on == "optimizer" else 1
-            for i in range(0, len(xs), per_step):
-                opt.zero_grad()
-                for x in xs[i : i + per_step]:
-                    m(x).pow(2).mean().backward()
-                opt.step()
+    # general: every short path off (fast_paths=False): the general forward path, the exact accumulation,
+    # a full non-finite scan, no batched fold
+    seen: list[tuple[int, int, int]] = []  # what on_step sees: (step, kept steps, last kept step)
+    on_step = (lambda c: seen.append((c.step, len(c.history), int(c.history.step_index[-1])))) if every > 1 else None
+    with Capture(m, step_on=step_on, every=every, on_step=on_step, fast_paths=not general) as cap:
+        per_step = 2 if step_on == "optimizer" else 1
+        for i in range(0, len(xs), per_step):
+            opt.zero_grad()
+            for x in xs[i : i + per_step]:
+                m(x).pow(2).mean().backward()
+            opt.step()
+    deferred = [cap.batched_steps]  # the steps folded later in a batch (batch.py)
     cap.result.deferred = deferred[0]  # type: ignore[attr-defined]
     cap.result.seen = seen  # type: ignore[attr-defined]
     return cap.result
@@ -813,10 +803,10 @@ def test_zerotensor_parameter_gradient_has_norm_zero(device_path: bool, native_n
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A parameter used only through ``torch.sgn`` in an SGD loop: the loop runs, its gradient norm is 0
     every step, the other parameters' norms are the real ones (native norms and the numpy path)."""
-    from nbdebug.capture import calls
+    from nbdebug.capture import gradnorms
 
     if not native_norms:
-        monkeypatch.setattr(calls._native, "sq_norms", lambda grads: None)  # the kernel says "not in use"
+        monkeypatch.setattr(gradnorms._native, "sq_norms", lambda grads: None)  # the kernel says "not in use"
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 3), _SignGate(), nn.Linear(3, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

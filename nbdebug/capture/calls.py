@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from .losses import as_float_later
 from .stats import IDX, Raw, merge_raw, tensor_stats
 
 __all__ = ["Call", "OpenStep", "StepMark", "in_backward", "version_of"]
@@ -127,10 +128,12 @@ class OpenStep:
     (first leaves whose checkpoint recomputation was hooked), ``losses``, ``maybe_bad`` (a hook saw a
     NaN/Inf count, or stats it cannot read on the host), ``hot``/``hot_call`` (the forward incident
     snapshotted in the hook, CPU path), ``late`` (calls of closed steps whose gradient came late),
-    ``handles`` (output-gradient hook handles, pruned once their graph is gone)."""
+    ``handles`` (output-gradient hook handles, pruned once their graph is gone), ``backward_losses``
+    (what each ``backward()`` of the step ran on, a non-scalar one summed: ``nonscalar``)."""
 
-    __slots__ = ("by_storage", "by_tensor", "calls", "claimed", "device_path", "grad_counter", "handles", "hot",
-                 "hot_call", "last_grad", "late", "losses", "mark", "maybe_bad", "occurrence", "paramgrads", "prune_at")
+    __slots__ = ("backward_losses", "by_storage", "by_tensor", "calls", "claimed", "device_path", "grad_counter",
+                 "handles", "hot", "hot_call", "last_grad", "late", "losses", "mark", "maybe_bad", "nonscalar",
+                 "occurrence", "paramgrads", "prune_at")
 
     def __init__(self, device_path: bool, paramgrads: BackwardWatch) -> None:
         self.device_path, self.paramgrads = device_path, paramgrads
@@ -141,6 +144,8 @@ class OpenStep:
         self.claimed: set[int] = set()
         self.mark = StepMark()
         self.losses: list[Any] = []
+        self.backward_losses: list[Any] = []
+        self.nonscalar = False
         self.last_grad: tuple[Any, ...] | None = None  # the last output gradient's (ref, ptr, numel, dtype, version, stats)
         self.maybe_bad = False
         self.hot: Any = None
@@ -154,6 +159,19 @@ class OpenStep:
         """A top-level pass begins: module occurrences count from 1 again."""
         self.occurrence.clear()
         self.claimed.clear()
+
+    def on_backward(self, tensors: Any) -> None:
+        """A ``backward()`` is about to run on ``tensors`` (a tensor or a sequence of them): their values
+        are the step's loss when nothing else gives one (a non-scalar tensor counts its sum)."""
+        ts = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(t for t in tensors if isinstance(t, torch.Tensor))
+        for t in ts:
+            if not t.is_floating_point():
+                continue
+            t = t.detach()
+            if t.numel() != 1:
+                self.nonscalar = True
+                t = t.float().sum()
+            self.backward_losses.append(as_float_later(t))
 
     def snapshot(self, incident: Any, call: Call) -> None:
         """The forward incident of ``call``, copied in its hook (CPU path: the first non-finite output)."""
@@ -173,6 +191,9 @@ class OpenStep:
         self.by_tensor.clear()
         self.by_storage.clear()
         self.losses = []
+        if self.backward_losses:
+            self.backward_losses = []
+        self.nonscalar = False
         self.last_grad = None
         self.hot, self.hot_call = None, None
         self.maybe_bad = False
@@ -196,7 +217,7 @@ class OpenStep:
         self.calls, self.late = [], []
         self.by_tensor.clear()
         self.by_storage.clear()
-        self.losses = []
+        self.losses, self.backward_losses = [], []
         self.hot, self.hot_call, self.last_grad = None, None, None
 
     def producer(self, t: torch.Tensor) -> tuple[str, tuple[int, ...] | None] | None:

@@ -45,15 +45,18 @@ class ClosedStep:
     cannot read on the host), the forward incident snapshotted in a hook (``hot`` of ``hot_call``), its
     parameter-gradient norms (``pg``: (parameters, norms) or None; ``pg_late``: taken after a
     ``scaler.step`` unscaled them; ``pgmap``: their per-module map), the optimizer's numbers (``upd``),
-    ``hold`` (a no-grad step before any training forward) and ``device_path``."""
+    ``hold`` (a no-grad step before any training forward) and ``device_path``. ``loss_sum``: the
+    losses are what the step's backward calls ran on (summed, and divided by a GradScaler's scale),
+    not losses of its passes (averaged)."""
 
-    __slots__ = ("calls", "device_path", "hold", "hot", "hot_call", "late", "losses", "maybe_bad", "pg", "pg_late",
-                 "pgmap", "upd")
+    __slots__ = ("calls", "device_path", "hold", "hot", "hot_call", "late", "loss_sum", "losses", "maybe_bad", "pg",
+                 "pg_late", "pgmap", "upd")
 
     def __init__(self, calls: list[Any], losses: list[Any], late: list[Any], maybe_bad: bool, hot: Any, hot_call: Any,
-                 pg: Any, pg_late: bool, pgmap: Any, upd: Any, hold: bool, device_path: bool) -> None:
+                 pg: Any, pg_late: bool, pgmap: Any, upd: Any, hold: bool, device_path: bool, loss_sum: bool = False) -> None:
         self.calls, self.losses, self.late, self.maybe_bad, self.hot, self.hot_call = calls, losses, late, maybe_bad, hot, hot_call
         self.pg, self.pg_late, self.pgmap, self.upd, self.hold, self.device_path = pg, pg_late, pgmap, upd, hold, device_path
+        self.loss_sum = loss_sum
 
 
 def _lr_of(opt_keys: list[tuple[str, tuple[str, ...]]], h_opt: list[Any]) -> dict[str, float]:
@@ -66,8 +69,15 @@ def _lr_of(opt_keys: list[tuple[str, tuple[str, ...]]], h_opt: list[Any]) -> dic
     return {}
 
 
-def _loss_of(h_loss: list[Any]) -> float:
-    return (sum(as_float(x) for x in h_loss) / len(h_loss)) if h_loss else math.nan
+def _loss_of(h_loss: list[Any], total: bool, scale: float | None) -> float:
+    """The step's loss: the mean of its passes' losses, or (``total``: backward calls) their sum
+    divided by the GradScaler scale that scaled them; NaN without any."""
+    if not h_loss:
+        return math.nan
+    s = sum(as_float(x) for x in h_loss)
+    if not total:
+        return s / len(h_loss)
+    return s / scale if scale is not None else s
 
 
 def _scale_of(x: Any) -> float | None:
@@ -123,7 +133,7 @@ def close_step(cs: ClosedStep, steps: Steps) -> None:
     scale = _scale_of(h_scale)
     skipped = h_skip if type(h_skip) is bool else bool(np.any(h_skip))
     lr_of = _lr_of(opt_keys, h_opt)
-    scalars = {"loss": _loss_of(h_loss), "lr": lr_of.get("", math.nan), "skipped": 1.0 if skipped else 0.0}
+    scalars = {"loss": _loss_of(h_loss, cs.loss_sum, scale), "lr": lr_of.get("", math.nan), "skipped": 1.0 if skipped else 0.0}
     lrs = {m: v for m, v in lr_of.items() if m}
     if (on_host and calls and not late and not checks and not maybe_bad
             and steps.defer(steps.layout(calls), calls, h_raw, h_grad, h_alive, scale, h_pg, cs.pgmap, cs.pg_late,

@@ -1,18 +1,51 @@
-"""The loss of a training step: found in the model's own output (:func:`loss_of_output`), or what
-the user's ``loss()`` returns (:class:`UserLoss`: unknown when it is the previous step's very object,
-with a note), read without a host sync on accelerators (:func:`as_float_later`: a float on the CPU,
-a 1-element device copy otherwise, brought over with the capture's one per-step transfer).
+"""The loss of a training step, in this order: what the user's ``loss()`` returns (:class:`UserLoss`:
+unknown when it is the previous step's very object, with a note); the loss in the model's own output
+(:func:`loss_of_output`); else the tensor ``.backward()`` ran on (:data:`BACKWARD`: ``loss.backward()``,
+``torch.autograd.backward(loss)``, ``scaler.scale(loss).backward()`` divided by the scale; a backward on
+a non-scalar tensor counts its sum, several backwards in one step their sum, each with a note). Read
+without a host sync on accelerators (:func:`as_float_later`: a float on the CPU, a 1-element device
+copy otherwise, brought over with the capture's one per-step transfer).
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["UserLoss", "as_float_later", "loss_of_output"]
+from .hooks import SharedPatch
+
+__all__ = ["BACKWARD", "BACKWARD_NOTES", "UserLoss", "as_float_later", "loss_of_output"]
+
+#: the capture's notes when a step's loss came from a backward that was not one scalar
+BACKWARD_NOTES = {
+    "several": "loss from backward(): several backward calls in one step, the step's loss is their sum",
+    "nonscalar": "loss from backward(): a backward on a non-scalar tensor, the step's loss is its sum",
+}
+
+
+def _wrap_backward(original: Any) -> Any:
+    @functools.wraps(original)
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        users = BACKWARD.users
+        # not a backward that autograd itself runs inside a backward (reentrant checkpointing)
+        if users and torch._C._current_graph_task_id() == -1:
+            for user in tuple(users):
+                try:
+                    user(tensors)
+                except Exception:  # never break the user's backward with ours
+                    pass
+        return original(tensors, *args, **kwargs)
+
+    return backward
+
+
+#: ``torch.autograd.backward`` (which ``Tensor.backward`` calls) seen by every entered capture: each
+#: user is called with the tensors the backward runs on, before it runs
+BACKWARD = SharedPatch(torch.autograd, "backward", _wrap_backward)  # type: ignore[arg-type]
 
 
 def loss_of_output(output: Any) -> Any | None:

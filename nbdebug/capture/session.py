@@ -79,7 +79,7 @@ from .forward import MAX_CALLS, ForwardHooks
 from .history import History
 from .hooks import HookSet
 from .incidents import Incident, IncidentLog, NonFiniteError
-from .losses import UserLoss
+from .losses import BACKWARD, BACKWARD_NOTES, UserLoss
 from .optim import OptimizerWatch
 from .paramgrads import ParamGrads
 from .passes import Passes
@@ -129,7 +129,7 @@ class Capture:
     ``NBDEBUG_DEVICE_PATH``; always on for accelerators), ``every`` (the history keeps steps 1, 1+N, …,
     the last and the first non-finite one; the check runs every step), ``step_on`` (``"forward"`` or
     ``"optimizer"``), ``loss`` (returns the step's loss; default: the model's output when it is a scalar
-    or has ``.loss``), ``break_on`` (``"nonfinite"``: raise :class:`NonFiniteError` at the first
+    or has ``.loss``, else the tensor ``backward()`` ran on), ``break_on`` (``"nonfinite"``: raise :class:`NonFiniteError` at the first
     non-finite forward output; syncs once per module call on accelerators), ``resume`` (a previous
     result: steps and history continue), ``on_step`` (called with the capture after each appended step),
     ``fast_paths`` (False: the reference path the fast ones are tested against, same numbers: every module
@@ -254,19 +254,32 @@ class Capture:
     def _optimizer_pre(self, scaled: bool) -> None:
         self._pg.before_optimizer_step(scaled)
 
+    def _losses(self, rec: OpenStep) -> tuple[list[Any], bool]:
+        """The closing step's losses, and whether they are its backward calls' (summed): the user's
+        ``loss()``, else the model's own, else what ``backward()`` ran on (see :mod:`.losses`)."""
+        if self._loss is not None:
+            return self._loss.read(self._steps.count + 1, bool(rec.calls)), False
+        if rec.losses or not rec.backward_losses:
+            return list(rec.losses), False
+        if len(rec.backward_losses) > 1:
+            self._note(BACKWARD_NOTES["several"])
+        if rec.nonscalar:
+            self._note(BACKWARD_NOTES["nonscalar"])
+        return list(rec.backward_losses), True
+
     def _close_step(self) -> None:
         """Fold the open step into the rows and the history (see :func:`~.closing.close_step`)."""
         rec, pg = self._rec, self._pg
         try:
             norms, pg_late = pg.take()
             upd = self.watch.take() if self.watch is not None else None
-            losses = list(rec.losses) if self._loss is None else self._loss.read(self._steps.count + 1, bool(rec.calls))
+            losses, total = self._losses(rec)
             passes = self._passes
             # fast_paths=False: every step is scanned for non-finite values as if a hook had seen one
             maybe_bad = rec.maybe_bad or not self.options.fast_paths
             closed = ClosedStep(rec.calls, losses, rec.take_late(), maybe_bad, rec.hot, rec.hot_call, norms, pg_late,
                                 None if norms is None else pg.modules_of(norms[0]), upd,
-                                not passes.open_grad and not passes.seen_training, self.options.device_path)
+                                not passes.open_grad and not passes.seen_training, self.options.device_path, total)
             close_step(closed, self._steps)
         except Exception as err:  # never break the user's loop with ours: the step is lost, a note says so
             self._note(f"nbdebug could not summarise a step: {type(err).__name__}: {err}")
@@ -283,6 +296,7 @@ class Capture:
             hooks.forward_pre(model, self._passes.on_root_pre)
             if o.loss is None:
                 hooks.forward(model, self._forward.on_root_out)
+                BACKWARD.hold(hooks, self._rec.on_backward)  # no loss in the output: what backward() ran on
             for module, hook in self._forward.hooks(self.modules):
                 hooks.forward(module, hook, with_kwargs=True)
             # after the modules' hooks (a selected root's own hook still sees its forward running), and

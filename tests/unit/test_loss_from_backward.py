@@ -144,7 +144,7 @@ def test_checkpoint_recomputation_inside_backward_is_not_a_second_loss() -> None
 
 
 def test_the_backward_wrapper_is_gone_after_an_exception_and_an_interrupt() -> None:
-    m, opt, x, y = _setup()
+    m, _opt, x, y = _setup()
     for exc in (RuntimeError("user bug"), KeyboardInterrupt()):
         with pytest.raises(type(exc)):
             with Capture(m):

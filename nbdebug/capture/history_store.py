@@ -40,7 +40,7 @@ class Buckets:
 
     Arrays grow by doubling up to the budget's slot count; a decimation (pairwise merge, O(slots))
     happens once per halving. A budget smaller than one slot still keeps one slot. Each write moves
-    a change token (:attr:`token`); :meth:`changes_since` tells a reader which slots changed since
+    a change token; :meth:`changes_since` tells a reader which slots changed since
     the token it last saw (every slot after a decimation or a growth of the rows).
     """
 
@@ -63,11 +63,6 @@ class Buckets:
     def stride(self) -> int:
         """Appended steps per full bucket: 1 until the first decimation, doubled by each one."""
         return self._stride
-
-    @property
-    def token(self) -> int:
-        """The change token: it moves with every write."""
-        return self._edits
 
     @property
     def rows_allocated(self) -> int:

@@ -22,9 +22,8 @@ others wait for nbdebug.
 
 from __future__ import annotations
 
-from ..api import (
-           debug,  # the one entry: spools in a worker (or with spool=), plain nbdebug.debug elsewhere
-)
+# nbdebug.debug is the one entry: it spools in a worker (or with spool=), runs the views elsewhere
+from ..api import debug
 from .launch import run_distributed
 from .run import FORK_HINT, SAME_RANK, NonFinite, Run, load
 from .worker import SpoolDebug, detect_rank, hooks_on, unwrap

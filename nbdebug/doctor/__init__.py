@@ -8,8 +8,9 @@
 
 Everything runs on ``copy.deepcopy(model)`` (and a re-created optimizer) with the random number
 generators forked and seeded, so the user's model, optimizer state and random stream are exactly
-as before, and two runs give the same report. The passes (each check's judgement is in
-:mod:`nbdebug.inspectors.doctor`):
+as before, and two runs give the same report. This module runs the passes in order; their hooks and
+measurements are in :mod:`nbdebug.doctor.passes`, the batch and loss helpers in
+:mod:`nbdebug.doctor.batch`, each check's judgement in :mod:`nbdebug.inspectors.doctor`. The passes:
 
 1. one training-mode forward + backward on the whole batch: ``init_loss``, ``dead_units`` (every
    leaf module's output, dropout excluded), ``gradient_flow`` and ``nonfinite``;

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -331,19 +332,23 @@ class Debug:
             display(ViewNote(self.note()))
 
 
-def debug(model: nn.Module, view: str | list[str] = "thermometer", **options: Any) -> Debug:
+def debug(model: nn.Module, view: str | list[str] = "thermometer", *, spool: str | os.PathLike[str] | None = None,
+          **options: Any) -> Any:
     """Context manager running ``view``'s recorder(s) around a block; see :class:`Debug`.
 
     In a worker process launched under ``%%nndebug --distributed`` (or with ``NBDEBUG_SPOOL`` set for a
-    ``torchrun``/script launch) it records this rank's steps to the spool instead
-    (:class:`nbdebug.distributed.SpoolDebug`; DDP/FSDP wrappers are fine).
+    ``torchrun``/script launch), or with ``spool=`` a directory, it records this rank's steps to the
+    spool instead (:class:`nbdebug.distributed.SpoolDebug`; DDP/FSDP wrappers are fine). The launching
+    process itself never spools, so the same worker code runs in one process.
     """
-    from .capture.spool import wants_spool
+    from .capture.spool import SPOOL_ENV, wants_spool
 
-    if wants_spool():
-        from .distributed import debug as spool_debug
+    if spool is None and wants_spool():
+        spool = os.environ[SPOOL_ENV]
+    if spool is not None:
+        from .distributed.worker import SpoolDebug
 
-        return spool_debug(model, view, **options)
+        return SpoolDebug(model, view, spool=spool, **options)
     return Debug(model, view, **options)
 
 

@@ -1,150 +1,35 @@
 """A capture's per-step history, out to the tools people already use: pandas and TensorBoard.
 
->>> df = result.to_pandas()                     # doctest: +SKIP
+>>> df = to_pandas(result)                      # doctest: +SKIP   (or result.to_pandas())
 >>> df[df.layer == "fc1"].plot(x="step", y="grad_norm")   # doctest: +SKIP
->>> result.to_tensorboard("runs/debug")         # doctest: +SKIP
+>>> to_tensorboard(result, "runs/debug")        # doctest: +SKIP
 
-Both are optional extras: ``pip install nbdebug[pandas]`` and ``pip install nbdebug[tensorboard]``.
+The functional forms of :meth:`CaptureResult.to_pandas <nbdebug.capture.result.CaptureResult.to_pandas>`
+and :meth:`~nbdebug.capture.result.CaptureResult.to_tensorboard`; the work is done in
+:mod:`nbdebug.capture.history_export`. Both are optional extras: ``pip install nbdebug[pandas]``
+and ``pip install nbdebug[tensorboard]``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from .capture.history import HISTORY_FIELDS, SCALARS, History
+from .capture.result import CaptureResult
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .capture.result import CaptureResult
-
 __all__ = ["to_pandas", "to_tensorboard"]
 
 
-def _history(result: CaptureResult) -> History:
-    h = result.history
-    if h is None:
-        raise ValueError("this result has no per-step history (captures made with nbdebug ≥ the training-loop "
-                         "release record one; a hand-built CaptureResult needs history=History.from_arrays(...))")
-    return h
-
-
 def to_pandas(result: CaptureResult, agg: str = "last") -> pd.DataFrame:
-    """One row per kept step × layer: ``step``, ``layer``, ``module``, ``type``, every field of
-    :data:`~nbdebug.capture.history.HISTORY_FIELDS`, and the step's ``loss``, ``lr``, ``skipped``.
-
-    ``agg="min"|"max"`` gives each decimated bucket's extremes instead of its last step. Values are
-    float64 (NaN where unknown: a row before it appeared, no gradient, no loss).
-    """
-    try:
-        import pandas as pd
-    except ImportError as e:
-        raise ImportError("result.to_pandas() needs pandas: pip install nbdebug[pandas]") from e
-    h = _history(result)
-    steps = h.step_index
-    k, r = len(steps), len(h.rows)
-    values = h.values(agg).reshape(k * r, len(HISTORY_FIELDS)).astype(np.float64)
-    cols: dict[str, Any] = {
-        "step": np.repeat(steps, r),
-        "layer": np.tile(np.array(h.rows, dtype=object), k),
-        "module": np.tile(np.array([str(i["module"]) for i in h.row_info], dtype=object), k),
-        "type": np.tile(np.array([str(i["type"]) for i in h.row_info], dtype=object), k),
-    }
-    cols.update({f: values[:, i] for i, f in enumerate(HISTORY_FIELDS)})
-    cols.update({s: np.repeat(h.scalar(s, agg).astype(np.float64), r) for s in SCALARS})
-    return pd.DataFrame(cols)
-
-
-def _tensorboard() -> tuple[Any, Any, Any]:
-    try:
-        from tensorboard.compat.proto.summary_pb2 import Summary
-        from torch.utils.tensorboard import summary
-        from torch.utils.tensorboard.writer import FileWriter
-    except ImportError as e:
-        raise ImportError("result.to_tensorboard() needs tensorboard: pip install nbdebug[tensorboard]") from e
-    return FileWriter, Summary, summary
+    """One row per kept step × layer (:meth:`CaptureResult.to_pandas`); ValueError without a history."""
+    return result.to_pandas(agg=agg)
 
 
 def to_tensorboard(result: CaptureResult, logdir: str | Path, fields: Sequence[str] | None = None,
                    agg: str = "last", histograms: bool = True) -> str:
-    """Write the history as TensorBoard events in ``logdir``; returns ``logdir``.
-
-    Scalars ``<row>/<field>`` (every field of :data:`HISTORY_FIELDS`, or ``fields``) at each kept step
-    (NaN values are left out), and ``loss``, ``lr``, ``skipped``; with ``histograms``, each row's kept
-    sample as the histogram ``<row>/values`` at the row's first step. One event per kept step holds
-    all of that step's scalars (``torch.utils.tensorboard``'s writer, batched). Without TensorFlow,
-    tensorboard checksums the file in pure Python: ~10 s for 300 rows × 625 kept steps × 20 fields;
-    pass ``fields`` to write fewer. ``tensorboard --logdir <logdir>`` shows them.
-    """
-    file_writer, summary_cls, summary = _tensorboard()
-    h = _history(result)
-    names = list(HISTORY_FIELDS) if fields is None else list(fields)
-    bad = [f for f in names if f not in HISTORY_FIELDS]
-    if bad:
-        raise KeyError(f"no field {bad[0]!r}; valid fields: {', '.join(HISTORY_FIELDS)}")
-    idx = [HISTORY_FIELDS.index(f) for f in names]
-    values = h.values(agg)[:, :, idx]  # [K, R, len(names)]
-    encoder = _ScalarBlock([f"{row}/{f}" for row in h.rows for f in names])
-    scalars = {s: h.scalar(s, agg) for s in SCALARS}
-    writer = file_writer(str(logdir))
-    try:
-        for j, step in enumerate(h.step_index.tolist()):
-            block = summary_cls.FromString(encoder.encode(values[j].reshape(-1)))
-            for s, v in scalars.items():
-                if not math.isnan(v[j]):
-                    block.value.add(tag=s, simple_value=float(v[j]))
-            writer.add_summary(block, step)
-        if histograms:
-            for rec in result.layers:
-                if rec.sample is not None and rec.sample.size and np.isfinite(rec.sample).any():
-                    sample = rec.sample[np.isfinite(rec.sample)].astype(np.float64)
-                    writer.add_summary(summary.histogram(f"{rec.name}/values", sample, "auto"), rec.first_step)
-    finally:
-        writer.close()
-    return str(logdir)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        if not n:
-            out.append(b)
-            return bytes(out)
-        out.append(b | 0x80)
-
-
-class _ScalarBlock:
-    """Encodes a ``Summary`` of many ``simple_value`` scalars (fixed tags) straight from a float32
-    vector: the protobuf wire bytes are a template with the 4 value bytes of each entry patched in,
-    NaN entries cut out, all in numpy. (A Python object per scalar took 17 s for 300 rows × 625
-    steps × 20 fields; this takes 10 s, nearly all of it tensorboard's pure-Python CRC of the
-    event file, which no writer without TensorFlow avoids.)"""
-
-    def __init__(self, tags: Sequence[str]) -> None:
-        records = []
-        for tag in tags:
-            t = tag.encode()
-            value = b"\x0a" + _varint(len(t)) + t + b"\x15" + b"\0\0\0\0"  # Value{tag=1, simple_value=2}
-            records.append(b"\x0a" + _varint(len(value)) + value)  # Summary{repeated value=1}
-        self.lengths = np.array([len(r) for r in records], dtype=np.int64)
-        self.starts = np.cumsum(self.lengths) - self.lengths
-        self.template = np.frombuffer(b"".join(records), dtype=np.uint8)
-        self.value_at = ((self.starts + self.lengths - 4)[:, None] + np.arange(4)).reshape(-1)
-
-    def encode(self, values: np.ndarray) -> bytes:
-        """The ``Summary`` bytes for ``values`` (float32, one per tag; NaN ones left out)."""
-        buf = self.template.copy()
-        buf[self.value_at] = np.ascontiguousarray(values, dtype="<f4").view(np.uint8)
-        keep = ~np.isnan(values)
-        if keep.all():
-            return buf.tobytes()
-        lengths = self.lengths[keep]
-        out_starts = np.cumsum(lengths) - lengths
-        take = np.arange(int(lengths.sum())) + np.repeat(self.starts[keep] - out_starts, lengths)
-        return buf[take].tobytes()
+    """The history as TensorBoard events in ``logdir`` (:meth:`CaptureResult.to_tensorboard`)."""
+    return result.to_tensorboard(logdir, fields=fields, agg=agg, histograms=histograms)

@@ -7,11 +7,10 @@ that adjacent buckets are merged pairwise (each kept slot then stands for a buck
 ``agg="last"`` is the bucket's last step, ``"min"``/``"max"`` its extremes, so spikes survive).
 The last step appended is always the last kept slot's last step.
 
-This module holds the storage (the arrays, ``append`` / ``append_many`` / ``update`` / ``extend``,
-decimation, memory accounting, ``copy``, ``from_arrays``); the read side (``values``, ``scalar``,
-``series``, ``at``, ``changes_since``, ``notes``, ...) is the :class:`~nbdebug.capture.history_read.HistoryReader`
-mixin in :mod:`nbdebug.capture.history_read`, which also defines ``HISTORY_FIELDS`` / ``SCALARS`` /
-``FIELD_INDEX`` (re-exported here: import them from this module).
+This module names things: the rows (``row_id``, ``rows``, ``row_info``), the fields
+(:data:`HISTORY_FIELDS`) and the per-step scalars (:data:`SCALARS`), and checks what is appended.
+The slots themselves (arrays, decimation, memory accounting, change tokens) are a
+:class:`~nbdebug.capture.history_store.Buckets` each History owns.
 
 >>> h = History(max_bytes=2**20)
 >>> r = h.row_id("fc", {"module": "fc", "type": "Linear"})
@@ -24,191 +23,101 @@ mixin in :mod:`nbdebug.capture.history_read`, which also defines ``HISTORY_FIELD
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from .history_read import (
-    _AGGS,
-    _F,
-    _F32,
-    _NAN_S,
-    _S,
-    FIELD_INDEX,
-    HISTORY_FIELDS,
-    SCALAR_INDEX,
-    SCALARS,
-    HistoryReader,
+from .budget import format_bytes
+from .history_store import Buckets, slot_bytes
+
+__all__ = ["FIELD_INDEX", "HISTORY_FIELDS", "SCALARS", "SCALAR_INDEX", "History"]
+
+HISTORY_FIELDS: tuple[str, ...] = (
+    "mean", "std", "min", "max", "zero_frac", "norm", "nan", "inf", "dead_unit_frac", "saturated_frac",
+    "grad_mean", "grad_std", "grad_min", "grad_max", "grad_norm", "grad_nan", "grad_inf",
+    "param_grad_norm", "param_norm", "update_ratio",
 )
-
-__all__ = ["FIELD_INDEX", "HISTORY_FIELDS", "SCALARS", "History"]
-
+#: per-step values (not per row); NaN when unknown. "skipped" is 1.0 on a step whose optimizer
+#: step a GradScaler skipped (inf/NaN gradients), else 0.0
+SCALARS: tuple[str, ...] = ("loss", "lr", "skipped")
+FIELD_INDEX: dict[str, int] = {f: i for i, f in enumerate(HISTORY_FIELDS)}
+SCALAR_INDEX: dict[str, int] = {s: i for i, s in enumerate(SCALARS)}
+_F = len(HISTORY_FIELDS)
+_S = len(SCALARS)
+_F32 = np.float32
+_NAN_S = np.full(_S, np.nan, _F32)
 _ALL_SCALARS = frozenset(SCALARS)  # compared with a dict's keys view (a subset test)
 
+#: one kept bucket as :meth:`History.from_buckets` takes it: first step, last step, steps it stands
+#: for, last/min/max ``[R_b, F]`` matrices of the first ``R_b`` rows, last/min/max ``[S]`` scalars
+Bucket = tuple[int, int, int, Sequence[np.ndarray], Sequence[np.ndarray]]
 
-class History(HistoryReader):
+
+class History:
     """Per-step stats of every row, decimated to stay within ``max_bytes``.
 
-    Storage: three float32 arrays ``[slots, rows, fields]`` (bucket last / min / max), the same for
-    the per-step scalars, and int64 bucket bounds. Appending is O(rows × fields) amortised: arrays
-    grow by doubling up to the budget's slot count, and a decimation (pairwise merge, O(history))
-    happens once per halving of the slots. ``max_bytes`` smaller than one slot still keeps one
-    bucket (the last step, and each value's min/max over the run), and :attr:`notes` says so.
+    Storage (a :class:`~nbdebug.capture.history_store.Buckets`): three float32 arrays ``[slots,
+    rows, fields]`` (bucket last / min / max), the same for the per-step scalars, and int64 bucket
+    bounds. Appending is O(rows × fields) amortised: arrays grow by doubling up to the budget's slot
+    count, and a decimation (pairwise merge, O(history)) happens once per halving of the slots.
+    ``max_bytes`` smaller than one slot still keeps one bucket (the last step, and each value's
+    min/max over the run), and :attr:`notes` says so.
     """
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = int(max_bytes)
+        self._store = Buckets(max_bytes, _F, _S)
         self.rows: list[str] = []
         self.row_info: list[dict[str, Any]] = []
-        self._row_of: dict[str, int] = {}
+        self._row_ids: dict[str, int] = {}
         self.steps = 0  # 1-based number of the last step appended (0: none)
         self.appended = 0  # steps appended (fewer than ``steps`` with --every)
-        self._k = 0  # kept slots
-        self._stride = 1  # steps per full bucket
-        self._rcap = 0  # rows allocated
-        self._kcap = 0  # slots allocated
-        self._version = 0
-        self._reorg = 0  # version of the last decimation / row growth
-        self._alloc(0, 0)
 
-    # ------------------------------------------------------------------ storage
-    def _alloc(self, kcap: int, rcap: int) -> None:
-        """(Re)allocate for ``kcap`` slots × ``rcap`` rows, keeping what is stored."""
-        k, r_old = self._k, self._rcap
-        # Slots past ``k`` are written whole before they are read: no need to fill them.
-        new = [np.empty((kcap, rcap, _F), _F32) for _ in _AGGS]
-        news = [np.empty((kcap, _S), _F32) for _ in _AGGS]
-        if k:
-            for dst, src in zip(new, self._v):
-                dst[:k, :r_old] = src[:k, :r_old]
-                dst[:k, r_old:] = np.nan
-            for dst, src in zip(news, self._s):
-                dst[:k] = src[:k]
-        first, last, count, ver = (np.zeros(kcap, np.int64) for _ in range(4))
-        if k:
-            first[:k], last[:k], count[:k], ver[:k] = self._first[:k], self._last[:k], self._count[:k], self._ver[:k]
-        self._v, self._s = new, news
-        self._first, self._last, self._count, self._ver = first, last, count, ver
-        self._kcap, self._rcap = kcap, rcap
+    # ------------------------------------------------------------------ size
+    @property
+    def max_bytes(self) -> int:
+        """The budget of the kept slots."""
+        return self._store.max_bytes
 
     @staticmethod
     def slot_bytes(rows: int) -> int:
         """Bytes one kept slot costs for ``rows`` rows (last/min/max of every field and scalar, bounds)."""
-        return 3 * 4 * (rows * _F + _S) + 4 * 8
+        return slot_bytes(rows, _F, _S)
 
     def max_slots(self, rows: int | None = None) -> int:
         """How many kept slots ``max_bytes`` allows for ``rows`` rows (default: the rows so far); at least 1."""
-        rcap = max(self._rcap, len(self.rows)) if rows is None else rows
-        return max(1, self.max_bytes // self.slot_bytes(rcap))
+        return self._store.max_slots(max(self._store.rows_allocated, len(self.rows)) if rows is None else rows)
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the arrays (counted against ``max_bytes``)."""
-        return sum(a.nbytes for a in self._v) + sum(a.nbytes for a in self._s) + 4 * self._first.nbytes
+        return self._store.nbytes
 
-    def _ensure_rows(self) -> None:
-        n = len(self.rows)
-        if n <= self._rcap:
-            return
-        rcap = n if self._rcap == 0 else max(n, self._rcap + self._rcap // 4 + 1)
-        if self._k:
-            self._version += 1
-            self._reorg = self._version  # earlier slots gained NaN columns: readers start over
-        while self._k > self.max_slots(rcap):
-            self._decimate()
-        self._alloc(min(self._kcap, self.max_slots(rcap)), rcap)
+    def __len__(self) -> int:
+        return len(self._store)
 
-    def _ensure_slot(self) -> None:
-        """Room for one more slot (grow by doubling up to the budget)."""
-        if self._k < self._kcap:
-            return
-        self._alloc(min(max(16, 2 * self._kcap), self.max_slots()), self._rcap)
+    @property
+    def stride(self) -> int:
+        """Appended steps per full bucket: 1 until the first decimation, doubled by each one."""
+        return self._store.stride
 
-    def _decimate(self) -> None:
-        """Merge adjacent slots pairwise (last = the later one's last, min/max combined)."""
-        k = self._k
-        m = k // 2
-        lo, hi = slice(0, 2 * m, 2), slice(1, 2 * m, 2)
-        for i, (a, s) in enumerate(zip(self._v, self._s)):
-            if i == 0:
-                a[:m] = a[hi]
-                s[:m] = s[hi]
-            else:
-                op = np.fmin if i == 1 else np.fmax
-                a[:m] = op(a[lo], a[hi])
-                s[:m] = op(s[lo], s[hi])
-            if k % 2:
-                a[m] = a[k - 1]
-                s[m] = s[k - 1]
-        self._first[:m] = self._first[lo]
-        self._last[:m] = self._last[hi]
-        self._count[:m] = self._count[lo] + self._count[hi]
-        if k % 2:
-            self._first[m], self._last[m], self._count[m] = self._first[k - 1], self._last[k - 1], self._count[k - 1]
-        self._k = m + k % 2
-        self._stride *= 2
-        self._version += 1
-        self._reorg = self._version
-        self._ver[: self._k] = self._version
-
-    def _slot_for(self, count: int) -> tuple[int, bool]:
-        """The slot a bucket of ``count`` steps goes to, and whether it folds into the open bucket
-        (which has room) rather than opening a new slot (decimating when the budget is full)."""
-        while True:
-            k = self._k
-            if k and self._count[k - 1] + count <= self._stride:
-                return k - 1, True
-            if k < self.max_slots():
-                self._ensure_slot()
-                self._k = k + 1
-                return k, False
-            self._decimate()
-
-    def _push(self, first: int, last: int, count: int, vals: Sequence[np.ndarray], svals: Sequence[np.ndarray]) -> None:
-        """Add a bucket: last/min/max ``[R, F]`` matrices (all rows) and ``[S]`` scalars."""
-        j, fold = self._slot_for(count)
-        v, s = self._v, self._s
-        r = vals[0].shape[0]
-        if fold:
-            v[0][j, :r] = vals[0]
-            v[0][j, r:] = np.nan
-            np.fmin(v[1][j, :r], vals[1], out=v[1][j, :r])
-            np.fmax(v[2][j, :r], vals[2], out=v[2][j, :r])
-            s[0][j] = svals[0]
-            np.fmin(s[1][j], svals[1], out=s[1][j])
-            np.fmax(s[2][j], svals[2], out=s[2][j])
-            self._count[j] += count
-        else:
-            for a, x in zip(v, vals):
-                a[j, :r] = x
-                a[j, r:] = np.nan
-            for a, x in zip(s, svals):
-                a[j] = x
-            self._first[j], self._count[j] = first, count
-        self._last[j] = last
-        self._version += 1
-        self._ver[j] = self._version
+    @property
+    def decimated(self) -> bool:
+        """Some kept slot stands for more than one step."""
+        return self._store.decimated
 
     # ------------------------------------------------------------------ writing
     def row_id(self, name: str, info: Mapping[str, Any] | None = None) -> int:
         """The id of row ``name``, adding it (with ``info``: name, module, type, shape, dtype) if new."""
-        i = self._row_of.get(name)
+        i = self._row_ids.get(name)
         if i is None:
-            i = self._row_of[name] = len(self.rows)
+            i = self._row_ids[name] = len(self.rows)
             self.rows.append(name)
             d = {"name": name, "module": name, "type": "", "shape": (), "dtype": ""}
             d.update(info or {})
             d["name"] = name
             self.row_info.append(d)
         return i
-
-    def _full(self, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """``values`` of ``rows`` as an all-rows ``[R, F]`` matrix (NaN elsewhere)."""
-        values, rows = self._check(rows, values)
-        out = np.full((len(self.rows), _F), np.nan, _F32)
-        out[rows] = values
-        return out
 
     @staticmethod
     def _check(rows: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -227,8 +136,9 @@ class History(HistoryReader):
         """
         if step <= self.steps:
             raise ValueError(f"history: step {step} appended after step {self.steps} (steps must increase)")
-        if len(self.rows) > self._rcap:
-            self._ensure_rows()
+        store = self._store
+        if len(self.rows) > store.rows_allocated:
+            store.ensure_rows(len(self.rows))
         values, rows = self._check(rows, values)
         sv = _NAN_S.copy()
         if scalars:
@@ -237,28 +147,7 @@ class History(HistoryReader):
                 if i is None:
                     raise KeyError(f"history: unknown scalar {key!r}; valid: {SCALARS}")
                 sv[i] = np.nan if x is None else x
-        j, fold = self._slot_for(1)
-        last, lo, hi = self._v
-        last[j] = np.nan
-        last[j, rows] = values
-        if fold:
-            lo[j, rows] = np.fmin(lo[j, rows], values)
-            hi[j, rows] = np.fmax(hi[j, rows], values)
-            s0, s1, s2 = self._s
-            s0[j] = sv
-            np.fmin(s1[j], sv, out=s1[j])
-            np.fmax(s2[j], sv, out=s2[j])
-            self._count[j] += 1
-        else:
-            lo[j] = last[j]
-            hi[j] = last[j]
-            for a in self._s:
-                a[j] = sv
-            self._first[j] = step
-            self._count[j] = 1
-        self._last[j] = step
-        self._version += 1
-        self._ver[j] = self._version
+        store.append(step, rows, values, sv)
         self.steps = step
         self.appended += 1
 
@@ -270,10 +159,10 @@ class History(HistoryReader):
         k = len(steps)
         if not k:
             return
-        if len(self.rows) > self._rcap:
-            self._ensure_rows()
-        j0 = self._k
-        if (self._stride != 1 or j0 + k > self.max_slots() or steps[0] <= self.steps
+        store = self._store
+        if len(self.rows) > store.rows_allocated:
+            store.ensure_rows(len(self.rows))
+        if (not store.fits_apart(k) or steps[0] <= self.steps
                 or any(b <= a for a, b in itertools.pairwise(steps))):
             for s, v, sc in zip(steps, values, scalars):
                 self.append(s, rows, v, sc)
@@ -288,21 +177,8 @@ class History(HistoryReader):
                 raise KeyError(f"history: unknown scalar {bad!r}; valid: {SCALARS}")
         # one conversion for all the steps; a missing scalar and None are NaN
         sv = np.array([[sc.get(key) if sc else None for key in SCALARS] for sc in scalars], dtype=_F32)
-        while self._kcap < j0 + k:
-            self._alloc(min(max(16, 2 * self._kcap), self.max_slots()), self._rcap)
-        sl = slice(j0, j0 + k)
-        last, lo, hi = self._v
-        last[sl] = np.nan
-        last[sl, rows] = values
-        lo[sl] = last[sl]
-        hi[sl] = last[sl]
-        for a in self._s:
-            a[sl] = sv
         st = np.asarray(steps, dtype=np.int64)
-        self._first[sl], self._last[sl], self._count[sl] = st, st, 1
-        self._ver[sl] = np.arange(self._version + 1, self._version + k + 1)
-        self._version += k
-        self._k = j0 + k
+        store.append_apart(st, rows, values, sv)
         self.steps = int(st[-1])
         self.appended += k
 
@@ -311,25 +187,20 @@ class History(HistoryReader):
         non-NaN entries overwrite the step's values; in a decimated bucket they are folded into its
         min/max (and overwrite ``last`` when ``step`` is the bucket's last step). Returns False (and
         changes nothing) when no kept bucket covers ``step``."""
-        self._ensure_rows()  # first: room for new rows may merge slots, which moves the step's bucket
-        k = self._k
-        j = int(np.searchsorted(self._last[:k], step))
-        if j >= k or self._first[j] > step:
-            return False
-        full = self._full(rows, values)
-        r = full.shape[0]
-        mask = ~np.isnan(full)
-        if self._last[j] == step:
-            np.copyto(self._v[0][j, :r], full, where=mask)
-        if self._count[j] == 1:
-            np.copyto(self._v[1][j, :r], full, where=mask)
-            np.copyto(self._v[2][j, :r], full, where=mask)
-        else:
-            np.fmin(self._v[1][j, :r], full, out=self._v[1][j, :r])
-            np.fmax(self._v[2][j, :r], full, out=self._v[2][j, :r])
-        self._version += 1
-        self._ver[j] = self._version
-        return True
+        self._store.ensure_rows(len(self.rows))  # first: room for new rows may merge slots, which moves the step's bucket
+        values, rows = self._check(rows, values)
+        full = np.full((len(self.rows), _F), np.nan, _F32)
+        full[rows] = values
+        return self._store.update(step, full)
+
+    def _matrices(self, ids: np.ndarray, mats: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """All-rows ``[R, F]`` copies of ``mats`` whose row ``i`` is our row ``ids[i]`` (NaN elsewhere)."""
+        out = []
+        for a in mats:
+            m = np.full((len(self.rows), _F), np.nan, _F32)
+            m[ids] = a[: len(ids)]
+            out.append(m)
+        return out
 
     def extend(self, other: History) -> None:
         """Append ``other``'s kept buckets after ours (``--continue``), matching rows by name.
@@ -337,21 +208,13 @@ class History(HistoryReader):
         ``other``'s steps follow ours: when its first step is not after our last one (it was
         numbered from 1), its steps are shifted by :attr:`steps`.
         """
-        if other._k == 0:
+        if not len(other):
             return
-        shift = self.steps if other._first[0] <= self.steps else 0
+        shift = self.steps if other.bucket_first[0] <= self.steps else 0
         ids = np.array([self.row_id(n, other.row_info[i]) for i, n in enumerate(other.rows)], dtype=np.intp)
-        self._ensure_rows()
-        n = len(self.rows)
-        ro = len(other.rows)
-        for j in range(other._k):
-            mats = []
-            for a in other._v:
-                m = np.full((n, _F), np.nan, _F32)
-                m[ids] = a[j, :ro]
-                mats.append(m)
-            self._push(int(other._first[j]) + shift, int(other._last[j]) + shift, int(other._count[j]), mats,
-                       [s[j].copy() for s in other._s])
+        self._store.ensure_rows(len(self.rows))
+        for first, last, count, mats, svals in other._store.buckets(len(other.rows)):
+            self._store.push(first + shift, last + shift, count, self._matrices(ids, mats), svals)
         self.steps = int(other.steps) + shift
         self.appended += other.appended
 
@@ -359,9 +222,8 @@ class History(HistoryReader):
         """An independent copy (e.g. to continue a finished run's history without changing it)."""
         new = History.__new__(History)
         new.__dict__.update(self.__dict__)
-        new.rows, new.row_info, new._row_of = list(self.rows), [dict(i) for i in self.row_info], dict(self._row_of)
-        new._v, new._s = [a.copy() for a in self._v], [a.copy() for a in self._s]
-        new._first, new._last, new._count, new._ver = (a.copy() for a in (self._first, self._last, self._count, self._ver))
+        new.rows, new.row_info, new._row_ids = list(self.rows), [dict(i) for i in self.row_info], dict(self._row_ids)
+        new._store = self._store.copy()
         return new
 
     # ------------------------------------------------------------------ building
@@ -397,3 +259,102 @@ class History(HistoryReader):
         for i, s in enumerate(steps.tolist()):
             h.append(s, ids, values[i], {name: float(v[i]) for name, v in sc.items()})
         return h
+
+    @classmethod
+    def from_buckets(cls, row_info: Sequence[Mapping[str, Any]], buckets: Iterable[Bucket], *, steps: int,
+                     appended: int, max_bytes: int) -> History:
+        """A History from kept buckets as another process wrote them (:mod:`nbdebug.capture.spool`):
+        ``row_info`` every row's info (with its ``name``) in row order; ``buckets`` in step order (see
+        :data:`Bucket`; a bucket's matrices may cover only the rows that existed when it was written).
+        The buckets are kept as given (no merging); ``steps``, ``appended`` and ``max_bytes`` are the
+        writer's."""
+        h = cls(2**40)
+        for info in row_info:
+            h.row_id(str(info.get("name")), info)
+        r = len(h.rows)
+        h._store.ensure_rows(r)
+        for first, last, count, mats, svals in buckets:
+            full = []
+            for m in mats:
+                x = np.full((r, m.shape[1]), np.nan, _F32)
+                x[: m.shape[0]] = m
+                full.append(x)
+            h._store.push(first, last, count, full, svals)
+        h.steps, h.appended = int(steps), int(appended)
+        h._store.max_bytes = int(max_bytes)
+        return h
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def step_index(self) -> np.ndarray:
+        """int64 ``[K]``: the last step of each kept bucket (1-based)."""
+        return self._store.last_steps()
+
+    @property
+    def bucket_first(self) -> np.ndarray:
+        """int64 ``[K]``: the first step of each kept bucket (equal to :attr:`step_index` until decimation)."""
+        return self._store.bounds()[0]
+
+    @property
+    def bucket_steps(self) -> np.ndarray:
+        """int64 ``[K]``: how many appended steps each kept bucket stands for."""
+        return self._store.bounds()[2]
+
+    def row_index(self, row: str) -> int:
+        """The id of an existing row (as :meth:`row_id` gave it); KeyError listing some rows."""
+        i = self._row_ids.get(row)
+        if i is None:
+            raise KeyError(f"history: no row {row!r}; rows: {self.rows[:20]}{' …' if len(self.rows) > 20 else ''}")
+        return i
+
+    def values(self, agg: str = "last", start: int = 0) -> np.ndarray:
+        """float32 ``[K - start, R, F]`` copy of the kept slots from ``start`` on; agg "last" | "min" | "max"."""
+        return self._store.values(agg, start, len(self.rows))
+
+    def scalar(self, name: str, agg: str = "last", start: int = 0) -> np.ndarray:
+        """float32 ``[K - start]``: the per-step scalar ``name`` (one of :data:`SCALARS`)."""
+        if name not in SCALAR_INDEX:
+            raise KeyError(f"history: no scalar {name!r}; valid: {list(SCALARS)}")
+        return self._store.scalar(agg, SCALAR_INDEX[name], start)
+
+    def series(self, row: str, field: str, agg: str = "last") -> np.ndarray:
+        """float32 ``[K]``: ``field`` of ``row`` at each kept slot (NaN before the row appeared)."""
+        r = self.row_index(row)
+        if field not in FIELD_INDEX:
+            raise KeyError(f"history: no field {field!r}; valid: {list(HISTORY_FIELDS)}")
+        return self._store.column(agg, r, FIELD_INDEX[field])
+
+    def slot_of(self, step: int) -> int:
+        """The kept slot whose last step is ``step``; KeyError naming the nearest kept steps."""
+        return self._store.slot_of(step)
+
+    def at(self, step: int, agg: str = "last") -> dict[str, dict[str, float]]:
+        """row → {field: value} at a kept step, for the rows with any value at that step."""
+        m, _ = self._store.slot(self.slot_of(step), agg, len(self.rows))
+        present = ~np.all(np.isnan(m), axis=1)
+        return {self.rows[i]: dict(zip(HISTORY_FIELDS, m[i].tolist())) for i in np.flatnonzero(present)}
+
+    def scalars_at(self, step: int, agg: str = "last") -> dict[str, float]:
+        """name → value of the per-step scalars at a kept step."""
+        return dict(zip(SCALARS, self._store.slot(self.slot_of(step), agg, 0)[1].tolist()))
+
+    def changes_since(self, token: int) -> tuple[int, int]:
+        """``(new token, first kept slot changed since token)``; the slot is 0 for token 0 and after a
+        decimation or row growth (re-read everything), ``len(self)`` when nothing changed."""
+        return self._store.changes_since(token)
+
+    @property
+    def notes(self) -> list[str]:
+        """What the budget cost (empty while every appended step is kept on its own)."""
+        if not self.decimated:
+            return []
+        if self.max_slots() == 1:
+            return [f"history: the budget of {format_bytes(self.max_bytes)} is smaller than one step of "
+                    f"{len(self.rows)} rows; kept only the last step (step {self.steps}) and each value's "
+                    f"min/max over the {self.appended} steps (raise max_bytes to keep more)"]
+        return [f"history: {self.appended:,} steps kept as {len(self)} points of up to {self.stride} steps each to stay "
+                f"within {format_bytes(self.max_bytes)}; each point shows its last step, agg='min'/'max' its extremes"]
+
+    def __repr__(self) -> str:
+        return (f"History({len(self.rows)} rows, {self.appended} steps in {len(self)} slots, "
+                f"{format_bytes(self.nbytes)} of {format_bytes(self.max_bytes)})")

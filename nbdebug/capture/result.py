@@ -12,6 +12,7 @@ Over time (training loops): ``res.step_index`` are the kept steps, ``res.series(
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from .errors import ErrorSite
 from .history import FIELD_INDEX, HISTORY_FIELDS, SCALARS, History
+from .history_export import history_frame, write_tensorboard
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -127,8 +129,8 @@ class CaptureResult:
         """int64 ``[K]``: the kept steps (1-based; each a bucket's last step once decimated)."""
         return np.zeros(0, np.int64) if self.history is None else self.history.step_index
 
-    def _row_of(self, name: str) -> str:
-        """A row name (or a module name → its first row); KeyError listing the valid names."""
+    def row_name(self, name: str) -> str:
+        """The row ``name`` names: a row name, or a module name → its first row; KeyError listing the valid names."""
         h = self.history
         rows = h.rows if h is not None else [r.name for r in self.layers]
         if name in rows:
@@ -156,7 +158,7 @@ class CaptureResult:
         f = "mean" if field is None else field
         if f not in FIELD_INDEX:
             raise KeyError(f"no field {f!r}; valid fields: {', '.join(HISTORY_FIELDS)}")
-        row = self._row_of(name)
+        row = self.row_name(name)
         return np.zeros(0) if h is None else h.series(row, f, agg).astype(np.float64)
 
     def at(self, step: int) -> list[LayerRecord]:
@@ -178,16 +180,24 @@ class CaptureResult:
         return [_record_at(n, values[n], merged.get(n), h.row_info[row_ids[n]], step, pos, self.layers) for n in order]
 
     def to_pandas(self, agg: str = "last") -> pd.DataFrame:
-        """One row per kept step × layer (see :func:`nbdebug.exports.to_pandas`)."""
-        from ..exports import to_pandas
+        """One row per kept step × layer: ``step``, ``layer``, ``module``, ``type``, every field of
+        :data:`~nbdebug.capture.history.HISTORY_FIELDS`, and the step's ``loss``, ``lr``, ``skipped``
+        (float64, NaN where unknown; ``agg="min"|"max"``: each decimated bucket's extremes). Needs
+        pandas (``pip install nbdebug[pandas]``); ValueError when the result has no history."""
+        return history_frame(self.history, agg)
 
-        return to_pandas(self, agg=agg)
+    def to_tensorboard(self, logdir: Any, fields: Sequence[str] | None = None, agg: str = "last",
+                       histograms: bool = True) -> str:
+        """Write the history as TensorBoard events in ``logdir``; returns ``logdir``.
 
-    def to_tensorboard(self, logdir: Any, **kwargs: Any) -> str:
-        """Write the history as TensorBoard events (see :func:`nbdebug.exports.to_tensorboard`)."""
-        from ..exports import to_tensorboard
-
-        return to_tensorboard(self, logdir, **kwargs)
+        Scalars ``<row>/<field>`` (every field of :data:`~nbdebug.capture.history.HISTORY_FIELDS`, or
+        ``fields``) at each kept step (NaN values left out), and ``loss``, ``lr``, ``skipped``; with
+        ``histograms``, each row's kept sample as the histogram ``<row>/values`` at the row's first
+        step (see :func:`~nbdebug.capture.history_export.write_tensorboard`). ``tensorboard --logdir
+        <logdir>`` shows them. Needs tensorboard (``pip install nbdebug[tensorboard]``).
+        """
+        samples = [(rec.name, rec.sample, rec.first_step) for rec in self.layers] if histograms else []
+        return write_tensorboard(self.history, logdir, fields, agg, samples)
 
     def __getitem__(self, name: str) -> LayerRecord:
         for rec in self.layers:

@@ -111,7 +111,7 @@ class SpoolWriter:
         self._token = 0
         self._rows_sent = 0
         self._on_disk: list[tuple[int, Path]] = []  # (step, path) of this writer's chunks
-        self._base = 0  # bytes of the last chunk that holds the whole history
+        self._whole_bytes = 0  # bytes of the last chunk that holds the whole history
         self._since = 0  # bytes of the chunks written after it
         self._incidents: list[Any] = []  # every incident written (carried into whole-history chunks)
         self._bad_grad: list[int] | None = None  # [step, parameter index] of the first NaN/Inf gradient norm
@@ -149,7 +149,7 @@ class SpoolWriter:
             meta["first_bad_grad"] = self._bad_grad
         whole = False
         if history is not None:
-            if len(self._on_disk) >= MIN_CHUNKS and self._since > self._base:
+            if len(self._on_disk) >= MIN_CHUNKS and self._since > self._whole_bytes:
                 self._token = 0  # this chunk rewrites the whole history
             token, start = history.changes_since(self._token)
             k, r = len(history), len(history.rows)
@@ -178,7 +178,7 @@ class SpoolWriter:
         self.chunks += 1
         self.bytes_written += len(data)
         if whole:  # every earlier chunk's history is in this one: keep only recent fingerprints
-            self._base, self._since = len(data), 0
+            self._whole_bytes, self._since = len(data), 0
             keep = []
             for s, p in self._on_disk:
                 if s > step - FP_KEEP:
@@ -299,22 +299,11 @@ class _Slots:
     def history(self) -> History | None:
         if not self.info:
             return None
-        h = History(2**40)
-        for info in self.rows:
-            h.row_id(str(info.get("name")), info)
-        h._ensure_rows()
-        r = len(h.rows)
-        for j in range(len(self.step)):
-            mats = []
-            for per in self.v:
-                m = np.full((r, per[j].shape[1]), np.nan, np.float32)
-                m[: per[j].shape[0]] = per[j]
-                mats.append(m)
-            h._push(int(self.first[j]), int(self.step[j]), int(self.count[j]), mats, [s[j] for s in self.s])
-        h.steps = int(self.info.get("steps", h.steps))
-        h.appended = int(self.info.get("appended", int(self.count.sum())))
-        h.max_bytes = int(self.info.get("max_bytes", h.max_bytes))
-        return h
+        buckets = ((int(self.first[j]), int(self.step[j]), int(self.count[j]), [per[j] for per in self.v], [s[j] for s in self.s])
+                   for j in range(len(self.step)))
+        return History.from_buckets(self.rows, buckets, steps=int(self.info.get("steps", 0)),
+                                    appended=int(self.info.get("appended", int(self.count.sum()))),
+                                    max_bytes=int(self.info.get("max_bytes", 2**40)))
 
 
 def read_rank(path: str | os.PathLike[str], attempts: int = 5) -> RankSpool:

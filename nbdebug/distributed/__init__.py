@@ -2,7 +2,7 @@
 
 In the worker (DDP, FSDP2 ``fully_shard``, or a plain model), with ``NBDEBUG_SPOOL`` set::
 
-    with nbdebug.distributed.debug(model):      # or nbdebug.debug(model) once it routes here
+    with nbdebug.debug(model):                  # nbdebug.distributed.debug is the same function
         for x, y in batches:
             loss = criterion(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
 
@@ -22,9 +22,11 @@ others wait for nbdebug.
 
 from __future__ import annotations
 
+# nbdebug.debug is the one entry: it spools in a worker (or with spool=), runs the views elsewhere
+from ..api import debug
 from .launch import run_distributed
 from .run import FORK_HINT, SAME_RANK, NonFinite, Run, load
-from .worker import SpoolDebug, debug, detect_rank, hooks_on, unwrap
+from .worker import SpoolDebug, detect_rank, hooks_on, unwrap
 
 __all__ = ["FORK_HINT", "SAME_RANK", "NonFinite", "Run", "SpoolDebug", "debug", "detect_rank", "hooks_on", "load",
            "run_distributed", "unwrap"]

@@ -226,7 +226,7 @@ class Run:
         if not live:
             return np.zeros(0)
         base = live[0][1]
-        module = base.history.row_info[base.history.rows.index(base._row_of(row))]["module"]
+        module = base.history.row_info[base.history.rows.index(base.row_name(row))]["module"]
         sharded = any("placements" in p and _owner(p["name"]) == module for p in live[0][0].meta.get("params", []))
         if not sharded:
             return base.series(row, field)

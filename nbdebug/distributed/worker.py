@@ -13,16 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from ..capture.spool import (
-    SPOOL_ENV,
-    SpoolWriter,
-        launcher_options,
-    wants_spool,
-)
+from ..capture.spool import SpoolWriter, launcher_options
 from .results import incident_json, summary_of
 from .run import SAME_RANK
 
-__all__ = ["SpoolDebug", "debug", "detect_rank", "hooks_on", "unwrap"]
+__all__ = ["SpoolDebug", "detect_rank", "hooks_on", "unwrap"]
 
 
 def unwrap(model: Any) -> tuple[Any, str | None]:
@@ -187,7 +182,7 @@ class SpoolDebug:
         self.rank, self.world_size, self.rank_source = 0, None, "default"
         self._hooks: Any = None
         self._grads: Any = None  # device tensor of gradient squared norms from the last optimizer step
-        self._passes = 0
+        self._steps_done = 0
         self._incidents_sent = 0
         self._failed = False
         self._hooks_before = 0
@@ -215,11 +210,11 @@ class SpoolDebug:
             else:  # no optimizer step: the gradients as they are now
                 grads = self._grad_sq()
             self._used = (step, grads)
-            tensors = [_local(t).detach() for _, t in self._params + self._buffers]
+            tensors = [_local(t).detach() for _, t in self._params + self._named_buffers]
             parts = [_fingerprint(tensors, self._device).reshape(-1), grads.reshape(-1)]
             flat = torch.cat(parts).cpu().numpy()  # the step's one device-to-host transfer
         self._grads = None
-        n, b = 3 * len(self._params), 3 * len(self._buffers)
+        n, b = 3 * len(self._params), 3 * len(self._named_buffers)
         return {"fp_params": flat[:n].reshape(-1, 3), "fp_buffers": flat[n:n + b].reshape(-1, 3), "fp_grads": flat[n + b:]}
 
     # -- per step ------------------------------------------------------------------------------
@@ -237,17 +232,17 @@ class SpoolDebug:
 
     def _on_step(self, cap: Any = None) -> None:
         h = getattr(self.capture, "history", None)
-        self._passes = h.steps if h is not None else self._passes + 1
-        self._write(self._passes, h, list(getattr(self.capture, "incidents", None) or []))
+        self._steps_done = h.steps if h is not None else self._steps_done + 1
+        self._write(self._steps_done, h, list(getattr(self.capture, "incidents", None) or []))
 
     def _on_root_pre(self, *_: Any) -> None:  # steps without the per-step capture: a top-level forward each
         import torch
 
         if torch._C._current_graph_task_id() != -1:  # recomputation during backward
             return
-        if self._passes:
-            self._write(self._passes, None, [])
-        self._passes += 1
+        if self._steps_done:
+            self._write(self._steps_done, None, [])
+        self._steps_done += 1
 
     def _on_optimizer_step(self, opt: Any, *_: Any) -> None:
         import torch
@@ -269,7 +264,7 @@ class SpoolDebug:
         if odd and odd not in self.notes:
             self.notes.append(odd)
         self._params = list(self.model.named_parameters())
-        self._buffers = list(self.model.named_buffers())
+        self._named_buffers = list(self.model.named_buffers())
         self._ours = {id(p) for _, p in self._params}
         first = next((_local(p) for _, p in self._params), None)
         self._device = first.device if first is not None else torch.device("cpu")
@@ -285,7 +280,7 @@ class SpoolDebug:
                 "pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
                 "model": type(self.model).__name__, "wrapper": self.wrapper_kind,
                 "broadcast_buffers": getattr(self._wrapper, "broadcast_buffers", None),
-                "params": [_layout(n, p) for n, p in self._params], "buffers": [n for n, _ in self._buffers],
+                "params": [_layout(n, p) for n, p in self._params], "buffers": [n for n, _ in self._named_buffers],
                 "threads": torch.get_num_threads(), "torch": torch.__version__, "notes": self.notes,
                 "native_steps": self._native,
             })
@@ -311,11 +306,11 @@ class SpoolDebug:
             res = self.capture.result
             h = getattr(res, "history", None) or getattr(self.capture, "history", None)
             if self._native:
-                self._passes = h.steps if h is not None else getattr(res, "steps", self._passes)
-            self._write(self._passes, h, list(getattr(res, "incidents", None) or []))
+                self._steps_done = h.steps if h is not None else getattr(res, "steps", self._steps_done)
+            self._write(self._steps_done, h, list(getattr(res, "incidents", None) or []))
             hooks_left = hooks_on(self._wrapper) - self._hooks_before
             # nothing of ours keeps the model (or its parameters) alive after the block
-            self._wrapper, self.model, self._params, self._buffers, self._ours = None, None, [], [], set()
+            self._wrapper, self.model, self._params, self._named_buffers, self._ours = None, None, [], [], set()
             if res is not None:
                 _previous[str(self.spool.resolve())] = res
             self._grads, self._used = None, (0, None)
@@ -342,17 +337,3 @@ class SpoolDebug:
 
     def show(self) -> None:
         """Nothing to show in a worker: the launching kernel shows every rank."""
-
-
-def debug(model: Any, view: str | list[str] = "thermometer", *, spool: str | os.PathLike[str] | None = None,
-          **options: Any) -> Any:
-    """In a worker: a :class:`SpoolDebug` writing to ``spool`` (default: ``$NBDEBUG_SPOOL``). Without a
-    spool (or in the launching process itself) this is plain :func:`nbdebug.debug`, so the same worker
-    code runs in one process."""
-    if spool is None and wants_spool():
-        spool = os.environ[SPOOL_ENV]
-    if spool is None:
-        from ..api import Debug
-
-        return Debug(model, view, **options)
-    return SpoolDebug(model, view, spool=spool, **options)

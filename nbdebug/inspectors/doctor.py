@@ -69,7 +69,8 @@ class CheckResult:
 class DoctorReport:
     """What :func:`nbdebug.doctor` found: ``checks`` (name → :class:`CheckResult`, in checklist order),
     ``failed`` (the failed names in order), ``kind`` ("classification" | "regression" | "unknown"),
-    ``classes``, ``elapsed_s``. Shown in a notebook as a checklist widget (:meth:`widget`).
+    ``classes``, ``elapsed_s``. Plain data with a text and a static HTML table; the one
+    :func:`nbdebug.doctor` returns (:class:`nbdebug.doctor.DoctorReport`) shows as the checklist widget.
 
     >>> report = nbdebug.doctor(model, x, y)            # doctest: +SKIP
     >>> report.failed, report.checks["overfit_batch"].evidence["floor"]   # doctest: +SKIP
@@ -86,12 +87,6 @@ class DoctorReport:
     def failed(self) -> list[str]:
         """Names of the failed checks, in checklist order."""
         return [n for n, c in self.checks.items() if c.status == "fail"]
-
-    def widget(self) -> Any:
-        """The checklist as a :class:`nbdebug.widgets.doctor.DoctorWidget`."""
-        from ..widgets.doctor import DoctorWidget
-
-        return DoctorWidget(self)
 
     def __repr__(self) -> str:
         head = f"DoctorReport({self.kind}{f', {self.classes} classes' if self.classes else ''}, {self.elapsed_s:.2f} s)"
@@ -116,15 +111,6 @@ class DoctorReport:
                 f"{f', {self.classes} classes' if self.classes else ''} · {self.elapsed_s:.2f} s · "
                 f"{len(self.failed)} failed<table><tr><th>check</th><th>status</th><th>evidence</th><th>advice</th></tr>"
                 + "".join(rows) + "</table>" + (f"<ul>{notes}</ul>" if notes else "") + "</div>")
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        """The checklist widget where a front-end can show it; the static table otherwise."""
-        try:
-            bundle = self.widget()._repr_mimebundle_(**kwargs)
-        except Exception:  # no widget front-end (plain terminal, broken install): the table still shows
-            return {"text/plain": repr(self), "text/html": self._repr_html_()}
-        data, meta = bundle if isinstance(bundle, tuple) else (bundle, {})
-        return {**data, "text/plain": repr(self)}, meta
 
 
 _MARK = {"pass": "✓", "fail": "✗", "skip": "–"}

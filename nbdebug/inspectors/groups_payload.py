@@ -1,5 +1,5 @@
-"""What the widgets sync of the grouped view (split out of :mod:`nbdebug.inspectors.groups`, which
-re-exports these names): :func:`groups_payload` (names as a tree, numbers as float32),
+"""What the widgets sync of the grouped view (of a :mod:`nbdebug.inspectors.group_tree` tree;
+:mod:`nbdebug.inspectors.groups` re-exports these names): :func:`groups_payload` (names as a tree, numbers as float32),
 :func:`groups_view` (the thermometer's grouped view of a report, with the blocks' strips over the
 kept steps from :func:`group_history`) and :func:`groups_live` (the tree of a running cell's rows).
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .groups import (
+from .group_tree import (
     GROUPED_MIN_ROWS,
     HISTORY_STATS,
     ROW_FIELDS,

@@ -1,16 +1,13 @@
-"""Per-step flags and events over a capture's history (pure numpy: no torch calls, no Jupyter).
+"""Per-step flags over a capture's history (pure numpy: no torch calls, no Jupyter).
 
 :func:`step_flags` decides every flag of the thermometer at every kept step at once (vectorised
-over ``[K steps, R rows, F fields]``); :func:`events` finds rows whose state changed over time
-(became dead, gradient norm fell by decades, update ratio out of range) and tells the dead-unit
-story: which ReLU died, from which step, after which update. Every number an event cites is a value
-of the history at the step the message names (``at step k`` / ``from step k``).
+over ``[K steps, R rows, F fields]``); the events over time (became dead, gradient fell, update
+ratio out of range) are in :mod:`nbdebug.inspectors.events`, the report at one step in
+:mod:`nbdebug.inspectors.steps`.
 
 >>> bits = step_flags(history.values(), ["Linear", "ReLU"], Thresholds())       # doctest: +SKIP
 >>> flag_names(int(bits[-1, 1]))                                                # doctest: +SKIP
 ['dead_units']
->>> events(history)[0].message                                                  # doctest: +SKIP
-'ReLU `1`: 97% of units dead from step 8, after an update ratio of 1.01 at step 7 in `0` (learning rate too high)'
 
 The input graph (``inputs[r]``: the rows whose outputs fed row ``r``'s module, from
 ``result.layers[i].inputs``, see :func:`input_graph`) decides which rows *inherit* a state (a pool
@@ -31,17 +28,7 @@ import numpy as np
 
 from ..capture.history import FIELD_INDEX
 
-__all__ = [
-    "FLAG_BITS",
-    "Diagnosis",
-    "Event",
-    "Thresholds",
-    "events",
-    "flag_names",
-    "input_graph",
-    "step_flags",
-    "values_per_unit",
-]
+__all__ = ["FLAG_BITS", "Thresholds", "field_columns", "flag_names", "input_graph", "step_flags", "values_per_unit"]
 
 #: one bit per flag in :func:`step_flags`' uint16 mask (decoded in this order by :func:`flag_names`)
 FLAG_BITS: dict[str, int] = {
@@ -75,41 +62,6 @@ def values_per_unit(shape: Sequence[int] | None) -> float:
     if len(shape) < 2 or not shape[1]:
         return 0.0
     return float(np.prod(shape)) / shape[1]
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """A finding at one step (or over the merged run): ``layer`` is a row name, "" for model-wide."""
-
-    code: str
-    severity: str  # "error" | "warning" | "info"
-    layer: str
-    message: str
-    suggestion: str
-
-
-@dataclass(frozen=True)
-class Event:
-    """A row whose state changed over time: ``code`` is "became_dead" | "grad_fell" | "update_ratio"."""
-
-    step: int  # 1-based step where it happened
-    row: str
-    code: str
-    message: str
-    suggestion: str
-
-
-SUGGEST_EVENTS = {
-    "became_dead": "Lower the learning rate (or warm it up, clip gradients): one large update pushed these units' "
-                   "pre-activations below zero for every sample, and a dead ReLU gets no gradient to come back. "
-                   "LeakyReLU/GELU or a smaller init of the bias also help.",
-    "grad_fell": "Gradients shrank by orders of magnitude during training: look for units dying or saturating "
-                 "upstream, a learning rate that decays too fast, or add normalisation/residual connections.",
-    "update_high": "Lower the learning rate: an update ratio ‖Δθ‖/‖θ‖ around 1e-3 is healthy (Karpathy's rule of "
-                   "thumb); above 1e-2 the weights change too fast.",
-    "update_low": "Raise the learning rate (or check this layer's param group): an update ratio ‖Δθ‖/‖θ‖ around "
-                  "1e-3 is healthy; below 1e-4 the layer barely learns.",
-}
 
 
 def flag_names(bits: int) -> list[str]:
@@ -155,11 +107,11 @@ def _float_rows(dtypes: Sequence[str] | None, r: int) -> np.ndarray:
     return np.array([not d or d.startswith(("float", "bfloat", "complex")) for d in dtypes], bool)
 
 
-#: rows of ``[K·R, F]`` read per block in :func:`_fields` (~640 KB of float32 at F = 20: stays in cache)
+#: rows of ``[K·R, F]`` read per block in :func:`field_columns` (~640 KB of float32 at F = 20: stays in cache)
 _BLOCK = 8192
 
 
-def _fields(v: np.ndarray, names: Sequence[str]) -> dict[str, np.ndarray]:
+def field_columns(v: np.ndarray, names: Sequence[str]) -> dict[str, np.ndarray]:
     """Contiguous ``[K, R]`` copies of some fields of ``v [K, R, F]``.
 
     Elementwise work on the strided ``v[:, :, f]`` views is ~20× slower than on contiguous arrays, and
@@ -226,7 +178,7 @@ def step_flags(values: np.ndarray, types: Sequence[str], thresholds: Thresholds 
     out = np.zeros((k, r), np.uint16)
     if k == 0 or r == 0:
         return out
-    col = _fields(v, ("nan", "inf", "grad_nan", "grad_inf", "zero_frac", "dead_unit_frac", "saturated_frac",
+    col = field_columns(v, ("nan", "inf", "grad_nan", "grad_inf", "zero_frac", "dead_unit_frac", "saturated_frac",
                       "grad_norm", "param_grad_norm", "update_ratio"))
     isf = _float_rows(dtypes, r)[None, :]
     pad = _padded(inputs, r)
@@ -266,141 +218,3 @@ def step_flags(values: np.ndarray, types: Sequence[str], thresholds: Thresholds 
                     ("dead_units", dead_units), ("update_ratio", upd)):
         out |= m * np.uint16(FLAG_BITS[name])  # (boolean-mask assignment is ~10× slower)
     return out
-
-
-def _pct(x: float) -> str:
-    return f"{x:.0%}"
-
-
-def _g(x: float) -> str:
-    return f"{x:.3g}"
-
-
-def _first_true(mask: np.ndarray) -> np.ndarray:
-    """Per column of ``mask [K, R]``: the first row index that is True, -1 when none."""
-    return np.where(mask.any(axis=0), mask.argmax(axis=0), -1)
-
-
-def _update_source(ur: np.ndarray, j: int, r: int, inputs: Sequence[Sequence[int]] | None) -> tuple[int, bool] | None:
-    """The row whose update ratio at slot ``j`` explains row ``r``: ``r`` itself or the nearest row up
-    the input graph with a finite ratio (True), else the largest ratio in the model (False)."""
-    seen, todo = {r}, [r]
-    while todo:
-        nxt: list[int] = []
-        for i in todo:
-            if np.isfinite(ur[j, i]):
-                return i, True
-            ins = inputs[i] if inputs is not None else ((i - 1,) if i else ())
-            nxt += [x for x in ins if x not in seen]
-            seen.update(ins)
-        todo = nxt
-    fin = np.isfinite(ur[j])
-    if not fin.any():
-        return None
-    return int(np.nanargmax(np.where(fin, ur[j], -np.inf))), False
-
-
-def _dead_story(row: str, typ: str, frac: float, step: int, prev: tuple[float, int, str, bool] | None,
-                th: Thresholds, what: str = "of units dead") -> str:
-    msg = f"{typ} `{row}`: {_pct(frac)} {what} from step {step}" if typ else f"`{row}`: {_pct(frac)} {what} from step {step}"
-    if prev is not None:
-        x, pstep, src, feeding = prev
-        msg += f", after an update ratio of {_g(x)} at step {pstep} in `{src}`"
-        if not feeding:
-            msg += " (the largest in the model)" if x <= th.update_high else " (the largest in the model; learning rate too high)"
-        elif x > th.update_high:
-            msg += " (learning rate too high)"
-    return msg
-
-
-def events(history: Any, thresholds: Thresholds | None = None, *, inputs: Sequence[Sequence[int]] | None = None,
-           flags: np.ndarray | None = None) -> list[Event]:
-    """Rows that changed state over the kept steps of ``history`` (a :class:`~nbdebug.capture.history.History`).
-
-    - ``became_dead``: the row's dead-unit fraction reached ``became_dead`` at step k (flagged there,
-      not inherited) and stayed ≥ ``dead_units`` until the last kept step, after being lower before;
-      the message cites the update ratio at the previous kept step of the row itself or the nearest
-      row feeding it (input graph), else the largest in the model. Rows without a dead-unit fraction
-      use their zero fraction against ``dead``.
-    - ``grad_fell``: the parameter-gradient norm (else the output-gradient norm) fell by ≥ 10^grad_fell
-      from its first kept positive value (first step where it did).
-    - ``update_ratio``: the first kept step where the row's update ratio is out of range.
-
-    Sorted by step, then row order. ``flags``: :func:`step_flags` of the same history, if at hand.
-    """
-    th = thresholds or Thresholds()
-    v = history.values("last")
-    steps = np.asarray(history.step_index)
-    rows = list(history.rows)
-    info = list(getattr(history, "row_info", [{}] * len(rows)))
-    types = [str(i.get("type", "")) for i in info]
-    if flags is None:
-        skipped = history.scalar("skipped") == 1 if hasattr(history, "scalar") else None
-        flags = step_flags(v, types, th, dtypes=[str(i.get("dtype", "")) for i in info], inputs=inputs, skipped=skipped,
-                           shapes=[i.get("shape") for i in info])
-    k, r = v.shape[:2]
-    out: list[tuple[int, int, int, Event]] = []
-    if k == 0 or r == 0:
-        return []
-    col = _fields(v, ("update_ratio", "dead_unit_frac", "zero_frac", "param_grad_norm", "grad_norm"))
-    ur = col["update_ratio"]
-    idx = np.arange(k)[:, None]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        # -- became dead ------------------------------------------------------------------------
-        duf, zf = col["dead_unit_frac"], col["zero_frac"]
-        use_units = np.isfinite(duf).any(axis=0)
-        frac = np.where(use_units[None, :], duf, zf)
-        hi = np.where(use_units, th.became_dead, th.dead)[None, :]
-        stay = np.where(use_units, th.dead_units, th.dead)[None, :]
-        bits = np.uint16(FLAG_BITS["dead_units"] | FLAG_BITS["dead"])
-        below = frac < stay
-        last_alive = np.where(below.any(axis=0), k - 1 - below[::-1].argmax(axis=0), -1)
-        cand = (frac >= hi) & (idx > last_alive[None, :]) & ((flags & bits) > 0)
-        was_lower = np.zeros_like(cand)
-        was_lower[1:] = np.logical_or.accumulate(frac < hi, axis=0)[:-1]
-        kd = _first_true(cand & was_lower)
-        for i in np.flatnonzero(kd >= 0):
-            j = int(kd[i])
-            src = _update_source(ur, j - 1, int(i), inputs)
-            prev = None if src is None else (float(ur[j - 1, src[0]]), int(steps[j - 1]), rows[src[0]], src[1])
-            what = "of units dead" if use_units[i] else "of outputs exactly zero"
-            msg = _dead_story(rows[i], types[i], float(frac[j, i]), int(steps[j]), prev, th, what)
-            out.append((j, int(i), 0, Event(int(steps[j]), rows[i], "became_dead", msg, SUGGEST_EVENTS["became_dead"])))
-        # -- gradient norm fell by decades ------------------------------------------------------
-        pn, gn = col["param_grad_norm"], col["grad_norm"]
-        use_p = np.isfinite(pn).any(axis=0)
-        size = np.where(use_p[None, :], pn, gn)
-        pos = np.isfinite(size) & (size > 0)
-        f0 = _first_true(pos)
-        first = size[np.maximum(f0, 0), np.arange(r)]
-        fell = (idx > f0[None, :]) & (f0[None, :] >= 0) & np.isfinite(size) & (size * 10.0 ** th.grad_fell <= first[None, :])
-        kg = _first_true(fell)
-        for i in np.flatnonzero(kg >= 0):
-            j, j0 = int(kg[i]), int(f0[i])
-            a, b = float(first[i]), float(size[j, i])
-            what = "parameter-gradient norm" if use_p[i] else "output-gradient norm"
-            by = f" (10^{math.floor(math.log10(a / b))} smaller)" if b > 0 else ""
-            msg = f"`{rows[i]}`: {what} fell from {_g(a)} at step {int(steps[j0])} to {_g(b)} at step {int(steps[j])}{by}"
-            out.append((j, int(i), 1, Event(int(steps[j]), rows[i], "grad_fell", msg, SUGGEST_EVENTS["grad_fell"])))
-    # -- update ratio out of range --------------------------------------------------------------
-    ku = _first_true((flags & np.uint16(FLAG_BITS["update_ratio"])) > 0)
-    for i in np.flatnonzero(ku >= 0):
-        j = int(ku[i])
-        x = float(ur[j, i])
-        high = x > th.update_high
-        how = "too large: the learning rate is too high for this layer" if high else "too small: this layer barely learns"
-        msg = f"`{rows[i]}`: update ratio ‖Δθ‖/‖θ‖ of {_g(x)} at step {int(steps[j])}, {how}"
-        out.append((j, int(i), 2, Event(int(steps[j]), rows[i], "update_ratio", msg,
-                                        SUGGEST_EVENTS["update_high" if high else "update_low"])))
-    out.sort(key=lambda t: t[:3])
-    return [e for *_, e in out]
-
-
-def __getattr__(name: str) -> Any:
-    """The per-step diagnoses moved to :mod:`nbdebug.inspectors.steps` (it imports this module):
-    ``SUGGEST``, ``dead_summary`` and ``diagnoses_at`` stay importable from here."""
-    if name in ("SUGGEST", "dead_summary", "diagnoses_at"):
-        from . import steps
-
-        return getattr(steps, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

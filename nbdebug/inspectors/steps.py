@@ -1,9 +1,10 @@
 """The thermometer at one kept step of a capture's history: the diagnoses, the summary parts and
 the :class:`~nbdebug.inspectors.thermometer.ThermometerReport` (pure numpy: no torch, no Jupyter).
 
-The flags come from :func:`~nbdebug.inspectors.history.step_flags` (every kept step at once); at the
-run's first non-finite step the capture's per-call check decides the origins exactly (a NaN that came
-in with the model's input has no origin layer). Every number a diagnosis cites is the table's at
+The flags come from :func:`~nbdebug.inspectors.history.step_flags` (every kept step at once), the
+events from :func:`~nbdebug.inspectors.events.events`; at the run's first non-finite step the
+capture's per-call check decides the origins exactly (a NaN that came in with the model's input has
+no origin layer). Every number a diagnosis cites is the table's at
 that step, except the dead-unit story, which cites its became-dead event's own steps.
 
 >>> rep = diagnose_at(result, Thresholds(), None)          # the last kept step   # doctest: +SKIP
@@ -14,27 +15,15 @@ that step, except the dead-unit story, which cites its became-dead event's own s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..capture.history import FIELD_INDEX
 from ..capture.result import CaptureResult
-from .history import (
-    FLAG_BITS,
-    Diagnosis,
-    Event,
-    Thresholds,
-    _g,
-    _pct,
-    events,
-    flag_names,
-    input_graph,
-    step_flags,
-)
-
-if TYPE_CHECKING:
-    from .thermometer import ThermometerReport
+from .events import Event, events, fmt_g, fmt_pct
+from .history import FLAG_BITS, Thresholds, flag_names, input_graph, step_flags
+from .report import COLUMNS, Diagnosis, ThermometerReport
 
 __all__ = ["SUGGEST", "FirstNonfinite", "dead_summary", "diagnose_at", "diagnoses_at", "first_nonfinite_of", "plural"]
 
@@ -200,11 +189,11 @@ def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[s
     for code, idx in (("dead", dead), ("dead_units", units)):
         for i in idx:
             now = (f"{name(i)} outputs {x['zero_frac'][i]:.1%} exact zeros at step {s}: its units are dead and pass no gradient"
-                   if code == "dead" else f"{name(i)}: {_pct(float(x['dead_unit_frac'][i]))} of its units are zero for every sample at step {s}")
+                   if code == "dead" else f"{name(i)}: {fmt_pct(float(x['dead_unit_frac'][i]))} of its units are zero for every sample at step {s}")
             e = story.get(rows[i])
             if e is not None:
                 now = (f"{x['zero_frac'][i]:.1%} exact zeros at step {s}" if code == "dead"
-                       else f"{_pct(float(x['dead_unit_frac'][i]))} at step {s}")
+                       else f"{fmt_pct(float(x['dead_unit_frac'][i]))} at step {s}")
             msg = f"{e.message}; {now}." if e else now + "."
             diags.append(Diagnosis(code, "warning", rows[i], msg, e.suggestion if e else SUGGEST[code]))
     parts += dead_summary([rows[i] for i in dead], [rows[i] for i in units], story)
@@ -218,7 +207,7 @@ def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[s
     if explo:
         big = np.fmax(x["grad_norm"][explo], x["param_grad_norm"][explo])
         diags.append(Diagnosis("exploding", "error", rows[explo[0]],
-                               f"gradient norm above the threshold at step {s} in {len(explo)} layer{'s' * (len(explo) != 1)} (largest {_g(float(np.nanmax(big)))}, first at `{rows[explo[0]]}`).",
+                               f"gradient norm above the threshold at step {s} in {len(explo)} layer{'s' * (len(explo) != 1)} (largest {fmt_g(float(np.nanmax(big)))}, first at `{rows[explo[0]]}`).",
                                SUGGEST["exploding"]))
         parts.append(f"exploding gradients in {len(explo)} layer{'s' * (len(explo) != 1)}")
     if vani:
@@ -229,7 +218,7 @@ def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[s
     upd = rows_with("update_ratio")
     if upd:
         ur = x["update_ratio"]
-        listed = ", ".join(f"`{rows[i]}` {_g(float(ur[i]))}" for i in upd[:3]) + ("…" if len(upd) > 3 else "")
+        listed = ", ".join(f"`{rows[i]}` {fmt_g(float(ur[i]))}" for i in upd[:3]) + ("…" if len(upd) > 3 else "")
         diags.append(Diagnosis("update_ratio", "warning", rows[upd[0]],
                                f"update ratio ‖Δθ‖/‖θ‖ out of the healthy range at step {s} in {len(upd)} layer{'s' * (len(upd) != 1)}: {listed}.",
                                SUGGEST["update_ratio"]))
@@ -253,7 +242,6 @@ def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[s
 
 def diagnose_at(result: CaptureResult, th: Thresholds, step: int | None) -> ThermometerReport:
     """The report at one kept step of ``result.history`` (the last when ``step`` is None)."""
-    from .thermometer import COLUMNS, ThermometerReport  # thermometer imports this module
     h = result.history
     steps = h.step_index
     j = len(steps) - 1 if step is None else h.slot_of(step)

@@ -12,14 +12,15 @@ line). No Jupyter, no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..capture.history import FIELD_INDEX
 from ..capture.result import CaptureResult
 from .errors import ErrorReport, error_report, explain_error
-from .history import Diagnosis, Event, Thresholds, events, input_graph, values_per_unit
+from .events import Event, events
+from .history import Thresholds, input_graph, values_per_unit
+from .report import COLUMNS, LEGEND, Diagnosis, ThermometerReport
 from .steps import (
     SUGGEST,
     FirstNonfinite,
@@ -33,55 +34,6 @@ from .steps import (
 
 __all__ = ["COLUMNS", "LEGEND", "Diagnosis", "ErrorReport", "Event", "ThermometerReport", "Thresholds", "diagnose",
            "diagnose_at", "explain_error"]
-
-COLUMNS = (
-    "mean", "std", "min", "max", "zero_frac", "near_zero_frac", "nan", "inf", "numel",
-    "grad_norm", "grad_mean", "grad_std", "grad_min", "grad_max", "grad_nan", "grad_inf",
-    "param_grad_norm", "dead_unit_frac", "update_ratio",
-)
-
-LEGEND: dict[str, dict[str, str]] = {
-    "raised": {"label": "raised", "color": "#7f0000", "description": "the cell raised inside the model (see the card above the table)"},
-    "nan_origin_fwd": {"label": "NaN/Inf origin (forward)", "color": "#b30000", "description": "first layer whose output is non-finite while its inputs were finite"},
-    "nan_origin_bwd": {"label": "NaN/Inf origin (backward)", "color": "#e6550d", "description": "the gradient first became non-finite in this layer's backward"},
-    "nonfinite": {"label": "non-finite", "color": "#fc9272", "description": "output or gradient contains NaN/Inf (inherited)"},
-    "dead": {"label": "dead", "color": "#756bb1", "description": "almost all outputs exactly zero"},
-    "saturated": {"label": "saturated", "color": "#3182bd", "description": "bounded activation stuck at its bounds"},
-    "exploding": {"label": "exploding grad", "color": "#d62728", "description": "gradient norm above the exploding threshold"},
-    "vanishing": {"label": "vanishing grad", "color": "#969696", "description": "gradient norm below the vanishing threshold"},
-    "dead_units": {"label": "dead units", "color": "#9e9ac8", "description": "many units (channels / features) zero for every sample of the step"},
-    "update_ratio": {"label": "update ratio", "color": "#ff7f0e", "description": "update/parameter ratio ‖Δθ‖/‖θ‖ outside [1e-4, 1e-2] (healthy ~1e-3)"},
-}
-
-@dataclass
-class ThermometerReport:
-    """Rows in execution order with their stats table, flags and the diagnoses."""
-
-    names: list[str]
-    modules: list[str]
-    types: list[str]
-    shapes: list[tuple[int, ...]]
-    dtypes: list[str]
-    calls: list[int]
-    table: np.ndarray  # float64 [rows, len(COLUMNS)], NaN where missing
-    flags: list[list[str]]
-    diagnoses: list[Diagnosis]
-    summary: str
-    notes: list[str] = field(default_factory=list)
-    grad_ratio: float | None = None  # first / last layer gradient norm
-    steps: int = 1  # calls of the model's forward in the cell
-    first_nonfinite_step: int | None = None  # 1-based step where the first NaN/Inf appeared
-    error: ErrorReport | None = None  # the cell raised inside the model: where, and what does not fit
-    step: int | None = None  # the step the table and flags are at (None: merged over the whole run)
-    events: list[Event] = field(default_factory=list)  # rows that changed state over the kept steps
-    step_index: np.ndarray | None = None  # int64 [K]: the kept steps (None without a history)
-    history_flags: np.ndarray | None = None  # uint16 [K, rows] FLAG_BITS of every row at every kept step
-
-    def column(self, name: str) -> np.ndarray:
-        return self.table[:, COLUMNS.index(name)]
-
-    def flagged(self, code: str) -> list[str]:
-        return [n for n, f in zip(self.names, self.flags) if code in f]
 
 
 def diagnose(result: CaptureResult, thresholds: Thresholds | None = None, step: int | str | None = None) -> ThermometerReport:

@@ -166,7 +166,7 @@ class RunWidget(NBWidget):
         from .thermometer import ThermometerWidget
 
         report = self.report_of(rank)
-        return ThermometerWidget._state(report, self.run.ranks[rank], self.thresholds)
+        return ThermometerWidget.state_of(report, self.run.ranks[rank], self.thresholds)
 
     @rpc("rank")
     def _rank(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -257,10 +257,10 @@ class RunWidget(NBWidget):
 def _slider_steps(hist: Any) -> np.ndarray:
     """The kept steps a rank's thermometer slider shows (its history trait: every kept step, or the
     last of each group when downsampled to the trait budget)."""
-    from .thermometer import TRAIT_BYTES, _group_for
+    from .thermometer_data import TRAIT_BYTES, group_for
 
     k = len(hist)
-    group = _group_for(k, len(hist.rows), hist.decimated, TRAIT_BYTES)
+    group = group_for(k, len(hist.rows), hist.decimated, TRAIT_BYTES)
     return hist.step_index[np.minimum(np.arange(0, k, group) + group, k) - 1]
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import traitlets
 
 from ..capture.history import History
-from ..capture.session import CaptureResult
+from ..capture.result import CaptureResult
 from ..inspectors.groups import groups_live, groups_view
 from ..inspectors.thermometer import COLUMNS, LEGEND, ThermometerReport, Thresholds, diagnose
 from ._base import NBWidget, rpc
@@ -35,12 +35,12 @@ from .thermometer_data import (
     LIVE_BYTES,
     TRAIT_BYTES,
     WIRE_FIELDS,
-    _group_for,
-    _histogram_note,
-    _layer_flags_to_rows,
-    _payload,
-    _slot_bytes,
+    group_for,
     histogram_answer,
+    history_payload,
+    no_histogram_reason,
+    report_flags_by_row,
+    sent_slot_bytes,
 )
 
 __all__ = ["LIVE_BYTES", "TRAIT_BYTES", "WIRE_FIELDS", "ThermometerWidget", "histogram_answer"]
@@ -107,11 +107,12 @@ class ThermometerWidget(NBWidget):
         self.capture = capture
         self.thresholds = thresholds
         self._feed = _Feed()
-        super().__init__(**self._state(report, capture, thresholds), **kwargs)
+        super().__init__(**self.state_of(report, capture, thresholds), **kwargs)
 
     @staticmethod
-    def _state(report: ThermometerReport, capture: CaptureResult | None, thresholds: Thresholds | None) -> dict[str, Any]:
-        """The traits showing ``report`` (and ``capture``'s history, downsampled for the traits)."""
+    def state_of(report: ThermometerReport, capture: CaptureResult | None, thresholds: Thresholds | None) -> dict[str, Any]:
+        """The traits showing ``report`` (and ``capture``'s history, downsampled for the traits): what a
+        widget of them would hold (the run view sends them for another rank)."""
         run = report
         hist = getattr(capture, "history", None)
         timed = hist is not None and len(hist) >= 2 and report.step is not None
@@ -138,14 +139,14 @@ class ThermometerWidget(NBWidget):
             history={},
             report_step=int(report.step or 0) if timed else 0,
             run_texts={},
-            histogram_note=_histogram_note(capture),
+            histogram_note=no_histogram_reason(capture),
         )
         grouped = groups_view(report, getattr(capture, "layers", None), history=hist if timed else None)
         state["groups"] = {} if grouped is None else {**grouped[0], **{k: encode_array(v) for k, v in grouped[1].items()}}
         if timed:
-            group = _group_for(len(hist), len(hist.rows), hist.decimated, TRAIT_BYTES)
-            flags = _layer_flags_to_rows(report, hist)
-            arrays, meta = _payload(hist, 0, group, flags=flags, first_nonfinite=report.first_nonfinite_step or 0)
+            group = group_for(len(hist), len(hist.rows), hist.decimated, TRAIT_BYTES)
+            flags = report_flags_by_row(report, hist)
+            arrays, meta = history_payload(hist, 0, group, flags=flags, first_nonfinite=report.first_nonfinite_step or 0)
             state["history"] = {**meta, **{k: encode_array(v) for k, v in arrays.items()}}
             extra = [] if group == 1 else [
                 f"the widget shows {len(arrays['steps'])} of the {len(hist)} kept steps (each the last of {group} kept "
@@ -168,7 +169,7 @@ class ThermometerWidget(NBWidget):
     def finish(self, report: ThermometerReport, capture: CaptureResult | None) -> None:
         """The final state: every trait from ``report`` (one sync message), the live flag off."""
         self.report, self.capture = report, capture
-        state = self._state(report, capture, self.thresholds)
+        state = self.state_of(report, capture, self.thresholds)
         with self.hold_sync():
             for k, v in {**state, "running": False}.items():
                 setattr(self, k, v)
@@ -185,13 +186,13 @@ class ThermometerWidget(NBWidget):
             return False
         reset = f.token == 0 or first == 0
         banded = history.decimated or f.group > 1
-        if not reset and -(-k // f.group) * _slot_bytes(len(history.rows), banded) > LIVE_BYTES:
+        if not reset and -(-k // f.group) * sent_slot_bytes(len(history.rows), banded) > LIVE_BYTES:
             reset = True
         if reset:
-            f.group = _group_for(k, len(history.rows), history.decimated, TRAIT_BYTES)
+            f.group = group_for(k, len(history.rows), history.decimated, TRAIT_BYTES)
         start = 0 if reset else min(first, k - 1) // f.group
         types = [str(i.get("type", "")) for i in history.row_info]
-        arrays, meta = _payload(history, start, f.group, thresholds=thresholds or self.thresholds, types=types,
+        arrays, meta = history_payload(history, start, f.group, thresholds=thresholds or self.thresholds, types=types,
                                 first_nonfinite=0 if reset else f.nonfinite)
         f.nonfinite = meta["first_nonfinite_step"]
         content = {"type": "history", "from": start, "reset": reset, **meta}

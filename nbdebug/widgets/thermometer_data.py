@@ -14,7 +14,7 @@ the browser, resends the whole, downsampled to :data:`TRAIT_BYTES`). The final s
 downsampled to :data:`TRAIT_BYTES` (a note says so) so a saved notebook stays small.
 
 Histograms (the ``histogram`` request, :func:`histogram_answer`): the clicked row's kept values
-binned, with the kept step they come from; :func:`_histogram_note` says why a capture has none.
+binned, with the kept step they come from; :func:`no_histogram_reason` says why a capture has none.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 
 from ..capture.history import FIELD_INDEX, History
-from ..capture.session import CaptureResult
+from ..capture.result import CaptureResult
 from ..inspectors.history import FLAG_BITS, step_flags
 from ..inspectors.thermometer import ThermometerReport, Thresholds
 
-__all__ = ["LIVE_BYTES", "TRAIT_BYTES", "WIRE_FIELDS", "histogram_answer"]
+__all__ = ["LIVE_BYTES", "TRAIT_BYTES", "WIRE_FIELDS", "group_for", "histogram_answer", "history_payload",
+           "no_histogram_reason", "report_flags_by_row", "sent_slot_bytes"]
 
 
 #: per-row history fields sent to the browser (what the table, the detail panel and sparklines show)
@@ -46,20 +47,20 @@ TRAIT_BYTES = 3_500_000
 LIVE_BYTES = 16 * 2**20
 
 
-def _slot_bytes(rows: int, banded: bool) -> int:
+def sent_slot_bytes(rows: int, banded: bool) -> int:
     """Bytes one sent slot costs: the fields (and their min/max when banded), flags, scalars."""
     return rows * (len(WIRE_FIELDS) * 4 * (3 if banded else 1) + 2) + 32
 
 
-def _group_for(k: int, rows: int, decimated: bool, budget: int) -> int:
+def group_for(k: int, rows: int, decimated: bool, budget: int) -> int:
     """Kept slots per sent slot so that ``k`` kept slots fit in ``budget`` bytes (1: every slot)."""
-    if k * _slot_bytes(rows, decimated) <= budget:
+    if k * sent_slot_bytes(rows, decimated) <= budget:
         return 1
-    fit = max(1, budget // _slot_bytes(rows, True))
+    fit = max(1, budget // sent_slot_bytes(rows, True))
     return -(-k // fit)
 
 
-def _payload(h: History, start: int, group: int, *, flags: np.ndarray | None = None, types: Sequence[str] = (),
+def history_payload(h: History, start: int, group: int, *, flags: np.ndarray | None = None, types: Sequence[str] = (),
              thresholds: Thresholds | None = None, first_nonfinite: int = 0) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Arrays and JSON of the sent slots from ``start`` on (``group`` kept slots each: the last one's
     values, the min/max over the group). ``flags`` [K, R] (the final report's) or computed per step."""
@@ -106,7 +107,7 @@ def _payload(h: History, start: int, group: int, *, flags: np.ndarray | None = N
     return arrays, meta
 
 
-def _layer_flags_to_rows(report: ThermometerReport, h: History) -> np.ndarray | None:
+def report_flags_by_row(report: ThermometerReport, h: History) -> np.ndarray | None:
     """The report's per-step flags ([K, layers], origins decided exactly) in the history's row order."""
     hf = report.history_flags
     if hf is None or hf.shape[0] != len(h):
@@ -177,7 +178,7 @@ def _first_kept(capture: CaptureResult, name: str) -> tuple[int, int]:
     return int(hist.bucket_first[j]), int(hist.step_index[j])
 
 
-def _histogram_note(capture: CaptureResult | None) -> str:
+def no_histogram_reason(capture: CaptureResult | None) -> str:
     """Why no row of ``capture`` has a histogram ("" when some row has kept values): a rank of a
     distributed run, whose spool carries statistics only."""
     if capture is None or not capture.layers:

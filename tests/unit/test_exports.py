@@ -119,7 +119,7 @@ def test_scalar_block_encoding_matches_protobuf() -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
     except ImportError:
         pytest.skip("tensorboard is not installed")
-    from nbdebug.exports import _ScalarBlock
+    from nbdebug.capture.history_export import ScalarBlock as _ScalarBlock
 
     tags = ["a/mean", "blöck.0/grad_norm", "x" * 200 + "/max"]  # non-ASCII; a tag length needing a 2-byte varint
     values = np.array([1.5, np.nan, -3.25e-7], np.float32)

@@ -12,6 +12,7 @@ import pytest
 
 from nbdebug.capture import history as history_mod
 from nbdebug.capture.history import FIELD_INDEX, HISTORY_FIELDS, SCALARS, History
+from nbdebug.capture.history_store import Buckets
 
 F = len(HISTORY_FIELDS)
 MEAN, MAX, GN = FIELD_INDEX["mean"], FIELD_INDEX["max"], FIELD_INDEX["grad_norm"]
@@ -80,8 +81,8 @@ def test_decimation_keeps_spike_and_each_bucket_last_step() -> None:
 
 def test_ten_thousand_steps_of_300_rows_fit_64mb_with_amortised_appends(monkeypatch) -> None:
     calls = []
-    real = History._decimate
-    monkeypatch.setattr(History, "_decimate", lambda self: (calls.append(self._k), real(self))[1])
+    real = Buckets._decimate  # the History's slots (capture/history_store.py)
+    monkeypatch.setattr(Buckets, "_decimate", lambda self: (calls.append(len(self)), real(self))[1])
     rows, n, budget = 300, 10_000, 64 * 2**20
     h = History(budget)
     ids = np.array([h.row_id(f"layer{i}", {}) for i in range(rows)])
@@ -248,10 +249,13 @@ def test_from_arrays_and_errors() -> None:
 
 
 def test_history_module_does_not_import_torch() -> None:
-    tree = ast.parse(Path(history_mod.__file__).read_text())
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert "torch" not in imported
+    from nbdebug.capture import history_store
+
+    for mod in (history_mod, history_store):  # History and the slots it owns
+        tree = ast.parse(Path(mod.__file__).read_text())
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert "torch" not in imported, mod.__name__
 
 
 # --------------------------------------------------------------------------- CaptureResult API

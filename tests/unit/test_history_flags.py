@@ -14,10 +14,10 @@ import pytest
 
 from nbdebug.capture.history import HISTORY_FIELDS, History
 from nbdebug.capture.result import CaptureResult, LayerRecord
+from nbdebug.inspectors.events import events
 from nbdebug.inspectors.history import (
     FLAG_BITS,
     Thresholds,
-    events,
     flag_names,
     input_graph,
     step_flags,
@@ -122,12 +122,12 @@ def test_events_of_the_collapse_exact() -> None:
     assert sum(e.row == "3" and e.code == "update_ratio" for e in evs) == 1
 
 
-def test_became_dead_cites_the_largest_update_when_no_layer_feeds_it() -> None:
+def test_became_dead_cites_the_model_s_out_of_range_updates_when_no_layer_feeds_it() -> None:
     h = collapse()
     evs = events(h, inputs=[(), (), (1,), (2,)])  # ReLU `1` with no captured input
     e = next(e for e in evs if e.code == "became_dead")
-    assert e.message == ("ReLU `1`: 95% of units dead from step 3, after an update ratio of 0.31 at step 2 in `0` "
-                         "(the largest in the model; learning rate too high)")
+    assert e.message == ("ReLU `1`: 95% of units dead from step 3, after update ratios of 0.02–0.31 at step 2 in `0`, `3` "
+                         "(no layer feeding it has an update ratio; learning rate too high)")
 
 
 def test_no_became_dead_when_dead_from_the_start_or_recovering() -> None:
@@ -142,7 +142,85 @@ def test_no_became_dead_when_dead_from_the_start_or_recovering() -> None:
     gradual = History.from_arrays([1, 2, 3, 4], ["0", "1"], fields(4, 2, dead_unit_frac=[[0] * 4, [0.1, 0.6, 0.92, 0.93]], **base),
                                   row_info=[{"type": "Linear"}, {"type": "ReLU"}])
     (e,) = events(gradual)
-    assert (e.step, e.message) == (3, "ReLU `1`: 92% of units dead from step 3, after an update ratio of 0.001 at step 2 in `0`")
+    # every update before it was healthy (1e-3): the story says nothing about updates
+    assert (e.step, e.message) == (3, "ReLU `1`: 92% of units dead from step 3")
+    assert "Lower the learning rate" not in e.suggestion and "init" in e.suggestion
+
+
+# -- the dead-unit story names the steps whose updates were out of range (issue 19) ----------------
+MLP_ROWS = ["0", "1", "2", "3", "4"]  # Linear → ReLU → Linear → ReLU → Linear
+MLP_TYPES = ["Linear", "ReLU", "Linear", "ReLU", "Linear"]
+MLP_CHAIN = [(), (0,), (1,), (2,), (3,)]
+
+
+def mlp_history(ratios: dict[str, list[float]], dead_from: int, steps: int = 30) -> History:
+    """ReLU `3` alive (10% dead units) until ``dead_from``, then 97% dead for good; ReLU `1` healthy;
+    the Linears' update ratios as given (1-based step s at index s - 1)."""
+    nan = [math.nan] * steps
+    v = fields(
+        steps, 5,
+        update_ratio=[ratios["0"], nan, ratios["2"], nan, ratios["4"]],
+        dead_unit_frac=[nan, [0.1] * steps, nan, [0.1 if s < dead_from else 0.97 for s in range(1, steps + 1)], nan],
+    )
+    return History.from_arrays(range(1, steps + 1), MLP_ROWS, v, row_info=[{"type": t, "dtype": "float32"} for t in MLP_TYPES])
+
+
+def story_of(h: History, inputs: list[tuple[int, ...]] | None = MLP_CHAIN) -> str:
+    (e,) = [e for e in events(h, inputs=inputs) if e.code == "became_dead"]
+    assert (e.row, e.step) == ("3", 27)
+    return e.message
+
+
+def test_dead_story_names_the_large_updates_at_step_1_not_the_healthy_one_before_the_death() -> None:
+    # the issue's run: 0.04–0.15 at step 1 in `0`, `2`, `4`, then a healthy ~7e-4 everywhere; dead from step 27
+    calm = [7.02e-4] * 29
+    h = mlp_history({"0": [0.04, *calm], "2": [0.15, *calm], "4": [0.09, *calm]}, dead_from=27)
+    msg = story_of(h)
+    # `4` comes after ReLU `3`: its update cannot have killed it
+    assert msg == "ReLU `3`: 97% of units dead from step 27, after update ratios of 0.04–0.15 at step 1 in `0`, `2` (learning rate too high)"
+    assert "0.000702" not in msg and "step 26" not in msg
+    res = result_of(h, MLP_TYPES, MLP_CHAIN)
+    rep = diagnose(res)
+    assert "from step 27 (learning rate too high)" in rep.summary, rep.summary
+    assert check_numbers(res, rep) >= 3
+
+
+def test_dead_story_says_nothing_about_updates_that_were_all_in_range() -> None:
+    h = mlp_history({"0": [1e-3] * 30, "2": [5e-3] * 30, "4": [0.5] * 30}, dead_from=27)  # only `4`, after it, is too large
+    assert story_of(h) == "ReLU `3`: 97% of units dead from step 27"
+    res = result_of(h, MLP_TYPES, MLP_CHAIN)
+    assert "learning rate too high" not in diagnose(res).summary
+
+
+def test_dead_story_lists_a_few_steps_and_summarises_many() -> None:
+    few = [1e-3] * 30
+    few[4], few[9], few[19] = 0.02, 0.5, 0.03  # steps 5, 10, 20
+    msg = story_of(mlp_history({"0": [1e-3] * 30, "2": few, "4": [1e-3] * 30}, dead_from=27))
+    assert msg == ("ReLU `3`: 97% of units dead from step 27, after update ratios above 0.01 at steps 5, 10 and 20, "
+                   "the largest 0.5 at step 10 in `2` (learning rate too high)")
+    many = [0.02 + s / 1000 for s in range(30)]  # steps 1..26 before the death, all too large; 0.045 at step 26
+    msg = story_of(mlp_history({"0": many, "2": [1e-3] * 30, "4": [1e-3] * 30}, dead_from=27))
+    assert msg == ("ReLU `3`: 97% of units dead from step 27, after update ratios above 0.01 at 26 steps from step 1 "
+                   "to step 26, the largest 0.045 at step 26 in `0` (learning rate too high)")
+
+
+def test_dead_story_cites_too_large_updates_before_too_small_ones() -> None:
+    low = [1e-3] * 30
+    low[2] = 2e-5  # step 3: too small
+    high = [1e-3] * 30
+    high[6] = 0.2  # step 7: too large
+    assert story_of(mlp_history({"0": low, "2": high, "4": [1e-3] * 30}, dead_from=27)).endswith(
+        "after an update ratio of 0.2 at step 7 in `2` (learning rate too high)")
+    # only too-small ones: named as such, and the advice is not "lower the learning rate"
+    h = mlp_history({"0": low, "2": [1e-3] * 30, "4": [1e-3] * 30}, dead_from=27)
+    assert story_of(h) == "ReLU `3`: 97% of units dead from step 27, after an update ratio of 2e-05 at step 3 in `0` (the layers barely moved)"
+    (e,) = [e for e in events(h, inputs=MLP_CHAIN) if e.code == "became_dead"]
+    assert "Lower the learning rate" not in e.suggestion
+    # an exact 0 (a frozen layer) is not out of range
+    frozen = [1e-3] * 30
+    frozen[2] = 0.0
+    assert story_of(mlp_history({"0": frozen, "2": [1e-3] * 30, "4": [1e-3] * 30}, dead_from=27)) == \
+        "ReLU `3`: 97% of units dead from step 27"
 
 
 def test_integer_rows_are_never_dead() -> None:
@@ -234,6 +312,31 @@ def fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
+def check_update_story(res: CaptureResult, e: object) -> int:
+    """The update ratios a became-dead story cites are the history's at the steps it names, and those
+    steps come before the death. Returns how many numbers were checked."""
+    ratio = lambda step, row: next(r for r in res.at(step) if r.name == row).stats["update_ratio"]  # noqa: E731
+    msg, died = e.message, e.step  # type: ignore[attr-defined]
+    m = re.search(rf"after an update ratio of {NUM} at step (\d+) in `([^`]+)`", msg)
+    if m:
+        assert int(m.group(2)) < died and fmt(ratio(int(m.group(2)), m.group(3))) == m.group(1), msg
+        return 1
+    m = re.search(rf"after update ratios of {NUM}–{NUM} at step (\d+) in ((?:`[^`]+`(?:, )?)+)(…?)", msg)
+    if m:
+        s, names = int(m.group(3)), re.findall(r"`([^`]+)`", m.group(4))
+        vals = [ratio(s, n) for n in names]
+        assert s < died, msg
+        if not m.group(5):  # every row is listed: the range is theirs
+            assert (fmt(min(vals)), fmt(max(vals))) == (m.group(1), m.group(2)), msg
+        return 2
+    m = re.search(rf"after update ratios (?:above|below) \S+ at .*?, the (?:largest|smallest) {NUM} at step (\d+) in `([^`]+)`", msg)
+    if m:
+        assert int(m.group(2)) < died and fmt(ratio(int(m.group(2)), m.group(3))) == m.group(1), msg
+        return 1
+    assert "update ratio" not in msg, msg
+    return 0
+
+
 def check_numbers(res: CaptureResult, rep: ThermometerReport) -> int:
     """Every number an event or a per-step diagnosis cites is the value at the step it names, in
     ``result.at(step)`` and in the report's table when the report is at that step. Returns how many
@@ -250,11 +353,7 @@ def check_numbers(res: CaptureResult, rep: ThermometerReport) -> int:
             key = "dead_unit_frac" if m.group(3) == "units dead" else "zero_frac"
             assert f"{at(e.step, e.row).stats[key]:.0%}" == m.group(2) + "%"
             checked += 1
-            m2 = re.search(rf"an update ratio of {NUM} at step (\d+) in `([^`]+)`", e.message)
-            if m2:
-                assert fmt(at(int(m2.group(2)), m2.group(3)).stats["update_ratio"]) == m2.group(1), e.message
-                assert int(m2.group(2)) == res.step_index[list(res.step_index).index(e.step) - 1]
-                checked += 1
+            checked += check_update_story(res, e)
         elif e.code == "grad_fell":
             m = re.search(rf"fell from {NUM} at step (\d+) to {NUM} at step (\d+)(?: \(10\^(\d+) smaller\))?$", e.message)
             assert m and int(m.group(4)) == e.step, e.message
@@ -470,10 +569,16 @@ def test_digits_lr3_says_dead_units_after_a_large_update_not_vanishing(digits) -
     assert e.row in ("1", "3") and e.message.startswith(f"ReLU `{e.row}`: ")
     k = e.step
     assert dead[e.row][k - 1] >= 0.9  # the reference loop's own measurement at that step
-    m = re.search(rf"after an update ratio of {NUM} at step (\d+) in `(\d)` \(learning rate too high\)", e.message)
-    assert m, e.message
-    assert int(m.group(2)) == k - 1 and m.group(3) == str(int(e.row) - 1)  # the Linear feeding that ReLU
-    assert fmt(ratio[m.group(3)][k - 2]) == m.group(1)
+    for ev in story:  # each story names the steps before the death whose updates feeding it were too large
+        feeding = [str(i) for i in range(0, int(ev.row), 2)]  # the Linears before that ReLU
+        high = sorted({s + 1 for r in feeding for s in range(ev.step - 1) if ratio[r][s] > 1e-2})
+        assert high, "lr=3.0: the first steps' updates are far too large"
+        big = max((ratio[r][s - 1], s, r) for r in feeding for s in high)
+        m = re.search(rf", after update ratios above 0.01 at (\d+) steps from step (\d+) to step (\d+), the largest {NUM} "
+                      rf"at step (\d+) in `(\d)` \(learning rate too high\)$", ev.message)
+        assert m, ev.message
+        assert [int(m.group(i)) for i in (1, 2, 3)] == [len(high), high[0], high[-1]], (ev.message, high)
+        assert (m.group(4), int(m.group(5)), m.group(6)) == (fmt(big[0]), big[1], big[2]), (ev.message, big)
     assert check_numbers(res, rep) >= 4
     assert "vanishing" not in rep.summary and not any(d.code == "vanishing" for d in rep.diagnoses), rep.summary
     assert "learning rate too high" in rep.summary, rep.summary

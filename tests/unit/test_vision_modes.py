@@ -426,7 +426,7 @@ def test_gradcam_keeps_other_layers_within_max_bytes_and_recomputes_the_rest() -
         assert name not in session.maps and name in session.dropped
     assert list(session.maps) == ["5"] and session.kept_bytes() == 0
     np.testing.assert_array_equal(session.maps_for("5").cams, ref["5"])
-    one = max(session._size(unbounded.session.maps_for(n)) for n in ("2", "0"))  # type: ignore[union-attr]
+    one = max(session.cam_bytes(unbounded.session.maps_for(n)) for n in ("2", "0"))  # type: ignore[union-attr]
     roomy = GradCamRecorder(model, cam_topk=2, max_bytes=one)  # room for one more layer than the shown one
     with roomy:
         model(x)

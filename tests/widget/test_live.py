@@ -136,7 +136,7 @@ def test_decimation_and_browser_budget_resend_a_bounded_whole(outbox, monkeypatc
     # the browser may hold at most LIVE_BYTES: beyond, the whole again, downsampled to TRAIT_BYTES
     h2, ids2 = rows_history(r)
     w2 = ThermometerWidget.waiting()
-    banded = tw._slot_bytes(r, True)
+    banded = tw.sent_slot_bytes(r, True)
     monkeypatch.setattr(tw, "LIVE_BYTES", banded * 5)  # 13 plain slots fit, 14 do not
     monkeypatch.setattr(tw, "TRAIT_BYTES", banded * 4)
     for step in range(1, 15):

@@ -1,0 +1,231 @@
+"""Grad-CAM on a model call, without a cell or a widget: the computation the Grad-CAM view runs.
+
+:func:`grad_cam` is the whole thing on a model and its input; :func:`compute_cams` one layer's
+CAMs; :func:`probe` the layers with a spatial output; :class:`GradCamSession` a model call plus
+the CAMs computed on it so far (other layers on demand, within a byte budget). They run nbdebug's
+passes (:func:`~nbdebug.capture.gradients.target_grads`, :func:`~nbdebug.capture.gradients.probe_pass`:
+nbdebug's own forward on cloned buffers, parameters frozen) and hand activations and gradients to
+the pure :mod:`nbdebug.inspectors.gradcam`. :mod:`nbdebug.recorders.gradcam` runs them around a
+cell (and re-exports these names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..adapters.outputs import class_scores
+from ..adapters.vision import (
+    InputSize,
+    Reshape,
+    SpatialLayer,
+    find_image,
+    grid_from_config,
+    image_hw,
+    spatial_layers,
+)
+from ..capture import DEFAULT_MAX_BYTES, ModelRef, call_name, split_call_name
+from ..capture.gradients import LayerDidNotRun, autograd_inputs, probe_pass, target_grads
+from ..capture.probe import OutputProbe
+from ..capture.select import unwrap_compiled
+from ..inspectors.gradcam import (
+    CamMaps,
+    LayerError,
+    Target,
+    cam_maps,
+    class_names_for,
+    fallback_layers,
+    pick_layer,
+    resolve_targets,
+)
+
+__all__ = ["GradCamSession", "compute_cams", "grad_cam", "nonzero_fallback", "probe", "spatial_of"]
+
+
+def spatial_of(model: nn.Module, pr: OutputProbe, hw: tuple[int, int] | None, reshape: Reshape) -> list[SpatialLayer]:
+    """The layers with a spatial output among what the probe ``pr`` recorded of ``model``'s first call."""
+    return spatial_layers(pr.records, pr.calls, input_hw=hw, grid_hw=grid_from_config(model, hw), reshape=reshape)
+
+
+def compute_cams(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    layer: SpatialLayer,
+    *,
+    targets: Target = "topk",
+    topk: int = 5,
+    classes: torch.Tensor | None = None,
+    method: str = "gradcam",
+    reshape: Reshape = None,
+    output_hw: tuple[int, int] | None = None,
+    name_of: Callable[[int], str] = str,
+) -> tuple[CamMaps, torch.Tensor, torch.Tensor]:
+    """CAMs of ``layer`` for the target classes: ``(maps, classes B×K, logits B×N)``.
+
+    One forward of nbdebug's own (graph from the layer on, buffers cloned, parameters frozen) and
+    one batched backward for all K classes (:func:`~nbdebug.capture.gradients.target_grads`).
+    ``args``/``kwargs`` should have gone through :func:`~nbdebug.capture.gradients.autograd_inputs`.
+    """
+    seen: dict[str, torch.Tensor] = {}
+
+    def pick(output: Any) -> torch.Tensor:
+        logits = class_scores(output)
+        chosen = resolve_targets(targets, logits, topk, name_of) if classes is None else classes
+        seen["logits"], seen["classes"] = logits.detach(), chosen.to(logits.device)
+        return logits.gather(1, seen["classes"])
+
+    try:
+        act, grads = target_grads(model, args, kwargs, layer.module, layer.call, pick)
+    except LayerDidNotRun as exc:
+        raise LayerError(str(exc)) from None
+    grid_hw = grid_from_config(model, output_hw) if layer.grid is None else None
+    maps = cam_maps(layer, act, grads, method=method, reshape=reshape, output_hw=output_hw, grid_hw=grid_hw)
+    return maps, seen["classes"].detach(), seen["logits"]
+
+
+def probe(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], reshape: Reshape = None) -> tuple[list[SpatialLayer], str]:
+    """``(spatial layers, every output described)`` of ``model`` from one inference pass of nbdebug's
+    own (:func:`~nbdebug.capture.gradients.probe_pass`)."""
+    size = InputSize()
+    pr = probe_pass(model, args, kwargs, on_first_call=size)
+    return spatial_of(unwrap_compiled(model), pr, size.hw, reshape), pr.describe_all()
+
+
+def grad_cam(
+    model: nn.Module,
+    args: Sequence[Any] | torch.Tensor,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    layer: str | None = None,
+    targets: Target = "topk",
+    topk: int = 5,
+    method: str = "gradcam",
+    class_names: Any = None,
+    reshape: Reshape = None,
+) -> tuple[CamMaps, torch.Tensor, torch.Tensor, list[SpatialLayer], bool]:
+    """Grad-CAM of ``model`` called as ``model(*args, **kwargs)``; see :func:`compute_cams`.
+
+    Returns ``(maps, classes, logits, spatial_layers, auto)``. With ``layer=None`` the last layer with
+    a spatial output is used; if the scores do not depend on its grid (a ViT's final norm only
+    feeds the class token) earlier layers are tried, norms first, until one does.
+    """
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    args, kwargs = autograd_inputs(args, kwargs or {})
+    layers: list[SpatialLayer] = []
+    if layer is not None:  # named layer: no probe pass, the CAM's own forward decides
+        base, k = split_call_name(layer)
+        unwrap_compiled(model).get_submodule(base)  # AttributeError early for unknown names
+        chosen, auto = SpatialLayer(call_name(base, k), base, k, k + 1, (), None, 0, ""), False  # type: ignore[arg-type]
+    else:
+        layers, described = probe(model, args, kwargs, reshape)
+        chosen, auto = pick_layer(layers, layer, described)
+    img = find_image(args, kwargs)
+    out_hw = image_hw(img) if img is not None else None
+    name_of: Callable[[int], str] = str
+    if class_names is not None or getattr(getattr(model, "config", None), "id2label", None):
+        name_of = class_names_for(model, class_names, 0)
+    common = dict(targets=targets, topk=topk, method=method, reshape=reshape, output_hw=out_hw, name_of=name_of)
+    try:
+        maps, classes, logits = compute_cams(model, args, kwargs, chosen, **common)  # type: ignore[arg-type]
+    except LayerError:
+        if layer is None:
+            raise
+        qualify, described = probe(model, args, kwargs, reshape)
+        pick_layer(qualify, layer, described)  # raises, saying which layers would qualify
+        raise
+    if auto:
+        found = nonzero_fallback(layers, chosen, maps, lambda cand: compute_cams(model, args, kwargs, cand, classes=classes, **common)[0])  # type: ignore[arg-type]
+        if found is not None:
+            found[1].note = f"auto layer: {chosen.name} gave a zero gradient, so the last layer the scores depend on is used"
+            maps = found[1]
+    return maps, classes, logits, layers, auto
+
+
+def nonzero_fallback(layers: list[SpatialLayer], chosen: SpatialLayer, maps: CamMaps,
+                      compute: Callable[[SpatialLayer], CamMaps]) -> tuple[SpatialLayer, CamMaps] | None:
+    """When the auto layer's gradient is zero: the first :func:`fallback_layers` candidate whose is not."""
+    if maps.zero_grad:
+        for cand in fallback_layers(layers, chosen):
+            m2 = compute(cand)
+            if not m2.zero_grad:
+                return cand, m2
+    return None
+
+
+class GradCamSession:
+    """A model call plus the CAMs computed on it so far; computes other layers on demand.
+
+    Holds the model weakly: once it is deleted, a new layer answers with
+    :class:`~nbdebug.capture.ModelGoneError` (its message is what the view shows). ``args``/``kwargs``
+    are the cell's inputs as :func:`~nbdebug.capture.gradients.autograd_inputs` returns them.
+    """
+
+    def __init__(self, model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], layers: list[SpatialLayer], *, method: str,
+                 reshape: Any, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self._model = ModelRef(model)
+        self.max_bytes = max_bytes
+        self.pinned: str | None = None  # the layer the view opens on: always kept
+        self.dropped: set[str] = set()  # layers whose CAMs did not fit the budget (recomputed when asked)
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs)
+        self.layers = layers
+        self.method = method
+        self.reshape = reshape
+        img = find_image(self.args, self.kwargs)
+        self.image = img
+        self.output_hw = image_hw(img) if img is not None else None
+        self.classes: torch.Tensor | None = None
+        self.maps: dict[str, CamMaps] = {}
+
+    def compute(self, layer: SpatialLayer, *, targets: Target = "topk", topk: int = 5, name_of: Any = str) -> tuple[CamMaps, torch.Tensor]:
+        """``(maps, logits)`` of ``layer`` (:func:`compute_cams`); the first call fixes the target
+        classes for every later layer; the maps are cached within the budget."""
+        maps, classes, logits = compute_cams(
+            self._model.get(), self.args, self.kwargs, layer, targets=targets, topk=topk, classes=self.classes,
+            method=self.method, reshape=self.reshape, output_hw=self.output_hw, name_of=name_of,
+        )
+        if self.classes is None:
+            self.classes = classes
+        self._cache(layer.name, maps)
+        return maps, logits
+
+    def pin(self, name: str, maps: CamMaps) -> None:
+        """Keep ``name``'s CAMs whatever the budget (the layer the view shows first)."""
+        self.pinned = name
+        self._cache(name, maps)
+
+    @staticmethod
+    def cam_bytes(maps: CamMaps) -> int:
+        """Bytes one layer's CAMs take (what the budget counts)."""
+        return int(maps.cams.nbytes + maps.low.nbytes)
+
+    def kept_bytes(self) -> int:
+        """Bytes of the cached CAMs, the pinned layer's aside."""
+        return sum(self.cam_bytes(m) for n, m in self.maps.items() if n != self.pinned)
+
+    def _cache(self, name: str, maps: CamMaps) -> None:
+        """Cache a layer's CAMs within ``max_bytes`` (the pinned layer aside): oldest layers go first."""
+        self.maps.pop(name, None)
+        self.maps[name] = maps
+        while self.kept_bytes() > self.max_bytes:
+            old = next((n for n in self.maps if n != self.pinned), None)
+            if old is None:
+                break
+            del self.maps[old]
+            self.dropped.add(old)
+        if name in self.maps:
+            self.dropped.discard(name)
+
+    def maps_for(self, name: str) -> CamMaps:
+        """CAMs of layer ``name`` (a call name) for the same target classes (cached within the budget)."""
+        if name not in self.maps:
+            layer, _ = pick_layer(self.layers, name)
+            if layer.name not in self.maps:
+                return self.compute(layer)[0]
+            return self.maps[layer.name]
+        return self.maps[name]

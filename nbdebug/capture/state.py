@@ -57,7 +57,7 @@ def suspend_hooks(model: nn.Module, keep: Iterable[HookSet] = ()) -> Iterator[No
     The hooks of the ``keep`` hook sets (the calling view's own) keep running too. A hook removed
     during the block (by its handle) stays removed afterwards.
     """
-    ids = {h.id for hs in keep for h in hs._handles}
+    ids = {i for hs in keep for i in hs.handle_ids()}
     saved: list[tuple[nn.Module, dict[str, Any]]] = []
 
     def drop(k: int, fn: Any) -> bool:

@@ -11,7 +11,17 @@ import numpy as np
 import torch
 
 from . import models as M
-from .cells import LOOPS, NAN_STEP, RAISING, Outcome, close, logits, mode_context, one_line, view_name
+from .cells import (
+    LOOPS,
+    NAN_STEP,
+    RAISING,
+    Outcome,
+    close,
+    logits,
+    mode_context,
+    one_line,
+    view_name,
+)
 
 HALF = {"fp16", "bf16", "autocast"}
 #: modes in which a view may legitimately not show (it must then leave a one-line note)

@@ -159,3 +159,17 @@ def test_a_wrong_value_fails_the_cell(mode: str, view: str, mutate: Callable[[Ou
     caught: list[BaseException] = []
     cells.run(mode, view, tampered(mutate, caught))
     assert len(caught) == 1
+
+
+def test_training_reference_failing_unplanned_fails_the_cell() -> None:
+    """The training rows' reference loop (training.reference) is held to the same rule."""
+    from . import training as T
+
+    model, opt, batches = T.build("train_history")
+    bad = [batches[0], (torch.randn(2, 5), batches[1][1])]  # a batch the CNN cannot take: RuntimeError
+    with pytest.raises(AssertionError, match="failed unexpectedly"):
+        T.reference("train_history", *T.copies(model, opt), bad)
+    model, opt, batches = T.build("interrupt_loop")
+    with pytest.raises(AssertionError, match="did not raise the planted KeyboardInterrupt"):
+        T.reference("interrupt_loop", *T.copies(model, opt), batches[: T.INTERRUPT_AT - 1])
+    assert type(T.reference("interrupt_loop", *T.copies(model, opt), batches).raised) is KeyboardInterrupt

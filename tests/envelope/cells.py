@@ -26,6 +26,7 @@ from . import models as M
 from .usercode import (
     GRAPH_MODES,
     LANG,
+    LOOPS,
     NAN_STEP,
     RAISING,
     Counter,
@@ -46,7 +47,7 @@ from .usercode import (
     view_name,
 )
 
-__all__ = ["NAN_STEP", "RAISING", "Outcome", "close", "family_of", "logits", "mode_context", "one_line", "run",
+__all__ = ["LOOPS", "NAN_STEP", "RAISING", "Outcome", "close", "family_of", "logits", "mode_context", "one_line", "run",
            "run_compiled", "run_del_model", "view_name"]
 
 
@@ -118,10 +119,13 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
         for site, c in zip(user_hook_sites(model, family), user["counters"]):
             site.register_forward_hook(c)
     ref = copy.deepcopy(model)
-    acts = reference_activations(model, lambda m: user_code(mode, family, m, inp))
+    expect_exc = RAISING.get(mode) or {"shape_error": RuntimeError, "dtype_error": RuntimeError, "interrupt_in_forward": KeyboardInterrupt}.get(mode)
+    acts = reference_activations(model, lambda m: user_code(mode, family, m, inp), expect=expect_exc)
+    # a loop: every forward's own (the thermometer keeps each step)
+    acts_steps = [acts, *(reference_activations(model, lambda m: user_code(mode, family, m, inp), forward=k)
+                          for k in range(2, LOOPS.get(mode, 1) + 1))]
     hooks_before = hook_count(model)
     impl_before = attn_impl(model)
-    expect_exc = RAISING.get(mode) or {"shape_error": RuntimeError, "dtype_error": RuntimeError, "interrupt_in_forward": KeyboardInterrupt}.get(mode)
 
     ref_inp = {k: v.clone() for k, v in inp.items()} if isinstance(inp, dict) else inp.detach().clone()
     if mode == "input_grad":  # a saliency-style cell: the user wants d(out)/d(x) in x.grad
@@ -133,6 +137,8 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
     except BaseException as exc:
         assert expect_exc is not None and isinstance(exc, expect_exc), exc
         ref_out = None
+    else:
+        assert expect_exc is None, f"test setup: the reference run did not raise the planted {expect_exc.__name__}"
     ref_rng = torch.get_rng_state()
     ref_counts = [h.calls for site in user_hook_sites(ref, family) for h in site._forward_hooks.values()
                   if isinstance(h, Counter)] if "counters" in user else []
@@ -163,7 +169,7 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
     same_output(mode, out, ref_out, lm)
     res = outcome_of(dbg, view)
     ctx = dict(mode=mode, view=view, family=family, lm=lm, model=model, ref=ref, inp=inp, out=out,
-               ref_out=ref_out, acts=acts, dbg=dbg, user=user, widgets_before=widgets_before)
+               ref_out=ref_out, acts=acts, acts_steps=acts_steps, dbg=dbg, user=user, widgets_before=widgets_before)
     check(res, ctx)
     assert hook_count(model) == hooks_before, f"hooks {hooks_before} -> {hook_count(model)}"
     assert attn_impl(model) == impl_before, f"attention implementation {impl_before} -> {attn_impl(model)}"

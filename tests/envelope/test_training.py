@@ -205,7 +205,7 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
         assert (w.steps, w.running, w.step) == (res.steps, False, 0), (w.steps, w.running, w.step)  # 0: follows the last step
         assert [(e["step"], e["row"], e["code"]) for e in w.events] == [(e.step, e.row, e.code) for e in rep.events]
     if view.startswith("all"):  # the vision views: the first step's maps, Grad-CAM on the first call (as the train_step cells)
-        check_vision(dbg, ref, batches[0][0], meas, first_acts)
+        check_vision(dbg, ref, batches[0][0], meas, first_acts, spec.half)
     close_all(dbg)
     if backend is not None:  # the views watched it run eagerly (hooks_see_compiled); afterwards it runs compiled again
         assert compiled_runs >= 1 and backend.calls == compiled_runs, (compiled_runs, backend.calls)
@@ -221,15 +221,17 @@ def test_training_cell(mode: str, view: str, record_property) -> None:  # type: 
         assert math.isnan(loss[T.NAN_AT - 1]), f"step {T.NAN_AT} shows a loss of {loss[T.NAN_AT - 1]} (step {T.NAN_AT - 1}'s)"
 
 
-def check_vision(dbg: Any, ref: torch.nn.Module, first: torch.Tensor, meas: T.Measured, acts: dict[str, torch.Tensor]) -> None:
+def check_vision(dbg: Any, ref: torch.nn.Module, first: torch.Tensor, meas: T.Measured, acts: dict[str, torch.Tensor],
+                 half: bool) -> None:
     """``all`` in a loop: feature maps equal to the reference loop's first training forward, Grad-CAM
-    (on the cell's first call) equal to the hand computation with the trained weights — the checks of
-    the matrix's ``train_step`` cells."""
+    (its re-run on the cell's first input) equal to the hand computation with the trained weights
+    (``ref``: the reference model after the loop), and a note that its scores differ from the first
+    call's — the checks of the matrix's ``train_step`` cells."""
     from .checks import check_featuremaps, check_gradcam
     from .usercode import Outcome
 
     widgets = dict(zip(dbg.views, dbg.widgets()))
-    ctx = dict(mode="train_step", family="cnn", lm=False, ref=ref, inp=first, ref_out=meas.outs, acts=acts)
+    ctx = dict(mode="train_step", family="cnn", lm=False, ref=ref, inp=first, ref_out=meas.outs, acts=acts, half=half)
     for v, fn in (("featuremaps", check_featuremaps), ("gradcam", check_gradcam)):
         assert v in dbg.results, (v, dbg.skipped.get(v))
         fn(Outcome(v, result=dbg.results[v], widget=widgets.get(v)), {**ctx, "view": v})

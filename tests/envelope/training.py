@@ -237,9 +237,22 @@ class Measured:
     raised: BaseException | None = None
 
 
+def planted(mode: str, batches: int | None = None) -> type[BaseException] | None:
+    """The exception ``mode``'s loop raises by design (over ``batches`` batches: --break-on's reference
+    stops before the overflow), or None."""
+    spec = MODES[mode]
+    if spec.interrupt_at or spec.interrupt_in_forward:
+        return KeyboardInterrupt
+    if spec.anomaly and spec.nan_at and (batches is None or batches >= spec.nan_at):
+        return RuntimeError  # anomaly mode's own error in the overflowing step's backward
+    return None
+
+
 def reference(mode: str, model: nn.Module, opt: torch.optim.Optimizer, batches: list[tuple[torch.Tensor, torch.Tensor]],
               scaler: Any = None) -> Measured:
-    """Run the loop on ``model``/``opt`` (copies of the user's) measuring every step by hand."""
+    """Run the loop on ``model``/``opt`` (copies of the user's) measuring every step by hand. Only the
+    exception the mode plants (:func:`planted`) may end it, and it must: any other failure propagates
+    (measurements cut short would be compared as if complete)."""
     from nbdebug.capture.names import call_name
 
     got = Measured()
@@ -302,6 +315,10 @@ def reference(mode: str, model: nn.Module, opt: torch.optim.Optimizer, batches: 
             h.remove()
         if scaler is not None:
             del scaler.update
+    want = planted(mode, len(batches))
+    if got.raised is not None and (want is None or not isinstance(got.raised, want)):
+        raise AssertionError(f"the reference loop (without nbdebug) failed unexpectedly: {got.raised!r}") from got.raised
+    assert want is None or got.raised is not None, f"the reference loop did not raise the planted {want.__name__}"
     got.loss = ns.seen
     return got
 

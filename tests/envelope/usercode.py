@@ -19,8 +19,11 @@ LANG = ("gpt2", "llama", "bert")
 #: modes whose cell leaves an autograd graph the user may still backpropagate through
 GRAPH_MODES = {"plain", "inplace_relu", "inputs_embeds", "tuple_output", "parametrized", "nonsquare", "kwargs_call", "channels_last", "input_grad", "dropout", "autocast", "pending_backward", "user_hooks", "shared", "fp16", "bf16", "int_outputs"}
 RAISING = {"exception": ValueError, "keyboard_interrupt": KeyboardInterrupt}
+TRAIN_STEPS = 3  # optimizer steps of the train_step cell
 NAN_STEP = 6  # 1-based: the 6th call of the model's forward makes the first non-finite value
 STEPS = 8
+#: modes whose cell calls the model several times (it returns the list of outputs) → how many times
+LOOPS = {"nan_loop": STEPS, "train_step": TRAIN_STEPS}
 PAD = 2  # left-padding of item 1 in the padded mode
 
 
@@ -162,7 +165,7 @@ def user_code(mode: str, family: str, model: nn.Module, inp: Any) -> Any:
         if mode == "train_step":  # a few SGD steps: parameters change inside the cell
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             outs = []
-            for _ in range(3):
+            for _ in range(TRAIN_STEPS):
                 opt.zero_grad()
                 out = model(inp)
                 out.float().pow(2).mean().backward()
@@ -205,32 +208,72 @@ def backward(out: Any, lm: bool) -> None:
     logits(out, lm).float().sum().backward()
 
 
-def reference_activations(model: nn.Module, fn: Callable[[nn.Module], Any]) -> dict[str, torch.Tensor]:
-    """Every leaf module call's output in the first forward, by call name (a plain-hook run on a copy)."""
+def output_tensors(out: Any, name: str) -> list[tuple[str, torch.Tensor]]:
+    """The tensors of a module's output by the names the views give them: ``name`` for a tensor,
+    ``name[i]`` for the items of a tuple or list, ``name.key`` for a dict's (HF ``ModelOutput``)."""
+    if isinstance(out, torch.Tensor):
+        return [(name, out)]
+    if isinstance(out, dict):
+        return [leaf for k, v in out.items() for leaf in output_tensors(v, f"{name}.{k}")]
+    if isinstance(out, (tuple, list)):
+        return [leaf for i, v in enumerate(out) for leaf in output_tensors(v, f"{name}[{i}]")]
+    return []
+
+
+def reference_activations(model: nn.Module, fn: Callable[[nn.Module], Any],
+                          expect: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+                          forward: int = 1) -> dict[str, torch.Tensor]:
+    """Every module call's output in one forward of the model, by call name (a plain-hook run of
+    ``fn`` on a copy; the global RNG is seeded with 0 first, as the runs compared, and restored after).
+
+    ``forward``: which call of the model's forward to record (1-based; -1: the last); calls of
+    submodules before the first forward (``model.get_input_embeddings()(ids)`` in the cell) count
+    as the first's. ``expect``: the exception the mode plants; the reference must raise exactly
+    that, and any other failure propagates (a reference cut short would leave rows unchecked).
+    """
     from nbdebug.capture.names import call_name
 
     m = copy.deepcopy(model)
     acts: dict[str, torch.Tensor] = {}
     seen: dict[str, int] = {}
     state = {"calls": 0}
-    handles = [m.register_forward_pre_hook(lambda *_: state.__setitem__("calls", state["calls"] + 1))]
+
+    def pre(*_: Any) -> None:
+        state["calls"] += 1
+        if forward == -1:  # keep only the latest forward
+            acts.clear()
+            seen.clear()
+
+    handles = [m.register_forward_pre_hook(pre)]
     for name, mod in m.named_modules():
-        # leaves: modules without children (a parametrized module's `parametrizations` do not count)
-        if name and ".parametrizations" not in name and not [c for c, _ in mod.named_children() if c != "parametrizations"]:
+        # every submodule but a parametrization's own (called when the weight is read)
+        if name and ".parametrizations" not in name:
             def hook(_m: nn.Module, _a: Any, out: Any, name: str = name) -> None:
-                if state["calls"] != 1 or not isinstance(out, torch.Tensor):
+                calls = state["calls"]
+                if not (forward == -1 or calls == forward or (calls == 0 and forward == 1)):
+                    return
+                leaves = output_tensors(out, name)
+                if not leaves:
                     return
                 k = seen.get(name, 0)
                 seen[name] = k + 1
-                acts[call_name(name, k)] = out.detach().clone()
+                base = call_name(name, k)
+                for leaf, t in leaves:
+                    acts[base + leaf[len(name):]] = t.detach().clone()
             handles.append(mod.register_forward_hook(hook))
-    torch.manual_seed(0)  # the same random draws (dropout) as the two runs compared
-    try:
-        fn(m)
-    except (Exception, KeyboardInterrupt):
-        pass
-    for h in handles:
-        h.remove()
+    raised: BaseException | None = None
+    with torch.random.fork_rng():
+        torch.manual_seed(0)  # the same random draws (dropout) as the two runs compared
+        try:
+            fn(m)
+        except BaseException as exc:
+            raised = exc
+        finally:
+            for h in handles:
+                h.remove()
+    if raised is not None and (expect is None or not isinstance(raised, expect)):
+        raise AssertionError(f"the reference run (without nbdebug) failed unexpectedly: {raised!r}") from raised
+    assert expect is None or raised is not None, f"the reference run did not raise the planted {expect}"
     return acts
 
 
@@ -276,7 +319,7 @@ def same_output(mode: str, out: Any, ref_out: Any, lm: bool) -> None:
     if mode.startswith("generate"):
         assert torch.equal(out, ref_out), "generate() produced other tokens under nbdebug"
         return
-    pairs = zip(out, ref_out) if mode in ("nan_loop", "train_step") else [(out, ref_out)]
+    pairs = zip(out, ref_out) if mode in LOOPS else [(out, ref_out)]
     half = mode in ("fp16", "bf16", "autocast")
     for a, b in pairs:
         x, y = logits(a, lm), logits(b, lm)

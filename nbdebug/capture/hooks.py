@@ -207,7 +207,9 @@ class SharedPatch:
 
 
 def hook_count(model: nn.Module) -> int:
-    """Number of module hooks of every kind on ``model`` and its submodules (for hygiene checks)."""
+    """Number of hooks of every kind on ``model``, its submodules and their parameters (for hygiene
+    checks): forward, forward-pre, backward, backward-pre and state-dict hooks of the modules, and each
+    parameter's own gradient and post-accumulate-grad hooks."""
     n = 0
     for m in model.modules():
         for attr in (
@@ -216,9 +218,14 @@ def hook_count(model: nn.Module) -> int:
             "_backward_hooks",
             "_backward_pre_hooks",
             "_state_dict_hooks",
+            "_state_dict_pre_hooks",
             "_load_state_dict_pre_hooks",
+            "_load_state_dict_post_hooks",
         ):
             n += len(getattr(m, attr, {}) or {})
+    for p in model.parameters():
+        for attr in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+            n += len(getattr(p, attr, None) or {})
     return n
 
 

@@ -217,14 +217,40 @@ def fingerprint(model: nn.Module) -> dict[str, Any]:
         "buffers": {n: b.detach().clone() for n, b in model.named_buffers()},
         "training": {n: m.training for n, m in model.named_modules()},
         "attrs": {n: sorted(vars(m)) for n, m in model.named_modules()},
+        "settings": {n: _settings(m) for n, m in model.named_modules()},
         "hooks": hook_count(model),
     }
+
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _settings(m: nn.Module) -> dict[str, str]:
+    """A module's plain public settings (``inplace``, ``p``, ``eps``…: attributes holding a number, a
+    string, None, or a tuple of those), as their ``repr`` (NaN equals NaN). torch's own bookkeeping
+    (``_is_full_backward_hook``…) is not a setting."""
+    out = {}
+    for k, v in vars(m).items():
+        if k == "training" or k.startswith("_"):
+            continue
+        if isinstance(v, _SCALARS) or (isinstance(v, tuple) and all(isinstance(x, _SCALARS) for x in v)):
+            out[k] = repr(v)
+    return out
+
+
+def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Same shape, dtype and bytes (so -0.0 is not +0.0, and inf is not the dtype's largest value)."""
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    if x.is_quantized or x.layout != torch.strided:
+        return torch.equal(x, y)
+    return torch.equal(x.contiguous().reshape(-1).view(torch.uint8), y.contiguous().reshape(-1).view(torch.uint8))
 
 
 def same_fingerprint(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """Differences between two fingerprints, as readable strings (empty list: identical)."""
     diffs: list[str] = []
-    for key in ("requires_grad", "training", "attrs", "devices"):
+    for key in ("requires_grad", "training", "attrs", "devices", "settings"):
         if a.get(key) != b.get(key):
             diffs.append(key)
     if a["hooks"] != b["hooks"]:
@@ -240,6 +266,6 @@ def same_fingerprint(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
             elif x is not None and "meta" in (x.device.type, y.device.type):
                 if x.shape != y.shape or x.dtype != y.dtype:
                     diffs.append(f"{key}[{name}] shape")
-            elif x is not None and not (x.shape == y.shape and torch.equal(x.nan_to_num(), y.nan_to_num()) and torch.equal(x.isnan(), y.isnan())):
-                diffs.append(f"{key}[{name}] values")
+            elif x is not None and not _same_bits(x, y):
+                diffs.append(f"{key}[{name}] " + ("dtype" if x.dtype != y.dtype else "values"))
     return diffs

@@ -7,6 +7,8 @@ capture (ms per step), and the chunk each step writes (median bytes; total writt
 crosses from a rank to the launching kernel per step.
 
     python benchmarks/bench_distributed.py [--quick] [--steps N]
+
+The figures README.md / docs/distributed.md quote are printed last, labelled.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import Figures
 from torch import nn
 
 from nbdebug.capture.session import Capture
@@ -48,6 +51,7 @@ def main() -> None:
     steps = 10 if args.quick else args.steps
     torch.set_num_threads(1)
     ms: dict[str, float] = {}
+    fig = Figures("docs/distributed.md (what crosses processes)")
     for mode in ("plain", "capture", "spool"):
         model = make_model()
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -66,11 +70,18 @@ def main() -> None:
         if mode == "spool":
             sizes = [f.stat().st_size for f in sorted(Path(spool).glob("rank*/c*.npz"))]
             run = load(spool)
-            print(f"rank 0: {len(run.ranks[0].history.rows)} rows, {len(list(model.parameters()))} parameters; "
-                  f"{len(sizes)} chunks, median {int(statistics.median(sizes)) if sizes else 0} B per step, "
+            rows, params = len(run.ranks[0].history.rows), len(list(model.parameters()))
+            median = int(statistics.median(sizes)) if sizes else 0
+            print(f"rank 0: {rows} rows, {params} parameters; "
+                  f"{len(sizes)} chunks, median {median} B per step, "
                   f"{dbg.writer.bytes_written} B written in {steps} steps")
+            fig.add(f"spool, {rows} rows / {params} parameters: written per step per rank", f"{median / 1000:.1f} KB")
     plain = ms["plain"]
     print("ms/step: " + ", ".join(f"{k} {v:.2f} ({v / plain:.2f}× plain)" for k, v in ms.items()))
+    fig.add("spool, the spooling capture's cost over Capture", f"{ms['spool'] - ms['capture']:.1f} ms per step")
+    fig.add("ms per step: plain / Capture / spooling capture", f"{plain:.2f} / {ms['capture']:.2f} ({ms['capture'] / plain:.1f}×) / "
+            f"{ms['spool']:.2f} ({ms['spool'] / plain:.1f}×)")
+    fig.print()
 
 
 if __name__ == "__main__":

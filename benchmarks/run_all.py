@@ -1,10 +1,10 @@
 """Run every benchmark script in this folder to the end, one after the other (`make bench`).
 
-    python benchmarks/run_all.py            # the figures (minutes; bench_training's 10,000-step run alone takes several)
+    python benchmarks/run_all.py            # the figures (tens of minutes on 2 cores; run on an idle machine)
     python benchmarks/run_all.py --quick    # every script with tiny sizes and one round: proves each runs to the end
 
 Every ``bench_*.py`` here is run (a new one is picked up without listing it), each in its own process,
-with the remaining arguments passed on; each must accept ``--quick``. The run fails when any script
+with the remaining arguments passed on (with none, ``FIGURE_ARGS``); each must accept ``--quick``. The run fails when any script
 fails (with ``--quick``, two run at a time). ``--quick`` is what ``make test`` (and so CI) runs, so a benchmark cannot stop working unseen;
 its figures mean nothing (tiny models, one round, one intra-op thread on a shared machine). Each script
 ends with the figures README.md and docs/*.md quote, labelled (``common.Figures``).
@@ -21,6 +21,9 @@ import tempfile
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
+#: what a plain full run (`make bench`, no arguments) adds per script so that every figure the pages
+#: quote is printed: the target loops over 5 fresh processes, BertViz at 512 tokens (~45 s, ~5 GB)
+FIGURE_ARGS = {"bench_training.py": ["--processes", "5"], "bench_language.py": ["--bertviz-max", "512"]}
 
 
 def main(argv: list[str]) -> int:
@@ -43,13 +46,14 @@ def main(argv: list[str]) -> int:
         while waiting or running:
             while waiting and len(running) < jobs:
                 script = waiting.pop(0)
+                args = argv or FIGURE_ARGS.get(script.name, [])
                 if jobs == 1:
-                    print(f"\n=== {script.name} {' '.join(argv)} ===", flush=True)
+                    print(f"\n=== {script.name} {' '.join(args)} ===", flush=True)
                     log = None
                 else:
                     log = pathlib.Path(tmp) / f"{script.stem}.log"
                 with open(log, "wb") if log else contextlib.nullcontext() as out:
-                    proc = subprocess.Popen([sys.executable, str(script), *argv], env=env,
+                    proc = subprocess.Popen([sys.executable, str(script), *args], env=env,
                                             stdout=out, stderr=subprocess.STDOUT if out else None)
                 running[proc.pid] = (script, time.perf_counter(), log)
             pid, wstatus, usage = os.wait4(-1, 0)  # the next script to end, with its CPU time

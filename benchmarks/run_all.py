@@ -1,6 +1,6 @@
 """Run every benchmark script in this folder to the end, one after the other (`make bench`).
 
-    python benchmarks/run_all.py            # the figures (tens of minutes on 2 cores; run on an idle machine)
+    python benchmarks/run_all.py            # the figures (long: 8,192-token captures take minutes each; idle machine)
     python benchmarks/run_all.py --quick    # every script with tiny sizes and one round: proves each runs to the end
 
 Every ``bench_*.py`` here is run (a new one is picked up without listing it), each in its own process,

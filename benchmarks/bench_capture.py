@@ -1,9 +1,13 @@
 """Thermometer capture overhead vs the plain forward(+backward) and vs the hooks people write today.
 
-    python benchmarks/bench_capture.py [--rounds 7] [--quick]
+    python benchmarks/bench_capture.py [--rounds 7] [--quick] [--no-kernel]
     python benchmarks/bench_capture.py --kernel [--threads 1 2]
 
-``--kernel``: the per-tensor cost of ``stats_and_units`` (the forward hook's stats + dead-unit
+``--quick``: tiny models (ResNet-18 layout at width 8, b1 32²; a 2-layer GPT-2 with d=32, 8 tokens),
+one round, checks the script runs to the end. The figures README.md / docs/comparison.md quote are
+printed last, labelled.
+
+The kernel table (after the models; alone with ``--kernel``, left out with ``--no-kernel``): the per-tensor cost of ``stats_and_units`` (the forward hook's stats + dead-unit
 mask) and ``tensor_stats`` with the fused native kernel vs the torch/numpy path
 (``NBDEBUG_NATIVE=0``), on tensors just written by a ReLU (1k, 16k, 1M float32 elements), in µs
 per call including the Python work, per torch thread count.
@@ -31,10 +35,19 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import ResNet18, exact_rss_env, gpt2_small, interleaved, peak_extra_bytes, table
+from common import (
+    Figures,
+    ResNet18,
+    exact_rss_env,
+    gpt2_small,
+    interleaved,
+    peak_extra_bytes,
+    table,
+)
 
 from nbdebug.capture import HookSet, select_modules
 from nbdebug.capture.session import Capture
+from nbdebug.testing import ResNetShaped
 
 
 def item_hooks(model: nn.Module) -> HookSet:
@@ -72,7 +85,9 @@ def clone_hooks(model: nn.Module) -> tuple[HookSet, list]:
     return hooks, store
 
 
-def bench(name: str, model: nn.Module, make_input, rounds: int) -> list[tuple[str, ...]]:  # type: ignore[no-untyped-def]
+def bench(name: str, model: nn.Module, make_input, rounds: int,  # type: ignore[no-untyped-def]
+          out: dict[str, float] | None = None) -> list[tuple[str, ...]]:
+    """The table's rows for one model; ``out`` (a dict) also gets the ratios and extra peak MB by variant."""
     x = make_input()
 
     def fwd() -> object:
@@ -122,6 +137,9 @@ def bench(name: str, model: nn.Module, make_input, rounds: int) -> list[tuple[st
         rows.append((name, f"forward {k}", f"{t[k] * 1e3:.1f}", f"{t[k] / t['plain']:.3f}", f"{(mem[k] - mem['plain']) / 2**20:+.1f}"))
     for k in ("plain", "nbdebug"):
         rows.append((name, f"fwd+bwd {k}", f"{tb[k] * 1e3:.1f}", f"{tb[k] / tb['plain']:.3f}", ""))
+    if out is not None:
+        out.update({f"{k} x": t[k] / t["plain"] for k in t})
+        out.update({f"{k} MB": (mem[k] - mem["plain"]) / 2**20 for k in mem})
     return rows
 
 
@@ -140,12 +158,12 @@ def _per_call_us(fn, reps: int, rounds: int = 9) -> float:  # type: ignore[no-un
     return statistics.median(out)
 
 
-def _kernel_one(src: torch.Tensor) -> dict[tuple[str, str], float]:
+def _kernel_one(src: torch.Tensor, quick: bool = False) -> dict[tuple[str, str], float]:
     from nbdebug.capture import native
     from nbdebug.capture.stats import stats_and_units, tensor_stats
 
     x = torch.empty_like(src)
-    reps = 50 if src.numel() > 100_000 else 2000
+    reps = 5 if quick else 50 if src.numel() > 100_000 else 2000
 
     def write() -> None:  # a fresh output, as in a forward hook
         torch.clamp_min(src, 0, out=x)
@@ -156,27 +174,40 @@ def _kernel_one(src: torch.Tensor) -> dict[tuple[str, str], float]:
         os.environ["NBDEBUG_NATIVE"] = "1" if mode == "native" else "0"
         native._reset()
         assert native.available() == (mode == "native"), native.status()
-        res[mode, "stats"] = _per_call_us(lambda: (write(), tensor_stats(x)), reps) - base
-        res[mode, "units"] = _per_call_us(lambda: (write(), stats_and_units(x, units=True)), reps) - base
+        rounds = 1 if quick else 9
+        res[mode, "stats"] = _per_call_us(lambda: (write(), tensor_stats(x)), reps, rounds) - base
+        res[mode, "units"] = _per_call_us(lambda: (write(), stats_and_units(x, units=True)), reps, rounds) - base
     return res
 
 
-def kernel(threads: list[int]) -> None:
-    """Per-tensor stats cost, native kernel vs the torch/numpy path."""
+def kernel(threads: list[int], quick: bool = False) -> Figures:
+    """Per-tensor stats cost, native kernel vs the torch/numpy path; returns the figure README quotes."""
     from nbdebug.capture import native
 
     shapes = {"1k (8x125)": (8, 125), "16k (64x250)": (64, 250), "16k (8x8x16x16)": (8, 8, 16, 16),
               "1M (64x16x32x32)": (64, 16, 32, 32), "1M (1024x1024)": (1024, 1024)}
-    rows = []
+    if quick:
+        shapes = {"1k (8x125)": (8, 125)}
+    saved = os.environ.get("NBDEBUG_NATIVE")
+    rows, slower = [], []
     for nt in threads:
         torch.set_num_threads(nt)
         for label, shape in shapes.items():
-            res = _kernel_one(torch.randn(shape))
+            res = _kernel_one(torch.randn(shape), quick)
             rows.append((str(nt), label, *(f"{res[m, k]:.1f}" for k in ("stats", "units") for m in ("fallback", "native"))))
-    os.environ.pop("NBDEBUG_NATIVE")
+            slower += [res["fallback", k] / res["native", k] for k in ("stats", "units") if res["native", k] > 0]
+    if saved is None:
+        os.environ.pop("NBDEBUG_NATIVE")
+    else:
+        os.environ["NBDEBUG_NATIVE"] = saved
     native._reset()
-    print(f"torch {torch.__version__}; native: {native.status()}; load {os.getloadavg()[0]:.2f}")
+    print(f"\ntorch {torch.__version__}; native: {native.status()}; load {os.getloadavg()[0]:.2f}")
     print(table(rows, ("threads", "tensor", "tensor_stats µs before", "after", "stats_and_units µs before", "after")))
+    fig = Figures("docs/training.md (the statistics kernel)")
+    if slower:
+        fig.add("the torch/numpy path (NBDEBUG_NATIVE=0) vs the native kernel, per tensor (tensor_stats and "
+                f"stats_and_units, {len(shapes)} shapes × threads {threads})", f"{min(slower):.1f}–{max(slower):.1f}× slower")
+    return fig
 
 
 def main() -> None:
@@ -185,20 +216,39 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="small inputs, to check the script runs")
     ap.add_argument("--kernel", action="store_true", help="per-tensor stats cost: native kernel vs torch/numpy")
-    ap.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="torch thread counts for --kernel")
+    ap.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="torch thread counts for the kernel table")
+    ap.add_argument("--no-kernel", action="store_true", help="leave out the kernel table")
     a = ap.parse_args()
+    threads = [1] if a.quick else a.threads
     if a.kernel:
-        kernel(a.threads)
+        kernel(threads, a.quick).print()
         return
     torch.manual_seed(0)
-    b, hw, tokens = (1, 64, 16) if a.quick else (8, 224, 128)
+    b, hw, tokens = (1, 32, 8) if a.quick else (8, 224, 128)
+    rounds = 1 if a.quick else a.rounds
     rows = []
-    resnet = ResNet18().eval()
-    rows += bench(f"resnet18 b{b} {hw}²", resnet, lambda: torch.randn(b, 3, hw, hw), a.rounds)
-    gpt = gpt2_small()
-    rows += bench(f"gpt2-small {tokens} tok", gpt, lambda: torch.randint(0, 50257, (1, tokens)), a.rounds)
+    res, lm = {}, {}
+    resnet = (ResNetShaped(8, 10) if a.quick else ResNet18()).eval()
+    rname = f"resnet18{'-shaped w8' if a.quick else ''} b{b} {hw}²"
+    rows += bench(rname, resnet, lambda: torch.randn(b, 3, hw, hw), rounds, res)
+    if a.quick:
+        from nbdebug.adapters.offline import gpt2_shaped
+
+        gpt, gname = gpt2_shaped(2, 2, 32, n_positions=64, vocab=1000), f"tiny gpt2 {tokens} tok"
+    else:
+        gpt, gname = gpt2_small(), f"gpt2-small {tokens} tok"
+    rows += bench(gname, gpt, lambda: torch.randint(0, gpt.config.vocab_size, (1, tokens)), rounds, lm)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     print(table(rows, ("model", "variant", "ms (median)", "× plain", "extra peak MB vs plain")))
+    fig = Figures("docs/comparison.md (per-layer stats rows)")
+    for name, r in ((rname, res), (gname, lm)):
+        fig.add(f"per-layer stats of every leaf layer, {name}: nbdebug", f"{r['nbdebug x']:.2f}× forward, {r['nbdebug MB']:+.1f} MB")
+        fig.add(f"per-layer stats of every leaf layer, {name}: .item() hooks", f"{r['item-hooks x']:.2f}× ({r['item-hooks MB']:+.0f} MB)")
+        fig.add(f"per-layer stats of every leaf layer, {name}: clone hooks", f"{r['clone-hooks x']:.2f}× ({r['clone-hooks MB']:+.0f} MB)")
+    kfig = None if a.no_kernel else kernel(threads, a.quick)
+    fig.print()
+    if kfig is not None:
+        kfig.print()
 
 
 if __name__ == "__main__":

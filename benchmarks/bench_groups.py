@@ -11,6 +11,8 @@ First draw and expanding a group are timed in JupyterLab by ``tests/browser/test
 this script prints those figures when the file exists.
 
     python benchmarks/bench_groups.py [--quick]
+
+The figures README.md / docs/big-models.md quote are printed last, labelled.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import statistics
 import time
 
 import torch
+from common import Figures
 from torch import nn
 
 BLOCKS, EXPERTS, D = 32, 11, 32
@@ -120,7 +123,7 @@ def payload_bytes(meta: dict, arrays: dict) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="4 blocks, 3 repeats: checks the script runs")
+    ap.add_argument("--quick", action="store_true", help="2 blocks, 2 steps, 3 repeats: checks the script runs")
     args = ap.parse_args()
     from nbdebug.inspectors.groups import (
         attach_residual,
@@ -129,7 +132,7 @@ def main() -> None:
         residual_for,
     )
 
-    blocks = 4 if args.quick else BLOCKS
+    blocks = 2 if args.quick else BLOCKS
     result, report = capture_report(blocks)
     rows = len(report.names)
     leaf_rows = sum(1 for n in report.names if not n.startswith("model.layers.") or n.count(".") > 2)
@@ -156,6 +159,8 @@ def main() -> None:
           f"{len(json.dumps(meta['strings']).encode()) + arrays['name_parent'].nbytes + arrays['name_suffix'].nbytes} B "
           f"vs {names} B as full strings; flat `layers` JSON + float32 stats table: "
           f"{(len(json.dumps(flat).encode()) + report.table.size * 4) / 1024:.1f} KiB")
+    fig = Figures("docs/big-models.md (1000+ layers)")
+    fig.add(f"grouped thermometer at {rows:,} rows: groups payload", f"{payload_bytes(meta, arrays) / 1024:.0f} KiB")
     print(f"python build (group_report + residual + groups_payload): median {statistics.median(times) * 1e3:.1f} ms "
           f"(min {min(times) * 1e3:.1f} ms) over {len(times)} runs")
     # the whole thermometer widget state for this one step (what a notebook syncs and saves)
@@ -167,14 +172,16 @@ def main() -> None:
     w = ThermometerWidget(report, result)
     state, _, bufs = _remove_buffers(w.get_state())
     wired = isinstance(getattr(type(w), "groups", None), traitlets.TraitType)
-    print(f"thermometer widget state, one step: {(len(json.dumps(state).encode()) + sum(b.nbytes for b in bufs)) / 1024:.1f} KiB "
+    whole = (len(json.dumps(state).encode()) + sum(b.nbytes for b in bufs)) / 1024
+    print(f"thermometer widget state, one step: {whole:.1f} KiB "
           f"({'with' if wired else 'without'} the grouped view; target <= 1 MB)")
+    fig.add(f"grouped thermometer at {rows:,} rows: the widget's whole state", f"{whole:.0f} KiB")
     w.close()
 
     # over time: the blocks' strip statistics at every kept step (what groups_view adds to the payload)
     from nbdebug.inspectors.groups import groups_view
 
-    n_steps = 4 if args.quick else 60
+    n_steps = 2 if args.quick else 60
     t0 = time.perf_counter()
     result, report = capture_report(blocks, steps=n_steps)
     run = time.perf_counter() - t0
@@ -189,8 +196,13 @@ def main() -> None:
         t = json.loads(TIMING.read_text())
         print("browser (JupyterLab, chromium; from tests/browser/test_groups_browser.py): " +
               ", ".join(f"{k[:-3]} {float(v):.1f} ms" if k.endswith("_ms") else f"{k} {v}" for k, v in t.items()))
+        for k, v in t.items():
+            if k.endswith("_ms"):
+                fig.add(f"browser, {k[:-3].replace('_', ' ')} (tests/browser/test_groups_browser.py, {BLOCKS} blocks)", f"{float(v):.0f} ms")
     else:
         print(f"browser figures: run tests/browser/test_groups_browser.py (writes {TIMING.relative_to(ROOT)})")
+        fig.add("browser first draw / expanding a group", f"not measured here: run tests/browser/test_groups_browser.py (writes {TIMING.relative_to(ROOT)})")
+    fig.print()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ One process, interleaved rounds (A, B, C, A, B, C…), medians. ``torch.set_num_
 1) keeps two runs of the same loop comparable on a shared 2-core machine. The digits ratios also move
 by ±0.03 from one process to the next on a quiet machine (the small CNN's by more): ``--processes N``
 measures both loops again in N fresh processes each and reports each variant's median, min and max.
+The figures README.md / docs/training.md quote are printed last, labelled. ``--quick``: 2-8 steps of
+each loop (the small CNN on 8×8 inputs), one round, a 20-step memory run, and the ``--breakdown``
+timers: checks the script runs to the end.
 """
 
 from __future__ import annotations
@@ -42,19 +45,19 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import interleaved, table
+from common import Figures, interleaved, table
 
 import nbdebug
 from nbdebug.capture.budget import format_bytes, parse_bytes
 from nbdebug.capture.session import Capture
 
 
-def small_cnn() -> nn.Module:
+def small_cnn(hw: int = 32) -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
         nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
         nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
-        nn.Flatten(), nn.Linear(32 * 32 * 32, 10),
+        nn.Flatten(), nn.Linear(32 * hw * hw, 10),
     )
 
 
@@ -239,7 +242,8 @@ def under_nbdebug(model: nn.Module, body: Callable[[], object]) -> tuple[Callabl
     return capture, debug
 
 
-def per_step(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, rounds: int) -> list[str]:
+def per_step(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, rounds: int,
+             out: dict[str, float] | None = None) -> list[str]:
     """Each variant's cost split into a per-step part and a once-per-cell part (hook registration, the
     result, a live widget's creation and last update): the loop timed at ``steps`` steps and at 1 step,
     interleaved (process CPU time); per step = (T(steps) − T(1)) / (steps − 1), once = T(1) − per step."""
@@ -263,8 +267,11 @@ def per_step(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, step
     lines = [f"{name}: per step and once per cell (CPU time, {steps} vs 1 step, median of {rounds} interleaved rounds)"]
     for k, v in per.items():
         once = cpu[f"{k}@1"] - v
+        more = max(once - (cpu['plain@1'] - per['plain']), 0.0)
         lines.append(f"  {k:16s} {v * 1e6:7.1f} µs/step  {v / per['plain']:.3f}× plain per step;  "
-                     f"once per cell {max(once - (cpu['plain@1'] - per['plain']), 0.0) * 1e3:5.2f} ms more than plain")
+                     f"once per cell {more * 1e3:5.2f} ms more than plain")
+        if out is not None:
+            out[f"{k} per step x"], out[f"{k} once ms"] = v / per["plain"], more * 1e3
     return lines
 
 
@@ -385,7 +392,7 @@ def breakdown(name: str, loop: Loop, rounds: int) -> list[str]:
     return lines
 
 
-def memory_run(steps: int) -> list[str]:
+def memory_run(steps: int, out: dict[str, Any] | None = None) -> list[str]:
     """10,000 steps of a 300-row model under max_bytes=64MB: history bytes, RSS growth, time per step."""
     import psutil
 
@@ -423,13 +430,17 @@ def memory_run(steps: int) -> list[str]:
         f"  process RSS growth: peak {format_bytes(peak - rss0)}, after the capture {format_bytes(max(proc.memory_info().rss - rss0, 0))}",
         f"  time per step: {total / steps * 1e3:.2f} ms under Capture vs {plain_step * 1e3:.2f} ms plain ({total / steps / plain_step:.2f}×)",
     ]
+    if out is not None:
+        out.update(rows=rows, history=history_steps(res), rss=format_bytes(max(proc.memory_info().rss - rss0, 0)),
+                   ratio=total / steps / plain_step, ms=total / steps * 1e3)
     return lines
 
 
-def across_processes(n: int, rounds: int, threads: int, quick: bool) -> list[str]:
-    """Each target loop's ratios (CPU time, × plain) measured in ``n`` fresh processes, one after the other."""
+def across_processes(n: int, rounds: int, threads: int, quick: bool, out: dict[str, str] | None = None) -> list[str]:
+    """Each target loop's ratios (CPU time, × plain) measured in ``n`` fresh processes, one after the other;
+    ``out`` (a dict) also gets "loop: variant" → "median [min – max]"."""
     lines: list[str] = []
-    for loop, steps in (("digits", 20 if quick else 100), ("cnn", 8 if quick else 40)):
+    for loop, steps in (("digits", 4 if quick else 100), ("cnn", 2 if quick else 40)):
         runs: list[dict[str, float]] = []
         for _ in range(n):
             cmd = [sys.executable, __file__, "--only", loop, "--rounds", str(rounds), "--threads", str(threads)] + (["--quick"] if quick else [])
@@ -441,13 +452,15 @@ def across_processes(n: int, rounds: int, threads: int, quick: bool) -> list[str
             vals = [r[k] for r in runs]
             lines.append(f"  {k:34s} {statistics.median(vals):.3f} [{min(vals):.3f} – {max(vals):.3f}]   "
                          + " ".join(f"{v:.3f}" for v in vals))
+            if out is not None:
+                out[f"{name}: {k}"] = f"{statistics.median(vals):.3f} [{min(vals):.3f} – {max(vals):.3f}]"
     return lines
 
 
 def inference_loops(rounds: int, quick: bool) -> list[tuple[str, ...]]:
     """(d): forward-only loops (no optimizer, no backward) on the digits model."""
     model, x = digits_model(), torch.randn(16, 1, 8, 8)
-    n = 20 if quick else 100
+    n = 4 if quick else 100
     rows: list[tuple[str, ...]] = []
     for mode, ctx in (("no_grad", torch.no_grad), ("grad mode, no backward", contextlib.nullcontext)):
         def run(ctx: Callable[[], Any] = ctx) -> None:
@@ -471,58 +484,81 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10_000, help="steps of the memory run (c)")
     ap.add_argument("--no-references", action="store_true", help="skip wandb.watch and detect_anomaly")
     ap.add_argument("--no-memory", action="store_true", help="skip the 10,000-step memory run (c)")
-    ap.add_argument("--quick", action="store_true", help="few steps and rounds, to check the script runs")
+    ap.add_argument("--quick", action="store_true", help="few steps, one round, and --breakdown: checks the script runs to the end")
     ap.add_argument("--breakdown", action="store_true", help="also: where each loop's step time goes (timers in Capture)")
     ap.add_argument("--processes", type=int, default=1, help="also: the loops (a) and (b) in N fresh processes each (median, min, max)")
     ap.add_argument("--only", choices=("digits", "cnn"), help=argparse.SUPPRESS)  # one of those processes: JSON ratios out
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    rounds, mem_steps = (2, 300) if a.quick else (a.rounds, a.steps)
+    rounds, mem_steps = (1, 20) if a.quick else (a.rounds, a.steps)
+    cnn_steps, digits_steps, hw = (2, 4, 8) if a.quick else (40, 100, 32)
+    breakdowns = a.breakdown or a.quick
     torch.manual_seed(0)
     if a.only:
         with tempfile.TemporaryDirectory() as tmp:
             if a.only == "digits":
                 r, _ = bench_loop("digits", digits_model(), torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)),
-                                  20 if a.quick else 100, rounds, False, tmp)
+                                  digits_steps, rounds, False, tmp)
             else:
-                r, _ = bench_loop("small CNN", small_cnn(), torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,)),
-                                  8 if a.quick else 40, rounds, False, tmp)
+                r, _ = bench_loop("small CNN", small_cnn(hw), torch.randn(32, 3, hw, hw), torch.randint(0, 10, (32,)),
+                                  cnn_steps, rounds, False, tmp)
         print(json.dumps({row[1]: float(row[5]) for row in r}))  # CPU-time ratios to plain
         return
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
+    cnn_name, digits_name = f"small CNN b32 {hw}² ({cnn_steps} steps)", f"digits 2conv+2lin b16 8² ({digits_steps} steps)"
     with tempfile.TemporaryDirectory() as tmp:
-        cnn = small_cnn()
-        r, n = bench_loop("small CNN b32 32² (40 steps)", cnn, torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,)),
-                          8 if a.quick else 40, rounds, not a.no_references, tmp)
-        rows += r
+        cnn = small_cnn(hw)
+        cnn_rows, n = bench_loop(cnn_name, cnn, torch.randn(32, 3, hw, hw), torch.randint(0, 10, (32,)),
+                                 cnn_steps, rounds, not a.no_references, tmp)
+        rows += cnn_rows
         notes += n
-        if a.breakdown:
-            notes += breakdown("small CNN", Loop(cnn, torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,)), 8 if a.quick else 40),
+        if breakdowns:
+            notes += breakdown("small CNN", Loop(cnn, torch.randn(32, 3, hw, hw), torch.randint(0, 10, (32,)), cnn_steps),
                                rounds)
         digits = digits_model()
-        if a.breakdown:
-            notes += breakdown("digits", Loop(digits, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)), 20 if a.quick else 100),
+        if breakdowns:
+            notes += breakdown("digits", Loop(digits, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)), digits_steps),
                                rounds)
-        r, n = bench_loop("digits 2conv+2lin b16 8² (100 steps)", digits, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)),
-                          20 if a.quick else 100, rounds, False, tmp)
-        rows += r
+        digits_rows, n = bench_loop(digits_name, digits, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)),
+                                    digits_steps, rounds, False, tmp)
+        rows += digits_rows
         notes += n
-        notes += per_step("digits", digits, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)), 20 if a.quick else 100, rounds)
-        rows += inference_loops(rounds, a.quick)
+        once: dict[str, float] = {}
+        notes += per_step("digits", digits, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)), digits_steps, rounds, once)
+        inference_rows = inference_loops(rounds, a.quick)
+        rows += inference_rows
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {rounds} interleaved rounds, "
           f"load average {os.getloadavg()[0]:.2f} at the end")
     print(table(rows, ("loop", "variant", "ms (median)", "ms/step", "× plain", "× plain (CPU time)")))
     print("targets: small CNN Capture/debug ≤ 1.15×, digits ≤ 1.5×")
     for line in notes:
         print(line)
+    spread: dict[str, str] = {}
     if a.processes > 1:
-        for line in across_processes(a.processes, rounds, a.threads, a.quick):
+        for line in across_processes(a.processes, rounds, a.threads, a.quick, spread):
             print(line)
+    mem: dict[str, Any] = {}
     if not a.no_memory:
-        for line in memory_run(mem_steps):
+        for line in memory_run(mem_steps, mem):
             print(line)
     print(f"load average {os.getloadavg()[0]:.2f} at the end (2 cores: above ~1 another process shared them)")
+    fig = Figures("docs/training.md (overhead) and benchmarks/README.md; × plain in CPU time, this process")
+    for name, loop_rows in ((cnn_name, cnn_rows), (digits_name, digits_rows)):
+        for row in loop_rows[1:]:
+            fig.add(f"{name}: {row[1]}", f"{row[5]}×")
+    for k, v in spread.items():
+        fig.add(f"{k} over {a.processes} fresh processes, median [min – max]", f"{v}×")
+    if "debug live=True once ms" in once:
+        fig.add("digits: the live view's widget, per cell (once-per-cell cost of debug live=True over debug)",
+                f"~{once['debug live=True once ms'] - once['debug once ms']:.1f} ms")
+    for row in inference_rows:
+        if row[1] != "plain":
+            fig.add(f"{row[0]}: {row[1]}", f"{row[5]}×")
+    if mem:
+        fig.add(f"{mem_steps:,} steps × {mem['rows']} rows within --max-bytes 64MB", f"{mem['history']}, RSS +{mem['rss']}, "
+                f"{mem['ms']:.2f} ms/step ({mem['ratio']:.2f}× plain)")
+    fig.print()
 
 
 if __name__ == "__main__":

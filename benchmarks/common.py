@@ -83,6 +83,32 @@ def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, rows)])
 
 
+class Figures:
+    """The figures README.md and docs/*.md quote, printed labelled at the end of a benchmark.
+
+    Every number those pages give comes from one line of this block, so re-running the benchmark
+    and copying the block is how the pages are updated:
+
+    >>> fig = Figures("docs/comparison.md, per-layer stats row")  # doctest: +SKIP
+    >>> fig.add("nbdebug, ResNet-18 b8 224²", f"{1.08:.2f}× forward")  # doctest: +SKIP
+    >>> fig.print()  # doctest: +SKIP
+    """
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.lines: list[tuple[str, str]] = []
+
+    def add(self, label: str, value: str) -> None:
+        """One quoted figure: what it is, and its value as the page writes it."""
+        self.lines.append((label, value))
+
+    def print(self) -> None:
+        """The block: a heading naming the page, then one ``label: value`` line per figure."""
+        print(f"\n## figures quoted in {self.where}")
+        for label, value in self.lines:
+            print(f"  {label}: {value}")
+
+
 def ResNet18() -> nn.Module:
     """torchvision's resnet18 layout (same module names and shapes), random init."""
     return ResNetShaped(64, 1000)
@@ -97,4 +123,4 @@ def gpt2_small() -> nn.Module:
     return GPT2LMHeadModel(cfg).eval()
 
 
-__all__ = ["F", "ResNet18", "exact_rss_env", "gpt2_small", "interleaved", "peak_extra_bytes", "table"]
+__all__ = ["F", "Figures", "ResNet18", "exact_rss_env", "gpt2_small", "interleaved", "peak_extra_bytes", "table"]

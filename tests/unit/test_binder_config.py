@@ -98,6 +98,15 @@ def test_start_execs_its_arguments_and_post_build_uses_install_sh() -> None:
     assert "TORCH_REQ" not in post  # torch comes from environment.yml, never from pip on Binder
 
 
+def test_environment_brings_the_tutorials_extra() -> None:
+    """Binder runs the tutorials: every distribution of pyproject's ``tutorials`` extra (what the
+    notebooks import beyond nbdebug) is in environment.yml (conda-forge spells them the same)."""
+    line = re.search(r"^tutorials = \[(.*)\]", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert line, "no tutorials extra in pyproject.toml"
+    wanted = {re.split(r"[<>=!~ ]", d.strip().strip('"'))[0].lower() for d in line.group(1).split(",") if d.strip()}
+    assert wanted and wanted <= {n.lower() for n in conda_deps()}, sorted(wanted - {n.lower() for n in conda_deps()})
+
+
 def test_model_packages_match_makefile() -> None:
     make = (ROOT / "Makefile").read_text().replace("\\\n", " ")
     make_pkgs = re.search(r"^MODEL_PKGS\s*:=\s*(.+)$", make, re.M).group(1).split()
@@ -109,7 +118,9 @@ def test_model_packages_match_makefile() -> None:
 
 def test_readme_badge_opens_lab_on_notebooks() -> None:
     readme = (ROOT / "README.md").read_text()
-    section = readme.split("## The two commands", 1)[1].split("\n## ", 1)[0]
+    sections = ("\n" + readme).split("\n## ")[1:]
+    section = next(sec for sec in sections if "two commands" in sec.splitlines()[0])  # the install section
+    assert all("mybinder.org/badge_logo.svg" not in sec for sec in sections if sec is not section)
     badges = [ln for ln in section.splitlines() if "mybinder.org/badge_logo.svg" in ln]
     assert len(badges) == 1
     assert "mybinder.org/v2/gh/nbdebug/nbdebug/HEAD?urlpath=lab/tree/notebooks" in badges[0]

@@ -304,20 +304,20 @@ def breakdown(name: str, loop: Loop, rounds: int) -> list[str]:
                 acc[key] = acc.get(key, 0.0) + pc() - t
         return w
 
-    saved = {(FW._Forward, "_make_forward_hook"): FW._Forward._make_forward_hook, (CL._Call, "__call__"): CL._Call.__call__,
+    saved = {(FW.ForwardHooks, "_make_hook"): FW.ForwardHooks._make_hook, (CL.Call, "__call__"): CL.Call.__call__,
              (S, "close_step"): S.close_step, (FW, "stats_and_units"): FW.stats_and_units, (CL, "tensor_stats"): CL.tensor_stats,
              (O.OptimizerWatch, "_pre"): O.OptimizerWatch._pre, (O.OptimizerWatch, "_post"): O.OptimizerWatch._post,
-             (PG._ParamGrads, "_on_backward_end"): PG._ParamGrads._on_backward_end,
+             (PG.ParamGrads, "backward_ended"): PG.ParamGrads.backward_ended,
              (S.Capture, "__enter__"): S.Capture.__enter__, (S.Capture, "__exit__"): S.Capture.__exit__}
-    mk = FW._Forward._make_forward_hook
-    FW._Forward._make_forward_hook = lambda self, n, m: timed("forward hooks", mk(self, n, m))  # type: ignore[method-assign]
-    CL._Call.__call__ = timed("output-gradient hooks", CL._Call.__call__)  # type: ignore[method-assign]
-    S.close_step = timed("step close (steps.close_step + commit)", S.close_step)
+    mk = FW.ForwardHooks._make_hook
+    FW.ForwardHooks._make_hook = lambda self, n, m: timed("forward hooks", mk(self, n, m))  # type: ignore[method-assign]
+    CL.Call.__call__ = timed("output-gradient hooks", CL.Call.__call__)  # type: ignore[method-assign]
+    S.close_step = timed("step close (closing.close_step + commit)", S.close_step)
     FW.stats_and_units = timed("  (in the forward hooks: stats_and_units)", FW.stats_and_units)
     CL.tensor_stats = timed("  (in the gradient hooks: tensor_stats)", CL.tensor_stats)
     O.OptimizerWatch._pre = timed("optimizer watch (pre + post hooks)", O.OptimizerWatch._pre)  # type: ignore[method-assign]
     O.OptimizerWatch._post = timed("optimizer watch (pre + post hooks)", O.OptimizerWatch._post)  # type: ignore[method-assign]
-    PG._ParamGrads._on_backward_end = timed("parameter-gradient norms", PG._ParamGrads._on_backward_end)  # type: ignore[method-assign]
+    PG.ParamGrads.backward_ended = timed("parameter-gradient norms", PG.ParamGrads.backward_ended)  # type: ignore[method-assign]
     S.Capture.__enter__ = timed("enter + exit (the result), per step", S.Capture.__enter__)  # type: ignore[method-assign]
     S.Capture.__exit__ = timed("enter + exit (the result), per step", S.Capture.__exit__)  # type: ignore[method-assign]
 

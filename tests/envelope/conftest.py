@@ -97,8 +97,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     keys = props.get("cells") or ([props["cell"]] if "cell" in props else [])
     if not keys or report.when not in ("call", "setup") or (report.when == "setup" and report.passed):
         return
-    for key in keys:
-        _OUTCOMES[tuple(key)] = (props.get("note") or "✓") if report.passed else "✗"
+    outcome = (props.get("note") or "✓") if report.passed else "✗"
+    for key in keys:  # several tests of one cell (the matrix and the magic): the worst outcome stands
+        old = _OUTCOMES.get(tuple(key))
+        _OUTCOMES[tuple(key)] = outcome if old is None or _rank(outcome) >= _rank(old) else old
+
+
+def _rank(outcome: str) -> int:
+    """✓ < a note < ✗."""
+    return 0 if outcome == "✓" else (2 if outcome == "✗" else 1)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

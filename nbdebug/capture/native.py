@@ -134,7 +134,7 @@ def _scratch(c: int) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 _Tensor, _Param, _F32, _STRIDED = torch.Tensor, torch.nn.Parameter, torch.float32, torch.strided
-_is_compiling = torch.compiler.is_compiling
+_is_compiling = native_op.is_compiling
 _sat_cache: dict[tuple[float, float, float], tuple[float, float]] = {}
 
 

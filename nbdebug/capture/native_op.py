@@ -31,13 +31,21 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["OP_NAME", "decline_in_graph", "serve", "status", "traced_stats"]
+__all__ = ["OP_NAME", "decline_in_graph", "is_compiling", "serve", "status", "traced_stats"]
 
 OP_NAME = "nbdebug::host_stats"
 _SCHEMA = "(Tensor t, float[]? saturation, float sat_eps, bool units) -> (Tensor, Tensor)"
 _DYNAMO = "torch._dynamo"
 
 Kernel = Callable[[torch.Tensor, "tuple[float, float] | None", float, bool], "tuple[np.ndarray, np.ndarray | None]"]
+
+
+def _never() -> bool:
+    return False
+
+
+#: ``torch.compiler.is_compiling`` (True while TorchDynamo traces; a torch before 2.3 has none: never)
+is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", _never)
 
 _lock = threading.RLock()
 _kernel: Kernel | None = None  # the eager host path (stats.host_stats), given by serve()

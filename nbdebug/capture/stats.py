@@ -121,7 +121,7 @@ def host_stats(t: torch.Tensor, saturation: tuple[float, float] | None, sat_eps:
 
 
 native_op.serve(host_stats)
-_is_compiling = torch.compiler.is_compiling
+_is_compiling = native_op.is_compiling
 
 
 def _fallback_stats(t: torch.Tensor, saturation: tuple[float, float] | None, sat_eps: float, on_device: bool) -> Raw:

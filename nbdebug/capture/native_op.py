@@ -93,21 +93,23 @@ def traced_stats(t: torch.Tensor, saturation: tuple[float, float] | None, sat_ep
 def _when_dynamo() -> None:
     """Register now when ``torch._dynamo`` is imported, else once it is (one import hook)."""
     global _watch
-    if _DYNAMO in sys.modules:
-        _register()
-        return
     with _lock:
-        if _watch is None:
+        if _watch is None and _DYNAMO not in sys.modules:
             _watch = _AfterImport(_DYNAMO, _register)
             sys.meta_path.insert(0, _watch)
+    if _DYNAMO in sys.modules:  # (checked again: imported meanwhile by another thread)
+        _register()
 
 
 def _register() -> None:
     """Define the op (once a kernel is served) and register the pending entry points; any error
     leaves the traced eager path (never raised: this runs inside an import or a hook's first call)."""
     global _op, _status
-    import torch._dynamo  # imported already; waits while another thread is importing it
-
+    try:
+        import torch._dynamo  # imported already; waits while another thread is importing it
+    except Exception as e:  # that import failed there: no tracing either
+        _status = f"not registered ({type(e).__name__}: {e})"
+        return
     with _lock:
         try:
             if _op is None and _kernel is not None:

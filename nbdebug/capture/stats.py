@@ -275,7 +275,7 @@ def _fallback_units(t: torch.Tensor, sign: int, on_device: bool) -> torch.Tensor
     x = t.detach()
     dims = [0, *range(2, x.dim())]  # one reduction over every dim but the units (faster than two)
     m = x.amin(dims) if sign < 0 else (x if sign > 0 else x.abs()).amax(dims)
-    return m != 0
+    return (m != 0).numpy() if not on_device and m.device.type == "cpu" else m != 0  # the host path: numpy, as the kernel's
 
 
 def stats_and_units(

@@ -18,6 +18,11 @@ from nbdebug.adapters.offline import tiny_lm
 from nbdebug.capture import hook_count, native, native_op
 from nbdebug.capture.hooks import COMPILED_NOTE, is_compiled
 
+ENV_OFF = os.environ.get("NBDEBUG_NATIVE", "1") == "0"
+#: the kernel as the environment has it (skipped under NBDEBUG_NATIVE=0), and its numpy/torch fallback
+KERNELS = [pytest.param(True, id="native", marks=pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")),
+           pytest.param(False, id="fallback")]
+
 
 @contextmanager
 def _kernel(on: bool) -> Iterator[None]:
@@ -152,7 +157,7 @@ def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(5, 2, 6, 6, generator=g), torch.randint(0, 3, (5,), generator=g)) for _ in range(3)]
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["native", "fallback"])
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("mode", ["compiled_autograd", "compiled_step"])
 def test_traced_hooks_take_the_stats_op_without_warning(kernel: bool, mode: str) -> None:
     """Under compiled autograd (TorchDynamo traces the output-gradient hooks) and in a compiled

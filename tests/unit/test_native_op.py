@@ -21,6 +21,11 @@ from nbdebug.capture.stats import stats_and_units, tensor_stats, unit_alive
 
 REPO = Path(__file__).resolve().parents[2]
 
+ENV_OFF = os.environ.get("NBDEBUG_NATIVE", "1") == "0"
+#: the kernel as the environment has it (skipped under NBDEBUG_NATIVE=0), and its numpy/torch fallback
+KERNELS = [pytest.param(True, id="native", marks=pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")),
+           pytest.param(False, id="fallback")]
+
 
 @contextmanager
 def _kernel(on: bool) -> Iterator[None]:
@@ -84,7 +89,7 @@ class _Graphs:
         return gm.forward
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["native", "fallback"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_traced_calls_are_one_op_each_and_equal_the_eager_calls(kernel: bool) -> None:
     """``fullgraph=True``: any graph break in stats.py/native.py fails; each of the six calls is one op."""
     with _kernel(kernel):
@@ -101,7 +106,7 @@ def test_traced_calls_are_one_op_each_and_equal_the_eager_calls(kernel: bool) ->
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["native", "fallback"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_eager_calls_never_take_the_op(kernel: bool) -> None:
     """With the op registered, eager calls still run the kernel's C entry point (no torch op at all)
     or the numpy/torch path: the dispatcher never sees nbdebug::host_stats."""

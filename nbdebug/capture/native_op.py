@@ -8,8 +8,8 @@ the op, and the choice costs the eager path nothing:
 - :mod:`.native` registers its C entry points here (:func:`decline_in_graph`):
   :func:`torch.compiler.substitute_in_graph` makes TorchDynamo see, in their place, a function that
   declines (returns None, as they do for a tensor they do not take); eagerly the C function runs
-  untouched. Its ctypes path declines on ``torch.compiler.is_compiling()`` (checked only there);
-- :mod:`.stats` checks ``torch.compiler.is_compiling()`` on the branch the kernel's None already
+  untouched. Its ctypes path declines on :data:`is_compiling` (checked only there);
+- :mod:`.stats` checks :data:`is_compiling` on the branch the kernel's None already
   leads to (eagerly: the slower numpy/torch path) and calls :func:`traced_stats`: the op, whose CPU
   kernel is the eager host path itself (:func:`serve`; the values are the eager ones, bit for bit)
   and whose fake gives a float64 ``[9]`` row and a bool ``[C]`` unit mask.
@@ -44,8 +44,10 @@ def _never() -> bool:
     return False
 
 
-#: ``torch.compiler.is_compiling`` (True while TorchDynamo traces; a torch before 2.3 has none: never)
-is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", _never)
+#: True while TorchDynamo traces the calling code, else False: ``torch.compiler.is_dynamo_compiling``
+#: (eagerly a bare ``return False``, the cheapest such check; TorchDynamo folds it to True), or
+#: ``is_compiling`` on a torch without it, or never (before 2.3)
+is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_dynamo_compiling", None) or getattr(torch.compiler, "is_compiling", _never)
 
 _lock = threading.RLock()
 _kernel: Kernel | None = None  # the eager host path (stats.host_stats), given by serve()

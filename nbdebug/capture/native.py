@@ -23,6 +23,9 @@ error while building or loading it (never raised into the caller's hook).
 A ZeroTensor (``torch.sgn``'s gradients, ``_efficientzerotensor``) has no memory (``data_ptr() == 0``):
 its stats are exact zeros, computed without reading anything.
 
+While TorchDynamo traces (``torch.compile``, compiled autograd) :func:`stats` returns None and
+:mod:`.stats` takes the custom op of :mod:`.native_op` instead (eager calls pay nothing for it).
+
 >>> available() in (True, False)
 True
 """
@@ -38,7 +41,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from . import native_build
+from . import native_build, native_op
 from .hoststats import zero_row
 from .native_build import cache_dir
 
@@ -79,6 +82,7 @@ def _load() -> None:
                 try:
                     ext.setup(_Tensor, _Param, _F32, _STRIDED, _SLOW, GIL_MAX)
                     _fast_stats, _fast_sq, _fast_seg = ext.stats, ext.sq_norms, ext.seg_run
+                    native_op.decline_in_graph(ext.stats)  # traced: None (eagerly untouched)
                 except Exception as e:  # never raised into a hook: the ctypes calls
                     why = f"{why.removesuffix('; CPython entry points)')}; ctypes calls: {type(e).__name__}: {e})"
         _status, _tried = why, True
@@ -130,6 +134,7 @@ def _scratch(c: int) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 _Tensor, _Param, _F32, _STRIDED = torch.Tensor, torch.nn.Parameter, torch.float32, torch.strided
+_is_compiling = native_op.is_compiling
 _sat_cache: dict[tuple[float, float, float], tuple[float, float]] = {}
 
 
@@ -168,12 +173,14 @@ def stats(t: torch.Tensor, saturation: tuple[float, float] | None = None, sat_ep
             return got
     fn = _stats_fn
     if fn is None:
-        if _tried:
+        if _tried or _is_compiling():  # not in use; or TorchDynamo traces this call: no loading there
             return None
         _load()
         fn = _stats_fn
         if fn is None:
             return None
+    elif _is_compiling():  # the ctypes path while TorchDynamo traces (the module's entry point declines itself)
+        return None
     tp = type(t)
     if (tp is not _Tensor and tp is not _Param) or t.dtype is not _F32 or not t.is_cpu or t.layout is not _STRIDED:
         return None

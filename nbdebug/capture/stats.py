@@ -8,7 +8,9 @@ device (cheap there) so that nothing waits for the host.
 
 On the host path, float32 CPU tensors take the fused native kernel instead (:mod:`.native`: one pass
 for every field and the dead-unit mask; the torch/numpy path of :mod:`.hoststats` when it is off or
-unavailable, with the same fields).
+unavailable, with the same fields). While TorchDynamo traces a hook (``torch.compile``, compiled
+autograd) the host path of a CPU tensor is one custom op (:mod:`.native_op`), chosen on the branch
+the kernel's None leads to: the eager calls pay nothing for it.
 
 A raw stat vector is laid out as :data:`FIELDS` (a float64 numpy row on the CPU, a
 :class:`DeviceStats` pair of float32/int64 tensors elsewhere — never float64 on the device);
@@ -29,18 +31,19 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from . import native
+from . import native, native_op
 from .hoststats import (
-    _NP_DTYPES,
+    NP_DTYPES,
     NUMPY_MAX,
-    _cpu_f32_rest,
-    _maximum,
-    _minimum,
-    _numpy_stats,
-    zero_row,
+    count_nonzero,
+    cpu_row,
+    numpy_alive,
+    numpy_stats,
+    zero_raw,
 )
 
-__all__ = ["FIELDS", "SATURATING", "DeviceStats", "device_histogram", "merge_raw", "stats_and_units", "summarize", "tensor_stats", "to_host_rows"]
+__all__ = ["FIELDS", "SATURATING", "DeviceStats", "device_histogram", "host_stats", "merge_raw", "stats_and_units", "summarize",
+           "tensor_stats", "to_host_rows"]
 
 # Layout of one raw stat vector.
 FIELDS = ("numel", "sum", "sumsq", "min", "max", "nonzero", "nan", "inf", "extra")
@@ -58,28 +61,6 @@ def _float_view(t: torch.Tensor) -> torch.Tensor:
     else:
         x = t.detach().float()
     return x.reshape(-1)
-
-
-_INT_MIN = {torch.float32: (torch.int32, -(2**31)), torch.float64: (torch.int64, -(2**63))}
-
-
-def _count_nonzero(x: torch.Tensor, sync_free: bool) -> torch.Tensor | int:
-    """Exact count of values != 0 (-0.0 counts as zero, NaN as non-zero).
-
-    ``count_nonzero`` on floats is not vectorised on the CPU; on the integer bit pattern it is
-    ~20× faster. That counts -0.0 (the bit pattern INT_MIN, the smallest integer) as non-zero, so
-    the integer minimum tells whether a correction is needed at all.
-    """
-    if x.dtype not in _INT_MIN:
-        return torch.count_nonzero(x)
-    int_dtype, int_min = _INT_MIN[x.dtype]
-    bits = x.view(int_dtype)
-    nz = torch.count_nonzero(bits)
-    if sync_free:
-        if bits.min().item() == int_min:
-            nz = nz - torch.count_nonzero(bits == int_min)
-        return nz
-    return nz - torch.count_nonzero(bits == int_min)
 
 
 class DeviceStats(NamedTuple):
@@ -122,11 +103,35 @@ def tensor_stats(
         got = native.stats(t, saturation, sat_eps)
         if got is not None:
             return got[0]
+        if _is_compiling() and t.device.type == "cpu":  # TorchDynamo traces this call: one op
+            return native_op.traced_stats(t, saturation, sat_eps, False)[0]
+    return _fallback_stats(t, saturation, sat_eps, on_device)
+
+
+def host_stats(t: torch.Tensor, saturation: tuple[float, float] | None, sat_eps: float,
+               units: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(row, alive)`` of a CPU tensor on the host path, eagerly: :func:`stats_and_units` with any
+    ``sat_eps`` (the native kernel, else numpy/torch), never routed through the custom op (it is that
+    op's CPU kernel, :mod:`.native_op`)."""
+    got = native.stats(t, saturation, sat_eps, units)
+    if got is not None:
+        return got
+    raw = _fallback_stats(t, saturation, sat_eps, False)
+    return raw, (_fallback_alive(t, raw, False) if units else None)
+
+
+native_op.serve(host_stats)
+_is_compiling = native_op.is_compiling
+
+
+def _fallback_stats(t: torch.Tensor, saturation: tuple[float, float] | None, sat_eps: float, on_device: bool) -> Raw:
+    """:func:`tensor_stats` without the native kernel."""
+    if not on_device:
         if t._is_zerotensor():  # no memory to read (numpy refuses it): exact zeros
-            return _zero_raw(t, saturation, sat_eps)
-    if (not on_device and t.dtype in _NP_DTYPES and t.device.type == "cpu" and t.numel() <= NUMPY_MAX
-            and t.layout == torch.strided and not t.is_inference()):
-        return _numpy_stats(t, saturation, sat_eps)
+            return zero_raw(t, saturation, sat_eps)
+        if (t.dtype in NP_DTYPES and t.device.type == "cpu" and t.numel() <= NUMPY_MAX
+                and t.layout == torch.strided and not t.is_inference()):
+            return numpy_stats(t, saturation, sat_eps)
     x = _float_view(t)
     n = x.numel()
     if n == 0:
@@ -140,41 +145,14 @@ def tensor_stats(
         lo, hi = saturation
         extra = torch.count_nonzero(x <= lo + sat_eps) + torch.count_nonzero(x >= hi - sat_eps)
     if x.device.type == "cpu" and not on_device:
-        if x.dtype == torch.float32 and not x.is_inference():
-            # Memory-bound on large tensors: every pass counts. amin + amax beat aminmax (~1.6×); the
-            # int32 bit pattern gives both the non-negative case (ReLU outputs: one int min/max, no
-            # float min/max and no -0.0 pass) and a vectorised count of non-zeros (through numpy).
-            rest = _cpu_f32_rest(x, n)
-            return np.array([n, s.item(), ss.item(), *rest, 0 if extra is None else extra.item()], dtype=np.float64)
-        mn, mx = torch.aminmax(x)
-        mn_f, mx_f = mn.item(), mx.item()
-        nan = inf = 0
-        if not (math.isfinite(mn_f) and math.isfinite(mx_f)):  # exact counts only when needed
-            nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-        # No zero can hide outside [min, max] (NaN compares false: count then).
-        nz = n if (mn_f > 0 or mx_f < 0) else int(_count_nonzero(x, sync_free=True))
-        return np.array(
-            [n, s.item(), ss.item(), mn_f, mx_f, nz, nan, inf, 0 if extra is None else extra.item()],
-            dtype=np.float64,
-        )
+        return cpu_row(x, n, s, ss, extra)
     mn, mx = torch.aminmax(x)
-    nz = _count_nonzero(x, sync_free=False)
+    nz = count_nonzero(x, sync_free=False)
     zero = torch.zeros((), dtype=torch.int64, device=x.device)
     floats = torch.stack([s, ss, mn, mx]).to(torch.float32)
     numel = torch.full((), n, dtype=torch.int64, device=x.device)
     parts = [numel, nz, torch.isnan(x).sum(), torch.isinf(x).sum(), zero if extra is None else extra]
     return DeviceStats(floats, torch.stack([p.to(torch.int64) for p in parts]))
-
-
-def _zero_raw(t: torch.Tensor, saturation: tuple[float, float] | None, sat_eps: float) -> np.ndarray:
-    """The host row of a ZeroTensor: ``t.numel()`` zeros (bounds compared in ``t``'s dtype, like the
-    torch/numpy comparison of a tensor with a Python float)."""
-    bounds = None
-    if saturation is not None:
-        lo, hi = saturation
-        one = torch.tensor([lo + sat_eps, hi - sat_eps], dtype=t.dtype if t.is_floating_point() else torch.float32)
-        bounds = (float(one[0]), float(one[1]))
-    return zero_row(t.numel(), bounds)
 
 
 def merge_raw(a: Raw, b: Raw) -> Raw:
@@ -283,22 +261,21 @@ def unit_alive(t: torch.Tensor, sign: int = 0, on_device: bool = False) -> torch
         got = native.stats(t, units=True)
         if got is not None:
             return np.ones(t.shape[1], bool) if got[1] is None else got[1]
-        if t._is_zerotensor():  # all zeros: every unit dead
-            return np.zeros(t.shape[1], bool)
+        if _is_compiling() and t.device.type == "cpu":  # TorchDynamo traces this call: one op
+            return native_op.traced_stats(t, None, 1e-3, True)[1]
+    return _fallback_units(t, sign, on_device)
+
+
+def _fallback_units(t: torch.Tensor, sign: int, on_device: bool) -> torch.Tensor | np.ndarray:
+    """:func:`unit_alive` without the native kernel (``t``: 2 or more dims, floating point, not empty)."""
+    if not on_device and t._is_zerotensor():  # all zeros: every unit dead
+        return np.zeros(t.shape[1], bool)
+    if not on_device and t.device.type == "cpu" and t.dtype in NP_DTYPES and t.numel() <= NUMPY_MAX and not t.is_inference():
+        return numpy_alive(t, sign)
     x = t.detach()
-    c = x.shape[1]
-    if not on_device and x.device.type == "cpu" and x.dtype in _NP_DTYPES and x.numel() <= NUMPY_MAX and not x.is_inference():
-        a = x.numpy()
-        if sign == 0:
-            a = np.abs(a)
-        red = _minimum if sign < 0 else _maximum
-        m = red(a, axis=0)
-        if m.ndim > 1:
-            m = red(m.reshape(c, -1), axis=1)
-        return m != 0  # type: ignore[return-value]  # a host array already (the CPU path)
     dims = [0, *range(2, x.dim())]  # one reduction over every dim but the units (faster than two)
     m = x.amin(dims) if sign < 0 else (x if sign > 0 else x.abs()).amax(dims)
-    return m != 0
+    return (m != 0).numpy() if not on_device and m.device.type == "cpu" else m != 0  # the host path: numpy, as the kernel's
 
 
 def stats_and_units(
@@ -317,14 +294,21 @@ def stats_and_units(
         got = native.stats(t, saturation, 1e-3, units)
         if got is not None:
             return got
-    raw = tensor_stats(t, saturation=saturation, on_device=on_device)
-    if not units or t.dim() < 2 or not t.is_floating_point():
-        return raw, None
+        if _is_compiling() and t.device.type == "cpu":  # TorchDynamo traces this call: one op
+            return native_op.traced_stats(t, saturation, 1e-3, units)
+    raw = _fallback_stats(t, saturation, 1e-3, on_device)
+    return raw, (_fallback_alive(t, raw, on_device) if units else None)
+
+
+def _fallback_alive(t: torch.Tensor, raw: Raw, on_device: bool) -> torch.Tensor | np.ndarray | None:
+    """The unit mask of :func:`stats_and_units` without the native kernel, from ``t``'s raw stats."""
+    if t.dim() < 2 or not t.is_floating_point():
+        return None
     if not isinstance(raw, np.ndarray):
-        return raw, unit_alive(t, 0, True)
+        return _fallback_units(t, 0, True)
     if raw[IDX["nonzero"]] >= raw[IDX["numel"]]:
-        return raw, None
-    return raw, unit_alive(t, 1 if raw[IDX["min"]] >= 0 else (-1 if raw[IDX["max"]] <= 0 else 0))
+        return None
+    return _fallback_units(t, 1 if raw[IDX["min"]] >= 0 else (-1 if raw[IDX["max"]] <= 0 else 0), False)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -4,14 +4,41 @@ While nbdebug watches, compiled code runs eagerly; the compiler's stance is rest
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
 import pytest
 import torch
 import torch._dynamo.eval_frame as eval_frame
 
 import nbdebug
 from nbdebug.adapters.offline import tiny_lm
-from nbdebug.capture import hook_count
+from nbdebug.capture import hook_count, native, native_op
 from nbdebug.capture.hooks import COMPILED_NOTE, is_compiled
+
+ENV_OFF = os.environ.get("NBDEBUG_NATIVE", "1") == "0"
+#: the kernel as the environment has it (skipped under NBDEBUG_NATIVE=0), and its numpy/torch fallback
+KERNELS = [pytest.param(True, id="native", marks=pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")),
+           pytest.param(False, id="fallback")]
+
+
+@contextmanager
+def _kernel(on: bool) -> Iterator[None]:
+    """The native kernel (as the environment has it) or its numpy/torch fallback (NBDEBUG_NATIVE=0)."""
+    saved = os.environ.get("NBDEBUG_NATIVE")
+    if not on:
+        os.environ["NBDEBUG_NATIVE"] = "0"
+    native._reset()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("NBDEBUG_NATIVE", None)
+        else:
+            os.environ["NBDEBUG_NATIVE"] = saved
+        native._reset()
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +85,94 @@ def test_plain_model_leaves_the_stance_alone() -> None:
         assert eval_frame._stance.stance == "default"
         m(torch.ones(1, 2))
     assert COMPILED_NOTE not in d.note()
+
+
+# -- the native stats kernel while TorchDynamo traces our hooks (issue 19) --------------------------
+
+
+def _cnn() -> torch.nn.Module:
+    torch.manual_seed(3)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+        torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.Tanh(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3),
+    )
+
+
+class _Graphs:
+    """``backend="eager"`` keeping the text of every graph it was given."""
+
+    def __init__(self) -> None:
+        self.graphs: list[str] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, _example: object) -> object:
+        self.graphs.append(str(gm.graph))
+        return gm.forward
+
+
+def _train(model: torch.nn.Module, steps: list[tuple[torch.Tensor, torch.Tensor]], compiled_autograd: bool,
+           compiled_step: bool) -> tuple[object, list[str], list[str], list[str]]:
+    """The loop under the thermometer: (result, warnings, graph-break reasons, graphs). ``compiled_autograd``:
+    each backward under compiled autograd (Dynamo traces the output-gradient hooks, as the envelope's
+    ``compiled_autograd`` row); ``compiled_step``: the forward inside a ``torch.compile``d function
+    (Dynamo traces the forward hooks)."""
+    import warnings
+    from contextlib import nullcontext
+
+    from torch._dynamo import compiled_autograd as ca
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ns: dict[str, torch.Tensor] = {}
+
+    def forward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    backend = _Graphs()
+    fwd = torch.compile(forward, backend=backend) if compiled_step else forward
+    d = nbdebug.debug(model, view="thermometer", loss=lambda: ns.get("loss"))
+    with warnings.catch_warnings(record=True) as caught, d:
+        warnings.simplefilter("always")
+        for x, y in steps:
+            opt.zero_grad()
+            ns["loss"] = loss = fwd(x, y)
+            with ca._enable(torch.compile(backend=backend)) if compiled_autograd else nullcontext():
+                loss.backward()
+            opt.step()
+    breaks = list(counters["graph_break"])
+    torch._dynamo.reset()
+    return d.results["thermometer"], [str(w.message) for w in caught], breaks, backend.graphs
+
+
+def _same_history(got: object, want: object) -> None:
+    hg, hw = got.history, want.history  # type: ignore[attr-defined]
+    assert hg.rows == hw.rows and got.step_index.tolist() == want.step_index.tolist()  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(hg.values(), hw.values())
+    np.testing.assert_array_equal(hg.scalar("loss"), hw.scalar("loss"))
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(5, 2, 6, 6, generator=g), torch.randint(0, 3, (5,), generator=g)) for _ in range(3)]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("mode", ["compiled_autograd", "compiled_step"])
+def test_traced_hooks_take_the_stats_op_without_warning(kernel: bool, mode: str) -> None:
+    """Under compiled autograd (TorchDynamo traces the output-gradient hooks) and in a compiled
+    training step (it traces the forward hooks) the host stats are one custom op: no "does not know
+    how to trace the builtin `_nbdext.stats`" warning, no graph break at the kernel, the op in the
+    traced graphs, and the history equals the eager loop's bit for bit, with the kernel and on its
+    numpy/torch fallback. (Other graph breaks in the hooks' own code are not the kernel's.)"""
+    batches = _batches()
+    with _kernel(kernel):
+        want, _, _, _ = _train(_cnn(), batches, False, False)
+        got, caught, breaks, graphs = _train(_cnn(), batches, mode == "compiled_autograd", mode == "compiled_step")
+        assert native.available() is kernel, native.status()
+    assert not [w for w in caught if "_nbdext" in w], caught
+    assert not [b for b in breaks if "_nbdext" in b or "ctypes" in b], breaks
+    assert native_op.status().startswith("registered"), native_op.status()
+    assert sum(g.count("nbdebug.host_stats") for g in graphs) >= 3, "the stats were not taken through the op"
+    _same_history(got, want)
+    assert np.isfinite(got.series("0", "grad_norm")).all() and (got.series("0", "grad_norm") > 0).all()

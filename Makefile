@@ -44,13 +44,11 @@ lab: setup
 # The capture's unit tests again on the torch/numpy path (NBDEBUG_NATIVE=0: no native kernel), the
 # path of a machine without a C compiler. The files whose results go through the stats, norms and
 # dead-unit code (~1 min); the rest of the unit tier (doctor, distributed, integrations, the views)
-# would add ~4 min for code that does not touch that path. Deselected: a batched-fold check the
-# numpy path fails (tests/unit/test_fold_paths.py: strict xfails until it is fixed).
+# would add ~4 min for code that does not touch that path.
 NUMPY_PATH_TESTS := $(addprefix tests/unit/test_,capture.py capture_modes.py capture_syncs.py capture_errors.py \
     compiled.py training_capture.py batch_fold.py native.py optim.py optim_fast.py paramgrads_late.py history.py \
     history_flags.py incidents.py diagnoses.py groups.py fold_paths.py)
-NUMPY_PATH_SKIP := 'tests/unit/test_batch_fold.py::test_steps_without_gradients_fold_in_bulk_and_equal_the_step_by_step_path[inference_mode]'
-test-numpy-path = NBDEBUG_NATIVE=0 $(PY) -m pytest $(NUMPY_PATH_TESTS) --deselect $(NUMPY_PATH_SKIP) $(PYTEST_ARGS)
+test-numpy-path = NBDEBUG_NATIVE=0 $(PY) -m pytest $(NUMPY_PATH_TESTS) $(PYTEST_ARGS)
 
 test: setup
 	$(MAKE) --no-print-directory lint

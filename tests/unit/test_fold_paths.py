@@ -3,8 +3,9 @@ native kernel (float32 CPU tensors), the torch/numpy path (``NBDEBUG_NATIVE=0``,
 and the torch path of the dtypes the kernel does not take (bfloat16, float16). The history equals the
 step-by-step fold either way (test_batch_fold.py); this is about the batched path being taken.
 
-Found by running the unit tier with ``NBDEBUG_NATIVE=0`` (issue 19): cases where it is not taken are
-strict xfails naming the cause, for the owners of capture/stats.py and capture/steps.py.
+Found by running the unit tier with ``NBDEBUG_NATIVE=0`` (issue 19): the dead-unit mask of a tensor the
+kernel does not take (inference tensors on the numpy path, half precision) came back as a torch tensor,
+and the step close then never let such a step wait in the batch.
 """
 
 from __future__ import annotations
@@ -20,11 +21,6 @@ from torch import nn
 import nbdebug.capture.batch as batch
 from nbdebug.capture import native
 from nbdebug.capture.session import Capture
-
-#: why a case does not fold in batches (strict xfail)
-UNITS_AS_TENSOR = ("the dead-unit mask comes back as a torch tensor (stats.unit_alive: the numpy branch excludes inference "
-                   "tensors and dtypes outside _NP_DTYPES), and steps.close_step then never sets on_host after converting "
-                   "the step's items with _host, so steps.defer is skipped: every step folds alone")
 
 
 @pytest.fixture(params=["native", "numpy"])
@@ -59,15 +55,9 @@ CASES = [(torch.float32, "no_grad"), (torch.float32, "inference_mode"), (torch.b
          (torch.bfloat16, "inference_mode"), (torch.float16, "no_grad")]
 
 
-def _gap(dtype: torch.dtype, mode: str, path: str) -> bool:
-    return dtype != torch.float32 or (mode == "inference_mode" and path == "numpy")
-
-
 @pytest.mark.parametrize(("dtype", "mode"), CASES, ids=[f"{str(d)[6:]}-{m}" for d, m in CASES])
 def test_a_loop_without_gradients_folds_in_batches(dtype: torch.dtype, mode: str, stats_path: str,
-                                                   monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
-    if _gap(dtype, mode, stats_path):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=UNITS_AS_TENSOR))
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     steps, rows = folded_rows(dtype, getattr(torch, mode), monkeypatch)
     assert steps == 100
     # 3 rows a step: held back for 16 steps (the first folded alone), then in batches: most steps in batches

@@ -91,3 +91,46 @@ def hand_grid(model: nn.Module, base: torch.Tensor, source: torch.Tensor, sites:
             for h in range(heads):
                 rows.append([patched_metric(model, base, module, where, [p], src, metric, feat(h)) for p in range(T)])
     return np.array(rows)
+
+
+def hooked(kv_heads: int | None = 2, positional: str = "rotary", layers: int = 3) -> nn.Module:
+    """A random-init TransformerLens HookedTransformer (GQA with ``kv_heads``), eval mode, seeded."""
+    import warnings
+
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(n_layers=layers, d_model=32, n_ctx=32, d_head=8, n_heads=4, d_vocab=64,
+                                  act_fn="gelu", normalization_type="LN", n_key_value_heads=kv_heads,
+                                  positional_embedding_type=positional, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return HookedTransformer(cfg).eval()
+
+
+def tiny(family: str) -> nn.Module:
+    """3 layers, 4 heads (Llama: 2 key/value heads, GQA), d=32, vocabulary 64; ``hooked`` for TransformerLens."""
+    if family == "hooked":
+        return hooked()
+    from nbdebug.adapters.offline import tiny_lm
+
+    return tiny_lm(family, layers=3, heads=4, d=32)
+
+
+def prompts(T: int = 7, changed: tuple[int, ...] = (2,), seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """A clean prompt and a corrupt one differing at ``changed`` positions."""
+    g = torch.Generator().manual_seed(seed)
+    clean = torch.randint(0, 64, (1, T), generator=g)
+    corrupt = clean.clone()
+    for p in changed:
+        corrupt[0, p] = (clean[0, p] + 5) % 64
+    return clean, corrupt
+
+
+def answer_pair(model: nn.Module, clean: torch.Tensor, corrupt: torch.Tensor) -> tuple[int, int]:
+    """The clean run's top next token and the corrupt run's (or its second when they agree)."""
+    with torch.no_grad():
+        a = logits(model, clean)[0, -1]
+        b = logits(model, corrupt)[0, -1]
+    top = int(a.argmax())
+    other = b.topk(2).indices.tolist()
+    return top, other[0] if other[0] != top else other[1]

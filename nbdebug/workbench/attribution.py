@@ -30,16 +30,18 @@ __all__ = ["Attribution", "attribute"]
 
 @dataclass
 class Attribution:
-    """Estimated metric of each cell's patched run ``(n,)`` and the base run's metric."""
+    """Estimated metric of each cell's patched run ``(n,)``, the base run's metric and its activations
+    at the kind's sites (detached, one per layer)."""
 
     estimate: torch.Tensor
     metric_base: float
+    base: list[torch.Tensor]
 
 
 def attribute(model: nn.Module, pp: PatchParts, runner: BlockRunner, metric: Metric, base_ids: torch.Tensor,
               source: RunState, cells: Sequence[Cell], kind: str) -> Attribution:
     """Estimate ``cells`` (all of one kind) from ``source``'s recorded activations and one forward and
-    backward of ``base_ids``."""
+    backward of ``base_ids`` (that forward is also the base run: its metric and activations are returned)."""
     mods = pp.sites(kind)
     taps = {kind: [(m, pp.where(kind)) for _, m in mods]}
     args, kwargs = runner.plain_call(base_ids)
@@ -67,4 +69,5 @@ def attribute(model: nn.Module, pp: PatchParts, runner: BlockRunner, metric: Met
             mask = cell_masks(pp, [cells[i] for i in idx], 0, T, int(a.shape[-1])).to(prod.device)
             values = (mask * prod).flatten(1).sum(1)
             out[idx] = values.cpu()
-    return Attribution(estimate=float(m.detach().sum()) + out, metric_base=float(m.detach().sum()))
+    m_base = float(m.detach().sum())
+    return Attribution(estimate=m_base + out, metric_base=m_base, base=[a.detach() for a in acts])

@@ -98,7 +98,9 @@ class Workbench:
 
     def scale(self) -> tuple[float, float]:
         """``(m_clean, m_corrupt)``; a clear error when they are equal (nothing to restore)."""
-        mc, mk = self.metric_of("clean"), self.metric_of("corrupt")
+        return self._check(self.metric_of("clean"), self.metric_of("corrupt"))
+
+    def _check(self, mc: float, mk: float) -> tuple[float, float]:
         if not abs(mc - mk) > 1e-7 * max(1.0, abs(mc), abs(mk)):
             raise MetricError(
                 f"the metric ({self.metric.label}) is the same on clean and corrupt ({mc:.6g}): a patch has nothing "
@@ -106,9 +108,7 @@ class Workbench:
         return mc, mk
 
     def _pair(self, direction: str, kind: str) -> tuple[RunState, RunState]:
-        if direction not in DIRECTIONS:
-            raise ValueError(f"direction={direction!r}: 'denoise' (clean into corrupt) or 'noise' (corrupt into clean)")
-        base, source = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
+        base, source = _roles(direction)
         return self.state(base, [kind]), self.state(source, [kind])
 
     def engine(self, direction: str, kind: str, max_bytes: Any = None) -> ExactEngine:
@@ -122,19 +122,26 @@ class Workbench:
         t0 = time.perf_counter()
         if method not in METHODS:
             raise ValueError(f"method={method!r}: 'exact' or 'attribution'")
+        base_name, source_name = _roles(direction)
         lay = layout(self.pp, sites, positions, self.length, self.tokens["clean"])
-        mc, mk = self.scale()
-        base, source = self._pair(direction, sites)
-        same = self._identical(lay.cells, base, source, sites)
-        todo = [c for c, s in zip(lay.cells, same) if not s]
-        raw = np.full(lay_shape(lay), np.nan)
         notes = [self.runner.note] if self.runner.note else []
+        source = self.state(source_name, [sites])
         if method == "exact":
+            base = self.state(base_name, [sites])
+            mc, mk = self.scale()
+            same = self._identical(lay.cells, [base.activation(sites, j) for j in range(self.pp.n_layers)], source, sites)
+            todo = [c for c, s in zip(lay.cells, same) if not s]
             values = self.engine(direction, sites, max_bytes).run(todo, progress, f"patching {sites}")
-        else:
-            base_ids = self.ids["corrupt" if direction == "denoise" else "clean"]
-            values = attribute(self.model, self.pp, self.runner, self.metric, base_ids, source, todo, sites).estimate
+        else:  # one forward of the base run that keeps its graph, one backward: no other forward
+            est = attribute(self.model, self.pp, self.runner, self.metric, self.ids[base_name], source, lay.cells, sites)
+            m_source = float(self.metric(source.logits)[0])
+            mc, mk = self._check(*((m_source, est.metric_base) if direction == "denoise" else (est.metric_base, m_source)))
+            same = self._identical(lay.cells, est.base, source, sites)
+            todo = [c for c, s in zip(lay.cells, same) if not s]
+            keep = {id(c) for c in todo}
+            values = est.estimate[[i for i, c in enumerate(lay.cells) if id(c) in keep]]
             notes.append("attribution: a first-order estimate from one forward and one backward of the base run")
+        raw = np.full(lay_shape(lay), np.nan)
         for cell, v in zip(todo, values.tolist()):
             raw[cell.row, cell.col] = v
         effect = (raw - mk) / (mc - mk)
@@ -159,13 +166,13 @@ class Workbench:
         mc, mk = grid.metric_clean, grid.metric_corrupt
         return {(c.row, c.col): (float(v) - mk) / (mc - mk) for c, v in zip(cells, raw.tolist())}
 
-    def _identical(self, cells: Sequence[Cell], base: RunState, source: RunState, kind: str) -> list[bool]:
+    def _identical(self, cells: Sequence[Cell], base: Sequence[torch.Tensor], source: RunState, kind: str) -> list[bool]:
         out = [False] * len(cells)
         by_layer: dict[int, list[int]] = {}
         for i, c in enumerate(cells):
             by_layer.setdefault(c.site.layer, []).append(i)
         for layer, idx in by_layer.items():
-            flags = identical(self.pp, [cells[i] for i in idx], base.activation(kind, layer), source.activation(kind, layer))
+            flags = identical(self.pp, [cells[i] for i in idx], base[layer], source.activation(kind, layer))
             for i, f in zip(idx, flags):
                 out[i] = f
         return out
@@ -187,6 +194,13 @@ class Workbench:
         return PatchedRun(metric=m, effect=(m - mk) / (mc - mk), logits=traced.logits[0].float().cpu().numpy(),
                           residual=traced.residual[0].float().cpu().numpy(), site=cell.site.name,
                           positions=cell.positions)
+
+
+def _roles(direction: str) -> tuple[str, str]:
+    """``(base, source)`` prompt names: denoise runs the corrupt prompt with clean activations."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction={direction!r}: 'denoise' (clean into corrupt) or 'noise' (corrupt into clean)")
+    return ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
 
 
 def lay_shape(lay: Any) -> tuple[int, int]:

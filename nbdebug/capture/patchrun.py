@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hooks import HookSet, no_param_grads
+from .hooks import HookSet
 from .interventions import first_input, read_activations, replace_first_input
 from .state import preserve_buffers, suspend_hooks
 
-__all__ = ["Recorded", "own_pass", "record_run"]
+__all__ = ["Recorded", "frozen_params", "own_pass", "record_run"]
 
 Point = tuple[nn.Module, str]
 
@@ -38,12 +38,28 @@ class Recorded:
 
 
 @contextmanager
+def frozen_params(model: nn.Module) -> Iterator[None]:
+    """Parameters stop requiring grad for the block; each flag is put back *by name* afterwards, on the
+    parameter object the module holds then (accelerate's offload swaps the objects at every forward)."""
+    flags = [(m, n, p.requires_grad) for m in model.modules() for n, p in m.named_parameters(recurse=False)]
+    try:
+        for m, n, _ in flags:
+            getattr(m, n).requires_grad_(False)
+        yield
+    finally:
+        for m, n, flag in flags:
+            p = getattr(m, n, None)
+            if isinstance(p, torch.Tensor) and p.requires_grad != flag:
+                p.requires_grad_(flag)
+
+
+@contextmanager
 def own_pass(model: nn.Module, *, grad: bool = False) -> Iterator[None]:
     """nbdebug's own forward: buffers cloned and RNG forked, the user's hooks set aside; no grad, or
     (``grad``) gradients of activations only (parameters stop requiring grad for the pass, restored)."""
     if grad:
         with (torch.inference_mode(False), torch.enable_grad(), preserve_buffers(model), suspend_hooks(model),
-              no_param_grads(model)):
+              frozen_params(model)):
             yield
     else:
         with torch.no_grad(), preserve_buffers(model), suspend_hooks(model):

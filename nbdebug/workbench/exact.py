@@ -20,12 +20,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..adapters.blockparts import PatchParts
 from ..adapters.blockrun import BlockRunner
-from ..capture.interventions import Replacement, patch_points
+from ..capture.interventions import Replacement, edit_activations, patch_points
 from ..capture.patchrun import own_pass
 from .metric import Metric
 from .progress import Progress, ProgressSpec
@@ -157,6 +158,27 @@ class ExactEngine:
                 lens.append(h[:, -1])
         residual = self._residual(lens, chunk) if trace else torch.empty(0)
         return Traced(metric=metric.float(), logits=last.detach(), residual=residual)
+
+    def run_edited(self, first: int, edits: Sequence[tuple[Any, str, Any]]) -> Traced:
+        """The base run again from block ``first`` on (every position) with ``edits`` (``(module, where,
+        fn)``, e.g. an ablation) active, traced; blocks before ``first`` are the recorded ones."""
+        base, T = self.base, self.base.length
+        h = base.block_inputs[first] if first < self.pp.n_layers else None
+        lens: list[torch.Tensor] = []
+        with own_pass(self.runner.model), edit_activations(edits):
+            for j in range(first, self.pp.n_layers):
+                assert h is not None
+                lens.append(h[:, -1])
+                kwargs = self.runner.block_kwargs(base.calls[j], base.cache_ids, 0, T, None, j, 1)
+                h = self.runner.hidden_of(self.blocks[j](h, **kwargs))
+            if h is None:
+                raise ValueError("nothing to run after the last block")
+            logits = self.runner.logits(h) if self.metric.needs_all_positions else self.runner.logits(h[:, -1])
+            metric = self.metric(logits)
+            lens.append(h[:, -1])
+        rows = [base.block_inputs[j][:, -1] for j in range(first)]
+        last = logits[:, -1] if logits.ndim == 3 else logits
+        return Traced(metric=metric.float(), logits=last.detach(), residual=torch.stack(rows + lens, dim=1))
 
     def _join(self, h: torch.Tensor | None, new: list[Cell], kind: str, j: int, start: int, T: int,
               plan: list[Replacement | None]) -> torch.Tensor:

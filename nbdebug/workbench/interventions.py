@@ -34,7 +34,7 @@ from ..capture.state import execution_device
 from .metric import tokens_of
 from .targets import Target, resolve
 
-__all__ = ["Ablation", "ablate", "steer", "steering_vector"]
+__all__ = ["Ablation", "ablate", "ablation_edits", "steer", "steering_vector"]
 
 MODES = ("zero", "mean")
 
@@ -124,6 +124,18 @@ def ablate(model: nn.Module, *, heads: Mapping[Any, Sequence[int]] | None = None
     if not targets:
         raise ValueError("nothing to ablate: give heads=, layers=, channels= or neurons=")
     means = _means(model, targets, mean_over) if mode == "mean" and mean_over is not None else {}
+    edits, calls = ablation_edits(targets, mode, means)
+    with edit_activations(edits, root=model, on_call=calls.reset):
+        yield Ablation(targets=targets, mode=mode, means=means)
+
+
+def ablation_edits(targets: Sequence[Target], mode: str, means: Mapping[str, torch.Tensor] | None = None,
+                   ) -> tuple[list[tuple[nn.Module, str, Callable[[torch.Tensor], torch.Tensor | None]]], _Calls]:
+    """The ``(module, where, fn)`` edits of an ablation, and the call counter to reset at each forward
+    of the model (for call names such as ``relu#2``)."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: 'zero' or 'mean'")
+    means = means or {}
     calls = _Calls(len(targets))
 
     def edit(i: int, t: Target) -> Callable[[torch.Tensor], torch.Tensor | None]:
@@ -139,9 +151,7 @@ def ablate(model: nn.Module, *, heads: Mapping[Any, Sequence[int]] | None = None
             return torch.where(mask, mean.to(x.device, x.dtype), x)
         return fn
 
-    edits = [(t.module, t.where, edit(i, t)) for i, t in enumerate(targets)]
-    with edit_activations(edits, root=model, on_call=calls.reset):
-        yield Ablation(targets=targets, mode=mode, means=means)
+    return [(t.module, t.where, edit(i, t)) for i, t in enumerate(targets)], calls
 
 
 def _layer(model: nn.Module, layer: Any) -> tuple[str, nn.Module]:

@@ -25,10 +25,12 @@ from ..capture.state import execution_device
 from .attribution import attribute
 from .exact import ExactEngine
 from .grid import PatchGrid
+from .interventions import ablation_edits
 from .metric import Metric, MetricError, token_labels, tokens_of
 from .progress import ProgressSpec
 from .runs import RunState, record_state
 from .sites import Cell, identical, layout
+from .targets import resolve
 
 __all__ = ["PatchedRun", "Workbench"]
 
@@ -194,6 +196,40 @@ class Workbench:
         return PatchedRun(metric=m, effect=(m - mk) / (mc - mk), logits=traced.logits[0].float().cpu().numpy(),
                           residual=traced.residual[0].float().cpu().numpy(), site=cell.site.name,
                           positions=cell.positions)
+
+    # -- one ablated run ---------------------------------------------------------------------------------
+    def ablated(self, which: str = "clean", *, heads: Any = None, layers: Any = None, channels: Any = None,
+                neurons: Any = None, mode: str = "zero") -> PatchedRun:
+        """``which`` run again with an ablation (the arguments of :func:`nbdebug.ablate`; ``mode="mean"``
+        averages over this run's own activation), from the first ablated block on: a view's click."""
+        mc, mk = self.scale()
+        targets = resolve(self.model, heads=heads, layers=layers, channels=channels, neurons=neurons, pp=self.pp)
+        if not targets:
+            raise ValueError("nothing to ablate: give heads=, layers=, channels= or neurons=")
+        first = _first_block(self.pp, targets)
+        if first is None:
+            raise ValueError(f"{', '.join(t.name for t in targets)}: not inside the model's blocks; "
+                             "use nbdebug.ablate around a forward instead")
+        edits, _ = ablation_edits(targets, mode)
+        state = self.state(which)
+        eng = ExactEngine(self.pp, self.runner, self.metric, state, state, DEFAULT_MAX_BYTES)
+        traced = eng.run_edited(first, edits)
+        m = float(traced.metric[0])
+        return PatchedRun(metric=m, effect=(m - mk) / (mc - mk), logits=traced.logits[0].float().cpu().numpy(),
+                          residual=traced.residual[0].float().cpu().numpy(), site=", ".join(t.name for t in targets),
+                          positions=tuple(range(self.length)))
+
+
+def _first_block(pp: Any, targets: Sequence[Any]) -> int | None:
+    """The first block any target sits in (None when one is outside every block)."""
+    names = [n for n, _ in pp.parts.blocks]
+    first = None
+    for t in targets:
+        layer = next((j for j, n in enumerate(names) if t.name == n or t.name.startswith(n + ".")), None)
+        if layer is None:
+            return None
+        first = layer if first is None else min(first, layer)
+    return first
 
 
 def _roles(direction: str) -> tuple[str, str]:

@@ -11,11 +11,11 @@ import torch
 
 pytest.importorskip("transformers")
 
+from _workbench_ref import answer_pair, logit_diff, logits, prompts, record, tiny
+
 import nbdebug
 from nbdebug.adapters.blockparts import patch_parts
 from nbdebug.capture import fingerprint, same_fingerprint
-
-from _workbench_ref import answer_pair, logit_diff, logits, prompts, record, tiny
 
 
 def hand_attribution(m: Any, base: torch.Tensor, source: torch.Tensor, sites: str, metric: Any) -> np.ndarray:

@@ -13,11 +13,11 @@ import torch
 
 pytest.importorskip("transformers")
 
+from _workbench_ref import answer_pair, hand_grid, hooked, logit_diff, prompts, tiny
+
 import nbdebug
 from nbdebug.adapters.blockparts import patch_parts
 from nbdebug.workbench import Workbench
-
-from _workbench_ref import answer_pair, hand_grid, hooked, logit_diff, prompts, tiny
 
 FAMILIES = ["gpt2", "llama", "neox", "hooked"]
 _MODELS: dict[str, Any] = {}
@@ -150,7 +150,7 @@ def test_small_budget_chunks_give_the_same_grid() -> None:
 def test_callable_metric_sees_every_position() -> None:
     m = model_of("llama")
     clean, corrupt = prompts(changed=(2,))
-    a, w = answer_pair(m, clean, corrupt)
+    a, _ = answer_pair(m, clean, corrupt)
 
     def mean_logit(logits: torch.Tensor) -> torch.Tensor:  # reads every position: not only the last
         assert logits.ndim == 3 and logits.shape[1] == 7

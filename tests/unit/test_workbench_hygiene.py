@@ -13,13 +13,13 @@ import torch
 
 pytest.importorskip("transformers")
 
+from _workbench_ref import answer_pair, hand_grid, hooked, logit_diff, prompts, tiny
+
 import nbdebug
 from nbdebug.adapters.blockparts import patch_parts
 from nbdebug.adapters.transformers import AdapterError
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint
 from nbdebug.workbench.metric import MetricError
-
-from _workbench_ref import answer_pair, hand_grid, hooked, logit_diff, prompts, tiny
 
 
 def snapshot(m: torch.nn.Module) -> dict[str, Any]:

@@ -11,10 +11,10 @@ from torch import nn
 
 pytest.importorskip("transformers")
 
+from _workbench_ref import logits, prompts, tiny
+
 import nbdebug
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint
-
-from _workbench_ref import logits, prompts, tiny
 
 
 def with_hook(m: nn.Module, module: nn.Module, fn: Any, ids: torch.Tensor, pre: bool = False) -> torch.Tensor:
@@ -208,7 +208,7 @@ def test_hooks_removed_when_the_block_raises() -> None:
 
 def test_errors_name_what_is_wrong() -> None:
     m = tiny("llama")
-    with pytest.raises(KeyError, match="no module named 'model.layer.1'"):
+    with pytest.raises(KeyError, match=r"no module named 'model\.layer\.1'"):
         with nbdebug.ablate(m, layers=["model.layer.1"]):
             pass
     with pytest.raises(IndexError, match=r"heads of layer 1: \[4\] outside 0..3"):
@@ -227,3 +227,20 @@ def test_errors_name_what_is_wrong() -> None:
         with nbdebug.steer(m, layer="model.layers.0.self_attn.o_proj", vector=torch.zeros(3)):
             logits(m, prompts()[0])
     assert hook_count(m) == 0
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_ablated_click_from_cached_state_equals_ablate(mode: str) -> None:
+    """Workbench.ablated (a view's click: blocks from the ablated one on, from the cached clean run) gives
+    the logits of a full forward under nbdebug.ablate."""
+    from nbdebug.workbench import Workbench
+
+    m = tiny("gpt2")
+    clean, corrupt = prompts(changed=(2,))
+    wb = Workbench(m, clean, corrupt, answer=3, wrong=5)
+    run = wb.ablated(heads={2: [1]}, mode=mode)
+    with torch.no_grad(), nbdebug.ablate(m, heads={2: [1]}, mode=mode):
+        out = logits(m, clean)
+    torch.testing.assert_close(torch.from_numpy(run.logits), out[0, -1], rtol=0, atol=1e-5)
+    assert run.metric == pytest.approx(float(out[0, -1, 3] - out[0, -1, 5]), abs=1e-5)
+    assert run.residual.shape == (4, 32) and hook_count(m) == 0

@@ -201,3 +201,38 @@ def test_unsupported_models_name_the_missing_part() -> None:
     attn_only.cfg.attn_only = True  # read by the adapter only
     with pytest.raises(AdapterError, match="no MLP"):
         nbdebug.patch(attn_only, *prompts(), answer=3, wrong=5, sites="mlp")
+
+
+def test_progress_bar_and_plain_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """progress=True draws from the first step (tqdm.auto, on stderr); without tqdm a plain stderr line;
+    progress=False and a fast grid with the default draw nothing."""
+    import sys
+
+    m = tiny("gpt2")
+    clean, corrupt = prompts(changed=(1,))
+    a, w = answer_pair(m, clean, corrupt)
+    nbdebug.patch(m, clean, corrupt, answer=a, wrong=w, sites="resid", progress=False)
+    assert capsys.readouterr().err == ""
+    nbdebug.patch(m, clean, corrupt, answer=a, wrong=w, sites="resid", progress=True)
+    assert "patching resid" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # import fails: the plain line
+    nbdebug.patch(m, clean, corrupt, answer=a, wrong=w, sites="resid", progress=True)
+    err = capsys.readouterr().err
+    assert "patching resid: " in err and err.endswith("\n")
+
+
+def test_progress_shows_only_after_two_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbdebug.workbench import progress as mod
+
+    now = [100.0]
+    monkeypatch.setattr(mod.time, "perf_counter", lambda: now[0])
+    drawn: list[int] = []
+    monkeypatch.setattr(mod.Progress, "_draw", lambda self: drawn.append(self.done))
+    with mod.Progress(10) as bar:
+        bar.update(1)
+        now[0] += 1.9
+        bar.update(1)
+        now[0] += 0.2
+        bar.update(1)
+        bar.update(1)
+    assert drawn == [3, 4]

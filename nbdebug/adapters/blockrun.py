@@ -218,7 +218,9 @@ class HookedBlockRunner(BlockRunner):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         model = self.model
-        return model.unembed(model.ln_final(h)) if hasattr(model, "ln_final") else model.unembed(h)
+        z = model.unembed(model.ln_final(h)) if hasattr(model, "ln_final") else model.unembed(h)
+        cap = self.pp.parts.softcap
+        return torch.tanh(z / cap) * cap if cap else z
 
 
 def block_runner(model: nn.Module, pp: PatchParts) -> BlockRunner:

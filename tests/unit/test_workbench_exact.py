@@ -216,3 +216,25 @@ def _record_input(m: Any, ids: torch.Tensor, block: torch.nn.Module) -> torch.Te
     finally:
         h.remove()
     return seen[0]
+
+
+@pytest.mark.parametrize("name", ["mistral-window-3", "gemma2-window-3", "llama-eager-mqa"])
+def test_sliding_windows_and_eager_masks(name: str) -> None:
+    """Suffix runs cut the model's own masks (sliding windows shorter than the prompt, eager float masks,
+    one key/value head) to the suffix's rows: still equal to one forward per patch."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    common = dict(num_hidden_layers=3, num_attention_heads=4, hidden_size=32, intermediate_size=64, vocab_size=64)
+    m = {"mistral-window-3": lambda: T.MistralForCausalLM(T.MistralConfig(num_key_value_heads=2, sliding_window=3, **common)),
+         "gemma2-window-3": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(num_key_value_heads=2, head_dim=8, sliding_window=3, **common)),
+         "llama-eager-mqa": lambda: T.LlamaForCausalLM(T.LlamaConfig(num_key_value_heads=1, attn_implementation="eager", **common)),
+         }[name]().eval()
+    clean, corrupt = prompts(T=8, changed=(1, 4))
+    a, w = answer_pair(m, clean, corrupt)
+    wb = Workbench(m, clean, corrupt, answer=a, wrong=w)
+    for sites in ("resid", "heads"):
+        g = wb.grid(sites, positions="each", progress=False)
+        assert wb.runner.kv_reuse
+        ref = reference(m, clean, corrupt, sites, "denoise", "each", a, w)
+        np.testing.assert_allclose(np.where(g.identical, g.metric_corrupt, g.raw), ref, atol=1e-5)

@@ -97,19 +97,26 @@ class BlockRunner:
         self.note = "" if pp.causal else "bidirectional attention: every position is recomputed"
 
     # -- the recorded run --------------------------------------------------------------------------
-    def record_call(self, ids: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
+    def record_call(self, ids: torch.Tensor, last_only: bool = False) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
         """``(args, kwargs, cache)``: ``model(*args, **kwargs)`` runs ``ids`` and leaves every layer's
-        keys/values in ``cache`` (read them with :meth:`keys_values`)."""
+        keys/values in ``cache`` (read them with :meth:`keys_values`); ``last_only``: the model may
+        compute the last position's logits only."""
         raise NotImplementedError
 
     def keys_values(self, cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
         raise NotImplementedError
 
-    def plain_call(self, ids: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """``(args, kwargs)`` of a forward of ``ids`` without any cache."""
+    def plain_call(self, ids: torch.Tensor, last_only: bool = False) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``(args, kwargs)`` of a forward of ``ids`` without any cache (``last_only``: see :meth:`record_call`)."""
         if getattr(self.model, "config", None) is not None:
-            return (), {"input_ids": ids, "use_cache": False}
+            return (), {"input_ids": ids, "use_cache": False, **self._last_only(last_only)}
         return (ids,), {}
+
+    def _last_only(self, last_only: bool) -> dict[str, Any]:
+        """``logits_to_keep=1`` when asked for and the model's forward takes it (Hugging Face causal LMs)."""
+        if not last_only:
+            return {}
+        return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {}
 
     def caches(self, cache: Any) -> set[int]:
         """Ids of the objects in recorded block arguments that are (part of) ``cache``."""
@@ -172,12 +179,12 @@ class HFBlockRunner(BlockRunner):
     """Hugging Face decoders: the model's own cache argument with a recording ``DynamicCache``; a
     suffix's blocks get a cache that prepends the recorded keys/values (``(batch, kv_heads, T, d)``)."""
 
-    def record_call(self, ids: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
+    def record_call(self, ids: torch.Tensor, last_only: bool = False) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
         recording, _ = _hf_caches()
         cache = recording(getattr(self.model, "config", None))
         params = inspect.signature(self.model.forward).parameters
         name = "cache" if "cache" in params else "past_key_values"
-        return (), {"input_ids": ids, name: cache, "use_cache": True}, cache
+        return (), {"input_ids": ids, name: cache, "use_cache": True, **self._last_only(last_only)}, cache
 
     def keys_values(self, cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [cache.recorded[i] for i in sorted(cache.recorded)]
@@ -191,7 +198,7 @@ class HookedBlockRunner(BlockRunner):
     """TransformerLens: its own ``TransformerLensKeyValueCache`` records (keys before rotary, ``(batch,
     T, kv_heads, d)``); a suffix's block gets a frozen cache entry holding the earlier positions."""
 
-    def record_call(self, ids: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
+    def record_call(self, ids: torch.Tensor, last_only: bool = False) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
         from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
         cfg = self.model.cfg

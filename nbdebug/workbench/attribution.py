@@ -44,7 +44,7 @@ def attribute(model: nn.Module, pp: PatchParts, runner: BlockRunner, metric: Met
     backward of ``base_ids`` (that forward is also the base run: its metric and activations are returned)."""
     mods = pp.sites(kind)
     taps = {kind: [(m, pp.where(kind)) for _, m in mods]}
-    args, kwargs = runner.plain_call(base_ids)
+    args, kwargs = runner.plain_call(base_ids, last_only=not metric.needs_all_positions)
     blocks = [b for _, b in pp.parts.blocks]
     rec = record_run(model, (args, kwargs), blocks, taps, grad=True)
     logits = logits_of(rec.output)

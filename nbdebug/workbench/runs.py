@@ -71,9 +71,10 @@ def site_taps(pp: PatchParts, kinds: Iterable[str]) -> dict[str, list[tuple[nn.M
 
 
 def record_state(model: nn.Module, pp: PatchParts, runner: BlockRunner, ids: torch.Tensor,
-                 kinds: Iterable[str] = ()) -> RunState:
-    """Run ``ids`` once (nbdebug's own pass) and keep what patches start from."""
-    args, kwargs, cache = runner.record_call(ids)
+                 kinds: Iterable[str] = (), last_only: bool = False) -> RunState:
+    """Run ``ids`` once (nbdebug's own pass) and keep what patches start from (``last_only``: the
+    logits of the last position may be all that is kept)."""
+    args, kwargs, cache = runner.record_call(ids, last_only)
     blocks = [b for _, b in pp.parts.blocks]
     rec = record_run(model, (args, kwargs), blocks, site_taps(pp, kinds))
     calls = [bind_call(b, a, kw) for b, (a, kw) in zip(blocks, rec.block_args)]

@@ -92,7 +92,8 @@ class Workbench:
         want = set(kinds) - {"resid"}
         if which not in self.runs or not want <= self.kinds[which]:
             self.kinds[which] |= want
-            self.runs[which] = record_state(self.model, self.pp, self.runner, self.ids[which], sorted(self.kinds[which]))
+            self.runs[which] = record_state(self.model, self.pp, self.runner, self.ids[which], sorted(self.kinds[which]),
+                                            last_only=not self.metric.needs_all_positions)
         return self.runs[which]
 
     def metric_of(self, which: str) -> float:

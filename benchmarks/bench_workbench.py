@@ -154,7 +154,7 @@ def smollm2_part(args: argparse.Namespace) -> list[tuple[str, ...]]:
         rows.append((name, f"{sites} grid {g.shape[0]} × {g.shape[1]}: loop ({n} forwards) / grid",
                      f"{t_loop:.2f} s / {t_grid:.2f} s = {t_loop / t_grid:.1f}×",
                      f"target ≥ {target}×; {g.patches} patches run; max |grid − loop| {err:.1e}"))
-    t_att, ga = median_time(lambda: nbdebug.patch(model, clean, corrupt, sites="heads", method="attribution", **kw), args.rounds)
+    t_att, _ = median_time(lambda: nbdebug.patch(model, clean, corrupt, sites="heads", method="attribution", **kw), args.rounds)
     rows.append((name, "attribution (heads), forward-equivalents", f"{t_att / fwd:.2f}", f"{t_att:.2f} s; target ≤ 3"))
     wb = Workbench(model, clean, corrupt, answer=a, wrong=w)
     g = wb.grid("resid", progress=False)

@@ -95,6 +95,7 @@ class BlockRunner:
         self.pp = pp
         self.kv_reuse = pp.causal
         self.note = "" if pp.causal else "bidirectional attention: every position is recomputed"
+        self.masks: dict[tuple[int, int, str], torch.Tensor] = {}  # causal masks of suffixes, made once
 
     # -- the recorded run --------------------------------------------------------------------------
     def record_call(self, ids: torch.Tensor, last_only: bool = False) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
@@ -131,11 +132,12 @@ class BlockRunner:
         """Arguments for block ``layer`` on positions ``start..length-1`` of ``batch`` runs (``prefix``:
         :meth:`prefix` of the recorded keys/values, ``None`` when ``start`` is 0)."""
         out: dict[str, Any] = {}
+        device = next((v.device for v in call.arguments.values() if isinstance(v, torch.Tensor)), None)
         for name, value in call.arguments.items():
             if id(value) in cache_ids:
                 out[name] = self._cache_arg(prefix, layer, batch) if start else None
             elif start and "mask" in name:
-                out[name] = self._mask(value, start, length)
+                out[name] = self._mask(value, start, length, device)
             elif name == "use_cache" and not start:
                 out[name] = False
             elif start:
@@ -147,11 +149,15 @@ class BlockRunner:
     def _cache_arg(self, prefix: Any, layer: int, batch: int) -> Any:
         return prefix
 
-    def _mask(self, mask: Any, start: int, length: int) -> Any:
+    def _mask(self, mask: Any, start: int, length: int, device: torch.device | None) -> Any:
         if isinstance(mask, torch.Tensor) and mask.ndim == 4:
             return mask[..., start:, :]  # the suffix's query rows against every key
-        if mask is None:
-            return torch.ones(length - start, length, dtype=torch.bool).tril(diagonal=start)[None, None]
+        if mask is None:  # SDPA's own causal flag served the whole prompt: a suffix needs the explicit mask
+            key = (start, length, str(device))
+            if key not in self.masks:
+                rows = torch.ones(length - start, length, dtype=torch.bool, device=device)
+                self.masks[key] = rows.tril(diagonal=start)[None, None]
+            return self.masks[key]
         return mask
 
     def hidden_of(self, output: Any) -> torch.Tensor:
@@ -220,7 +226,7 @@ class HookedBlockRunner(BlockRunner):
         k, v = prefix[layer]
         return TransformerLensKeyValueCacheEntry(k.expand(batch, *k.shape[1:]), v.expand(batch, *v.shape[1:]), frozen=True)
 
-    def _mask(self, mask: Any, start: int, length: int) -> Any:
+    def _mask(self, mask: Any, start: int, length: int, device: torch.device | None) -> Any:
         return None  # (batch, keys) padding mask of ones: TransformerLens masks causally with the cache offset
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

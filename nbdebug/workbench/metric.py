@@ -78,6 +78,7 @@ class Metric:
     wrong: int | None = None
     fn: Callable[[torch.Tensor], torch.Tensor] | None = None
     label: str = ""
+    prob: bool = False  # the answer's probability instead of its log-probability (no ``wrong``)
 
     @classmethod
     def build(cls, answer: Any = None, wrong: Any = None, tokenizer: Any = None,
@@ -113,6 +114,8 @@ class Metric:
                                   f"({logits.shape[0]},)")
             return out.float()
         last = (logits[:, -1] if logits.ndim == 3 else logits).float()
+        if self.answer is None:
+            raise MetricError("no answer token to measure")
         if self.wrong is None:
-            return torch.log_softmax(last, dim=-1)[:, self.answer]
+            return (torch.softmax if self.prob else torch.log_softmax)(last, dim=-1)[:, self.answer]
         return last[:, self.answer] - last[:, self.wrong]

@@ -62,19 +62,27 @@ class PatchedRun:
 class Workbench:
     """A clean and a corrupt prompt on ``model`` and the metric (see :func:`nbdebug.patch` for the
     arguments). Records each prompt's run once (nbdebug's own pass: no hooks left, the model unchanged)
-    and reuses them for every grid and cell."""
+    and reuses them for every grid and cell.
 
-    def __init__(self, model: nn.Module, clean: Any, corrupt: Any, *, answer: Any = None, wrong: Any = None,
+    For ablation clicks on one prompt (a view without a corrupt prompt), ``corrupt`` may be None; with
+    no ``answer`` either, the metric is the probability of the clean run's top next token
+    (``effect`` is then NaN: there is no corrupt run to normalise by)."""
+
+    def __init__(self, model: nn.Module, clean: Any, corrupt: Any = None, *, answer: Any = None, wrong: Any = None,
                  tokenizer: Any = None, metric: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.pp = patch_parts(model)
         self.runner = block_runner(model, self.pp)
-        self.metric = Metric.build(answer, wrong, tokenizer, metric)
+        top1 = corrupt is None and answer is None and metric is None
+        self.metric = Metric(label="p(top-1)") if top1 else Metric.build(answer, wrong, tokenizer, metric)
         device = execution_device(model) or torch.device("cpu")
-        ids = {"clean": tokens_of(clean, tokenizer, "clean"), "corrupt": tokens_of(corrupt, tokenizer, "corrupt")}
+        ids = {"clean": tokens_of(clean, tokenizer, "clean")}
+        if corrupt is not None:
+            ids["corrupt"] = tokens_of(corrupt, tokenizer, "corrupt")
         self.tokens = {k: token_labels(tokenizer, v[0].tolist()) for k, v in ids.items()}
-        if ids["clean"].shape != ids["corrupt"].shape:
+        self.tokens.setdefault("corrupt", [])
+        if corrupt is not None and ids["clean"].shape != ids["corrupt"].shape:
             raise MetricError(
                 f"clean and corrupt must have the same number of tokens (patching matches positions one to one): "
                 f"clean has {ids['clean'].shape[1]} {self.tokens['clean']}, corrupt has {ids['corrupt'].shape[1]} "
@@ -82,6 +90,9 @@ class Workbench:
         self.ids = {k: v.to(device) for k, v in ids.items()}
         self.runs: dict[str, RunState] = {}
         self.kinds: dict[str, set[str]] = {"clean": set(), "corrupt": set()}
+        if top1:  # the clean run's most likely next token, as a probability
+            a = int(self.state("clean").logits[0, -1].argmax())
+            self.metric = Metric(answer=a, prob=True, label=f"p({token_labels(tokenizer, [a])[0]!r})")
 
     @property
     def length(self) -> int:
@@ -89,6 +100,8 @@ class Workbench:
 
     def state(self, which: str, kinds: Sequence[str] = ()) -> RunState:
         """The recorded run of ``"clean"`` or ``"corrupt"`` with (at least) ``kinds`` recorded."""
+        if which not in self.ids:
+            raise MetricError("patching needs a corrupt prompt: Workbench(model, clean, corrupt, ...)")
         want = set(kinds) - {"resid"}
         if which not in self.runs or not want <= self.kinds[which]:
             self.kinds[which] |= want
@@ -203,7 +216,7 @@ class Workbench:
                 neurons: Any = None, mode: str = "zero") -> PatchedRun:
         """``which`` run again with an ablation (the arguments of :func:`nbdebug.ablate`; ``mode="mean"``
         averages over this run's own activation), from the first ablated block on: a view's click."""
-        mc, mk = self.scale()
+        mc, mk = self.scale() if "corrupt" in self.ids else (float("nan"), float("nan"))
         targets = resolve(self.model, heads=heads, layers=layers, channels=channels, neurons=neurons, pp=self.pp)
         if not targets:
             raise ValueError("nothing to ablate: give heads=, layers=, channels= or neurons=")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -244,3 +245,25 @@ def test_ablated_click_from_cached_state_equals_ablate(mode: str) -> None:
     torch.testing.assert_close(torch.from_numpy(run.logits), out[0, -1], rtol=0, atol=1e-5)
     assert run.metric == pytest.approx(float(out[0, -1, 3] - out[0, -1, 5]), abs=1e-5)
     assert run.residual.shape == (4, 32) and hook_count(m) == 0
+
+
+def test_one_prompt_workbench_measures_the_top_token_probability() -> None:
+    """A view without a corrupt prompt or an answer (the attention view): Δ probability of the clean run's
+    top-1 token under an ablation; a grid needs the corrupt prompt and says so."""
+    from nbdebug.workbench import Workbench
+    from nbdebug.workbench.metric import MetricError
+
+    m = tiny("llama")
+    clean, _ = prompts()
+    wb = Workbench(m, clean)
+    with torch.no_grad():
+        plain = logits(m, clean)[0, -1]
+        top = int(plain.argmax())
+        with nbdebug.ablate(m, heads={1: [0, 2]}):
+            ablated = logits(m, clean)[0, -1]
+    assert wb.metric_of("clean") == pytest.approx(float(torch.softmax(plain, -1)[top]), abs=1e-6)
+    run = wb.ablated(heads={1: [0, 2]})
+    assert run.metric == pytest.approx(float(torch.softmax(ablated, -1)[top]), abs=1e-6)
+    assert np.isnan(run.effect) and wb.metric.label.startswith("p(")
+    with pytest.raises(MetricError, match="needs a corrupt prompt"):
+        wb.grid("heads")

@@ -17,8 +17,11 @@ GPT-2-small-shaped random model (``offline.gpt2_shaped(layers=12)``, 12 × 12 he
 prompts differ at position 0 so no cell is skipped): the 2,160-patch heads × positions grid (target
 ≤ 30 s), and the loop's time estimated from a sample of its forwards.
 
-Times: the grid is the median of ``--rounds`` runs; the loop runs once (it is the slow side). On a
-shared machine the ratios skew: re-measure on a quiet one.
+Times: medians over interleaved rounds (``common.interleaved``: a grid, then a slice of the loop's
+forwards, then the next grid...), so that load from other processes hits both sides alike; the
+loop's total is its median time per forward × its number of patches (every slice is checked
+against the grid), and CPU-time ratios are printed beside the wall-time ones. On a shared machine
+the figures still skew: re-measure on a quiet one.
 
     python benchmarks/bench_workbench.py [--quick] [--rounds 3] [--no-gpt2]
 
@@ -35,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from common import exact_rss_env, peak_extra_bytes, table
+from common import exact_rss_env, interleaved, peak_extra_bytes, table
 from torch import nn
 
 import nbdebug
@@ -68,7 +71,7 @@ def record(model: nn.Module, ids: torch.Tensor, modules: list[nn.Module], pre: b
 
 
 def loop_grid(model: nn.Module, clean: torch.Tensor, corrupt: torch.Tensor, sites: str, metric: Callable[[torch.Tensor], float],
-              limit: int | None = None) -> tuple[np.ndarray, int]:
+              limit: int | None = None, offset: int = 0) -> tuple[np.ndarray, int]:
     """The per-patch loop (denoise): one full forward of the corrupt prompt per patch, a plain pre-hook
     putting the clean activation in (block input for resid; a head's slice of the output projection's
     input, all positions, for heads; one position each for "heads-each")."""
@@ -88,7 +91,8 @@ def loop_grid(model: nn.Module, clean: torch.Tensor, corrupt: torch.Tensor, site
     rows = len(mods) * (pp.n_heads if sites == "heads-each" else 1)
     out = np.full((rows, T if sites != "heads" else pp.n_heads), np.nan)
     n = 0
-    for row, col, pos, feat in cells[:limit]:
+    chosen = cells if limit is None else [cells[(offset + i) % len(cells)] for i in range(min(limit, len(cells)))]
+    for row, col, pos, feat in chosen:
         layer = row // pp.n_heads if sites == "heads-each" else row
         value = src[layer]
 
@@ -105,6 +109,34 @@ def loop_grid(model: nn.Module, clean: torch.Tensor, corrupt: torch.Tensor, site
             h.remove()
         n += 1
     return out, n
+
+
+def compare(model: nn.Module, clean: torch.Tensor, corrupt: torch.Tensor, sites: str, a: int, w: int, rounds: int,
+            target: float, name: str, slice_size: int = 30) -> tuple[str, ...]:
+    """Grid vs loop, interleaved (grid, a slice of the loop's forwards, grid, the next slice...): the
+    loop's time is its median seconds per forward × its number of forwards; every slice's values are
+    checked against the grid."""
+    errs: list[float] = []
+    g0 = nbdebug.patch(model, clean, corrupt, sites=sites, answer=a, wrong=w, progress=False)
+    n_total = g0.effect.size
+    state = {"offset": 0}
+
+    def loop_slice() -> None:
+        ref, n = loop_grid(model, clean, corrupt, sites, diff_metric(a, w), limit=slice_size, offset=state["offset"])
+        state["offset"] += n
+        filled = ~np.isnan(ref)
+        raw = np.where(g0.identical, g0.metric_corrupt, g0.raw)
+        errs.append(float(np.abs(raw[filled] - ref[filled]).max()))
+
+    cpu: dict[str, float] = {}
+    t = interleaved({"grid": lambda: nbdebug.patch(model, clean, corrupt, sites=sites, answer=a, wrong=w, progress=False),
+                     "loop": loop_slice}, rounds=rounds, warmup=0, cpu=cpu)
+    per = t["loop"] / min(slice_size, n_total)
+    loop_total = per * n_total
+    return (name, f"{sites} grid {g0.shape[0]} × {g0.shape[1]}: loop ({n_total} forwards) / grid",
+            f"{loop_total:.2f} s / {t['grid']:.2f} s = {loop_total / t['grid']:.1f}×",
+            f"target ≥ {target}×; CPU-time ratio {cpu['loop'] / min(slice_size, n_total) * n_total / cpu['grid']:.1f}×; "
+            f"{g0.patches} patches run; max |grid − loop| {max(errs):.1e} over {state['offset']} loop forwards")
 
 
 def median_time(fn: Callable[[], Any], rounds: int) -> tuple[float, Any]:
@@ -146,16 +178,14 @@ def smollm2_part(args: argparse.Namespace) -> list[tuple[str, ...]]:
     fwd = forward_time(model, corrupt)
     rows: list[tuple[str, ...]] = [(name, "one plain forward", f"{fwd * 1e3:.1f} ms", "")]
     for sites, target in (("resid", 10), ("heads", 5)):
-        t_loop0 = time.perf_counter()
-        ref, n = loop_grid(model, clean, corrupt, sites, diff_metric(a, w))
-        t_loop = time.perf_counter() - t_loop0
-        t_grid, g = median_time(lambda s=sites: nbdebug.patch(model, clean, corrupt, sites=s, **kw), args.rounds)
-        err = float(np.nanmax(np.abs(np.where(g.identical, g.metric_corrupt, g.raw) - ref)))
-        rows.append((name, f"{sites} grid {g.shape[0]} × {g.shape[1]}: loop ({n} forwards) / grid",
-                     f"{t_loop:.2f} s / {t_grid:.2f} s = {t_loop / t_grid:.1f}×",
-                     f"target ≥ {target}×; {g.patches} patches run; max |grid − loop| {err:.1e}"))
-    t_att, _ = median_time(lambda: nbdebug.patch(model, clean, corrupt, sites="heads", method="attribution", **kw), args.rounds)
-    rows.append((name, "attribution (heads), forward-equivalents", f"{t_att / fwd:.2f}", f"{t_att:.2f} s; target ≤ 3"))
+        rows.append(compare(model, clean, corrupt, sites, a, w, args.rounds, target, name))
+    cpu: dict[str, float] = {}
+    with torch.no_grad():
+        t = interleaved({"forward": lambda: logits_of(model, corrupt),
+                         "attribution": lambda: nbdebug.patch(model, clean, corrupt, sites="heads", method="attribution", **kw)},
+                        rounds=args.rounds, warmup=1, cpu=cpu)
+    rows.append((name, "attribution (heads), forward-equivalents", f"{t['attribution'] / t['forward']:.2f}",
+                 f"{t['attribution']:.2f} s; CPU-time ratio {cpu['attribution'] / cpu['forward']:.2f}; target ≤ 3"))
     wb = Workbench(model, clean, corrupt, answer=a, wrong=w)
     g = wb.grid("resid", progress=False)
     first = int(np.argmax(~g.identical[0]))  # block 0 at the first changed position: the longest run
@@ -188,20 +218,27 @@ def gpt2_part(args: argparse.Namespace) -> list[tuple[str, ...]]:
         w = int(logits_of(model, corrupt)[0, -1].argmax())
         w = w if w != a else int(logits_of(model, corrupt)[0, -1].topk(2).indices[1])
     fwd = forward_time(model, corrupt)
-    t_grid, gr = median_time(lambda: nbdebug.patch(model, clean, corrupt, answer=a, wrong=w, sites="heads",
-                                                  positions="each", progress=False), max(1, args.rounds - 1))
     sample = 24 if not args.quick else 8
-    t0 = time.perf_counter()
-    ref, n = loop_grid(model, clean, corrupt, "heads-each", diff_metric(a, w), limit=sample)
-    per = (time.perf_counter() - t0) / n
+    kw = dict(answer=a, wrong=w, sites="heads", positions="each", progress=False)
+    gr = nbdebug.patch(model, clean, corrupt, **kw)
+    errs: list[float] = []
+    state = {"offset": 0}
+
+    def loop_slice() -> None:
+        ref, n = loop_grid(model, clean, corrupt, "heads-each", diff_metric(a, w), limit=sample, offset=state["offset"])
+        state["offset"] += n
+        filled = ~np.isnan(ref)
+        errs.append(float(np.abs(gr.raw[filled] - ref[filled]).max()))
+
+    t = interleaved({"grid": lambda: nbdebug.patch(model, clean, corrupt, **kw), "loop": loop_slice},
+                    rounds=max(1, args.rounds - 1), warmup=0)
     total = gr.effect.size
-    filled = ~np.isnan(ref)
-    err = float(np.abs(gr.raw[filled] - ref[filled]).max())
+    loop = t["loop"] / sample * total
     return [(name, "one plain forward", f"{fwd * 1e3:.1f} ms", ""),
-            (name, f"heads × positions grid ({total} patches, {gr.patches} run)", f"{t_grid:.1f} s",
+            (name, f"heads × positions grid ({total} patches, {gr.patches} run)", f"{t['grid']:.1f} s",
              "target ≤ 30 s" if not args.quick else ""),
-            (name, f"loop estimate ({total} forwards, from {n})", f"{per * total:.1f} s",
-             f"{per * total / t_grid:.1f}× the grid; max |grid − loop| on the sample {err:.1e}")]
+            (name, f"loop estimate ({total} forwards, from {state['offset']} interleaved)", f"{loop:.1f} s",
+             f"{loop / t['grid']:.1f}× the grid; max |grid − loop| on those {max(errs):.1e}")]
 
 
 def main() -> None:

@@ -12,6 +12,11 @@ Training: ``nbdebug.doctor(model, inputs, targets)`` (the pre-training checklist
 ``nbdebug.TrainerCallback()`` (Hugging Face ``Trainer``) and ``nbdebug.LightningCallback()``
 (PyTorch Lightning); neither callback imports its framework before one is created.
 
+Testing what a view shows (the causal workbench): ``nbdebug.patch(model, clean=, corrupt=, answer=,
+wrong=, tokenizer=, sites=)`` (an activation-patching grid, a ``PatchGrid``), ``with
+nbdebug.ablate(model, heads={3: [5]}):``, ``with nbdebug.steer(model, layer=, vector=, alpha=):`` and
+``nbdebug.steering_vector(model, tok, positive=[...], negative=[...], layer=)``.
+
 Many processes: ``%%nndebug --distributed -o run`` over a cell that launches workers whose steps run
 inside ``with nbdebug.debug(model):``; ``nbdebug.load(spool_dir)`` reads a spool written by a
 ``torchrun``/script launch with ``NBDEBUG_SPOOL=spool_dir`` (both give a ``nbdebug.distributed.Run``).
@@ -38,6 +43,11 @@ _LAZY = {
     "load": "nbdebug.distributed",
     "TrainerCallback": "nbdebug.integrations.hf",
     "LightningCallback": "nbdebug.integrations.lightning",
+    "patch": "nbdebug.workbench",
+    "ablate": "nbdebug.workbench",
+    "steer": "nbdebug.workbench",
+    "steering_vector": "nbdebug.workbench",
+    "PatchGrid": "nbdebug.workbench",
 }
 __all__ = ["__version__", "load_ipython_extension", *_LAZY]
 

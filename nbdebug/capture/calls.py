@@ -171,7 +171,7 @@ class OpenStep:
             if t.numel() != 1:
                 self.nonscalar = True
                 t = t.float().sum()
-            self.backward_losses.append(as_float_later(t))
+            self.backward_losses.append(as_float_later(t, self.device_path))
 
     def snapshot(self, incident: Any, call: Call) -> None:
         """The forward incident of ``call``, copied in its hook (CPU path: the first non-finite output)."""

@@ -92,7 +92,7 @@ class ForwardHooks:
             return
         loss = loss_of_output(output)
         if loss is not None:
-            self.rec.losses.append(as_float_later(loss))
+            self.rec.losses.append(as_float_later(loss, self.device_path))
 
     def _link_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any], call: Call, check: bool) -> None:
         """Link a call to the recorded calls that produced its inputs (by tensor identity).

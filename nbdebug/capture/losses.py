@@ -67,18 +67,19 @@ def _scalar(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.dim() == 0 and t.is_floating_point()
 
 
-def as_float_later(x: Any) -> float | torch.Tensor:
+def as_float_later(x: Any, on_device: bool = False) -> float | torch.Tensor:
     """``x`` (a loss: tensor, number or None) as a float, or as a detached 1-element float32 copy when it
-    is an accelerator tensor (read with the capture's one per-step transfer, never synced here).
-    A tensor of several values gives its mean (a ``reduction="none"`` loss); anything else NaN."""
+    is an accelerator tensor or ``on_device`` (the capture's device path: read with its one per-step
+    transfer, never synced here). A tensor of several values gives its mean (a ``reduction="none"``
+    loss); anything else NaN."""
     if isinstance(x, torch.Tensor):
         if not x.numel() or x.is_complex():
             return float("nan")
-        if x.is_cpu and x.numel() == 1:
+        if x.is_cpu and x.numel() == 1 and not on_device:
             return float(x.item())
         t = x.detach()
         t = t.reshape(1) if t.numel() == 1 else t.float().mean().reshape(1)
-        if t.device.type == "cpu":
+        if t.device.type == "cpu" and not on_device:
             return float(t[0])
         return t.to(torch.float32, copy=True)
     if isinstance(x, bool) or x is None:

@@ -116,7 +116,7 @@ class _Level:
 
 def _solve(img: torch.Tensor, removed: torch.Tensor, tol: float, iters: int) -> torch.Tensor:
     """The linear imputation of ``img`` (N×C×H×W) at ``removed`` (N×1×H×W): conjugate gradients
-    preconditioned by a multigrid V-cycle, one system per image and channel, until every residual
+    preconditioned by a multigrid V-cycle, one system per image and channel, each until its residual
     is below ``tol`` of its right-hand side."""
     m = removed.to(img.dtype)
     level = _Level(m)
@@ -131,11 +131,12 @@ def _solve(img: torch.Tensor, removed: torch.Tensor, tol: float, iters: int) -> 
     p, rz = z, dot(r, z)
     stop = tol**2 * dot(b, b)
     for _ in range(iters):
-        if bool((dot(r, r) <= stop).all()):
+        active = dot(r, r) > stop  # a converged system stops moving: the same result alone or in any batch
+        if not bool(active.any()):
             break
         ap = level.op(p)
         pap = dot(p, ap)
-        alpha = torch.where(pap > 0, rz / torch.where(pap > 0, pap, torch.ones_like(pap)), torch.zeros_like(pap))
+        alpha = torch.where(active & (pap > 0), rz / torch.where(pap > 0, pap, torch.ones_like(pap)), torch.zeros_like(pap))
         x = x + alpha * p
         r = r - alpha * ap
         z = level.vcycle(r)
@@ -146,18 +147,22 @@ def _solve(img: torch.Tensor, removed: torch.Tensor, tol: float, iters: int) -> 
 
 
 def impute(img: torch.Tensor, removed: torch.Tensor, *, noise: float = 0.01, generator: torch.Generator | None = None,
-           tol: float = 1e-3, iters: int = 200) -> torch.Tensor:
+           seeds: Sequence[int] | None = None, tol: float = 1e-3, iters: int = 200) -> torch.Tensor:
     """ROAD's noisy linear imputation of ``img`` (N×C×H×W) at the ``removed`` pixels (N×H×W bool):
     each removed pixel is the weighted mean of its neighbours inside the image (1/6 edge, 1/12
     corner), all solved jointly (the system Rong et al. solve with a sparse direct solver; here
     multigrid-preconditioned conjugate gradients in float32 to a relative residual ``tol``, about
-    0.2 % of the image's range, well below the noise), plus ``noise`` × N(0, 1) drawn from
-    ``generator`` on the removed pixels (the user's random stream is not used)."""
+    0.2 % of the image's range, well below the noise), plus ``noise`` × N(0, 1) on the removed
+    pixels, drawn from ``generator`` (default: one seeded 0) or, with ``seeds``, image ``i``'s from a generator seeded
+    ``seeds[i]`` (the same image whatever else is in the batch); the user's random stream is not used."""
     rem = removed.unsqueeze(1).bool()
     out = _solve(img.float(), rem, tol, iters)
     if noise:
-        eps = torch.randn(out.shape, generator=generator).to(out.device)
-        out = torch.where(rem, out + noise * eps, out)
+        if seeds is not None:
+            eps = torch.stack([torch.randn(out.shape[1:], generator=torch.Generator().manual_seed(int(s))) for s in seeds])
+        else:
+            eps = torch.randn(out.shape, generator=generator if generator is not None else torch.Generator().manual_seed(0))
+        out = torch.where(rem, out + noise * eps.to(out.device), out)
     return out.to(img.dtype)
 
 
@@ -214,7 +219,7 @@ class Plan:
                 for k in range(len(FRACTIONS[metric])):
                     if not self._shared(metric, k):
                         self.items.append((m, metric, k))
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
 
     @staticmethod
     def _shared(metric: str, k: int) -> str:
@@ -253,7 +258,8 @@ class Plan:
                 road.append((pos, self._mask(method, metric, k)))
         if road:
             imgs = self.x.unsqueeze(0).expand(len(road), *self.x.shape)
-            filled = impute(imgs, torch.stack([m for _, m in road]), generator=self.generator)
+            seeds = [self.seed * 1_000_003 + i + pos for pos, _ in road]  # the noise of item i: the same in any chunk
+            filled = impute(imgs, torch.stack([m for _, m in road]), seeds=seeds)
             for (pos, _), img in zip(road, filled):
                 out[pos] = img
         return torch.stack([t for t in out if t is not None])

@@ -234,16 +234,14 @@ class GradCamRecorder(Recorder):
         """``--faithfulness`` and ``--sanity`` on the shown layer: the result's fields (a problem is a note)."""
         out: dict[str, Any] = {}
         model, (args, kwargs) = self.model, self._inputs
-        if self.faithfulness:
-            try:
-                report = faithfulness(model, args, kwargs, maps, classes, name_of=name_of, max_bytes=self.max_bytes,
-                                      item_bytes=session.item_bytes, progress=progress)
-            except ValueError as exc:
-                notes.append(f"faithfulness: {exc}")
-            else:
-                out["faithfulness"], out["faithfulness_report"] = report.auc, report
-                notes.append(f"faithfulness: {report.images} perturbed images of sample 0 for {report.target_name} "
-                             f"in {report.forwards} batched forwards; best first: {', '.join(report.ranking)}")
+        if self.faithfulness and session.image is None:
+            notes.append("faithfulness: no image among the model's inputs to perturb")
+        elif self.faithfulness:
+            report = faithfulness(model, args, kwargs, maps, classes, name_of=name_of, max_bytes=self.max_bytes,
+                                  item_bytes=session.item_bytes, progress=progress)
+            out["faithfulness"], out["faithfulness_report"] = report.auc, report
+            notes.append(f"faithfulness: {report.images} perturbed images of sample 0 for {report.target_name} "
+                         f"in {report.forwards} batched forwards; best first: {', '.join(report.ranking)}")
         if self.sanity:
             calls = [(r.module, r.call) for r in self._probe.records]
             report_s = sanity(model, args, kwargs, layer, maps, classes, calls=calls, reshape=self.reshape, output_hw=session.output_hw,

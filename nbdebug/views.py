@@ -159,13 +159,15 @@ register(
 register(
     ViewSpec(
         name="gradcam",
-        help="Grad-CAM / Grad-CAM++ heatmaps over the input image for the top-k classes (CNNs and vision transformers)",
+        help="Grad-CAM and the CAM family over the input image for the top-k classes (CNNs and vision transformers), with faithfulness and sanity checks",
         recorder="nbdebug.recorders.gradcam:GradCamRecorder",
         arguments=(
             (("--layer",), dict(default=None, dest="gradcam_layer", help="target layer (default: the last one with a spatial output the scores depend on); 'name#k' for the k-th call of a shared module")),
             (("--target",), dict(default=None, dest="target", help="'topk' (default), a class index, a class name, or a comma-separated list")),
             (("--topk",), dict(type=int, default=None, dest="cam_topk", help="how many top classes to explain at once (default 5)")),
-            (("--method",), dict(default=None, dest="cam_method", choices=["gradcam", "gradcam++"], help="CAM weighting (default gradcam)")),
+            (("--method",), dict(default=None, dest="cam_method", help="CAM method(s), comma-separated, or all: gradcam (default), gradcam++, hirescam, xgradcam, layercam, eigencam, ablationcam, scorecam (the last two run one forward per channel, batched under --max-bytes)")),
+            (("--faithfulness",), dict(action="store_true", dest="faithfulness", help="gradcam: deletion/insertion and ROAD (MoRF/LeRF) curves of each method's map for sample 0 and its top class, methods ranked")),
+            (("--sanity",), dict(action="store_true", dest="sanity", help="gradcam: Spearman of each map against the map with the layers after the CAM layer re-initialised (on a copy); flags maps that do not depend on the class decision")),
             (("--class-names",), dict(default=None, dest="class_names", metavar="VAR", help="a list/dict of class names in the notebook (default: model.config.id2label)")),
             (("--image-mean",), dict(default=None, dest="image_mean", help="input normalisation mean, e.g. 0.485,0.456,0.406 (default: detected)")),
             (("--image-std",), dict(default=None, dest="image_std", help="input normalisation std (default: detected)")),

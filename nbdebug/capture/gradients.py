@@ -29,7 +29,7 @@ from .probe import OutputProbe, run_eagerly
 from .select import unwrap_compiled
 from .state import preserve_buffers, suspend_hooks
 
-__all__ = ["LayerDidNotRun", "autograd_inputs", "class_grads", "layer_pass", "probe_pass", "target_grads"]
+__all__ = ["LayerDidNotRun", "autograd_inputs", "class_grads", "layer_pass", "probe_pass", "swap_first", "target_grads", "weight_versions"]
 
 
 class LayerDidNotRun(ValueError):
@@ -60,21 +60,21 @@ def autograd_inputs(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[tup
     return tuple(_usable(a) for a in args), {k: _usable(v) for k, v in kwargs.items()}
 
 
-def _swap_first(output: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def swap_first(output: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """``output`` with its first tensor leaf replaced by ``fn(tensor)`` (tensor, tuple, list, dict/ModelOutput)."""
     if isinstance(output, torch.Tensor):
         return fn(output)
     if isinstance(output, (tuple, list)):
         items = list(output)
         for i, v in enumerate(items):
-            new = _swap_first(v, fn)
+            new = swap_first(v, fn)
             if new is not v:
                 items[i] = new
                 return type(output)(items) if not hasattr(output, "_fields") else type(output)(*items)
         return output
     if isinstance(output, Mapping):
         for k, v in output.items():
-            new = _swap_first(v, fn)
+            new = swap_first(v, fn)
             if new is not v:
                 data = dict(output)
                 data[k] = new
@@ -125,7 +125,7 @@ def layer_pass(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
                 same = t.shape == leaves[-1].shape and torch.equal(t.detach(), leaves[-1].detach())
                 return leaves[-1].clone() if same else t
 
-            return _swap_first(out, again)
+            return swap_first(out, again)
         k = seen[0]
         seen[0] += 1
         if call is not None and k != call:
@@ -137,7 +137,7 @@ def layer_pass(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
             leaves.append(leaf)
             return leaf.clone()
 
-        return _swap_first(out, swap)
+        return swap_first(out, swap)
 
     with (torch.inference_mode(False), preserve_buffers(model), no_param_grads(model), torch.enable_grad(),
           warnings.catch_warnings(), suspend_hooks(model), HookSet() as hooks):
@@ -243,3 +243,17 @@ def probe_pass(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
         warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")  # reentrant checkpoint
         model(*args, **kwargs)
     return pr
+
+
+def weight_versions(model: nn.Module) -> tuple[int, ...]:
+    """The version counters of ``model``'s parameters (an in-place update, e.g. an optimizer step,
+    moves them; -1 for inference tensors, which have none): compare two readings to tell whether the
+    weights changed in between, without copying them."""
+    out = []
+    for p in model.parameters():
+        try:
+            out.append(int(p._version))
+        except RuntimeError:
+            out.append(-1)
+    return tuple(out)
+

@@ -1,11 +1,13 @@
-"""Grad-CAM and Grad-CAM++ on any layer with a spatial output, for CNNs and vision transformers: the math.
+"""The CAM family on any layer with a spatial output, for CNNs and vision transformers: the results.
 
 Pure computation, no hooks and no model passes: :func:`cam_maps` turns a layer's activation and the
-gradients of K class scores with respect to it into CAMs (:func:`cams_from`), :func:`resolve_targets`
-picks the classes, :func:`pick_layer` / :func:`fallback_layers` the layer. The passes that produce
-activations and gradients (one forward of nbdebug's own, one batched backward) are
-:func:`~nbdebug.capture.gradients.target_grads` / :func:`~nbdebug.capture.gradients.probe_pass`, run
-by :mod:`nbdebug.recorders.gradcam` (``grad_cam()`` there is the whole thing without a widget).
+gradients of K class scores with respect to it into one map per method (the math of each method is
+in :mod:`nbdebug.inspectors.cams`; the perturbation methods' maps come in ready-made),
+:func:`resolve_targets` picks the classes, :func:`pick_layer` / :func:`fallback_layers` the layer.
+The passes that produce activations and gradients (one forward of nbdebug's own, one batched
+backward) are :func:`~nbdebug.capture.gradients.target_grads` /
+:func:`~nbdebug.capture.gradients.probe_pass`, run by :mod:`nbdebug.recorders.gradcam` (``grad_cam()``
+there is the whole thing without a widget).
 
     weights_k = mean_ij dScore_c / dA_kij          (Grad-CAM)
     CAM       = ReLU(sum_k weights_k A_k), bilinearly upsampled to the input size
@@ -24,10 +26,11 @@ from torch import nn
 
 from ..adapters.vision import GridInfo, Reshape, SpatialLayer, infer_grid, to_nchw
 from ..capture.names import call_name, split_call_name
+from .cams import GRADIENT, eigen_map, gradient_map
 
 __all__ = [
     "CamMaps", "GradCamResult", "LayerError", "Target", "cam_maps", "cams_from", "class_names_for", "fallback_layers",
-    "parse_target", "pick_layer", "resolve_targets",
+    "layer_grid", "parse_target", "pick_layer", "resolve_targets", "upsample",
 ]
 
 #: "topk", a class index, a class name, or a list of indices/names (the same for every sample).
@@ -40,7 +43,8 @@ class LayerError(ValueError):
 
 @dataclass
 class CamMaps:
-    """CAMs of one layer: ``cams`` B×K×H×W at input size, ``low`` B×K×h×w at layer size (ReLU'd, unscaled)."""
+    """CAMs of one layer: ``cams`` B×K×H×W at input size, ``low`` B×K×h×w at layer size (ReLU'd,
+    unscaled), of the first method; ``by_method[m] = (cams, low)`` of every method computed."""
 
     layer: str
     grid: GridInfo
@@ -48,6 +52,31 @@ class CamMaps:
     low: np.ndarray
     zero_grad: bool
     note: str = ""
+    by_method: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    #: what the perturbation methods had to say (chunks under the budget, training mode)
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.by_method:
+            self.by_method = {"": (self.cams, self.low)}
+
+    @property
+    def methods(self) -> list[str]:
+        """The methods whose maps this holds, in order."""
+        return [m for m in self.by_method if m]
+
+    def of(self, method: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(cams, low)`` of ``method`` (None: the first)."""
+        if method is None:
+            return self.cams, self.low
+        if method not in self.by_method:
+            raise KeyError(f"no {method!r} maps for {self.layer}; computed: {', '.join(self.methods) or 'one'}")
+        return self.by_method[method]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every method's maps."""
+        return sum(int(c.nbytes + lo.nbytes) for c, lo in self.by_method.values())
 
 
 @dataclass
@@ -71,11 +100,30 @@ class GradCamResult:
     image: np.ndarray | None
     image_note: str
     notes: list[str] = field(default_factory=list)
+    #: every method computed, in the view's order (``method`` is the first)
+    methods: list[str] = field(default_factory=list)
+    #: ``--faithfulness``: method → ``{"deletion", "insertion", "road_morf", "road_lerf"}`` AUCs (sample 0, first target)
+    faithfulness: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the curves and ranking behind :attr:`faithfulness` (a ``FaithfulnessReport``), or None
+    faithfulness_report: Any = None
+    #: ``--sanity``: method → Spearman ρ between the map and the map with every layer after the CAM layer re-initialised
+    sanity: dict[str, float] = field(default_factory=dict)
+    #: method → ``[(layer, ρ)]``, layers re-initialised from the output down, one more each time
+    sanity_cascade: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
 
     @property
     def cams(self) -> np.ndarray:
         """CAMs of the chosen layer, B×K×H×W (input resolution)."""
         return self.maps[self.layer].cams
+
+    def cam(self, method: str | None = None) -> np.ndarray:
+        """``method``'s CAMs of the chosen layer, B×K×H×W at the input's resolution (None: the first method)."""
+        return self.maps[self.layer].of(method)[0]
+
+    def low(self, method: str | None = None) -> np.ndarray:
+        """``method``'s own map of the chosen layer, B×K×h×w at the layer's resolution (before
+        upsampling and normalisation; None: the first method)."""
+        return self.maps[self.layer].of(method)[1]
 
 
 def class_names_for(model: nn.Module, names: Any, n_classes: int) -> Callable[[int], str]:
@@ -133,59 +181,90 @@ def resolve_targets(targets: Target, logits: torch.Tensor, topk: int, name_of: C
     return torch.tensor(idx, device=logits.device).unsqueeze(0).expand(b, -1)
 
 
+def upsample(low: torch.Tensor, size: tuple[int, int] | None) -> torch.Tensor:
+    """``low`` (…×h×w) bilinearly upsampled to ``size`` (the input image's; None: as is)."""
+    size = size or (int(low.shape[-2]), int(low.shape[-1]))
+    return F.interpolate(low, size=size, mode="bilinear", align_corners=False)
+
+
 def cams_from(act: torch.Tensor, grads: torch.Tensor, method: str, size: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Pure CAM math: ``act`` B×C×h×w, ``grads`` B×K×C×h×w (float) → ``(up B×K×H×W, low B×K×h×w, all-zero gradient)``.
 
-    Grad-CAM weights each channel by its mean gradient; Grad-CAM++ by ``sum_ij alpha_kij ReLU(g_kij)``
-    with ``alpha = g² / (2g² + sum_ij A · g³)``. ``size`` is the output size (the input image's).
+    ``method``: a gradient method of :mod:`nbdebug.inspectors.cams` (gradcam, gradcam++, hirescam,
+    xgradcam, layercam) or eigencam. ``size`` is the output size (the input image's).
     """
-    a = act.unsqueeze(1)  # B×1×C×h×w
-    if method == "gradcam++":
-        g2, g3 = grads.pow(2), grads.pow(3)
-        denom = 2 * g2 + a.sum(dim=(-2, -1), keepdim=True) * g3
-        alpha = torch.where(denom != 0, g2 / torch.where(denom != 0, denom, torch.ones_like(denom)), torch.zeros_like(denom))
-        weights = (alpha * F.relu(grads)).sum(dim=(-2, -1))
-    elif method == "gradcam":
-        weights = grads.mean(dim=(-2, -1))  # B×K×C
+    if method == "eigencam":
+        low = eigen_map(act, int(grads.shape[1]))
+    elif method in GRADIENT:
+        low = gradient_map(method, act, grads)
     else:
-        raise ValueError(f"unknown method {method!r}: use 'gradcam' or 'gradcam++'")
-    low = F.relu(torch.einsum("bkc,bchw->bkhw", weights, act))  # B×K×h×w
-    size = size or (int(low.shape[-2]), int(low.shape[-1]))
-    up = F.interpolate(low, size=size, mode="bilinear", align_corners=False)
-    return up, low, bool((grads == 0).all())
+        raise ValueError(f"unknown method {method!r}: use one of {', '.join((*GRADIENT, 'eigencam'))}")
+    return upsample(low, size), low, bool((grads == 0).all())
+
+
+def layer_grid(layer: SpatialLayer, shape: tuple[int, ...], *, reshape: Reshape = None, output_hw: tuple[int, int] | None = None,
+               grid_hw: tuple[int, int] | None = None) -> GridInfo:
+    """The grid of ``layer``'s output (of ``shape``): the probe's, else worked out from the shape
+    (``grid_hw``: a ViT config's patch grid); LayerError when it has none."""
+    grid = layer.grid
+    if grid is None:
+        grid = infer_grid(shape, input_hw=output_hw, grid_hw=grid_hw, reshape=reshape if isinstance(reshape, str) else None)
+        if grid is None and callable(reshape):
+            grid = GridInfo("custom", 0, 0, 0)
+        if grid is None:
+            raise LayerError(f"layer {layer.name!r} has no spatial output (shape {list(shape)})")
+    return grid
 
 
 def cam_maps(
     layer: SpatialLayer,
     act: torch.Tensor,
-    grads: torch.Tensor,
+    grads: torch.Tensor | None,
     *,
     method: str = "gradcam",
+    methods: Sequence[str] | None = None,
+    given: Mapping[str, torch.Tensor] | None = None,
     reshape: Reshape = None,
     output_hw: tuple[int, int] | None = None,
     grid_hw: tuple[int, int] | None = None,
+    k: int | None = None,
 ) -> CamMaps:
-    """CAMs of ``layer`` from its output ``act`` and ``grads`` (K×(act shape), one per target class).
+    """CAMs of ``layer`` from its output ``act`` and ``grads`` (K×(act shape), one per target class;
+    None when no gradient method is asked for, then ``k`` says how many classes), one map per method
+    of ``methods`` (default ``[method]``); ``given`` holds maps computed elsewhere (the perturbation
+    methods', B×K×h×w).
 
     ``layer.grid`` None (a layer named by the caller without a probe pass): the activation's shape
     decides (``grid_hw``: a ViT config's patch grid). ``output_hw``: the input image's size.
     """
-    grid = layer.grid
-    if grid is None:
-        grid = infer_grid(tuple(act.shape), input_hw=output_hw, grid_hw=grid_hw, reshape=reshape if isinstance(reshape, str) else None)
-        if grid is None and callable(reshape):
-            grid = GridInfo("custom", 0, 0, 0)
-        if grid is None:
-            raise LayerError(f"layer {layer.name!r} has no spatial output (shape {list(act.shape)})")
+    names = list(methods or [method])
+    grid = layer_grid(layer, tuple(act.shape), reshape=reshape, output_hw=output_hw, grid_hw=grid_hw)
+    by: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    zero = False
     with torch.no_grad():
         a = to_nchw(act, grid, reshape).float()  # B×C×h×w
-        g = to_nchw(grads, grid, reshape).float().transpose(0, 1)  # B×K×C×h×w
-        up, low, zero = cams_from(a, g, method, output_hw)
+        if grads is not None:
+            g = to_nchw(grads, grid, reshape).float().transpose(0, 1)  # B×K×C×h×w
+            zero = bool((g == 0).all())
+        n_cls = int(grads.shape[0]) if grads is not None else int(k or 1)
+        for m in names:
+            if given is not None and m in given:
+                low = given[m].float()
+            elif m == "eigencam":
+                low = eigen_map(a, n_cls)
+            elif m in GRADIENT:
+                if grads is None:
+                    raise ValueError(f"{m} needs the gradients of the class scores")
+                low = gradient_map(m, a, g)
+            else:
+                raise ValueError(f"no maps given for {m!r}")
+            by[m] = (upsample(low, output_hw).cpu().numpy(), low.cpu().numpy())
     note = ""
-    if zero:
+    if zero and any(m in GRADIENT for m in names):
         note = (f"the scores do not depend on {layer.name}'s grid positions (gradient is zero), "
                 "e.g. a transformer layer after the last attention only feeds the class token")
-    return CamMaps(layer.name, grid, up.cpu().numpy(), low.cpu().numpy(), zero, note)
+    first = by[names[0]]
+    return CamMaps(layer.name, grid, first[0], first[1], zero, note, by)
 
 
 def pick_layer(layers: list[SpatialLayer], requested: str | None, describe: str = "") -> tuple[SpatialLayer, bool]:

@@ -9,7 +9,7 @@ holds stays valid. The recorder, the session and the widget hold the model weakl
 
 The computation without a cell or a widget (:func:`grad_cam`, :func:`compute_cams`,
 :func:`probe`, :class:`GradCamSession`) is in :mod:`nbdebug.recorders.gradcam_cams`, importable
-from here too.
+from here too; ``--faithfulness`` and ``--sanity`` in :mod:`nbdebug.recorders.gradcam_checks`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from torch import nn
 
 from ..adapters.outputs import logits_of
 from ..adapters.unhookable import refuse_unhookable
-from ..adapters.vision import InputSize, SpatialLayer, image_for_display, parse_floats
+from ..adapters.vision import InputSize, SpatialLayer, find_image, image_for_display, parse_floats
 from ..capture import ModelCall, format_bytes, parse_bytes, select_modules, split_call_name
-from ..capture.gradients import autograd_inputs
+from ..capture.gradients import autograd_inputs, weight_versions
 from ..capture.probe import OutputProbe
+from ..capture.select import unwrap_compiled
 from ..capture.state import user_hook_count
+from ..inspectors.cams import PERTURBATION, parse_methods
 from ..inspectors.gradcam import GradCamResult, class_names_for, parse_target, pick_layer
 from ..views import Recorder
 from .gradcam_cams import (
@@ -37,10 +39,10 @@ from .gradcam_cams import (
     probe,
     spatial_of,
 )
+from .gradcam_checks import faithfulness, sanity
+from .gradcam_perturb import Progress
 
 __all__ = ["GradCamRecorder", "GradCamSession", "compute_cams", "grad_cam", "probe"]
-
-METHODS = ("gradcam", "gradcam++")
 
 
 def _names(value: Any, ns: dict[str, Any] | None) -> Any:
@@ -55,8 +57,9 @@ def _names(value: Any, ns: dict[str, Any] | None) -> Any:
 
 
 class GradCamRecorder(Recorder):
-    """Options read: ``gradcam_layer``, ``target``, ``cam_topk``, ``cam_method``, ``class_names``,
-    ``image_mean``, ``image_std``, ``reshape``, ``sample``, ``colormap``, ``user_ns``.
+    """Options read: ``gradcam_layer``, ``target``, ``cam_topk``, ``cam_method`` (one method, a
+    comma-separated list or ``all``), ``faithfulness``, ``sanity``, ``class_names``, ``image_mean``,
+    ``image_std``, ``reshape``, ``sample``, ``colormap``, ``max_bytes``, ``user_ns``.
 
     Holds the model weakly (``self.model`` raises :class:`~nbdebug.capture.ModelGoneError` once it
     is gone). A cell that calls the model several times is explained on its first call.
@@ -75,11 +78,10 @@ class GradCamRecorder(Recorder):
         self.topk = 5 if o.get("cam_topk") is None else int(o["cam_topk"])
         if self.topk < 1:
             raise ValueError(f"--topk {self.topk}: explain at least one class")
-        self.method = str(o.get("cam_method") or "gradcam").lower().replace("-", "")
-        if self.method == "gradcampp":
-            self.method = "gradcam++"
-        if self.method not in METHODS:
-            raise ValueError(f"unknown Grad-CAM method {o.get('cam_method')!r}; use gradcam or gradcam++")
+        self.methods = parse_methods(o.get("cam_method"))
+        self.method = self.methods[0]
+        self.faithfulness = bool(o.get("faithfulness"))
+        self.sanity = bool(o.get("sanity"))
         self.class_names = _names(o.get("class_names"), o.get("user_ns"))
         self.mean = parse_floats(o.get("image_mean"))
         self.std = parse_floats(o.get("image_std"))
@@ -89,7 +91,8 @@ class GradCamRecorder(Recorder):
         self.max_bytes = parse_bytes(o.get("max_bytes"))
         self._call: ModelCall | None = ModelCall(model)
         self._size = InputSize()
-        self._probe = OutputProbe(model, on_first_call=self._size)
+        self._weights: tuple[int, ...] | None = None  # the parameters' versions at the explained call
+        self._probe = OutputProbe(model, on_first_call=self._first_call)
         self._seen = False
         self._interrupted = False
         self._calls = 0
@@ -99,6 +102,21 @@ class GradCamRecorder(Recorder):
         self._layers: list[SpatialLayer] = []
         self._result: GradCamResult | None = None
         self.session: GradCamSession | None = None
+
+    def _first_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The cell's first model call: the image size, and the weights' version counters (to tell
+        later whether an optimizer step changed them before nbdebug's re-run)."""
+        self._size(args, kwargs)
+        self._weights = weight_versions(unwrap_compiled(self.model))
+
+    def _item_bytes(self) -> int | None:
+        """One perturbed forward's memory, estimated from the first call's outputs (per sample): three
+        times the largest and the input (None without a record)."""
+        sizes = [int(np.prod(r.shape[1:], dtype=np.int64)) * torch.empty((), dtype=r.dtype).element_size()
+                 for r in self._probe.records if len(r.shape) >= 2]
+        img = find_image(*self._inputs)
+        first = int(img[:1].numel() * img.element_size()) if img is not None else 0
+        return 3 * max(sizes) + first if sizes else None
 
     def __enter__(self) -> GradCamRecorder:
         assert self._call is not None, "a GradCamRecorder is entered once"
@@ -161,16 +179,24 @@ class GradCamRecorder(Recorder):
     def _compute(self) -> GradCamResult:
         if not self._seen:
             raise RuntimeError("the cell never called the model, so there is nothing to explain; call it once, e.g. `model(x)`")
+        progress = Progress()
+        try:
+            return self._explain(progress)
+        finally:
+            progress.close()
+
+    def _explain(self, progress: Progress) -> GradCamResult:
         layers = self._layers
         chosen, auto = pick_layer(layers, self.layer, self._probe.describe_all())
         model = self.model
-        session = GradCamSession(model, *self._inputs, layers, method=self.method, reshape=self.reshape, max_bytes=self.max_bytes)
+        session = GradCamSession(model, *self._inputs, layers, methods=self.methods, reshape=self.reshape, max_bytes=self.max_bytes,
+                                 item_bytes=self._item_bytes(), order=[r.module for r in self._probe.records], progress=progress)
         self.session = session
         has_names = self.class_names is not None or getattr(getattr(model, "config", None), "id2label", None)
         name_of = class_names_for(model, self.class_names, 0) if has_names else str
-        maps, logits = session.compute(chosen, targets=self.target, topk=self.topk, name_of=name_of)
+        maps, logits = session.compute(chosen, targets=self.target, topk=self.topk, name_of=name_of, auto=auto)
         notes: list[str] = []
-        found = nonzero_fallback(layers, chosen, maps, lambda cand: session.compute(cand)[0]) if auto else None
+        found = nonzero_fallback(layers, chosen, maps, lambda cand: session.compute(cand, auto=True)[0]) if auto else None
         if found is not None:
             notes.append(f"{chosen.name} (the last layer with a spatial output) has a zero gradient; "
                          f"{found[0].name} is the last one the scores depend on")
@@ -184,10 +210,58 @@ class GradCamRecorder(Recorder):
                          f"({format_bytes(session.cam_bytes(maps))}) are kept; other layers are recomputed when you pick them")
         if maps.note:
             notes.append(maps.note)
+        notes.extend(maps.notes)
+        classes = session.classes
+        assert classes is not None
+        checks = self._checks(session, chosen, maps, classes, name_of, progress, notes)
+        session.progress = None  # layers fetched later from the widget: no bar
+        notes.extend(self._rerun_notes(chosen.name, model, logits))
+        probs = torch.softmax(logits.float(), dim=1).gather(1, classes).cpu().numpy()
+        scores = logits.float().gather(1, classes).cpu().numpy()
+        cls = classes.cpu().numpy().astype(np.int64)
+        names = [[name_of(int(c)) for c in row] for row in cls]
+        image, image_note = (None, "no image input found")
+        if session.image is not None and session.image.dim() == 4:
+            image, image_note = image_for_display(session.image, self.mean, self.std)
+        return GradCamResult(
+            layer=chosen.name, auto_layer=auto, method=maps.methods[0] if maps.methods else self.method, classes=cls,
+            scores=scores, probs=probs, class_names=names, layers=[lay.name for lay in layers if lay.module], maps=session.maps,
+            image=image, image_note=image_note, notes=notes, methods=maps.methods, **checks,
+        )
+
+    def _checks(self, session: GradCamSession, layer: SpatialLayer, maps: Any, classes: torch.Tensor, name_of: Any,
+                progress: Progress, notes: list[str]) -> dict[str, Any]:
+        """``--faithfulness`` and ``--sanity`` on the shown layer: the result's fields (a problem is a note)."""
+        out: dict[str, Any] = {}
+        model, (args, kwargs) = self.model, self._inputs
+        if self.faithfulness and session.image is None:
+            notes.append("faithfulness: no image among the model's inputs to perturb")
+        elif self.faithfulness:
+            report = faithfulness(model, args, kwargs, maps, classes, name_of=name_of, max_bytes=self.max_bytes,
+                                  item_bytes=session.item_bytes, progress=progress)
+            out["faithfulness"], out["faithfulness_report"] = report.auc, report
+            notes.append(f"faithfulness: {report.images} perturbed images of sample 0 for {report.target_name} "
+                         f"in {report.forwards} batched forwards; best first: {', '.join(report.ranking)}")
+        if self.sanity:
+            calls = [(r.module, r.call) for r in self._probe.records]
+            report_s = sanity(model, args, kwargs, layer, maps, classes, calls=calls, reshape=self.reshape, output_hw=session.output_hw,
+                              max_bytes=self.max_bytes, item_bytes=session.item_bytes, progress=progress)
+            out["sanity"], out["sanity_cascade"] = report_s.rho, report_s.cascade
+            notes.extend(report_s.notes)
+            for m in report_s.flagged:
+                notes.append(f"sanity: {m}'s map does not depend on the class decision (Spearman {report_s.rho[m]:.2f} with "
+                             f"the {len(report_s.layers)} layer(s) after {layer.name} re-initialised)")
+        return out
+
+    def _rerun_notes(self, layer: str, model: nn.Module, logits: torch.Tensor) -> list[str]:
+        """What differs between nbdebug's re-run and the cell's call, in words."""
+        notes: list[str] = []
         mode = self._probe.grad_mode
         mode = f" (your cell ran under torch.{mode})" if mode in ("no_grad", "inference_mode") else ""
-        notes.append(f"nbdebug ran the model once more on your cell's input, tracking gradients from {chosen.name} on{mode}; "
+        notes.append(f"nbdebug ran the model once more on your cell's input, tracking gradients from {layer} on{mode}; "
                      "parameters' .grad, buffers and training mode are left as they were")
+        if any(m in PERTURBATION for m in self.methods) or self.faithfulness or self.sanity:
+            notes[-1] += "; the perturbation forwards ran on copies of the input (and of the model, for --sanity)"
         hooks = user_hook_count(model)
         if hooks:
             notes.append(f"nbdebug's re-run did not call your {hooks} hook(s) on the model (your cell's call did, as usual)")
@@ -199,21 +273,11 @@ class GradCamRecorder(Recorder):
             theirs = self._theirs.float()
             diff = float((theirs - logits.float()).abs().max())
             if diff > 1e-3 * (1 + float(theirs.abs().max())):
-                notes.append(f"the re-run's scores differ from your cell's by up to {diff:.3g} (dropout or other randomness?)")
-        classes = session.classes
-        assert classes is not None
-        probs = torch.softmax(logits.float(), dim=1).gather(1, classes).cpu().numpy()
-        scores = logits.float().gather(1, classes).cpu().numpy()
-        cls = classes.cpu().numpy().astype(np.int64)
-        names = [[name_of(int(c)) for c in row] for row in cls]
-        image, image_note = (None, "no image input found")
-        if session.image is not None and session.image.dim() == 4:
-            image, image_note = image_for_display(session.image, self.mean, self.std)
-        return GradCamResult(
-            layer=chosen.name, auto_layer=auto, method=self.method, classes=cls, scores=scores, probs=probs,
-            class_names=names, layers=[lay.name for lay in layers if lay.module], maps=session.maps, image=image,
-            image_note=image_note, notes=notes,
-        )
+                stepped = self._weights is not None and self._weights != weight_versions(unwrap_compiled(model))
+                why = ("the weights changed after the call it explains: an optimizer step in the cell" if stepped
+                       else "dropout or other randomness?")
+                notes.append(f"the re-run's scores differ from your cell's by up to {diff:.3g} ({why})")
+        return notes
 
     def widget(self) -> Any:
         from ..widgets.gradcam import GradCamWidget

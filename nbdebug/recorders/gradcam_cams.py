@@ -1,9 +1,11 @@
-"""Grad-CAM on a model call, without a cell or a widget: the computation the Grad-CAM view runs.
+"""Grad-CAM and the CAM family on a model call, without a cell or a widget: what the Grad-CAM view runs.
 
 :func:`grad_cam` is the whole thing on a model and its input; :func:`compute_cams` one layer's
-CAMs; :func:`probe` the layers with a spatial output; :class:`GradCamSession` a model call plus
-the CAMs computed on it so far (other layers on demand, within a byte budget). They run nbdebug's
-passes (:func:`~nbdebug.capture.gradients.target_grads`, :func:`~nbdebug.capture.gradients.probe_pass`:
+CAMs, every method asked for from one forward and one batched backward (the perturbation methods
+add their batched forwards, :mod:`nbdebug.recorders.gradcam_perturb`); :func:`probe` the layers
+with a spatial output; :class:`GradCamSession` a model call plus the CAMs computed on it so far
+(other layers on demand, within a byte budget). They run nbdebug's passes
+(:func:`~nbdebug.capture.gradients.target_grads`, :func:`~nbdebug.capture.gradients.probe_pass`:
 nbdebug's own forward on cloned buffers, parameters frozen) and hand activations and gradients to
 the pure :mod:`nbdebug.inspectors.gradcam`. :mod:`nbdebug.recorders.gradcam` runs them around a
 cell (and re-exports these names).
@@ -31,6 +33,7 @@ from ..capture import DEFAULT_MAX_BYTES, ModelRef, call_name, split_call_name
 from ..capture.gradients import LayerDidNotRun, autograd_inputs, probe_pass, target_grads
 from ..capture.probe import OutputProbe
 from ..capture.select import unwrap_compiled
+from ..inspectors.cams import PERTURBATION, parse_methods
 from ..inspectors.gradcam import (
     CamMaps,
     LayerError,
@@ -38,9 +41,11 @@ from ..inspectors.gradcam import (
     cam_maps,
     class_names_for,
     fallback_layers,
+    layer_grid,
     pick_layer,
     resolve_targets,
 )
+from .gradcam_perturb import Reporter, per_sample_bytes, perturbation_maps
 
 __all__ = ["GradCamSession", "compute_cams", "grad_cam", "nonzero_fallback", "probe", "spatial_of"]
 
@@ -60,16 +65,29 @@ def compute_cams(
     topk: int = 5,
     classes: torch.Tensor | None = None,
     method: str = "gradcam",
+    methods: Sequence[str] | str | None = None,
     reshape: Reshape = None,
     output_hw: tuple[int, int] | None = None,
     name_of: Callable[[int], str] = str,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    item_bytes: int | None = None,
+    samples: Sequence[int] | None = None,
+    progress: Reporter | None = None,
+    auto: bool = False,
 ) -> tuple[CamMaps, torch.Tensor, torch.Tensor]:
-    """CAMs of ``layer`` for the target classes: ``(maps, classes B×K, logits B×N)``.
+    """CAMs of ``layer`` for the target classes, one map per method: ``(maps, classes B×K, logits B×N)``.
 
     One forward of nbdebug's own (graph from the layer on, buffers cloned, parameters frozen) and
-    one batched backward for all K classes (:func:`~nbdebug.capture.gradients.target_grads`).
-    ``args``/``kwargs`` should have gone through :func:`~nbdebug.capture.gradients.autograd_inputs`.
+    one batched backward for all K classes (:func:`~nbdebug.capture.gradients.target_grads`) serve
+    every gradient method and EigenCAM; AblationCAM and Score-CAM add their batched forwards
+    (``max_bytes`` bounds a chunk, ``item_bytes`` is one perturbed forward's estimate, ``samples``
+    limits them to some samples, ``progress`` reports). ``methods`` (default ``[method]``) as
+    :func:`~nbdebug.inspectors.cams.parse_methods` reads it. ``auto``: the layer is a guess that is
+    dropped when the scores do not depend on it (all-zero gradient), so the perturbation methods
+    are not run there. ``args``/``kwargs`` should have gone through
+    :func:`~nbdebug.capture.gradients.autograd_inputs`.
     """
+    names = parse_methods(methods if methods is not None else method)
     seen: dict[str, torch.Tensor] = {}
 
     def pick(output: Any) -> torch.Tensor:
@@ -83,7 +101,22 @@ def compute_cams(
     except LayerDidNotRun as exc:
         raise LayerError(str(exc)) from None
     grid_hw = grid_from_config(model, output_hw) if layer.grid is None else None
-    maps = cam_maps(layer, act, grads, method=method, reshape=reshape, output_hw=output_hw, grid_hw=grid_hw)
+    given: dict[str, torch.Tensor] = {}
+    notes: list[str] = []
+    if auto and bool((grads == 0).all()):
+        names = [m for m in names if m not in PERTURBATION] or ["gradcam"]
+    if any(m in PERTURBATION for m in names):
+        grid = layer_grid(layer, tuple(act.shape), reshape=reshape, output_hw=output_hw, grid_hw=grid_hw)
+        img = find_image(args, dict(kwargs))
+        if img is None and "scorecam" in names:
+            raise LayerError("scorecam needs an image among the model's inputs")
+        per_item = item_bytes if item_bytes is not None else 32 * per_sample_bytes(img if img is not None else act)
+        given, notes = perturbation_maps(model, args, dict(kwargs), layer, act, grid, seen["classes"], seen["logits"], names,
+                                         reshape=reshape, max_bytes=max_bytes, item_bytes=per_item, samples=samples,
+                                         progress=progress)
+        names = [m for m in names if m not in PERTURBATION or m in given] or ["gradcam"]
+    maps = cam_maps(layer, act, grads, methods=names, given=given, reshape=reshape, output_hw=output_hw, grid_hw=grid_hw)
+    maps.notes.extend(notes)
     return maps, seen["classes"].detach(), seen["logits"]
 
 
@@ -104,10 +137,14 @@ def grad_cam(
     targets: Target = "topk",
     topk: int = 5,
     method: str = "gradcam",
+    methods: Sequence[str] | str | None = None,
     class_names: Any = None,
     reshape: Reshape = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    progress: Reporter | None = None,
 ) -> tuple[CamMaps, torch.Tensor, torch.Tensor, list[SpatialLayer], bool]:
-    """Grad-CAM of ``model`` called as ``model(*args, **kwargs)``; see :func:`compute_cams`.
+    """Grad-CAM (or ``methods``: ``"all"``, ``"gradcam,eigencam"``, a list) of ``model`` called as
+    ``model(*args, **kwargs)``; see :func:`compute_cams`. ``maps.of(method)`` gives each method's.
 
     Returns ``(maps, classes, logits, spatial_layers, auto)``. With ``layer=None`` the last layer with
     a spatial output is used; if the scores do not depend on its grid (a ViT's final norm only
@@ -129,7 +166,8 @@ def grad_cam(
     name_of: Callable[[int], str] = str
     if class_names is not None or getattr(getattr(model, "config", None), "id2label", None):
         name_of = class_names_for(model, class_names, 0)
-    common = dict(targets=targets, topk=topk, method=method, reshape=reshape, output_hw=out_hw, name_of=name_of)
+    common = dict(targets=targets, topk=topk, method=method, methods=methods, reshape=reshape, output_hw=out_hw, name_of=name_of,
+                  max_bytes=max_bytes, progress=progress, auto=auto)
     try:
         maps, classes, logits = compute_cams(model, args, kwargs, chosen, **common)  # type: ignore[arg-type]
     except LayerError:
@@ -162,11 +200,16 @@ class GradCamSession:
 
     Holds the model weakly: once it is deleted, a new layer answers with
     :class:`~nbdebug.capture.ModelGoneError` (its message is what the view shows). ``args``/``kwargs``
-    are the cell's inputs as :func:`~nbdebug.capture.gradients.autograd_inputs` returns them.
+    are the cell's inputs as :func:`~nbdebug.capture.gradients.autograd_inputs` returns them;
+    ``methods`` every method computed for each layer (``method``: the first); ``order`` the modules
+    of the first call in the order their calls ended (the sanity check's "layers after");
+    ``item_bytes`` one perturbed forward's memory estimate.
     """
 
-    def __init__(self, model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], layers: list[SpatialLayer], *, method: str,
-                 reshape: Any, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], layers: list[SpatialLayer], *,
+                 method: str = "gradcam", methods: Sequence[str] | str | None = None, reshape: Any = None,
+                 max_bytes: int = DEFAULT_MAX_BYTES, item_bytes: int | None = None, order: Sequence[str] = (),
+                 progress: Reporter | None = None) -> None:
         self._model = ModelRef(model)
         self.max_bytes = max_bytes
         self.pinned: str | None = None  # the layer the view opens on: always kept
@@ -174,20 +217,31 @@ class GradCamSession:
         self.args = tuple(args)
         self.kwargs = dict(kwargs)
         self.layers = layers
-        self.method = method
+        self.methods = parse_methods(methods if methods is not None else method)
+        self.method = self.methods[0]
         self.reshape = reshape
+        self.item_bytes = item_bytes
+        self.order = list(order)
+        self.progress = progress
         img = find_image(self.args, self.kwargs)
         self.image = img
         self.output_hw = image_hw(img) if img is not None else None
         self.classes: torch.Tensor | None = None
         self.maps: dict[str, CamMaps] = {}
 
-    def compute(self, layer: SpatialLayer, *, targets: Target = "topk", topk: int = 5, name_of: Any = str) -> tuple[CamMaps, torch.Tensor]:
-        """``(maps, logits)`` of ``layer`` (:func:`compute_cams`); the first call fixes the target
-        classes for every later layer; the maps are cached within the budget."""
+    @property
+    def model(self) -> nn.Module:
+        """The model (``ModelGoneError`` once it has been deleted)."""
+        return self._model.get()
+
+    def compute(self, layer: SpatialLayer, *, targets: Target = "topk", topk: int = 5, name_of: Any = str,
+                auto: bool = False) -> tuple[CamMaps, torch.Tensor]:
+        """``(maps, logits)`` of ``layer`` (:func:`compute_cams`, every method); the first call fixes the
+        target classes for every later layer; the maps are cached within the budget."""
         maps, classes, logits = compute_cams(
-            self._model.get(), self.args, self.kwargs, layer, targets=targets, topk=topk, classes=self.classes,
-            method=self.method, reshape=self.reshape, output_hw=self.output_hw, name_of=name_of,
+            self.model, self.args, self.kwargs, layer, targets=targets, topk=topk, classes=self.classes,
+            methods=self.methods, reshape=self.reshape, output_hw=self.output_hw, name_of=name_of, max_bytes=self.max_bytes,
+            item_bytes=self.item_bytes, progress=self.progress, auto=auto,
         )
         if self.classes is None:
             self.classes = classes
@@ -201,8 +255,8 @@ class GradCamSession:
 
     @staticmethod
     def cam_bytes(maps: CamMaps) -> int:
-        """Bytes one layer's CAMs take (what the budget counts)."""
-        return int(maps.cams.nbytes + maps.low.nbytes)
+        """Bytes one layer's CAMs take, every method's (what the budget counts)."""
+        return maps.nbytes
 
     def kept_bytes(self) -> int:
         """Bytes of the cached CAMs, the pinned layer's aside."""

@@ -1,8 +1,10 @@
-"""Grad-CAM widget: the input image and a CAM blended in the browser.
+"""Grad-CAM widget: the input image and a CAM blended in the browser, every method side by side.
 
-Synced state is small (layer names, class names and scores, the opacity/colormap the user picks);
-the image and the CAMs of all target classes of one sample/layer arrive as uint8 buffers on demand
-(``@rpc("view")``), so switching class or moving the opacity slider never asks the kernel.
+Synced state is small (layer names, class names and scores, the opacity/colormap the user picks,
+the methods, the faithfulness ranking and the sanity flags); the image and the CAMs of all target
+classes and methods of one sample/layer arrive as uint8 buffers on demand (``@rpc("view")``), the
+faithfulness curves as float32 (``@rpc("curves")``), so switching class or method or moving the
+opacity slider never asks the kernel.
 
 >>> w = GradCamWidget(result, session)      # doctest: +SKIP
 >>> w.opacity                               # the slider's last value, synced back from the browser
@@ -16,7 +18,9 @@ from typing import Any
 import numpy as np
 import traitlets
 
+from ..inspectors.faithfulness import FRACTIONS, LOWER_IS_BETTER, METRICS
 from ..inspectors.gradcam import GradCamResult
+from ..inspectors.sanity import THRESHOLD
 from ._base import NBWidget, rpc
 from ._snapshot import MAX_SNAPSHOT_BYTES, colorize, encode_png, img_tag, upscale
 
@@ -46,7 +50,16 @@ class GradCamWidget(NBWidget):
     layer = traitlets.Unicode("").tag(sync=True)
     #: Layer chosen automatically (shown as "auto" in the dropdown).
     auto_layer = traitlets.Unicode("").tag(sync=True)
+    #: The method shown large (the first of ``methods`` at first; the small multiples switch it).
     method = traitlets.Unicode("gradcam").tag(sync=True)
+    #: Every method computed, in order (one small multiple each when there are several).
+    methods = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    #: ``--faithfulness``: ``{"ranking", "auc": {method: {metric: AUC}}, "target", "target_name"}`` ({} without).
+    faithfulness = traitlets.Dict().tag(sync=True)
+    #: ``--sanity``: per method ``{"method", "rho", "flagged", "cascade": [[layer, rho], ...]}`` ([] without).
+    sanity = traitlets.List().tag(sync=True)
+    #: ρ at or above which a map is flagged as not depending on the class decision.
+    sanity_threshold = traitlets.Float(THRESHOLD).tag(sync=True)
     #: Per sample, its target classes: ``{"index", "name", "score", "prob"}`` (names are plain text).
     classes = traitlets.List().tag(sync=True)
     batch = traitlets.Int(1).tag(sync=True)
@@ -69,10 +82,20 @@ class GradCamWidget(NBWidget):
             ]
             for i in range(b)
         ]
+        faith: dict[str, Any] = {}
+        report = result.faithfulness_report
+        if report is not None:
+            faith = {"ranking": list(report.ranking), "target": int(report.target), "target_name": str(report.target_name),
+                     "auc": {m: {k: _num(v) for k, v in a.items()} for m, a in report.auc.items()},
+                     "lower_is_better": list(LOWER_IS_BETTER), "images": int(report.images), "forwards": int(report.forwards)}
+        sanity = [{"method": m, "rho": _num(r), "flagged": bool(r == r and r >= THRESHOLD),
+                   "cascade": [[str(name), _num(v)] for name, v in result.sanity_cascade.get(m, [])]}
+                  for m, r in result.sanity.items()]
         super().__init__(
             layers=list(result.layers), layer=result.layer, auto_layer=result.layer if result.auto_layer else "",
-            method=result.method, classes=classes, batch=b, sample=min(max(sample, 0), b - 1),
-            colormap=colormap, notes=list(result.notes), image_note=result.image_note, **kwargs,
+            method=result.method, methods=list(result.methods or [result.method]), classes=classes, batch=b,
+            sample=min(max(sample, 0), b - 1), colormap=colormap, notes=list(result.notes), image_note=result.image_note,
+            faithfulness=faith, sanity=sanity, **kwargs,
         )
         self._result = result
         self._session = session
@@ -88,13 +111,37 @@ class GradCamWidget(NBWidget):
         if not 0 <= sample < self.batch:
             raise IndexError(f"sample {sample} out of range (batch of {self.batch})")
         maps = self._result.maps.get(layer) or self._session.maps_for(layer)
-        u8, peak = cam_to_u8(maps.cams[sample])
+        methods = maps.methods or [self.method]
+        method = str(params.get("method") or self.method)
+        method = method if method in methods else methods[0]
+        u8, peak = cam_to_u8(maps.of(method if maps.methods else None)[0][sample])
         arrays: dict[str, Any] = {"cams": u8, "peak": peak}
+        if len(methods) > 1:  # every method's CAMs: the small multiples, switched in the browser
+            both = [cam_to_u8(maps.of(m)[0][sample]) for m in methods]
+            arrays["all_cams"] = np.stack([c for c, _ in both])
+            arrays["all_peak"] = np.stack([p for _, p in both])
         if self._result.image is not None:
             arrays["image"] = self._result.image[sample]
         info = {"layer": maps.layer, "sample": sample, "zero_grad": maps.zero_grad, "note": maps.note,
-                "grid": maps.grid.describe(), "low_hw": list(maps.low.shape[-2:])}
+                "grid": maps.grid.describe(), "low_hw": list(maps.low.shape[-2:]), "method": method, "methods": methods}
         return info, arrays
+
+    @rpc("curves")
+    def _curves(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The faithfulness curves: ``curves`` M×4×S float32 (the target's probability; NaN past a
+        metric's points), ``fractions`` 4×S, in ``methods`` × ``metrics`` order."""
+        report = self._result.faithfulness_report
+        if report is None:
+            raise ValueError("no faithfulness curves: run the view with --faithfulness")
+        methods = list(report.curves)
+        width = max(len(FRACTIONS[m]) for m in METRICS)
+        curves = np.full((len(methods), len(METRICS), width), np.nan, dtype=np.float32)
+        fractions = np.full((len(METRICS), width), np.nan, dtype=np.float32)
+        for j, metric in enumerate(METRICS):
+            fractions[j, : len(report.fractions[metric])] = report.fractions[metric]
+            for i, m in enumerate(methods):
+                curves[i, j, : len(report.curves[m][metric])] = report.curves[m][metric]
+        return {"methods": methods, "metrics": list(METRICS)}, {"curves": curves, "fractions": fractions}
 
     def fallback_html(self) -> str:
         """Static snapshot: the shown class's CAM over the (de-normalised) image, as one PNG."""
@@ -120,12 +167,28 @@ class GradCamWidget(NBWidget):
         )
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in [*self.notes, self.image_note, info.get("note") or ""] if n)
         return (
-            f"<div class='nbdebug-gradcam-static'><p><b>nbdebug {html.escape(self.method)}</b> on "
+            f"<div class='nbdebug-gradcam-static'><p><b>nbdebug {html.escape(info.get('method') or self.method)}</b> on "
             f"<code>{html.escape(info['layer'])}</code> · sample {self.sample} · class {html.escape(shown['name'])} · "
             f"opacity {a:.2f} · {html.escape(self.colormap)}</p>"
             f"{img_tag(pic, 'Grad-CAM of ' + str(shown['name']))}<ol>{rows}</ol>"
-            + (f"<ul>{notes}</ul>" if notes else "") + "</div>"
+            + self._checks_html() + (f"<ul>{notes}</ul>" if notes else "") + "</div>"
         )
+
+    def _checks_html(self) -> str:
+        """The faithfulness ranking and the sanity flags as small tables (static snapshot)."""
+        out = ""
+        faith = self.faithfulness
+        if faith:
+            head = "".join(f"<th>{html.escape(m)}{' ↓' if m in LOWER_IS_BETTER else ' ↑'}</th>" for m in METRICS)
+            rows = "".join(f"<tr><td>{html.escape(m)}</td>" + "".join(f"<td>{_fmt(faith['auc'][m][k], 3)}</td>" for k in METRICS)
+                           + "</tr>" for m in faith["ranking"])
+            out += (f"<p>faithfulness for {html.escape(faith['target_name'])} (AUC, best first)</p>"
+                    f"<table><tr><th>method</th>{head}</tr>{rows}</table>")
+        if self.sanity:
+            rows = "".join(f"<tr><td>{html.escape(s['method'])}</td><td>{_fmt(s['rho'], 2)}</td><td>"
+                           f"{'does not depend on the class decision' if s['flagged'] else ''}</td></tr>" for s in self.sanity)
+            out += f"<p>sanity (Spearman ρ, layers after the CAM layer re-initialised)</p><table>{rows}</table>"
+        return out
 
     def export_requests(self) -> list[tuple[str, dict[str, Any]]]:
         """Every sample × every layer whose CAMs are already computed (all classes come with each)."""
@@ -135,4 +198,15 @@ class GradCamWidget(NBWidget):
         return [("view", {"sample": s, "layer": n}) for s in range(self.batch) for n in layers]
 
     def __repr__(self) -> str:
-        return f"GradCamWidget(layer={self.layer!r}, batch={self.batch}, classes={len(self.classes[0]) if self.classes else 0})"
+        more = f", methods={len(self.methods)}" if len(self.methods) > 1 else ""
+        return f"GradCamWidget(layer={self.layer!r}, batch={self.batch}, classes={len(self.classes[0]) if self.classes else 0}{more})"
+
+
+def _num(v: float) -> float | None:
+    """A float for JSON (None for NaN: JSON has no NaN)."""
+    v = float(v)
+    return None if v != v else v
+
+
+def _fmt(v: float | None, digits: int) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"

@@ -116,3 +116,43 @@ def _gradcam_roundtrip(page: Any, server: Any, name: str) -> None:
     assert len(labels) == 3 and all("<img src=x onerror=window.__pwned=" in t for t in labels)
     assert root.locator("img").count() == 0 and page.evaluate("window.__pwned") is None
     screenshot(page, f"vision-gradcam-{server.app}", root)
+
+
+def test_gradcam_methods_switch_and_faithfulness_curves(page, lab) -> None:  # type: ignore[no-untyped-def]
+    """`--method all --faithfulness --sanity`: eight small multiples draw; clicking one repaints the large
+    overlay without a kernel message and reaches Python as `method`; the ranking and one chart per
+    metric (a line per method) draw; EigenCAM is flagged by the sanity check."""
+    sent = comm_frames(page)
+    code = ("%%nndebug model --view gradcam --topk 2 --method all --faithfulness --sanity --class-names names\n"
+            "with torch.no_grad():\n    model(x)")
+    write_notebook(lab.root, "vision_methods", [SETUP, code])
+    open_and_run(page, lab, "vision_methods")
+    root = wait_widget(page, "gradcam")
+    sel = ".nbdebug-gradcam canvas.nbd-overlay"
+    wait_canvas_nonblank(page, sel, minimum=50)
+    page.wait_for_selector(".nbdebug-gradcam[data-curves='1']")
+    assert root.locator("button.nbd-method").count() == 8
+    for m in ("gradcam", "eigencam", "scorecam"):
+        assert wait_canvas_nonblank(page, f".nbdebug-gradcam canvas.nbd-thumb[data-method='{m}']", minimum=20) >= 20
+    shown = page.evaluate(CHECKSUM, sel)
+    frames = sent[0]
+    root.locator("button.nbd-method[data-method='layercam']").click()
+    page.wait_for_function("(args) => (" + CHECKSUM + ")(args) !== " + str(shown), arg=sel)
+    assert root.locator("canvas.nbd-overlay").get_attribute("data-method") == "layercam"
+    page.wait_for_timeout(300)
+    assert sent[0] - frames == 1, "the switch sent more than the `method` sync (a request to the kernel?)"
+    run_code_and_wait_text(page, "print('method', _nndebug_widget.method)", "method layercam")
+    # the faithfulness panel: every method ranked, four charts of eight lines
+    assert root.locator("table.nbd-rank tr[data-method]").count() == 8
+    charts = root.locator("svg.nbd-curve")
+    assert charts.count() == 4
+    for i in range(4):
+        lines = charts.nth(i).locator("polyline")
+        assert lines.count() == 8
+        assert all(len((lines.nth(j).get_attribute("points") or "").split()) >= 10 for j in range(8))
+    focused = root.locator("svg.nbd-curve[data-metric='deletion'] polyline[data-method='layercam']")
+    assert focused.get_attribute("stroke-width") == "2.5"
+    flagged = root.locator(".nbd-sanity tr.nbd-flagged[data-method='eigencam'] .nbd-flag")
+    assert flagged.text_content() == "does not depend on the class decision"
+    assert root.locator("img").count() == 0 and page.evaluate("window.__pwned") is None
+    screenshot(page, "vision-gradcam-methods-lab", root)

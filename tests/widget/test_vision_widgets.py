@@ -153,3 +153,62 @@ def test_a_module_called_twice_has_one_name_per_call_everywhere(sh) -> None:  # 
     assert res.success, res.error_in_exec
     fm, w = sh.user_ns["fm"], sh.user_ns["_nndebug_widget"]
     assert fm.names() == ["c1", "act", "c2", "act#2"] and w.layer == "act#2"
+
+
+def test_gradcam_magic_every_method_faithfulness_and_sanity(sh) -> None:  # type: ignore[no-untyped-def]
+    """`--method all --faithfulness --sanity`: every method's CAMs in one fetch (uint8), the curves in
+    another (float32), the ranking and the sanity flags synced as small plain data, the snapshot
+    escaped."""
+    from nbdebug.inspectors.cams import METHODS
+
+    res = sh.run_cell("%%nndebug model --view gradcam --topk 2 --method all --faithfulness --sanity --class-names names -o cam\n"
+                      "with torch.no_grad():\n    model(x)")
+    assert res.success, res.error_in_exec
+    cam, w = sh.user_ns["cam"], sh.user_ns["_nndebug_widget"]
+    assert w.methods == list(METHODS) and w.method == "gradcam" and cam.methods == list(METHODS)
+    content, buffers = w.handle_request("view", {"sample": 1, "layer": "4", "method": "eigencam"})
+    arrays = arrays_of(content, buffers)
+    assert content["result"]["method"] == "eigencam" and content["result"]["methods"] == list(METHODS)
+    assert arrays["all_cams"].shape == (8, 2, 16, 16) and arrays["all_cams"].dtype == np.uint8
+    assert arrays["all_peak"].shape == (8, 2)
+    for i, m in enumerate(METHODS):
+        u8, peak = cam_to_u8(cam.cam(m)[1])
+        np.testing.assert_array_equal(arrays["all_cams"][i], u8)
+    np.testing.assert_array_equal(arrays["cams"], arrays["all_cams"][METHODS.index("eigencam")])
+    content, buffers = w.handle_request("curves", {})
+    curves = arrays_of(content, buffers)
+    assert content["result"]["methods"] == list(METHODS) and curves["curves"].shape == (8, 4, 21)
+    assert curves["curves"].dtype == np.float32 and np.isnan(curves["curves"][:, 2:, 10:]).all()  # ROAD: 10 points
+    np.testing.assert_allclose(curves["curves"][0, 0], cam.faithfulness_report.curves["gradcam"]["deletion"])
+    assert w.faithfulness["ranking"] == cam.faithfulness_report.ranking
+    assert w.faithfulness["target_name"].startswith("<b>class")  # plain text; the browser shows it as text
+    assert {s["method"] for s in w.sanity} == set(METHODS)
+    eig = next(s for s in w.sanity if s["method"] == "eigencam")
+    assert eig["rho"] == 1.0 and eig["flagged"] and eig["cascade"] == [["7", 1.0]]
+    html = w.fallback_html()
+    assert "faithfulness for &lt;b&gt;class" in html and "<b>class" not in html
+    assert "does not depend on the class decision" in html
+    assert "methods=8" in repr(w)
+
+
+def test_gradcam_curves_without_faithfulness_is_an_error(sh) -> None:  # type: ignore[no-untyped-def]
+    res = sh.run_cell("%%nndebug model --view gradcam\nmodel(x)")
+    assert res.success, res.error_in_exec
+    w = sh.user_ns["_nndebug_widget"]
+    assert w.faithfulness == {} and w.sanity == [] and w.methods == ["gradcam"]
+    content, buffers = w.handle_request("view", {"sample": 0})
+    assert "all_cams" not in content["arrays"]
+    with pytest.raises(ValueError, match="--faithfulness"):
+        w.handle_request("curves", {})
+
+
+def test_the_differ_note_names_the_optimizer_step(sh) -> None:  # type: ignore[no-untyped-def]
+    cell = ("%%nndebug model --view gradcam -o cam\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.5)\n"
+            "for _ in range(3):\n"
+            "    opt.zero_grad(); model(x).sum().backward(); opt.step()")
+    res = sh.run_cell(cell)
+    assert res.success, res.error_in_exec
+    notes = sh.user_ns["cam"].notes
+    said = [n for n in notes if "differ" in n]
+    assert said and "optimizer step" in said[0] and "dropout" not in said[0], notes

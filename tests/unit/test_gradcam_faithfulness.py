@@ -1,0 +1,198 @@
+"""--faithfulness: deletion / insertion / ROAD on hand-built cases with known answers (a model that
+ignores the right half of the image), ROAD's imputation equal to the linear system Rong et al. solve,
+the curves equal to one forward per perturbed image, the user's RNG and model untouched."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from nbdebug.adapters.vision import GridInfo
+from nbdebug.capture import fingerprint, hook_count, same_fingerprint
+from nbdebug.inspectors.faithfulness import (
+    FRACTIONS,
+    METRICS,
+    Plan,
+    auc,
+    blur,
+    impute,
+    rank_methods,
+)
+from nbdebug.inspectors.gradcam import CamMaps
+from nbdebug.recorders.gradcam import GradCamRecorder
+from nbdebug.recorders.gradcam_checks import faithfulness
+
+H = W = 12
+
+
+class LeftHalf(nn.Module):
+    """Class scores from the left half of the image only (columns < W/2): the right half is ignored."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.act = nn.ReLU()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.conv(x))
+        return self.fc(h[..., : W // 2].mean((2, 3)))
+
+
+def column_map(left_first: bool) -> np.ndarray:
+    """A saliency map that ranks pixels by column: the left half first, or the right half first."""
+    cols = np.arange(W, dtype=np.float32)[None, :].repeat(H, 0) + np.arange(H, dtype=np.float32)[:, None] * 0.01
+    return (W - cols if left_first else cols).astype(np.float32)
+
+
+def maps_of(named: dict[str, np.ndarray]) -> CamMaps:
+    by = {m: (v[None, None], v[None, None]) for m, v in named.items()}
+    first = next(iter(by.values()))
+    return CamMaps("act", GridInfo("nchw", H, W, 4), first[0], first[1], False, "", by)
+
+
+@pytest.fixture
+def left_half() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = LeftHalf().eval()
+    with torch.no_grad():
+        model.fc.weight.mul_(8)
+    return model, torch.randn(1, 3, H, W) * 2
+
+
+def prob(model: nn.Module, x: torch.Tensor, c: int) -> float:
+    with torch.no_grad():
+        return float(torch.softmax(model(x[None] if x.dim() == 3 else x), 1)[0, c])
+
+
+def test_a_model_that_ignores_half_the_image(left_half: tuple[nn.Module, torch.Tensor]) -> None:
+    model, x = left_half
+    c = int(model(x).argmax())
+    maps = maps_of({"left": column_map(True), "right": column_map(False)})
+    before, rng = fingerprint(model), torch.get_rng_state()
+    rep = faithfulness(model, (x,), {}, maps, torch.tensor([[c]]), max_bytes=2**30)
+    assert same_fingerprint(before, fingerprint(model)) == [] and hook_count(model) == 0
+    assert torch.equal(rng, torch.get_rng_state())
+    clean, blurred = prob(model, x, c), prob(model, blur(x[0]), c)
+    right, left = rep.curves["right"], rep.curves["left"]
+    # deleting (inserting, imputing) the ignored right half first changes nothing until half the pixels are gone
+    np.testing.assert_allclose(right["deletion"][:11], clean, atol=1e-6)
+    np.testing.assert_allclose(right["insertion"][:11], blurred, atol=1e-6)
+    np.testing.assert_allclose(right["road_morf"][:6], clean, atol=1e-6)   # up to 50 % removed
+    np.testing.assert_allclose(left["road_lerf"][:6], clean, atol=1e-6)    # the least relevant 50 % are the right half
+    np.testing.assert_allclose(left["deletion"][[0, -1]], [clean, blurred], atol=1e-6)
+    np.testing.assert_allclose(left["insertion"][[0, -1]], [blurred, clean], atol=1e-6)
+    assert abs(clean - blurred) > 0.1  # the test can fail: the blur matters to this model
+    # the map that points at the half the model uses is the faithful one, by every metric
+    a = rep.auc
+    assert a["left"]["deletion"] < a["right"]["deletion"] and a["left"]["insertion"] > a["right"]["insertion"]
+    assert a["left"]["road_morf"] < a["right"]["road_morf"] and a["left"]["road_lerf"] > a["right"]["road_lerf"]
+    assert rep.ranking == ["left", "right"] and rep.target == c
+    for m in ("left", "right"):
+        for metric in METRICS:
+            assert a[m][metric] == pytest.approx(auc(FRACTIONS[metric], rep.curves[m][metric]))
+
+
+def test_the_curves_equal_one_forward_per_image_whatever_the_chunks(left_half: tuple[nn.Module, torch.Tensor]) -> None:
+    model, x = left_half
+    maps = maps_of({"a": np.random.default_rng(0).random((H, W), dtype=np.float32), "b": column_map(True)})
+    one = faithfulness(model, (x,), {}, maps, torch.tensor([[1]]), max_bytes=1)  # one image per forward
+    many = faithfulness(model, (x,), {}, maps, torch.tensor([[1]]), max_bytes=2**30)
+    assert one.forwards == one.images == 2 + 2 * (19 + 19 + 9 + 9) and many.forwards == 1
+    plan = Plan(x[0], {m: torch.from_numpy(maps.of(m)[0][0, 0]) for m in maps.methods})
+    ref = [prob(model, plan.batch(i, i + 1)[0], 1) for i in range(len(plan.items))]
+    expected = plan.report(ref, 1, "1")
+    for m in ("a", "b"):
+        for metric in METRICS:
+            np.testing.assert_allclose(one.curves[m][metric], expected.curves[m][metric], atol=1e-6)
+            np.testing.assert_allclose(many.curves[m][metric], expected.curves[m][metric], atol=1e-5)
+
+
+def test_deletion_and_insertion_images_replace_exactly_the_top_pixels() -> None:
+    x = torch.randn(3, H, W)
+    sal = torch.randn(H, W)
+    plan = Plan(x, {"m": sal})
+    order = torch.argsort(sal.flatten(), descending=True, stable=True)
+    for i, (_method, metric, k) in enumerate(plan.items):
+        if metric not in ("deletion", "insertion"):
+            continue
+        img = plan.batch(i, i + 1)[0]
+        n = round(k / 20 * H * W)
+        top = torch.zeros(H * W, dtype=torch.bool)
+        top[order[:n]] = True
+        top = top.reshape(H, W)
+        inside, outside = (plan.blurred, x) if metric == "deletion" else (x, plan.blurred)
+        assert torch.equal(img[:, top], inside[:, top]) and torch.equal(img[:, ~top], outside[:, ~top])
+
+
+def dense_imputation(img: np.ndarray, removed: np.ndarray) -> np.ndarray:
+    """Rong et al.'s linear imputation as a dense solve: for each removed pixel, Σ_j w_j (x_i − x_j) = 0
+    over its neighbours inside the image (w = 1/6 edge, 1/12 corner); known pixels fixed."""
+    h, w = removed.shape
+    idx = -np.ones((h, w), dtype=int)
+    where = np.argwhere(removed)
+    idx[removed] = np.arange(len(where))
+    A = np.zeros((len(where), len(where)))
+    b = np.zeros((len(where), img.shape[0]))
+    for n, (i, j) in enumerate(where):
+        for di in (-1, 0, 1):
+            for dj in (-1, 0, 1):
+                if (di, dj) == (0, 0) or not (0 <= i + di < h and 0 <= j + dj < w):
+                    continue
+                wt = 1 / 12 if di and dj else 1 / 6
+                A[n, n] += wt
+                if removed[i + di, j + dj]:
+                    A[n, idx[i + di, j + dj]] -= wt
+                else:
+                    b[n] += wt * img[:, i + di, j + dj]
+    out = img.copy()
+    out[:, removed] = np.linalg.solve(A, b).T
+    return out
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9])
+def test_road_imputation_solves_the_linear_system(fraction: float) -> None:
+    rng = np.random.default_rng(1)
+    img = rng.normal(size=(3, 20, 24)).astype(np.float32)
+    sal = torch.nn.functional.interpolate(torch.rand(1, 1, 3, 3, generator=torch.Generator().manual_seed(2)), size=(20, 24),
+                                          mode="bilinear")[0, 0]
+    removed = torch.zeros(20 * 24, dtype=torch.bool)
+    removed[torch.argsort(sal.flatten(), descending=True)[: int(fraction * 480)]] = True
+    removed = removed.reshape(20, 24)
+    ref = dense_imputation(img.astype(np.float64), removed.numpy())
+    exact = impute(torch.from_numpy(img)[None], removed[None], noise=0, tol=1e-6)[0].numpy()
+    np.testing.assert_allclose(exact, ref, atol=2e-5)
+    default = impute(torch.from_numpy(img)[None], removed[None], noise=0)[0].numpy()  # tol 1e-3: well below the noise
+    assert np.abs(default - ref).max() < 5e-3
+    rng_state = torch.get_rng_state()
+    g = torch.Generator().manual_seed(0)
+    noisy = impute(torch.from_numpy(img)[None], removed[None], generator=g, tol=1e-6)[0].numpy()
+    assert torch.equal(rng_state, torch.get_rng_state())  # the user's stream did not move
+    diff = (noisy - exact)[:, removed.numpy()]
+    assert 0.008 < diff.std() < 0.012 and np.abs((noisy - exact)[:, ~removed.numpy()]).max() == 0
+
+
+def test_auc_and_ranking() -> None:
+    assert auc(np.array([0, 0.5, 1]), np.array([1, 0.5, 0])) == pytest.approx(0.5)
+    assert auc(np.array([0, 0.1, 0.9]), np.array([1, 1, 1])) == pytest.approx(1.0)  # divided by the range: the mean height
+    a = {"x": dict(deletion=0.5, insertion=0.5, road_morf=0.5, road_lerf=0.5),
+         "y": dict(deletion=0.1, insertion=0.9, road_morf=0.5, road_lerf=0.5)}
+    assert rank_methods(a) == ["y", "x"]
+
+
+def test_recorder_faithfulness_every_method(left_half: tuple[nn.Module, torch.Tensor]) -> None:
+    model, x = left_half
+    rec = GradCamRecorder(model, cam_method="gradcam,eigencam,ablationcam", faithfulness=True, cam_topk=2)
+    with rec, torch.no_grad():
+        model(x)
+    res = rec.result()
+    assert set(res.faithfulness) == {"gradcam", "eigencam", "ablationcam"}
+    assert all(set(v) == set(METRICS) for v in res.faithfulness.values())
+    rep = res.faithfulness_report
+    assert rep.target == int(res.classes[0, 0]) and rep.ranking[0] in res.faithfulness
+    assert any(n.startswith("faithfulness:") and "best first" in n for n in res.notes)
+    # sample 0, first target: the same as calling it directly on the result's maps
+    direct = faithfulness(model, (x,), {}, res.maps[res.layer], torch.as_tensor(res.classes), max_bytes=2**30)
+    assert direct.auc == rep.auc

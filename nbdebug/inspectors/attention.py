@@ -21,6 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .attention_findings import HeadFindings, head_findings
+
 __all__ = [
     "METRICS",
     "AttentionAccumulator",
@@ -149,6 +151,12 @@ class AttentionResult:
     notes: list[str] = field(default_factory=list)
     detail: Any = None  # AttentionDetail (queries/keys kept per layer) when ``attention`` is None
     generated: list[bool] = field(default_factory=list)
+    findings: HeadFindings | None = None  # heads unusual for this model (attention_findings.py)
+
+    @property
+    def finding(self) -> str:
+        """The view's first line: which heads stand out for this model (or that none does)."""
+        return self.findings.sentence if self.findings is not None else ""
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -259,6 +267,9 @@ def build_result(
         parts.append(f"{int((flags & 2).astype(bool).sum())} on {tokens[sep[-1]]}")
     if T > 4:
         parts.append(f"{int((flags & 4).astype(bool).sum())} near-uniform")
+    display = [display_token(t) for t in tokens]
+    sink_label = first_label + (f" or {tokens[sep[-1]]}" if sep else "")
+    findings = head_findings(metrics, col_mass, display, sink_positions=first + sep, sink_label=sink_label)
     return AttentionResult(
         attention=attention,
         tokens=tokens,
@@ -270,8 +281,9 @@ def build_result(
         path=path,
         summary="; ".join(parts),
         col_mass=col_mass.astype(np.float32),
-        display=[display_token(t) for t in tokens],
+        display=display,
         detail=detail,
+        findings=findings,
     )
 
 

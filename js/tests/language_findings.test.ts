@@ -149,7 +149,7 @@ describe("logit lens: finding, colour bar, legend, readable cells", () => {
     expect(ticks()).toEqual(["0%", "50%", "100%"]);
     expect(el.querySelector(".nbl-colourbar .nbd-htitle")!.textContent).toBe("colour: top-1 probability");
     m.set("metric", "target_rank");
-    expect(ticks()).toEqual(["#10,000+", "#1,000", "#100", "#10", "#1"]);
+    expect(ticks()).toEqual(["≥ #10k", "#1k", "#100", "#10", "#1"]);
     m.set("metric", "entropy");
     expect(ticks()).toEqual(["0", "1.5", "3"]); // 0 to the visible maximum
     // the bar's pixels run from the colormap's low end (left) to its high end (right)

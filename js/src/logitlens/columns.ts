@@ -85,7 +85,7 @@ export function colourScale(metric: string, cols: Columns, positions: number[], 
   if (metric === "target_rank")
     return {
       t: (v) => (v < 0 ? NaN : 1 - Math.min(1, Math.log10(1 + v) / 4)),
-      ticks: [{ at: 0, text: "#10,000+" }, { at: 0.25, text: "#1,000" }, { at: 0.5, text: "#100" }, { at: 0.75, text: "#10" }, { at: 1, text: "#1" }],
+      ticks: [{ at: 0, text: "≥ #10k" }, { at: 0.25, text: "#1k" }, { at: 0.5, text: "#100" }, { at: 0.75, text: "#10" }, { at: 1, text: "#1" }],
     };
   let mx = 1e-9;
   for (const p of positions) {

@@ -72,7 +72,7 @@ export class LensHeader {
 
   /** Redraw the colour bar for the metric and colormap now shown. */
   colourBar(metric: string, cmap: string, ticks: Tick[]): void {
-    replaceChildren(this.bar, [hColourBar(cmap, ticks, 180, `colour: ${METRIC_LABELS[metric] ?? metric}`)]);
+    replaceChildren(this.bar, [hColourBar(cmap, ticks, 220, `colour: ${METRIC_LABELS[metric] ?? metric}`)]);
     this.bar.setAttribute("data-metric", metric);
   }
 }

@@ -5,8 +5,10 @@ Pure computation on tensors/arrays; the recorder feeds it one layer at a time wh
 ``model(..., output_attentions=True).attentions`` and a token list.
 
 >>> res = from_attentions(out.attentions, tokens)          # doctest: +SKIP
->>> res.summary
-'41 of 72 heads put > 50% on [CLS]'
+>>> res.finding                                            # heads unusual for this model
+'4 of 72 heads stand out: L0H2 attends to the previous token (100%; typical head here: 5%); ...'
+>>> res.summary                                            # the sinks: normal, stated neutrally
+'26 of 72 heads put > 50% on [CLS]; 0 on [SEP]; 0 near-uniform'
 >>> res.metrics["prev_token"][3, 7]                         # layer 3, head 7
 """
 

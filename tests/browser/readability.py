@@ -125,4 +125,4 @@ def set_notebook_width(page: Any, width: int = 800) -> int:
         page.wait_for_function(
             f"Math.abs(document.querySelector('{sel}').getBoundingClientRect().width - {width}) <= 1", timeout=10_000
         )
-    return int(round(page.evaluate(f"document.querySelector('{sel}').getBoundingClientRect().width")))
+    return round(page.evaluate(f"document.querySelector('{sel}').getBoundingClientRect().width"))

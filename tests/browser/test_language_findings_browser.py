@@ -11,6 +11,7 @@ nothing clipped, for the three views.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -121,7 +122,7 @@ def test_findings_filter_colour_bar_contrast_at_800px_lab(page, lab) -> None:  #
     page.wait_for_function("document.querySelector('.nbdebug-logitlens .nbl-colourbar').dataset.metric === 'target_rank'")
     assert bar.locator(".nbd-hticks span").all_text_contents() == ["≥ #10k", "#1k", "#100", "#10", "#1"]
     boxes = [s.bounding_box() for s in bar.locator(".nbd-hticks span").all()]
-    assert all(a["x"] + a["width"] <= b["x"] for a, b in zip(boxes, boxes[1:], strict=False)), boxes  # readable: no overlap
+    assert all(a["x"] + a["width"] <= b["x"] for a, b in itertools.pairwise(boxes)), boxes  # readable: no overlap
     assert bar.locator(".nbd-htitle").text_content() == "colour: target rank"
     lens.locator("thead th").nth(3).hover()
     tip = lens.locator(".nbl-tip")

@@ -52,11 +52,13 @@ const CSS = `
 .nbdebug-featuremaps .nbd-grid { display: flex; flex-wrap: wrap; gap: 3px; max-height: 560px; overflow: auto; }
 .nbdebug-featuremaps .nbd-tile { position: relative; cursor: pointer; border: 2px solid transparent; line-height: 0; }
 .nbdebug-featuremaps .nbd-tile:hover { border-color: var(--jp-brand-color1, #1976d2); }
-.nbdebug-featuremaps .nbd-tile.nbd-dead { border-color: #d32f2f; opacity: 0.55; }
+.nbdebug-featuremaps .nbd-tile.nbd-dead { border-color: #d32f2f; }
+.nbdebug-featuremaps .nbd-tile.nbd-dead canvas { opacity: 0.45; }
 .nbdebug-featuremaps .nbd-tile.nbd-selected { border-color: #ff9800; }
 .nbdebug-featuremaps .nbd-tile canvas, .nbdebug-featuremaps .nbd-big canvas.nbd-map { image-rendering: pixelated; display: block; }
-.nbdebug-featuremaps .nbd-tile .nbd-idx { position: absolute; left: 1px; top: 6px; font-size: 9px; color: #fff; text-shadow: 0 0 2px #000; }
-.nbdebug-featuremaps .nbd-tile.nbd-dead::after { content: "dead"; position: absolute; right: 1px; bottom: 6px; font-size: 9px; color: #fff; background: #d32f2f; line-height: 1.2; padding: 0 2px; }
+.nbdebug-featuremaps .nbd-tile .nbd-idx { position: absolute; left: 1px; top: 1px; font-size: 9px; line-height: 1.2; padding: 0 2px; color: #fff; background: rgba(0, 0, 0, 0.62); }
+.nbdebug-featuremaps .nbd-flag { font-weight: 700; color: #b71c1c; }
+.nbdebug-featuremaps .nbd-tile.nbd-dead::after { content: "dead"; position: absolute; right: 1px; bottom: 1px; font-weight: 700; font-size: 9px; color: #fff; background: #d32f2f; line-height: 1.2; padding: 0 2px; }
 .nbdebug-featuremaps .nbd-hover { min-height: 1.4em; margin-top: 4px; font-variant-numeric: tabular-nums; }
 .nbdebug-featuremaps .nbd-big { display: none; gap: 10px; align-items: flex-start; margin: 6px 0; padding: 6px; border: 1px solid var(--jp-border-color1, #ccc); }
 .nbdebug-featuremaps .nbd-big.nbd-open { display: flex; }
@@ -127,6 +129,12 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   function statsText(p: Page, i: number): string {
     const ch = p.channels[i];
     return `channel ${ch}: min ${fmt(p.lo[i])}, max ${fmt(p.hi[i])}, mean ${fmt(p.mean[i])}, zeros ${fmtPct(p.sparsity[i])}${p.dead[i] ? " (dead: all zero)" : ""}`;
+  }
+  // the same text, the flagged part ("(dead: all zero)") in bold
+  function statsNodes(p: Page, i: number): (string | HTMLElement)[] {
+    const text = statsText(p, i);
+    const cut = text.indexOf(" (dead");
+    return cut < 0 ? [text] : [text.slice(0, cut + 1), h("span", { class: "nbd-flag", text: text.slice(cut + 1) })];
   }
 
   function buildControls(): void {
@@ -213,8 +221,11 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     const { height: hh, width: ww, total, dead } = p.info;
     const n = p.channels.length;
     const layer = current();
-    info.textContent = `${p.info.layer}: ${layer ? layer.layout : ""} · channels ${p.info.start}–${p.info.start + n - 1} of ${total}` +
-      ` · ${dead} dead · values ${fmt(p.info.lo)} … ${fmt(p.info.hi)}`;
+    replaceChildren(info, [
+      `${p.info.layer}: ${layer ? layer.layout : ""} · channels ${p.info.start}–${p.info.start + n - 1} of ${total} · `,
+      dead ? h("span", { class: "nbd-flag", text: `${dead} dead` }) : `${dead} dead`,
+      ` · values ${fmt(p.info.lo)} … ${fmt(p.info.hi)}`,
+    ]);
     const pageLabel = controls.querySelector(".nbd-page");
     if (pageLabel) pageLabel.textContent = ` page ${Math.floor(p.info.start / p.info.page_size) + 1}/${Math.ceil(total / p.info.page_size)} `;
     const cmap = String(model.get("colormap") ?? "viridis");
@@ -231,7 +242,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
         class: ["nbd-tile", p.dead[i] ? "nbd-dead" : false, ch === selected && "nbd-selected"],
         data: { channel: ch },
         title: statsText(p, i),
-        on: { mouseenter: () => (hover.textContent = statsText(p, i)), click: () => enlarge(i) },
+        on: { mouseenter: () => replaceChildren(hover, statsNodes(p, i)), click: () => enlarge(i) },
       }, [canvas, h("span", { class: "nbd-idx", text: ch })]);
       frag.appendChild(tile);
     }
@@ -257,7 +268,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     const lo = shared ? p.info.lo : p.lo[i];
     const hi = shared ? p.info.hi : p.hi[i];
     const close = h("button", { class: "nbd-close", text: "×", title: "close", on: { click: () => { big.classList.remove("nbd-open"); setTrait("selected", -1); draw(); } } });
-    replaceChildren(big, [canvas, colourBar(cmap, [hi, (lo + hi) / 2, lo], { width: "14px", height: "256px" }), h("div", {}, [h("div", { text: statsText(p, i) }), close])]);
+    replaceChildren(big, [canvas, colourBar(cmap, [hi, (lo + hi) / 2, lo], { width: "14px", height: "256px" }), h("div", {}, [h("div", {}, statsNodes(p, i)), close])]);
     big.setAttribute("data-channel", String(ch));
     big.classList.add("nbd-open");
     for (const t of Array.from(grid.children)) t.classList.toggle("nbd-selected", (t as HTMLElement).dataset.channel === String(ch));

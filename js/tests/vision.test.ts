@@ -83,4 +83,34 @@ describe("feature grid", () => {
     expect(m.get("selected")).toBe(1);
     expect(Array.from(el.querySelectorAll(".nbd-big .nbd-ticks span")).map((s) => s.textContent)).toEqual(["3", "1.5", "0"]);
   });
+
+  it("puts the flagged evidence in bold: the dead count and a dead channel's hover line", async () => {
+    const lay = { name: "act", shape: [1, 2, 2, 2], channels: 2, height: 2, width: 2, layout: "2×2×2", samples: 1 };
+    const m = new FakeModel({ layers: [lay], layer: "act", sample: 0, batch: 1, colormap: "viridis", norm: "channel", sort: "index", selected: -1, notes: [] });
+    m.respond = (c) => ({
+      msg: { type: "response", id: c.id, ok: true,
+             result: { layer: "act", start: 0, total: 2, height: 2, width: 2, page_size: 2, dead: 1, lo: 0, hi: 3, sort: "index" },
+             arrays: {
+               pixels: { dtype: "uint8", shape: [2, 2, 2], buffer: 0 }, channels: { dtype: "int32", shape: [2], buffer: 1 },
+               lo: { dtype: "float32", shape: [2], buffer: 2 }, hi: { dtype: "float32", shape: [2], buffer: 3 },
+               mean: { dtype: "float32", shape: [2], buffer: 4 }, sparsity: { dtype: "float32", shape: [2], buffer: 5 },
+               dead: { dtype: "uint8", shape: [2], buffer: 6 },
+             } },
+      buffers: [new DataView(new Uint8Array(8).buffer), new DataView(new Int32Array([0, 1]).buffer), f32View([0, 0]), f32View([0, 3]),
+                f32View([0, 1]), f32View([1, 0.5]), new DataView(new Uint8Array([1, 0]).buffer)],
+    });
+    const el = mount(featuremaps.render as any, m);
+    await tick();
+    await tick();
+    const info = el.querySelector(".nbd-info")!;
+    expect(info.textContent).toBe("act: 2×2×2 · channels 0–1 of 2 · 1 dead · values 0 … 3");
+    expect(info.querySelector(".nbd-flag")!.textContent).toBe("1 dead");
+    const dead = el.querySelector(".nbd-tile.nbd-dead") as HTMLElement;
+    dead.dispatchEvent(new Event("mouseenter"));
+    const hover = el.querySelector(".nbd-hover")!;
+    expect(hover.textContent).toBe("channel 0: min 0, max 0, mean 0, zeros 100% (dead: all zero)");
+    expect(hover.querySelector(".nbd-flag")!.textContent).toBe("(dead: all zero)");
+    (el.querySelectorAll(".nbd-tile")[1] as HTMLElement).dispatchEvent(new Event("mouseenter"));
+    expect(hover.querySelector(".nbd-flag")).toBeNull();
+  });
 });

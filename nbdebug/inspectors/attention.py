@@ -5,8 +5,10 @@ Pure computation on tensors/arrays; the recorder feeds it one layer at a time wh
 ``model(..., output_attentions=True).attentions`` and a token list.
 
 >>> res = from_attentions(out.attentions, tokens)          # doctest: +SKIP
->>> res.summary
-'41 of 72 heads put > 50% on [CLS]'
+>>> res.finding                                            # heads unusual for this model
+'4 of 72 heads stand out: L0H2 attends to the previous token (100%; typical head here: 5%); ...'
+>>> res.summary                                            # the sinks: normal, stated neutrally
+'26 of 72 heads put > 50% on [CLS]; 0 on [SEP]; 0 near-uniform'
 >>> res.metrics["prev_token"][3, 7]                         # layer 3, head 7
 """
 
@@ -20,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from .attention_findings import HeadFindings, head_findings
 
 __all__ = [
     "METRICS",
@@ -149,6 +153,12 @@ class AttentionResult:
     notes: list[str] = field(default_factory=list)
     detail: Any = None  # AttentionDetail (queries/keys kept per layer) when ``attention`` is None
     generated: list[bool] = field(default_factory=list)
+    findings: HeadFindings | None = None  # heads unusual for this model (attention_findings.py)
+
+    @property
+    def finding(self) -> str:
+        """The view's first line: which heads stand out for this model (or that none does)."""
+        return self.findings.sentence if self.findings is not None else ""
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -259,6 +269,9 @@ def build_result(
         parts.append(f"{int((flags & 2).astype(bool).sum())} on {tokens[sep[-1]]}")
     if T > 4:
         parts.append(f"{int((flags & 4).astype(bool).sum())} near-uniform")
+    display = [display_token(t) for t in tokens]
+    sink_label = first_label + (f" or {tokens[sep[-1]]}" if sep else "")
+    findings = head_findings(metrics, col_mass, display, sink_positions=first + sep, sink_label=sink_label)
     return AttentionResult(
         attention=attention,
         tokens=tokens,
@@ -270,8 +283,9 @@ def build_result(
         path=path,
         summary="; ".join(parts),
         col_mass=col_mass.astype(np.float32),
-        display=[display_token(t) for t in tokens],
+        display=display,
         detail=detail,
+        findings=findings,
     )
 
 

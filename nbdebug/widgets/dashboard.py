@@ -28,8 +28,9 @@ import traitlets
 
 __all__ = ["Dashboard", "ViewNote"]
 
-#: how a note looks: quiet (small, grey), one line; it is information, not a warning
-NOTE_STYLE = "color:#777;font-size:0.85em;margin:2px 0"
+#: how a note looks: quiet (small, grey), one line; it is information, not a warning (#595959 on
+#: white: 7:1, WCAG AA; it wraps rather than being cut in a narrow notebook)
+NOTE_STYLE = "color:#595959;font-size:0.85em;margin:2px 0;overflow-wrap:anywhere"
 
 _ROW_SUFFIX = re.compile(r"(\[\d+\])+$")  # thermometer rows of tuple outputs: "block.attn[0]"
 

@@ -25,7 +25,7 @@ const CSS = `
 .nbdebug-doctor .nbd-verdict.nbd-ok { background: #1b5e20; }
 .nbdebug-doctor .nbd-check { display: grid; grid-template-columns: 18px minmax(0, 150px) minmax(0, 1fr); gap: 2px 8px; padding: 4px 6px; border-left: 3px solid transparent; cursor: pointer; }
 .nbdebug-doctor .nbd-check:hover { background: var(--jp-layout-color2, #f3f3f3); }
-.nbdebug-doctor .nbd-check.nbd-selected { background: var(--jp-layout-color3, #e8eef7); }
+.nbdebug-doctor .nbd-check.nbd-selected { background: color-mix(in srgb, var(--jp-brand-color1, #1976d2) 12%, transparent); outline: 1px solid var(--jp-brand-color1, #1976d2); outline-offset: -1px; }
 .nbdebug-doctor .nbd-check[data-status="pass"] { border-left-color: #1b5e20; }
 .nbdebug-doctor .nbd-check[data-status="fail"] { border-left-color: #b71c1c; }
 .nbdebug-doctor .nbd-check[data-status="skip"] { border-left-color: #9e9e9e; }

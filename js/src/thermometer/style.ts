@@ -162,6 +162,7 @@ ${chartCss(".nbdebug-thermometer")}
   .nbdebug-thermometer .nbd-row > div, .nbdebug-thermometer .nbd-head > div { white-space: normal; overflow-wrap: anywhere; text-overflow: clip; }
   .nbdebug-thermometer .nbd-mini { width: 14px; }
   .nbdebug-thermometer .nbd-head .nbd-sub span { margin: 0 1px; }
+  .nbdebug-thermometer .nbd-axis span:not(:first-child):not(:last-child) { display: none; }
   .nbdebug-thermometer canvas.nbdebug-histogram, .nbdebug-thermometer .nbd-hist-axis { width: min(360px, 100%); }
 }
 `;

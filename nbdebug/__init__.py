@@ -5,7 +5,8 @@
 
 Without the magic: ``nbdebug.debug(model, view=...)`` (a context manager whose ``show()`` displays
 the views), ``nbdebug.thermometer(model, fn)``, ``nbdebug.Capture`` (the stats capture alone),
-``nbdebug.head_view(attentions, tokens)`` (BertViz-style).
+``nbdebug.head_view(attentions, tokens)`` (BertViz-style), ``nbdebug.compare(run_a, run_b, ...)``
+(two or more runs' loss and series overlaid by step, the first divergence marked).
 
 Training: ``nbdebug.doctor(model, inputs, targets)`` (the pre-training checklist, a
 ``DoctorReport``), ``nbdebug.NonFiniteError`` (raised by ``--break-on nonfinite``),
@@ -41,6 +42,7 @@ _LAZY = {
     "DoctorReport": "nbdebug.doctor",
     "NonFiniteError": "nbdebug.capture.incidents",
     "load": "nbdebug.distributed",
+    "compare": "nbdebug.widgets.compare",
     "TrainerCallback": "nbdebug.integrations.hf",
     "LightningCallback": "nbdebug.integrations.lightning",
     "patch": "nbdebug.workbench",

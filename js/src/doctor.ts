@@ -1,8 +1,9 @@
 // The doctor's checklist (nbdebug/widgets/doctor.py, DoctorWidget): one row per check with its
-// status, evidence numbers and advice; the overfit_batch row draws the loss per step on a canvas
-// with the "near zero" target and, for classification, the double-softmax floor. Clicking a row
-// sets the synced `selected` trait. All text goes through textContent (advice and evidence may
-// quote layer names).
+// status, evidence numbers and advice, the failed checks first under a prominent "N failed"; the
+// overfit_batch row draws the loss per step on a canvas with the "near zero" target and, for
+// classification, the double-softmax floor. Clicking a row sets the synced `selected` trait. All
+// text goes through textContent (advice and evidence may quote layer names) and wraps: nothing is
+// cut in a narrow notebook; every text colour keeps WCAG AA contrast on its background.
 import { fmt, h, replaceChildren, styleElement } from "./lib/dom";
 import { typedArray } from "./lib/ndarray";
 import type { AnyModel } from "./lib/rpc";
@@ -17,27 +18,36 @@ export interface Check {
 const MARK: Record<string, string> = { pass: "✓", fail: "✗", skip: "–" };
 
 const CSS = `
-.nbdebug-doctor { font: 12px/1.4 var(--jp-ui-font-family, system-ui, sans-serif); color: var(--jp-ui-font-color1, #222); }
-.nbdebug-doctor .nbd-head { margin-bottom: 6px; }
-.nbdebug-doctor .nbd-check { display: grid; grid-template-columns: 18px 150px 1fr; gap: 2px 8px; padding: 4px 6px; border-left: 3px solid transparent; cursor: pointer; }
+.nbdebug-doctor { font: 12px/1.4 var(--jp-ui-font-family, system-ui, sans-serif); color: var(--jp-ui-font-color1, #222);
+  --nbd-d-fg2: color-mix(in srgb, var(--jp-ui-font-color1, #222) 80%, transparent); max-width: 100%; }
+.nbdebug-doctor .nbd-head { margin-bottom: 6px; display: flex; flex-wrap: wrap; gap: 4px 10px; align-items: baseline; }
+.nbdebug-doctor .nbd-verdict { font-weight: 700; font-size: 1.15em; padding: 1px 8px; border-radius: 4px; color: #fff; background: #b71c1c; }
+.nbdebug-doctor .nbd-verdict.nbd-ok { background: #1b5e20; }
+.nbdebug-doctor .nbd-check { display: grid; grid-template-columns: 18px minmax(0, 150px) minmax(0, 1fr); gap: 2px 8px; padding: 4px 6px; border-left: 3px solid transparent; cursor: pointer; }
 .nbdebug-doctor .nbd-check:hover { background: var(--jp-layout-color2, #f3f3f3); }
-.nbdebug-doctor .nbd-check.nbd-selected { background: var(--jp-layout-color3, #e8eef7); }
-.nbdebug-doctor .nbd-check[data-status="pass"] { border-left-color: #2e7d32; }
-.nbdebug-doctor .nbd-check[data-status="fail"] { border-left-color: #c62828; }
+.nbdebug-doctor .nbd-check.nbd-selected { background: color-mix(in srgb, var(--jp-brand-color1, #1976d2) 12%, transparent); outline: 1px solid var(--jp-brand-color1, #1976d2); outline-offset: -1px; }
+.nbdebug-doctor .nbd-check[data-status="pass"] { border-left-color: #1b5e20; }
+.nbdebug-doctor .nbd-check[data-status="fail"] { border-left-color: #b71c1c; }
 .nbdebug-doctor .nbd-check[data-status="skip"] { border-left-color: #9e9e9e; }
 .nbdebug-doctor .nbd-status { font-weight: bold; }
-.nbdebug-doctor [data-status="pass"] .nbd-status { color: #2e7d32; }
-.nbdebug-doctor [data-status="fail"] .nbd-status { color: #c62828; }
-.nbdebug-doctor [data-status="skip"] .nbd-status { color: #757575; }
-.nbdebug-doctor .nbd-name { font-family: var(--jp-code-font-family, monospace); }
-.nbdebug-doctor .nbd-evidence { color: var(--jp-ui-font-color2, #555); font-variant-numeric: tabular-nums; }
-.nbdebug-doctor .nbd-evidence span { margin-right: 10px; white-space: nowrap; }
-.nbdebug-doctor .nbd-advice, .nbdebug-doctor .nbd-plot { grid-column: 2 / 4; }
-.nbdebug-doctor [data-status="pass"] .nbd-advice { color: var(--jp-ui-font-color2, #555); }
-.nbdebug-doctor canvas.nbd-curve { border: 1px solid var(--jp-border-color2, #ddd); display: block; }
-.nbdebug-doctor .nbd-legend { font-size: 10px; color: var(--jp-ui-font-color2, #555); }
-.nbdebug-doctor .nbd-notes { margin: 4px 0 0 18px; padding: 0; color: var(--jp-ui-font-color2, #555); }
+.nbdebug-doctor [data-status="pass"] .nbd-status { color: #1b5e20; }
+.nbdebug-doctor [data-status="fail"] .nbd-status { color: #b71c1c; }
+.nbdebug-doctor [data-status="skip"] .nbd-status { color: #424242; }
+.nbdebug-doctor .nbd-name { font-family: var(--jp-code-font-family, monospace); overflow-wrap: anywhere; }
+.nbdebug-doctor [data-status="fail"] .nbd-name { font-weight: 700; }
+.nbdebug-doctor .nbd-evidence { color: var(--nbd-d-fg2); font-variant-numeric: tabular-nums; overflow-wrap: anywhere; }
+.nbdebug-doctor .nbd-evidence span { margin-right: 10px; display: inline-block; max-width: 100%; }
+.nbdebug-doctor .nbd-advice, .nbdebug-doctor .nbd-plot { grid-column: 2 / 4; overflow-wrap: anywhere; min-width: 0; }
+.nbdebug-doctor [data-status="pass"] .nbd-advice, .nbdebug-doctor [data-status="skip"] .nbd-advice { color: var(--nbd-d-fg2); }
+.nbdebug-doctor canvas.nbd-curve { border: 1px solid var(--jp-border-color2, #ddd); display: block; max-width: 100%; }
+.nbdebug-doctor .nbd-legend { font-size: 10px; color: var(--nbd-d-fg2); }
+.nbdebug-doctor .nbd-notes { margin: 4px 0 0 18px; padding: 0; color: var(--nbd-d-fg2); overflow-wrap: anywhere; }
 `;
+
+/** The checks as listed: failed first, then the others, each in checklist order. */
+export function failedFirst(checks: Check[]): Check[] {
+  return [...checks.filter((c) => c.status === "fail"), ...checks.filter((c) => c.status !== "fail")];
+}
 
 /** One evidence value as text: numbers with 3 significant digits, lists comma-separated. */
 export function evidenceText(v: unknown): string {
@@ -133,13 +143,14 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     const checks: Check[] = model.get("checks") ?? [];
     const failed = checks.filter((c) => c.status === "fail").length;
     const classes = model.get("classes");
-    head.textContent =
-      `nbdebug doctor · ${model.get("kind") ?? ""}${classes ? `, ${classes} classes` : ""} · ` +
-      `${fmt(num("elapsed_s"))} s · ${failed ? `${failed} failed` : "nothing failed"}`;
+    replaceChildren(head, [
+      h("span", { class: ["nbd-verdict", !failed && "nbd-ok"], text: failed ? `${failed} failed` : "nothing failed" }),
+      h("span", { text: `of ${checks.length} checks · nbdebug doctor · ${model.get("kind") ?? ""}${classes ? `, ${classes} classes` : ""} · ${fmt(num("elapsed_s"))} s` }),
+    ]);
     const selected = model.get("selected") ?? "";
     replaceChildren(
       list,
-      checks.map((c) => {
+      failedFirst(checks).map((c) => {
         const ev = h("div", { class: "nbd-evidence" }, c.evidence.map(([k, v]) => h("span", { text: `${k} = ${evidenceText(v)}` })));
         const row = h(
           "div",

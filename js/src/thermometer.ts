@@ -6,10 +6,10 @@
 // redraws it from the traits and the live history; user input is in thermometer/input.ts.
 import { h, replaceChildren, styleElement } from "./lib/dom";
 import type { AnyModel } from "./lib/rpc";
-import { renderEvents, renderIncidents, withCode } from "./thermometer/cards";
+import { renderFindings, renderHeadline, renderTimeline, Said, withCode, type Finding } from "./thermometer/cards";
 import { buildHeader as drawHeader } from "./thermometer/header";
 import { DetailPanel } from "./thermometer/histogram";
-import type { HistEvent } from "./thermometer/history";
+import type { HistEvent, Incident } from "./thermometer/history";
 import { initialize, messageHandler, shared, SparkCache, sparkCell, SPARK_STATS, syncTrait } from "./thermometer/live";
 import { GroupsPanel } from "./thermometer/groups_widget";
 import { bindInput } from "./thermometer/input";
@@ -29,9 +29,13 @@ import { timeMarks, Timeline, type Position } from "./thermometer/timeline";
 
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
   const root = h("div", { class: "nbdebug-thermometer" });
+  const finding = h("div", { class: "nbd-finding", attrs: { role: "heading", "aria-level": 3 } });
+  const findingsList = h("ol", { class: "nbd-findings" });
   const summary = h("div", { class: "nbd-summary" });
   const raisedBox = h("div", { class: "nbd-raised" });
   const notes = h("ul", { class: "nbd-notes" });
+  const notesTitle = h("summary", { class: "nbd-notes-title" });
+  const notesBox = h("details", { class: "nbd-notes-box" }, [notesTitle, notes]);
   const legendBox = h("div", { class: "nbd-legend" });
   const onlyBox = h("input", { attrs: { type: "checkbox", class: "nbd-only" } });
   const counter = h("span", { class: "nbd-count" });
@@ -39,13 +43,15 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const sparkLabel = h("label", { class: "nbd-spark-choice" }, ["over time: ", sparkSel]);
   const controls = h("div", { class: "nbd-controls" }, [counter, sparkLabel, h("label", {}, [onlyBox, "flagged only"])]);
   const timeline = new Timeline((pos) => pick(pos));
-  const incidentsBox = h("div", { class: "nbd-incidents" });
-  const eventsList = h("ul", { class: "nbd-events" });
+  const eventsList = h("ul", { class: "nbd-events", attrs: { "aria-label": "timeline of events" } });
   const head = h("div", { class: "nbd-head" });
   const body = h("div", { class: "nbd-body" });
   const nothing = h("div", { class: "nbd-nothing", text: "" });
   const table = h("div", { class: "nbd-table" }, [head, body, nothing]);
   const diagList = h("ul", { class: "nbd-diagnoses" });
+  const diagTitle = h("summary", { class: "nbd-diag-title" });
+  const diagBox = h("details", { class: "nbd-diag-box" }, [diagTitle, diagList]);
+  let diagOpenFor: boolean | null = null; // whether the flags list was opened for "no findings" (then left to the user)
   // the grouped view hides the flat table while on; the table is rebuilt only when shown (1,600+ rows)
   const groups = new GroupsPanel(model, [table], () => {
     if (!groups.active && flatStale) drawFlat();
@@ -57,18 +63,19 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   });
   root.append(
     styleElement(CSS),
+    finding,
+    findingsList,
     summary,
     raisedBox,
-    incidentsBox,
     timeline.el,
-    notes,
+    eventsList,
+    notesBox,
     h("div", { class: "nbd-bar-row" }, [legendBox, controls]),
     errorBox,
     groups.el,
     table,
     detail.el,
-    diagList,
-    eventsList,
+    diagBox,
   );
   const live = shared(model);
   const store = live.store;
@@ -162,10 +169,18 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     return textsAt(at, Number(model.get("report_step") ?? 0), kernel, run && typeof run === "object" ? run : null, layers, stats, model.get("legend") ?? {});
   }
 
+  /** The header, the ranked findings, the timeline, the table's line, notes and flags (advice said once). */
   function renderTexts(): void {
     const t = texts();
+    const running = Boolean(model.get("running"));
+    const findings: Finding[] = running ? store.findings : model.get("findings") ?? [];
+    renderHeadline(finding, running ? store.headline : String(model.get("headline") ?? ""));
+    const said = new Said();
+    renderFindings(findingsList, findings, said);
+    const incidents: Incident[] = model.get("incidents") ?? [];
+    renderTimeline(eventsList, incidents.length ? incidents : store.incidents, (model.get("events") ?? []) as HistEvent[], said);
     replaceChildren(summary, withCode(t.summary));
-    if (model.get("running") && store.length) {
+    if (running && store.length) {
       const nan = store.firstNonfinite ? `, first NaN/Inf at step ${store.firstNonfinite}` : "";
       const gap = store.gap ? " (earlier steps appear when the cell ends)" : "";
       const where = pos.whole || pos.slot >= store.length - 1 ? "" : `; table at step ${store.step(pos.slot)}`;
@@ -174,9 +189,17 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     renderRaised(raisedBox, model.get("raised") as Partial<Raised> | undefined);
     const ns = t.notes;
     replaceChildren(notes, ns.map((n) => h("li", {}, withCode(String(n)))));
-    notes.style.display = ns.length ? "" : "none";
-    drawLegend(legendBox, model.get("legend") ?? {}, layers, t.diagnoses);
-    drawDiagnoses(diagList, model.get("legend") ?? {}, t.diagnoses);
+    notesTitle.textContent = `notes (${ns.length})`;
+    notesBox.style.display = ns.length ? "" : "none";
+    const legend = model.get("legend") ?? {};
+    drawLegend(legendBox, legend, layers, t.diagnoses, stats);
+    drawDiagnoses(diagList, legend, t.diagnoses, said);
+    const where = at ? (at.whole ? "over the whole run" : `at step ${at.step}`) : "";
+    diagTitle.textContent = `flags${where ? ` ${where}` : ""}: ${t.diagnoses.length ? t.diagnoses.length : "none"}`;
+    diagBox.style.display = t.diagnoses.length ? "" : "none";
+    const open = findings.length === 0; // the findings above say it: the per-flag list is a click away
+    if (diagOpenFor !== open) diagBox.open = open;
+    diagOpenFor = open;
   }
 
   /** Where the table is, from the `step` trait: 0 follows the last kept step, -1 is the whole run. */
@@ -261,12 +284,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       if (flatStale) applyFilter(); // the counter (drawFlat applies the filter itself)
       else drawFlat();
       renderTexts();
-      timeline.update(store, pos, running, merged.length > 0);
+      const incidents: Incident[] = model.get("incidents") ?? [];
+      timeline.update(store, pos, running, merged.length > 0, incidents.length ? incidents : store.incidents, (model.get("events") ?? []) as HistEvent[]);
       timeline.el.style.display = timed ? "" : "none";
       renderSparkChoices();
-      const incidents = model.get("incidents") ?? [];
-      renderIncidents(incidentsBox, incidents.length ? incidents : store.incidents);
-      renderEvents(eventsList, (model.get("events") ?? []) as HistEvent[]);
       columns = cols;
       current = "";
       select(String(model.get("selected") ?? ""), { scroll: true });
@@ -287,7 +308,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   };
 
   // clicks, keys, the checkbox and the statistic select (thermometer/input.ts)
-  const unbindInput = bindInput(model, store, { head, body, diagList, onlyBox, sparkSel, incidentsBox, eventsList }, {
+  const unbindInput = bindInput(model, store, { head, body, diagList, onlyBox, sparkSel, findingsList, eventsList }, {
     rowName: (i) => String(layers[i]?.name ?? ""),
     current: () => current,
     has: (name) => byName.has(name),
@@ -309,6 +330,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     ["change:diagnoses", renderTexts],
     ["change:run_texts", renderTexts],
     ["change:report_step", renderTexts],
+    ["change:headline", renderTexts],
+    ["change:findings", renderTexts],
     ["change:has_grads", schedule],
     ["change:raised", schedule],
     ["change:history", schedule],

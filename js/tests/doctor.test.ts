@@ -31,24 +31,31 @@ function reportModel(): FakeModel {
 }
 
 describe("doctor checklist", () => {
-  it("draws one row per check with its status, evidence and advice", () => {
+  it("draws one row per check with its status, evidence and advice, the failed ones first", () => {
     const m = reportModel();
     const el = mount(doctor.render as any, m);
     const root = el.querySelector(".nbdebug-doctor") as HTMLElement;
     expect(root.getAttribute("data-ready")).toBe("1");
     const rows = Array.from(el.querySelectorAll(".nbd-check"));
+    // failed first (issue 22), then the others, each in checklist order
     expect(rows.map((r) => [r.getAttribute("data-check"), r.getAttribute("data-status")])).toEqual([
-      ["init_loss", "pass"], ["overfit_batch", "fail"], ["dead_units", "fail"], ["input_scale", "skip"],
+      ["overfit_batch", "fail"], ["dead_units", "fail"], ["init_loss", "pass"], ["input_scale", "skip"],
     ]);
-    expect(rows.map((r) => r.querySelector(".nbd-status")!.textContent)).toEqual(["✓", "✗", "✗", "–"]);
-    expect(Array.from(rows[0].querySelectorAll(".nbd-evidence span")).map((s) => s.textContent)).toEqual(["loss = 2.34", "classes = 10"]);
-    expect(rows[1].querySelector(".nbd-advice")!.textContent).toBe("remove the softmax");
-    expect((el.querySelector(".nbd-head") as HTMLElement).textContent).toContain("2 failed");
+    expect(rows.map((r) => r.querySelector(".nbd-status")!.textContent)).toEqual(["✗", "✗", "✓", "–"]);
+    expect(Array.from(rows[2].querySelectorAll(".nbd-evidence span")).map((s) => s.textContent)).toEqual(["loss = 2.34", "classes = 10"]);
+    expect(rows[0].querySelector(".nbd-advice")!.textContent).toBe("remove the softmax");
+    // "2 failed" is the first thing in the header, in its own prominent element
+    const verdict = el.querySelector(".nbd-head .nbd-verdict") as HTMLElement;
+    expect(verdict.textContent).toBe("2 failed");
+    expect((el.querySelector(".nbd-head") as HTMLElement).firstElementChild).toBe(verdict);
     expect(el.querySelector(".nbd-notes li")!.textContent).toBe("ran on a deep copy");
     // the curve row only on overfit_batch, with its legend
     expect(el.querySelectorAll("canvas.nbd-curve").length).toBe(1);
-    expect(rows[1].querySelector("canvas.nbd-curve")).not.toBeNull();
-    expect(rows[1].querySelector(".nbd-legend")!.textContent).toBe("loss per step (5 points) · green: target 0.115 · red: double-softmax floor 1.46");
+    expect(rows[0].querySelector("canvas.nbd-curve")).not.toBeNull();
+    expect(rows[0].querySelector(".nbd-legend")!.textContent).toBe("loss per step (5 points) · green: target 0.115 · red: double-softmax floor 1.46");
+    // nothing failed: said so in the same place
+    m.set("checks", [{ name: "init_loss", status: "pass", advice: "ok", evidence: [] }]);
+    expect((el.querySelector(".nbd-head .nbd-verdict") as HTMLElement).textContent).toBe("nothing failed");
   });
 
   it("keeps hostile names and advice as text", () => {

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CHECKS", "CheckResult", "DoctorReport", "softmax_floor"]
+__all__ = ["CHECKS", "CheckResult", "DoctorReport", "shown_evidence", "softmax_floor"]
 
 #: the checks, in the order they are reported
 CHECKS: tuple[str, ...] = ("init_loss", "input_dependence", "batch_independence", "overfit_batch", "dead_units",
@@ -61,8 +61,22 @@ class CheckResult:
     advice: str = ""
 
     def __repr__(self) -> str:
-        ev = ", ".join(f"{k}={_short(v)}" for k, v in self.evidence.items() if not isinstance(v, (list, tuple)))
+        ev = ", ".join(f"{k}={_short(v)}" for k, v in shown_evidence(self) if not isinstance(v, (list, tuple)))
         return f"CheckResult({self.status!r}, {ev}{' — ' if self.advice else ''}{self.advice})"
+
+
+def shown_evidence(check: CheckResult) -> list[tuple[str, Any]]:
+    """``check.evidence`` as the views show it: no internal placeholder (``reached_at`` = -1 reads
+    "target reached: never"), the loss curve left to its plot."""
+    out: list[tuple[str, Any]] = []
+    for k, v in check.evidence.items():
+        if k == "curve":
+            continue
+        if k == "reached_at":
+            out.append(("target reached", "never" if v is None or v < 0 else f"after {v} steps"))
+            continue
+        out.append((k, v))
+    return out
 
 
 @dataclass
@@ -88,11 +102,16 @@ class DoctorReport:
         """Names of the failed checks, in checklist order."""
         return [n for n, c in self.checks.items() if c.status == "fail"]
 
+    def ordered(self) -> list[tuple[str, CheckResult]]:
+        """The checks as the views list them: failed first, then the rest, each in checklist order."""
+        items = list(self.checks.items())
+        return [x for x in items if x[1].status == "fail"] + [x for x in items if x[1].status != "fail"]
+
     def __repr__(self) -> str:
         head = f"DoctorReport({self.kind}{f', {self.classes} classes' if self.classes else ''}, {self.elapsed_s:.2f} s)"
         lines = [head]
         for name, c in self.checks.items():
-            ev = ", ".join(f"{k}={_short(v)}" for k, v in c.evidence.items() if not isinstance(v, (list, tuple)))
+            ev = ", ".join(f"{k}={_short(v)}" for k, v in shown_evidence(c) if not isinstance(v, (list, tuple)))
             lines.append(f"  {_MARK[c.status]} {name:<18} {ev}")
             if c.advice and c.status != "pass":
                 lines.append(f"      {c.advice}")
@@ -101,20 +120,22 @@ class DoctorReport:
 
     def _repr_html_(self) -> str:
         rows = []
-        for name, c in self.checks.items():
-            ev = "; ".join(f"{k} = {_short(v)}" for k, v in c.evidence.items() if not isinstance(v, (list, tuple)))
+        for name, c in self.ordered():
+            ev = "; ".join(f"{k} = {_short(v)}" for k, v in shown_evidence(c) if not isinstance(v, (list, tuple)))
             colour = _COLOUR[c.status]
             rows.append(f"<tr><td><code>{html.escape(name)}</code></td><td style='color:{colour};font-weight:bold'>"
                         f"{_MARK[c.status]} {c.status}</td><td>{html.escape(ev)}</td><td>{html.escape(c.advice)}</td></tr>")
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
-        return (f"<div class='nbdebug-doctor-static'><b>nbdebug doctor</b>: {html.escape(self.kind)}"
-                f"{f', {self.classes} classes' if self.classes else ''} · {self.elapsed_s:.2f} s · "
-                f"{len(self.failed)} failed<table><tr><th>check</th><th>status</th><th>evidence</th><th>advice</th></tr>"
+        n = len(self.failed)
+        verdict = (f"<b style='color:{_COLOUR['fail']}'>{n} failed</b>" if n else f"<b style='color:{_COLOUR['pass']}'>nothing failed</b>")
+        return (f"<div class='nbdebug-doctor-static'><b>nbdebug doctor</b>: {verdict} · {html.escape(self.kind)}"
+                f"{f', {self.classes} classes' if self.classes else ''} · {self.elapsed_s:.2f} s"
+                "<table><tr><th>check</th><th>status</th><th>evidence</th><th>advice</th></tr>"
                 + "".join(rows) + "</table>" + (f"<ul>{notes}</ul>" if notes else "") + "</div>")
 
 
 _MARK = {"pass": "✓", "fail": "✗", "skip": "–"}
-_COLOUR = {"pass": "#2e7d32", "fail": "#c62828", "skip": "#757575"}
+_COLOUR = {"pass": "#1b5e20", "fail": "#b71c1c", "skip": "#616161"}  # ≥ 6:1 on white (WCAG AA)
 
 
 def _short(v: Any) -> str:

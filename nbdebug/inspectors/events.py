@@ -21,7 +21,7 @@ import numpy as np
 
 from .history import FLAG_BITS, Thresholds, field_columns, step_flags
 
-__all__ = ["SUGGEST_EVENTS", "Event", "events", "fmt_g", "fmt_pct", "update_story", "upstream"]
+__all__ = ["SUGGEST_EVENTS", "Event", "UpdateStory", "events", "fmt_g", "fmt_pct", "update_causes", "update_story", "upstream"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class Event:
     code: str
     message: str
     suggestion: str
+    value: float = math.nan  # the number it is about: the update ratio, the dead fraction, the gradient norm after the fall
+    related: tuple[str, ...] = ()  # became_dead: the rows whose out-of-range update ratios its story cites
 
 
 SUGGEST_EVENTS = {
@@ -83,17 +85,35 @@ def _listed(names: list[str]) -> str:
     return ", ".join(f"`{n}`" for n in names[:3]) + ("…" if len(names) > 3 else "")
 
 
+@dataclass(frozen=True)
+class UpdateStory:
+    """What the update ratios did before a row died (:func:`update_causes`): the ``clause`` the
+    became-dead message ends with, the ``rows`` whose ratios were out of range, and whether they were
+    too large (``high``)."""
+
+    clause: str
+    rows: tuple[str, ...] = ()
+    high: bool = False
+
+
 def update_story(ur: np.ndarray, steps: np.ndarray, rows: Sequence[str], j: int, r: int,
                  inputs: Sequence[Sequence[int]] | None, th: Thresholds) -> str:
+    """The clause of :func:`update_causes` (``", after update ratios above 0.01 at step 1 in `0`, `2`"``;
+    "" when every ratio before the death was in range)."""
+    return update_causes(ur, steps, rows, j, r, inputs, th).clause
+
+
+def update_causes(ur: np.ndarray, steps: np.ndarray, rows: Sequence[str], j: int, r: int,
+                  inputs: Sequence[Sequence[int]] | None, th: Thresholds) -> UpdateStory:
     """What the update ratios did before row ``r`` died at kept slot ``j``: the kept steps before it
     whose update ratio was out of ``[update_low, update_high]`` in ``r`` or a row feeding it
     (:func:`upstream`; when none of those has an update ratio, any row of the model), as a clause
-    for the became-dead message (``", after update ratios above 0.01 at step 1 in `0`, `2`"``);
-    "" when every ratio before the death was in range. Too-large ratios are cited when there are any
-    (they push pre-activations below zero), else too-small ones. An exact 0 (a layer the optimizer
-    did not move) is not out of range."""
+    for the became-dead message (``", after update ratios above 0.01 at step 1 in `0`, `2`"``), with
+    the rows it names; an empty clause when every ratio before the death was in range. Too-large
+    ratios are cited when there are any (they push pre-activations below zero), else too-small ones.
+    An exact 0 (a layer the optimizer did not move) is not out of range."""
     if j <= 0:
-        return ""
+        return UpdateStory("")
     cols = upstream(r, inputs)
     fed = bool(np.isfinite(ur[:j, cols]).any())
     if not fed:
@@ -103,7 +123,7 @@ def update_story(ur: np.ndarray, steps: np.ndarray, rows: Sequence[str], j: int,
         high = x > th.update_high
         bad = high if high.any() else (x > 0) & (x < th.update_low)
     if not bad.any():
-        return ""
+        return UpdateStory("")
     big = bool(high.any())
     slots = np.flatnonzero(bad.any(axis=1))
     names = [rows[cols[c]] for c in np.flatnonzero(bad.any(axis=0))]
@@ -116,9 +136,11 @@ def update_story(ur: np.ndarray, steps: np.ndarray, rows: Sequence[str], j: int,
     if len(slots) == 1:
         s = int(steps[slots[0]])
         if vals.size == 1:
-            return f", after an update ratio of {fmt_g(float(vals[0]))} at step {s} in {_listed(names)}{tail}"
-        return (f", after update ratios of {fmt_g(float(vals.min()))}–{fmt_g(float(vals.max()))} at step {s} "
-                f"in {_listed(names)}{tail}")
+            clause = f", after an update ratio of {fmt_g(float(vals[0]))} at step {s} in {_listed(names)}{tail}"
+        else:
+            clause = (f", after update ratios of {fmt_g(float(vals.min()))}–{fmt_g(float(vals.max()))} at step {s} "
+                      f"in {_listed(names)}{tail}")
+        return UpdateStory(clause, tuple(names), big)
     # several steps: name them (or their span), and the most extreme ratio with its step and row
     pick = np.where(bad, x, -np.inf if big else np.inf)
     flat = int(np.argmax(pick) if big else np.argmin(pick))
@@ -127,8 +149,9 @@ def update_story(ur: np.ndarray, steps: np.ndarray, rows: Sequence[str], j: int,
     when = (f"steps {', '.join(map(str, kept[:-1]))} and {kept[-1]}" if len(kept) <= 3
             else f"{len(kept)} steps from step {kept[0]} to step {kept[-1]}")
     extreme = "the largest" if big else "the smallest"
-    return (f", after update ratios {what} at {when}, {extreme} {fmt_g(float(x[js, cs]))} at step {int(steps[js])} "
-            f"in `{rows[cols[cs]]}`{tail}")
+    clause = (f", after update ratios {what} at {when}, {extreme} {fmt_g(float(x[js, cs]))} at step {int(steps[js])} "
+              f"in `{rows[cols[cs]]}`{tail}")
+    return UpdateStory(clause, tuple(names), big)
 
 
 def _dead_story(row: str, typ: str, frac: float, step: int, updates: str, what: str = "of units dead") -> str:
@@ -186,10 +209,11 @@ def events(history: Any, thresholds: Thresholds | None = None, *, inputs: Sequen
         for i in np.flatnonzero(kd >= 0):
             j = int(kd[i])
             what = "of units dead" if use_units[i] else "of outputs exactly zero"
-            story = update_story(ur, steps, rows, j, int(i), inputs, th)
-            msg = _dead_story(rows[i], types[i], float(frac[j, i]), int(steps[j]), story, what)
-            tip = SUGGEST_EVENTS["became_dead" if "learning rate too high" in story else "became_dead_steady"]
-            out.append((j, int(i), 0, Event(int(steps[j]), rows[i], "became_dead", msg, tip)))
+            story = update_causes(ur, steps, rows, j, int(i), inputs, th)
+            msg = _dead_story(rows[i], types[i], float(frac[j, i]), int(steps[j]), story.clause, what)
+            tip = SUGGEST_EVENTS["became_dead" if story.high else "became_dead_steady"]
+            out.append((j, int(i), 0, Event(int(steps[j]), rows[i], "became_dead", msg, tip, float(frac[j, i]),
+                                            story.rows if story.high else ())))
         # -- gradient norm fell by decades ------------------------------------------------------
         pn, gn = col["param_grad_norm"], col["grad_norm"]
         use_p = np.isfinite(pn).any(axis=0)
@@ -205,7 +229,7 @@ def events(history: Any, thresholds: Thresholds | None = None, *, inputs: Sequen
             what = "parameter-gradient norm" if use_p[i] else "output-gradient norm"
             by = f" (10^{math.floor(math.log10(a / b))} smaller)" if b > 0 else ""
             msg = f"`{rows[i]}`: {what} fell from {fmt_g(a)} at step {int(steps[j0])} to {fmt_g(b)} at step {int(steps[j])}{by}"
-            out.append((j, int(i), 1, Event(int(steps[j]), rows[i], "grad_fell", msg, SUGGEST_EVENTS["grad_fell"])))
+            out.append((j, int(i), 1, Event(int(steps[j]), rows[i], "grad_fell", msg, SUGGEST_EVENTS["grad_fell"], b)))
     # -- update ratio out of range --------------------------------------------------------------
     ku = _first_true((flags & np.uint16(FLAG_BITS["update_ratio"])) > 0)
     for i in np.flatnonzero(ku >= 0):
@@ -215,6 +239,6 @@ def events(history: Any, thresholds: Thresholds | None = None, *, inputs: Sequen
         how = "too large: the learning rate is too high for this layer" if high else "too small: this layer barely learns"
         msg = f"`{rows[i]}`: update ratio ‖Δθ‖/‖θ‖ of {fmt_g(x)} at step {int(steps[j])}, {how}"
         out.append((j, int(i), 2, Event(int(steps[j]), rows[i], "update_ratio", msg,
-                                        SUGGEST_EVENTS["update_high" if high else "update_low"])))
+                                        SUGGEST_EVENTS["update_high" if high else "update_low"], x)))
     out.sort(key=lambda t: t[:3])
     return [e for *_, e in out]

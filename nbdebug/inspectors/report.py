@@ -9,13 +9,14 @@ torch, no Jupyter.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from .errors import ErrorReport
 from .events import Event
 
-__all__ = ["COLUMNS", "LEGEND", "Diagnosis", "ThermometerReport"]
+__all__ = ["COLUMNS", "LEGEND", "UPDATE_SPLIT", "Diagnosis", "ThermometerReport", "display_flags"]
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,23 @@ LEGEND: dict[str, dict[str, str]] = {
     "exploding": {"label": "exploding grad", "color": "#d62728", "description": "gradient norm above the exploding threshold"},
     "vanishing": {"label": "vanishing grad", "color": "#969696", "description": "gradient norm below the vanishing threshold"},
     "dead_units": {"label": "dead units", "color": "#9e9ac8", "description": "many units (channels / features) zero for every sample of the step"},
-    "update_ratio": {"label": "update ratio", "color": "#ff7f0e", "description": "update/parameter ratio ‖Δθ‖/‖θ‖ outside [1e-4, 1e-2] (healthy ~1e-3)"},
+    "update_ratio": {"label": "update ratio out of range", "color": "#ff7f0e", "description": "update/parameter ratio ‖Δθ‖/‖θ‖ outside [1e-4, 1e-2] (healthy ~1e-3)"},
+    # how the views show an "update_ratio" flag: too high or too low, from the row's ratio (two fixes, two chips)
+    "update_high": {"label": "update too high", "color": "#ff7f0e", "description": "update/parameter ratio ‖Δθ‖/‖θ‖ above 1e-2 (healthy ~1e-3): lower the learning rate"},
+    "update_low": {"label": "update too low", "color": "#8c6d31", "description": "update/parameter ratio ‖Δθ‖/‖θ‖ below 1e-4 (healthy ~1e-3): the layer barely learns"},
 }
+
+#: the display code of an "update_ratio" flag at ratio ``x``: above the healthy range's geometric middle (1e-3) too high
+UPDATE_SPLIT = 1e-3
+
+
+def display_flags(flags: list[str], update_ratio: float) -> list[str]:
+    """``flags`` as the views show them: "update_ratio" becomes "update_high" or "update_low" from the
+    row's ratio (kept when the ratio is unknown)."""
+    if "update_ratio" not in flags or not update_ratio == update_ratio:
+        return list(flags)
+    code = "update_high" if update_ratio > UPDATE_SPLIT else "update_low"
+    return [code if f == "update_ratio" else f for f in flags]
 
 
 @dataclass
@@ -74,6 +90,8 @@ class ThermometerReport:
     events: list[Event] = field(default_factory=list)  # rows that changed state over the kept steps
     step_index: np.ndarray | None = None  # int64 [K]: the kept steps (None without a history)
     history_flags: np.ndarray | None = None  # uint16 [K, rows] FLAG_BITS of every row at every kept step
+    findings: list[Any] = field(default_factory=list)  # inspectors.findings.Finding, ranked: the root cause first
+    headline: str = ""  # the header: the top finding (→ what followed from it); the summary when none
 
     def column(self, name: str) -> np.ndarray:
         """The table's column ``name`` (one of :data:`COLUMNS`), one value per row."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..capture.history import FIELD_INDEX
 from ..capture.result import CaptureResult
-from .events import Event, events, fmt_g, fmt_pct
+from .events import SUGGEST_EVENTS, Event, events, fmt_g, fmt_pct
 from .history import FLAG_BITS, Thresholds, flag_names, input_graph, step_flags
 from .report import COLUMNS, Diagnosis, ThermometerReport
 
@@ -42,7 +42,9 @@ SUGGEST = {
     "exploding": "Clip gradients (torch.nn.utils.clip_grad_norm_), lower the learning rate, or add normalisation.",
     "vanishing": "Use residual connections or normalisation, ReLU-family activations, and check the init scale.",
     "dead_units": "These units output zero for every sample: check the init and the bias of the layer before, lower the learning rate, or try LeakyReLU/GELU.",
-    "update_ratio": "An update ratio ‖Δθ‖/‖θ‖ around 1e-3 is healthy (Karpathy's rule of thumb): above 1e-2 lower the learning rate, below 1e-4 raise it.",
+    # the same texts as the update-ratio events': one piece of advice is said once (the views dedupe by text)
+    "update_high": SUGGEST_EVENTS["update_high"],
+    "update_low": SUGGEST_EVENTS["update_low"],
 }
 
 
@@ -116,7 +118,8 @@ def input_nan_message(who: str, at: str, direct: bool) -> str:
 
 
 def _names(xs: list[str]) -> str:
-    return ", ".join(xs[:3]) + ("…" if len(xs) > 3 else "")
+    """Module names as names in prose (`` `3` ``, never a bare number): ``"`1`, `3`"``."""
+    return ", ".join(f"`{x}`" for x in xs[:3]) + ("…" if len(xs) > 3 else "")
 
 
 def dead_summary(dead: list[str], units: list[str], story: dict[str, Event]) -> list[str]:
@@ -215,14 +218,18 @@ def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[s
                                f"gradient norm below the threshold at step {s} in {len(vani)} layer{'s' * (len(vani) != 1)} (first at `{rows[vani[0]]}`).",
                                SUGGEST["vanishing"]))
         parts.append("vanishing gradients")
+    ur = x["update_ratio"]
     upd = rows_with("update_ratio")
-    if upd:
-        ur = x["update_ratio"]
-        listed = ", ".join(f"`{rows[i]}` {fmt_g(float(ur[i]))}" for i in upd[:3]) + ("…" if len(upd) > 3 else "")
-        diags.append(Diagnosis("update_ratio", "warning", rows[upd[0]],
-                               f"update ratio ‖Δθ‖/‖θ‖ out of the healthy range at step {s} in {len(upd)} layer{'s' * (len(upd) != 1)}: {listed}.",
-                               SUGGEST["update_ratio"]))
-        parts.append(f"update ratio out of range in {len(upd)} layer{'s' * (len(upd) != 1)}")
+    for high in (True, False):  # too high and too low are two findings (two fixes), never one flag for both
+        idx = [i for i in upd if (ur[i] > th.update_high) == high]
+        if not idx:
+            continue
+        listed = ", ".join(f"`{rows[i]}` {fmt_g(float(ur[i]))}" for i in idx[:3]) + ("…" if len(idx) > 3 else "")
+        how = f"too high (above {th.update_high:g})" if high else f"too low (below {th.update_low:g})"
+        diags.append(Diagnosis("update_ratio", "warning", rows[idx[0]],
+                               f"update ratio ‖Δθ‖/‖θ‖ {how} at step {s} in {plural(len(idx), 'layer')}: {listed}.",
+                               SUGGEST["update_high" if high else "update_low"]))
+        parts.append(f"update ratio {'too high' if high else 'too low'} in {plural(len(idx), 'layer')}")
     # First/last layer output-gradient ratio; behind dead units the gradient is cut: not "vanishing".
     ratio = None
     gn = x["grad_norm"]

@@ -19,6 +19,7 @@ from ..capture.history import FIELD_INDEX
 from ..capture.result import CaptureResult
 from .errors import ErrorReport, error_report, explain_error
 from .events import Event, events
+from .findings import findings_of, headline
 from .history import Thresholds, input_graph, values_per_unit
 from .report import COLUMNS, LEGEND, Diagnosis, ThermometerReport
 from .steps import (
@@ -54,8 +55,12 @@ def diagnose(result: CaptureResult, thresholds: Thresholds | None = None, step: 
         if rep.error is not None:
             rep.diagnoses.insert(0, Diagnosis("raised", "error", "", rep.error.headline, rep.error.suggestion))
             rep.summary = f"{plural(len(rep.names), 'layer')} ran, then {rep.error.headline}"
-        return rep
-    return _diagnose_run(result, th)
+    else:
+        rep = _diagnose_run(result, th)
+    rep.findings = findings_of(rep, result, th)
+    quiet = f"no problems found in {plural(int(result.steps), 'step')}" if rep.step is not None else rep.summary
+    rep.headline = headline(rep.findings, quiet)
+    return rep
 
 
 def _diagnose_run(result: CaptureResult, th: Thresholds) -> ThermometerReport:

@@ -28,8 +28,9 @@ import traitlets
 
 __all__ = ["Dashboard", "ViewNote"]
 
-#: how a note looks: quiet (small, grey), one line; it is information, not a warning
-NOTE_STYLE = "color:#777;font-size:0.85em;margin:2px 0"
+#: how a note looks: quiet (small, grey), one line; it is information, not a warning (#595959 on
+#: white: 7:1, WCAG AA; it wraps rather than being cut in a narrow notebook)
+NOTE_STYLE = "color:#595959;font-size:0.85em;margin:2px 0;overflow-wrap:anywhere"
 
 _ROW_SUFFIX = re.compile(r"(\[\d+\])+$")  # thermometer rows of tuple outputs: "block.attn[0]"
 
@@ -41,6 +42,13 @@ def _block_prefix(name: str) -> str:
         if parts[i].isdigit():
             return ".".join(parts[: i + 1])
     return name
+
+
+#: the tab titles at WCAG AA contrast: JupyterLab draws an inactive tab's title in its secondary text
+#: colour on its grey tab bar (4:1); this rule, scoped to the dashboard, darkens it (a constant string)
+TAB_STYLE = ("<style>.nbdebug-dashboard .lm-TabBar-tab:not(.lm-mod-current), "
+             ".nbdebug-dashboard .lm-TabBar-tab:not(.lm-mod-current) .lm-TabBar-tabLabel "
+             "{ color: color-mix(in srgb, var(--jp-ui-font-color1, #222) 86%, transparent) !important; }</style>")
 
 
 def _note_html(notes: list[str]) -> str:
@@ -80,7 +88,7 @@ class Dashboard(ipywidgets.VBox):
         self.views: dict[str, Any] = dict(views)
         self.tab = ipywidgets.Tab(children=list(self.views.values()))
         self.tab.titles = tuple(self.views)
-        self._note_box = ipywidgets.HTML(_note_html(list(notes or [])))
+        self._note_box = ipywidgets.HTML(TAB_STYLE + _note_html(list(notes or [])))
         super().__init__(children=[self._note_box, self.tab], notes=list(notes or []), **kwargs)
         self.add_class("nbdebug-dashboard")
         self._busy = False

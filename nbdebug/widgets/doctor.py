@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import traitlets
 
-from ..inspectors.doctor import DoctorReport
+from ..inspectors.doctor import DoctorReport, shown_evidence
 from ._base import NBWidget
 
 __all__ = ["DoctorWidget"]
@@ -51,7 +51,8 @@ class DoctorWidget(NBWidget):
     """The doctor's checklist.
 
     Traits: ``checks`` (``[{"name", "status", "advice", "evidence": [[key, value], ...]}]`` in
-    checklist order), ``curve`` (float32 bytes: the overfit loss per step), ``curve_target`` (the
+    checklist order; the browser lists the failed ones first; evidence as shown, without internal
+    placeholders: :func:`~nbdebug.inspectors.doctor.shown_evidence`), ``curve`` (float32 bytes: the overfit loss per step), ``curve_target`` (the
     "near zero" line), ``curve_floor`` (the double-softmax floor, NaN when it does not apply),
     ``kind``, ``classes``, ``elapsed_s``, ``notes``, and ``selected`` (the clicked check's name,
     synced back from the browser).
@@ -73,7 +74,7 @@ class DoctorWidget(NBWidget):
     def __init__(self, report: DoctorReport, **kwargs: Any) -> None:
         checks = []
         for name, c in report.checks.items():
-            ev = [[k, _plain(v)] for k, v in c.evidence.items() if k != "curve"]
+            ev = [[k, _plain(v)] for k, v in shown_evidence(c)]
             checks.append({"name": name, "status": c.status, "advice": c.advice, "evidence": ev})
         over = report.checks.get("overfit_batch")
         curve = np.asarray(over.evidence.get("curve", []) if over else [], dtype=np.float32)

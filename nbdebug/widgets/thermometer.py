@@ -18,7 +18,7 @@ widget, its live feed and its static fallback, and re-exports :data:`WIRE_FIELDS
 from __future__ import annotations
 
 import dataclasses
-import html
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,10 +27,13 @@ import traitlets
 
 from ..capture.history import History
 from ..capture.result import CaptureResult
+from ..inspectors.findings import as_json, headline, live_findings
 from ..inspectors.groups import groups_live, groups_view
+from ..inspectors.history import step_flags
 from ..inspectors.thermometer import COLUMNS, LEGEND, ThermometerReport, Thresholds, diagnose
 from ._base import NBWidget, rpc
 from ._transport import encode_array, pack_arrays
+from .thermometer_html import fallback_html, finite_or_none
 from .thermometer_data import (
     LIVE_BYTES,
     TRAIT_BYTES,
@@ -43,7 +46,12 @@ from .thermometer_data import (
     sent_slot_bytes,
 )
 
-__all__ = ["LIVE_BYTES", "TRAIT_BYTES", "WIRE_FIELDS", "ThermometerWidget", "histogram_answer"]
+__all__ = ["FINDINGS_EVERY", "FINDINGS_SHARE", "LIVE_BYTES", "TRAIT_BYTES", "WIRE_FIELDS", "ThermometerWidget", "histogram_answer"]
+
+#: while the cell runs, the findings are worked out again at most once every this many seconds…
+FINDINGS_EVERY = 1.0
+#: …and at most this share of the loop's time (a slow one waits longer: 20× what it took)
+FINDINGS_SHARE = 0.05
 
 
 class ThermometerWidget(NBWidget):
@@ -58,7 +66,10 @@ class ThermometerWidget(NBWidget):
     :mod:`~nbdebug.widgets.thermometer_data`), ``incidents``, ``events``, ``running`` (True while the
     cell runs); ``report_step`` (the step ``summary``/``notes``/``diagnoses`` describe) and
     ``run_texts`` (the whole run's): at other slider steps the browser says that step's header and
-    flags itself; ``histogram_note`` (why no row has a histogram: a click then asks nothing). ``report`` and ``capture`` keep the Python-side data.
+    flags itself; ``histogram_note`` (why no row has a histogram: a click then asks nothing);
+    ``headline`` (the header: the top finding, ranked root cause first) and ``findings`` (the ranked
+    findings, :func:`~nbdebug.inspectors.findings.as_json`), both also sent live while the cell runs.
+    ``report`` and ``capture`` keep the Python-side data.
     """
 
     _view_name_ = "thermometer"
@@ -100,6 +111,9 @@ class ThermometerWidget(NBWidget):
     run_texts = traitlets.Dict().tag(sync=True)
     #: why no row has a histogram ("": rows have one, fetched on click); set, a click sends no request
     histogram_note = traitlets.Unicode("").tag(sync=True)
+    #: the header (the top finding → what followed from it) and the ranked findings (root cause first)
+    headline = traitlets.Unicode("").tag(sync=True)
+    findings = traitlets.List().tag(sync=True)
 
     def __init__(self, report: ThermometerReport, capture: CaptureResult | None = None,
                  thresholds: Thresholds | None = None, **kwargs: Any) -> None:
@@ -134,7 +148,9 @@ class ThermometerWidget(NBWidget):
             raised=_raised_trait(report),
             steps=report.steps,
             first_nonfinite_step=report.first_nonfinite_step or 0,
-            events=[dataclasses.asdict(e) for e in report.events],
+            events=[_event(e) for e in report.events],
+            headline=report.headline,
+            findings=as_json(report.findings),
             incidents=[_incident(i) for i in getattr(capture, "incidents", None) or []],
             history={},
             report_step=int(report.step or 0) if timed else 0,
@@ -204,6 +220,7 @@ class ThermometerWidget(NBWidget):
         if len(incidents) != f.incidents:
             content["incidents"] = incidents
             f.incidents = len(incidents)
+        content.update(self._live_findings(history, incidents, thresholds or self.thresholds))
         body, buffers = pack_arrays(content, arrays)
         self.send(body, buffers)
         f.token = token
@@ -213,6 +230,20 @@ class ThermometerWidget(NBWidget):
             if live is not None:
                 self.groups = {**live[0], **{k: encode_array(v) for k, v in live[1].items()}}
         return True
+
+    def _live_findings(self, history: History, incidents: list[dict[str, Any]], thresholds: Thresholds | None) -> dict[str, Any]:
+        """``{findings, headline}`` of the history so far, when due (see :data:`FINDINGS_EVERY`); {} otherwise."""
+        f = self._feed
+        now = time.monotonic()
+        if f.findings_at and now - f.findings_at < max(FINDINGS_EVERY, f.findings_cost / FINDINGS_SHARE):
+            return {}
+        info = history.row_info
+        bits = step_flags(history.values("last"), [str(i.get("type", "")) for i in info], thresholds,
+                          dtypes=[str(i.get("dtype", "")) for i in info], skipped=history.scalar("skipped") == 1,
+                          shapes=[tuple(i.get("shape") or ()) or None for i in info])
+        found = live_findings(history, thresholds, flags=bits, incidents=incidents)
+        f.findings_at, f.findings_cost = time.monotonic(), time.monotonic() - now
+        return {"findings": as_json(found), "headline": headline(found, "no problems found so far")}
 
     @classmethod
     def from_capture(cls, result: CaptureResult, thresholds: Thresholds | None = None) -> ThermometerWidget:
@@ -238,33 +269,8 @@ class ThermometerWidget(NBWidget):
         return histogram_answer(capture, row)
     # -- static fallback and repr -------------------------------------------------------------
     def fallback_html(self) -> str:
-        """A plain table (no scripts) shown where widgets cannot render (nbviewer, GitHub, HTML export)."""
-        r = self.report
-        cols = ["mean", "std", "min", "max", "zero_frac", "nan", "inf", "grad_norm"]
-        idx = [COLUMNS.index(c) for c in cols]
-        head = "".join(f"<th>{c}</th>" for c in ["#", "layer", "type", "shape", *cols, "flags"])
-        body = []
-        for i, name in enumerate(r.names):
-            shape = "×".join(map(str, r.shapes[i]))
-            if not r.dtypes[i].startswith(("float", "bfloat", "complex")):  # masks, indices: counts
-                shape += f" {r.dtypes[i]}"
-            cells = [str(i), html.escape(name), html.escape(r.types[i]), html.escape(shape)]
-            cells += [_fmt(r.table[i, j]) for j in idx]
-            cells.append(html.escape(", ".join(r.flags[i])))
-            style = ' style="background:#fdecea"' if r.flags[i] else ""
-            body.append(f"<tr{style}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-        diags = "".join(
-            f"<li><b>{html.escape(d.code)}</b>: {html.escape(d.message)} <i>{html.escape(d.suggestion)}</i></li>"
-            for d in r.diagnoses
-        )
-        diags += "".join(f"<li>step {e.step}: {html.escape(e.message)}</li>" for e in r.events)
-        cards = "".join(f'<p style="border-left:4px solid #b30000;padding-left:6px">step {i["step"]}: {html.escape(i["message"])}</p>'
-                        for i in self.incidents)
-        return (
-            f'<div class="nbdebug-thermometer-static"><p><b>nbdebug thermometer</b>: {html.escape(r.summary)}</p>'
-            f"{_error_html(r)}{cards}{_loss_svg(self.capture)}<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-            f"<ul>{diags}</ul></div>"
-        )
+        """A plain page (no scripts) shown where widgets cannot render (nbviewer, GitHub, HTML export)."""
+        return fallback_html(self.report, self.capture, self.incidents)
 
     def export_requests(self) -> list[tuple[str, dict[str, Any]]]:
         """The histogram of every row (what a click on the row asks for)."""
@@ -284,6 +290,16 @@ class _Feed:
     incidents: int = 0
     rows: int = 0  # history rows the browser has the names of
     grouped: int = 0  # history rows the live grouped view's tree was built from
+    findings_at: float = 0.0  # time.monotonic() of the last live findings (0: none yet)
+    findings_cost: float = 0.0  # seconds they took
+
+
+def _event(e: Any) -> dict[str, Any]:
+    """An event as JSON (NaN, which JSON cannot carry, as None)."""
+    d = dataclasses.asdict(e)
+    d["value"] = finite_or_none(d.get("value"))
+    d["related"] = list(d.get("related") or ())
+    return d
 
 
 def _incident(inc: Any) -> dict[str, Any]:
@@ -302,46 +318,3 @@ def _raised_trait(report: ThermometerReport) -> dict[str, Any]:
         return {}
     return {"module": e.module, "type": e.type, "error": e.error, "problems": list(e.problems),
             "inputs": list(e.inputs), "params": list(e.params), "suggestion": e.suggestion}
-
-
-def _error_html(report: ThermometerReport) -> str:
-    """The card naming the module that raised (escaped text only)."""
-    e = report.error
-    if e is None:
-        return ""
-    esc = html.escape
-    items = "".join(f"<li>{esc(p)}</li>" for p in e.problems)
-    return (
-        '<div class="nbd-raised" style="border:1px solid #b30000;padding:4px 8px;margin:4px 0">'
-        f"<p><b>raised in <code>{esc(e.module)}</code> ({esc(e.type)})</b>: {esc(e.error)}</p>"
-        f"<ul>{items}</ul>"
-        f"<p>inputs: {esc('; '.join(e.inputs) or 'none')}<br>parameters: {esc('; '.join(e.params) or 'none')}</p></div>"
-    )
-
-
-def _loss_svg(capture: CaptureResult | None, width: int = 480, height: int = 60) -> str:
-    """The loss per kept step as an inline SVG polyline (at most ``width`` points; no script)."""
-    hist = getattr(capture, "history", None)
-    if hist is None or len(hist) < 2:
-        return ""
-    loss, steps, first = hist.scalar("loss").astype(np.float64), hist.step_index, int(hist.bucket_first[0])
-    ok = np.isfinite(loss)
-    if ok.sum() < 2:
-        return ""
-    pick = np.unique(np.linspace(0, len(loss) - 1, min(len(loss), width)).round().astype(int))
-    pick = pick[ok[pick]]
-    lo, hi = float(loss[ok].min()), float(loss[ok].max())
-    x = (pick / max(1, len(loss) - 1)) * (width - 2) + 1
-    y = height - 2 - (loss[pick] - lo) / ((hi - lo) or 1.0) * (height - 4)
-    pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(x, y))
-    return (f"<p>loss, steps {first}–{int(steps[-1])} (min {_fmt(lo)}, max {_fmt(hi)}, last {_fmt(float(loss[-1]))})</p>"
-            f'<svg width="{width}" height="{height}" style="border-bottom:1px solid #ccc">'
-            f'<polyline fill="none" stroke="#1976d2" points="{pts}"/></svg>')
-
-
-def _fmt(x: float) -> str:
-    if x != x:
-        return "—"
-    if x == 0 or 1e-3 <= abs(x) < 1e4:
-        return f"{x:.4g}"
-    return f"{x:.3e}"

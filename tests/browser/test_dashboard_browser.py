@@ -1,5 +1,6 @@
 """The `--view all` dashboard in JupyterLab + chromium: one tabbed widget; clicking a thermometer
-row moves the feature grid's and Grad-CAM's layer dropdowns (linked in Python) and the traits change.
+row moves the feature grid's and Grad-CAM's layer dropdowns (linked in Python) and the traits change;
+its note, tab titles and thermometer are at WCAG AA contrast and nothing is cut in an 800-px window.
 Views that do not apply are one quiet line, and create no widget: the page fixture fails the test on
 any console error (e.g. "[anywidget] Failed to initialize model")."""
 
@@ -16,6 +17,7 @@ from .harness import (
     wait_widget,
     write_notebook,
 )
+from .legibility import clipped, contrast_failures, narrow
 
 pytestmark = pytest.mark.browser
 
@@ -62,6 +64,15 @@ def test_thermometer_click_opens_layer_in_feature_grid_and_gradcam(page, lab) ->
     page.wait_for_function("document.querySelectorAll('.nbdebug-featuremaps .nbd-tile').length === 8")
     screenshot(page, "dashboard-lab", dash)
     assert dash.locator(".nbdebug-note").inner_text().startswith("not shown: attention, logitlens (")
+    # legibility (issue 22) of the dashboard's own text (the note, the tab titles) and of its thermometer
+    tabs.nth(0).click()
+    wait_widget(page, "thermometer")
+    checked, bad = contrast_failures(page, ".nbdebug-dashboard")
+    assert checked > 30 and bad == [], bad[:10]
+    assert 0 < narrow(page) <= 800
+    checked, cut = clipped(page, ".nbdebug-dashboard")
+    assert checked > 20 and cut == [], cut[:10]
+    screenshot(page, "dashboard-800px", dash)
 
 
 LANGUAGE = """

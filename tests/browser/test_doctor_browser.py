@@ -1,6 +1,8 @@
 """nbdebug.doctor's checklist in a real JupyterLab: a double-softmax model (its first layer named
-with hostile text) shows one row per check with the kernel's statuses, overfit_batch failed with
-a non-blank loss curve, the hostile name stays text, and clicking a row reaches the kernel."""
+with hostile text) shows one row per check with the kernel's statuses, the failed check first under a
+prominent "1 failed", overfit_batch failed with a non-blank loss curve and no internal placeholder
+("reached_at = -1"), the hostile name stays text, and clicking a row reaches the kernel; every text
+node at WCAG AA contrast, and in an 800-px window the advice wraps: nothing is cut."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from .harness import (
     wait_widget,
     write_notebook,
 )
+from .legibility import clipped, contrast_failures, narrow
 
 pytestmark = pytest.mark.browser
 
@@ -60,7 +63,13 @@ def test_doctor_lab(page, lab) -> None:
     rows = widget.locator(".nbd-check")
     assert rows.count() == 8
     drawn = [[rows.nth(i).get_attribute("data-check"), rows.nth(i).get_attribute("data-status")] for i in range(8)]
-    assert drawn == info["statuses"]
+    failed_first = [s for s in info["statuses"] if s[1] == "fail"] + [s for s in info["statuses"] if s[1] != "fail"]
+    assert drawn == failed_first and drawn[0] == ["overfit_batch", "fail"]
+    verdict = widget.locator(".nbd-head .nbd-verdict")
+    assert verdict.text_content() == "1 failed"
+    assert page.evaluate("document.querySelector('.nbdebug-doctor .nbd-head').firstElementChild.className").startswith("nbd-verdict")
+    assert "reached_at" not in (widget.text_content() or "") and "= -1" not in (widget.text_content() or "")
+    assert "target reached = never" in widget.locator('.nbd-check[data-check="overfit_batch"] .nbd-evidence').text_content()
     over = widget.locator('.nbd-check[data-check="overfit_batch"]')
     assert over.locator(".nbd-status").text_content() == "✗"
     assert "ln(1 + (C−1)/e)" in (over.locator(".nbd-advice").text_content() or "")
@@ -77,3 +86,10 @@ def test_doctor_lab(page, lab) -> None:
     assert "nbd-selected" in (widget.locator('.nbd-check[data-check="dead_units"]').get_attribute("class") or "")
     run_code_and_wait_text(page, "print('selected=' + w.selected)", "selected=dead_units")
     screenshot(page, "doctor-lab", widget)
+
+    checked, bad = contrast_failures(page, ".nbdebug-doctor")
+    assert checked > 30 and bad == [], bad[:10]
+    assert 0 < narrow(page) <= 800
+    checked, cut = clipped(page, ".nbdebug-doctor")
+    assert checked > 20 and cut == [], cut[:10]
+    screenshot(page, "doctor-800px", widget)

@@ -5,7 +5,8 @@ first-NaN card with rank/step/module, the spread column; choosing rank 0 fetches
 from the kernel and redraws it (values equal the kernel's ``run.ranks[0]``); its step slider moves the
 spread column to that step (min … max of the ranks' series there) and to the whole run, without a request;
 the header and the note name the slider's step; a row click asks for no histogram (a rank's values are not
-kept across processes: a quiet line says so) and leaves no ``js_error``."""
+kept across processes: a quiet line says so) and leaves no ``js_error``; every text node is at WCAG AA
+contrast and nothing is cut in an 800-px window."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .harness import (
     wait_widget,
     write_notebook,
 )
+from .legibility import clipped, contrast_failures, narrow
 
 pytestmark = pytest.mark.browser
 
@@ -165,3 +167,10 @@ def test_run_view_lab(page, lab) -> None:
     merged = kernel_json(page, "__import__('nbdebug.inspectors.thermometer', fromlist=['diagnose']).diagnose(run.ranks[0], step='run').summary")
     assert widget.locator(".nbdebug-thermometer .nbd-summary").text_content() == merged.replace("`", "")
     assert kernel_json(page, "w.js_error") == ""
+    # legibility (issue 22): every text node at WCAG AA, and nothing cut in an 800-px window
+    checked, bad = contrast_failures(page, ".nbdebug-run")
+    assert checked > 50 and bad == [], bad[:10]
+    assert 0 < narrow(page) <= 800
+    checked, cut = clipped(page, ".nbdebug-run")
+    assert checked > 30 and cut == [], cut[:10]
+    screenshot(page, "run-800px", widget)

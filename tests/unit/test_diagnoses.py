@@ -44,7 +44,7 @@ def test_dead_relu_is_flagged_and_only_it() -> None:
     assert rep.flagged("dead") == ["3"]  # the ReLU after the conv with bias -10; not the pool after it
     d = next(d for d in rep.diagnoses if d.code == "dead")
     assert "100.0% exact zeros" in d.message and "Kaiming" in d.suggestion
-    assert "1 dead layer (3)" in rep.summary
+    assert "1 dead layer (`3`)" in rep.summary  # a module name as a name, never a bare number
     # Gradients stop at the dead layer: exactly zero upstream, which is not a second "vanishing" finding.
     assert rep.flagged("vanishing") == []
 
@@ -156,7 +156,7 @@ def test_dead_units_in_one_step() -> None:
     assert rep.flags[1] == ["dead_units"] and rep.flagged("dead") == []
     d = next(d for d in rep.diagnoses if d.code == "dead_units")
     assert d.layer == "1" and "75% of its units are zero for every sample" in d.message
-    assert "dead units in 1 layer (1)" in rep.summary
+    assert "dead units in 1 layer (`1`)" in rep.summary
     assert rep.flags[0] == [] and rep.flags[2] == []  # nothing else: the conv after them reads 1 live channel
 
 

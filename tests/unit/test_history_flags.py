@@ -401,7 +401,7 @@ def test_report_at_the_last_step_tells_the_dead_story_not_vanishing() -> None:
     d = next(d for d in rep.diagnoses if d.code == "dead_units")
     assert d.message == ("ReLU `1`: 95% of units dead from step 3, after an update ratio of 0.31 at step 2 in `0` "
                          "(learning rate too high); 97% at step 5.")
-    assert rep.summary.startswith("step 5: 4 layers: dead units in 1 layer (1) from step 3 (learning rate too high)")
+    assert rep.summary.startswith("step 5: 4 layers: dead units in 1 layer (`1`) from step 3 (learning rate too high)")
     assert "vanishing" not in rep.summary and not any(d.code == "vanishing" for d in rep.diagnoses)
     assert rep.history_flags.shape == (5, 4) and int(rep.history_flags[2, 1]) == FLAG_BITS["dead_units"]
     assert check_numbers(res, rep) >= 7
@@ -413,7 +413,7 @@ def test_report_at_an_earlier_step_and_whole_run() -> None:
     assert rep.step == 2 and rep.flags == [["update_ratio"], [], [], ["update_ratio"]]
     assert rep.column("update_ratio")[0] == pytest.approx(0.31)
     d = next(d for d in rep.diagnoses if d.code == "update_ratio")
-    assert d.message == "update ratio ‖Δθ‖/‖θ‖ out of the healthy range at step 2 in 2 layers: `0` 0.31, `3` 0.02."
+    assert d.message == "update ratio ‖Δθ‖/‖θ‖ too high (above 0.01) at step 2 in 2 layers: `0` 0.31, `3` 0.02."
     assert not any(d.code == "dead_units" for d in rep.diagnoses)  # not dead yet at step 2
     assert check_numbers(res, rep) >= 2
     with pytest.raises(KeyError, match="nearest kept"):
@@ -587,3 +587,24 @@ def test_digits_lr3_says_dead_units_after_a_large_update_not_vanishing(digits) -
     whole = diagnose(res, step="run")
     assert "vanishing" not in whole.summary and not any(d.code == "vanishing" for d in whole.diagnoses), whole.summary
     assert f"from step {k} (learning rate too high)" in whole.summary, whole.summary
+
+
+def test_digits_lr3_header_is_the_root_cause_as_a_sentence(digits) -> None:  # type: ignore[no-untyped-def]
+    """Issue 22: the header is the finding, root cause first, every number the reference loop's."""
+    res, dead, ratio, _ = digits
+    rep = diagnose(res)
+    m = re.fullmatch(rf"learning rate too high: update ratio {NUM} at step 1 in `(\d)` → `1` dead from step (\d+), "
+                     rf"`3` from step (\d+), gradients of `0`, `1` and `2` fell to 0 at step (\d+)", rep.headline)
+    assert m, rep.headline
+    # the ratio cited: the largest at step 1 among the Linears feeding the dead ReLUs (`4` comes after them)
+    big = max(("0", "2"), key=lambda r: ratio[r][0])
+    assert (m.group(2), m.group(1)) == (big, fmt(ratio[big][0]))
+    assert ratio["4"][0] > ratio[big][0]  # the largest overall is not the one that killed them
+    for row, s in (("1", int(m.group(3))), ("3", int(m.group(4)))):  # by the loop's own hooks: ≥ 90% dead at
+        assert dead[row][s - 1] >= 0.9 and min(dead[row][s - 1:]) >= 0.5, (row, s)  # that step, dead from there on
+    fell = int(m.group(5))
+    assert all(res.series(r, "param_grad_norm")[fell - 1] == 0 for r in ("0", "2"))
+    assert [(f.code, f.cause) for f in rep.findings] == [("lr_high", -1), ("became_dead", 0), ("grad_fell", 1)]
+    assert sum("Karpathy" in f.advice for f in rep.findings) == 1
+    # the table's line stays what it was: the state at the last step, names as names
+    assert rep.summary.startswith(f"step {DIGITS_STEPS}: 5 layers: 2 dead layers (`1`, `3`) from step {m.group(3)}")

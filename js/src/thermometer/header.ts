@@ -19,7 +19,7 @@ export const HEADERS: HeaderSpec[] = [
   { label: "activations", sort: "std", title: "mean ± std (box), min … max (line), shared symlog scale", desc: true },
   { label: "zeros", sort: "zero_frac", title: "fraction of exact zeros", desc: true },
   { label: "NaN / Inf", sort: "nonfinite", title: "non-finite values (∇ = in the gradient)", desc: true },
-  { label: "‖∇‖", sort: "grad_norm", title: "gradient norm of the output (log scale)", desc: true },
+  { label: "‖∂L/∂out‖", sort: "grad_norm", title: "norm of the loss's gradient at the layer's output, ‖∂L/∂out‖ (log scale)", desc: true },
   { label: "flags", sort: "flags", title: "diagnoses for this layer", desc: true },
 ];
 
@@ -37,10 +37,10 @@ export function buildHeader(head: HTMLElement, scales: Scales | null, sortBy: st
       let last = -Infinity;
       for (const t of scales.act.ticks(6)) {
         const pos = scales.act.clamped(t);
-        if (pos - last < 9) continue; // labels would overlap
+        if (pos - last < 12) continue; // labels would overlap
         last = pos;
-        // Labels at the ends are anchored inside the cell instead of centred on the tick.
-        const shift = pos < 5 ? "0" : pos > 95 ? "-100%" : "-50%";
+        // Labels near the ends are anchored inside the cell instead of centred on the tick (never cut).
+        const shift = pos < 15 ? "0" : pos > 85 ? "-100%" : "-50%";
         axis.appendChild(h("span", { text: fmt(t), style: { left: `${pos.toFixed(2)}%`, transform: `translateX(${shift})` } }));
       }
       cell.appendChild(axis);

@@ -24,6 +24,21 @@ export interface Incident {
   row?: string | null;
   phase?: string | null;
   message: string;
+  value?: number | null;
+}
+
+/** One finding as the kernel sends it (nbdebug.inspectors.findings.as_json), ranked root cause first. */
+export interface Finding {
+  code: string;
+  severity: string;
+  step: number;
+  rows: string[];
+  text: string;
+  short: string;
+  detail: string;
+  advice: string;
+  /** Index of the finding this one follows from (-1: a root cause). */
+  cause: number;
 }
 
 export interface HistEvent {
@@ -65,6 +80,8 @@ export interface HistoryPayload {
   first_nonfinite_step?: number;
   group?: number;
   incidents?: Incident[];
+  findings?: Finding[];
+  headline?: string;
   from?: number;
   reset?: boolean;
   [k: string]: unknown;
@@ -81,6 +98,9 @@ export class HistoryStore {
   /** Kept slots per browser slot (1 unless the kernel downsampled what it sends). */
   group = 1;
   incidents: Incident[] = [];
+  /** The findings and header of the steps so far (sent while the cell runs, at most once a second). */
+  findings: Finding[] = [];
+  headline = "";
   /** Some earlier live updates never reached this browser (shown once the cell ends). */
   gap = false;
   /** Bumped on every change (caches of derived drawings key on it). */
@@ -102,6 +122,8 @@ export class HistoryStore {
       this.totalSteps = 0;
       this.firstNonfinite = 0;
       this.incidents = [];
+      this.findings = [];
+      this.headline = "";
       return;
     }
     const arrays: Record<string, NdArray> = {};
@@ -139,6 +161,8 @@ export class HistoryStore {
     if (p.first_nonfinite_step !== undefined) this.firstNonfinite = Number(p.first_nonfinite_step) || 0;
     if (p.group !== undefined) this.group = Number(p.group) || 1;
     if (Array.isArray(p.incidents)) this.incidents = p.incidents;
+    if (Array.isArray(p.findings)) this.findings = p.findings;
+    if (typeof p.headline === "string") this.headline = p.headline;
     const steps = a.steps?.data;
     if (!steps) return;
     const n = steps.length;

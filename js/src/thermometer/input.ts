@@ -15,7 +15,7 @@ export interface InputTargets {
   diagList: HTMLElement;
   onlyBox: HTMLInputElement;
   sparkSel: HTMLSelectElement;
-  incidentsBox: HTMLElement;
+  findingsList: HTMLElement;
   eventsList: HTMLElement;
 }
 
@@ -121,7 +121,7 @@ export function bindInput(model: AnyModel, store: HistoryStore, t: InputTargets,
     [t.diagList, "click", onDiagClick],
     [t.onlyBox, "change", onOnly],
     [t.sparkSel, "change", onSpark],
-    [t.incidentsBox, "click", onJump],
+    [t.findingsList, "click", onJump],
     [t.eventsList, "click", onJump],
   ];
   for (const [target, type, handler] of listeners) target.addEventListener(type, handler);

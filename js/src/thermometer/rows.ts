@@ -1,5 +1,6 @@
 // Rows of the layer thermometer: the stats table, the scales shared by all rows, one row element
 // per layer, and sort keys. Layer names are untrusted text: only textContent (via dom.h).
+import { textOn } from "../lib/contrast";
 import { fmt, fmtInt, fmtPct, h } from "../lib/dom";
 import { decode, type WireArray } from "../lib/ndarray";
 import { log, symlog, type Scale } from "../lib/scale";
@@ -124,11 +125,26 @@ export function flagColor(legend: Legend, code: string): string {
   return /^(#[0-9a-f]{3,8}|rgba?\([0-9.,\s%]+\)|[a-z]+)$/i.test(c.trim()) ? c.trim() : "#888888";
 }
 
+/** Mirrors nbdebug.inspectors.report.UPDATE_SPLIT: an "update_ratio" flag above it is "too high". */
+export const UPDATE_SPLIT = 1e-3;
+
+/**
+ * Flags as the views show them: "update_ratio" becomes "update_high" or "update_low" from the row's
+ * ratio (two fixes, two chips), when the legend has those codes and the ratio is known.
+ */
+export function displayFlags(flags: string[], ratio: number, legend: Legend): string[] {
+  if (!flags.includes("update_ratio") || !Number.isFinite(ratio) || !legend.update_high) return flags;
+  const code = ratio > UPDATE_SPLIT ? "update_high" : "update_low";
+  return flags.map((f) => (f === "update_ratio" ? code : f));
+}
+
+/** A flag chip: the legend's colour, its text black or white, whichever reads (WCAG AA). */
 export function chip(legend: Legend, code: string): HTMLElement {
   const entry = legend[code] ?? {};
+  const color = flagColor(legend, code);
   return h("span", {
     class: "nbd-chip",
-    style: { "--nbd-chip": flagColor(legend, code) },
+    style: { "--nbd-chip": color, color: textOn(color) },
     text: entry.label || code,
     title: entry.description || code,
   });
@@ -159,13 +175,15 @@ function thermometerCell(stats: StatTable, i: number, x: Scale): HTMLElement {
   return h("div", { class: "nbd-therm", title }, [track]);
 }
 
-function zeroCell(stats: StatTable, i: number): HTMLElement {
+function zeroCell(stats: StatTable, i: number, flagged: boolean): HTMLElement {
   const z = stats.get(i, "zero_frac");
   if (Number.isNaN(z)) return h("div", { class: "nbd-zero-frac nbd-empty", text: "—" });
   const near = stats.get(i, "near_zero_frac");
-  const title = `exactly zero: ${fmtPct(z)}` + (Number.isNaN(near) ? "" : `\nnear zero: ${fmtPct(near)}`);
+  const units = stats.get(i, "dead_unit_frac");
+  const title = `exactly zero: ${fmtPct(z)}` + (Number.isNaN(near) ? "" : `\nnear zero: ${fmtPct(near)}`) +
+    (Number.isFinite(units) ? `\nunits zero for every sample: ${fmtPct(units)}` : "");
   const fill = h("span", { style: { width: pct(Math.min(1, Math.max(0, z)) * 100) } });
-  return h("div", { class: "nbd-zero-frac nbd-num", title }, [h("span", { class: "nbd-mini" }, [fill]), fmtPct(z)]);
+  return h("div", { class: ["nbd-zero-frac nbd-num", flagged && "nbd-evidence"], title }, [h("span", { class: "nbd-mini" }, [fill]), fmtPct(z)]);
 }
 
 function badgeCell(stats: StatTable, i: number): HTMLElement {
@@ -181,14 +199,15 @@ function badgeCell(stats: StatTable, i: number): HTMLElement {
   return cell;
 }
 
-function gradCell(stats: StatTable, i: number, g: Scale | null): HTMLElement {
+function gradCell(stats: StatTable, i: number, g: Scale | null, flagged: boolean): HTMLElement {
   const v = stats.get(i, "grad_norm");
   if (Number.isNaN(v) || !g) {
-    return h("div", { class: "nbd-grad nbd-empty", text: Number.isNaN(v) ? "—" : fmt(v), title: "no gradient" });
+    return h("div", { class: ["nbd-grad nbd-empty", flagged && "nbd-evidence"], text: Number.isNaN(v) ? "—" : fmt(v), title: "no gradient of the loss at this output" });
   }
   const width = v > 0 ? g.clamped(v) : 0;
-  const title = `‖∇‖ ${fmt(v)}` + (Number.isNaN(stats.get(i, "grad_std")) ? "" : `, grad std ${fmt(stats.get(i, "grad_std"))}`);
-  return h("div", { class: "nbd-grad nbd-num", title }, [
+  const title = `‖∂L/∂out‖ ${fmt(v)}: the norm of the loss's gradient at this layer's output` +
+    (Number.isNaN(stats.get(i, "grad_std")) ? "" : `, its std ${fmt(stats.get(i, "grad_std"))}`);
+  return h("div", { class: ["nbd-grad nbd-num", flagged && "nbd-evidence"], title }, [
     h("span", { class: "nbd-gbar", style: { width: `${(width * 0.55).toFixed(2)}%` } }),
     fmt(v),
   ]);
@@ -199,9 +218,10 @@ export function isCountDtype(dtype: string | undefined): boolean {
   return !!dtype && !/^(float|bfloat|complex)/.test(dtype);
 }
 
-/** One grid row for layer `i`. */
+/** One grid row for layer `i` (the cells behind its flags in bold: the evidence). */
 export function buildRow(layer: Layer, i: number, stats: StatTable, scales: Scales, legend: Legend): HTMLElement {
-  const flags = Array.isArray(layer.flags) ? layer.flags : [];
+  const flags = displayFlags(Array.isArray(layer.flags) ? layer.flags.map(String) : [], stats.get(i, "update_ratio"), legend);
+  const has = (...codes: string[]) => codes.some((c) => flags.includes(c));
   const shape = Array.isArray(layer.shape) ? `[${layer.shape.join(", ")}]` : "";
   const nameCell = h("div", { class: "nbd-name", title: layer.module && layer.module !== layer.name ? `${layer.name}\nmodule ${layer.module}` : String(layer.name) }, [
     String(layer.name),
@@ -217,9 +237,9 @@ export function buildRow(layer: Layer, i: number, stats: StatTable, scales: Scal
       isCountDtype(layer.dtype) ? h("span", { class: "nbd-dtype", text: ` ${layer.dtype}` }) : null,
     ]),
     thermometerCell(stats, i, scales.act),
-    zeroCell(stats, i),
+    zeroCell(stats, i, has("dead", "dead_units")),
     badgeCell(stats, i),
-    gradCell(stats, i, scales.grad),
+    gradCell(stats, i, scales.grad, has("exploding", "vanishing")),
     h("div", { class: "nbd-flags", title: flags.map((f) => legend[String(f)]?.label || String(f)).join(", ") }, flags.map((f) => chip(legend, String(f)))),
   ]);
   if (flags.length) {

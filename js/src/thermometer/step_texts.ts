@@ -3,8 +3,8 @@
 // (`run_texts`); at any other kept step they are decided here from the flags and values of that
 // step already in the browser (no request: the kernel may be busy), and say so.
 import { fmt, fmtPct, h, replaceChildren } from "../lib/dom";
-import { withCode } from "./cards";
-import { chip, flagColor, type Diagnosis, type Layer, type Legend, type StatTable } from "./rows";
+import { Said, withCode } from "./cards";
+import { chip, displayFlags, flagColor, type Diagnosis, type Layer, type Legend, type StatTable } from "./rows";
 
 export interface Texts {
   summary: string;
@@ -25,7 +25,7 @@ const STEP_NOTE = /^table and flags at step \d+ of /;
 const ERRORS = new Set(["raised", "nonfinite", "nan_origin_fwd", "nan_origin_bwd"]);
 const WARNINGS = new Set(["dead", "exploding"]);
 /** Codes in the order their lines are listed (unknown codes after, in order of appearance). */
-const ORDER = ["raised", "nan_origin_fwd", "nan_origin_bwd", "nonfinite", "exploding", "dead", "vanishing", "saturated", "dead_units", "update_ratio"];
+const ORDER = ["raised", "nan_origin_fwd", "nan_origin_bwd", "nonfinite", "exploding", "dead", "vanishing", "saturated", "dead_units", "update_high", "update_low", "update_ratio"];
 
 const plural = (n: number, word: string) => `${n} ${word}${n === 1 ? "" : "s"}`; // as the kernel says it (steps.py plural)
 
@@ -47,19 +47,24 @@ function valueOf(stats: StatTable, i: number, code: string): string {
       return ok(v("grad_nan")) || ok(v("grad_inf")) ? `∇NaN ${fmt(v("grad_nan") || 0)}, ∇Inf ${fmt(v("grad_inf") || 0)}` : "";
     case "exploding":
     case "vanishing":
-      return ok(v("grad_norm")) ? `‖∇‖ ${fmt(v("grad_norm"))}` : "";
+      return ok(v("grad_norm")) ? `‖∂L/∂out‖ ${fmt(v("grad_norm"))}` : "";
     case "update_ratio":
+    case "update_high":
+    case "update_low":
       return ok(v("update_ratio")) ? `update ratio ${fmt(v("update_ratio"))}` : "";
     default:
       return "";
   }
 }
 
+/** A row's flags as shown (update ratio: too high / too low). */
+const shown = (l: Layer, i: number, stats: StatTable, legend: Legend) => displayFlags((l.flags ?? []).map(String), stats.get(i, "update_ratio"), legend);
+
 /** Rows per flag code, codes in ORDER (then in order of appearance). */
-function byCode(layers: Layer[]): [string, number[]][] {
+function byCode(layers: Layer[], stats: StatTable, legend: Legend): [string, number[]][] {
   const rows = new Map<string, number[]>();
   layers.forEach((l, i) => {
-    for (const c of l.flags ?? []) {
+    for (const c of shown(l, i, stats, legend)) {
       const code = String(c);
       if (!rows.has(code)) rows.set(code, []);
       rows.get(code)!.push(i);
@@ -75,7 +80,7 @@ const label = (legend: Legend, code: string) => legend[code]?.label || code;
 export function browserTexts(at: At, layers: Layer[], stats: StatTable, legend: Legend, kernel: Texts): Texts {
   const where = at.whole ? `over the whole run (${plural(at.total, "step")} merged)` : `at step ${at.step}`;
   const head = at.whole ? `whole run (${plural(at.total, "step")} merged)` : `step ${at.step}`;
-  const codes = byCode(layers);
+  const codes = byCode(layers, stats, legend);
   const parts = codes.map(([code, rows]) => `${label(legend, code)} in ${plural(rows.length, "layer")}`);
   const summary = `${head}: ${plural(layers.length, "layer")}: ${parts.length ? parts.join(", ") : "no flags"}`;
   const diagnoses: Diagnosis[] = kernel.diagnoses.filter((d) => d.code === "raised"); // the cell's end, any step
@@ -123,10 +128,10 @@ export function textsAt(at: At | null, reportStep: number, kernel: Texts, run: P
   return browserTexts(at, layers, stats, legend, kernel);
 }
 
-/** The flag legend, codes absent from the rows and diagnoses at this position dimmed. */
-export function drawLegend(box: HTMLElement, legend: Legend, layers: Layer[], diags: Diagnosis[]): void {
-  const present = new Set(layers.flatMap((l) => (l.flags ?? []).map(String)));
-  for (const d of diags) present.add(d.code);
+/** The flag legend; codes absent from the rows at this position are hidden (class nbd-absent). */
+export function drawLegend(box: HTMLElement, legend: Legend, layers: Layer[], diags: Diagnosis[], stats?: StatTable): void {
+  const present = new Set(layers.flatMap((l, i) => (stats ? shown(l, i, stats, legend) : (l.flags ?? []).map(String))));
+  for (const d of diags) if (d.code !== "update_ratio" || !legend.update_high) present.add(d.code);
   replaceChildren(
     box,
     Object.entries(legend).map(([code, e]) =>
@@ -138,20 +143,27 @@ export function drawLegend(box: HTMLElement, legend: Legend, layers: Layer[], di
   );
 }
 
-/** The diagnoses list (model text as text nodes; a layer name links to its row via data-layer). */
-export function drawDiagnoses(list: HTMLElement, legend: Legend, diags: Diagnosis[]): void {
+/** The diagnose code's chip: an update-ratio one says too high or too low (from its message). */
+function chipCode(d: Diagnosis, legend: Legend): string {
+  if (d.code !== "update_ratio" || !legend.update_high) return d.code;
+  return /too low|below/.test(d.message) ? "update_low" : "update_high";
+}
+
+/** The diagnoses list (model text as text nodes; a layer name links to its row via data-layer, as a
+ * name in code style); a suggestion already said above is left out (`said`). */
+export function drawDiagnoses(list: HTMLElement, legend: Legend, diags: Diagnosis[], said: Said = new Said()): void {
   replaceChildren(
     list,
     diags.map((d) =>
-      h("li", { class: `nbd-sev-${d.severity}`, style: { "--nbd-chip": flagColor(legend, d.code) } }, [
+      h("li", { class: `nbd-sev-${d.severity}`, style: { "--nbd-chip": flagColor(legend, chipCode(d, legend)) } }, [
         h("div", {}, [
           h("span", { class: "nbd-sev", text: d.severity }),
-          chip(legend, d.code),
-          d.layer ? h("span", { class: "nbd-link", text: d.layer, data: { layer: d.layer }, title: "show this layer" }) : null,
+          chip(legend, chipCode(d, legend)),
+          d.layer ? h("code", { class: "nbd-link", text: d.layer, data: { layer: d.layer }, title: "show this layer" }) : null,
           d.layer ? " — " : null,
           ...withCode(d.message),
         ]),
-        d.suggestion ? h("div", { class: "nbd-suggestion" }, withCode(d.suggestion)) : null,
+        said.advice(d.suggestion),
       ]),
     ),
   );

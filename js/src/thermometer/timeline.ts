@@ -1,10 +1,12 @@
-// The time axis of the thermometer: a step slider over the kept steps (the last one by default), a
-// "whole run" choice (the merged rows), the step of the first NaN/Inf marked on the slider, the loss
-// curve with skipped steps (GradScaler) and the live step counter. Everything is drawn from the
+// The time axis of the thermometer: the loss curve on top (ticks at incidents and events, the values
+// under the pointer, a log-scale toggle; a click picks that step), then a step slider over the kept
+// steps (the last one by default), a "whole run" choice (the merged rows), the step of the first
+// NaN/Inf marked on the slider, and the live step counter. Everything is drawn from the
 // HistoryStore already in the browser: the kernel cannot answer while the cell runs.
-import { fmt, fmtInt, h, replaceChildren } from "../lib/dom";
-import { slotX, sparkline, type Mark } from "../lib/sparkline";
-import type { HistoryStore } from "./history";
+import { Chart, type ChartMark } from "../lib/chart";
+import { fmtInt, h, replaceChildren } from "../lib/dom";
+import { slotX, type Mark } from "../lib/sparkline";
+import type { HistEvent, HistoryStore, Incident } from "./history";
 
 /** Where the table is: a kept slot, or the whole run (merged rows). */
 export interface Position {
@@ -12,8 +14,24 @@ export interface Position {
   whole: boolean;
 }
 
-export const LOSS_W = 560;
-const LOSS_H = 64;
+const LOSS_H = 72;
+const EVENT_WORDS: Record<string, string> = { became_dead: "units died", grad_fell: "gradient fell", update_ratio: "update ratio out of range" };
+
+/** The loss curve's marks: the first NaN/Inf, skipped steps, incidents (loss spikes) and events. */
+export function lossMarks(store: HistoryStore, incidents: Incident[], events: HistEvent[]): ChartMark[] {
+  const marks: ChartMark[] = timeMarks(store).map((m) => ({ step: store.step(m.at), cls: m.cls, title: m.title }));
+  for (const inc of incidents) {
+    if (inc.kind === "loss_spike") marks.push({ step: Number(inc.step), cls: "nbd-mark-spike", title: String(inc.message ?? "") });
+  }
+  const seen = new Set<string>();
+  for (const e of events) {
+    const key = `${e.code}:${e.step}`;
+    if (seen.has(key) || e.code === "update_ratio") continue;
+    seen.add(key);
+    marks.push({ step: Number(e.step), cls: "nbd-mark-event", title: `step ${e.step}: ${EVENT_WORDS[e.code] ?? e.code} (\`${e.row}\`)` });
+  }
+  return marks;
+}
 
 /** Marks of the first non-finite step and of skipped steps, by slot. */
 export function timeMarks(store: HistoryStore): Mark[] {
@@ -38,6 +56,7 @@ export class Timeline {
   private nanBtn: HTMLButtonElement;
   private ticks: HTMLElement;
   private loss: HTMLElement;
+  private chart: Chart;
 
   constructor(private onPick: (pos: Position) => void) {
     this.slider = h("input", { class: "nbd-slider", attrs: { type: "range", min: 0, max: 0, step: 1, value: 0, "aria-label": "step" } });
@@ -46,8 +65,15 @@ export class Timeline {
     this.whole = h("button", { class: "nbd-whole", text: "whole run", title: "show every step merged (the run's min/max, mean over all steps)", attrs: { type: "button", "aria-pressed": "false" } });
     this.nanBtn = h("button", { class: "nbd-goto-nan", attrs: { type: "button" } });
     this.ticks = h("div", { class: "nbd-slider-ticks" });
-    this.loss = h("div", { class: "nbd-loss" });
+    this.chart = new Chart({
+      name: "loss",
+      height: LOSS_H,
+      readoutClass: "nbd-loss-label",
+      onPick: (step) => this.store && this.onPick({ slot: this.store.slotOf(step), whole: false }),
+    });
+    this.loss = h("div", { class: "nbd-loss", title: "loss per kept step (band: min/max of merged steps); click: show that step" }, [this.chart.el]);
     this.el = h("div", { class: "nbd-timeline" }, [
+      this.loss,
       h("div", { class: "nbd-slider-row" }, [
         this.counter,
         h("div", { class: "nbd-slider-box" }, [this.slider, this.ticks]),
@@ -55,7 +81,6 @@ export class Timeline {
         this.whole,
         this.nanBtn,
       ]),
-      this.loss,
     ]);
     this.slider.addEventListener("input", this.onInput);
     this.whole.addEventListener("click", this.onWhole);
@@ -75,7 +100,7 @@ export class Timeline {
 
   /** Redraw for `store` with the table at `pos`; `running` while the cell still runs; `merged`
    * when the whole run's merged rows exist (they come with the final state). */
-  update(store: HistoryStore, pos: Position, running: boolean, merged = true): void {
+  update(store: HistoryStore, pos: Position, running: boolean, merged = true, incidents: Incident[] = [], events: HistEvent[] = []): void {
     this.store = store;
     const n = store.length;
     const total = store.totalSteps || (n ? store.step(n - 1) : 0);
@@ -113,35 +138,24 @@ export class Timeline {
         }),
       ),
     );
-    this.drawLoss(store, pos, marks);
+    this.drawLoss(store, pos, lossMarks(store, incidents, events));
   }
 
-  private drawLoss(store: HistoryStore, pos: Position, marks: Mark[]): void {
+  private drawLoss(store: HistoryStore, pos: Position, marks: ChartMark[]): void {
     const loss = store.scalar("loss");
     if (!loss.some((v) => Number.isFinite(v))) {
-      replaceChildren(this.loss, []);
       this.loss.style.display = "none";
       return;
     }
     this.loss.style.display = "";
-    const at = pos.whole ? loss.length - 1 : pos.slot;
-    const svg = sparkline(loss, {
-      width: LOSS_W,
-      height: LOSS_H,
-      lo: store.scalar("lossLo"),
-      hi: store.scalar("lossHi"),
+    this.chart.update([{ label: "loss", steps: store.steps(), y: loss, lo: store.scalar("lossLo"), hi: store.scalar("lossHi") }], {
       marks,
-      cursor: pos.whole ? undefined : pos.slot,
-      cls: "nbd-spark nbd-loss-curve",
-      title: "loss per kept step (band: min/max of merged steps)",
+      cursor: pos.whole ? undefined : store.step(pos.slot),
     });
-    replaceChildren(this.loss, [
-      h("div", { class: "nbd-loss-label", text: `loss ${fmt(loss[at], 4)} at step ${fmtInt(store.step(at))}` }),
-      svg,
-    ]);
   }
 
   destroy(): void {
+    this.chart.destroy();
     this.slider.removeEventListener("input", this.onInput);
     this.whole.removeEventListener("click", this.onWhole);
     this.nanBtn.removeEventListener("click", this.onNan);

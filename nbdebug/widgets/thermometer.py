@@ -33,7 +33,6 @@ from ..inspectors.history import step_flags
 from ..inspectors.thermometer import COLUMNS, LEGEND, ThermometerReport, Thresholds, diagnose
 from ._base import NBWidget, rpc
 from ._transport import encode_array, pack_arrays
-from .thermometer_html import fallback_html, finite_or_none
 from .thermometer_data import (
     LIVE_BYTES,
     TRAIT_BYTES,
@@ -45,6 +44,7 @@ from .thermometer_data import (
     report_flags_by_row,
     sent_slot_bytes,
 )
+from .thermometer_html import fallback_html, finite_or_none
 
 __all__ = ["FINDINGS_EVERY", "FINDINGS_SHARE", "LIVE_BYTES", "TRAIT_BYTES", "WIRE_FIELDS", "ThermometerWidget", "histogram_answer"]
 

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import HOSTILE, kernel_json, open_and_run, run_code_and_wait_text, screenshot, wait_widget, write_notebook
+from .harness import (
+    HOSTILE,
+    kernel_json,
+    open_and_run,
+    run_code_and_wait_text,
+    screenshot,
+    wait_widget,
+    write_notebook,
+)
 from .legibility import clipped, contrast_failures, narrow
 
 pytestmark = pytest.mark.browser

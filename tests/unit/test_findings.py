@@ -16,7 +16,6 @@ from nbdebug.capture.session import Capture
 from nbdebug.inspectors.findings import headline, live_findings
 from nbdebug.inspectors.history import step_flags
 from nbdebug.inspectors.thermometer import diagnose
-
 from tests.unit.test_history_flags import MLP_CHAIN, MLP_TYPES, fields, mlp_history, result_of
 
 

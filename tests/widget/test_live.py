@@ -233,7 +233,7 @@ def test_per_update_cost_300_rows(outbox) -> None:  # type: ignore[no-untyped-de
         if step % 4 == 0:  # 4 new steps per update (a loop at 16 steps/s)
             assert w.push_history(h)
             _, content, buffers = outbox[-1]
-            assert content["from"] == step - 4 and not content["reset"] or step == 4
+            assert (content["from"] == step - 4 and not content["reset"]) or step == 4
             sizes.append(sum(len(bytes(b)) for b in buffers))
     assert len(set(sizes[1:])) == 1 and sizes[-1] <= 4 * tw.sent_slot_bytes(300, False), sizes[:3]
     w.close()

@@ -172,7 +172,7 @@ def test_gradcam_magic_every_method_faithfulness_and_sanity(sh) -> None:  # type
     assert arrays["all_cams"].shape == (8, 2, 16, 16) and arrays["all_cams"].dtype == np.uint8
     assert arrays["all_peak"].shape == (8, 2)
     for i, m in enumerate(METHODS):
-        u8, peak = cam_to_u8(cam.cam(m)[1])
+        u8, _peak = cam_to_u8(cam.cam(m)[1])
         np.testing.assert_array_equal(arrays["all_cams"][i], u8)
     np.testing.assert_array_equal(arrays["cams"], arrays["all_cams"][METHODS.index("eigencam")])
     content, buffers = w.handle_request("curves", {})
@@ -196,7 +196,7 @@ def test_gradcam_curves_without_faithfulness_is_an_error(sh) -> None:  # type: i
     assert res.success, res.error_in_exec
     w = sh.user_ns["_nndebug_widget"]
     assert w.faithfulness == {} and w.sanity == [] and w.methods == ["gradcam"]
-    content, buffers = w.handle_request("view", {"sample": 0})
+    content, _buffers = w.handle_request("view", {"sample": 0})
     assert "all_cams" not in content["arrays"]
     with pytest.raises(ValueError, match="--faithfulness"):
         w.handle_request("curves", {})

@@ -195,7 +195,9 @@ class GradCamWidget(NBWidget):
         layers = [n for n in self.layers if n in self._result.maps] or [self.layer]
         if self.layer not in layers:
             layers.insert(0, self.layer)
-        return [("view", {"sample": s, "layer": n}) for s in range(self.batch) for n in layers]
+        # the params exactly as the view asks (js/src/gradcam.ts fetchView): the exported page looks
+        # answers up by them; with several methods one answer holds them all
+        return [("view", {"sample": s, "layer": n, "method": self.method}) for s in range(self.batch) for n in layers]
 
     def __repr__(self) -> str:
         more = f", methods={len(self.methods)}" if len(self.methods) > 1 else ""

@@ -136,7 +136,7 @@ def test_thermometer_tutorial_finds_each_bug() -> None:
     ]
     assert len(summaries) == 4, summaries
     assert "no problems found" in summaries[0]
-    assert "1 dead layer (3)" in summaries[1]
+    assert "1 dead layer (`3`)" in summaries[1]
     assert "exploding gradients" in summaries[2]
     assert "NaN first appears in `8` (forward)" in summaries[3]
 

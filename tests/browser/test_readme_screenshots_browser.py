@@ -110,8 +110,36 @@ for step in range(20):
 print(f"loss after 20 steps: {loss.item():.3f}")
 """
 
+# The training story of tutorial 4: a digits MLP at lr=3.0 (its finding is the header) and at lr=0.1 from
+# the same weights and batches, then the two runs side by side.
+LR = """
+import nbdebug
+Xf = X.flatten(1)
+batches = torch.randint(0, len(Xf), (60, 64), generator=torch.Generator().manual_seed(0))
+
+def mlp(lr):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    return net, torch.optim.SGD(net.parameters(), lr=lr)
+
+mlp_net, mlp_opt = mlp(3.0)
+"""
+
+LR_LOOP = """%%nndebug mlp_net -o {out}
+for idx in batches:
+    loss = F.cross_entropy(mlp_net(Xf[idx]), Y[idx])
+    mlp_opt.zero_grad(); loss.backward(); mlp_opt.step()
+"""
+
+METHODS = """%%nndebug net --view gradcam --class-names classes --method all --faithfulness --sanity -o cams
+with torch.no_grad():
+    net(cat)
+"""
+
 CELLS = [SETUP, VISION, GRADCAM, FEATUREMAPS, MINILM, ATTENTION, SMOLLM2, LOGITLENS, DIGITS, THERMOMETER,
-         "therm_w = _nndebug_widget"]  # fmt: skip
+         "therm_w = _nndebug_widget", LR, LR_LOOP.format(out="fast"), "fast_w = _nndebug_widget",
+         "mlp_net, mlp_opt = mlp(0.1)", LR_LOOP.format(out="slow"),
+         "runs = nbdebug.compare(fast, slow, labels=['lr=3.0', 'lr=0.1'])\nruns", METHODS]  # fmt: skip
 
 
 # How many feature-map tiles have more than one colour (a flat tile is a constant channel).
@@ -208,3 +236,25 @@ def test_readme_screenshots_real_models(page, lab) -> None:  # type: ignore[no-u
     assert therm.locator(".nbd-row .nbd-name").all_text_contents() == [f"{n}×20" for n in names]
     assert kernel_json(page, "therm.backward_ran") is True
     _shoot(page, "real-thermometer", therm)
+
+    # -- the digits MLP at lr=3.0: the header is the finding, as the kernel states it -------------
+    fast = page.locator(".nbdebug-thermometer").nth(1)
+    head = kernel_json(page, "fast_w.headline")
+    assert head.startswith("learning rate too high"), head
+    fast.locator(".nbd-finding").filter(has_text="learning rate too high").wait_for()
+    assert fast.locator(".nbd-finding").text_content() == head.replace("`", "")
+    _shoot(page, "real-training-finding", fast)
+
+    # -- the two runs side by side: the loss curves diverge where the kernel says --------------
+    runs = wait_widget(page, "compare")
+    (div,) = kernel_json(page, "runs.divergence['loss']")
+    assert div["step"] == 2, div
+    _shoot(page, "real-compare", runs)
+
+    # -- every CAM method, ranked by faithfulness, with the sanity check ---------------------------
+    cams = page.locator(".nbdebug-gradcam").nth(1)
+    page.wait_for_selector(".nbdebug-gradcam[data-curves='1']")
+    assert cams.locator("button.nbd-method").count() == len(kernel_json(page, "cams.methods")) == 8
+    flagged = kernel_json(page, "[m for m, r in cams.sanity.items() if r >= __import__('nbdebug.inspectors.sanity').inspectors.sanity.THRESHOLD]")
+    assert "eigencam" in flagged, flagged
+    _shoot(page, "real-gradcam-methods", cams)

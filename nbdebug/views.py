@@ -84,6 +84,9 @@ class ViewSpec:
     recorder: str  # "module:Class", imported on first use
     # Extra magic arguments as (flags, argparse kwargs); dest names must be unique across views.
     arguments: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = field(default=())
+    # False: the view needs inputs only the user can give (patching: --corrupt, --answer), so
+    # `--view all` ("every view that applies") leaves it out; it runs when named.
+    in_all: bool = True
 
 
 VIEWS: dict[str, ViewSpec] = {}
@@ -182,6 +185,7 @@ register(
         name="patching",
         help="activation patching: the cell's forward is the clean run, --corrupt the corrupt prompt; a sites × positions grid of how much each patch restores the answer, a click shows the patched run's next tokens",
         recorder="nbdebug.recorders.patching:PatchingRecorder",
+        in_all=False,
         arguments=(
             (("--corrupt",), dict(default=None, dest="corrupt", metavar="VAR", help="variable holding the corrupt prompt: a string (with --tokenizer) or token ids, as many tokens as the cell's input")),
             (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="the clean run's answer: text with --tokenizer (one token, e.g. ' Paris'), a token id or #id")),

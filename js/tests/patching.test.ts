@@ -96,13 +96,13 @@ describe("patching view", () => {
     sel.value = "heads";
     sel.dispatchEvent(new Event("change"));
     await tick();
-    expect(m.sent.at(-1)!.content).toMatchObject({ method: "grid", params: { sites: "heads", method: "exact" } });
+    expect(m.sent[m.sent.length - 1].content).toMatchObject({ method: "grid", params: { sites: "heads", method: "exact" } });
     expect(el.querySelectorAll(".nbp-cell").length).toBe(2);
     const tri = el.querySelector("input.nbp-triage") as HTMLInputElement;
     tri.checked = true;
     tri.dispatchEvent(new Event("change"));
     await tick();
-    expect(m.sent.at(-1)!.content.params).toEqual({ sites: "heads", method: "attribution" });
+    expect(m.sent[m.sent.length - 1].content.params).toEqual({ sites: "heads", method: "attribution" });
     expect(el.querySelectorAll(".nbp-cell.nbp-verified").length).toBe(1);
   });
 
@@ -111,7 +111,7 @@ describe("patching view", () => {
     const el = mount(patching.render as any, m);
     (el.querySelectorAll(".nbp-cell")[4] as HTMLElement).click();
     await tick();
-    expect(m.sent.at(-1)!.content).toMatchObject({ method: "cell", params: { row: 1, col: 1, sites: "resid" } });
+    expect(m.sent[m.sent.length - 1].content).toMatchObject({ method: "cell", params: { row: 1, col: 1, sites: "resid" } });
     const tables = el.querySelectorAll(".nbp-top");
     expect(tables.length).toBe(3);
     expect(tables[2].textContent).toContain(HOSTILE);

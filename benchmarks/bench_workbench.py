@@ -10,6 +10,7 @@ in the city of", answer " Paris", wrong " Rome", 9 tokens each):
 - attribution (heads) in forward-equivalents (its time / one plain forward; target ≤ 3);
 - click latency: one patched cell (the slowest: block 0 at the first changed position) and one head
   ablation at block 0, from the cached runs (``Workbench.cell`` / ``Workbench.ablated``; target ≤ 1 s);
+  the patching view's click on the same cell (``PatchSession.cell``: the widget's request);
 - peak extra resident memory of the resid grid (the chunks' working memory is bounded by
   ``max_bytes``), at the default budget and at 8 MB.
 
@@ -43,6 +44,7 @@ from torch import nn
 
 import nbdebug
 from nbdebug.adapters.blockparts import patch_parts
+from nbdebug.recorders.patching_session import PatchSession
 from nbdebug.workbench import Workbench
 
 MB = 2**20
@@ -193,6 +195,11 @@ def smollm2_part(args: argparse.Namespace) -> list[tuple[str, ...]]:
     t_abl, _ = median_time(lambda: wb.ablated(heads={0: [0]}), args.rounds)
     rows.append((name, "click: one patched cell (block 0) / one head ablation (block 0)",
                  f"{t_cell * 1e3:.0f} ms / {t_abl * 1e3:.0f} ms", "target ≤ 1 s each"))
+    session = PatchSession(model, clean, corrupt, answer=a, wrong=w, tokenizer=tok)
+    session.grid("resid")
+    t_view, _ = median_time(lambda: session.cell("resid", "exact", 0, first), args.rounds)
+    rows.append((name, "view click: the patching widget's cell request (same cell, top-5s included)",
+                 f"{t_view * 1e3:.0f} ms", "Workbench rebuilt around the weakly held model; target ≤ 1 s"))
     for budget in (None, 8 * MB):
         extra = peak_extra_bytes(lambda b=budget: nbdebug.patch(model, clean, corrupt, sites="resid", max_bytes=b, **kw))
         label = "default (256 MB)" if budget is None else "8 MB"

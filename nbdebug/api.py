@@ -37,7 +37,7 @@ def parse_views(view: str | list[str]) -> list[str]:
     if not names:
         raise ValueError(f"no view given; choose from: {', '.join(VIEWS)}, {ALL}")
     if ALL in names:
-        return list(VIEWS)
+        return [n for n, spec in VIEWS.items() if spec.in_all]
     for v in names:
         if v not in VIEWS:
             raise ValueError(f"unknown view {v!r}; choose from: {', '.join(VIEWS)}, {ALL}")

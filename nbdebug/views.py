@@ -84,6 +84,9 @@ class ViewSpec:
     recorder: str  # "module:Class", imported on first use
     # Extra magic arguments as (flags, argparse kwargs); dest names must be unique across views.
     arguments: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = field(default=())
+    # False: the view needs inputs only the user can give (patching: --corrupt, --answer), so
+    # `--view all` ("every view that applies") leaves it out; it runs when named.
+    in_all: bool = True
 
 
 VIEWS: dict[str, ViewSpec] = {}
@@ -176,6 +179,21 @@ register(
     )
 )
 
+
+register(
+    ViewSpec(
+        name="patching",
+        help="activation patching: the cell's forward is the clean run, --corrupt the corrupt prompt; a sites × positions grid of how much each patch restores the answer, a click shows the patched run's next tokens",
+        recorder="nbdebug.recorders.patching:PatchingRecorder",
+        in_all=False,
+        arguments=(
+            (("--corrupt",), dict(default=None, dest="corrupt", metavar="VAR", help="variable holding the corrupt prompt: a string (with --tokenizer) or token ids, as many tokens as the cell's input")),
+            (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="the clean run's answer: text with --tokenizer (one token, e.g. ' Paris'), a token id or #id")),
+            (("--wrong",), dict(default=None, dest="wrong", metavar="TOKEN", help="the corrupt run's answer: the metric is logit[answer] - logit[wrong] (without it: log p(answer))")),
+            (("--sites",), dict(default=None, dest="patch_sites", choices=["resid", "attn", "mlp", "heads"], help="the grid shown first (default resid; the others are fetched from the view)")),
+        ),
+    )
+)
 
 # -- the thermometer's training options → Capture keyword arguments --------------------------------
 _CONTINUE_HINT = "pass the -o variable of an earlier %%nndebug cell, e.g. `%%nndebug model -o run` then `--continue run`"

@@ -1,0 +1,105 @@
+// Activation-patching view: the grid of how much each site (rows) at each position or head
+// (columns) restores the clean run's answer when patched into the corrupt run, on a diverging scale
+// (white 0, blue +1, red −1) with the effect and the raw metric on hover. A site selector fetches the
+// other site kinds (rpc "grid", computed on demand in the kernel); the triage toggle shows the
+// attribution estimate instead (its top cells verified exactly: bold border). Clicking a cell runs
+// that patch in the kernel (rpc "cell", from the recorded clean/corrupt runs) and shows its top-5
+// next tokens beside the clean and corrupt runs'. Python side: nbdebug/widgets/patching.py.
+// Tokens and module names are untrusted: textContent only.
+//
+// Parts: patching/colour.ts (the diverging scale, colour bar), grid.ts (cells, hover, click),
+// tops.ts (next-token tables), style.ts.
+import { fmt, h, styleElement } from "./lib/dom";
+import { rpc, type AnyModel } from "./lib/rpc";
+import { divergingBar } from "./patching/colour";
+import { GridView, gridFromTraits, type GridData } from "./patching/grid";
+import { CSS } from "./patching/style";
+import { Tops, type CellAnswer, type Top } from "./patching/tops";
+
+function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
+  const metric = { label: String(model.get("metric") || "metric"), clean: model.get("metric_clean"), corrupt: model.get("metric_corrupt") };
+  const kinds: string[] = model.get("site_kinds") || ["resid", "attn", "mlp", "heads"];
+  let data: GridData = gridFromTraits((n) => model.get(n));
+  let disposed = false;
+  let request = 0;
+
+  const title = h("div", { class: "nbp-title", text: `Activation patching: how much of ${metric.label} each site restores` });
+  const prompts = h("div", { class: "nbp-sub" }, [
+    h("div", { text: `clean: ${(model.get("tokens_clean") || []).join(" | ")}  (${metric.label} = ${fmt(metric.clean)})` }),
+    h("div", { text: `corrupt: ${(model.get("tokens_corrupt") || []).join(" | ")}  (${metric.label} = ${fmt(metric.corrupt)})` }),
+  ]);
+  const siteSel = h("select", { class: "nbp-sites", attrs: { "aria-label": "sites" } },
+    kinds.map((k) => h("option", { text: k, attrs: { value: k } })));
+  siteSel.value = data.sites;
+  const triage = h("input", { class: "nbp-triage", attrs: { type: "checkbox" } });
+  triage.checked = data.method === "attribution";
+  const controls = h("div", { class: "nbp-controls" }, [
+    h("label", {}, ["sites ", siteSel]),
+    h("label", { title: "attribution patching: a gradient estimate of every cell from one forward and one backward; its top cells are verified exactly (bold border)" }, [triage, " triage (attribution estimate)"]),
+    divergingBar(),
+  ]);
+  const status = h("div", { class: "nbp-status" });
+  const notes = h("div", { class: "nbp-note" });
+  const tops = new Tops(model.get("top_clean") as Top[] || [], model.get("top_corrupt") as Top[] || []);
+  const grid = new GridView(metric, (r, c) => void click(r, c));
+  const root = h("div", { class: "nbdebug-patching" }, [styleElement(CSS), title, prompts, controls, status, grid.el, grid.tip, notes, tops.el]);
+  el.appendChild(root);
+
+  const showGrid = (d: GridData) => {
+    data = d;
+    grid.draw(d);
+    const how = d.method === "attribution" ? `attribution estimate, ${d.verified.length} cells verified exactly (bold border)` : "exact";
+    status.textContent = `${d.sites}: ${d.rows.length} × ${d.columns.length} (${how}) · click a cell to run that patch`;
+    status.classList.remove("nbp-error");
+    notes.textContent = d.notes.join(" · ");
+    root.setAttribute("data-sites", d.sites);
+    root.setAttribute("data-method", d.method);
+  };
+
+  const fetchGrid = async () => {
+    const id = ++request;
+    const sites = siteSel.value, method = triage.checked ? "attribution" : "exact";
+    status.textContent = `computing the ${sites} grid (${method})…`;
+    try {
+      const ans = await rpc(model, "grid", { sites, method }, 600_000);
+      if (disposed || id !== request) return;
+      const r = ans.result;
+      showGrid({ rows: r.rows, columns: r.columns, sites: r.sites, method: r.method, verified: r.verified, notes: r.notes,
+                 effect: ans.arrays.effect, raw: ans.arrays.raw, identical: ans.arrays.identical });
+      tops.show(null, "");
+    } catch (err) {
+      if (disposed || id !== request) return;
+      status.textContent = String((err as Error).message || err);
+      status.classList.add("nbp-error");
+    }
+  };
+
+  const click = async (row: number, col: number) => {
+    const id = ++request;
+    grid.select(row, col);
+    const label = `${data.rows[row]} @ ${data.columns[col]}`;
+    status.textContent = `running the patch ${label}…`;
+    try {
+      const ans = await rpc<CellAnswer>(model, "cell", { sites: data.sites, method: data.method, row, col });
+      if (disposed || id !== request) return;
+      tops.show(ans.result, label);
+      status.textContent = `${label}: effect ${fmt(ans.result.effect)} (${metric.label} = ${fmt(ans.result.metric)}), measured exactly`;
+      status.classList.remove("nbp-error");
+      root.setAttribute("data-clicked", `${row},${col}`);
+    } catch (err) {
+      if (disposed || id !== request) return;
+      status.textContent = String((err as Error).message || err);
+      status.classList.add("nbp-error");
+    }
+  };
+
+  siteSel.addEventListener("change", () => void fetchGrid());
+  triage.addEventListener("change", () => void fetchGrid());
+  showGrid(data);
+  root.setAttribute("data-ready", "1");
+  return () => {
+    disposed = true;
+  };
+}
+
+export default { render };

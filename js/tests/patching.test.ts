@@ -1,0 +1,124 @@
+// @vitest-environment happy-dom
+// Patching view against a fake model: the grid is drawn from the binary traits with the diverging
+// scale, hostile labels stay text, the site selector and the triage toggle fetch a grid, a click
+// fetches the patched run's top-5 and shows it beside the clean and corrupt runs'.
+import { afterEach, describe, expect, it } from "vitest";
+import patching from "../src/patching";
+import { diverging, POSITIVE, NEGATIVE, textFor } from "../src/patching/colour";
+import { commonPrefix } from "../src/patching/grid";
+import { contrast } from "../src/lib/contrast";
+import { FakeModel, f32View } from "./fakeModel";
+import { mount, tick, unmountAll } from "./mount";
+
+const HOSTILE = "<img src=x onerror=alert(1)>";
+
+function u8View(values: ArrayLike<number>): DataView {
+  const dv = new DataView(new ArrayBuffer(values.length));
+  for (let i = 0; i < values.length; i++) dv.setUint8(i, values[i]);
+  return dv;
+}
+
+const top = (tok: string, p: number) => ({ id: 1, token: tok, p });
+
+function make(): FakeModel {
+  const m = new FakeModel({
+    rows: ["model.layers.0", "model.layers.1"], columns: ["The", HOSTILE, "city"], sites: "resid", method: "exact",
+    effect: { view: f32View([1, 0, NaN, -1, 0.5, 0.25], 4), dtype: "float32", shape: [2, 3] },
+    raw: { view: f32View([2, 1, NaN, 0, 1.5, 1.25]), dtype: "float32", shape: [2, 3] },
+    identical: { view: u8View([0, 0, 1, 0, 0, 0]), dtype: "uint8", shape: [2, 3] },
+    verified: [], grid_notes: [], site_kinds: ["resid", "attn", "mlp", "heads"],
+    metric: "logit[' Paris'] - logit[' Rome']", metric_clean: 2, metric_corrupt: 1,
+    tokens_clean: ["The", HOSTILE], tokens_corrupt: ["The", "x"],
+    top_clean: [top(" Paris", 0.5)], top_corrupt: [top(" Rome", 0.4)], selected: [], clicks: 0,
+  });
+  m.respond = (c) => {
+    if (c.method === "grid") {
+      return {
+        msg: { type: "response", id: c.id, ok: true, arrays: {
+                 effect: { dtype: "float32", shape: [1, 2], buffer: 0 }, raw: { dtype: "float32", shape: [1, 2], buffer: 1 },
+                 identical: { dtype: "uint8", shape: [1, 2], buffer: 2 } },
+               result: { rows: ["h.0.attn.o_proj"], columns: ["h0", "h1"], sites: c.params.sites, method: c.params.method,
+                         verified: [[0, 1, 0.9]], notes: ["n"] } },
+        buffers: [f32View([0.1, 0.8]), f32View([1.1, 1.8]), u8View([0, 0])],
+      };
+    }
+    return { msg: { type: "response", id: c.id, ok: true, arrays: {}, result: {
+      row: c.params.row, col: c.params.col, site: "model.layers.1", positions: [1], identical: false, metric: 1.5,
+      effect: 0.5, patched: [top(HOSTILE, 0.3)], clean: [], corrupt: [] } } };
+  };
+  return m;
+}
+
+afterEach(unmountAll);
+
+describe("patching colours", () => {
+  it("is white at 0 and saturated at ±1, clamped beyond", () => {
+    expect(diverging(0)).toEqual([255, 255, 255]);
+    expect(diverging(1)).toEqual(POSITIVE);
+    expect(diverging(-3)).toEqual(NEGATIVE);
+    for (const e of [-1, -0.5, 0, 0.4, 1]) {
+      const [r, g, b] = diverging(e);
+      const fg = textFor(e) === "#000000" ? [0, 0, 0, 1] : [255, 255, 255, 1];
+      expect(contrast(fg as any, [r, g, b, 1])).toBeGreaterThanOrEqual(4.5);
+    }
+  });
+  it("strips the rows' shared dotted prefix", () => {
+    expect(commonPrefix(["model.layers.0", "model.layers.1"])).toBe("model.layers.");
+    expect(commonPrefix(["a"])).toBe("");
+  });
+});
+
+describe("patching view", () => {
+  it("draws the grid from the traits, labels as text", () => {
+    const el = mount(patching.render as any, make());
+    const cells = el.querySelectorAll(".nbp-cell");
+    expect(cells.length).toBe(6);
+    expect((cells[0] as HTMLElement).style.background).toContain("33, 102, 172");
+    expect(cells[2].classList.contains("nbp-same")).toBe(true);
+    expect(el.querySelector("img")).toBeNull();
+    expect(el.textContent).toContain(HOSTILE);
+  });
+
+  it("hover names the cell, the effect and the raw metric", () => {
+    const el = mount(patching.render as any, make());
+    const cell = el.querySelectorAll(".nbp-cell")[4] as HTMLElement;
+    cell.dispatchEvent(new Event("mouseover", { bubbles: true }));
+    const tip = el.querySelector(".nbp-tip")!.textContent!;
+    expect(tip).toContain("model.layers.1 @ " + HOSTILE);
+    expect(tip).toContain("effect 0.5");
+    expect(tip).toContain("= 1.5");
+  });
+
+  it("fetches another site kind and the triage estimate", async () => {
+    const m = make();
+    const el = mount(patching.render as any, m);
+    const sel = el.querySelector("select.nbp-sites") as HTMLSelectElement;
+    sel.value = "heads";
+    sel.dispatchEvent(new Event("change"));
+    await tick();
+    expect(m.sent[m.sent.length - 1].content).toMatchObject({ method: "grid", params: { sites: "heads", method: "exact" } });
+    expect(el.querySelectorAll(".nbp-cell").length).toBe(2);
+    const tri = el.querySelector("input.nbp-triage") as HTMLInputElement;
+    tri.checked = true;
+    tri.dispatchEvent(new Event("change"));
+    await tick();
+    expect(m.sent[m.sent.length - 1].content.params).toEqual({ sites: "heads", method: "attribution" });
+    expect(el.querySelectorAll(".nbp-cell.nbp-verified").length).toBe(1);
+  });
+
+  it("a click runs the patch in the kernel and shows its top-5 beside the others", async () => {
+    const m = make();
+    const el = mount(patching.render as any, m);
+    (el.querySelectorAll(".nbp-cell")[4] as HTMLElement).click();
+    await tick();
+    expect(m.sent[m.sent.length - 1].content).toMatchObject({ method: "cell", params: { row: 1, col: 1, sites: "resid" } });
+    const tables = el.querySelectorAll(".nbp-top");
+    expect(tables.length).toBe(3);
+    expect(tables[2].textContent).toContain(HOSTILE);
+    expect(el.querySelector("img")).toBeNull();
+    expect(el.querySelector(".nbdebug-patching")!.getAttribute("data-clicked")).toBe("1,1");
+    (el.querySelectorAll(".nbp-cell")[2] as HTMLElement).click();  // identical: nothing to run
+    await tick();
+    expect(m.sent.filter((s) => s.content.method === "cell").length).toBe(1);
+  });
+});

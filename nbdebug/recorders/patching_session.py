@@ -1,0 +1,120 @@
+"""The patching view's clean/corrupt pair, kept for the view's clicks without keeping the model alive.
+
+A :class:`~nbdebug.workbench.Workbench` holds the model (its blocks, its runner); a widget that is still
+displayed after ``del model`` must not. :class:`PatchSession` keeps what does not reference the model
+(the prompts, the metric's arguments, the recorded runs' tensors, the grids computed so far) and a
+weak reference to the model; each request builds a Workbench around the model (about a millisecond),
+hands it the recorded runs, and takes them back afterwards. A click therefore never recomputes the
+clean or corrupt run: only the patched run's blocks from the patched one on.
+
+>>> s = PatchSession(model, clean_ids, corrupt_ids, answer=" Paris", wrong=" Rome", tokenizer=tok)  # doctest: +SKIP
+>>> g = s.grid("heads")                          # computed once, then cached
+>>> s.cell("resid", "exact", row=3, col=5)["patched"][:2]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..capture.weak import ModelRef
+from ..workbench import PatchGrid, Workbench
+from ..workbench.metric import token_labels
+from ..workbench.sites import KINDS
+
+__all__ = ["METHODS", "PatchSession", "top_tokens"]
+
+METHODS = ("exact", "attribution")
+
+
+def top_tokens(logits: torch.Tensor | np.ndarray, tokenizer: Any, k: int = 5) -> list[dict[str, Any]]:
+    """The ``k`` most likely next tokens of last-position ``logits`` ``(V,)``: ``{id, token, p}`` each."""
+    z = torch.as_tensor(logits).detach().double().reshape(-1)
+    p = torch.softmax(z, -1)
+    v, i = p.topk(min(k, p.numel()))
+    ids = [int(a) for a in i]
+    return [{"id": a, "token": t, "p": float(b)} for a, t, b in zip(ids, token_labels(tokenizer, ids), v.tolist())]
+
+
+class PatchSession:
+    """A clean/corrupt pair on a weakly held model and the metric (``answer``/``wrong``, see
+    :func:`nbdebug.patch`); grids and single patched runs on request, the recorded runs reused.
+
+    ``grid(sites, method)`` returns the cached :class:`~nbdebug.workbench.PatchGrid` (attribution
+    grids are verified exactly on their top ``verify`` cells); ``cell(sites, method, row, col)`` runs
+    that one patch exactly and returns its metric, effect and top-5 next tokens beside the clean and
+    corrupt runs'. ``ModelGoneError`` (its message: re-run the cell) once the model is deleted.
+    """
+
+    def __init__(self, model: nn.Module, clean: torch.Tensor, corrupt: Any, *, answer: Any, wrong: Any = None,
+                 tokenizer: Any = None, max_bytes: Any = None, verify: int = 10) -> None:
+        self.model_ref: ModelRef[nn.Module] = ModelRef(model)
+        self.clean, self.corrupt = clean, corrupt
+        self.answer, self.wrong, self.tokenizer = answer, wrong, tokenizer
+        self.max_bytes = max_bytes
+        self.verify = int(verify)
+        self.grids: dict[tuple[str, str], PatchGrid] = {}
+        self.runs: dict[str, Any] = {}
+        self.kinds: dict[str, set[str]] = {"clean": set(), "corrupt": set()}
+        self.runner_state: tuple[bool, str] | None = None
+        with self.bench() as wb:  # checks the pair (same length, metric) and records both runs
+            self.tokens_clean = list(wb.tokens["clean"])
+            self.tokens_corrupt = list(wb.tokens["corrupt"])
+            self.metric_label = wb.metric.label
+            self.metric_clean, self.metric_corrupt = wb.scale()
+            self.top_clean = top_tokens(wb.state("clean").logits[0, -1], tokenizer)
+            self.top_corrupt = top_tokens(wb.state("corrupt").logits[0, -1], tokenizer)
+
+    @contextmanager
+    def bench(self) -> Iterator[Workbench]:
+        """A Workbench on the model with this session's recorded runs; they come back here at exit
+        without anything that references the model."""
+        wb = Workbench(self.model_ref.get(), self.clean, self.corrupt, answer=self.answer, wrong=self.wrong,
+                       tokenizer=self.tokenizer)
+        if self.runner_state is not None:
+            wb.runner.kv_reuse, wb.runner.note = self.runner_state
+        for run in self.runs.values():
+            run.runner = wb.runner
+        wb.runs, wb.kinds = self.runs, self.kinds
+        try:
+            yield wb
+        finally:
+            self.runs, self.kinds = wb.runs, wb.kinds
+            self.runner_state = (wb.runner.kv_reuse, wb.runner.note)
+            for run in self.runs.values():
+                run.runner = None
+                run.prefixes = {}
+
+    def grid(self, sites: str = "resid", method: str = "exact") -> PatchGrid:
+        """The grid of ``sites`` (resid, attn, mlp, heads) by ``method`` (exact, attribution), computed once."""
+        if sites not in KINDS:
+            raise ValueError(f"sites={sites!r}: one of {', '.join(KINDS)}")
+        if method not in METHODS:
+            raise ValueError(f"method={method!r}: one of {', '.join(METHODS)}")
+        key = (sites, method)
+        if key not in self.grids:
+            with self.bench() as wb:
+                verify = self.verify if method == "attribution" else 0
+                self.grids[key] = wb.grid(sites, method=method, verify=verify, max_bytes=self.max_bytes)
+        return self.grids[key]
+
+    def cell(self, sites: str, method: str, row: int, col: int, k: int = 5) -> dict[str, Any]:
+        """One cell of the ``(sites, method)`` grid run exactly: ``{row, col, site, positions, metric,
+        effect, patched, clean, corrupt}`` (the last three: top-``k`` next tokens ``{id, token, p}``)."""
+        grid = self.grid(sites, method)
+        if not (0 <= row < grid.shape[0] and 0 <= col < grid.shape[1]):
+            raise IndexError(f"no cell [{row}, {col}] in a {grid.shape[0]} x {grid.shape[1]} grid")
+        if bool(grid.identical[row, col]):
+            return {"row": row, "col": col, "site": grid.rows[row], "positions": list(grid.positions[col]),
+                    "identical": True, "metric": self.metric_corrupt, "effect": float("nan"),
+                    "patched": self.top_corrupt, "clean": self.top_clean, "corrupt": self.top_corrupt}
+        with self.bench() as wb:
+            run = wb.cell(grid, row, col)
+        return {"row": row, "col": col, "site": run.site, "positions": list(run.positions), "identical": False,
+                "metric": run.metric, "effect": run.effect, "patched": top_tokens(run.logits, self.tokenizer, k),
+                "clean": self.top_clean[:k], "corrupt": self.top_corrupt[:k]}

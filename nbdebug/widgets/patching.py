@@ -1,0 +1,165 @@
+"""The activation-patching grid: rows = sites (module names), columns = positions (or heads), each
+cell the normalised effect of patching that site from the clean run into the corrupt one.
+
+>>> w = PatchingWidget(session)                          # doctest: +SKIP
+>>> w.handle_request("grid", {"sites": "heads"})         # what the site selector asks for
+
+Synced up front: the first grid (``effect``/``raw`` float32, ``identical`` uint8 as binary arrays,
+``rows``/``columns`` as strings), the metric, both prompts' tokens and top-5 next tokens. On request
+(``js/src/patching.ts``): ``grid`` (another site kind, or ``method="attribution"``: the triage
+estimate with its top cells verified exactly) and ``cell`` (one patch run exactly: its top-5 next
+tokens beside the clean and corrupt runs'). The session holds the model weakly: once it is deleted a
+request answers with the ``ModelGoneError`` message.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import numpy as np
+import traitlets
+
+from ..inspectors.attention import display_token
+from ..workbench import PatchGrid
+from ._base import NBWidget, rpc
+from ._transport import encode_array
+from .logitlens import text_on
+
+__all__ = ["PatchingWidget", "diverging"]
+
+#: the saturated ends of the diverging scale (effect +1 / −1); 0 is white
+POSITIVE = (33, 102, 172)
+NEGATIVE = (178, 24, 43)
+SITES = ("resid", "attn", "mlp", "heads")
+
+
+def diverging(effect: float) -> tuple[int, int, int]:
+    """RGB of an effect: white at 0, :data:`POSITIVE` at +1, :data:`NEGATIVE` at −1 (clamped; NaN grey),
+    as ``js/src/patching/colour.ts``."""
+    if not np.isfinite(effect):
+        return (224, 224, 224)
+    t = min(1.0, abs(float(effect)))
+    end = POSITIVE if effect >= 0 else NEGATIVE
+    return tuple(round(255 + (c - 255) * t) for c in end)  # type: ignore[return-value]
+
+
+def _wire(grid: PatchGrid) -> dict[str, Any]:
+    """A grid's traits / request answer: JSON parts and the arrays as wire arrays."""
+    return {
+        "rows": list(grid.rows), "columns": [display_token(c) for c in grid.columns], "sites": grid.sites,
+        "method": grid.method, "verified": [[int(r), int(c), float(v)] for (r, c), v in grid.verified.items()],
+        "notes": list(grid.notes), "seconds": float(grid.seconds), "patches": int(grid.patches),
+    }
+
+
+def _arrays(grid: PatchGrid) -> dict[str, np.ndarray]:
+    return {"effect": grid.effect.astype(np.float32), "raw": grid.raw.astype(np.float32),
+            "identical": grid.identical.astype(np.uint8)}
+
+
+class PatchingWidget(NBWidget):
+    """Patching grid with a site selector, a triage toggle (attribution estimate) and click → patched top-5.
+
+    Traits: the shown grid (``effect``, ``raw``, ``identical``: wire arrays; ``rows``, ``columns``,
+    ``sites``, ``method``, ``verified`` ``[[row, col, exact effect], ...]``, ``grid_notes``), the metric
+    (``metric``, ``metric_clean``, ``metric_corrupt``), ``tokens_clean``/``tokens_corrupt``,
+    ``top_clean``/``top_corrupt`` (``{id, token, p}``), ``site_kinds``; ``selected`` ``[row, col]`` (the last
+    clicked cell, synced both ways) and ``clicks`` (cells the kernel has run, for tests).
+    """
+
+    _view_name_ = "patching"
+
+    effect = traitlets.Dict().tag(sync=True)
+    raw = traitlets.Dict().tag(sync=True)
+    identical = traitlets.Dict().tag(sync=True)
+    rows = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    sites = traitlets.Unicode("resid").tag(sync=True)
+    method = traitlets.Unicode("exact").tag(sync=True)
+    verified = traitlets.List().tag(sync=True)
+    grid_notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    site_kinds = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    metric = traitlets.Unicode("").tag(sync=True)
+    metric_clean = traitlets.Float(0.0).tag(sync=True)
+    metric_corrupt = traitlets.Float(0.0).tag(sync=True)
+    tokens_clean = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    tokens_corrupt = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    top_clean = traitlets.List().tag(sync=True)
+    top_corrupt = traitlets.List().tag(sync=True)
+    selected = traitlets.List(traitlets.Int()).tag(sync=True)
+    clicks = traitlets.Int(0).tag(sync=True)
+
+    def __init__(self, session: Any, *, sites: str = "resid", method: str = "exact", **kwargs: Any) -> None:
+        self.session = session
+        grid = session.grid(sites, method)
+        super().__init__(
+            metric=session.metric_label, metric_clean=float(session.metric_clean),
+            metric_corrupt=float(session.metric_corrupt), site_kinds=list(SITES),
+            tokens_clean=[display_token(t) for t in session.tokens_clean],
+            tokens_corrupt=[display_token(t) for t in session.tokens_corrupt],
+            top_clean=self._tops(session.top_clean), top_corrupt=self._tops(session.top_corrupt),
+            **self._grid_traits(grid), **kwargs)
+
+    @staticmethod
+    def _tops(tops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**t, "token": display_token(t["token"])} for t in tops]
+
+    @staticmethod
+    def _grid_traits(grid: PatchGrid) -> dict[str, Any]:
+        wire = _wire(grid)
+        arrays = {k: encode_array(v) for k, v in _arrays(grid).items()}
+        return {**arrays, "rows": wire["rows"], "columns": wire["columns"], "sites": grid.sites, "method": grid.method,
+                "verified": wire["verified"], "grid_notes": wire["notes"]}
+
+    @property
+    def grid(self) -> PatchGrid:
+        """The grid shown now."""
+        return self.session.grid(self.sites, self.method)
+
+    @rpc("grid")
+    def _grid(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        grid = self.session.grid(str(params.get("sites", self.sites)), str(params.get("method", self.method)))
+        self._show(grid)
+        return _wire(grid), _arrays(grid)
+
+    def _show(self, grid: PatchGrid) -> None:
+        with self.hold_sync():
+            for k, v in self._grid_traits(grid).items():
+                setattr(self, k, v)
+
+    @rpc("cell")
+    def _cell(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        sites, method = str(params.get("sites", self.sites)), str(params.get("method", self.method))
+        row, col = int(params.get("row", 0)), int(params.get("col", 0))
+        out = self.session.cell(sites, method, row, col)
+        for key in ("patched", "clean", "corrupt"):
+            out[key] = self._tops(out[key])
+        self.selected = [row, col]
+        self.clicks += 1
+        return out, None
+
+    def fallback_html(self, max_cells: int = 4000) -> str:
+        """Static snapshot: the shown grid as an HTML table coloured white (0) to blue (+1) / red (−1)."""
+        grid = self.grid
+        R, C = grid.shape
+        rows = range(min(R, max(1, max_cells // max(C, 1))))
+        head = "".join(f"<th>{html.escape(c[:12])}</th>" for c in self.columns)
+        body = []
+        for r in rows:
+            tds = []
+            for c in range(C):
+                e = float(grid.effect[r, c])
+                rgb = diverging(e)
+                fg = text_on(rgb)
+                txt = "=" if grid.identical[r, c] else f"{e:.2f}"
+                tds.append(f"<td style='background:rgb{rgb};color:{fg};padding:1px 4px' title='{e:.4g}'>{txt}</td>")
+            body.append(f"<tr><th>{html.escape(grid.rows[r])}</th>{''.join(tds)}</tr>")
+        return (f"<div class='nbdebug-patching-static'><p>nbdebug patching ({html.escape(grid.sites)}, {grid.method}): "
+                f"effect of restoring each site, {html.escape(self.metric)}, clean {self.metric_clean:.3g}, corrupt "
+                f"{self.metric_corrupt:.3g} (1 = fully restored)</p><table style='border-collapse:collapse;"
+                f"font-family:monospace'><thead><tr><th>site</th>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
+                "</table></div>")
+
+    def __repr__(self) -> str:
+        return f"PatchingWidget({self.sites}, {self.method}: {len(self.rows)} x {len(self.columns)}, {self.metric})"

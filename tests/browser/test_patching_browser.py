@@ -1,0 +1,78 @@
+"""The patching view in a real JupyterLab (Debian chromium): the grid draws, a click runs that patch in
+the kernel and its top-5 next tokens appear beside the clean and corrupt runs'.
+
+A tiny random GPT-2 (no downloads); a tokenizer stand-in whose tokens are hostile HTML: they must
+show as characters.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .harness import (
+    open_and_run,
+    run_code_and_wait_text,
+    run_js,
+    screenshot,
+    wait_widget,
+    write_notebook,
+)
+
+pytestmark = pytest.mark.browser
+
+HOSTILE = "<img src=x onerror=window.__pwned=1>"
+
+SETUP = f'''
+import torch
+from nbdebug.adapters.offline import tiny_lm
+%load_ext nbdebug
+
+class Tok:
+    """Token text that would execute if the view used innerHTML."""
+    def decode(self, ids):
+        return "{HOSTILE}" if ids[0] % 2 else f" w{{ids[0]}}"
+    def encode(self, text, add_special_tokens=False):
+        return [int(text.strip().lstrip("w"))]
+
+model = tiny_lm("gpt2", vocab=64, layers=3, heads=2, d=16)
+tok = Tok()
+x = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(1))
+x2 = x.clone(); x2[0, 2] = (x2[0, 2] + 7) % 64
+'''
+
+RUN = """%%nndebug model --view patching --corrupt x2 --answer w3 --wrong w4 --tokenizer tok -o g
+with torch.no_grad():
+    out = model(x)
+"""
+
+
+def test_patching_lab(page, lab) -> None:  # type: ignore[no-untyped-def]
+    write_notebook(lab.root, "patching", [SETUP, RUN, "w = _nndebug_widget"])
+    open_and_run(page, lab, "patching")
+    view = wait_widget(page, "patching")
+    cells = view.locator(".nbp-cell")
+    assert cells.count() == 3 * 6  # resid: 3 blocks × 6 positions
+    # identical activations (nothing to patch): the positions before the change, and block 0's input
+    # (the embeddings) everywhere but at the changed token
+    assert view.locator(".nbp-cell.nbp-same").count() == 2 + 2 + 5
+    colours = run_js(page, "return [...document.querySelectorAll('.nbdebug-patching .nbp-cell:not(.nbp-same)')]"
+                           ".map(c => getComputedStyle(c).backgroundColor)")
+    assert len(colours) == 9 and any(c != "rgb(255, 255, 255)" for c in colours)  # drew the scale, not blank
+    assert run_js(page, "return !!window.__pwned") is False and view.locator("img").count() == 0
+
+    target = view.locator('.nbp-cell[data-row="1"][data-col="2"]')
+    target.hover()
+    assert "effect" in view.locator(".nbp-tip").text_content()
+    target.click()
+    page.locator('.nbdebug-patching[data-clicked="1,2"]').wait_for(state="attached", timeout=60_000)
+    tables = view.locator(".nbp-top")
+    assert tables.count() == 3 and "patched" in tables.nth(2).locator("h4").text_content()
+    assert tables.nth(2).locator("tr").count() == 5
+    # the click reached the kernel: it ran that patch there, and its top-5 is what the view shows
+    want = run_code_and_wait_text(page, "print('clicks', w.clicks, w.selected)", "clicks 1 [1, 2]")
+    assert "clicks 1 [1, 2]" in want
+    shown = [t.strip() for t in tables.nth(2).locator("td:not(.nbp-p)").all_text_contents()]
+    run_code_and_wait_text(
+        page, "print('tops', [t['token'] for t in w.handle_request('cell', {'row': 1, 'col': 2})[0]['result']['patched']] "
+              f"== {shown!r})", "tops True")
+    screenshot(page, "patching-lab", view)

@@ -282,6 +282,8 @@ def test_thermometer_keys_notebook7(page, nb7) -> None:
     write_notebook(nb7.root, "keys_nb7", ["%load_ext nbdebug", LIVE_SETUP, KEYS_LOOP])
     open_and_run(page, nb7, "keys_nb7")
     widget = wait_widget(page, "thermometer")
+    # the run's final state is in (a loaded machine can deliver the last live push after the cell ends)
+    widget.locator(".nbd-step-label", has_text="step 10 of 10").wait_for()
     widget.locator('.nbd-row[data-row="1"]').click()
     before = run_js(page, NOTEBOOK_STATE)
     page.keyboard.press("ArrowDown")

@@ -175,7 +175,7 @@ def test_readme_screenshots_real_models(page, lab) -> None:  # type: ignore[no-u
     if missing:
         pytest.skip(f"offline model packages not installed: {', '.join(missing)}")
     write_notebook(lab.root, "readme_real", CELLS)
-    open_and_run(page, lab, "readme_real")
+    open_and_run(page, lab, "readme_real", timeout=480_000)  # three real models, CAM checks
     page.set_viewport_size({"width": 1400, "height": 2000})  # element screenshots are clipped to the viewport
 
     # -- Grad-CAM on chelsea: the top class is a cat and its heatmap is drawn ---------------------

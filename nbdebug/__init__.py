@@ -16,7 +16,9 @@ Training: ``nbdebug.doctor(model, inputs, targets)`` (the pre-training checklist
 Testing what a view shows (the causal workbench): ``nbdebug.patch(model, clean=, corrupt=, answer=,
 wrong=, tokenizer=, sites=)`` (an activation-patching grid, a ``PatchGrid``), ``with
 nbdebug.ablate(model, heads={3: [5]}):``, ``with nbdebug.steer(model, layer=, vector=, alpha=):`` and
-``nbdebug.steering_vector(model, tok, positive=[...], negative=[...], layer=)``.
+``nbdebug.steering_vector(model, tok, positive=[...], negative=[...], layer=)``;
+``nbdebug.attribute(model, ids, answer=" Paris", wrong=" Rome", tokenizer=tok, method=...)`` ("why A,
+not B?": one score per input token, with integrated gradients' completeness gap and faithfulness curves).
 
 Many processes: ``%%nndebug --distributed -o run`` over a cell that launches workers whose steps run
 inside ``with nbdebug.debug(model):``; ``nbdebug.load(spool_dir)`` reads a spool written by a
@@ -50,6 +52,7 @@ _LAZY = {
     "steer": "nbdebug.workbench",
     "steering_vector": "nbdebug.workbench",
     "PatchGrid": "nbdebug.workbench",
+    "attribute": "nbdebug.attribution",
 }
 __all__ = ["__version__", "load_ipython_extension", *_LAZY]
 

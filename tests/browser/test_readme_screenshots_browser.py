@@ -131,15 +131,10 @@ for idx in batches:
     mlp_opt.zero_grad(); loss.backward(); mlp_opt.step()
 """
 
-METHODS = """%%nndebug net --view gradcam --class-names classes --method gradcam,gradcam++,hirescam,xgradcam,layercam,eigencam --faithfulness --sanity -o cams
-with torch.no_grad():
-    net(cat)
-"""
-
 CELLS = [SETUP, VISION, GRADCAM, FEATUREMAPS, MINILM, ATTENTION, SMOLLM2, LOGITLENS, DIGITS, THERMOMETER,
          "therm_w = _nndebug_widget", LR, LR_LOOP.format(out="fast"), "fast_w = _nndebug_widget",
          "mlp_net, mlp_opt = mlp(0.1)", LR_LOOP.format(out="slow"),
-         "runs = nbdebug.compare(fast, slow, labels=['lr=3.0', 'lr=0.1'])\nruns", METHODS]  # fmt: skip
+         "runs = nbdebug.compare(fast, slow, labels=['lr=3.0', 'lr=0.1'])\nruns"]  # fmt: skip
 
 
 # How many feature-map tiles have more than one colour (a flat tile is a constant channel).

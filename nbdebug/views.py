@@ -179,6 +179,21 @@ register(
     )
 )
 
+register(
+    ViewSpec(
+        name="attribution",
+        help="why A, not B? each input token's contribution to logit[answer] - logit[wrong] (gradient x input, integrated gradients, occlusion), with a faithfulness curve (uses --tokenizer, --seq-index)",
+        recorder="nbdebug.recorders.attribution:AttributionRecorder",
+        arguments=(
+            (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="attribution: the answer token (text with --tokenizer, an id or #id; default after generate(): the first generated token)")),
+            (("--wrong",), dict(default=None, dest="wrong", metavar="TOKEN", help="attribution: the competing token (default: none, the answer's logit is explained)")),
+            (("--attr-method",), dict(default=None, dest="attr_method", choices=["grad_x_input", "integrated_gradients", "occlusion"], help="attribution: the method shown first (default grad_x_input; the view switches on demand)")),
+            (("--steps",), dict(type=int, default=None, dest="ig_steps", metavar="N", help="attribution: integrated-gradients steps (default 64)")),
+            (("--fix-first",), dict(action="store_true", dest="fix_first", help="attribution: keep the first token's own embedding in the baseline (integrated gradients from zero then converges on models with a first-token sink)")),
+        ),
+    )
+)
+
 
 register(
     ViewSpec(

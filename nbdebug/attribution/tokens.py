@@ -4,9 +4,27 @@
 ...                       method="integrated_gradients", steps=64)        # doctest: +SKIP
 >>> a.scores, a.tokens, a.delta, a.converged, a.faithfulness              # doctest: +SKIP
 
-What integrated gradients from zero embeddings gives on a real model (SmolLM2-135M, "The Eiffel Tower
-is in the city of", ``logit[' Paris'] − logit[' Rome']``, float32, measured for issue 21): see
-``docs`` of :func:`attribute` below: the completeness gap is reported, never hidden.
+Measured for issue 21 (SmolLM2-135M, "The Eiffel Tower is in the city of", 9 tokens,
+``m = logit[' Paris'] − logit[' Rome']`` = 2.857, float32; ``benchmarks/bench_attribution.py``):
+
+=====================================  ==================  ====================================
+integrated gradients                   m(baseline)         delta / (m(x) − m(baseline))
+=====================================  ==================  ====================================
+64 Gauss–Legendre steps from zero      0 (exactly)         +33.3 → 1,166 %  (not converged)
+256 steps from zero                    0                   +13.1 → 457 %    (not converged)
+64 Riemann-right steps from zero       0                   −8.9 → 312 %     (not converged)
+64 steps, first token fixed            −2.639              +0.14 → 2.5 %    (converged)
+256 steps, first token fixed           −2.639              −0.0003 → 0.005 %
+=====================================  ==================  ====================================
+
+From all-zero embeddings every hidden state is exactly 0 (no biases; RMSNorm of 0 is 0), so m(0) = 0
+and the path starts where RMSNorm (x / rms(x)) is steepest, with the first-token attention sink
+switching on along it: more steps do not fix that, keeping the first token does. With the first
+token fixed, 64 and 256 steps agree (" E" 2.0, "iffel" 2.9, " city" 1.6, " is" −1.4) and deleting
+tokens in that order is more faithful than random orders (deletion AUC 0.22 vs 0.48). The scores
+equal captum's ``IntegratedGradients`` to 4e-6; its CPU time was ~equal to captum's under the
+default 256 MB budget (4 chunks of 16 steps) and ~20 % lower in one batch (``max_bytes="1GB"``,
+captum's own ~760 MB), on a shared 2-core machine (provisional).
 """
 
 from __future__ import annotations
@@ -77,10 +95,8 @@ def attribute(model: nn.Module, ids: Any, answer: Any = None, wrong: Any = None,
     ``orders`` random orders (seeded by ``seed``; the user's random state is untouched).
 
     Integrated gradients reports ``delta`` = Σ scores − (m(x) − m(baseline)) and ``converged``
-    (|delta| ≤ 5 % of |m(x) − m(baseline)|). Measured on SmolLM2-135M, "The Eiffel Tower is in the city
-    of", Paris vs Rome, float32 (issue 21; see ``benchmarks/bench_attribution.py``): 64 Gauss–Legendre
-    steps from zero miss completeness (the path through near-zero RMSNorm inputs and the first-token
-    attention sink is stiff); the figures are in the README of the benchmarks and the report.
+    (|delta| ≤ 5 % of |m(x) − m(baseline)|). On SmolLM2 (see the module docstring) 64 or 256 steps from
+    zero miss completeness by 1,166 % / 457 %; ``fix_first=True`` converges (2.5 % at 64 steps).
 
     The model is left as found: no hook remains, parameters, buffers, ``.grad``, ``requires_grad``,
     train/eval mode and the random state are unchanged (buffers are cloned and the RNG forked for

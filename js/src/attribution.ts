@@ -1,0 +1,184 @@
+// Token attribution, "why A, not B?" (nbdebug/widgets/attribution.py, AttributionWidget): the input
+// tokens coloured by their score on a diverging scale (coolwarm: red pushes the answer over the wrong
+// token, blue the other way; text black or white by contrast.ts textOn, AA), a method switch whose
+// answer the kernel computes on demand (rpc "attribution"), the deletion curve against the mean of
+// random orders, and integrated gradients' completeness gap with a warning and "more steps" / "keep
+// the first token" buttons when it misses by more than 5 %. Tokens are model text: textContent only.
+import { Chart, chartCss } from "./lib/chart";
+import { cssColor } from "./lib/colormap";
+import { textOn } from "./lib/contrast";
+import { fmt, h, replaceChildren, styleElement } from "./lib/dom";
+import { hColourBar, LEGEND_CSS } from "./lib/legend";
+import { rpc, type AnyModel } from "./lib/rpc";
+import { select } from "./lib/select";
+
+/** One attribution as the kernel sends it (Attribution.to_dict). */
+export interface AttrData {
+  method: string;
+  label: string;
+  tokens: string[];
+  scores: number[];
+  metric: number;
+  metric_baseline: number | null;
+  delta: number | null;
+  converged: boolean | null;
+  relative_delta: number | null;
+  steps: number | null;
+  baseline: string;
+  faithfulness: { deletion?: number; random?: number };
+  curves: { deletion?: number[]; random?: number[] };
+  notes: string[];
+}
+
+export const METHOD_LABELS: Record<string, string> = {
+  grad_x_input: "gradient × input",
+  integrated_gradients: "integrated gradients",
+  occlusion: "occlusion",
+};
+
+const CSS = `
+.nbdebug-attribution {
+  --nbd-fg: var(--jp-ui-font-color1, #222);
+  --nbd-fg2: color-mix(in srgb, var(--nbd-fg) 80%, transparent);
+  --nbd-border: var(--jp-border-color2, rgba(127,127,127,0.3));
+  color: var(--nbd-fg); font-family: var(--jp-ui-font-family, system-ui, sans-serif); font-size: var(--jp-ui-font-size1, 13px);
+  line-height: 1.35; max-width: 100%; box-sizing: border-box;
+}
+.nbdebug-attribution * { box-sizing: border-box; }
+.nbdebug-attribution .nbd-attr-head { font-weight: 700; margin: 2px 0 6px; overflow-wrap: anywhere; }
+.nbdebug-attribution .nbd-attr-controls { display: flex; flex-wrap: wrap; gap: 4px 12px; align-items: center; margin: 2px 0 6px; }
+.nbdebug-attribution .nbd-attr-tokens { display: flex; flex-wrap: wrap; gap: 3px; margin: 6px 0; font-family: var(--jp-code-font-family, ui-monospace, Menlo, Consolas, monospace); }
+.nbdebug-attribution .nbd-attr-tok { display: inline-flex; flex-direction: column; align-items: center; padding: 2px 4px; border-radius: 3px;
+  border: 1px solid var(--nbd-border); white-space: pre; }
+.nbdebug-attribution .nbd-attr-score { font-size: 0.8em; }
+.nbdebug-attribution .nbd-attr-warn { margin: 6px 0; padding: 4px 6px; border-left: 4px solid #b35900; background: rgba(179,89,0,0.08); }
+.nbdebug-attribution .nbd-attr-ok { margin: 6px 0; color: var(--nbd-fg2); }
+.nbdebug-attribution .nbd-attr-warn button { margin: 2px 6px 0 0; }
+.nbdebug-attribution .nbd-attr-title { font-weight: 600; margin: 8px 0 2px; }
+.nbdebug-attribution .nbd-attr-auc { color: var(--nbd-fg2); }
+.nbdebug-attribution .nbd-attr-status { color: var(--nbd-fg2); min-height: 1.2em; }
+.nbdebug-attribution .nbd-attr-notes { margin: 2px 0; padding-left: 1.2em; color: var(--nbd-fg2); overflow-wrap: anywhere; }
+.nbdebug-attribution .nbd-spark-line { fill: none; stroke-width: 1.5; }
+.nbdebug-attribution .nbd-attr-deletion { stroke: #d62728; }
+.nbdebug-attribution .nbd-attr-random { stroke: #7f7f7f; stroke-dasharray: 4 3; }
+.nbdebug-attribution .nbd-error { color: #b71c1c; white-space: pre-wrap; }
+${chartCss(".nbdebug-attribution")}
+${LEGEND_CSS}
+`;
+
+/** Position on the diverging scale (0 blue … 0.5 white … 1 red) of `score` with the largest |score| `peak`. */
+export function scoreT(score: number, peak: number): number {
+  if (!(peak > 0) || !Number.isFinite(score)) return 0.5;
+  return 0.5 + 0.5 * Math.max(-1, Math.min(1, score / peak));
+}
+
+/** The completeness sentence of integrated gradients ("" for other methods). */
+export function deltaText(d: AttrData): string {
+  if (d.delta === null || d.delta === undefined) return "";
+  const rel = d.relative_delta ?? NaN;
+  const pct = Number.isFinite(rel) ? `${(rel * 100).toFixed(rel < 0.1 ? 1 : 0)} %` : "∞";
+  const base = `completeness: Σ scores − (m(x) − m(baseline)) = ${fmt(d.delta)} (${pct} of m(x) − m(baseline), ${d.steps} steps, baseline ${d.baseline})`;
+  return d.converged ? base : `${base}: NOT converged (> 5 %), the scores do not add up to the metric's change`;
+}
+
+function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
+  const root = h("div", { class: "nbdebug-attribution" });
+  root.appendChild(styleElement(CSS));
+  const head = h("div", { class: "nbd-attr-head" });
+  const status = h("div", { class: "nbd-attr-status" });
+  const tokens = h("div", { class: "nbd-attr-tokens" });
+  const legend = h("div", { class: "nbd-attr-legend" });
+  const completeness = h("div", {});
+  const auc = h("div", { class: "nbd-attr-auc" });
+  const notes = h("ul", { class: "nbd-attr-notes" });
+  const errorBox = h("div", { class: "nbd-error" });
+  const chart = new Chart({ name: "m (normalised)", height: 90 });
+  let data: AttrData = model.get("data");
+  let busy = false;
+
+  const ask = (params: { method: string; steps?: number; fix_first?: boolean }) => {
+    if (busy) return;
+    busy = true;
+    status.textContent = `computing ${METHOD_LABELS[params.method] ?? params.method} in the kernel…`;
+    const full = { steps: Number(model.get("steps") ?? 64), fix_first: Boolean(model.get("fix_first")), ...params };
+    rpc<AttrData>(model, "attribution", full, 600_000)
+      .then((answer) => {
+        data = answer.result;
+        status.textContent = "";
+        draw();
+      })
+      .catch((err) => {
+        status.textContent = "";
+        errorBox.textContent = `nbdebug attribution: ${err instanceof Error ? err.message : String(err)}`;
+      })
+      .finally(() => {
+        busy = false;
+      });
+  };
+  const methods: string[] = (model.get("methods") ?? Object.keys(METHOD_LABELS)).map(String);
+  const methodSel = select(methods.map((m) => [m, METHOD_LABELS[m] ?? m]), data?.method ?? methods[0], "nbd-attr-method",
+    (m) => ask({ method: m }));
+
+  root.append(head, h("div", { class: "nbd-attr-controls" }, [h("label", {}, ["method ", methodSel])]), status, tokens, legend,
+    completeness, h("div", { class: "nbd-attr-title", text: "deletion: m while tokens are replaced by the baseline, most attributed first (red) vs random orders (grey)" }),
+    chart.el, auc, notes, errorBox);
+  el.appendChild(root);
+
+  function draw(): void {
+    try {
+      const d = data;
+      methodSel.value = d.method;
+      head.textContent = `why? ${d.label} = ${fmt(d.metric)} · ${METHOD_LABELS[d.method] ?? d.method}`;
+      const peak = Math.max(0, ...d.scores.map((s) => Math.abs(s)).filter(Number.isFinite));
+      replaceChildren(tokens, d.tokens.map((t, i) => {
+        const bg = cssColor("coolwarm", scoreT(d.scores[i], peak));
+        return h("span", { class: "nbd-attr-tok", style: { background: bg, color: textOn(bg) }, attrs: { title: `${t}: ${fmt(d.scores[i])}` }, data: { index: i } }, [
+          h("span", { class: "nbd-attr-text", text: t }),
+          h("span", { class: "nbd-attr-score", text: fmt(d.scores[i], 2) }),
+        ]);
+      }));
+      replaceChildren(legend, [hColourBar("coolwarm", [{ at: 0, text: fmt(-peak, 2) }, { at: 0.5, text: "0" }, { at: 1, text: fmt(peak, 2) }], 200,
+        "score (red: for the answer, blue: against)")]);
+      const text = deltaText(d);
+      completeness.className = !text ? "" : d.converged ? "nbd-attr-ok" : "nbd-attr-warn";
+      const kids: (HTMLElement | string)[] = text ? [h("div", { text })] : [];
+      if (text && !d.converged) {
+        const steps = (d.steps ?? 64) * 4;
+        kids.push(h("button", { class: "nbd-attr-more", text: `more steps (${steps})`, on: { click: () => ask({ method: d.method, steps }) } }));
+        if (!d.baseline.includes("first token fixed")) {
+          kids.push(h("button", { class: "nbd-attr-fix", text: "keep the first token in the baseline",
+            on: { click: () => ask({ method: d.method, steps: d.steps ?? undefined, fix_first: true }) } }));
+        }
+      }
+      replaceChildren(completeness, kids);
+      const del = d.curves?.deletion ?? [];
+      const rnd = d.curves?.random ?? [];
+      const ks = del.map((_, k) => k);
+      chart.update(del.length ? [{ label: "deletion", steps: ks, y: del, cls: "nbd-attr-deletion" }, { label: "random", steps: ks, y: rnd, cls: "nbd-attr-random" }] : []);
+      const f = d.faithfulness ?? {};
+      auc.textContent = f.deletion === undefined ? "" : `area: deletion ${fmt(f.deletion)} (lower is more faithful) vs random ${fmt(f.random ?? NaN)}; x: tokens replaced`;
+      replaceChildren(notes, (d.notes ?? []).map((n) => h("li", { text: n })));
+      errorBox.textContent = "";
+    } catch (err) {
+      const msg = `nbdebug attribution: ${err instanceof Error ? err.message : String(err)}`;
+      errorBox.textContent = msg;
+      model.set("js_error", msg);
+      model.save_changes();
+    }
+    root.dataset.ready = "1";
+  }
+
+  const onData = () => {
+    data = model.get("data");
+    draw();
+  };
+  model.on("change:data", onData);
+  draw();
+  return () => {
+    model.off("change:data", onData);
+    chart.destroy();
+    root.remove();
+  };
+}
+
+export default { render };

@@ -1,0 +1,102 @@
+"""The attribution view: the input tokens coloured by their score (diverging: red pushes the answer over
+the wrong token, blue pushes the other way), a method switch answered by the kernel on demand
+(``@rpc("attribution")``), the deletion curve against the mean of random orders, and integrated
+gradients' completeness gap with a "more steps" / "keep the first token" hint when it misses by more
+than 5 %.
+
+Synced state is one attribution as JSON (``data``: tokens, scores, curves; a few KB), the method shown
+and the methods offered. Tokens are model text: ``textContent`` in the browser, escaped here.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import numpy as np
+import traitlets
+
+from ..attribution import Attribution
+from ..attribution.methods import METHODS
+from ._base import NBWidget, rpc
+
+__all__ = ["AttributionWidget", "diverging_rgb"]
+
+
+def diverging_rgb(t: float) -> tuple[int, int, int]:
+    """Blue (t = −1) → white (0) → red (+1), clamped: the static snapshot's colours."""
+    t = max(-1.0, min(1.0, float(t))) if np.isfinite(t) else 0.0
+    end = (178, 24, 43) if t > 0 else (33, 102, 172)
+    a = abs(t)
+    return tuple(round(255 * (1 - a) + c * a) for c in end)  # type: ignore[return-value]
+
+
+class AttributionWidget(NBWidget):
+    """Tokens coloured by score, the method switch, curves and the completeness warning.
+
+    Traits: ``data`` (the shown :meth:`Attribution.to_dict`), ``method`` (the method shown; the
+    browser's switch asks the kernel, which sets it), ``methods``. ``result`` is the shown
+    :class:`Attribution`; ``session`` computes the others (the model held weakly)."""
+
+    _view_name_ = "attribution"
+
+    data = traitlets.Dict().tag(sync=True)
+    method = traitlets.Unicode("grad_x_input").tag(sync=True)
+    methods = traitlets.List(traitlets.Unicode(), default_value=list(METHODS)).tag(sync=True)
+    #: the view's integrated-gradients steps and baseline option (what the switch asks for by default)
+    steps = traitlets.Int(64).tag(sync=True)
+    fix_first = traitlets.Bool(False).tag(sync=True)
+
+    def __init__(self, result: Attribution, session: Any = None, **kwargs: Any) -> None:
+        steps = getattr(session, "steps", result.steps or 64)
+        fix_first = getattr(session, "fix_first", "first token fixed" in result.baseline)
+        super().__init__(data=result.to_dict(), method=result.method, steps=steps, fix_first=fix_first, **kwargs)
+        self.result = result
+        self.session = session
+
+    @rpc("attribution")
+    def _attribution(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The attribution by ``method`` (``steps``, ``fix_first`` optional), computed on first request."""
+        method = str(params.get("method") or self.method)
+        if self.session is None:
+            if method != self.result.method:
+                raise ValueError(f"only {self.result.method} was computed (no model to run {method})")
+            res = self.result
+        else:
+            steps = params.get("steps")
+            fix = params.get("fix_first")
+            res = self.session.get(method, int(steps) if steps else None, None if fix is None else bool(fix))
+        self.result = res
+        self.method = res.method
+        return res.to_dict(), {}
+
+    def fallback_html(self) -> str:
+        """Static snapshot: the tokens coloured by score, the completeness line and the AUCs."""
+        r = self.result
+        peak = float(np.abs(r.scores).max()) if len(r.scores) else 0.0
+        spans = []
+        for tok, s in zip(r.tokens, r.scores):
+            rgb = diverging_rgb(s / peak if peak > 0 else 0.0)
+            fg = "#000" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 140 else "#fff"
+            spans.append(f"<span title='{float(s):+.4g}' style='background:rgb{rgb};color:{fg};padding:1px 2px;"
+                         f"white-space:pre'>{html.escape(tok)}</span>")
+        lines = [f"<p><b>nbdebug attribution</b> · {html.escape(r.method)} · {html.escape(r.label)} = {r.metric:.4g}</p>",
+                 f"<p>{''.join(spans)}</p>"]
+        if r.delta is not None:
+            rel = r.relative_delta or 0.0
+            lines.append(f"<p>completeness: delta {r.delta:+.4g} ({rel:.1%} of m(x) − m(baseline))"
+                         f"{'' if r.converged else ' — NOT converged: more steps or fix_first=True'}</p>")
+        if r.faithfulness:
+            lines.append(f"<p>deletion AUC {r.faithfulness['deletion']:.3f} (lower is better) vs random "
+                         f"{r.faithfulness['random']:.3f}</p>")
+        lines += [f"<p>{html.escape(n)}</p>" for n in r.notes]
+        return "<div class='nbdebug-attribution-static'>" + "".join(lines) + "</div>"
+
+    def export_requests(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every method already computed (a saved page switches between those)."""
+        if self.session is None:
+            return [("attribution", {"method": self.result.method})]
+        return [("attribution", {"method": m, "steps": s, "fix_first": f}) for (m, s, f) in self.session.results]
+
+    def __repr__(self) -> str:
+        return f"AttributionWidget({self.result!r})"

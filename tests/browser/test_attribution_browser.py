@@ -1,0 +1,60 @@
+"""``--view attribution`` in a real JupyterLab: a tiny random GPT-2 and a letter tokenizer whose token 1
+is hostile text. The cell's input tokens are drawn as text on diverging colours with AA-readable
+text (the hostile token injects nothing); choosing "occlusion" in the method switch reaches the kernel,
+which computes it (the widget's ``method`` changes there) and the browser draws its scores; integrated
+gradients shows its completeness line."""
+
+from __future__ import annotations
+
+import pytest
+
+from .harness import HOSTILE, kernel_json, open_and_run, screenshot, wait_widget, write_notebook
+from .legibility import contrast_failures
+
+pytestmark = pytest.mark.browser
+
+SETUP = f"""
+import torch
+from nbdebug.adapters.offline import tiny_lm
+torch.set_num_threads(1)
+model = tiny_lm("gpt2")
+
+class Tok:
+    def encode(self, s, add_special_tokens=False):
+        return [ord(c) - 97 for c in s.replace(" ", "")]
+    def decode(self, ids):
+        return "".join({HOSTILE!r} if i == 1 else chr(97 + i) for i in ids)
+
+tok = Tok()
+ids = torch.tensor([[0, 1, 7, 4, 11, 14]])
+"""
+
+CELLS = ["%load_ext nbdebug", SETUP,
+         "%%nndebug model --view attribution --answer d --wrong f --tokenizer tok -o a\nwith torch.no_grad(): out = model(ids)"]
+W = ".nbdebug-attribution"
+
+
+def test_tokens_and_method_switch(page, lab) -> None:  # type: ignore[no-untyped-def]
+    write_notebook(lab.root, "attribution_lab", CELLS)
+    open_and_run(page, lab, "attribution_lab")
+    widget = wait_widget(page, "attribution")
+    toks = widget.locator(".nbd-attr-text").all_text_contents()
+    assert toks == ["a", HOSTILE, "h", "e", "l", "o"]
+    assert page.locator('img[src="x"]').count() == 0 and page.evaluate("window.__pwned") is None
+    kernel = kernel_json(page, "{'scores': [float(s) for s in a.scores], 'method': _nndebug_widget.method}")
+    shown = [float(s) for s in widget.locator(".nbd-attr-score").all_text_contents()]
+    assert kernel["method"] == "grad_x_input"
+    assert shown == [pytest.approx(s, rel=0.02, abs=1e-3 * max(abs(x) for x in kernel["scores"])) for s in kernel["scores"]]
+    assert widget.locator("path.nbd-chart-line").count() == 2
+    n, bad = contrast_failures(page, f"{W} .nbd-attr-tok")
+    assert n > 0 and not bad, bad
+    # the switch: the kernel computes occlusion and the browser draws it
+    widget.locator("select.nbd-attr-method").select_option("occlusion")
+    page.wait_for_function(f"document.querySelector('{W} .nbd-attr-head').textContent.includes('occlusion')", timeout=60_000)
+    occ = kernel_json(page, "{'method': _nndebug_widget.method, 'scores': [float(s) for s in _nndebug_widget.result.scores]}")
+    assert occ["method"] == "occlusion"
+    shown = [float(s) for s in widget.locator(".nbd-attr-score").all_text_contents()]
+    assert shown == [pytest.approx(s, rel=0.02, abs=1e-3 * max(abs(x) for x in occ["scores"])) for s in occ["scores"]]
+    widget.locator("select.nbd-attr-method").select_option("integrated_gradients")
+    page.wait_for_function(f"document.querySelector('{W}').textContent.includes('completeness')", timeout=60_000)
+    screenshot(page, "attribution_lab", widget)

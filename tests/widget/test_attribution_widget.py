@@ -1,0 +1,121 @@
+"""The attribution view: `%%nndebug model --view attribution --answer --wrong --tokenizer -o a` gives
+nbdebug.attribute's result on the cell's input ids, the widget's method switch answers from the
+kernel (equal to nbdebug.attribute), the static snapshot escapes tokens, bad options are usage errors
+before the cell runs, and the model is left as found."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import nbdebug
+from nbdebug.adapters.offline import tiny_lm
+from nbdebug.attribution import Attribution
+from nbdebug.capture import fingerprint, hook_count, same_fingerprint
+from nbdebug.recorders.attribution import AttributionRecorder
+from nbdebug.widgets.attribution import AttributionWidget
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+class Tok:
+    """Token i is the letter chr(97 + i); id 1 decodes to a hostile string."""
+
+    def encode(self, s: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) - 97 for c in s.replace(" ", "")]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(HOSTILE if i == 1 else chr(97 + i) for i in ids)
+
+
+IDS = torch.tensor([[0, 1, 7, 4, 11, 14]])
+
+
+def test_magic_view_result_switch_and_hygiene(shell: Any) -> None:
+    m = tiny_lm("gpt2")
+    shell.user_ns.update(model=m, ids=IDS, tok=Tok(), torch=torch)
+    fp, hooks = fingerprint(m), hook_count(m)
+    res = shell.run_cell("%%nndebug model --view attribution --answer d --wrong f --tokenizer tok -o a\n"
+                         "with torch.no_grad(): out = model(ids)")
+    assert res.success, res.error_in_exec
+    a = shell.user_ns["a"]
+    ref = nbdebug.attribute(m, IDS, 3, 5, method="grad_x_input")
+    assert isinstance(a, Attribution) and a.method == "grad_x_input" and a.tokens[1] == HOSTILE
+    np.testing.assert_allclose(a.scores, ref.scores, rtol=1e-6)
+    w = shell.user_ns["_nndebug_widget"]
+    assert isinstance(w, AttributionWidget) and w.data["tokens"][1] == HOSTILE
+    # the method switch: answered in the kernel, equal to the Python API, the widget's method follows
+    content, _ = w.handle_request("attribution", {"method": "integrated_gradients", "steps": 16, "fix_first": False})
+    ig = nbdebug.attribute(m, IDS, 3, 5, method="integrated_gradients", steps=16)
+    np.testing.assert_allclose(content["result"]["scores"], ig.scores, rtol=1e-6)
+    assert content["result"]["delta"] == pytest.approx(ig.delta) and w.method == "integrated_gradients"
+    content, _ = w.handle_request("attribution", {"method": "occlusion"})
+    np.testing.assert_allclose(content["result"]["scores"], nbdebug.attribute(m, IDS, 3, 5, method="occlusion").scores, rtol=1e-6)
+    html = w.fallback_html()
+    assert HOSTILE not in html and "&lt;img" in html
+    assert same_fingerprint(fp, fingerprint(m)) == [] and hook_count(m) == hooks
+
+
+def test_magic_options_ids_and_usage_errors(shell: Any) -> None:
+    from IPython.core.error import UsageError
+
+    m = tiny_lm("gpt2")
+    shell.user_ns.update(model=m, ids=IDS, tok=Tok(), torch=torch)
+    res = shell.run_cell("%%nndebug model --view attribution --answer #3 --attr-method integrated_gradients --steps 8 --fix-first -o a\n"
+                         "model(ids)")
+    assert res.success, res.error_in_exec
+    a = shell.user_ns["a"]
+    assert a.method == "integrated_gradients" and a.steps == 8 and a.scores[0] == 0.0 and a.label == "logit['3']"
+    for cell, msg in [("--answer de --tokenizer tok", "2 tokens"), ("--answer d --attr-method shap", "invalid choice"),
+                      ("--wrong f --tokenizer tok", "--wrong needs --answer")]:
+        res = shell.run_cell(f"%%nndebug model --view attribution {cell}\nran = 1")
+        assert isinstance(res.error_in_exec, UsageError), (cell, res.error_in_exec)
+        assert msg in str(res.error_in_exec)
+
+
+def test_recorder_padding_generate_and_not_applicable() -> None:
+    m = tiny_lm("gpt2")
+    # a padded batch: row 1 without its padding is the prompt
+    ids = torch.tensor([[2, 3, 4, 5], [0, 0, 6, 7]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    with AttributionRecorder(m, answer=3, wrong=5, seq_index=1) as rec:
+        m(input_ids=ids, attention_mask=mask)
+    assert rec.result().ids == [6, 7]
+    # generate(): the prompt is the input
+    prompt = torch.tensor([[2, 3, 4]])
+    with AttributionRecorder(m, answer=9) as rec:
+        m.generate(prompt, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    got = rec.result()
+    assert got.ids == [2, 3, 4] and got.label == "logit['9']"
+    with AttributionRecorder(m, answer=3) as rec:
+        pass
+    assert rec.applies() == "the cell did not call the model"
+    with AttributionRecorder(m, answer=3) as rec:
+        m(inputs_embeds=torch.zeros(1, 3, 16))
+    assert "token ids" in str(rec.applies())
+    # no --answer: a one-line note (view="all" never starts an attribution nobody asked for)
+    from nbdebug.api import Debug
+
+    dbg = Debug(m, view="all")
+    with dbg:
+        m(prompt)
+    assert "attribution" not in dbg.results and "--answer" in dbg.skipped["attribution"]
+
+
+def test_widget_without_session_and_export() -> None:
+    m = tiny_lm("gpt2")
+    a = nbdebug.attribute(m, IDS, 3, 5, tokenizer=Tok(), method="integrated_gradients", steps=4)
+    w = AttributionWidget(a)
+    assert w.steps == 4 and w.fix_first is False and w.method == "integrated_gradients"
+    content, _ = w.handle_request("attribution", {"method": "integrated_gradients"})
+    assert content["result"]["scores"] == [float(s) for s in a.scores]
+    with pytest.raises(ValueError, match="only integrated_gradients"):
+        w.handle_request("attribution", {"method": "occlusion"})
+    page = w.export_html()
+    assert "nbdebug attribution" in page and "integrated_gradients" in page
+    assert ("NOT converged" in w.fallback_html()) == (not a.converged)

@@ -185,8 +185,8 @@ register(
         help="why A, not B? each input token's contribution to logit[answer] - logit[wrong] (gradient x input, integrated gradients, occlusion), with a faithfulness curve (uses --tokenizer, --seq-index)",
         recorder="nbdebug.recorders.attribution:AttributionRecorder",
         arguments=(
-            (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="attribution: the answer token (text with --tokenizer, an id or #id; default after generate(): the first generated token)")),
-            (("--wrong",), dict(default=None, dest="wrong", metavar="TOKEN", help="attribution: the competing token (default: none, the answer's logit is explained)")),
+            (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="attribution, patching: the answer token: text with --tokenizer (one token, e.g. ' Paris'), a token id or #id (attribution after generate(): default the first generated token)")),
+            (("--wrong",), dict(default=None, dest="wrong", metavar="TOKEN", help="attribution, patching: the competing token, the metric is logit[answer] - logit[wrong] (without it: attribution explains the answer's logit, patching its log-probability)")),
             (("--attr-method",), dict(default=None, dest="attr_method", choices=["grad_x_input", "integrated_gradients", "occlusion"], help="attribution: the method shown first (default grad_x_input; the view switches on demand)")),
             (("--steps",), dict(type=int, default=None, dest="ig_steps", metavar="N", help="attribution: integrated-gradients steps (default 64)")),
             (("--fix-first",), dict(action="store_true", dest="fix_first", help="attribution: keep the first token's own embedding in the baseline (integrated gradients from zero then converges on models with a first-token sink)")),
@@ -198,13 +198,11 @@ register(
 register(
     ViewSpec(
         name="patching",
-        help="activation patching: the cell's forward is the clean run, --corrupt the corrupt prompt; a sites × positions grid of how much each patch restores the answer, a click shows the patched run's next tokens",
+        help="activation patching: the cell's forward is the clean run, --corrupt the corrupt prompt; a sites × positions grid of how much each patch restores --answer (against --wrong), a click shows the patched run's next tokens",
         recorder="nbdebug.recorders.patching:PatchingRecorder",
         in_all=False,
         arguments=(
             (("--corrupt",), dict(default=None, dest="corrupt", metavar="VAR", help="variable holding the corrupt prompt: a string (with --tokenizer) or token ids, as many tokens as the cell's input")),
-            (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="the clean run's answer: text with --tokenizer (one token, e.g. ' Paris'), a token id or #id")),
-            (("--wrong",), dict(default=None, dest="wrong", metavar="TOKEN", help="the corrupt run's answer: the metric is logit[answer] - logit[wrong] (without it: log p(answer))")),
             (("--sites",), dict(default=None, dest="patch_sites", choices=["resid", "attn", "mlp", "heads"], help="the grid shown first (default resid; the others are fetched from the view)")),
         ),
     )

@@ -94,12 +94,13 @@ class UserLoss:
     """The step's loss from the user's ``loss()``: unknown (no entry, so NaN) when it returns the very
     object of the previous step's close (the variable was not reassigned: a forward that raised, or a
     loop that forgot to). ``stale`` lists those steps; their note is kept up to date in ``notes`` (the
-    capture's list of notes, handed in)."""
+    capture's list of notes, handed in). ``on_device``: the capture's device path, where a tensor loss is
+    read with the step's one transfer (see :func:`as_float_later`), never synced here."""
 
-    __slots__ = ("fn", "notes", "prev", "stale")
+    __slots__ = ("fn", "notes", "on_device", "prev", "stale")
 
-    def __init__(self, fn: Callable[[], Any], notes: list[str]) -> None:
-        self.fn, self.notes = fn, notes
+    def __init__(self, fn: Callable[[], Any], notes: list[str], on_device: bool = False) -> None:
+        self.fn, self.notes, self.on_device = fn, notes, bool(on_device)
         self.prev: Any = None  # what fn() returned at the previous close (weakref / 1-tuple)
         self.stale: list[int] = []  # steps whose loss() returned the previous step's object (NaN loss)
 
@@ -120,7 +121,7 @@ class UserLoss:
                 notes = self.notes
                 notes[:] = [new if n == old else n for n in notes] if old in notes else [*notes, new]
             return []
-        return [as_float_later(v)]
+        return [as_float_later(v, self.on_device)]
 
     def release(self) -> None:
         """At exit: hold nothing the user's loss returned."""

@@ -189,7 +189,7 @@ class Capture:
         self._forward = ForwardHooks(self.rows, self._rec, self._passes, self._budget, self._log, self._steps.next_number,
                                      device_path=o.device_path, grads=grads, sample_size=o.sample_size,
                                      histograms=histograms, bins=bins, break_on=break_on, short_path=fast_paths)
-        self._loss = UserLoss(loss, self.notes) if loss is not None else None
+        self._loss = UserLoss(loss, self.notes, o.device_path) if loss is not None else None
         self._t0 = 0.0
         self._error: ErrorSite | None = None
         self._raised: str | None = None

@@ -179,18 +179,21 @@ def test_histograms_equal_numpy_over_the_finite_values(device_path: bool) -> Non
     assert counts.sum() == fin.size == 1000 - 11 - 1
 
 
-def training_run(model: nn.Module, steps: int) -> tuple[Counter[str], Counter[str], Any]:
-    """``steps`` SGD steps on the device path; host reads counted during the loop and at exit."""
+def training_run(model: nn.Module, steps: int, user_loss: bool = False) -> tuple[Counter[str], Counter[str], Any]:
+    """``steps`` SGD steps on the device path; host reads counted during the loop and at exit.
+    ``user_loss``: the loss read through ``Capture(loss=...)`` (the magic's ``--loss``)."""
     torch.manual_seed(1)
     xs = [torch.randn(4, 16) for _ in range(steps)]
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     spy = DispatchSpy()
+    ns: dict[str, Any] = {}
     with count_host_syncs() as py:
-        with Capture(model, device_path=True) as cap:
+        with Capture(model, device_path=True, loss=(lambda: ns.get("loss")) if user_loss else None) as cap:
             with spy:
                 for x in xs:
                     opt.zero_grad()
-                    model(x).pow(2).mean().backward()
+                    ns["loss"] = model(x).pow(2).mean()
+                    ns["loss"].backward()
                     opt.step()
         total = Counter(py)
     return total, Counter(spy.syncs), cap.result
@@ -210,3 +213,15 @@ def test_host_syncs_per_step_do_not_grow_with_depth() -> None:
     assert per_step.get("cpu") == 1 and per_step.get("numpy") == 1, per_step
     assert sum(v for k, v in per_step.items() if k not in ("cpu", "numpy", "to")) == 0 and per_step.get("to", 0) <= 1, per_step
     assert runs[(20, 6)][0]["item"] == 0 and runs[(20, 6)][0]["tolist"] == 0
+
+
+def test_a_user_loss_is_read_with_the_steps_transfer_not_synced() -> None:
+    """``--loss`` on the device path: the loss tensor travels with the step's one transfer (no
+    ``item()`` per step), and the values are the loop's own."""
+    (py3, disp3, res3), (py6, _, res6) = (training_run(deep(2), s, user_loss=True) for s in (3, 6))
+    assert disp3 == Counter()
+    assert py3["item"] == py6["item"] == 0 and py3["__float__"] == py6["__float__"] == 0
+    plain = training_run(deep(2), 6)[2]  # loss from backward(): the same values
+    mine, theirs = res6.series("loss"), plain.series("loss")
+    assert len(mine) == 6 and np.isfinite(mine).all()
+    np.testing.assert_array_equal(mine, theirs)

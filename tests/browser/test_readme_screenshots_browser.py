@@ -245,3 +245,28 @@ def test_readme_screenshots_real_models(page, lab) -> None:  # type: ignore[no-u
     (div,) = kernel_json(page, "runs.divergence['loss']")
     assert div["step"] == 2, div
     _shoot(page, "real-compare", runs)
+
+
+METHODS = """%%nndebug net --view gradcam --class-names classes --method gradcam,gradcam++,hirescam,xgradcam,layercam,eigencam --faithfulness --sanity -o cams
+with torch.no_grad():
+    net(cat)
+"""
+
+
+def test_readme_screenshot_cam_methods(page, lab) -> None:  # type: ignore[no-untyped-def]
+    """The six gradient/activation CAM methods (the perturbation ones would run 1,280 forwards on this
+    layer) ranked by faithfulness, with the sanity check: its own notebook and kernel, so that its
+    widget is the page's only Grad-CAM."""
+    missing = [p for p in PACKAGES[:4] if importlib.util.find_spec(p) is None]
+    if missing:
+        pytest.skip(f"offline model packages not installed: {', '.join(missing)}")
+    write_notebook(lab.root, "readme_cams", [SETUP, VISION, METHODS])
+    open_and_run(page, lab, "readme_cams", timeout=300_000)
+    page.set_viewport_size({"width": 1400, "height": 2000})
+    cams = wait_widget(page, "gradcam")
+    page.wait_for_selector(".nbdebug-gradcam[data-curves='1']", timeout=120_000)
+    assert cams.locator("button.nbd-method").count() == len(kernel_json(page, "cams.methods")) == 6
+    flagged = kernel_json(page, "[m for m, r in cams.sanity.items() if r >= __import__('nbdebug.inspectors.sanity').inspectors.sanity.THRESHOLD]")
+    assert "eigencam" in flagged, flagged
+    assert wait_canvas_nonblank(page, ".nbdebug-gradcam canvas.nbd-overlay", minimum=1000, timeout=180_000) >= 1000
+    _shoot(page, "real-gradcam-methods", cams)

@@ -238,3 +238,52 @@ def test_offloaded(op: str, offloaded: Any, record_property: Any) -> None:
     C.equal(got, want, 1e-4)
     before.same(m)
     same_state(state, accelerate_state(m))
+
+
+def embeds_cell(model: torch.nn.Module) -> None:
+    model(inputs_embeds=model.get_input_embeddings()(C.prompts()[0]).detach())
+
+
+@pytest.mark.parametrize(("mode", "op"), [("not_applicable", "attribution"), ("not_applicable", "cams"),
+                                          ("inputs_embeds", "attribution"), ("inputs_embeds", "patching")])
+def test_view_does_not_apply(mode: str, op: str, record_property: Any) -> None:
+    """A model or a call the view cannot serve (a CNN for attribution, a language model for the CAMs,
+    no token ids): a one-line note, nothing left on the model."""
+    record_property("cell", (mode, op))
+    model = M.tiny_cnn().eval() if (mode, op) == ("not_applicable", "attribution") else M.tiny_lm("gpt2")
+    before = C.Snapshot(model)
+    opts = C.view_options(op, model) if hasattr(model, "config") or op != "attribution" else {"answer": C.ANSWER}
+    with nbdebug.debug(model, view=C.VIEW_OPS[op], **opts) as dbg:
+        if mode == "inputs_embeds":
+            embeds_cell(model)
+        else:
+            model(M.image() if op == "attribution" else C.prompts()[0])
+    results = dbg.results  # settles the views (a view that does not apply is skipped then)
+    note = str(dbg.skipped.get(C.VIEW_OPS[op], ""))
+    assert C.VIEW_OPS[op] not in results and one_line(note), (results, note)
+    record_property("note", note)
+    before.same(model)
+
+
+@pytest.mark.parametrize("op", ["patching", "attribution"])
+def test_view_over_generate(op: str, record_property: Any) -> None:
+    """A cell that calls ``generate()``: the view's clean run / prompt is the prompt (equal to the plain
+    hooks / hand gradient); attribution offers the generated tokens, and picking the k-th equals
+    ``nbdebug.attribute`` on the prompt and the k tokens before it with that token as the answer."""
+    record_property("cell", ("generate", op))
+    model = M.tiny_lm("gpt2")
+    before = C.Snapshot(model)
+    x = C.prompts()[0]
+    with nbdebug.debug(model, view=op, **C.view_options(op, model)) as dbg:
+        seq = model.generate(x, max_new_tokens=M.NEW_TOKENS, do_sample=False, pad_token_id=0)
+    res = dbg.results[op]
+    C.equal(C.view_content(op, res), C.reference(op, model), 1e-5)
+    if op == "attribution":
+        w = dbg.widget()
+        assert len(w.generated) == M.NEW_TOKENS
+        content, _ = w.handle_request("attribution", {"method": "grad_x_input", "pick": 2})
+        n = x.shape[1] + 2
+        ref = nbdebug.attribute(model, seq[:, :n], int(seq[0, n]), C.WRONG)
+        C.equal({"scores": content["result"]["scores"]}, {"scores": ref.scores}, 1e-6)
+        w.close()
+    before.same(model)

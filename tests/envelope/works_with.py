@@ -112,6 +112,7 @@ SHORT: list[tuple[str, str]] = [
     ("could not find the list of transformer blocks", "not a transformer"),
     ("raised before any layer produced an output", "the model raised first"),
     ("the model raised", "the model raised"),
+    ("was not called with token ids", "no token ids"),
 ]
 
 

@@ -3,7 +3,9 @@
 // token, blue the other way; text black or white by contrast.ts textOn, AA), a method switch whose
 // answer the kernel computes on demand (rpc "attribution"), the deletion curve against the mean of
 // random orders, and integrated gradients' completeness gap with a warning and "more steps" / "keep
-// the first token" buttons when it misses by more than 5 %. Tokens are model text: textContent only.
+// the first token" buttons when it misses by more than 5 %. After generate(), the generated tokens are
+// listed: clicking one asks the kernel for that token as the answer over its prefix (rpc param "pick";
+// -1: the --answer over the prompt). Tokens are model text: textContent only.
 import { Chart, chartCss } from "./lib/chart";
 import { cssColor } from "./lib/colormap";
 import { textOn } from "./lib/contrast";
@@ -61,6 +63,12 @@ const CSS = `
 .nbdebug-attribution .nbd-spark-line { fill: none; stroke-width: 1.5; }
 .nbdebug-attribution .nbd-attr-deletion { stroke: #d62728; }
 .nbdebug-attribution .nbd-attr-random { stroke: #7f7f7f; stroke-dasharray: 4 3; }
+.nbdebug-attribution .nbd-attr-gen-row { display: flex; flex-wrap: wrap; gap: 3px; align-items: center; margin: 4px 0;
+  font-family: var(--jp-code-font-family, ui-monospace, Menlo, Consolas, monospace); }
+.nbdebug-attribution .nbd-attr-gen { padding: 1px 4px; border: 1px solid var(--nbd-border); border-radius: 3px; background: transparent;
+  color: inherit; font: inherit; white-space: pre; cursor: pointer; }
+.nbdebug-attribution .nbd-attr-gen.nbd-attr-picked { border: 2px solid var(--nbd-fg); font-weight: 700; }
+.nbdebug-attribution .nbd-attr-gen-label { font-family: var(--jp-ui-font-family, system-ui, sans-serif); color: var(--nbd-fg2); margin-right: 4px; }
 .nbdebug-attribution .nbd-error { color: #b71c1c; white-space: pre-wrap; }
 ${chartCss(".nbdebug-attribution")}
 ${LEGEND_CSS}
@@ -96,14 +104,20 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   let data: AttrData = model.get("data");
   let busy = false;
 
-  const ask = (params: { method: string; steps?: number; fix_first?: boolean }) => {
+  const genRow = h("div", { class: "nbd-attr-gen-row" });
+  let pick = Number(model.get("pick") ?? -1);
+
+  const ask = (params: { method: string; steps?: number; fix_first?: boolean; pick?: number }) => {
     if (busy) return;
     busy = true;
     status.textContent = `computing ${METHOD_LABELS[params.method] ?? params.method} in the kernel…`;
-    const full = { steps: Number(model.get("steps") ?? 64), fix_first: Boolean(model.get("fix_first")), ...params };
+    const gen = (model.get("generated") ?? []).length > 0; // pick is sent only after a generation
+    const full: { method: string; steps: number; fix_first: boolean; pick?: number } = {
+      steps: Number(model.get("steps") ?? 64), fix_first: Boolean(model.get("fix_first")), ...(gen ? { pick } : {}), ...params };
     rpc<AttrData>(model, "attribution", full, 600_000)
       .then((answer) => {
         data = answer.result;
+        pick = full.pick ?? -1;
         status.textContent = "";
         draw();
       })
@@ -119,15 +133,34 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const methodSel = select(methods.map((m) => [m, METHOD_LABELS[m] ?? m]), data?.method ?? methods[0], "nbd-attr-method",
     (m) => ask({ method: m }));
 
-  root.append(head, h("div", { class: "nbd-attr-controls" }, [h("label", {}, ["method ", methodSel])]), status, tokens, legend,
+  root.append(head, h("div", { class: "nbd-attr-controls" }, [h("label", {}, ["method ", methodSel])]), genRow, status, tokens, legend,
     completeness, h("div", { class: "nbd-attr-title", text: "deletion: m while tokens are replaced by the baseline, most attributed first (red) vs random orders (grey)" }),
     chart.el, auc, notes, errorBox);
   el.appendChild(root);
+
+  /** The generated tokens as buttons (none without a generation); the picked one outlined. */
+  function drawGenerated(): void {
+    const gen: string[] = (model.get("generated") ?? []).map(String);
+    if (!gen.length) {
+      replaceChildren(genRow, []);
+      return;
+    }
+    const chip = (text: string, k: number, title: string) => h("button", {
+      class: k === pick ? "nbd-attr-gen nbd-attr-picked" : "nbd-attr-gen", text, data: { index: k }, attrs: { title },
+      on: { click: () => ask({ method: data.method, pick: k }) },
+    });
+    replaceChildren(genRow, [
+      h("span", { class: "nbd-attr-gen-label", text: "generated — click a token to explain it (over the tokens before it):" }),
+      chip("--answer", -1, "the --answer token over the prompt"),
+      ...gen.map((t, k) => chip(t, k, `explain generated token ${k + 1} over the prompt and the ${k} tokens generated before it`)),
+    ]);
+  }
 
   function draw(): void {
     try {
       const d = data;
       methodSel.value = d.method;
+      drawGenerated();
       head.textContent = `why? ${d.label} = ${fmt(d.metric)} · ${METHOD_LABELS[d.method] ?? d.method}`;
       const peak = Math.max(0, ...d.scores.map((s) => Math.abs(s)).filter(Number.isFinite));
       replaceChildren(tokens, d.tokens.map((t, i) => {

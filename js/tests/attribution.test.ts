@@ -65,3 +65,35 @@ describe("attribution view", () => {
     expect(m.sent[2].content.params).toMatchObject({ method: "integrated_gradients", fix_first: true });
   });
 });
+
+describe("attribution view after generate()", () => {
+  it("lists the generated tokens as text and asks the kernel for the clicked one as the answer", async () => {
+    const m = new FakeModel({ data: data(), method: "grad_x_input", methods: ["grad_x_input", "occlusion"], steps: 64, fix_first: false,
+      js_error: "", generated: [" Paris", HOSTILE, "."], pick: -1 });
+    const picked = data({ label: "logit['.'] - logit[' Rome']", tokens: ["The", HOSTILE, " Tower", " Paris", HOSTILE], scores: [1, 2, 3, 4, 5] });
+    m.respond = (c) => (c.type === "request" ? { msg: { type: "response", id: c.id, ok: true, result: picked, arrays: {} } } : null);
+    const el = mount(attribution.render as any, m);
+    const chips = Array.from(el.querySelectorAll<HTMLButtonElement>(".nbd-attr-gen"));
+    expect(chips.map((c) => c.textContent)).toEqual(["--answer", " Paris", HOSTILE, "."]);
+    expect(el.querySelector("img")).toBeNull();
+    expect(chips[0].classList.contains("nbd-attr-picked")).toBe(true);
+    chips[3].click();
+    await tick();
+    expect(m.sent[0].content.params).toEqual({ method: "grad_x_input", steps: 64, fix_first: false, pick: 2 });
+    expect(Array.from(el.querySelectorAll(".nbd-attr-score")).map((e) => e.textContent)).toEqual(["1", "2", "3", "4", "5"]);
+    const now = Array.from(el.querySelectorAll<HTMLButtonElement>(".nbd-attr-gen"));
+    expect(now[3].classList.contains("nbd-attr-picked")).toBe(true);
+    expect(now[0].classList.contains("nbd-attr-picked")).toBe(false);
+    // the method switch keeps the picked token
+    const sel = el.querySelector<HTMLSelectElement>(".nbd-attr-method")!;
+    sel.value = "occlusion";
+    sel.dispatchEvent(new Event("change"));
+    await tick();
+    expect(m.sent[1].content.params).toMatchObject({ method: "occlusion", pick: 2 });
+  });
+
+  it("shows no generated row without a generation", () => {
+    const el = mount(attribution.render as any, model());
+    expect(el.querySelectorAll(".nbd-attr-gen").length).toBe(0);
+  });
+});

@@ -4,9 +4,11 @@ the cell's forward.
 While the cell runs it only remembers the model's first top-level call (``ModelCall``: no other hook).
 Afterwards :func:`nbdebug.attribute` runs on that call's input ids (row ``--seq-index``, padding
 dropped) with ``--answer``/``--wrong`` (text with ``--tokenizer``, an id or ``#id``) and
-``--attr-method``; after ``generate()`` the prompt is the input. Without ``--answer`` the view is a
-one-line note (so ``--view all`` never starts an attribution nobody asked for). The widget asks for
-other methods on demand (the model held weakly).
+``--attr-method``; after ``generate()`` the prompt is the input, and the generated tokens are offered:
+picking the k-th makes it the answer, attributed over the prompt and the k tokens generated before
+it (those ids reused from the generation, one attribution per pick, not a generation per token).
+Without ``--answer`` the view is a one-line note (so ``--view all`` never starts an attribution
+nobody asked for). The widget asks for other methods and picks on demand (the model held weakly).
 
 >>> with AttributionRecorder(model, tokenizer=tok, answer=" Paris", wrong=" Rome") as rec:  # doctest: +SKIP
 ...     model(**tok("The Eiffel Tower is in the city of", return_tensors="pt"))
@@ -45,22 +47,41 @@ def token_option(value: Any, tokenizer: Any) -> Any:
 
 class AttributionSession:
     """What the view's method switch re-runs: the prompt, answer/wrong and options, the model held
-    weakly; each ``(method, steps, fix_first)`` computed once."""
+    weakly; each ``(method, steps, fix_first, pick)`` computed once.
+
+    ``generated``: the ids ``generate()`` appended to the prompt (empty without a generation); pick
+    ``k`` attributes ``generated[k]`` over ``ids`` followed by ``generated[:k]`` (the prefix the
+    generation itself ran on); pick ``None`` is ``answer`` over ``ids``."""
 
     def __init__(self, model: nn.Module, ids: torch.Tensor, answer: Any, wrong: Any, tokenizer: Any,
-                 steps: int, fix_first: bool, max_bytes: Any) -> None:
+                 steps: int, fix_first: bool, max_bytes: Any, generated: list[int] | None = None) -> None:
         self.model_ref: ModelRef[nn.Module] = ModelRef(model)
         self.ids, self.answer, self.wrong, self.tokenizer = ids, answer, wrong, tokenizer
         self.steps, self.fix_first, self.max_bytes = steps, fix_first, max_bytes
-        self.results: dict[tuple[str, int, bool], Attribution] = {}
+        self.generated: list[int] = list(generated or [])
+        self.results: dict[tuple[str, int, bool, int | None], Attribution] = {}
 
-    def get(self, method: str, steps: int | None = None, fix_first: bool | None = None) -> Attribution:
-        """The attribution by ``method`` (``steps``/``fix_first`` default to the view's options)."""
+    def prefix(self, pick: int | None) -> tuple[torch.Tensor, Any]:
+        """``(ids (1, T), answer)`` of ``pick``: the prompt and ``answer``, or the prefix before the
+        ``pick``-th generated token and that token's id."""
+        if pick is None:
+            return self.ids, self.answer
+        if not 0 <= pick < len(self.generated):
+            raise ValueError(f"pick {pick}: the generation has {len(self.generated)} new tokens")
+        before = torch.tensor([self.generated[:pick]], dtype=self.ids.dtype)
+        return torch.cat([self.ids, before], 1), self.generated[pick]
+
+    def get(self, method: str, steps: int | None = None, fix_first: bool | None = None,
+            pick: int | None = None) -> Attribution:
+        """The attribution by ``method`` (``steps``/``fix_first`` default to the view's options) of
+        ``pick`` (None: ``answer`` over the prompt; k: the k-th generated token over its prefix)."""
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; one of {METHODS}")
-        key = (method, int(steps or self.steps), self.fix_first if fix_first is None else bool(fix_first))
+        key = (method, int(steps or self.steps), self.fix_first if fix_first is None else bool(fix_first),
+               None if pick is None else int(pick))
         if key not in self.results:
-            self.results[key] = attribute(self.model_ref.get(), self.ids, self.answer, self.wrong,
+            ids, answer = self.prefix(key[3])
+            self.results[key] = attribute(self.model_ref.get(), ids, answer, self.wrong,
                                           tokenizer=self.tokenizer, method=method, steps=key[1],
                                           fix_first=key[2], max_bytes=self.max_bytes)
         return self.results[key]
@@ -120,6 +141,16 @@ class AttributionRecorder(Recorder):
             row = row[keep.to(row.device)]
         return row[None].detach().cpu(), None
 
+    def _generated(self) -> list[int]:
+        """The ids ``generate()`` (or a KV-cache decoding loop) appended to row ``--seq-index``."""
+        final = self._call.final_sequence() if self._call.generated else None
+        if final is None:
+            return []
+        seq, n0, _how = final
+        if not 0 <= self.seq_index < seq.shape[0] or n0 <= 0:
+            return []
+        return [int(t) for t in seq[self.seq_index, n0:].tolist()]
+
     def applies(self) -> str | None:
         if self._result is None and self._why is None:
             ids, why = self._prompt()
@@ -128,7 +159,7 @@ class AttributionRecorder(Recorder):
                 return why
             assert ids is not None
             self._session = AttributionSession(self.model, ids, self.answer, self.wrong, self.tokenizer, self.steps,
-                                               self.fix_first, self.max_bytes)
+                                               self.fix_first, self.max_bytes, generated=self._generated())
             self._result = self._session.get(self.method)
         return self._why
 

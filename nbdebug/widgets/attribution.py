@@ -2,7 +2,8 @@
 the wrong token, blue pushes the other way), a method switch answered by the kernel on demand
 (``@rpc("attribution")``), the deletion curve against the mean of random orders, and integrated
 gradients' completeness gap with a "more steps" / "keep the first token" hint when it misses by more
-than 5 %.
+than 5 %. After ``generate()`` the generated tokens are listed (``generated``); clicking one asks the
+kernel for that token as the answer over its prefix (``pick``; -1: the ``--answer`` over the prompt).
 
 Synced state is one attribution as JSON (``data``: tokens, scores, curves; a few KB), the method shown
 and the methods offered. Tokens are model text: ``textContent`` in the browser, escaped here.
@@ -18,6 +19,7 @@ import traitlets
 
 from ..attribution import Attribution
 from ..attribution.methods import METHODS
+from ..workbench.metric import token_labels
 from ._base import NBWidget, rpc
 
 __all__ = ["AttributionWidget", "diverging_rgb"]
@@ -46,28 +48,37 @@ class AttributionWidget(NBWidget):
     #: the view's integrated-gradients steps and baseline option (what the switch asks for by default)
     steps = traitlets.Int(64).tag(sync=True)
     fix_first = traitlets.Bool(False).tag(sync=True)
+    #: the generated tokens (labels; empty without a generation) and the one shown as the answer (-1: --answer)
+    generated = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    pick = traitlets.Int(-1).tag(sync=True)
 
     def __init__(self, result: Attribution, session: Any = None, **kwargs: Any) -> None:
         steps = getattr(session, "steps", result.steps or 64)
         fix_first = getattr(session, "fix_first", "first token fixed" in result.baseline)
-        super().__init__(data=result.to_dict(), method=result.method, steps=steps, fix_first=fix_first, **kwargs)
+        gen = list(getattr(session, "generated", []) or [])
+        labels = token_labels(getattr(session, "tokenizer", None), gen) if gen else []
+        super().__init__(data=result.to_dict(), method=result.method, steps=steps, fix_first=fix_first,
+                         generated=labels, **kwargs)
         self.result = result
         self.session = session
 
     @rpc("attribution")
     def _attribution(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The attribution by ``method`` (``steps``, ``fix_first`` optional), computed on first request."""
+        """The attribution by ``method`` (``steps``, ``fix_first`` optional) of ``pick`` (the k-th
+        generated token as the answer; -1 or absent: the view's current pick), computed on first request."""
         method = str(params.get("method") or self.method)
+        pick = int(params["pick"]) if params.get("pick") is not None else self.pick
         if self.session is None:
-            if method != self.result.method:
+            if method != self.result.method or pick != self.pick:
                 raise ValueError(f"only {self.result.method} was computed (no model to run {method})")
             res = self.result
         else:
             steps = params.get("steps")
             fix = params.get("fix_first")
-            res = self.session.get(method, int(steps) if steps else None, None if fix is None else bool(fix))
+            res = self.session.get(method, int(steps) if steps else None, None if fix is None else bool(fix),
+                                   None if pick < 0 else pick)
         self.result = res
-        self.method = res.method
+        self.method, self.pick = res.method, pick
         return res.to_dict(), {}
 
     def fallback_html(self) -> str:
@@ -96,7 +107,9 @@ class AttributionWidget(NBWidget):
         """Every method already computed (a saved page switches between those)."""
         if self.session is None:
             return [("attribution", {"method": self.result.method})]
-        return [("attribution", {"method": m, "steps": s, "fix_first": f}) for (m, s, f) in self.session.results]
+        gen = bool(self.session.generated)  # the browser sends a pick only after a generation
+        return [("attribution", {"method": m, "steps": s, "fix_first": f, **({"pick": -1 if k is None else k} if gen else {})})
+                for (m, s, f, k) in self.session.results]
 
     def __repr__(self) -> str:
         return f"AttributionWidget({self.result!r})"

@@ -58,3 +58,31 @@ def test_tokens_and_method_switch(page, lab) -> None:  # type: ignore[no-untyped
     widget.locator("select.nbd-attr-method").select_option("integrated_gradients")
     page.wait_for_function(f"document.querySelector('{W}').textContent.includes('completeness')", timeout=60_000)
     screenshot(page, "attribution_lab", widget)
+
+
+GEN_CELLS = ["%load_ext nbdebug", SETUP,
+             "%%nndebug model --view attribution --answer d --wrong f --tokenizer tok -o a\n"
+             "seq = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)"]
+
+
+def test_pick_a_generated_token(page, lab) -> None:  # type: ignore[no-untyped-def]
+    """Over generate(): the generated tokens are listed as text; clicking the third makes it the answer,
+    the kernel attributes it over the prompt and the two tokens before it (equal to nbdebug.attribute
+    on those ids) and the browser draws those scores."""
+    write_notebook(lab.root, "attribution_generate_lab", GEN_CELLS)
+    open_and_run(page, lab, "attribution_generate_lab")
+    widget = wait_widget(page, "attribution")
+    gen = kernel_json(page, "[tok.decode([t]) for t in seq[0, 6:].tolist()]")
+    chips = widget.locator("button.nbd-attr-gen")
+    assert chips.all_text_contents() == ["--answer", *gen]
+    assert page.locator('img[src="x"]').count() == 0 and page.evaluate("window.__pwned") is None
+    chips.nth(3).click()  # generated token k = 2
+    page.wait_for_function(f"document.querySelector('{W} button.nbd-attr-gen.nbd-attr-picked')?.dataset.index === '2'", timeout=120_000)
+    page.wait_for_function(f"document.querySelectorAll('{W} .nbd-attr-score').length === 8", timeout=60_000)
+    kernel = kernel_json(page, "{'pick': _nndebug_widget.pick, 'scores': [float(s) for s in _nndebug_widget.result.scores], "
+                               "'ref': [float(s) for s in __import__('nbdebug').attribute(model, seq[:, :8], int(seq[0, 8]), 5, tokenizer=tok).scores]}")
+    assert kernel["pick"] == 2 and kernel["scores"] == pytest.approx(kernel["ref"], rel=1e-6, abs=1e-9)
+    shown = [float(s) for s in widget.locator(".nbd-attr-score").all_text_contents()]
+    assert shown == [pytest.approx(s, rel=0.02, abs=1e-3 * max(abs(x) for x in kernel["scores"])) for s in kernel["scores"]]
+    assert widget.locator(".nbd-attr-text").all_text_contents() == ["a", HOSTILE, "h", "e", "l", "o", *gen[:2]]
+    screenshot(page, "attribution_generate_lab", widget)

@@ -31,9 +31,9 @@ def copies(tmp_path: Path, outcomes: dict[tuple[str, str], str]) -> tuple[Path, 
 def test_tables_in_both_renderings() -> None:
     full = W.table_lines(RUN)
     brief = W.table_lines(RUN, brief=True)
-    assert full[2] == "| plain forward (train-mode BatchNorm) | ✓ | — | ✓ | — | — | ✓ |"
-    assert full[3] == "| exception mid-cell | ✓ | — | note: the model raised during its first call, so there are no class scores … | — | — | — |"
-    assert brief[3] == "| exception mid-cell | ✓ | — | note: the model raised | — | — | — |"
+    assert full[2] == "| plain forward (train-mode BatchNorm) | ✓ | — | ✓ | — | — | ✓ | — | — | — | — | — | — |"
+    assert full[3] == "| exception mid-cell | ✓ | — | note: the model raised during its first call, so there are no class scores … | — | — | — | — | — | — | — | — | — |"
+    assert brief[3] == "| exception mid-cell | ✓ | — | note: the model raised | — | — | — | — | — | — | — | — | — |"
     assert W.merge(["✓", "✗"]) == "partly (✓, ✗)" and W.merge([]) == "—" and W.merge(["✗"]) == "✗"
     assert W.short("an unknown | note") == "an unknown / note"
 

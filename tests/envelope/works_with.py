@@ -8,7 +8,7 @@ with that one-line note), or ``✗`` (failed, or a strict xfail).
 
 >>> outcomes = {("plain", "thermometer"): "✓", ("plain", "all[cnn]"): "✓"}
 >>> table_lines(outcomes)[-1]
-'| plain forward (train-mode BatchNorm) | ✓ | — | — | — | — | ✓ |'
+'| plain forward (train-mode BatchNorm) | ✓ | — | — | — | — | ✓ | — | — | — | — | — | — |'
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ DOCS = ROOT / "docs" / "works-with.md"
 BEGIN = "<!-- works-with table: written by tests/envelope (NBDEBUG_WORKS_WITH=1 pytest tests/envelope); do not edit by hand -->"
 END = "<!-- end of the works-with table -->"
 
-VIEWS = ["thermometer", "featuremaps", "gradcam", "attention", "logitlens", "all"]
+VIEWS = ["thermometer", "featuremaps", "gradcam", "attention", "logitlens", "all", "patch", "ablate", "steer", "patching", "attribution", "cams"]
 LABELS = {
     "plain": "plain forward (train-mode BatchNorm)",
     "no_grad": "`torch.no_grad()`",
@@ -93,6 +93,8 @@ LABELS = {
     "input_grad": "input with `requires_grad` (saliency)",
     "budget0": "`--max-bytes 0` (nothing kept beyond stats)",
     "del_model": "`del model` afterwards (freed)",
+    "interrupt_mid": "KeyboardInterrupt mid-grid / mid-attribution / mid-`generate()` (API)",
+    "exception_mid": "exception mid-grid / mid-attribution / in the `with` block (API)",
     "not_applicable": "view does not apply (MLP / CNN)",
     "reruns": "100 re-runs of the cell",
 }
@@ -110,6 +112,7 @@ SHORT: list[tuple[str, str]] = [
     ("could not find the list of transformer blocks", "not a transformer"),
     ("raised before any layer produced an output", "the model raised first"),
     ("the model raised", "the model raised"),
+    ("was not called with token ids", "no token ids"),
 ]
 
 

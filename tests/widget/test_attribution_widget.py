@@ -61,6 +61,48 @@ def test_magic_view_result_switch_and_hygiene(shell: Any) -> None:
     assert same_fingerprint(fp, fingerprint(m)) == [] and hook_count(m) == hooks
 
 
+def test_pick_a_generated_token_as_the_answer(shell: Any) -> None:
+    """Over ``generate()``: the widget lists the generated tokens; picking the k-th attributes that token
+    over the prompt and the k tokens generated before it, equal to ``nbdebug.attribute`` on those ids
+    with that answer id; the default stays ``--answer`` over the prompt; the model is left as found."""
+    m = tiny_lm("gpt2")
+    shell.user_ns.update(model=m, ids=IDS, tok=Tok(), torch=torch)
+    fp, hooks = fingerprint(m), hook_count(m)
+    res = shell.run_cell("%%nndebug model --view attribution --answer d --wrong f --tokenizer tok -o a\n"
+                         "seq = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)")
+    assert res.success, res.error_in_exec
+    seq = shell.user_ns["seq"]
+    gen = seq[0, IDS.shape[1]:].tolist()
+    assert len(gen) == 4
+    w = shell.user_ns["_nndebug_widget"]
+    assert w.generated == [Tok().decode([t]) for t in gen] and w.pick == -1
+    np.testing.assert_allclose(shell.user_ns["a"].scores, nbdebug.attribute(m, IDS, 3, 5).scores, rtol=1e-6)
+    for k in (0, 2, 3):
+        content, _ = w.handle_request("attribution", {"method": "grad_x_input", "steps": 64, "fix_first": False, "pick": k})
+        ref = nbdebug.attribute(m, seq[:, :IDS.shape[1] + k], gen[k], 5, tokenizer=Tok(), method="grad_x_input")
+        np.testing.assert_allclose(content["result"]["scores"], ref.scores, rtol=1e-6)
+        assert content["result"]["tokens"] == ref.tokens and len(ref.tokens) == IDS.shape[1] + k
+        assert content["result"]["label"] == ref.label and w.pick == k
+    # the method switch keeps the pick (no pick in the request: the view's current one)
+    content, _ = w.handle_request("attribution", {"method": "occlusion"})
+    ref = nbdebug.attribute(m, seq[:, :IDS.shape[1] + 3], gen[3], 5, tokenizer=Tok(), method="occlusion")
+    np.testing.assert_allclose(content["result"]["scores"], ref.scores, rtol=1e-6)
+    content, _ = w.handle_request("attribution", {"method": "grad_x_input", "pick": -1})  # back to --answer
+    np.testing.assert_allclose(content["result"]["scores"], nbdebug.attribute(m, IDS, 3, 5).scores, rtol=1e-6)
+    with pytest.raises(ValueError, match="4 new tokens"):
+        w.handle_request("attribution", {"method": "grad_x_input", "pick": 4})
+    assert ("attribution", {"method": "grad_x_input", "steps": 64, "fix_first": False, "pick": 2}) in w.export_requests()
+    assert same_fingerprint(fp, fingerprint(m)) == [] and hook_count(m) == hooks
+
+
+def test_no_generated_tokens_without_a_generation(shell: Any) -> None:
+    m = tiny_lm("gpt2")
+    shell.user_ns.update(model=m, ids=IDS, tok=Tok(), torch=torch)
+    assert shell.run_cell("%%nndebug model --view attribution --answer d --tokenizer tok\nout = model(ids)").success
+    w = shell.user_ns["_nndebug_widget"]
+    assert w.generated == [] and all("pick" not in p for _, p in w.export_requests())
+
+
 def test_magic_options_ids_and_usage_errors(shell: Any) -> None:
     from IPython.core.error import UsageError
 

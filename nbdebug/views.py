@@ -185,7 +185,7 @@ register(
         help="why A, not B? each input token's contribution to logit[answer] - logit[wrong] (gradient x input, integrated gradients, occlusion), with a faithfulness curve (uses --tokenizer, --seq-index)",
         recorder="nbdebug.recorders.attribution:AttributionRecorder",
         arguments=(
-            (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="attribution, patching: the answer token: text with --tokenizer (one token, e.g. ' Paris'), a token id or #id (attribution after generate(): default the first generated token)")),
+            (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="attribution, patching: the answer token: text with --tokenizer (one token, e.g. ' Paris'), a token id or #id (attribution after generate(): the view also lists the generated tokens, a click explains one over its prefix)")),
             (("--wrong",), dict(default=None, dest="wrong", metavar="TOKEN", help="attribution, patching: the competing token, the metric is logit[answer] - logit[wrong] (without it: attribution explains the answer's logit, patching its log-probability)")),
             (("--attr-method",), dict(default=None, dest="attr_method", choices=["grad_x_input", "integrated_gradients", "occlusion"], help="attribution: the method shown first (default grad_x_input; the view switches on demand)")),
             (("--steps",), dict(type=int, default=None, dest="ig_steps", metavar="N", help="attribution: integrated-gradients steps (default 64)")),

@@ -276,6 +276,9 @@ def test_seeing_to_testing_tutorial_story_holds() -> None:
     verified = re.findall(r"^  block\s+(\d+) head (\d+): estimate ([-+\d.]+), exact ([-+\d.]+)$", text, re.M)
     assert len(verified) == 10, text
     assert max(abs(float(e)) for *_, e in verified) > 0.3, verified
+    assert verified[0][:2] == ("23", "4") and float(verified[0][3]) > 0.4, verified  # "block 23 head 4, about +0.5"
+    sign = re.search(r"^sign of the estimate right for (\d+) of (\d+) heads", text, re.M)
+    assert sign and int(sign.group(1)) <= int(sign.group(2)), text
     movers = re.search(r"^heads whose exact effect > 0.2: (\[.+\])$", text, re.M)
     assert movers and movers.group(1) != "[]", text
     abl = re.search(r"^clean metric ([-\d.]+); with heads .* zeroed ([-\d.]+) \(Δ ([-+\d.]+)\)$", text, re.M)
@@ -287,6 +290,7 @@ def test_seeing_to_testing_tutorial_story_holds() -> None:
     runs = re.findall(r"^   plain: (.*)\n   \+4·v : (.*)\n   −4·v : (.*)$", text, re.M)
     assert len(runs) == 2, text
     assert all(up != plain and down != plain for plain, up, down in runs), runs  # "the printed texts differ"
+    assert "warm" in runs[1][1] and "nightmare" in runs[1][2], runs  # the text quotes these
     again = re.search(r"^plain again: (.*)$", text, re.M)
     assert again and again.group(1) == runs[0][0], text
     cnn = re.search(r"^p\(cat class\) clean ([\d.]+); top-20 channels zeroed ([\d.]+) \(Δ [-+\d.]+\); 20 random channels zeroed ([\d.]+)", text, re.M)

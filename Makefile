@@ -50,9 +50,10 @@ NUMPY_PATH_TESTS := $(addprefix tests/unit/test_,capture.py capture_modes.py cap
     history_flags.py incidents.py diagnoses.py groups.py fold_paths.py)
 test-numpy-path = NBDEBUG_NATIVE=0 $(PY) -m pytest $(XDIST) $(NUMPY_PATH_TESTS) $(PYTEST_ARGS)
 # Two workers (pytest-xdist): the browser, notebook and model tests wait on kernels and chromium as
-# much as they compute, so the tiers take ~half the time on 2 cores. The real-use matrix runs in one
-# process of its own: its Works-with table is checked against the whole tier's outcomes at the end.
-XDIST ?= -n 2
+# much as they compute, so the tiers take ~half the time on 2 cores. `--dist loadgroup`: the tests of
+# one tutorial run on one worker, which executes the notebook once for all of them (tests/notebooks).
+# The real-use matrix runs in one process of its own: its Works-with table is checked against the whole tier's outcomes at the end.
+XDIST ?= -n 2 --dist loadgroup
 test-all-tiers = $(PY) -m pytest $(XDIST) --ignore=tests/envelope $(PYTEST_ARGS) && $(PY) -m pytest tests/envelope $(PYTEST_ARGS)
 
 test: setup

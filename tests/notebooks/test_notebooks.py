@@ -105,14 +105,29 @@ def test_first_code_cell_names_what_is_missing(path: pathlib.Path, monkeypatch: 
     assert str(err.value) == f"this tutorial needs: {hidden} ({needs[hidden]})"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs(path: pathlib.Path) -> None:
+def group(prefix: str) -> pytest.MarkDecorator:
+    """Tests of one tutorial share a pytest-xdist worker (``--dist loadgroup``), so that the tutorial is
+    executed once for all of them (:func:`executed`)."""
+    return pytest.mark.xdist_group(f"tutorial-{prefix}")
+
+
+@functools.cache
+def executed(prefix: str) -> nbformat.NotebookNode:
+    """The tutorial whose name starts with ``prefix``, run top to bottom (widget state stored): once per
+    process, for :func:`test_notebook_runs` and the tutorial's story test alike."""
+    path = next(p for p in NOTEBOOKS if p.name.startswith(prefix))
     nb = nbformat.read(path, as_version=4)
     # Tutorials are stored without outputs so diffs stay readable and nothing stale is shown.
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{path.name} has stored outputs"
     client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}, store_widget_state=True)
     client.execute()
+    return nb
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [pytest.param(p, marks=group(p.name[:3])) for p in NOTEBOOKS], ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs(path: pathlib.Path) -> None:
+    nb = executed(path.name[:3])
     views = [
         o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
         if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
@@ -125,11 +140,10 @@ def test_notebook_runs(path: pathlib.Path) -> None:
         assert state[mid]["state"]["_esm"].startswith(("var ", "function", "import", "export", "(()", "\"use")), "front-end bundle embedded"
 
 
+@group("01_")
 def test_thermometer_tutorial_finds_each_bug() -> None:
     """The quickstart's story holds: each broken model's summary names its bug."""
-    path = next(p for p in NOTEBOOKS if p.name.startswith("01_"))
-    nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    nb = executed("01_")
     summaries = [
         o["data"]["text/plain"] for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
         if o.get("output_type") == "display_data" and "ThermometerWidget" in o.get("data", {}).get("text/plain", "")
@@ -144,9 +158,7 @@ def test_thermometer_tutorial_finds_each_bug() -> None:
 def _executed_text(prefix: str, results: bool = False) -> tuple[str, list[str]]:
     """Execute the tutorial whose name starts with ``prefix``; return its stdout text and the reprs of
     what it displayed (and, with ``results``, of the cells' values too)."""
-    path = next(p for p in NOTEBOOKS if p.name.startswith(prefix))
-    nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    nb = executed(prefix)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     text = "".join(o["text"] for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stdout")
     kinds = ("display_data", "execute_result") if results else ("display_data",)
@@ -155,6 +167,7 @@ def _executed_text(prefix: str, results: bool = False) -> tuple[str, list[str]]:
 
 
 @pytest.mark.models
+@group("02_")
 def test_cnn_tutorial_story_holds() -> None:
     """Tutorial 2: the top Grad-CAM class of the canvas is a cat on the cat's half, espresso is on
     the coffee's half, and the positive control (a pasted cup crop) pulls espresso's CAM into the patch."""
@@ -189,6 +202,7 @@ def test_cnn_tutorial_story_holds() -> None:
 
 
 @pytest.mark.models
+@group("03_")
 def test_transformer_tutorial_story_holds() -> None:
     """Tutorial 3: the attention summary counts [CLS] sinks; the logit lens's final row predicts
     " Paris" at the last position, and the notebook finds the row from which it stays top-1."""
@@ -220,6 +234,7 @@ def test_transformer_tutorial_story_holds() -> None:
     assert dl and float(dl.group(1)) < float(dl.group(2)), text
 
 
+@group("04_")
 def test_training_loop_tutorial_story_holds() -> None:
     """Tutorial 4: the doctor names the double softmax (overfit_batch) and passes the hand-written
     log-softmax; the live run finds the first Inf at step 20 in `logprobs` (forward, from finite
@@ -249,6 +264,7 @@ def test_training_loop_tutorial_story_holds() -> None:
 
 
 @pytest.mark.models
+@group("05_")
 def test_seeing_to_testing_tutorial_story_holds() -> None:
     """Tutorial 5: the patching view's resid grid is ROME's causal trace (the subject's last token
     restores " Paris" from block 0 into the middle blocks, then the last position takes over to the

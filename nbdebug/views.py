@@ -184,6 +184,7 @@ register(
         name="attribution",
         help="why A, not B? each input token's contribution to logit[answer] - logit[wrong] (gradient x input, integrated gradients, occlusion), with a faithfulness curve (uses --tokenizer, --seq-index)",
         recorder="nbdebug.recorders.attribution:AttributionRecorder",
+        in_all=False,
         arguments=(
             (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="attribution, patching: the answer token: text with --tokenizer (one token, e.g. ' Paris'), a token id or #id (attribution after generate(): the view also lists the generated tokens, a click explains one over its prefix)")),
             (("--wrong",), dict(default=None, dest="wrong", metavar="TOKEN", help="attribution, patching: the competing token, the metric is logit[answer] - logit[wrong] (without it: attribution explains the answer's logit, patching its log-probability)")),

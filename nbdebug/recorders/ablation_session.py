@@ -100,7 +100,7 @@ class AblationSession:
             target = wb.metric.answer if wb.metric.answer is not None else int(logits.argmax())
             resid = torch.stack([x[0, -1] for x in state.block_inputs])
             self.clean = {"metric": wb.metric_of("clean"), "label": wb.metric.label, "target": int(target),
-                          "top": top_tokens(logits, self.tokenizer),
+                          "top": top_tokens(logits, self.tokenizer), "resid": resid,
                           "lens": _lens_rows(wb, resid, logits, int(target))}
         return self.clean
 
@@ -117,8 +117,7 @@ class AblationSession:
         with self.bench() as wb:
             clean = self._clean(wb)
             run = wb.ablated("clean", heads=heads, layers=layers, channels=channels, mode=mode)
-            resid = torch.from_numpy(run.residual[:-1])
-            lens = _lens_rows(wb, resid, torch.from_numpy(run.logits), clean["target"])
+            lens = self._ablated_lens(wb, torch.from_numpy(run.residual[:-1]), torch.from_numpy(run.logits))
             names = ["embed"] + [n for n, _ in wb.pp.parts.blocks[:-1]] + ["output"]
         return {
             "site": run.site, "mode": mode, "metric_label": clean["label"], "metric_clean": clean["metric"],
@@ -130,6 +129,17 @@ class AblationSession:
             "seconds": time.perf_counter() - t0,
         }
 
+    def _ablated_lens(self, wb: Workbench, resid: torch.Tensor, logits: torch.Tensor) -> dict[str, list[Any]]:
+        """The ablated run's lens rows; the rows up to the first ablated block are the clean run's
+        (the same residual: not read through the unembedding again)."""
+        assert self.clean is not None
+        same = 0
+        clean_resid = self.clean["resid"]
+        while same < len(resid) and torch.equal(resid[same].to(clean_resid.dtype), clean_resid[same].cpu()):
+            same += 1
+        rest = _lens_rows(wb, resid[same:], logits, self.clean["target"])
+        return {k: self.clean["lens"][k][:same] + rest[k] for k in ("top", "p")}
+
 
 @torch.no_grad()
 def _lens_rows(wb: Workbench, resid: torch.Tensor, logits: torch.Tensor, target: int) -> dict[str, list[Any]]:
@@ -137,14 +147,17 @@ def _lens_rows(wb: Workbench, resid: torch.Tensor, logits: torch.Tensor, target:
     last position) through the final norm and unembedding (the logit lens), then the output ``logits (V,)``."""
     parts = wb.pp.parts
     mod = parts.unembed_module
-    with loaded_weights(mod) if mod is not None else nullcontext():
-        weight = mod.weight if mod is not None else parts.unembed_weight
-        bias = getattr(mod, "bias", None) if mod is not None else parts.unembed_bias
-        normed = parts.normed(resid.to(weight.device, weight.dtype))[:, None, :]
-        st = lens_stats(normed, weight.detach(), None if bias is None else bias.detach(), k=1,
-                        targets=torch.tensor([target], device=weight.device), softcap=parts.softcap)
-    top = [int(i) for i in st["top_ids"][:, 0, 0].tolist()]
-    p = [float(v) for v in st["target_prob"][:, 0].tolist()]
+    top: list[int] = []
+    p: list[float] = []
+    if len(resid):
+        with loaded_weights(mod) if mod is not None else nullcontext():
+            weight = mod.weight if mod is not None else parts.unembed_weight
+            bias = getattr(mod, "bias", None) if mod is not None else parts.unembed_bias
+            normed = parts.normed(resid.to(weight.device, weight.dtype))[:, None, :]
+            st = lens_stats(normed, weight.detach(), None if bias is None else bias.detach(), k=1,
+                            targets=torch.tensor([target], device=weight.device), softcap=parts.softcap)
+        top = [int(i) for i in st["top_ids"][:, 0, 0].tolist()]
+        p = [float(v) for v in st["target_prob"][:, 0].tolist()]
     z = torch.as_tensor(logits).detach().double().reshape(-1)
     probs = torch.softmax(z, -1)
     top.append(int(probs.argmax()))

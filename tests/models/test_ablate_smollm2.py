@@ -53,5 +53,10 @@ def test_ablation_click_on_smollm2(smollm2) -> None:  # type: ignore[no-untyped-
     want = float((za[paris] - za[rome]) - (z[paris] - z[rome]))
     assert got["delta"] == pytest.approx(want, rel=1e-3, abs=1e-4)
     assert len(got["lens"]["rows"]) == 31 and got["lens"]["target"] == " Paris"
-    assert click < 3.0  # ≤ 1 s on a quiet machine (the clean run is cached; blocks 20.. run again)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        model(ids)
+    forward = time.perf_counter() - t0
+    print(f"plain forward {forward:.3f} s")
+    assert click < 1.5 * forward + 0.2  # the clean run is cached; blocks 20.. run again, the lens rows from 21 on
     assert hook_count(model) == 0 and same_fingerprint(before, fingerprint(model)) == []

@@ -122,7 +122,7 @@ register(
 register(
     ViewSpec(
         name="attention",
-        help="attention heads: layers × heads grid with sink/entropy/previous-token metrics, a head's full matrix on click",
+        help="attention heads: layers × heads grid with sink/entropy/previous-token metrics, a head's full matrix on click, ablate the clicked heads (zero/mean) to see the effect (uses --answer/--wrong)",
         recorder="nbdebug.recorders.attention:AttentionRecorder",
         arguments=(
             (("--tokens",), dict(default=None, dest="tokens", metavar="VAR", help="variable holding the token strings (attention, logitlens)")),
@@ -186,8 +186,8 @@ register(
         recorder="nbdebug.recorders.attribution:AttributionRecorder",
         in_all=False,
         arguments=(
-            (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="attribution, patching: the answer token: text with --tokenizer (one token, e.g. ' Paris'), a token id or #id (attribution after generate(): the view also lists the generated tokens, a click explains one over its prefix)")),
-            (("--wrong",), dict(default=None, dest="wrong", metavar="TOKEN", help="attribution, patching: the competing token, the metric is logit[answer] - logit[wrong] (without it: attribution explains the answer's logit, patching its log-probability)")),
+            (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="attribution, patching, attention (a clicked head's ablation): the answer token: text with --tokenizer (one token, e.g. ' Paris'), a token id or #id (attribution after generate(): the view also lists the generated tokens, a click explains one over its prefix)")),
+            (("--wrong",), dict(default=None, dest="wrong", metavar="TOKEN", help="attribution, patching, attention: the competing token, the metric is logit[answer] - logit[wrong] (without it: attribution explains the answer's logit, patching and attention its log-probability)")),
             (("--attr-method",), dict(default=None, dest="attr_method", choices=["grad_x_input", "integrated_gradients", "occlusion"], help="attribution: the method shown first (default grad_x_input; the view switches on demand)")),
             (("--steps",), dict(type=int, default=None, dest="ig_steps", metavar="N", help="attribution: integrated-gradients steps (default 64)")),
             (("--fix-first",), dict(action="store_true", dest="fix_first", help="attribution: keep the first token's own embedding in the baseline (integrated gradients from zero then converges on models with a first-token sink)")),

@@ -7,9 +7,11 @@
 //
 // Parts: attention/data.ts (traits read once), header.ts (finding, legend, details), grid.ts (the
 // thumbnails, "outliers only"), peek.ts (the hover copy with token axes), detail.ts (the selected
-// heads, and the per-head action buttons: add a `HeadAction` to `ACTIONS` below).
+// heads, and the per-head action buttons: add a `HeadAction` in `actionsFor` below), ablate.ts (the
+// selected heads ablated in the kernel: Δ metric, top-5, lens diff).
 import { h, styleElement } from "./lib/dom";
 import type { AnyModel } from "./lib/rpc";
+import { AblatePanel, ABLATE_CSS } from "./attention/ablate";
 import { readData } from "./attention/data";
 import { HeadDetail, HEAD_COLORS, type HeadAction } from "./attention/detail";
 import { HeadGrid } from "./attention/grid";
@@ -17,9 +19,14 @@ import { header } from "./attention/header";
 import { Peek } from "./attention/peek";
 import { CSS } from "./attention/style";
 
-/** Per-head actions shown in the detail panel of the selected head (none yet). */
-function actionsFor(_model: AnyModel): HeadAction[] {
-  return [];
+/** Per-head actions shown in the detail panel of the selected head: ablate the selected heads. */
+function actionsFor(ablate: AblatePanel): HeadAction[] {
+  if (!ablate.enabled) return [];
+  const tip = "run the prompt again with the selected heads' outputs set to ";
+  return [
+    { label: "ablate (zero)", title: tip + "0", run: () => ablate.run("zero") },
+    { label: "ablate (mean)", title: tip + "their mean over the positions", run: () => ablate.run("mean") },
+  ];
 }
 
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
@@ -40,8 +47,9 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     model.save_changes();
   };
   const grid = new HeadGrid(d, peek, pick);
-  const detail = new HeadDetail(model, d, () => cmap, actionsFor(model));
-  root.append(styleElement(CSS), ...head.elements, detail.highlight, grid.el, detail.el, peek.el);
+  const ablate = new AblatePanel(model, selected);
+  const detail = new HeadDetail(model, d, () => cmap, actionsFor(ablate));
+  root.append(styleElement(CSS + ABLATE_CSS), ...head.elements, detail.highlight, grid.el, detail.el, ablate.el, peek.el);
   el.appendChild(root);
 
   const only = () => head.outliersOnly.checked && d.outliers.size > 0;
@@ -64,6 +72,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   });
   const onSel = () => {
     grid.markSelected(selected());
+    ablate.showSelection();
     void detail.draw();
   };
   const onMetric = () => {
@@ -88,6 +97,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   root.setAttribute("data-ready", "1");
   return () => {
     detail.disposed = true;
+    ablate.disposed = true;
     model.off("change:selected", onSel);
     model.off("change:metric", onMetric);
     model.off("change:token_range", onRange);

@@ -50,6 +50,8 @@ from ..inspectors.attention_qk import (
     summarize_qk,
 )
 from ._language import LanguageRecorder
+from .ablation_session import AblationSession, ablation_problem
+from .patching import token_option
 
 __all__ = ["AttentionRecorder"]
 
@@ -277,8 +279,28 @@ class AttentionRecorder(LanguageRecorder):
         if self._widget is None:
             from ..widgets.attention import AttentionWidget
 
-            self._widget = AttentionWidget(self.result())
+            res = self.result()
+            session, note = self._ablation()
+            self._widget = AttentionWidget(res, ablation=session, ablate_note=note)
         return self._widget
+
+    def _ablation(self) -> tuple[AblationSession | None, str]:
+        """The shown prompt's :class:`AblationSession` (a clicked head → ablate), or why there is none."""
+        model = self.model
+        note = ablation_problem(model)
+        if note:
+            return None, note
+        if self._ids is None:
+            return None, "ablation needs the input token ids of the shown call (none were seen)"
+        row = self._ids[min(self.batch_index, self._ids.shape[0] - 1)]
+        if self._positions is not None:
+            row = row[self._positions.to(row.device)]
+        try:
+            answer = token_option(self.options.get("answer"), self.tokenizer)
+            wrong = token_option(self.options.get("wrong"), self.tokenizer)
+            return AblationSession(model, row, answer=answer, wrong=wrong, tokenizer=self.tokenizer), ""
+        except ValueError as e:
+            return None, f"ablation: {e}"
 
 
 def _to_host(stats: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,13 @@ import numpy as np
 import torch
 import traitlets
 
-from ..inspectors.attention import METRICS, AttentionResult, from_attentions, quantize_head
+from ..inspectors.attention import (
+    METRICS,
+    AttentionResult,
+    display_token,
+    from_attentions,
+    quantize_head,
+)
 from ._base import NBWidget, rpc
 from ._snapshot import MAX_SNAPSHOT_BYTES, colorize, grid, img_tag, upscale
 from ._transport import encode_array
@@ -84,9 +90,18 @@ class AttentionWidget(NBWidget):
     highlight_token = traitlets.Int(-1).tag(sync=True)
     #: the grid shows only the heads that stand out (the layers without one are left out)
     outliers_only = traitlets.Bool(False).tag(sync=True)
+    #: why a head cannot be ablated here (one line), "" when the ``ablate`` request works
+    ablate_note = traitlets.Unicode("").tag(sync=True)
+    #: the heads of the last ablation the kernel ran, as [layer, head] pairs, and how many it ran (tests)
+    ablated = traitlets.List().tag(sync=True)
+    ablate_clicks = traitlets.Int(0).tag(sync=True)
 
-    def __init__(self, result: AttentionResult, **kwargs: Any) -> None:
+    def __init__(self, result: AttentionResult, *, ablation: Any = None, ablate_note: str = "", **kwargs: Any) -> None:
         self.result = result
+        #: an :class:`~nbdebug.recorders.ablation_session.AblationSession` on the shown prompt (None: no ablation)
+        self.ablation = ablation
+        if ablation is None and not ablate_note:
+            ablate_note = "ablation needs the model: open this view with %%nndebug model --view attention"
         L, H, T = result.shape
         super().__init__(
             tokens=result.display or list(result.tokens),
@@ -107,6 +122,7 @@ class AttentionWidget(NBWidget):
             notes=list(result.notes),
             causal=result.causal,
             generated=[int(g) for g in result.generated],
+            ablate_note=ablate_note,
             **kwargs,
         )
 
@@ -147,6 +163,35 @@ class AttentionWidget(NBWidget):
              "start": start, "end": end, "stride": stride},
             {"attn": quantize_head(mat)},
         )
+
+    @rpc("ablate")
+    def _ablate(self, params: dict[str, Any]) -> tuple[dict[str, Any], None]:
+        """``{heads: [[layer, head], ...], mode: "zero" | "mean"}`` → the ablated run beside the clean one
+        (:meth:`AblationSession.ablate`); tokens made readable."""
+        if self.ablation is None:
+            raise RuntimeError(self.ablate_note)
+        L, H, _ = self.result.shape
+        heads: dict[int, list[int]] = {}
+        for pair in params.get("heads") or []:
+            layer, head = (int(x) for x in pair)
+            if not (0 <= layer < L and 0 <= head < H):
+                raise IndexError(f"no head [{layer}, {head}] (model has {L} layers × {H} heads)")
+            heads.setdefault(layer, [])
+            if head not in heads[layer]:
+                heads[layer].append(head)
+        if not heads:
+            raise ValueError("no head to ablate: click a head first")
+        out = self.ablation.ablate(heads=heads, mode=str(params.get("mode", "zero")))
+        for key in ("clean", "ablated"):
+            out[key] = [{**t, "token": display_token(t["token"])} for t in out[key]]
+        lens = out["lens"]
+        lens["target"] = display_token(lens["target"])
+        for key in ("clean_top", "ablated_top"):
+            lens[key] = [display_token(t) for t in lens[key]]
+        out["heads"] = [[layer, h] for layer, hs in sorted(heads.items()) for h in hs]
+        self.ablated = out["heads"]
+        self.ablate_clicks += 1
+        return out, None
 
     def fallback_html(self) -> str:
         """Static snapshot: the layers × heads grid of thumbnails, one PNG per layer row."""

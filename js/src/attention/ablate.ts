@@ -1,0 +1,152 @@
+// "Does this head matter?": the selected heads (click one, shift-click adds more) ablated in the
+// kernel (rpc "ablate", nbdebug/widgets/attention.py → recorders/ablation_session.py): the Δ metric
+// with its sign and colour, the ablated run's top-5 next tokens beside the clean ones, and the lens
+// diff (per layer the clean and ablated top-1 token and the target's probability). A loading state
+// while the kernel runs, an error line when it fails (e.g. the model was deleted: re-run the cell).
+// Tokens are untrusted model text: textContent only.
+import { fmtPct, h, replaceChildren } from "../lib/dom";
+import { rpc, type AnyModel } from "../lib/rpc";
+
+export const ABLATE_CSS = `
+.nbdebug-attention .nba-ablate { margin-top: 8px; border-top: 1px solid #ddd; padding-top: 6px; }
+.nbdebug-attention .nba-ablate-title { font-weight: 600; }
+.nbdebug-attention .nba-delta { font-weight: 700; font-family: ui-monospace, monospace; }
+.nbdebug-attention .nba-delta.nba-up { color: #1d5c2e; }
+.nbdebug-attention .nba-delta.nba-down { color: #b00; }
+.nbdebug-attention .nba-ablate table { border-collapse: collapse; margin: 4px 12px 4px 0; font-size: 11px; }
+.nbdebug-attention .nba-ablate th, .nbdebug-attention .nba-ablate td { padding: 1px 6px; text-align: left; white-space: pre; }
+.nbdebug-attention .nba-ablate td.nba-tk { font-family: ui-monospace, monospace; max-width: 160px; overflow: hidden; text-overflow: ellipsis; }
+.nbdebug-attention .nba-ablate tr.nba-changed td { background: #fff4d6; }
+.nbdebug-attention .nba-ablate-tables { display: flex; flex-wrap: wrap; align-items: flex-start; }
+`;
+
+export interface TopToken {
+  id: number;
+  token: string;
+  p: number;
+}
+
+export interface AblateAnswer {
+  heads: [number, number][];
+  mode: string;
+  metric_label: string;
+  metric_clean: number;
+  metric: number;
+  delta: number;
+  clean: TopToken[];
+  ablated: TopToken[];
+  lens: { rows: string[]; target: string; clean_top: string[]; clean_p: number[]; ablated_top: string[]; ablated_p: number[] };
+  seconds: number;
+}
+
+/** A signed number: "+0.0123" / "−0.0123" (4 significant digits). */
+export function signed(x: number): string {
+  if (!Number.isFinite(x)) return String(x);
+  const s = Math.abs(x) >= 1e-3 || x === 0 ? Math.abs(x).toPrecision(4) : Math.abs(x).toExponential(2);
+  return (x > 0 ? "+" : x < 0 ? "−" : "±") + s;
+}
+
+const headsLabel = (heads: [number, number][]) => heads.map(([l, hd]) => `L${l}h${hd}`).join(" + ");
+
+export class AblatePanel {
+  readonly el = h("div", { class: "nba-ablate" });
+  private status = h("div", { class: "nba-note nba-ablate-status" });
+  private body = h("div", { class: "nba-ablate-body" });
+  private seq = 0;
+  disposed = false;
+
+  constructor(private model: AnyModel, private heads: () => [number, number][]) {
+    const note = String(model.get("ablate_note") || "");
+    if (note) {
+      replaceChildren(this.el, [h("div", { class: "nba-note nba-ablate-off", text: note })]);
+      return;
+    }
+    const clear = h("button", { class: "nba-ablate-clear", text: "clear", title: "forget the ablation and the selected heads",
+      on: { click: () => this.clear() } });
+    replaceChildren(this.el, [
+      h("div", {}, [h("span", { class: "nba-ablate-title", text: "ablation " }), clear]),
+      this.status, this.body,
+    ]);
+    this.showSelection();
+  }
+
+  /** Whether the kernel can ablate here (no `ablate_note`). */
+  get enabled(): boolean {
+    return !this.model.get("ablate_note");
+  }
+
+  /** The selection changed: say what "ablate" would run on (the last answer stays until the next). */
+  showSelection(): void {
+    if (!this.enabled || this.el.getAttribute("data-state") === "loading") return;
+    const sel = this.heads();
+    if (!this.body.childNodes.length) {
+      this.status.textContent = sel.length
+        ? `ablate ${headsLabel(sel)} with the buttons above (shift-click a head to add it)`
+        : "click a head, then ablate (zero | mean) to see what it changes; shift-click adds heads";
+    }
+  }
+
+  clear(): void {
+    this.seq++;
+    replaceChildren(this.body, []);
+    this.el.removeAttribute("data-state");
+    this.model.set("selected", []);
+    this.model.save_changes();
+    this.showSelection();
+  }
+
+  /** Ablate the selected heads in the kernel and show the answer. */
+  async run(mode: "zero" | "mean"): Promise<void> {
+    const heads = this.heads();
+    if (!heads.length) return;
+    const mine = ++this.seq;
+    this.el.setAttribute("data-state", "loading");
+    this.status.textContent = `ablating ${headsLabel(heads)} (${mode})…`;
+    this.status.classList.remove("nba-error");
+    try {
+      const ans = await rpc<AblateAnswer>(this.model, "ablate", { heads, mode });
+      if (mine !== this.seq || this.disposed) return;
+      this.show(ans.result);
+    } catch (err) {
+      if (mine !== this.seq || this.disposed) return;
+      this.el.setAttribute("data-state", "error");
+      this.status.classList.add("nba-error");
+      this.status.textContent = String(err instanceof Error ? err.message : err);
+    }
+  }
+
+  private show(a: AblateAnswer): void {
+    const d = a.delta;
+    const delta = h("span", { class: ["nba-delta", d > 0 ? "nba-up" : d < 0 ? "nba-down" : ""], text: `Δ ${signed(d)}`,
+      attrs: { "data-value": String(d) } });
+    this.status.textContent = "";
+    replaceChildren(this.status, [
+      `${headsLabel(a.heads)} ${a.mode}-ablated: ${a.metric_label} `, delta,
+      ` (clean ${a.metric_clean.toPrecision(4)} → ${a.metric.toPrecision(4)}; ${(a.seconds * 1000).toFixed(0)} ms)`,
+    ]);
+    const top = h("table", { class: "nba-ablate-top" }, [
+      h("tr", {}, [h("th", { text: "#" }), h("th", { text: "clean" }), h("th", { text: "" }), h("th", { text: "ablated" }), h("th", { text: "" })]),
+      ...Array.from({ length: Math.max(a.clean.length, a.ablated.length) }, (_, i) => {
+        const c = a.clean[i];
+        const x = a.ablated[i];
+        return h("tr", { class: c && x && c.id !== x.id ? "nba-changed" : "" }, [
+          h("td", { text: String(i + 1) }),
+          h("td", { class: "nba-tk", text: c ? c.token : "" }), h("td", { text: c ? fmtPct(c.p) : "" }),
+          h("td", { class: "nba-tk", text: x ? x.token : "" }), h("td", { text: x ? fmtPct(x.p) : "" }),
+        ]);
+      }),
+    ]);
+    const L = a.lens;
+    const lens = h("table", { class: "nba-ablate-lens" }, [
+      h("tr", {}, [h("th", { text: "lens (last position)" }), h("th", { text: "clean top-1" }), h("th", { text: `p(${L.target})` }),
+        h("th", { text: "ablated top-1" }), h("th", { text: `p(${L.target})` })]),
+      ...L.rows.map((name, i) => h("tr", { class: L.clean_top[i] !== L.ablated_top[i] ? "nba-changed" : "" }, [
+        h("td", { text: name, title: i === 0 ? "the embeddings" : i === L.rows.length - 1 ? "the model's output" : `after ${name}` }),
+        h("td", { class: "nba-tk", text: L.clean_top[i] ?? "" }), h("td", { text: fmtPct(L.clean_p[i]) }),
+        h("td", { class: "nba-tk", text: L.ablated_top[i] ?? "" }), h("td", { text: fmtPct(L.ablated_p[i]) }),
+      ])),
+    ]);
+    replaceChildren(this.body, [h("div", { class: "nba-ablate-tables" }, [top, lens])]);
+    this.el.setAttribute("data-state", "done");
+  }
+}

@@ -16,7 +16,7 @@ cell not computed yet answers with the ``ModelGoneError`` message.
 
 from __future__ import annotations
 
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -31,18 +31,20 @@ from ..adapters.text import (
     token_strings,
     valid_positions,
 )
-from ..adapters.transformers import ModelParts, find_parts, require_lens
+from ..adapters.transformers import find_parts, require_lens
 from ..adapters.unhookable import refuse_unhookable
-from ..capture import HookSet, ModelRef, parse_bytes
+from ..capture import HookSet, parse_bytes
 from ..capture.budget import format_bytes
 from ..capture.replay import (
     generation_note,
     int_option,
     nothing_shown,
 )
-from ..capture.state import execution_device, loaded_weights, offloaded
+from ..capture.state import offloaded
 from ..inspectors.logitlens import LensResult, LogitLens
 from ._language import LanguageRecorder
+from .lensrun import head_device, weak_parts
+from .steer_lens import SteerLens, steer_vectors
 
 __all__ = ["LogitLensRecorder", "resolve_target"]
 
@@ -77,74 +79,14 @@ def _hidden_of(output: Any) -> torch.Tensor | None:
     return None
 
 
-def _weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, Any, list[str]]:
-    """``(normed_fn, weight_fn, bias_fn, loaded, notes)`` holding the model's modules and parameters weakly.
-
-    When the unembedding is a module's own ``weight`` (``lm_head``), it is read through the module
-    at each request (accelerate's offload replaces the parameter objects at every forward) inside
-    ``loaded()`` (:func:`~nbdebug.capture.state.loaded_weights`: accelerate's hook loads them, then
-    puts them back on ``meta``). The final norm is called as a module, so its hook loads its own."""
-    notes: list[str] = []
-
-    def weak(obj: Any) -> Any:
-        if obj is None:
-            return None
-        if isinstance(obj, (nn.Module, nn.Parameter)):
-            return ModelRef(obj).get
-        if isinstance(obj, torch.Tensor):
-            base = obj._base if obj._base is not None and isinstance(obj._base, nn.Parameter) else None
-            if base is not None and obj.dim() == 2 and obj.shape == base.T.shape:  # e.g. TransformerLens W_U.T
-                ref = ModelRef(base)
-                return lambda: ref.get().T
-            notes.append("the unembedding is not a parameter of the model: a reference to it is kept")
-            return lambda: obj
-        return lambda: obj  # a function given as final_norm=: kept as given
-
-    norm, pre = weak(parts.final_norm), weak(parts.pre_unembed)
-
-    def normed(h: torch.Tensor) -> torch.Tensor:
-        if norm is not None:
-            h = norm()(h)
-        if pre is not None:
-            h = pre()(h)
-        return h
-
-    if parts.unembed_module is not None:  # find_parts sets it only when the unembedding is its .weight
-        head = ModelRef(parts.unembed_module)
-
-        def head_bias() -> torch.Tensor | None:
-            b = getattr(head.get(), "bias", None)
-            return None if b is None else b.detach()
-
-        return normed, lambda: head.get().weight.detach(), head_bias, lambda: loaded_weights(head.get()), notes
-
-    weight, bias = weak(parts.unembed_weight), weak(parts.unembed_bias)
-
-    def weight_fn() -> torch.Tensor:
-        return weight().detach()
-
-    def bias_fn() -> torch.Tensor | None:
-        return None if bias is None else bias().detach()
-
-    return normed, weight_fn, bias_fn, nullcontext, notes
-
-
-def _head_device(parts: ModelParts, resid: list[torch.Tensor]) -> torch.device:
-    """Where the lens gathers the residuals: where the final norm runs (else the head, else the last block)."""
-    for mod in (parts.final_norm, parts.unembed_module):
-        dev = execution_device(mod) if isinstance(mod, nn.Module) else None
-        if dev is not None:
-            return dev
-    return resid[-1].device
-
-
 class LogitLensRecorder(LanguageRecorder):
     """Captures residual streams while entered; ``result()`` → :class:`LensResult`.
 
     Options: ``tokenizer`` (object or name), ``tokens``, ``target_token`` (text, id or ``#id``;
     default: each position's next input token, and the model's own prediction at the last),
     ``lens_topk`` (default 10), ``seq_index``, ``max_bytes`` (residuals kept: the last positions that
-    fit), ``final_norm``/``unembed`` (explicit parts), ``translators`` (tuned lens: one callable per
+    fit), ``final_norm``/``unembed`` (explicit parts), ``steer`` (a steering vector or ``{layer: vector}``, or
+    the name of a notebook variable holding one: the view's steering panel, :mod:`.steer_lens`), ``translators`` (tuned lens: one callable per
     layer, e.g. ``lambda h, i=i: tl.transform_hidden(h, i)``). Holds the model weakly.
     """
 
@@ -162,6 +104,10 @@ class LogitLensRecorder(LanguageRecorder):
         self.parts = find_parts(model, final_norm=options.get("final_norm"), unembed=options.get("unembed"))
         require_lens(self.parts, model)
         self.target_id, self.target_label = resolve_target(options.get("target_token"), self.tokenizer)
+        self.steer_value = resolve_option(options.get("steer"), ns, "steer")
+        if self.steer_value is not None:  # a bad --steer stops here, before the cell
+            steer_vectors(self.steer_value, [n for n, _ in self.parts.blocks])
+        self.steering: SteerLens | None = None
         self._lens: LogitLens | None = None
         self._result: LensResult | None = None
         self._widget: Any = None
@@ -267,7 +213,7 @@ class LogitLensRecorder(LanguageRecorder):
             label = "next input token (last position: the model's own prediction)"
         p = self.parts
         names = ["embed"] + [f"{n}" for n, _ in p.blocks]
-        normed, weight, bias, loaded, notes = _weak_parts(p)
+        normed, weight, bias, loaded, notes = weak_parts(p)
         self.notes += notes
         if p.unembed_module is not None and offloaded(p.unembed_module):
             name = next((n for n, m in self.model.named_modules() if m is p.unembed_module), "the unembedding")
@@ -280,13 +226,19 @@ class LogitLensRecorder(LanguageRecorder):
             if pos is not None:
                 keep = keep[pos]
             gen = [gen[int(i)] for i in keep]
-        lens = LogitLens(
-            resid, normed, weight, bias if p.unembed_bias is not None else None,
-            k=self.k, targets=targets, softcap=p.softcap, row_names=names, tokens=toks,
-            decode=decoder_for(self.tokenizer, self.model), target_label=label,
-            translators=self.options.get("translators"), generated=gen,
-            device=_head_device(p, resid), loaded=loaded,
-        )
+        same = dict(k=self.k, targets=targets, softcap=p.softcap, row_names=names, tokens=toks,
+                    decode=decoder_for(self.tokenizer, self.model), target_label=label,
+                    translators=self.options.get("translators"), generated=gen,
+                    device=head_device(p, resid), loaded=loaded)
+        head = (normed, weight, bias if p.unembed_bias is not None else None)
+        lens = LogitLens(resid, *head, **same)  # type: ignore[arg-type]
+        if self.steer_value is not None and ids_all is not None:  # the same lens over a steered run
+            full = ids_all[min(self.batch_index, ids_all.shape[0] - 1)]
+            kept = valid_positions(self._kwargs, self.batch_index, self._full_T)
+            full = full[kept.to(full.device)] if kept is not None else full
+            self.steering = SteerLens(self.model, full[None], shown=T, vectors=self.steer_value,
+                                      make_lens=lambda rows: LogitLens(rows, *head, **same),  # type: ignore[arg-type]
+                                      block_names=[n for n, _ in p.blocks])
         if lens.translators:
             self.notes.append("tuned lens: the given translators are applied before the final norm")
         with lens.loaded():  # an offloaded head is loaded once for both
@@ -326,5 +278,5 @@ class LogitLensRecorder(LanguageRecorder):
         if self._widget is None:
             from ..widgets.logitlens import LogitLensWidget
 
-            self._widget = LogitLensWidget(self.lens(), check=self.check, notes=self._notes())
+            self._widget = LogitLensWidget(self.lens(), check=self.check, notes=self._notes(), steering=self.steering)
         return self._widget

@@ -142,6 +142,7 @@ describe("patching view", () => {
     await tick();
     const lens = el.querySelector(".nbp-lens")!;
     expect(lens).not.toBeNull();
+    expect(el.querySelectorAll(".nbp-top").length).toBe(3);  // the next-token tables; the lens is apart
     const rows = lens.querySelectorAll("tbody tr");
     expect(rows.length).toBe(2);
     expect(rows[0].querySelector("th")!.textContent).toBe("model.layers.0");  // the final block first

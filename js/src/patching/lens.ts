@@ -39,7 +39,7 @@ export function lensTable(lens: LensColumns, label: string): HTMLElement {
     rows.push(h("tr", { attrs: { "data-row": String(i) } }, [h("th", { class: "nbp-lens-row", text: name }),
       ...RUNS.flatMap((r) => cells((lens[r] || [])[i], r))]));
   }
-  return h("div", { class: "nbp-top nbp-lens" }, [
+  return h("div", { class: "nbp-lens" }, [
     h("h4", { text: `logit lens at the last position: ${label}` }),
     h("table", {}, [h("thead", {}, [head]), h("tbody", {}, rows)]),
   ]);

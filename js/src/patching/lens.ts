@@ -23,7 +23,7 @@ const RUNS: (keyof LensColumns)[] = ["clean", "corrupt", "patched"];
 function cells(e: LensEntry | undefined, run: string): HTMLElement[] {
   if (!e) return [h("td", { text: "" }), h("td", { text: "" })];
   return [
-    h("td", { class: ["nbp-lens-tok", `nbp-lens-${run}`], text: e.token, title: `#${e.id} p=${fmtPct(e.p)}` }),
+    h("td", { class: ["nbp-lens-tok", `nbp-lens-${run}`], text: e.token, title: `${e.token} (#${e.id}) p=${fmtPct(e.p)}` }),
     h("td", { class: "nbp-p", text: e.p_answer >= 0 ? fmtPct(e.p_answer) : "–" }),
   ];
 }

@@ -31,4 +31,5 @@ export const CSS = `
 .nbdebug-patching .nbp-lens th { font-weight: normal; color: #444; text-align: left; padding: 0 6px 0 0; font-size: 11px; }
 .nbdebug-patching .nbp-lens th.nbp-lens-row { text-align: right; white-space: nowrap; }
 .nbdebug-patching .nbp-lens td.nbp-lens-patched { color: #a3440a; }
+.nbdebug-patching .nbp-lens td.nbp-lens-tok { white-space: pre; max-width: 160px; overflow: hidden; text-overflow: ellipsis; }
 `;

@@ -236,6 +236,9 @@ class LogitLensRecorder(LanguageRecorder):
             full = ids_all[min(self.batch_index, ids_all.shape[0] - 1)]
             kept = valid_positions(self._kwargs, self.batch_index, self._full_T)
             full = full[kept.to(full.device)] if kept is not None else full
+            if kept is not None:
+                self.notes.append("steering re-runs this item's tokens alone, without its padding and attention mask "
+                                  "(α 0 shows the cell's own run)")
             self.steering = SteerLens(self.model, full[None], shown=T, vectors=self.steer_value,
                                       make_lens=lambda rows: LogitLens(rows, *head, **same),  # type: ignore[arg-type]
                                       block_names=[n for n, _ in p.blocks])

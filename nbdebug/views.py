@@ -140,6 +140,7 @@ register(
         arguments=(
             (("--target-token",), dict(default=None, dest="target_token", metavar="TOKEN", help="token whose probability/rank is tracked (text, id or #id; default: the next input token)")),
             (("--lens-topk",), dict(type=int, default=10, dest="lens_topk", metavar="K", help="top-k tokens kept per cell (default 10)")),
+            (("--steer",), dict(default=None, dest="steer", metavar="VAR", help="steering panel: VAR holds a vector from nbdebug.steering_vector (or {layer: vector})")),
         ),
     )
 )

@@ -8,9 +8,12 @@
 // "columns" (computed then in the kernel). Python side: nbdebug/widgets/logitlens.py. Token text is
 // untrusted: textContent only.
 //
+// With `--steer`, the steering panel (logitlens/steer.ts) re-runs the cell's input steered in the
+// kernel (rpc "steer") and the table shows the steered run's lens ("show original" switches back).
+//
 // Parts: logitlens/columns.ts (the columns held, metrics, colour scales), header.ts (finding,
-// controls, colour bar, legend, details), table.ts, tip.ts, pins.ts, side.ts (panels beside the
-// table acting on pinned cells: add a `LensPanel` to `panelsFor` below).
+// controls, colour bar, legend, details), table.ts, tip.ts, pins.ts, steer.ts, side.ts (panels beside
+// the table acting on pinned cells: add a `LensPanel` to `panelsFor` below).
 import { decode, type NdArray, type WireArray } from "./lib/ndarray";
 import { append, h, replaceChildren, styleElement } from "./lib/dom";
 import { rpc, type AnyModel } from "./lib/rpc";
@@ -18,6 +21,7 @@ import { colourScale, Columns } from "./logitlens/columns";
 import { LensHeader } from "./logitlens/header";
 import { Pins } from "./logitlens/pins";
 import { SidePanels, type LensPanel } from "./logitlens/side";
+import { SteerPanel } from "./logitlens/steer";
 import { CSS } from "./logitlens/style";
 import { lensTable, type LensText } from "./logitlens/table";
 import { LensTip } from "./logitlens/tip";
@@ -43,7 +47,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     // Short row labels (full module names in the tooltip): "embed", "L0", "L1", ...
     rowLabel: (r: number) => (r === 0 ? "embed" : `L${r - 1}`),
   };
-  const cols = new Columns(R, k);
+  const orig = new Columns(R, k); // the cell's run
+  let steeredCols: Columns | null = null; // the last steered run received
+  const cols = new Columns(R, k); // what the table and the tip show: one of the two
+  cols.adopt(orig);
   const pending = new Set<number>();
   const found = (model.get("finding_cell") || {}) as Record<string, number>;
   const onsetRow = found.from_row >= 0 ? found.from_row : found.predicted_from_row ?? -1;
@@ -58,7 +65,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   if (initial.positions && initial.arrays) {
     const arrays: Record<string, NdArray> = {};
     for (const [name, w] of Object.entries(initial.arrays as Record<string, WireArray>)) arrays[name] = decode(w);
-    cols.store(initial.positions, arrays);
+    orig.store(initial.positions, arrays);
   }
 
   const root = h("div", { class: "nbdebug-logitlens" });
@@ -69,7 +76,24 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const tip = new LensTip(root, x, cols);
   const pins = new Pins(model, x, learn);
   const status = h("div", { class: "nbl-note nbl-status" });
-  append(root, [styleElement(CSS), ...head.elements, h("div", { class: "nbl-main" }, [wrap, side.el]), status, pins.el, tip.el]);
+  const showingSteered = () => steeredCols !== null && !steer.original.checked;
+  const steer = new SteerPanel(model, {
+    window: () => clampRange("pos_range", 0, T, 1),
+    steered: (ans, arrays) => {
+      learn(ans.vocab);
+      const fresh = new Columns(R, k);
+      fresh.store(ans.positions, arrays);
+      steeredCols = fresh;
+      if (!steer.original.checked) cols.adopt(fresh);
+      root.setAttribute("data-steer", `${ans.layer}:${ans.alpha}`);
+      drawTable();
+    },
+    showOriginal: (original) => {
+      cols.adopt(original || !steeredCols ? orig : steeredCols);
+      drawTable();
+    },
+  });
+  append(root, [styleElement(CSS), ...head.elements, steer.el, h("div", { class: "nbl-main" }, [wrap, side.el]), status, pins.el, tip.el]);
   el.appendChild(root);
 
   const clampRange = (name: string, lo: number, hi: number, minLen: number): [number, number] => {
@@ -93,9 +117,11 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     const pinned = new Set(pins.pinned().map(([r, p]) => `${r},${p}`));
     replaceChildren(wrap, [lensTable(x, { cols, positions, r0, r1, metric, cmap, scale, pinned, onset })]);
     const missing = positions.filter((p) => !cols.has(p));
+    root.setAttribute("data-showing", showingSteered() ? "steered" : "original");
     if (missing.length) {
       root.removeAttribute("data-complete");
-      void fetchColumns(missing);
+      if (showingSteered()) void steer.send(); // the steered run's columns of the new window
+      else void fetchColumns(missing);
     } else root.setAttribute("data-complete", "1");
   }
 
@@ -110,7 +136,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       const ans = await rpc(model, "columns", { start, end });
       if (disposed) return;
       learn(ans.result.vocab);
-      cols.store(ans.result.positions, ans.arrays);
+      orig.store(ans.result.positions, ans.arrays);
       status.textContent = "";
     } catch (err) {
       status.textContent = String(err);
@@ -163,6 +189,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   return () => {
     disposed = true;
     pins.disposed = true;
+    steer.disposed = true;
     model.off("change:metric", onMetric);
     model.off("change:row_range", drawTable);
     model.off("change:pos_range", drawTable);

@@ -4,11 +4,11 @@
 // other site kinds (rpc "grid", computed on demand in the kernel); the triage toggle shows the
 // attribution estimate instead (its top cells verified exactly: bold border). Clicking a cell runs
 // that patch in the kernel (rpc "cell", from the recorded clean/corrupt runs) and shows its top-5
-// next tokens beside the clean and corrupt runs'. Python side: nbdebug/widgets/patching.py.
+// next tokens beside the clean and corrupt runs', and the three runs' logit-lens columns. Python side: nbdebug/widgets/patching.py.
 // Tokens and module names are untrusted: textContent only.
 //
 // Parts: patching/colour.ts (the diverging scale, colour bar), grid.ts (cells, hover, click),
-// tops.ts (next-token tables), style.ts.
+// tops.ts (next-token tables), lens.ts (the lens columns), style.ts.
 import { fmt, h, styleElement } from "./lib/dom";
 import { rpc, type AnyModel } from "./lib/rpc";
 import { divergingBar } from "./patching/colour";

@@ -121,4 +121,34 @@ describe("patching view", () => {
     await tick();
     expect(m.sent.filter((s) => s.content.method === "cell").length).toBe(1);
   });
+
+  it("a click shows the three runs' lens columns, final block on top, tokens as text", async () => {
+    const m = make();
+    const entry = (row: string, token: string, p: number, pa: number) => ({ row, id: 7, token, p, p_answer: pa });
+    const base = m.respond!;
+    m.respond = (c) => {
+      const out = base(c);
+      if (out && c.method === "cell") {
+        out.msg.result.lens = {
+          clean: [entry("embed", "a", 0.1, 0.01), entry("model.layers.0", " Paris", 0.6, 0.6)],
+          corrupt: [entry("embed", "a", 0.1, 0.01), entry("model.layers.0", " Rome", 0.5, 0.02)],
+          patched: [entry("embed", "a", 0.1, -1), entry("model.layers.0", HOSTILE, 0.4, 0.3)],
+        };
+      }
+      return out;
+    };
+    const el = mount(patching.render as any, m);
+    (el.querySelectorAll(".nbp-cell")[4] as HTMLElement).click();
+    await tick();
+    const lens = el.querySelector(".nbp-lens")!;
+    expect(lens).not.toBeNull();
+    expect(el.querySelectorAll(".nbp-top").length).toBe(3);  // the next-token tables; the lens is apart
+    const rows = lens.querySelectorAll("tbody tr");
+    expect(rows.length).toBe(2);
+    expect(rows[0].querySelector("th")!.textContent).toBe("model.layers.0");  // the final block first
+    const cells = Array.from(rows[0].querySelectorAll("td")).map((td) => td.textContent);
+    expect(cells).toEqual([" Paris", "60%", " Rome", "2%", HOSTILE, "30%"]);
+    expect(Array.from(rows[1].querySelectorAll("td")).map((td) => td.textContent)[5]).toBe("–");  // no answer probability
+    expect(el.querySelector("img")).toBeNull();
+  });
 });

@@ -43,8 +43,9 @@ from ..capture.replay import (
 from ..capture.state import execution_device, loaded_weights, offloaded
 from ..inspectors.logitlens import LensResult, LogitLens
 from ._language import LanguageRecorder
+from .steer_lens import SteerLens, steer_vectors
 
-__all__ = ["LogitLensRecorder", "resolve_target"]
+__all__ = ["LogitLensRecorder", "head_device", "resolve_target", "weak_parts"]
 
 
 def resolve_target(target: Any, tokenizer: Any) -> tuple[int | None, str]:
@@ -77,7 +78,7 @@ def _hidden_of(output: Any) -> torch.Tensor | None:
     return None
 
 
-def _weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, Any, list[str]]:
+def weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, Any, list[str]]:
     """``(normed_fn, weight_fn, bias_fn, loaded, notes)`` holding the model's modules and parameters weakly.
 
     When the unembedding is a module's own ``weight`` (``lm_head``), it is read through the module
@@ -129,7 +130,7 @@ def _weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, Any, list[str]]:
     return normed, weight_fn, bias_fn, nullcontext, notes
 
 
-def _head_device(parts: ModelParts, resid: list[torch.Tensor]) -> torch.device:
+def head_device(parts: ModelParts, resid: list[torch.Tensor]) -> torch.device:
     """Where the lens gathers the residuals: where the final norm runs (else the head, else the last block)."""
     for mod in (parts.final_norm, parts.unembed_module):
         dev = execution_device(mod) if isinstance(mod, nn.Module) else None
@@ -144,7 +145,8 @@ class LogitLensRecorder(LanguageRecorder):
     Options: ``tokenizer`` (object or name), ``tokens``, ``target_token`` (text, id or ``#id``;
     default: each position's next input token, and the model's own prediction at the last),
     ``lens_topk`` (default 10), ``seq_index``, ``max_bytes`` (residuals kept: the last positions that
-    fit), ``final_norm``/``unembed`` (explicit parts), ``translators`` (tuned lens: one callable per
+    fit), ``final_norm``/``unembed`` (explicit parts), ``steer`` (a steering vector or ``{layer: vector}``, or
+    the name of a notebook variable holding one: the view's steering panel, :mod:`.steer_lens`), ``translators`` (tuned lens: one callable per
     layer, e.g. ``lambda h, i=i: tl.transform_hidden(h, i)``). Holds the model weakly.
     """
 
@@ -162,6 +164,10 @@ class LogitLensRecorder(LanguageRecorder):
         self.parts = find_parts(model, final_norm=options.get("final_norm"), unembed=options.get("unembed"))
         require_lens(self.parts, model)
         self.target_id, self.target_label = resolve_target(options.get("target_token"), self.tokenizer)
+        self.steer_value = resolve_option(options.get("steer"), ns, "steer")
+        if self.steer_value is not None:  # a bad --steer stops here, before the cell
+            steer_vectors(self.steer_value, [n for n, _ in self.parts.blocks])
+        self.steering: SteerLens | None = None
         self._lens: LogitLens | None = None
         self._result: LensResult | None = None
         self._widget: Any = None
@@ -267,7 +273,7 @@ class LogitLensRecorder(LanguageRecorder):
             label = "next input token (last position: the model's own prediction)"
         p = self.parts
         names = ["embed"] + [f"{n}" for n, _ in p.blocks]
-        normed, weight, bias, loaded, notes = _weak_parts(p)
+        normed, weight, bias, loaded, notes = weak_parts(p)
         self.notes += notes
         if p.unembed_module is not None and offloaded(p.unembed_module):
             name = next((n for n, m in self.model.named_modules() if m is p.unembed_module), "the unembedding")
@@ -280,13 +286,22 @@ class LogitLensRecorder(LanguageRecorder):
             if pos is not None:
                 keep = keep[pos]
             gen = [gen[int(i)] for i in keep]
-        lens = LogitLens(
-            resid, normed, weight, bias if p.unembed_bias is not None else None,
-            k=self.k, targets=targets, softcap=p.softcap, row_names=names, tokens=toks,
-            decode=decoder_for(self.tokenizer, self.model), target_label=label,
-            translators=self.options.get("translators"), generated=gen,
-            device=_head_device(p, resid), loaded=loaded,
-        )
+        same = dict(k=self.k, targets=targets, softcap=p.softcap, row_names=names, tokens=toks,
+                    decode=decoder_for(self.tokenizer, self.model), target_label=label,
+                    translators=self.options.get("translators"), generated=gen,
+                    device=head_device(p, resid), loaded=loaded)
+        head = (normed, weight, bias if p.unembed_bias is not None else None)
+        lens = LogitLens(resid, *head, **same)  # type: ignore[arg-type]
+        if self.steer_value is not None and ids_all is not None:  # the same lens over a steered run
+            full = ids_all[min(self.batch_index, ids_all.shape[0] - 1)]
+            kept = valid_positions(self._kwargs, self.batch_index, self._full_T)
+            full = full[kept.to(full.device)] if kept is not None else full
+            if kept is not None:
+                self.notes.append("steering re-runs this item's tokens alone, without its padding and attention mask "
+                                  "(α 0 shows the cell's own run)")
+            self.steering = SteerLens(self.model, full[None], shown=T, vectors=self.steer_value,
+                                      make_lens=lambda rows: LogitLens(rows, *head, **same),  # type: ignore[arg-type]
+                                      block_names=[n for n, _ in p.blocks])
         if lens.translators:
             self.notes.append("tuned lens: the given translators are applied before the final norm")
         with lens.loaded():  # an offloaded head is loaded once for both
@@ -326,5 +341,5 @@ class LogitLensRecorder(LanguageRecorder):
         if self._widget is None:
             from ..widgets.logitlens import LogitLensWidget
 
-            self._widget = LogitLensWidget(self.lens(), check=self.check, notes=self._notes())
+            self._widget = LogitLensWidget(self.lens(), check=self.check, notes=self._notes(), steering=self.steering)
         return self._widget

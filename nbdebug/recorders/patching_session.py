@@ -22,10 +22,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..capture.budget import DEFAULT_MAX_BYTES
 from ..capture.weak import ModelRef
 from ..workbench import PatchGrid, Workbench
+from ..workbench.exact import ExactEngine
 from ..workbench.metric import token_labels
 from ..workbench.sites import KINDS
+from .lensrun import lens_column, model_lens
 
 __all__ = ["METHODS", "PatchSession", "top_tokens"]
 
@@ -69,6 +72,8 @@ class PatchSession:
             self.metric_clean, self.metric_corrupt = wb.scale()
             self.top_clean = top_tokens(wb.state("clean").logits[0, -1], tokenizer)
             self.top_corrupt = top_tokens(wb.state("corrupt").logits[0, -1], tokenizer)
+            self.answer_id = wb.metric.answer
+        self.lens_runs: dict[str, list[dict[str, Any]]] = {}
 
     @contextmanager
     def bench(self) -> Iterator[Workbench]:
@@ -103,18 +108,43 @@ class PatchSession:
                 self.grids[key] = wb.grid(sites, method=method, verify=verify, max_bytes=self.max_bytes)
         return self.grids[key]
 
+    def lens(self, residual: Any) -> list[dict[str, Any]]:
+        """The logit-lens column of a run's last-position residual stream ``(L + 1, d)`` (entering each
+        block, then after the last): per row its top-1 token and p(answer) (see
+        :func:`~nbdebug.recorders.lensrun.lens_column`), through the model's own final norm and unembedding."""
+        rows = [torch.as_tensor(r).reshape(1, -1) for r in residual]
+        targets = torch.tensor([-1 if self.answer_id is None else int(self.answer_id)])
+        model = self.model_ref.get()
+        return lens_column(model_lens(model, rows, targets=targets, k=1,
+                                      decode=lambda ids: token_labels(self.tokenizer, ids)))
+
+    def lens_of(self, which: str) -> list[dict[str, Any]]:
+        """The lens column of the recorded ``"clean"`` or ``"corrupt"`` run (its last block run again,
+        traced, for the residual after it; computed once)."""
+        if which not in self.lens_runs:
+            with self.bench() as wb:
+                state = wb.state(which)
+                eng = ExactEngine(wb.pp, wb.runner, wb.metric, state, state, DEFAULT_MAX_BYTES)
+                traced = eng.run_edited(wb.pp.n_layers - 1, [])
+            self.lens_runs[which] = self.lens(traced.residual[0].float())
+        return self.lens_runs[which]
+
     def cell(self, sites: str, method: str, row: int, col: int, k: int = 5) -> dict[str, Any]:
         """One cell of the ``(sites, method)`` grid run exactly: ``{row, col, site, positions, metric,
-        effect, patched, clean, corrupt}`` (the last three: top-``k`` next tokens ``{id, token, p}``)."""
+        effect, patched, clean, corrupt, lens}`` (``patched``/``clean``/``corrupt``: top-``k`` next tokens
+        ``{id, token, p}``; ``lens``: ``{patched, clean, corrupt}`` logit-lens columns, see :meth:`lens`)."""
         grid = self.grid(sites, method)
         if not (0 <= row < grid.shape[0] and 0 <= col < grid.shape[1]):
             raise IndexError(f"no cell [{row}, {col}] in a {grid.shape[0]} x {grid.shape[1]} grid")
+        lens = {"clean": self.lens_of("clean"), "corrupt": self.lens_of("corrupt")}
         if bool(grid.identical[row, col]):
             return {"row": row, "col": col, "site": grid.rows[row], "positions": list(grid.positions[col]),
                     "identical": True, "metric": self.metric_corrupt, "effect": float("nan"),
-                    "patched": self.top_corrupt, "clean": self.top_clean, "corrupt": self.top_corrupt}
+                    "patched": self.top_corrupt, "clean": self.top_clean, "corrupt": self.top_corrupt,
+                    "lens": {**lens, "patched": lens["corrupt"]}}
         with self.bench() as wb:
             run = wb.cell(grid, row, col)
         return {"row": row, "col": col, "site": run.site, "positions": list(run.positions), "identical": False,
                 "metric": run.metric, "effect": run.effect, "patched": top_tokens(run.logits, self.tokenizer, k),
-                "clean": self.top_clean[:k], "corrupt": self.top_corrupt[:k]}
+                "clean": self.top_clean[:k], "corrupt": self.top_corrupt[:k],
+                "lens": {**lens, "patched": self.lens(run.residual)}}

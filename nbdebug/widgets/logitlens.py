@@ -24,7 +24,11 @@ from ._base import NBWidget, rpc
 from ._snapshot import css_color, lut
 from ._transport import encode_array
 
-__all__ = ["LogitLensWidget", "text_on"]
+#: shown in the steering panel's place when the view has no ``--steer`` vector
+STEER_HINT = ("steer this lens: v = nbdebug.steering_vector(model, tok, positive=[...], negative=[...], "
+              "layer='<block name>'), then add --steer v to the magic line")
+
+__all__ = ["STEER_HINT", "LogitLensWidget", "text_on"]
 
 METRICS = ("top1_prob", "entropy", "target_prob", "target_rank", "kl")
 
@@ -61,7 +65,10 @@ class LogitLensWidget(NBWidget):
     Columns and cells not computed yet need the model: once it is deleted they
     answer with the ``ModelGoneError`` message (the lens holds the model weakly). UI state synced both ways: ``metric``,
     ``row_range`` (``[first, last]``), ``pos_range`` (``[start, end)`` of visible positions),
-    ``pinned`` (list of ``[row, pos]``).
+    ``pinned`` (list of ``[row, pos]``). ``steering`` (a :class:`~nbdebug.recorders.steer_lens.SteerLens`,
+    from ``--steer``): the steering panel's ``steer_layers``/``steer_layer`` and the ``steer`` request
+    (``{layer, alpha, start, end}`` → the steered run's columns and both runs' next-token top-5);
+    without it ``steer_hint`` says how to make a vector.
     """
 
     _view_name_ = "logitlens"
@@ -88,9 +95,22 @@ class LogitLensWidget(NBWidget):
     row_range = traitlets.List(traitlets.Int()).tag(sync=True)
     pos_range = traitlets.List(traitlets.Int()).tag(sync=True)
     pinned = traitlets.List().tag(sync=True)
+    #: the steering panel (``--steer``): the layers offered, the one shown first, the slider's bound
+    steer_layers = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    steer_layer = traitlets.Unicode("").tag(sync=True)
+    steer_max = traitlets.Float(8.0).tag(sync=True)
+    #: without ``--steer``: one line on how to make a steering vector
+    steer_hint = traitlets.Unicode("").tag(sync=True)
+    #: steered runs the kernel has computed (for tests)
+    steer_runs = traitlets.Int(0).tag(sync=True)
 
-    def __init__(self, lens: LogitLens, *, window: int = 48, **kwargs: Any) -> None:
+    def __init__(self, lens: LogitLens, *, window: int = 48, steering: Any = None, **kwargs: Any) -> None:
         self.lens = lens
+        self.steering = steering
+        if steering is not None:
+            kwargs.update(steer_layers=steering.layers, steer_layer=steering.default)
+        else:
+            kwargs.setdefault("steer_hint", STEER_HINT)
         done = [int(i) for i in np.flatnonzero(lens.done)] or [lens.T - 1]
         cols = lens.columns(done)
         found = lens.finding()
@@ -130,6 +150,28 @@ class LogitLensWidget(NBWidget):
             return {"positions": [], "vocab": {}}, {}
         cols = self.lens.columns(pos)
         return {"positions": pos, "vocab": self._labels(self.lens.vocab_for(pos))}, _pack(cols)
+
+    @rpc("steer")
+    def _steer(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The lens of the run steered at ``layer`` by ``alpha`` (positions ``start..end``) and the
+        next-token top-5 at the last position, steered and original (``alpha`` 0: the original run)."""
+        if self.steering is None:
+            raise ValueError(STEER_HINT)
+        layer = str(params.get("layer") or self.steer_layer)
+        alpha = float(params.get("alpha", 0.0))
+        lens = self.lens if alpha == 0 else self.steering.lens(layer, alpha)
+        self.steer_runs = self.steering.runs
+        T = lens.T
+        start, end = max(0, int(params.get("start", 0))), min(T, int(params.get("end", T)))
+        pos = sorted(set(range(start, end)) | {T - 1})
+        cols = lens.columns(pos)
+        result = {"layer": layer, "alpha": alpha, "positions": pos, "vocab": self._labels(lens.vocab_for(pos)),
+                  "top": {"steered": self._top5(lens), "original": self._top5(self.lens)}}
+        return result, _pack(cols)
+
+    def _top5(self, lens: LogitLens) -> list[dict[str, Any]]:
+        ids, probs = lens.cell(lens.R - 1, lens.T - 1, 5)
+        return [{"id": int(i), "token": display_token(lens.vocab[int(i)]), "p": float(p)} for i, p in zip(ids, probs)]
 
     @rpc("cell")
     def _cell(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -8,7 +8,8 @@ Synced up front: the first grid (``effect``/``raw`` float32, ``identical`` uint8
 ``rows``/``columns`` as strings), the metric, both prompts' tokens and top-5 next tokens. On request
 (``js/src/patching.ts``): ``grid`` (another site kind, or ``method="attribution"``: the triage
 estimate with its top cells verified exactly) and ``cell`` (one patch run exactly: its top-5 next
-tokens beside the clean and corrupt runs'). The session holds the model weakly: once it is deleted a
+tokens beside the clean and corrupt runs', and the three runs' logit-lens columns at the last position:
+per block the top-1 token and p(answer)). The session holds the model weakly: once it is deleted a
 request answers with the ``ModelGoneError`` message.
 """
 
@@ -135,6 +136,7 @@ class PatchingWidget(NBWidget):
         out = self.session.cell(sites, method, row, col)
         for key in ("patched", "clean", "corrupt"):
             out[key] = self._tops(out[key])
+            out["lens"][key] = self._tops(out["lens"][key])
         self.selected = [row, col]
         self.clicks += 1
         return out, None

@@ -1,5 +1,6 @@
 """The patching view in a real JupyterLab (Debian chromium): the grid draws, a click runs that patch in
-the kernel and its top-5 next tokens appear beside the clean and corrupt runs'.
+the kernel and its top-5 next tokens appear beside the clean and corrupt runs', with the three runs'
+logit-lens columns (per block: top-1 token and p(answer)), as the kernel computed them.
 
 A tiny random GPT-2 (no downloads); a tokenizer stand-in whose tokens are hostile HTML: they must
 show as characters.
@@ -75,4 +76,15 @@ def test_patching_lab(page, lab) -> None:  # type: ignore[no-untyped-def]
     run_code_and_wait_text(
         page, "print('tops', [t['token'] for t in w.handle_request('cell', {'row': 1, 'col': 2})[0]['result']['patched']] "
               f"== {shown!r})", "tops True")
+    # the patched run's lens column beside the clean and corrupt ones: one row per block (final first)
+    lens = view.locator(".nbp-lens")
+    lens.wait_for(state="visible", timeout=60_000)
+    assert lens.locator("tbody tr").count() == 4  # embeddings + 3 blocks
+    patched_col = [t.strip() for t in lens.locator("td.nbp-lens-patched").all_text_contents()]
+    clean_col = [t.strip() for t in lens.locator("td.nbp-lens-clean").all_text_contents()]
+    assert len(patched_col) == 4 and len(clean_col) == 4
+    run_code_and_wait_text(
+        page, "print('lens', [e['token'].strip() for e in reversed(w.handle_request('cell', {'row': 1, 'col': 2})[0]['result']"
+              f"['lens']['patched'])] == {patched_col!r})", "lens True")
+    assert run_js(page, "return !!window.__pwned") is False and view.locator("img").count() == 0
     screenshot(page, "patching-lab", view)

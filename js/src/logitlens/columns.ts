@@ -34,6 +34,11 @@ export class Columns {
     return this.cols.has(pos);
   }
 
+  /** Show `other`'s columns from now on (shared: what is stored there later appears here too). */
+  adopt(other: Columns): void {
+    this.cols = other.cols;
+  }
+
   /** Arrays `(R, P, ...)` of `positions` (rpc "columns" or the initial trait) split per position. */
   store(positions: number[], arrays: Record<string, NdArray>): void {
     const { R, k } = this;

@@ -32,5 +32,10 @@ export const CSS = `
 .nbdebug-logitlens .nbl-pin { border: 1px solid #ddd; padding: 4px 6px; font-family: ui-monospace, monospace; white-space: pre; }
 .nbdebug-logitlens .nbl-error { color: #b00; }
 .nbdebug-logitlens th.nbl-gen { color: #6d28d9; font-style: italic; border-bottom: 2px solid #6d28d9; }
+.nbdebug-logitlens .nbl-steer { border: 1px solid #ddd; padding: 2px 6px; margin: 4px 0; }
+.nbdebug-logitlens .nbl-steer-slider { width: 180px; vertical-align: middle; }
+.nbdebug-logitlens .nbl-steer-tops { display: flex; gap: 18px; flex-wrap: wrap; }
+.nbdebug-logitlens .nbl-steer-top td { font-family: ui-monospace, monospace; padding: 0 6px 0 0; white-space: pre; }
+.nbdebug-logitlens .nbl-steer-p { color: #444; text-align: right; }
 ${LEGEND_CSS}
 `;

@@ -23,4 +23,13 @@ export const CSS = `
 .nbdebug-patching .nbp-top td { padding: 0 6px 0 0; font-family: monospace; }
 .nbdebug-patching .nbp-top td.nbp-p { color: #444; text-align: right; }
 .nbdebug-patching .nbp-top.nbp-patched h4 { color: #a3440a; }
+.nbdebug-patching .nbp-lens { margin-top: 6px; }
+.nbdebug-patching .nbp-lens h4 { margin: 0 0 2px; font-size: 12px; }
+.nbdebug-patching .nbp-lens table { border-collapse: collapse; }
+.nbdebug-patching .nbp-lens td { padding: 0 6px 0 0; font-family: monospace; }
+.nbdebug-patching .nbp-lens td.nbp-p { color: #444; text-align: right; }
+.nbdebug-patching .nbp-lens th { font-weight: normal; color: #444; text-align: left; padding: 0 6px 0 0; font-size: 11px; }
+.nbdebug-patching .nbp-lens th.nbp-lens-row { text-align: right; white-space: nowrap; }
+.nbdebug-patching .nbp-lens td.nbp-lens-patched { color: #a3440a; }
+.nbdebug-patching .nbp-lens td.nbp-lens-tok { white-space: pre; max-width: 160px; overflow: hidden; text-overflow: ellipsis; }
 `;

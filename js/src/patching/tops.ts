@@ -1,6 +1,7 @@
 // The next-token tables: the clean and corrupt runs' top-5 (known up front) and the clicked patched
-// run's (fetched from the kernel). Tokens are model text: textContent only.
+// run's (fetched from the kernel), then the three runs' logit-lens columns (lens.ts). Tokens are model text: textContent only.
 import { fmt, fmtPct, h, replaceChildren } from "../lib/dom";
+import { lensTable, type LensColumns } from "./lens";
 
 export interface Top {
   id: number;
@@ -25,6 +26,7 @@ export interface CellAnswer {
   patched: Top[];
   clean: Top[];
   corrupt: Top[];
+  lens?: LensColumns;
 }
 
 /** The panel under the grid: clean | corrupt | patched (once a cell was clicked). */
@@ -40,6 +42,7 @@ export class Tops {
     if (answer) {
       const title = `patched: ${label} (effect ${fmt(answer.effect)})`;
       parts.push(topTable(title, answer.patched, "nbp-patched"));
+      if (answer.lens) parts.push(lensTable(answer.lens, label));
     }
     replaceChildren(this.el, parts);
   }

@@ -1,0 +1,52 @@
+"""The logit lens on a model's own final norm and unembedding, held weakly: what the lens view, its
+steering panel and the patching view's lens column share (one lens implementation,
+:class:`~nbdebug.inspectors.logitlens.LogitLens`).
+
+>>> lens = model_lens(model, [h0, h1, h2], targets=torch.tensor([3]))   # rows of (T, d)  # doctest: +SKIP
+>>> lens_column(lens)[-1]          # the final row at the last position
+{'row': 'model.layers.1', 'token': ' Paris', 'id': 3681, 'p': 0.61, 'p_answer': 0.61}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..adapters.text import decoder_for
+from ..adapters.transformers import ModelParts, find_parts, require_lens
+from ..inspectors.logitlens import LogitLens
+from .logitlens import head_device, weak_parts
+
+__all__ = ["lens_column", "model_lens"]
+
+
+def model_lens(model: nn.Module, residuals: Sequence[torch.Tensor], *, targets: torch.Tensor | None = None, k: int = 5,
+               tokenizer: Any = None, tokens: Sequence[str] | None = None, parts: ModelParts | None = None,
+               decode: Callable[[list[int]], list[str]] | None = None, **options: Any) -> LogitLens:
+    """A :class:`LogitLens` over ``residuals`` (rows of ``(T, d)``: the embeddings, then each block's
+    output) read through ``model``'s own final norm and unembedding, both held weakly (``options``:
+    the other :class:`LogitLens` arguments, e.g. ``target_label``)."""
+    p = parts if parts is not None else find_parts(model)
+    require_lens(p, model)
+    normed, weight, bias, loaded, _ = weak_parts(p)
+    rows = list(residuals)
+    return LogitLens(rows, normed, weight, bias if p.unembed_bias is not None else None, k=k, targets=targets,
+                     softcap=p.softcap, row_names=["embed"] + [n for n, _ in p.blocks], tokens=tokens,
+                     decode=decode or decoder_for(tokenizer, model), device=head_device(p, rows), loaded=loaded,
+                     **options)
+
+
+def lens_column(lens: LogitLens, position: int = -1) -> list[dict[str, Any]]:
+    """One position's lens, row by row: ``{row, id, token, p, p_answer}`` (the top-1 token, its
+    probability, and the probability of that position's target: -1 without one)."""
+    pos = position % lens.T
+    c = lens.columns([pos])
+    ids = [int(i) for i in c["top_ids"][:, 0, 0]]
+    lens.learn(ids)
+    return [{"row": lens.row_names[r], "id": ids[r], "token": lens.vocab.get(ids[r], f"#{ids[r]}"),
+             "p": float(c["top_probs"][r, 0, 0]), "p_answer": float(np.nan_to_num(c["target_prob"][r, 0], nan=-1.0))}
+            for r in range(lens.R)]

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import open_and_run, run_code_and_wait_text, run_js, screenshot, wait_widget, write_notebook
+from .harness import (
+    open_and_run,
+    run_code_and_wait_text,
+    run_js,
+    screenshot,
+    wait_widget,
+    write_notebook,
+)
 
 pytestmark = pytest.mark.browser
 

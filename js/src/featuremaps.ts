@@ -8,6 +8,7 @@ import { fmt, fmtPct, h, replaceChildren, styleElement } from "./lib/dom";
 import type { NdArray } from "./lib/ndarray";
 import { rpc, type AnyModel } from "./lib/rpc";
 import { sampleSelect, select } from "./lib/select";
+import { ABLATE_CSS, ablatePanel } from "./featuremaps/ablate";
 
 interface LayerInfo {
   name: string;
@@ -106,7 +107,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const big = h("div", { class: "nbd-big" });
   const grid = h("div", { class: "nbd-grid" });
   const hover = h("div", { class: "nbd-hover" });
-  root.append(styleElement(CSS), controls, notes, info, errorBox, big, grid, hover);
+  root.append(styleElement(CSS + ABLATE_CSS), controls, notes, info, errorBox, big, grid, hover);
   el.appendChild(root);
 
   let page: Page | null = null;
@@ -126,6 +127,10 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     setTrait("js_error", msg);
   };
 
+  // channel ablation (shown when the kernel kept the cell's model call): click picks, shift-click adds
+  const ablation = ablatePanel(model, () => String(model.get("layer") ?? ""), reportError);
+  if (model.get("can_ablate")) root.insertBefore(ablation.el, big);
+
   function statsText(p: Page, i: number): string {
     const ch = p.channels[i];
     return `channel ${ch}: min ${fmt(p.lo[i])}, max ${fmt(p.hi[i])}, mean ${fmt(p.mean[i])}, zeros ${fmtPct(p.sparsity[i])}${p.dead[i] ? " (dead: all zero)" : ""}`;
@@ -141,6 +146,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     const ls = layers();
     const layerSel = select(ls.map((l) => [l.name, `${l.name} [${l.shape.join("×")}]`]), String(model.get("layer")), "nbd-layer", (v) => {
       start = 0;
+      ablation.reset();
       setTrait("layer", v);
       setTrait("selected", -1);
       void fetchPage();
@@ -242,7 +248,14 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
         class: ["nbd-tile", p.dead[i] ? "nbd-dead" : false, ch === selected && "nbd-selected"],
         data: { channel: ch },
         title: statsText(p, i),
-        on: { mouseenter: () => replaceChildren(hover, statsNodes(p, i)), click: () => enlarge(i) },
+        on: {
+          mouseenter: () => replaceChildren(hover, statsNodes(p, i)),
+          click: (ev: Event) => {
+            const add = (ev as MouseEvent).shiftKey;
+            ablation.pick(ch, add);
+            if (!add) enlarge(i);
+          },
+        },
       }, [canvas, h("span", { class: "nbd-idx", text: ch })]);
       frag.appendChild(tile);
     }
@@ -276,6 +289,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   }
 
   const onLayers = () => {
+    ablation.reset();
     buildControls();
     start = 0;
     void fetchPage();
@@ -283,6 +297,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   // A layer set from Python (e.g. a linked dashboard): follow it; the dropdown's own change already matches.
   const onLayer = () => {
     const sel = controls.querySelector("select.nbd-layer") as HTMLSelectElement | null;
+    ablation.reset();
     if (sel && sel.value === String(model.get("layer"))) return;
     buildControls();
     start = 0;

@@ -13,6 +13,7 @@ import type { HistEvent, Incident } from "./thermometer/history";
 import { initialize, messageHandler, shared, SparkCache, sparkCell, SPARK_STATS, syncTrait } from "./thermometer/live";
 import { GroupsPanel } from "./thermometer/groups_widget";
 import { bindInput } from "./thermometer/input";
+import { ABLATE_CSS, AblateRow } from "./thermometer/ablate";
 import { renderRaised, type Raised } from "./thermometer/raised";
 import {
   StatTable,
@@ -61,8 +62,9 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     const c = getComputedStyle(root).getPropertyValue("--jp-brand-color1").trim();
     return c || "#1976d2";
   });
+  const ablateRow = new AblateRow(model); // a selected row → ablate its module's output → Δ loss
   root.append(
-    styleElement(CSS),
+    styleElement(CSS + ABLATE_CSS),
     finding,
     findingsList,
     summary,
@@ -74,6 +76,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     errorBox,
     groups.el,
     table,
+    ablateRow.el,
     detail.el,
     diagBox,
   );
@@ -140,6 +143,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     groups.select(name);
     if (current && byName.has(current) && !flatStale) rows[byName.get(current)!]?.classList.remove("nbd-selected");
     current = name;
+    ablateRow.show(byName.has(name) ? name : "");
     const i = byName.get(name);
     if (!name || i === undefined) {
       detail.clear();
@@ -345,6 +349,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     ["change:sort_by", onSortTrait],
     ["change:sort_desc", onSortTrait],
     ["change:selected", onSelected],
+    ["change:can_ablate", () => ablateRow.show(current)],
   ];
   for (const [ev, cb] of subs) model.on(ev, cb);
   // Live updates: the model-level listener (anywidget's initialize) or, without one, this view's.

@@ -24,10 +24,11 @@ from ..adapters.vision import (
     infer_grid,
     spatial_layers,
 )
-from ..capture import format_bytes, parse_bytes, select_modules, split_call_name
+from ..capture import ModelCall, format_bytes, parse_bytes, select_modules, split_call_name
 from ..capture.probe import OutputProbe
 from ..inspectors.featuremaps import SORT_KEYS, FeatureMapLayer, FeatureMapsResult
 from ..views import Recorder
+from .vision_ablation import ChannelAblation
 
 __all__ = ["FeatureMapsRecorder"]
 
@@ -70,6 +71,9 @@ class FeatureMapsRecorder(Recorder):
         )
         self._spatial: list[SpatialLayer] = []
         self._result: FeatureMapsResult | None = None
+        self.class_names = _class_names(o.get("class_names"), o.get("user_ns"))
+        self.call: ModelCall | None = ModelCall(model, keep_output=False)  # the first call's inputs: channel ablation
+        self.ablation: ChannelAblation | None = None
 
     def _keep(self, name: str, t: torch.Tensor) -> bool:
         """Copy a selected module's output only when it has a spatial grid (the budget is for maps)."""
@@ -87,9 +91,16 @@ class FeatureMapsRecorder(Recorder):
 
     def __enter__(self) -> FeatureMapsRecorder:
         self.probe.__enter__()
+        if self.call is not None:
+            self.call.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        call, self.call = self.call, None
+        if call is not None:
+            call.__exit__(*exc)
+            if call.seen and call.args is not None:
+                self.ablation = ChannelAblation(self.model, call.args, call.kwargs or {}, class_names=self.class_names)
         self.probe.__exit__(*exc)
         pr, hw = self.probe, self._size.hw
         try:
@@ -153,4 +164,14 @@ class FeatureMapsRecorder(Recorder):
     def widget(self) -> Any:
         from ..widgets.featuremaps import FeatureMapsWidget
 
-        return FeatureMapsWidget(self.result(), sample=self.sample, colormap=self.colormap, sort=self.sort, norm=self.norm)
+        return FeatureMapsWidget(self.result(), sample=self.sample, colormap=self.colormap, sort=self.sort, norm=self.norm,
+                                 ablation=self.ablation)
+
+
+def _class_names(value: Any, ns: Any) -> Any:
+    """``--class-names``: a notebook variable's value, a comma-separated list, or the object given."""
+    if isinstance(value, str):
+        if isinstance(ns, dict) and value in ns:
+            return ns[value]
+        return [v.strip() for v in value.split(",")] if "," in value else None
+    return value

@@ -22,6 +22,7 @@ from ..capture.session import Capture, CaptureResult
 from ..inspectors.thermometer import Thresholds, diagnose
 from ..views import Recorder, training_options
 from ..widgets.thermometer import ThermometerWidget
+from .thermometer_ablation import LastCall, ModuleAblation
 
 MAX_RATE = 4.0  # live updates per second, at most
 
@@ -41,6 +42,7 @@ class ThermometerRecorder(Recorder):
         self._widget: ThermometerWidget | None = None
         self._last_push = 0.0
         self._pushing = True
+        self.last: LastCall | None = None
         self.capture = Capture(
             model,
             _default_layers(model) if o.get("layers") is None else o["layers"],
@@ -60,10 +62,14 @@ class ThermometerRecorder(Recorder):
 
     def __enter__(self) -> ThermometerRecorder:
         self.capture.__enter__()
+        self.last = LastCall(self.model)  # the last call's inputs: a row's ablation re-runs them
+        self.last.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         try:
+            if self.last is not None:
+                self.last.__exit__(*exc)
             self.capture.__exit__(*exc)
         finally:
             if self._widget is not None:
@@ -103,8 +109,14 @@ class ThermometerRecorder(Recorder):
         report = diagnose(res, self.thresholds)
         if self._widget is not None:
             self._widget.finish(report, res)
-            return self._widget
-        return ThermometerWidget(report, res, self.thresholds)
+            w = self._widget
+        else:
+            w = ThermometerWidget(report, res, self.thresholds)
+        inputs = self.last.inputs if self.last is not None else None
+        if inputs is not None:
+            w.ablation = ModuleAblation(self.model, inputs)
+            w.can_ablate = True
+        return w
 
 
 def _default_layers(model: nn.Module) -> Any:

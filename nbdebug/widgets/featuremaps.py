@@ -50,8 +50,12 @@ class FeatureMapsWidget(NBWidget):
     sort = traitlets.Unicode("index").tag(sync=True)
     selected = traitlets.Int(-1).tag(sync=True)
     notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    #: whether a channel can be ablated (the cell's first call was kept), and the ablations run (for tests)
+    can_ablate = traitlets.Bool(False).tag(sync=True)
+    ablations = traitlets.Int(0).tag(sync=True)
 
-    def __init__(self, result: FeatureMapsResult, *, sample: int = 0, colormap: str = "viridis", sort: str = "index", norm: str = "channel", **kwargs: Any) -> None:
+    def __init__(self, result: FeatureMapsResult, *, sample: int = 0, colormap: str = "viridis", sort: str = "index", norm: str = "channel",
+                 ablation: Any = None, **kwargs: Any) -> None:
         layers = [
             {"name": lay.name, "shape": list(lay.shape), "channels": lay.grid.channels, "height": lay.grid.height,
              "width": lay.grid.width, "layout": lay.grid.describe(), "samples": lay.samples}
@@ -61,9 +65,24 @@ class FeatureMapsWidget(NBWidget):
         super().__init__(
             layers=layers, layer=_first_layer(result, layers), batch=max(kept, 1),
             sample=min(max(sample, 0), max(kept - 1, 0)), colormap=colormap, sort=sort, norm=norm,
-            notes=list(result.notes), **kwargs,
+            notes=list(result.notes), can_ablate=ablation is not None, **kwargs,
         )
         self._result = result
+        self.ablation = ablation  # a ChannelAblation (nbdebug.recorders.vision_ablation) or None
+
+    @rpc("ablate")
+    def _ablate(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The first sample re-run with ``channels`` of ``layer`` ablated (``mode`` zero | mean): Δ p of
+        the clean top-1 class, the new top-5, and the Grad-CAM maps (clean and ablated) as float32."""
+        if self.ablation is None:
+            raise RuntimeError("channel ablation needs the cell's model call (none was kept)")
+        name = str(params.get("layer") or self.layer)
+        out = dict(self.ablation.ablate(name, [int(c) for c in params.get("channels") or []], str(params.get("mode") or "zero")))
+        cam, clean = out.pop("cam"), out.pop("cam_clean")
+        out.pop("cam_low", None)
+        out["cam_shape"] = list(cam.shape)
+        self.ablations += 1
+        return out, {"cam": np.ascontiguousarray(cam, np.float32), "cam_clean": np.ascontiguousarray(clean, np.float32)}
 
     @rpc("page")
     def _page(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

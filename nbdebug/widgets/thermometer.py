@@ -114,6 +114,11 @@ class ThermometerWidget(NBWidget):
     #: the header (the top finding → what followed from it) and the ranked findings (root cause first)
     headline = traitlets.Unicode("").tag(sync=True)
     findings = traitlets.List().tag(sync=True)
+    #: a row's module can be ablated (the last model call was kept), and the ablations run (for tests)
+    can_ablate = traitlets.Bool(False).tag(sync=True)
+    ablations = traitlets.Int(0).tag(sync=True)
+    #: a ModuleAblation (nbdebug.recorders.thermometer_ablation) once the cell ran, else None
+    ablation: Any = None
 
     def __init__(self, report: ThermometerReport, capture: CaptureResult | None = None,
                  thresholds: Thresholds | None = None, **kwargs: Any) -> None:
@@ -262,6 +267,16 @@ class ThermometerWidget(NBWidget):
         if self.capture is None and self.running:
             raise ValueError("the cell is still running: histograms are available once it has finished")
         return histogram_answer(self.capture, int(params["row"]))
+
+    @rpc("ablate")
+    def _ablate(self, params: dict[str, Any]) -> tuple[dict[str, Any], None]:
+        """The last step's forward re-run with ``module``'s output ablated (``mode`` zero | mean): Δ loss,
+        or Δ of the output when the loss cannot be recomputed (its ``note`` says so)."""
+        if self.ablation is None:
+            raise ValueError("nothing to re-run: the model's last call was not kept (or the cell is still running)")
+        out = self.ablation.ablate(str(params["module"]), str(params.get("mode") or "zero"))
+        self.ablations += 1
+        return out, None
 
     @staticmethod
     def histogram_answer(capture: CaptureResult | None, row: int) -> tuple[dict[str, Any], dict[str, Any]]:

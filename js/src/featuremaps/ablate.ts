@@ -1,0 +1,145 @@
+// Channel ablation panel of the feature-map view (issue 20): click a tile to pick its channel (shift-click
+// adds more), "ablate" asks the kernel (`ablate` request, nbdebug/widgets/featuremaps.py) to re-run the
+// cell's first sample with those channels zeroed or mean-replaced; the answer shows the change of the
+// clean top-1 class's probability, the new top-5 and the Grad-CAM map before/after on one scale.
+// Class labels are model text: textContent only.
+import { paintU8 } from "../lib/colormap";
+import { fmt, h, replaceChildren } from "../lib/dom";
+import type { NdArray } from "../lib/ndarray";
+import { rpc, type AnyModel } from "../lib/rpc";
+import { select } from "../lib/select";
+
+export interface ClassP {
+  id: number;
+  label: string;
+  p: number;
+}
+
+export interface AblateResult {
+  layer: string;
+  channels: number[];
+  mode: string;
+  cls: number;
+  label: string;
+  p_clean: number;
+  p: number;
+  delta: number;
+  top: ClassP[];
+  top_clean: ClassP[];
+  cam_layer: string;
+  cam_shape: number[];
+}
+
+export const ABLATE_CSS = `
+.nbdebug-featuremaps .nbd-ablate { margin: 4px 0; padding: 4px; border: 1px solid #ccc; font-size: 12px; }
+.nbdebug-featuremaps .nbd-ablate button { margin-left: 4px; }
+.nbdebug-featuremaps .nbd-ablate .nbd-delta { font-weight: bold; }
+.nbdebug-featuremaps .nbd-ablate .nbd-cams { display: flex; gap: 8px; align-items: flex-start; }
+.nbdebug-featuremaps .nbd-ablate ol { margin: 2px 0 2px 18px; padding: 0; }
+`;
+
+/** The Δ line of an answer: "Δ p(label) = −0.123 (0.456 → 0.333)". */
+export function deltaText(r: AblateResult): string {
+  const sign = r.delta > 0 ? "+" : r.delta < 0 ? "−" : "±";
+  return `Δ p(${r.label}) = ${sign}${fmt(Math.abs(r.delta))} (${fmt(r.p_clean)} → ${fmt(r.p)})`;
+}
+
+/** Two maps as uint8 on one scale (0 … the larger maximum), so a weaker map looks weaker. */
+export function sharedScale(a: ArrayLike<number>, b: ArrayLike<number>): [Uint8Array, Uint8Array] {
+  let hi = 0;
+  for (const m of [a, b]) for (let i = 0; i < m.length; i++) if (m[i] > hi) hi = m[i];
+  const conv = (m: ArrayLike<number>) => {
+    const out = new Uint8Array(m.length);
+    for (let i = 0; i < m.length; i++) out[i] = hi > 0 ? Math.max(0, Math.min(255, Math.round((m[i] / hi) * 255))) : 0;
+    return out;
+  };
+  return [conv(a), conv(b)];
+}
+
+export interface AblatePanel {
+  el: HTMLElement;
+  /** A tile was clicked: channel `ch` alone, or added/removed with `add` (shift-click). */
+  pick(ch: number, add: boolean): void;
+  /** Forget the picked channels and the last answer (a new layer). */
+  reset(): void;
+  chosen(): number[];
+}
+
+export function ablatePanel(model: AnyModel, layer: () => string, onError: (err: unknown) => void): AblatePanel {
+  const el = h("div", { class: "nbd-ablate" });
+  const picked = h("span", { class: "nbd-picked" });
+  const out = h("div", { class: "nbd-ablate-out" });
+  let chosen: number[] = [];
+  let mode = "zero";
+  let request = 0;
+  const modeSel = select([["zero", "zero"], ["mean", "mean"]], mode, "nbd-ablate-mode", (v) => {
+    mode = v;
+  });
+  const go = h("button", { class: "nbd-ablate-go", text: "ablate", title: "re-run the first sample with these channels ablated", on: { click: () => void run() } });
+  const clear = h("button", { class: "nbd-ablate-clear", text: "clear", on: { click: () => reset() } });
+  replaceChildren(el, [h("span", { text: "ablate channels " }), picked, " ", modeSel, go, clear, out]);
+
+  function show(): void {
+    picked.textContent = chosen.length ? chosen.join(", ") : "(click a tile; shift-click adds)";
+    (go as HTMLButtonElement).disabled = chosen.length === 0;
+    el.setAttribute("data-channels", chosen.join(","));
+  }
+
+  function pick(ch: number, add: boolean): void {
+    if (!add) chosen = [ch];
+    else chosen = chosen.includes(ch) ? chosen.filter((c) => c !== ch) : [...chosen, ch].sort((a, b) => a - b);
+    show();
+  }
+
+  function reset(): void {
+    chosen = [];
+    request++;
+    replaceChildren(out, []);
+    el.removeAttribute("data-delta");
+    show();
+  }
+
+  function camCanvas(u8: Uint8Array, shape: number[], title: string): HTMLElement {
+    const [hh, ww] = shape;
+    const canvas = h("canvas", { attrs: { width: ww, height: hh } });
+    const s = 128 / Math.max(hh, ww, 1);
+    canvas.style.width = `${Math.round(ww * s)}px`;
+    canvas.style.height = `${Math.round(hh * s)}px`;
+    const ctx = canvas.getContext("2d");
+    if (ctx) paintU8(u8, ww, hh, "inferno", ctx);
+    return h("figure", { style: { margin: "0" } }, [canvas, h("figcaption", { text: title })]);
+  }
+
+  function render(r: AblateResult, arrays: Record<string, NdArray>): void {
+    const [before, after] = sharedScale(arrays.cam_clean.data as ArrayLike<number>, arrays.cam.data as ArrayLike<number>);
+    const tops = h("ol", {}, r.top.map((t) => h("li", { text: `${t.label}: ${fmt(t.p)}` })));
+    replaceChildren(out, [
+      h("div", { class: "nbd-delta", text: deltaText(r) }),
+      h("div", { text: `${r.mode} ablation of ${r.layer} channel${r.channels.length > 1 ? "s" : ""} ${r.channels.join(", ")}; new top-5:` }),
+      tops,
+      h("div", { class: "nbd-cams" }, [
+        camCanvas(before, r.cam_shape, `Grad-CAM (${r.cam_layer}) before`),
+        camCanvas(after, r.cam_shape, "after ablation"),
+      ]),
+    ]);
+    el.setAttribute("data-delta", String(r.delta));
+  }
+
+  async function run(): Promise<void> {
+    if (!chosen.length) return;
+    const id = ++request;
+    replaceChildren(out, [h("div", { text: "re-running…" })]);
+    try {
+      const answer = await rpc<AblateResult>(model, "ablate", { layer: layer(), channels: chosen, mode });
+      if (id !== request) return;
+      render(answer.result, answer.arrays);
+    } catch (err) {
+      if (id !== request) return;
+      replaceChildren(out, [h("div", { class: "nbd-error", text: err instanceof Error ? err.message : String(err) })]);
+      onError(err);
+    }
+  }
+
+  show();
+  return { el, pick, reset, chosen: () => chosen.slice() };
+}

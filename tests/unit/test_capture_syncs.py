@@ -219,7 +219,7 @@ def test_a_user_loss_is_read_with_the_steps_transfer_not_synced() -> None:
     """``--loss`` on the device path: the loss tensor travels with the step's one transfer (no
     ``item()`` per step), and the values are the loop's own."""
     (py3, disp3, res3), (py6, _, res6) = (training_run(deep(2), s, user_loss=True) for s in (3, 6))
-    assert disp3 == Counter()
+    assert disp3 == Counter() and len(res3.series("loss")) == 3
     assert py3["item"] == py6["item"] == 0 and py3["__float__"] == py6["__float__"] == 0
     plain = training_run(deep(2), 6)[2]  # loss from backward(): the same values
     mine, theirs = res6.series("loss"), plain.series("loss")

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from ..adapters.outputs import logits_of
 from ..capture.interventions import edit_activations
@@ -38,6 +39,10 @@ OUTPUT_NOTE = ("the model's output carries no loss (nbdebug does not know your l
                "Δ of the output instead, mean |Δ logits| and top-1 agreement")
 
 
+def _detached(x: Any) -> Any:
+    return x.detach() if isinstance(x, torch.Tensor) else x
+
+
 class LastCall:
     """While entered, the ``(args, kwargs)`` of ``model``'s last top-level call (``inputs``; None if
     it never ran). Enter/exit once."""
@@ -51,7 +56,8 @@ class LastCall:
     def keep(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The model's pre-call hook: keep this call's inputs (references)."""
         self.calls += 1
-        self.inputs = (tuple(args), dict(kwargs))
+        # detached views (same storage): a kept input never holds the user's autograd graph alive
+        self.inputs = tree_map(_detached, (tuple(args), dict(kwargs)))
 
     def __enter__(self) -> LastCall:
         model = self.model_ref.get()

@@ -193,3 +193,18 @@ def test_thermometer_without_a_loss_in_the_output_reports_the_output_change(shel
     gc.collect()
     with pytest.raises(RuntimeError, match="re-run the cell"):
         w.handle_request("ablate", {"module": "1"})
+
+
+def test_the_kept_inputs_never_hold_the_users_graph() -> None:
+    """The thermometer's last-call inputs are detached: a graph built before the model (here an input
+    computed from a parameter) is not kept alive by the widget."""
+    from nbdebug.recorders.thermometer_ablation import LastCall
+
+    model = torch.nn.Linear(3, 2)
+    pre = torch.nn.Parameter(torch.ones(3))
+    with LastCall(model) as last:
+        x = torch.randn(4, 3) * pre  # has a grad_fn
+        model(x)
+    kept = last.inputs[0][0]
+    assert x.grad_fn is not None
+    assert kept.grad_fn is None and not kept.requires_grad and torch.equal(kept, x)

@@ -140,10 +140,16 @@ def test_recorder_padding_generate_and_not_applicable() -> None:
     with AttributionRecorder(m, answer=3) as rec:
         m(inputs_embeds=torch.zeros(1, 3, 16))
     assert "token ids" in str(rec.applies())
-    # no --answer: a one-line note (view="all" never starts an attribution nobody asked for)
+    # view="all" never starts an attribution nobody asked for: it needs --answer, as patching --corrupt
     from nbdebug.api import Debug
 
     dbg = Debug(m, view="all")
+    with dbg:
+        m(prompt)
+    assert "attribution" not in dbg.results and "attribution" not in dbg.skipped
+    assert "logitlens" in dbg.results  # the views that need nothing more did run
+    # asked for by name without --answer: a one-line note, nothing raised
+    dbg = Debug(m, view=["logitlens", "attribution"])
     with dbg:
         m(prompt)
     assert "attribution" not in dbg.results and "--answer" in dbg.skipped["attribution"]

@@ -35,6 +35,7 @@ from ..capture.state import loaded_weights
 from ..capture.weak import ModelRef
 from ..inspectors.logitlens import lens_stats
 from ..workbench import Workbench
+from ..workbench.kept import KeptRuns
 from ..workbench.metric import Metric, token_labels
 from .patching_session import top_tokens
 
@@ -65,9 +66,7 @@ class AblationSession:
         self.model_ref: ModelRef[nn.Module] = ModelRef(model)
         self.ids = torch.as_tensor(ids).detach().reshape(1, -1).long().cpu()
         self.answer, self.wrong, self.tokenizer = answer, wrong, tokenizer
-        self.runs: dict[str, Any] = {}
-        self.kinds: dict[str, set[str]] = {"clean": set(), "corrupt": set()}
-        self.runner_state: tuple[bool, str] | None = None
+        self.kept = KeptRuns()
         self.clean: dict[str, Any] | None = None
         if answer is not None:
             Metric.build(answer, wrong, tokenizer)  # a bad answer/wrong is an error now, not at the first click
@@ -76,21 +75,9 @@ class AblationSession:
     def bench(self) -> Iterator[Workbench]:
         """A Workbench on the model with this session's recorded run; it comes back here at exit
         without anything that references the model."""
-        wb = Workbench(self.model_ref.get(), self.ids, None, answer=self.answer, wrong=self.wrong,
-                       tokenizer=self.tokenizer)
-        if self.runner_state is not None:
-            wb.runner.kv_reuse, wb.runner.note = self.runner_state
-        for run in self.runs.values():
-            run.runner = wb.runner
-        wb.runs, wb.kinds = self.runs, self.kinds
-        try:
+        with self.kept.bench(self.model_ref.get(), self.ids, None, answer=self.answer, wrong=self.wrong,
+                             tokenizer=self.tokenizer) as wb:
             yield wb
-        finally:
-            self.runs, self.kinds = wb.runs, wb.kinds
-            self.runner_state = (wb.runner.kv_reuse, wb.runner.note)
-            for run in self.runs.values():
-                run.runner = None
-                run.prefixes = {}
 
     def _clean(self, wb: Workbench) -> dict[str, Any]:
         """The clean run's metric, top-5, lens target and lens rows (computed once)."""

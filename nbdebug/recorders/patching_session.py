@@ -26,6 +26,7 @@ from ..capture.budget import DEFAULT_MAX_BYTES
 from ..capture.weak import ModelRef
 from ..workbench import PatchGrid, Workbench
 from ..workbench.exact import ExactEngine
+from ..workbench.kept import KeptRuns
 from ..workbench.metric import token_labels
 from ..workbench.sites import KINDS
 from .lensrun import lens_column, model_lens
@@ -62,9 +63,7 @@ class PatchSession:
         self.max_bytes = max_bytes
         self.verify = int(verify)
         self.grids: dict[tuple[str, str], PatchGrid] = {}
-        self.runs: dict[str, Any] = {}
-        self.kinds: dict[str, set[str]] = {"clean": set(), "corrupt": set()}
-        self.runner_state: tuple[bool, str] | None = None
+        self.kept = KeptRuns()
         with self.bench() as wb:  # checks the pair (same length, metric) and records both runs
             self.tokens_clean = list(wb.tokens["clean"])
             self.tokens_corrupt = list(wb.tokens["corrupt"])
@@ -79,21 +78,9 @@ class PatchSession:
     def bench(self) -> Iterator[Workbench]:
         """A Workbench on the model with this session's recorded runs; they come back here at exit
         without anything that references the model."""
-        wb = Workbench(self.model_ref.get(), self.clean, self.corrupt, answer=self.answer, wrong=self.wrong,
-                       tokenizer=self.tokenizer)
-        if self.runner_state is not None:
-            wb.runner.kv_reuse, wb.runner.note = self.runner_state
-        for run in self.runs.values():
-            run.runner = wb.runner
-        wb.runs, wb.kinds = self.runs, self.kinds
-        try:
+        with self.kept.bench(self.model_ref.get(), self.clean, self.corrupt, answer=self.answer, wrong=self.wrong,
+                             tokenizer=self.tokenizer) as wb:
             yield wb
-        finally:
-            self.runs, self.kinds = wb.runs, wb.kinds
-            self.runner_state = (wb.runner.kv_reuse, wb.runner.note)
-            for run in self.runs.values():
-                run.runner = None
-                run.prefixes = {}
 
     def grid(self, sites: str = "resid", method: str = "exact") -> PatchGrid:
         """The grid of ``sites`` (resid, attn, mlp, heads) by ``method`` (exact, attribution), computed once."""

@@ -42,7 +42,7 @@ def test_session_grids_equal_patch_and_hold_no_model(family: str, monkeypatch: p
     s.grid("resid")
     s.cell("heads", "exact", 1, 0)
     assert calls == [1, 1] and hook_count(model) == 0
-    assert all(run.runner is None for run in s.runs.values())  # between requests nothing points at the model
+    assert all(run.runner is None for run in s.kept.runs.values())  # between requests nothing points at the model
     ref_model = weakref.ref(model)
     del model
     gc.collect()

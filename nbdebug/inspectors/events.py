@@ -57,6 +57,23 @@ def fmt_pct(x: float) -> str:
     return f"{x:.0%}"
 
 
+def fmt_p(p: float) -> str:
+    """A probability as every view writes it (the twin of ``fmtPct`` in ``js/src/lib/dom.ts``):
+    ``0.791`` → ``"79%"``, ``0.0004`` → ``"<0.1%"``, ``0.9996`` → ``">99.9%"``, ``0.055`` → ``"5.5%"``."""
+    if not math.isfinite(p):
+        return "NaN" if math.isnan(p) else ("∞" if p > 0 else "-∞")
+    pc = p * 100
+    a = abs(pc)
+    if pc == 0:
+        return "0%"
+    if a < 0.1:
+        return "<0.1%"
+    if 99.95 <= a < 100:
+        return ">99.9%"
+    v = round(pc) if 10 <= a < 99.5 else round(pc, 1)
+    return f"{v:g}%"
+
+
 def fmt_g(x: float) -> str:
     """A number with 3 significant digits, as messages cite them: ``0.000702``, ``2.45``."""
     return f"{x:.3g}"

@@ -75,6 +75,9 @@ class NBWidget(anywidget.AnyWidget):
 
     #: Last error the front-end reported (rendering or fetch), for debugging from Python.
     js_error = traitlets.Unicode("").tag(sync=True)
+    #: The view's finding in one sentence, computed in Python from the data under it (shown first by
+    #: the front-end and in the static fallback); "" where the view has nothing to say.
+    headline = traitlets.Unicode("").tag(sync=True)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Only classes that name their view get an ES module (ipywidgets' add_traits also subclasses

@@ -4,7 +4,7 @@
 // are untrusted text: textContent only. Charts fill the width (lib/chart.ts): nothing is clipped in a
 // narrow notebook; every text colour keeps WCAG AA contrast.
 import { Chart, chartCss, type ChartMark, type ChartSeries } from "./lib/chart";
-import { fmt, h, replaceChildren, styleElement } from "./lib/dom";
+import { h, replaceChildren, styleElement } from "./lib/dom";
 import { decode, type WireArray } from "./lib/ndarray";
 import type { AnyModel } from "./lib/rpc";
 import { withCode } from "./thermometer/cards";
@@ -49,10 +49,15 @@ const CSS = `
 ${chartCss(".nbdebug-compare")}
 `;
 
-/** Line colours of the runs, in order (mirrors PALETTE in nbdebug/widgets/compare.py). */
-export const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2"];
+/** Line colours of healthy runs, in order (mirrors PALETTE in nbdebug/widgets/compare.py; the kernel's
+ * `colours` trait gives each run its own, red only for a run that went wrong). */
+export const PALETTE = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
 
-const paletteCss = PALETTE.map((c, k) => `.nbdebug-compare .nbd-cmp-run-${k} { stroke: ${c}; }`).join("\n");
+/** Each run's line colour: the kernel's `colours`, else the palette in order. */
+export function runColours(colours: unknown, n: number): string[] {
+  const c = Array.isArray(colours) ? colours.map(String) : [];
+  return Array.from({ length: n }, (_, k) => c[k] ?? PALETTE[k % PALETTE.length]);
+}
 
 /** Row `k` of a float32 [runs, S] wire array (all NaN when absent). */
 export function runRow(wire: WireArray | null | undefined, k: number, n: number): Float32Array {
@@ -62,27 +67,18 @@ export function runRow(wire: WireArray | null | undefined, k: number, n: number)
   return Float32Array.from(a.data.subarray(k * s, (k + 1) * s) as Float32Array);
 }
 
-/** The sentence under a chart: where each run leaves the first ("`lr=0.1` leaves `lr=3.0` at step 2: 2.32 vs 2.25"). */
-export function divergenceText(divs: (Divergence | null)[], labels: string[], what: string): string {
-  const ref = labels[0] ?? "run 1";
-  const parts = (Array.isArray(divs) ? divs : []).map((d, i) => {
-    const label = labels[i + 1] ?? `run ${i + 2}`;
-    if (!d) return `\`${label}\` never leaves \`${ref}\``;
-    return `\`${label}\` leaves \`${ref}\` at step ${d.step}: ${fmt(d.b ?? NaN)} vs ${fmt(d.a ?? NaN)}`;
-  });
-  return parts.length ? `first divergence in ${what}: ${parts.join("; ")} (more than ${fmt(divs.find((d) => d)?.rtol ?? 0.01)}× its typical magnitude apart)` : "";
-}
-
 function marks(divs: (Divergence | null)[], labels: string[]): ChartMark[] {
   return (Array.isArray(divs) ? divs : []).filter((d): d is Divergence => !!d).map((d) => ({
     step: d.step,
     cls: "nbd-mark-diverge",
-    title: `${labels[d.run] ?? `run ${d.run + 1}`} diverges from ${labels[0] ?? "run 1"} at step ${d.step}`,
+    title: `${labels[0] ?? "run 1"} and ${labels[d.run] ?? `run ${d.run + 1}`} part at step ${d.step}`,
   }));
 }
 
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
-  const summary = h("div", { class: "nbd-cmp-summary" });
+  const summary = h("div", { class: "nbd-cmp-summary nbd-headline" });
+  const runCss = styleElement("");
+  const lossTitle = h("div", { class: "nbd-cmp-title nbd-cmp-loss-title", text: "loss" });
   const legend = h("div", { class: "nbd-cmp-legend" });
   const lossChart = new Chart({ name: "loss", height: 110 });
   const lossDiv = h("div", { class: "nbd-cmp-diverge nbd-cmp-loss-diverge" });
@@ -95,10 +91,11 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const notes = h("ul", { class: "nbd-cmp-notes" });
   const errorBox = h("div", { class: "nbd-error" });
   const root = h("div", { class: "nbdebug-compare" }, [
-    styleElement(CSS + paletteCss),
+    styleElement(CSS),
+    runCss,
     summary,
     legend,
-    h("div", { class: "nbd-cmp-title", text: "loss" }),
+    lossTitle,
     lossChart.el,
     lossDiv,
     h("div", { class: "nbd-cmp-controls" }, [h("label", {}, ["row ", rowSel]), h("label", {}, ["statistic ", fieldSel])]),
@@ -114,15 +111,19 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       const stepsWire = model.get("steps");
       const steps = stepsWire && stepsWire.view ? Array.from(decode(stepsWire).data) : [];
       const div = model.get("divergence") ?? {};
-      replaceChildren(summary, withCode(String(model.get("summary") ?? "")));
-      replaceChildren(legend, labels.map((l, k) => h("span", { class: "nbd-cmp-legend-item", data: { run: k } }, [
-        h("span", { class: "nbd-cmp-swatch", style: { background: PALETTE[k % PALETTE.length] } }),
+      replaceChildren(summary, withCode(String(model.get("headline") || model.get("summary") || "")));
+      const colours = runColours(model.get("colours"), labels.length);
+      runCss.textContent = colours.map((c, k) => `.nbdebug-compare .nbd-cmp-run-${k} { stroke: ${c}; }`).join("\n");
+      replaceChildren(legend, labels.map((l, k) => h("span", { class: "nbd-cmp-legend-item", data: { run: k, colour: colours[k] } }, [
+        h("span", { class: "nbd-cmp-swatch", style: { background: colours[k] } }),
         l,
       ])));
       const series = (wire: WireArray | null | undefined): ChartSeries[] =>
-        labels.map((l, k) => ({ label: l, steps, y: runRow(wire, k, steps.length), cls: `nbd-cmp-run-${k % PALETTE.length}` }));
+        labels.map((l, k) => ({ label: l, steps, y: runRow(wire, k, steps.length), cls: `nbd-cmp-run-${k}` }));
+      lossChart.log = Boolean(model.get("loss_log"));
+      lossTitle.textContent = lossChart.log ? "loss (log scale: it spans more than 10×)" : "loss";
       lossChart.update(series(model.get("loss")), { marks: marks(div.loss ?? [], labels) });
-      replaceChildren(lossDiv, withCode(divergenceText(div.loss ?? [], labels, "loss")));
+      replaceChildren(lossDiv, withCode(String(div.loss_text ?? "")));
       const row = String(model.get("row") ?? "");
       const field = String(model.get("field") ?? "mean");
       const rows: string[] = (model.get("rows") ?? []).map(String);
@@ -135,8 +136,9 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       seriesBox.style.display = row && wire && wire.view ? "" : "none";
       if (row && wire && wire.view) {
         replaceChildren(seriesTitle, [`${field} of `, h("code", { text: row })]);
+        seriesChart.log = Boolean(div.series_log);
         seriesChart.update(series(wire), { marks: marks(div.series ?? [], labels) });
-        replaceChildren(seriesDiv, withCode(divergenceText(div.series ?? [], labels, `${field} of \`${row}\``)));
+        replaceChildren(seriesDiv, withCode(String(div.series_text ?? "")));
       }
       replaceChildren(notes, ((model.get("notes") ?? []) as string[]).map((n) => h("li", {}, withCode(String(n)))));
       errorBox.textContent = "";
@@ -159,7 +161,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   };
   rowSel.addEventListener("change", onRow);
   fieldSel.addEventListener("change", onField);
-  const events = "change:labels change:steps change:loss change:rows change:fields change:row change:field change:series change:divergence change:summary change:notes";
+  const events = "change:labels change:steps change:loss change:rows change:fields change:row change:field change:series change:divergence change:summary change:notes change:headline change:colours change:loss_log";
   model.on(events, draw);
   draw();
   return () => {

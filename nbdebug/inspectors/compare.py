@@ -8,17 +8,22 @@ series (the loss, or one field of one row):
   decimated to fit its byte budget keeps fewer steps, and a note says so);
 - their *scale* is the larger of the medians of ``|value|`` of the two over those steps (finite
   values only; at least ``1e-12``): the series' typical magnitude, robust to a few spikes;
-- they *diverge* at the first common step where ``|a − b| > rtol × scale`` (``rtol`` = 0.01 by
-  default: 1% of that magnitude), or where exactly one of the two is NaN/Inf (one run broke, the
-  other did not); two non-finite values count as equal;
-- no common step, or none beyond the tolerance: no divergence (``None``).
+- two values are *apart* where ``|a − b| > rtol × scale`` (``rtol`` = 0.1 by default: 10% of that
+  magnitude, so a few percent of minibatch wobble is not a divergence), or where exactly one of the two
+  is NaN/Inf (one run broke, the other did not); two non-finite values count as equal;
+- they *diverge* at the first common step from which they stay apart for ``hold`` (2) common steps in
+  a row (or up to the last common step): a one-step blip is not a divergence;
+- no common step, or none such: no divergence (``None``).
 
-Two runs from the same initial weights and batches have the same loss at step 1 (no update yet):
-lr=3.0 against lr=0.1 diverges at step 2. Different seeds diverge at step 1.
+**A run's outcome** (:func:`outcome`) is read from its own loss: where it ends, its peak, and whether it
+*went wrong*: a NaN/Inf loss, or a loss that rose above :data:`SPIKE` (1.5) × its first value (a
+healthy run's loss falls from its first value; minibatch noise stays well under 1.5×). The headline
+(:func:`compare_headline`) states every run's outcome and how much lower the best one ends; a divergence
+is said of the run that went wrong (:func:`divergence_sentence`).
 
->>> first_divergence(np.array([1, 2, 3]), np.array([2.3, 2.1, 1.9]),
-...                  np.array([1, 2, 3]), np.array([2.3, 2.2, 2.6])).step
-2
+>>> first_divergence(np.array([1, 2, 3, 4]), np.array([2.3, 2.1, 1.9, 1.8]),
+...                  np.array([1, 2, 3, 4]), np.array([2.3, 2.2, 2.6, 3.0])).step
+3
 """
 
 from __future__ import annotations
@@ -30,11 +35,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FIELDS", "RTOL", "Divergence", "aligned", "as_result", "first_divergence", "row_names", "run_series",
-           "union_steps"]
+__all__ = ["FIELDS", "RTOL", "SPIKE", "Divergence", "Outcome", "aligned", "as_result", "compare_headline",
+           "divergence_sentence", "first_divergence", "log_scale", "most_different_row", "outcome", "row_names",
+           "run_series", "union_steps"]
 
 #: the default relative tolerance of :func:`first_divergence` (of the series' typical magnitude)
-RTOL = 0.01
+RTOL = 0.1
+#: common steps in a row two series must stay apart for a divergence
+HOLD = 2
+#: a run went wrong when its loss rises above this many times its first value
+SPIKE = 1.5
+#: a chart's values are drawn on a log axis when (positive and) their range exceeds this ratio
+LOG_RATIO = 10.0
 #: per-row fields a comparison offers (the thermometer's over-time statistics)
 FIELDS: tuple[str, ...] = ("mean", "std", "min", "max", "zero_frac", "dead_unit_frac", "grad_norm",
                            "param_grad_norm", "update_ratio", "nan", "inf")
@@ -86,7 +98,7 @@ def aligned(steps: np.ndarray, values: np.ndarray, on: np.ndarray) -> np.ndarray
 
 
 def first_divergence(steps_a: np.ndarray, a: np.ndarray, steps_b: np.ndarray, b: np.ndarray,
-                     rtol: float = RTOL, run: int = 1) -> Divergence | None:
+                     rtol: float = RTOL, run: int = 1, hold: int = HOLD) -> Divergence | None:
     """The first common step where ``b`` leaves ``a`` (see the module doc), or None."""
     sa, sb = np.asarray(steps_a, np.int64), np.asarray(steps_b, np.int64)
     common, ia, ib = np.intersect1d(sa, sb, assume_unique=True, return_indices=True)
@@ -98,8 +110,9 @@ def first_divergence(steps_a: np.ndarray, a: np.ndarray, steps_b: np.ndarray, b:
     scale = max([*med, 1e-12])
     with np.errstate(invalid="ignore"):
         apart = (fx & fy & (np.abs(x - y) > rtol * scale)) | (fx != fy)
-    hit = np.flatnonzero(apart)
-    if not len(hit):
+    n, span = len(apart), max(1, int(hold))
+    hit = [k for k in np.flatnonzero(apart) if apart[k:min(n, k + span)].all()]
+    if not hit:
         return None
     k = int(hit[0])
     return Divergence(run, int(common[k]), float(x[k]), float(y[k]), scale, rtol)
@@ -124,3 +137,127 @@ def run_series(result: Any, row: str | None, field: str | None) -> np.ndarray:
         return np.asarray(result.series(row, field or "mean"), np.float64)
     except (KeyError, ValueError):
         return np.full(len(result.step_index), np.nan)
+
+
+def _g(x: float) -> str:
+    """3 significant digits, trailing zeros kept (1.10, 0.856, 14.5)."""
+    return "NaN" if x != x else f"{x:#.3g}".rstrip(".")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One run's loss read on its own: ``first``/``last`` finite values (and ``last_step``), the
+    ``peak`` after the first step (and ``peak_step``), ``broke`` the first step with a NaN/Inf loss (or
+    None). ``wrong``: it broke, or its loss rose above :data:`SPIKE` × its first value."""
+
+    label: str
+    first: float
+    last: float
+    last_step: int
+    peak: float
+    peak_step: int
+    broke: int | None
+
+    @property
+    def wrong(self) -> bool:
+        return self.broke is not None or self.peak > self.first + (SPIKE - 1) * abs(self.first)
+
+    def sentence(self) -> str:
+        """"`lr=3.0` spikes to 14.5 near step 6 and ends at 2.43" / "`lr=0.1` ends at 0.856"."""
+        lab = f"`{self.label}`"
+        if self.broke is not None:
+            return f"{lab} breaks at step {self.broke} (NaN/Inf loss; last finite {_g(self.last)} at step {self.last_step})"
+        if not self.wrong:
+            return f"{lab} ends at {_g(self.last)}"
+        if self.peak_step == self.last_step:
+            return f"{lab} rises from {_g(self.first)} to {_g(self.last)}"
+        return f"{lab} spikes to {_g(self.peak)} near step {self.peak_step} and ends at {_g(self.last)}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"label": self.label, "first": self.first, "last": self.last, "last_step": self.last_step,
+                "peak": self.peak, "peak_step": self.peak_step, "broke": self.broke, "wrong": self.wrong}
+
+
+def outcome(label: str, steps: np.ndarray, loss: np.ndarray) -> Outcome | None:
+    """The outcome of one run's loss (None when it has no finite loss at all)."""
+    st, v = np.asarray(steps, np.int64), np.asarray(loss, np.float64)
+    ok = np.isfinite(v)
+    if not ok.any():
+        return None
+    fin = np.flatnonzero(ok)
+    bad = np.flatnonzero(~ok)
+    later = fin[1:] if len(fin) > 1 else fin
+    p = int(later[np.argmax(v[later])])
+    return Outcome(str(label), float(v[fin[0]]), float(v[fin[-1]]), int(st[fin[-1]]), float(v[p]), int(st[p]),
+                   int(st[bad[0]]) if len(bad) else None)
+
+
+def compare_headline(outcomes: Sequence[Outcome | None], labels: Sequence[str]) -> str:
+    """Every run's outcome, in order, the best-ending healthy run with how much lower it ends
+    ("`lr=3.0` spikes to 14.5 near step 6 and ends at 2.43; `lr=0.1` ends at 0.856, 2.8× lower")."""
+    parts = [o.sentence() if o is not None else f"`{lab}` has no loss" for o, lab in zip(outcomes, labels)]
+    ends = [(o.last, i) for i, o in enumerate(outcomes) if o is not None and o.broke is None]
+    if len(ends) >= 2:
+        (best, i), (second, j) = sorted(ends)[:2]
+        worst = max(ends)[0]
+        others = [lab for k, lab in enumerate(labels) if k != i]
+        if best > 0 and second / best >= 1.1:
+            than = "" if len(labels) == 2 else f" than `{labels[j]}`"
+            parts[i] += f", {second / best:.2g}× lower{than}"
+        elif best > 0 and worst / best < 1.1:
+            parts.append("all end within 10% of each other" if len(others) > 1 else "both end within 10% of each other")
+    elif len(ends) == 1 and len(outcomes) >= 2:
+        parts[ends[0][1]] += " (the only run with a finite loss to the end)"
+    return "; ".join(parts)
+
+
+def divergence_sentence(divs: Sequence[dict[str, Any] | None], labels: Sequence[str], wrong: Sequence[bool],
+                        what: str, rtol: float = RTOL) -> str:
+    """Where each run and the first part, said of the run that went wrong ("`lr=3.0` leaves `lr=0.1` at
+    step 3: 3.1 vs 2.0"); neutral ("… part at step 3") when both or neither went wrong."""
+    parts = []
+    for i, d in enumerate(divs, start=1):
+        a, b = labels[0], labels[i]
+        if d is None:
+            parts.append(f"`{b}` stays within {rtol:g}× of `{a}`")
+            continue
+        va, vb = _g(d["a"] if d["a"] is not None else float("nan")), _g(d["b"] if d["b"] is not None else float("nan"))
+        if wrong[i] and not wrong[0]:
+            parts.append(f"`{b}` leaves `{a}` at step {d['step']}: {vb} vs {va}")
+        elif wrong[0] and not wrong[i]:
+            parts.append(f"`{a}` leaves `{b}` at step {d['step']}: {va} vs {vb}")
+        else:
+            parts.append(f"`{a}` and `{b}` part at step {d['step']}: {va} vs {vb}")
+    if not parts:
+        return ""
+    return (f"first divergence in {what}: " + "; ".join(parts)
+            + f" (more than {rtol:g}× the typical magnitude apart, {HOLD} kept steps in a row)")
+
+
+def log_scale(values: np.ndarray) -> bool:
+    """Whether ``values`` (any shape) are drawn on a log axis: all finite ones positive and their range
+    wider than :data:`LOG_RATIO` (a linear axis from 0.86 to 14.5 flattens the healthy run's descent)."""
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v)]
+    return bool(len(v) and v.min() > 0 and v.max() / v.min() > LOG_RATIO)
+
+
+def most_different_row(results: Sequence[Any], rows: Sequence[str], field: str) -> str:
+    """The row whose ``field`` differs most between the runs (largest |a − b| over the common steps of
+    any run and the first, relative to the series' typical magnitude); "" when none differs."""
+    best, name = 0.0, ""
+    base = results[0]
+    for row in rows:
+        a = run_series(base, row, field)
+        for r in results[1:]:
+            _, ia, ib = np.intersect1d(np.asarray(base.step_index, np.int64), np.asarray(r.step_index, np.int64),
+                                            assume_unique=True, return_indices=True)
+            x, y = a[ia], run_series(r, row, field)[ib]
+            ok = np.isfinite(x) & np.isfinite(y)
+            if not ok.any():
+                continue
+            scale = max(float(np.median(np.abs(x[ok]))), float(np.median(np.abs(y[ok]))), 1e-12)
+            gap = float(np.max(np.abs(x[ok] - y[ok]))) / scale
+            if gap > best + 1e-12:
+                best, name = gap, row
+    return name

@@ -5,13 +5,13 @@ what W&B users do across runs, here in the notebook, offline.
 
 >>> w = nbdebug.compare(fast, slow, labels=["lr=3.0", "lr=0.1"])      # doctest: +SKIP
 >>> w.divergence["loss"]                                               # doctest: +SKIP
-[{'run': 1, 'step': 2, 'a': 2.31, 'b': 2.09, 'scale': 2.2, 'rtol': 0.01}]
+[{'run': 1, 'step': 3, 'a': 4.1, 'b': 2.09, 'scale': 2.2, 'rtol': 0.1}]
 >>> w.row, w.field = "3", "dead_unit_frac"                             # doctest: +SKIP  (the browser's selects do this)
 
 Synced state is small: the labels, the union of the kept steps (int32 [S]) and the loss of every run
 on them (float32 [runs, S], NaN where a run did not keep a step), the row names and fields offered,
 and the chosen row's series (float32 [runs, S]), recomputed in the kernel when ``row``/``field``
-change; the divergences and the header sentence as JSON.
+change; the divergences, each run's outcome and colour, and the headline (:func:`~nbdebug.inspectors.compare.compare_headline`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,12 @@ from ..inspectors.compare import (
     RTOL,
     aligned,
     as_result,
+    compare_headline,
+    divergence_sentence,
     first_divergence,
+    log_scale,
+    most_different_row,
+    outcome,
     row_names,
     run_series,
     union_steps,
@@ -38,12 +43,22 @@ from ._transport import encode_array
 
 __all__ = ["CompareWidget", "compare"]
 
-#: line colours of the runs (the browser's palette, in order)
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
+#: line colours of healthy runs (no red: red is kept for a run that went wrong), in order
+PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+#: the line colour of a run whose loss went wrong (blew up or broke)
+WRONG = "#d62728"
 
 
-def _fmt(x: float | None) -> str:
-    return "NaN" if x is None or x != x else f"{x:.3g}"
+def run_colours(wrong: Sequence[bool]) -> list[str]:
+    """One line colour per run: red for a run that went wrong, the palette in order for the others."""
+    out, k = [], 0
+    for w in wrong:
+        if w:
+            out.append(WRONG)
+        else:
+            out.append(PALETTE[k % len(PALETTE)])
+            k += 1
+    return out
 
 
 class CompareWidget(NBWidget):
@@ -70,9 +85,15 @@ class CompareWidget(NBWidget):
     divergence = traitlets.Dict().tag(sync=True)
     rtol = traitlets.Float(RTOL).tag(sync=True)
     summary = traitlets.Unicode("").tag(sync=True)
+    #: per run its loss outcome (:class:`~nbdebug.inspectors.compare.Outcome` as JSON, None without a loss)
+    outcomes = traitlets.List().tag(sync=True)
+    #: per run its line colour (red only for a run that went wrong)
+    colours = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    #: the loss chart on a log axis (its positive values span more than 10×)
+    loss_log = traitlets.Bool(False).tag(sync=True)
     notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
 
-    def __init__(self, results: Sequence[Any], labels: Sequence[str] | None = None, *, row: str = "",
+    def __init__(self, results: Sequence[Any], labels: Sequence[str] | None = None, *, row: str | None = None,
                  field: str = "mean", rtol: float = RTOL, **kwargs: Any) -> None:
         self.results = [as_result(r) for r in results]
         if len(self.results) < 2:
@@ -84,13 +105,21 @@ class CompareWidget(NBWidget):
             raise ValueError(f"no field {field!r}; fields: {', '.join(FIELDS)}")
         self._on = union_steps([r.step_index for r in self.results])
         rows = row_names(self.results)
+        if row is None:  # preselect the row where the runs differ most
+            row = most_different_row(self.results, rows, field)
         if row and row not in rows:
             raise KeyError(f"no row {row!r} in these runs; rows: {', '.join(map(repr, rows[:20]))}")
         loss = np.stack([aligned(r.step_index, run_series(r, None, None), self._on) for r in self.results])
+        outs = [outcome(n, r.step_index, run_series(r, None, None)) for n, r in zip(names, self.results)]
+        self._wrong = [o is not None and o.wrong for o in outs]
         super().__init__(labels=names, steps=encode_array(self._on.astype(np.int32)), loss=encode_array(loss),
-                         rows=rows, fields=list(FIELDS), rtol=float(rtol), notes=self._notes(), **kwargs)
-        self.divergence = {"loss": self._divergences(None, None), "series": []}
-        self.summary = self._summary()
+                         rows=rows, fields=list(FIELDS), rtol=float(rtol), notes=self._notes(),
+                         outcomes=[None if o is None else o.as_json() for o in outs], colours=run_colours(self._wrong),
+                         loss_log=log_scale(loss), **kwargs)
+        divs = self._divergences(None, None)
+        self.divergence = {"loss": divs, "series": [], "loss_text": divergence_sentence(divs, names, self._wrong, "loss", self.rtol),
+                           "series_text": ""}
+        self.summary = self.headline = compare_headline(outs, names)
         self.observe(self._on_choice, names=["row", "field"])
         self.row, self.field = row, field
         if not row and field == "mean":
@@ -124,11 +153,13 @@ class CompareWidget(NBWidget):
         with self.hold_sync():
             if not self.row:
                 self.series = {}
-                self.divergence = {**self.divergence, "series": []}
+                self.divergence = {**self.divergence, "series": [], "series_text": ""}
                 return
             vals = np.stack([aligned(r.step_index, run_series(r, self.row, self.field), self._on) for r in self.results])
             self.series = encode_array(vals.astype(np.float32))
-            self.divergence = {**self.divergence, "series": self._divergences(self.row, self.field)}
+            divs = self._divergences(self.row, self.field)
+            text = divergence_sentence(divs, self.labels, self._wrong, f"{self.field} of `{self.row}`", self.rtol)
+            self.divergence = {**self.divergence, "series": divs, "series_text": text, "series_log": log_scale(vals)}
 
     def _notes(self) -> list[str]:
         notes = []
@@ -138,22 +169,11 @@ class CompareWidget(NBWidget):
                          "is compared on the steps both kept")
         if any(not np.isfinite(run_series(r, None, None)).any() for r in self.results):
             notes.append("a run has no loss: a step's loss is what .backward() ran on (or --loss names it)")
-        notes.append(f"first divergence: the first step both runs kept where they differ by more than {self.rtol:g}× "
-                     "the series' typical magnitude (the larger median |value|), or one is NaN/Inf and the other not")
+        notes.append(f"first divergence: the first step both runs kept from which they differ by more than {self.rtol:g}× "
+                     "the series' typical magnitude (the larger median |value|), or one is NaN/Inf and the other not, "
+                     "for 2 kept steps in a row; a run went wrong when its loss rose above 1.5× its first value or "
+                     "became NaN/Inf (drawn red)")
         return notes
-
-    def _summary(self) -> str:
-        """The header: where each run leaves the first, in loss, and the last losses."""
-        ref = self.labels[0]
-        parts = []
-        for d, label in zip(self.divergence["loss"], self.labels[1:]):
-            if d is None:
-                parts.append(f"`{label}` follows `{ref}` (loss within {self.rtol:g}× its scale at every common step)")
-            else:
-                parts.append(f"`{label}` diverges from `{ref}` at step {d['step']}: loss {_fmt(d['b'])} vs {_fmt(d['a'])}")
-        last = [f"`{lab}` {_fmt(float(r.series('loss')[-1]) if len(r.step_index) else None)}"
-                for lab, r in zip(self.labels, self.results)]
-        return "; ".join(parts) + " · last loss: " + ", ".join(last)
 
     # -- static fallback and repr -----------------------------------------------------------------
     def fallback_html(self, width: int = 480, height: int = 90) -> str:
@@ -163,28 +183,33 @@ class CompareWidget(NBWidget):
         ok = np.isfinite(loss)
         lines = []
         if ok.any() and len(self._on) > 1:
+            if self.loss_log:
+                loss = np.log10(np.where(ok, loss, 1.0))
             lo, hi = float(loss[ok].min()), float(loss[ok].max())
             x = (self._on - self._on[0]) / max(1, self._on[-1] - self._on[0]) * (width - 2) + 1
             for k, row in enumerate(loss):
                 pts = " ".join(f"{a:.1f},{height - 2 - (v - lo) / ((hi - lo) or 1.0) * (height - 4):.1f}"
                                for a, v in zip(x, row) if np.isfinite(v))
-                lines.append(f'<polyline fill="none" stroke="{PALETTE[k % len(PALETTE)]}" points="{pts}"/>')
-        legend = " ".join(f'<span style="color:{PALETTE[k % len(PALETTE)]}">■</span> {esc(lab)}' for k, lab in enumerate(self.labels))
-        svg = f'<svg width="{width}" height="{height}" role="img" aria-label="loss of each run">{"".join(lines)}</svg>' if lines else ""
-        summary = esc(self.summary).replace("`", "")
+                lines.append(f'<polyline fill="none" stroke="{self.colours[k]}" points="{pts}"/>')
+        legend = " ".join(f'<span style="color:{self.colours[k]}">■</span> {esc(lab)}' for k, lab in enumerate(self.labels))
+        axis = "loss of each run (log scale)" if self.loss_log else "loss of each run"
+        svg = f'<svg width="{width}" height="{height}" role="img" aria-label="{axis}">{"".join(lines)}</svg>' if lines else ""
+        summary = esc(self.headline).replace("`", "")
+        div = esc(self.divergence.get("loss_text", "")).replace("`", "")
         notes = "".join(f"<li>{esc(n)}</li>" for n in self.notes)
         return (f'<div class="nbdebug-compare-static"><p><b>nbdebug compare</b>: {summary}</p><p>{legend}</p>{svg}'
-                f"<ul>{notes}</ul></div>")
+                f"<p>{div}</p><ul>{notes}</ul></div>")
 
     def __repr__(self) -> str:
         return f"CompareWidget({len(self.results)} runs: {', '.join(self.labels)})"
 
 
-def compare(*runs: Any, labels: Sequence[str] | None = None, row: str = "", field: str = "mean",
+def compare(*runs: Any, labels: Sequence[str] | None = None, row: str | None = None, field: str = "mean",
             rtol: float = RTOL) -> CompareWidget:
     """Overlay two or more runs' loss (and ``field`` of ``row``), aligned by step, the first divergence
     of each from the first run marked. ``runs``: the results of ``%%nndebug model -o run`` (or of
-    ``nbdebug.debug``); ``labels``: one per run (default "run 1", "run 2", …); ``rtol``: the
+    ``nbdebug.debug``); ``labels``: one per run (default "run 1", "run 2", …); ``row``: the row shown first (default: the
+    one where the runs differ most; "" for none); ``rtol``: the
     divergence tolerance, relative to the series' typical magnitude
     (:func:`~nbdebug.inspectors.compare.first_divergence`).
 

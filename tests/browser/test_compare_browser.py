@@ -1,6 +1,7 @@
 """``nbdebug.compare`` in a real JupyterLab: the digits MLP trained at lr=3.0 and at lr=0.1 from the same
-weights and batches, overlaid by step. The loss curves diverge at step 2 (step 1's loss comes before
-any update), marked on the chart and said in the header; the values under the pointer are the kernel's;
+weights and batches, overlaid by step. The headline states each run's outcome (lr=3.0 spikes, lr=0.1 ends
+lower), the divergence is said of lr=3.0 (the run that went wrong) and only it is red, the loss is on a log
+axis when it spans more than 10×, the row where the runs differ most is shown first; the values under the pointer are the kernel's;
 choosing a row and a statistic in the selects reaches the kernel, which sends that series back (drawn,
 its divergence said); a hostile run label stays text; all text at WCAG AA contrast; nothing cut in an
 800-px window."""
@@ -55,18 +56,29 @@ def test_compare_two_learning_rates(page, lab) -> None:  # type: ignore[no-untyp
     write_notebook(lab.root, "compare_lab", CELLS)
     open_and_run(page, lab, "compare_lab")
     widget = wait_widget(page, "compare")
-    info = kernel_json(page, "{'div': w.divergence['loss'], 'summary': w.summary, 'fast': fast.series('loss').tolist(),"
-                             " 'slow': slow.series('loss').tolist(), 'js_error': w.js_error}")
+    info = kernel_json(page, "{'div': w.divergence['loss'], 'headline': w.headline, 'fast': fast.series('loss').tolist(),"
+                             " 'slow': slow.series('loss').tolist(), 'js_error': w.js_error, 'wrong': [o['wrong'] for o in w.outcomes],"
+                             " 'text': w.divergence['loss_text'], 'log': w.loss_log, 'row': w.row, 'colours': w.colours}")
     (d,) = info["div"]
-    assert d["step"] == 2 and info["fast"][0] == info["slow"][0]  # same weights and batch: same loss at step 1
+    assert info["fast"][0] == info["slow"][0]  # same weights and batch: same loss at step 1
+    # lr=3.0 spikes (its loss rises above 1.5× its start), lr=0.1 does not: the headline says each run's
+    # outcome, the divergence is said of lr=3.0, only lr=3.0 is red
+    assert info["wrong"] == [True, False] and max(info["fast"]) > 1.5 * info["fast"][0]
     head = widget.locator(".nbd-cmp-summary").text_content() or ""
-    assert head == info["summary"].replace("`", "") and f"{HOSTILE} diverges from lr=3.0 at step 2" in head
+    assert head == info["headline"].replace("`", "") and head.startswith("lr=3.0 spikes to ") and f"; {HOSTILE} ends at " in head
+    assert "diverges" not in head and f"lr=3.0 leaves {HOSTILE} at step {d['step']}" in info["text"].replace("`", "")
+    strokes = [widget.locator(".nbd-chart").first.locator(f"path.nbd-cmp-run-{k}").evaluate("e => getComputedStyle(e).stroke")
+               for k in range(2)]
+    assert strokes[0] == "rgb(214, 39, 40)" and strokes[1] != strokes[0], strokes  # red: the run that went wrong only
+    # log scale when the loss spans more than 10×; the row where the runs differ most is shown first
+    assert widget.locator(".nbd-chart svg").first.get_attribute("data-scale") == ("log" if info["log"] else "linear")
+    assert info["row"] and widget.locator(".nbd-cmp-row").input_value() == info["row"]
     assert widget.locator(".nbd-cmp-legend-item").all_text_contents() == ["lr=3.0", HOSTILE]
     assert page.locator('img[src="x"]').count() == 0 and page.evaluate("window.__pwned") is None
     loss = widget.locator(".nbd-chart").first
     assert loss.locator("path.nbd-chart-line").count() == 2
-    assert loss.locator(".nbd-mark-diverge").get_attribute("data-step") == "2"
-    assert "leaves lr=3.0 at step 2" in (widget.locator(".nbd-cmp-loss-diverge").text_content() or "")
+    assert loss.locator(".nbd-mark-diverge").get_attribute("data-step") == str(d["step"])
+    assert (widget.locator(".nbd-cmp-loss-diverge").text_content() or "") == info["text"].replace("`", "")
     # the values under the pointer: both runs' losses at that step, as the kernel has them
     box = loss.locator("svg.nbd-chart-svg").bounding_box()
     page.mouse.move(box["x"] + (2 + (5 - 1) / 59 * 596) / 600 * box["width"], box["y"] + box["height"] / 2)
@@ -90,7 +102,7 @@ def test_compare_two_learning_rates(page, lab) -> None:  # type: ignore[no-untyp
     assert series.locator("path.nbd-chart-line").count() == 2
     div = kernel_json(page, "w.divergence['series']")
     text = series.locator(".nbd-cmp-series-diverge").text_content() or ""
-    assert (f"at step {div[0]['step']}" in text) if div[0] else ("never leaves" in text), (text, div)
+    assert (f"at step {div[0]['step']}" in text) if div[0] else ("stays within" in text), (text, div)
     screenshot(page, "compare-lab", widget)
     checked, bad = contrast_failures(page, W)
     assert checked > 20 and bad == [], bad[:10]

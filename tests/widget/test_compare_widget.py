@@ -60,15 +60,24 @@ def test_first_divergence_follows_its_definition() -> None:
     w = compare(A, B)
     try:
         # common steps 1, 2, 3, 5; scale = the larger median |loss| (1.85 for A there, 2.0 for B's finite
-        # ones); step 2 differs by 5e-4 < 1% of it; step 3 by 0.7: the first divergence
+        # ones); step 2 differs by 5e-4 < 10% of it; step 3 by 0.7 and step 5 is NaN in one only: apart
+        # two common steps in a row from step 3, the first divergence
         (d,) = w.divergence["loss"]
         assert (d["run"], d["step"], d["a"], d["b"]) == (1, 3, pytest.approx(1.8), pytest.approx(2.5))
-        assert d["scale"] == pytest.approx(2.0) and d["rtol"] == 0.01
-        assert w.summary == "`run 2` diverges from `run 1` at step 3: loss 2.5 vs 1.8 · last loss: `run 1` 1.6, `run 2` NaN"
+        assert d["scale"] == pytest.approx(2.0) and d["rtol"] == 0.1
+        assert w.headline == w.summary == ("`run 1` ends at 1.60 (the only run with a finite loss to the end); `run 2` "
+                                           "breaks at step 5 (NaN/Inf loss; last finite 2.50 at step 3)")
+        assert w.divergence["loss_text"].startswith("first divergence in loss: `run 2` leaves `run 1` at step 3: 2.50 vs 1.80")
+        assert w.colours == ["#1f77b4", "#d62728"]
     finally:
         w.close()
     tight = first_divergence(A.step_index, A.series("loss"), B.step_index, B.series("loss"), rtol=1e-4)
     assert tight is not None and tight.step == 2
+    # a one-step blip is not a divergence: apart at step 2 only, then together again
+    blip = first_divergence(np.arange(1, 5), np.array([2.0, 1.9, 1.8, 1.7]), np.arange(1, 5), np.array([2.0, 2.4, 1.8, 1.7]))
+    assert blip is None
+    assert first_divergence(np.arange(1, 5), np.array([2.0, 1.9, 1.8, 1.7]), np.arange(1, 5),
+                            np.array([2.0, 2.4, 1.8, 1.7]), hold=1).step == 2
     nan_only = first_divergence(np.array([1, 2]), np.array([1.0, 1.0]), np.array([1, 2]), np.array([1.0, math.nan]))
     assert nan_only is not None and nan_only.step == 2 and math.isnan(nan_only.b)  # one broke, the other did not
     assert first_divergence(np.array([1, 2]), np.array([1.0, math.nan]), np.array([1, 2]), np.array([1.0, math.nan])) is None
@@ -126,13 +135,53 @@ def _train(lr: float) -> object:
     return cap.result
 
 
-def test_two_learning_rates_diverge_at_step_2() -> None:
+def test_two_learning_rates_the_spiking_one_leaves_the_healthy_one_at_step_2() -> None:
     fast, slow = _train(3.0), _train(0.1)
     w = CompareWidget([fast, slow], ["lr=3.0", "lr=0.1"], row="2", field="mean")
     try:
         assert fast.series("loss")[0] == slow.series("loss")[0]  # step 1: no update yet
-        assert w.divergence["loss"][0]["step"] == 2 and w.divergence["series"][0]["step"] == 2
-        assert w.summary.startswith("`lr=0.1` diverges from `lr=3.0` at step 2: loss ")
+        assert w.divergence["loss"][0]["step"] == 2 and w.divergence["series"][0]["step"] >= 2
+        peak = float(fast.series("loss")[1:].max())
+        assert peak > 1.5 * fast.series("loss")[0] and slow.series("loss").max() < 1.5 * slow.series("loss")[0]
+        assert w.headline.startswith(f"`lr=3.0` spikes to {peak:#.3g} near step ")
+        assert f"`lr=0.1` ends at {float(slow.series('loss')[-1]):#.3g}" in w.headline
+        assert w.divergence["loss_text"].startswith("first divergence in loss: `lr=3.0` leaves `lr=0.1` at step 2: ")
+        assert w.colours == ["#d62728", "#1f77b4"]  # red for the run that went wrong only
         np.testing.assert_allclose(decode_array(w.series)[1], slow.series("2", "mean"), rtol=1e-6)
     finally:
         w.close()
+
+
+def test_a_healthy_run_beside_a_diverging_one_is_said_of_the_diverging_one() -> None:
+    """Planted: lr=0.1 (the reference, healthy: a 3% wobble at step 2) and lr=3.0 (spikes to 14.5 at
+    step 6, ends at 2.43). The naive sentence ("`lr=3.0` diverges … at step 2", of the wobble; the
+    healthy run red; a linear axis) is wrong on each count."""
+    steps = list(range(1, 11))
+    slow_loss = [2.30, 2.37, 2.0, 1.7, 1.5, 1.3, 1.15, 1.0, 0.92, 0.856]  # +3% at step 2: wobble
+    fast_loss = [2.30, 2.24, 2.2, 4.0, 9.0, 14.5, 7.0, 3.5, 2.6, 2.43]
+    slow = run(steps, slow_loss, [0.1] * 10)
+    fast = History.from_arrays(steps, ["a", "b"], {"mean": np.array([[0.1] * 10, [0.2 + k for k in range(10)]]).T},
+                               {"loss": fast_loss}, row_info=[{"type": "Linear", "dtype": "float32"}] * 2)
+    fast = result_of(fast, ["Linear", "Linear"], [(), (0,)])
+    w = compare(slow, fast, labels=["lr=0.1", "lr=3.0"])
+    try:
+        assert w.headline == "`lr=0.1` ends at 0.856, 2.8× lower; `lr=3.0` spikes to 14.5 near step 6 and ends at 2.43"
+        (d,) = w.divergence["loss"]
+        assert d["step"] == 4  # not step 2's wobble (0.13 apart, under 10% of the scale 2.5; step 3: 0.2)
+        assert w.divergence["loss_text"].startswith("first divergence in loss: `lr=3.0` leaves `lr=0.1` at step 4: 4.00 vs 1.70")
+        assert w.colours[0] != "#d62728" and w.colours[1] == "#d62728"
+        assert w.loss_log  # 0.856 … 14.5: more than 10×
+        assert w.row == "b"  # preselected: row a is the same in both runs, row b differs
+        assert [o["wrong"] for o in w.outcomes] == [False, True]
+        page = w.fallback_html()
+        assert page.index("lr=0.1 ends at 0.856") < page.index("<svg") and "log scale" in page
+    finally:
+        w.close()
+    # the healthy twin: two healthy runs, neither red nor "leaving", a linear axis, ends said as close
+    twin = compare(slow, run(steps, [v * 1.02 for v in slow_loss], [0.1] * 10), labels=["seed 0", "seed 1"])
+    try:
+        assert twin.headline == "`seed 0` ends at 0.856; `seed 1` ends at 0.873; both end within 10% of each other"
+        assert twin.divergence["loss"] == [None] and "#d62728" not in twin.colours and not twin.loss_log
+        assert "leaves" not in twin.divergence["loss_text"] and twin.row == ""
+    finally:
+        twin.close()

@@ -10,7 +10,7 @@ import { COLORMAPS } from "./lib/colormap";
 import { fmt, fmtPct, h, replaceChildren, styleElement } from "./lib/dom";
 import { rpc, type AnyModel } from "./lib/rpc";
 import { sampleSelect, select } from "./lib/select";
-import { faithPanel, sanityTable, type Faithfulness, type SanityRow } from "./gradcam/checks";
+import { faithPanel, sanityTable, type CamRank, type Faithfulness, type SanityRow } from "./gradcam/checks";
 import { multiples, type Multiples } from "./gradcam/methods";
 import { paint } from "./gradcam/overlay";
 
@@ -58,6 +58,10 @@ const CSS = `
 .nbdebug-gradcam .nbd-info { color: var(--jp-ui-font-color2, #555); margin: 4px 0; }
 .nbdebug-gradcam .nbd-notes { margin: 2px 0 6px 18px; padding: 0; color: var(--jp-ui-font-color2, #555); }
 .nbdebug-gradcam .nbd-warn { color: #b26a00; }
+.nbdebug-gradcam .nbd-headline { font-weight: 700; margin: 2px 0 6px; overflow-wrap: anywhere; }
+.nbdebug-gradcam table.nbd-rank tr.nbd-failed td { color: #595959; }
+.nbdebug-gradcam table.nbd-rank .nbd-fail-tag { font-size: 10px; margin-left: 4px; }
+.nbdebug-gradcam table.nbd-rank td.nbd-num { text-align: right; font-variant-numeric: tabular-nums; }
 .nbdebug-gradcam .nbd-error { color: #d32f2f; }
 .nbdebug-gradcam .nbd-methods { display: flex; flex-wrap: wrap; gap: 6px; margin: 6px 0; }
 .nbdebug-gradcam button.nbd-method { display: flex; flex-direction: column; align-items: center; gap: 2px; padding: 3px; font: inherit;
@@ -77,6 +81,7 @@ const CSS = `
 
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
   const root = h("div", { class: "nbdebug-gradcam" });
+  const headline = h("div", { class: "nbd-headline" });
   const controls = h("div", { class: "nbd-controls" });
   const canvas = h("canvas", { class: "nbd-overlay", attrs: { width: 1, height: 1 } });
   const bar = h("div", { class: "nbd-barbox" });
@@ -87,7 +92,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const faithBox = h("div", { class: "nbd-faith" });
   const sanityBox = h("div", { class: "nbd-sanity-box" });
   const strip = h("div", { class: "nbd-strip" });
-  root.append(styleElement(CSS), controls, errorBox, h("div", { class: "nbd-stage" }, [canvas, bar]), strip, warn, info, faithBox, sanityBox, notes);
+  root.append(styleElement(CSS), headline, controls, errorBox, h("div", { class: "nbd-stage" }, [canvas, bar]), strip, warn, info, faithBox, sanityBox, notes);
   el.appendChild(root);
 
   let view: View | null = null;
@@ -232,7 +237,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   function drawChecks(): void {
     const f = faith();
     const method = String(model.get("method"));
-    if (f) faithPanel(faithBox, f, metrics, allMethods(), method, pick, curves);
+    const ranks: CamRank[] = model.get("ranks") ?? [];
+    if (f) faithPanel(faithBox, f, metrics, allMethods(), method, pick, curves, ranks);
     else replaceChildren(faithBox, []);
     const rows = sanity();
     replaceChildren(sanityBox, rows.length ? [sanityTable(rows, Number(model.get("sanity_threshold") ?? 0.9))] : []);
@@ -281,6 +287,11 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     buildControls();
     void fetchView();
   };
+  const onHeadline = () => {
+    headline.textContent = String(model.get("headline") ?? "").replace(/`/g, "");
+  };
+  onHeadline();
+  model.on("change:headline", onHeadline);
   model.on("change:opacity", onOpacity);
   model.on("change:class_rank", onClass);
   model.on("change:layer", onLayer);
@@ -291,6 +302,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   void fetchCurves();
   return () => {
     disposed = true;
+    model.off("change:headline", onHeadline);
     model.off("change:opacity", onOpacity);
     model.off("change:class_rank", onClass);
     model.off("change:layer", onLayer);

@@ -4,7 +4,7 @@
 // float32 curves, the sanity flags; model text (class names, layer names) stays text.
 import { afterEach, describe, expect, it } from "vitest";
 import gradcam from "../src/gradcam";
-import { curvePoints } from "../src/gradcam/checks";
+import { curvePoints, rankTable } from "../src/gradcam/checks";
 import { FakeModel, f32View } from "./fakeModel";
 import { mount, tick, unmountAll } from "./mount";
 
@@ -17,7 +17,10 @@ function model(): FakeModel {
     layers: ["act"], layer: "act", auto_layer: "act", method: "gradcam", methods: ["gradcam", "eigencam"], batch: 1, sample: 0,
     class_rank: 0, classes: [[{ index: 3, name: HOSTILE, score: 2, prob: 0.7 }]], opacity: 0.5, colormap: "inferno", notes: [],
     image_note: "", sanity_threshold: 0.9,
-    faithfulness: { ranking: ["eigencam", "gradcam"], target: 3, target_name: HOSTILE, lower_is_better: ["deletion", "road_morf"],
+    headline: "gradcam is the most faithful of the methods that pass the sanity check; eigencam fails it",
+    ranks: [{ method: "gradcam", rank: 1, tied: [], failed: false, score: 0.15, rho: 0.31 },
+            { method: "eigencam", rank: 2, tied: [], failed: true, score: 0.8, rho: 1.0 }],
+    faithfulness: { ranking: ["gradcam", "eigencam"], target: 3, target_name: HOSTILE, lower_is_better: ["deletion", "road_morf"],
                     auc: { gradcam: { deletion: 0.4, insertion: 0.5, road_morf: 0.45, road_lerf: 0.5 },
                            eigencam: { deletion: 0.2, insertion: 0.7, road_morf: 0.3, road_lerf: 0.6 } } },
     sanity: [{ method: "gradcam", rho: 0.31, flagged: false, cascade: [["fc", 0.5], [HOSTILE, 0.31]] },
@@ -76,15 +79,19 @@ describe("Grad-CAM methods, faithfulness and sanity", () => {
     await tick();
     const root = el.querySelector(".nbdebug-gradcam") as HTMLElement;
     expect(root.getAttribute("data-curves")).toBe("1");
+    // the headline first; sanity before rank: eigencam (best areas, fails sanity) greyed after gradcam
+    expect(root.querySelector(":scope > :not(style)")!.textContent).toBe(m.get("headline"));
     const rows = Array.from(el.querySelectorAll("table.nbd-rank tr[data-method]"));
-    expect(rows.map((r) => r.getAttribute("data-method"))).toEqual(["eigencam", "gradcam"]);
-    expect(rows[0].textContent).toContain("0.2");
+    expect(rows.map((r) => r.getAttribute("data-method"))).toEqual(["gradcam", "eigencam"]);
+    expect(rows[1].classList.contains("nbd-failed")).toBe(true);
+    expect(rows[1].textContent).toBe("2eigencamfails sanity0.2000.7000.3000.600");
+    expect(rows[0].querySelector("td")!.textContent).toBe("1");
     const charts = Array.from(el.querySelectorAll("svg.nbd-curve"));
     expect(charts.map((c) => c.getAttribute("data-metric"))).toEqual(["deletion", "insertion", "road_morf", "road_lerf"]);
     const lines = charts[2].querySelectorAll("polyline");
     expect(lines.length).toBe(2);
     expect((lines[0].getAttribute("points") ?? "").split(" ").length).toBe(2); // the NaN padding is not drawn
-    (rows[1] as HTMLElement).dispatchEvent(new Event("click"));
+    (rows[0] as HTMLElement).dispatchEvent(new Event("click"));
     expect(m.get("method")).toBe("gradcam");
     const focused = el.querySelector('svg.nbd-curve[data-metric="deletion"] polyline[data-method="gradcam"]') as SVGElement;
     expect(focused.getAttribute("stroke-width")).toBe("2.5");
@@ -99,5 +106,17 @@ describe("Grad-CAM methods, faithfulness and sanity", () => {
 
   it("skips NaN points of a curve", () => {
     expect(curvePoints([0, 0.5, NaN], [1, 0, NaN], 104, 104, 1)).toBe("2.0,2.0 52.0,102.0");
+  });
+});
+
+describe("CAM ranking ties", () => {
+  it("writes a shared rank with = and names the tied methods", () => {
+    const f = { ranking: ["a", "b"], target: 0, target_name: "x", lower_is_better: ["deletion"],
+                auc: { a: { deletion: 0.675 }, b: { deletion: 0.675 } } };
+    const t = rankTable(f as any, ["deletion"], ["a", "b"], "a", () => undefined,
+      [{ method: "a", rank: 1, tied: ["b"], failed: false, score: 1, rho: 0.1 }, { method: "b", rank: 1, tied: ["a"], failed: false, score: 1, rho: 0.1 }]);
+    const cells = Array.from(t.querySelectorAll("tr[data-method] td:first-child"));
+    expect(cells.map((c) => c.textContent)).toEqual(["1=", "1="]);
+    expect(cells[0].getAttribute("title")).toBe("tied with b: the same pixel order");
   });
 });

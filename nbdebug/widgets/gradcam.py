@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import traitlets
 
+from ..inspectors.cam_verdict import gradcam_headline, rank_cams
 from ..inspectors.faithfulness import FRACTIONS, LOWER_IS_BETTER, METRICS
 from ..inspectors.gradcam import GradCamResult
 from ..inspectors.sanity import THRESHOLD
@@ -58,6 +59,9 @@ class GradCamWidget(NBWidget):
     faithfulness = traitlets.Dict().tag(sync=True)
     #: ``--sanity``: per method ``{"method", "rho", "flagged", "cascade": [[layer, rho], ...]}`` ([] without).
     sanity = traitlets.List().tag(sync=True)
+    #: The methods panel's order (``--faithfulness``): per method ``{"method", "rank", "tied", "failed",
+    #: "score", "rho"}``, those passing the sanity check first, tied methods sharing a rank ([] without).
+    ranks = traitlets.List().tag(sync=True)
     #: ρ at or above which a map is flagged as not depending on the class decision.
     sanity_threshold = traitlets.Float(THRESHOLD).tag(sync=True)
     #: Per sample, its target classes: ``{"index", "name", "score", "prob"}`` (names are plain text).
@@ -91,8 +95,18 @@ class GradCamWidget(NBWidget):
         sanity = [{"method": m, "rho": _num(r), "flagged": bool(r == r and r >= THRESHOLD),
                    "cascade": [[str(name), _num(v)] for name, v in result.sanity_cascade.get(m, [])]}
                   for m, r in result.sanity.items()]
+        rho = {m: _num(r) for m, r in result.sanity.items()}
+        ranks = [r.as_json() for r in rank_cams(report.auc, rho)] if report is not None else []
+        top = classes[0][0] if classes and classes[0] else {"name": "?", "prob": float("nan")}
+        first = result.maps.get(result.layer)
+        headline = gradcam_headline(result.method, top["name"], top["prob"], result.layer,
+                                    zero_grad=bool(getattr(first, "zero_grad", False)), sanity=rho,
+                                    auc=report.auc if report is not None else None,
+                                    target_name=str(report.target_name) if report is not None else "")
+        if faith:
+            faith["ranking"] = [r["method"] for r in ranks]  # the panel's order: sanity before rank
         super().__init__(
-            layers=list(result.layers), layer=result.layer, auto_layer=result.layer if result.auto_layer else "",
+            headline=headline, ranks=ranks, layers=list(result.layers), layer=result.layer, auto_layer=result.layer if result.auto_layer else "",
             method=result.method, methods=list(result.methods or [result.method]), classes=classes, batch=b,
             sample=min(max(sample, 0), b - 1), colormap=colormap, notes=list(result.notes), image_note=result.image_note,
             faithfulness=faith, sanity=sanity, **kwargs,
@@ -167,7 +181,8 @@ class GradCamWidget(NBWidget):
         )
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in [*self.notes, self.image_note, info.get("note") or ""] if n)
         return (
-            f"<div class='nbdebug-gradcam-static'><p><b>nbdebug {html.escape(info.get('method') or self.method)}</b> on "
+            f"<div class='nbdebug-gradcam-static'><p class='nbd-headline'><b>{html.escape(self.headline).replace('`', '')}</b></p>"
+            f"<p>nbdebug {html.escape(info.get('method') or self.method)} on "
             f"<code>{html.escape(info['layer'])}</code> · sample {self.sample} · class {html.escape(shown['name'])} · "
             f"opacity {a:.2f} · {html.escape(self.colormap)}</p>"
             f"{img_tag(pic, 'Grad-CAM of ' + str(shown['name']))}<ol>{rows}</ol>"
@@ -180,10 +195,12 @@ class GradCamWidget(NBWidget):
         faith = self.faithfulness
         if faith:
             head = "".join(f"<th>{html.escape(m)}{' ↓' if m in LOWER_IS_BETTER else ' ↑'}</th>" for m in METRICS)
-            rows = "".join(f"<tr><td>{html.escape(m)}</td>" + "".join(f"<td>{_fmt(faith['auc'][m][k], 3)}</td>" for k in METRICS)
-                           + "</tr>" for m in faith["ranking"])
-            out += (f"<p>faithfulness for {html.escape(faith['target_name'])} (AUC, best first)</p>"
-                    f"<table><tr><th>method</th>{head}</tr>{rows}</table>")
+            rows = "".join(
+                f"<tr style='color:{'#595959' if r['failed'] else 'inherit'}'><td>{r['rank']}{'=' if r['tied'] else ''}</td>"
+                f"<td>{html.escape(r['method'])}{' (fails sanity)' if r['failed'] else ''}</td>"
+                + "".join(f"<td>{_fmt(faith['auc'][r['method']][k], 3)}</td>" for k in METRICS) + "</tr>" for r in self.ranks)
+            out += (f"<p>faithfulness for {html.escape(faith['target_name'])} (AUC; methods that pass the sanity check "
+                    f"first, then by insertion − deletion + ROAD; = a tie)</p><table><tr><th>#</th><th>method</th>{head}</tr>{rows}</table>")
         if self.sanity:
             rows = "".join(f"<tr><td>{html.escape(s['method'])}</td><td>{_fmt(s['rho'], 2)}</td><td>"
                            f"{'does not depend on the class decision' if s['flagged'] else ''}</td></tr>" for s in self.sanity)

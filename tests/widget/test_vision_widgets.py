@@ -180,12 +180,20 @@ def test_gradcam_magic_every_method_faithfulness_and_sanity(sh) -> None:  # type
     assert content["result"]["methods"] == list(METHODS) and curves["curves"].shape == (8, 4, 21)
     assert curves["curves"].dtype == np.float32 and np.isnan(curves["curves"][:, 2:, 10:]).all()  # ROAD: 10 points
     np.testing.assert_allclose(curves["curves"][0, 0], cam.faithfulness_report.curves["gradcam"]["deletion"])
-    assert w.faithfulness["ranking"] == cam.faithfulness_report.ranking
+    # the panel's order: methods passing the sanity check first (then by score), tied methods sharing a rank
+    assert w.faithfulness["ranking"] == [r["method"] for r in w.ranks]
+    assert sorted(w.faithfulness["ranking"]) == sorted(cam.faithfulness_report.ranking)
+    failed = [r["failed"] for r in w.ranks]
+    assert failed == sorted(failed) and any(failed)  # every failing method after every passing one
+    assert all(r["failed"] == next(s["flagged"] for s in w.sanity if s["method"] == r["method"]) for r in w.ranks)
+    best = [r["method"] for r in w.ranks if r["rank"] == 1]
+    assert not w.ranks[0]["failed"] and all(m in w.headline for m in best) and "pass the sanity check" in w.headline
     assert w.faithfulness["target_name"].startswith("<b>class")  # plain text; the browser shows it as text
     assert {s["method"] for s in w.sanity} == set(METHODS)
     eig = next(s for s in w.sanity if s["method"] == "eigencam")
     assert eig["rho"] == 1.0 and eig["flagged"] and eig["cascade"] == [["7", 1.0]]
     html = w.fallback_html()
+    assert html.index(best[0]) < html.index("<img") and "fails sanity" in html
     assert "faithfulness for &lt;b&gt;class" in html and "<b>class" not in html
     assert "does not depend on the class decision" in html
     assert "methods=8" in repr(w)

@@ -19,6 +19,16 @@ export interface Faithfulness {
   forwards?: number;
 }
 
+/** One method's place in the panel (nbdebug/inspectors/cam_verdict.py, CamRank): sanity before rank, ties share a rank. */
+export interface CamRank {
+  method: string;
+  rank: number;
+  tied: string[];
+  failed: boolean | null;
+  score: number;
+  rho: number | null;
+}
+
 export interface SanityRow {
   method: string;
   rho: number | null;
@@ -77,15 +87,30 @@ export function curveCharts(methods: string[], metrics: string[], curves: Float3
   return h("div", { class: "nbd-charts" }, [...charts, h("div", { class: "nbd-axis", text: `x: fraction of pixels perturbed; y: probability (0–${fmt(top, 2)})` })]);
 }
 
-/** The ranking table: best first, the four AUCs; a row click focuses its method. */
-export function rankTable(f: Faithfulness, metrics: string[], all: string[], focus: string, onPick: (m: string) => void): HTMLElement {
+/** An area with three fixed decimals ("n/a" for none). */
+export function fixed3(v: number | null | undefined): string {
+  return v === null || v === undefined || !Number.isFinite(v) ? "n/a" : v.toFixed(3);
+}
+
+/** The ranking table in the kernel's order (`ranks`: methods passing the sanity check first, greyed
+ * after them those failing it; tied methods share a rank, written "2="), the four AUCs with three
+ * decimals; a row click focuses its method. Without `ranks`: `f.ranking`, one rank each. */
+export function rankTable(f: Faithfulness, metrics: string[], all: string[], focus: string, onPick: (m: string) => void,
+                          ranks: CamRank[] = []): HTMLElement {
   const head = h("tr", {}, [h("th", { text: "#" }), h("th", { text: "method" }),
     ...metrics.map((k) => h("th", { text: `${k.replace("_", " ")} ${f.lower_is_better.includes(k) ? "↓" : "↑"}` }))]);
-  const rows = f.ranking.map((m, i) => h("tr", { class: m === focus ? "nbd-focus" : "", data: { method: m }, on: { click: () => onPick(m) } }, [
-    h("td", { text: i + 1 }),
-    h("td", {}, [h("span", { class: "nbd-swatch", style: { background: colourOf(all, m) } }), h("span", { text: m })]),
-    ...metrics.map((k) => h("td", { text: fmt(f.auc[m]?.[k] ?? null) })),
-  ]));
+  const order: CamRank[] = ranks.length ? ranks
+    : f.ranking.map((m, i) => ({ method: m, rank: i + 1, tied: [], failed: null, score: NaN, rho: null }));
+  const rows = order.map((r) => {
+    const m = r.method;
+    const cls = [m === focus ? "nbd-focus" : "", r.failed ? "nbd-failed" : ""].filter(Boolean).join(" ");
+    return h("tr", { class: cls, data: { method: m, rank: r.rank }, on: { click: () => onPick(m) } }, [
+      h("td", { text: `${r.rank}${r.tied.length ? "=" : ""}`, title: r.tied.length ? `tied with ${r.tied.join(", ")}: the same pixel order` : "" }),
+      h("td", {}, [h("span", { class: "nbd-swatch", style: { background: colourOf(all, m) } }), h("span", { text: m }),
+        r.failed ? h("span", { class: "nbd-fail-tag", text: "fails sanity" }) : null]),
+      ...metrics.map((k) => h("td", { class: "nbd-num", text: fixed3(f.auc[m]?.[k]) })),
+    ]);
+  });
   return h("table", { class: "nbd-rank" }, [head, ...rows]);
 }
 
@@ -105,10 +130,13 @@ export function sanityTable(rows: SanityRow[], threshold: number): HTMLElement {
 
 /** Fill `box` with the faithfulness panel (ranking, then curves once they arrived). */
 export function faithPanel(box: HTMLElement, f: Faithfulness, metrics: string[], all: string[], focus: string, onPick: (m: string) => void,
-                           curves: { methods: string[]; data: Float32Array; fractions: Float32Array } | null): void {
+                           curves: { methods: string[]; data: Float32Array; fractions: Float32Array } | null, ranks: CamRank[] = []): void {
+  const sane = ranks.some((r) => r.failed !== null);
   replaceChildren(box, [
-    h("div", { class: "nbd-caption", text: `faithfulness for ${f.target_name} (sample 0): area under each curve, methods best first` }),
-    rankTable(f, metrics, all, focus, onPick),
+    h("div", { class: "nbd-caption", text: `faithfulness for ${f.target_name} (sample 0): area under each curve; ` +
+      (sane ? "methods that pass the sanity check first, then best first (insertion − deletion + ROAD); = marks a tie (the same pixel order)"
+        : "methods best first (insertion − deletion + ROAD); = marks a tie (the same pixel order)") }),
+    rankTable(f, metrics, all, focus, onPick, ranks),
     curves ? curveCharts(curves.methods, metrics, curves.data, curves.fractions, focus, all) : h("div", { class: "nbd-info", text: "loading curves…" }),
   ]);
 }

@@ -1,6 +1,6 @@
 // Activation-patching view: the grid of how much each site (rows) at each position or head
 // (columns) restores the clean run's answer when patched into the corrupt run, on a diverging scale
-// (white 0, blue +1, red −1) with the effect and the raw metric on hover. A site selector fetches the
+// (white 0, blue +1: toward the answer, red −1: against it, as in the attribution view) with the effect and the raw metric on hover. A site selector fetches the
 // other site kinds (rpc "grid", computed on demand in the kernel); the triage toggle shows the
 // attribution estimate instead (its top cells verified exactly: bold border). Clicking a cell runs
 // that patch in the kernel (rpc "cell", from the recorded clean/corrupt runs) and shows its top-5
@@ -16,6 +16,9 @@ import { GridView, gridFromTraits, type GridData } from "./patching/grid";
 import { CSS } from "./patching/style";
 import { Tops, type CellAnswer, type Top } from "./patching/tops";
 
+/** Two fixed decimals ("n/a" for NaN): effects and metrics in the click sentence. */
+const fixed2 = (x: number): string => (Number.isFinite(x) ? x.toFixed(2) : "n/a");
+
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
   const metric = { label: String(model.get("metric") || "metric"), clean: model.get("metric_clean"), corrupt: model.get("metric_corrupt") };
   const kinds: string[] = model.get("site_kinds") || ["resid", "attn", "mlp", "heads"];
@@ -23,7 +26,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   let disposed = false;
   let request = 0;
 
-  const title = h("div", { class: "nbp-title", text: `Activation patching: how much of ${metric.label} each site restores` });
+  const title = h("div", { class: "nbp-title nbd-headline", text: String(model.get("headline") || "") });
   const prompts = h("div", { class: "nbp-sub" }, [
     h("div", { text: `clean: ${(model.get("tokens_clean") || []).join(" | ")}  (${metric.label} = ${fmt(metric.clean)})` }),
     h("div", { text: `corrupt: ${(model.get("tokens_corrupt") || []).join(" | ")}  (${metric.label} = ${fmt(metric.corrupt)})` }),
@@ -40,16 +43,22 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   ]);
   const status = h("div", { class: "nbp-status" });
   const notes = h("div", { class: "nbp-note" });
-  const tops = new Tops(model.get("top_clean") as Top[] || [], model.get("top_corrupt") as Top[] || []);
+  const tops = new Tops(model.get("top_clean") as Top[] || [], model.get("top_corrupt") as Top[] || [],
+    { clean: model.get("answer_clean") ?? null, corrupt: model.get("answer_corrupt") ?? null });
   const grid = new GridView(metric, (r, c) => void click(r, c));
   const root = h("div", { class: "nbdebug-patching" }, [styleElement(CSS), title, prompts, controls, status, grid.el, grid.tip, notes, tops.el]);
+  const onHeadline = () => {
+    title.textContent = String(model.get("headline") || "");
+  };
+  model.on("change:headline", onHeadline);
   el.appendChild(root);
 
   const showGrid = (d: GridData) => {
     data = d;
     grid.draw(d);
     const how = d.method === "attribution" ? `attribution estimate, ${d.verified.length} cells verified exactly (bold border)` : "exact";
-    status.textContent = `${d.sites}: ${d.rows.length} × ${d.columns.length} (${how}) · click a cell to run that patch`;
+    status.textContent = `${d.sites}: ${d.rows.length} × ${d.columns.length} (${how}; blue restores the answer, red pushes against it; ` +
+      `|effect| < 0.05 not printed) · click a cell to run that patch`;
     status.classList.remove("nbp-error");
     notes.textContent = d.notes.join(" · ");
     root.setAttribute("data-sites", d.sites);
@@ -64,7 +73,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       const ans = await rpc(model, "grid", { sites, method }, 600_000);
       if (disposed || id !== request) return;
       const r = ans.result;
-      showGrid({ rows: r.rows, columns: r.columns, sites: r.sites, method: r.method, verified: r.verified, notes: r.notes,
+      if (r.headline) title.textContent = r.headline;
+      showGrid({ rows: r.rows, rowLabels: r.row_labels, columns: r.columns, sites: r.sites, method: r.method, verified: r.verified, notes: r.notes,
                  effect: ans.arrays.effect, raw: ans.arrays.raw, identical: ans.arrays.identical });
       tops.show(null, "");
     } catch (err) {
@@ -77,13 +87,15 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const click = async (row: number, col: number) => {
     const id = ++request;
     grid.select(row, col);
-    const label = `${data.rows[row]} @ ${data.columns[col]}`;
+    const label = `${data.rowLabels?.[row] ?? data.rows[row]} @ ${data.columns[col]}`;
+    const summary = status.textContent;
     status.textContent = `running the patch ${label}…`;
     try {
       const ans = await rpc<CellAnswer>(model, "cell", { sites: data.sites, method: data.method, row, col });
       if (disposed || id !== request) return;
       tops.show(ans.result, label);
-      status.textContent = `${label}: effect ${fmt(ans.result.effect)} (${metric.label} = ${fmt(ans.result.metric)}), measured exactly`;
+      status.textContent = summary;
+      grid.pin(row, col, `${label}: effect ${fixed2(ans.result.effect)} (${metric.label} = ${fixed2(ans.result.metric)}), measured exactly`);
       status.classList.remove("nbp-error");
       root.setAttribute("data-clicked", `${row},${col}`);
     } catch (err) {
@@ -99,6 +111,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   root.setAttribute("data-ready", "1");
   return () => {
     disposed = true;
+    model.off("change:headline", onHeadline);
   };
 }
 

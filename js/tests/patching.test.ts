@@ -5,7 +5,7 @@
 import { afterEach, describe, expect, it } from "vitest";
 import patching from "../src/patching";
 import { diverging, POSITIVE, NEGATIVE, textFor } from "../src/patching/colour";
-import { commonPrefix } from "../src/patching/grid";
+import { cellText, commonPrefix } from "../src/patching/grid";
 import { contrast } from "../src/lib/contrast";
 import { FakeModel, f32View } from "./fakeModel";
 import { mount, tick, unmountAll } from "./mount";
@@ -23,7 +23,9 @@ const top = (tok: string, p: number) => ({ id: 1, token: tok, p });
 function make(): FakeModel {
   const m = new FakeModel({
     rows: ["model.layers.0", "model.layers.1"], columns: ["The", HOSTILE, "city"], sites: "resid", method: "exact",
-    effect: { view: f32View([1, 0, NaN, -1, 0.5, 0.25], 4), dtype: "float32", shape: [2, 3] },
+    row_labels: ["block 0 input", "block 1 input"], headline: "'␣Paris' is restored by 'city' in blocks 0–1",
+    answer_clean: { id: 9, token: "␣Paris", p: 0.5, rank: 1 }, answer_corrupt: { id: 9, token: "␣Paris", p: 0.01, rank: 12 },
+    effect: { view: f32View([1, 0.01, NaN, -1, 0.5, 0.25], 4), dtype: "float32", shape: [2, 3] },
     raw: { view: f32View([2, 1, NaN, 0, 1.5, 1.25]), dtype: "float32", shape: [2, 3] },
     identical: { view: u8View([0, 0, 1, 0, 0, 0]), dtype: "uint8", shape: [2, 3] },
     verified: [], grid_notes: [], site_kinds: ["resid", "attn", "mlp", "heads"],
@@ -44,7 +46,8 @@ function make(): FakeModel {
     }
     return { msg: { type: "response", id: c.id, ok: true, arrays: {}, result: {
       row: c.params.row, col: c.params.col, site: "model.layers.1", positions: [1], identical: false, metric: 1.5,
-      effect: 0.5, patched: [top(HOSTILE, 0.3)], clean: [], corrupt: [] } } };
+      effect: 0.5, patched: [top(HOSTILE, 0.3)], clean: [], corrupt: [],
+      answer: { clean: null, corrupt: null, patched: { id: 9, token: "␣Paris", p: 0.2, rank: 2 } } } } };
   };
   return m;
 }
@@ -62,6 +65,10 @@ describe("patching colours", () => {
       expect(contrast(fg as any, [r, g, b, 1])).toBeGreaterThanOrEqual(4.5);
     }
   });
+  it("prints an effect only where |effect| ≥ 0.05, with two decimals", () => {
+    expect([cellText(0.049, false), cellText(-0.05, false), cellText(0.5, false), cellText(NaN, false), cellText(0.9, true)])
+      .toEqual(["", "-0.05", "0.50", "", "="]);
+  });
   it("strips the rows' shared dotted prefix", () => {
     expect(commonPrefix(["model.layers.0", "model.layers.1"])).toBe("model.layers.");
     expect(commonPrefix(["a"])).toBe("");
@@ -74,6 +81,15 @@ describe("patching view", () => {
     const cells = el.querySelectorAll(".nbp-cell");
     expect(cells.length).toBe(6);
     expect((cells[0] as HTMLElement).style.background).toContain("33, 102, 172");
+    expect(Array.from(cells).map((c) => c.textContent)).toEqual(["1.00", "", "=", "-1.00", "0.50", "0.25"]);
+    // the finding first; rows named for what they are (the module name on hover)
+    expect(el.querySelector(".nbdebug-patching > :not(style)")!.textContent).toBe("'␣Paris' is restored by 'city' in blocks 0–1");
+    const labels = Array.from(el.querySelectorAll(".nbp-rowlabel")).slice(1);
+    expect(labels.map((l) => l.textContent)).toEqual(["block 0 input", "block 1 input"]);
+    expect(labels[1].getAttribute("title")).toBe("model.layers.1");
+    // the answer's p and rank under each top-5, bold where it is among them
+    const tops = el.querySelectorAll(".nbp-top");
+    expect(tops[1].querySelector("tr.nbp-answer")!.textContent).toBe("answer ␣Paris1% · rank 12");
     expect(cells[2].classList.contains("nbp-same")).toBe(true);
     expect(el.querySelector("img")).toBeNull();
     expect(el.textContent).toContain(HOSTILE);
@@ -84,7 +100,7 @@ describe("patching view", () => {
     const cell = el.querySelectorAll(".nbp-cell")[4] as HTMLElement;
     cell.dispatchEvent(new Event("mouseover", { bubbles: true }));
     const tip = el.querySelector(".nbp-tip")!.textContent!;
-    expect(tip).toContain("model.layers.1 @ " + HOSTILE);
+    expect(tip).toContain("block 1 input @ " + HOSTILE);
     expect(tip).toContain("effect 0.5");
     expect(tip).toContain("= 1.5");
   });
@@ -117,6 +133,13 @@ describe("patching view", () => {
     expect(tables[2].textContent).toContain(HOSTILE);
     expect(el.querySelector("img")).toBeNull();
     expect(el.querySelector(".nbdebug-patching")!.getAttribute("data-clicked")).toBe("1,1");
+    expect(tables[2].querySelector("tr.nbp-answer")!.textContent).toBe("answer ␣Paris20% · rank 2");
+    // one sentence about a cell: the click's, in the tip line; hovering the clicked cell keeps it
+    const tip = el.querySelector(".nbp-tip")!;
+    expect(tip.textContent).toBe("block 1 input @ " + HOSTILE + ": effect 0.50 (logit[' Paris'] - logit[' Rome'] = 1.50), measured exactly");
+    (el.querySelectorAll(".nbp-cell")[4] as HTMLElement).dispatchEvent(new Event("mouseover", { bubbles: true }));
+    expect(tip.textContent).toContain("measured exactly");
+    expect(el.querySelector(".nbp-status")!.textContent).not.toContain("effect 0.5");
     (el.querySelectorAll(".nbp-cell")[2] as HTMLElement).click();  // identical: nothing to run
     await tick();
     expect(m.sent.filter((s) => s.content.method === "cell").length).toBe(1);

@@ -31,7 +31,7 @@ from ..workbench.metric import token_labels
 from ..workbench.sites import KINDS
 from .lensrun import lens_column, model_lens
 
-__all__ = ["METHODS", "PatchSession", "top_tokens"]
+__all__ = ["METHODS", "PatchSession", "answer_entry", "top_tokens"]
 
 METHODS = ("exact", "attribution")
 
@@ -43,6 +43,17 @@ def top_tokens(logits: torch.Tensor | np.ndarray, tokenizer: Any, k: int = 5) ->
     v, i = p.topk(min(k, p.numel()))
     ids = [int(a) for a in i]
     return [{"id": a, "token": t, "p": float(b)} for a, t, b in zip(ids, token_labels(tokenizer, ids), v.tolist())]
+
+
+def answer_entry(logits: torch.Tensor | np.ndarray, answer: int | None, tokenizer: Any) -> dict[str, Any] | None:
+    """The answer token's ``{id, token, p, rank}`` (rank 1 = the most likely) in last-position ``logits``,
+    shown under every top-5 whether or not it is in it; None without an answer id."""
+    if answer is None:
+        return None
+    z = torch.as_tensor(logits).detach().double().reshape(-1)
+    p = torch.softmax(z, -1)
+    rank = int((z > z[int(answer)]).sum()) + 1
+    return {"id": int(answer), "token": token_labels(tokenizer, [int(answer)])[0], "p": float(p[int(answer)]), "rank": rank}
 
 
 class PatchSession:
@@ -72,6 +83,8 @@ class PatchSession:
             self.top_clean = top_tokens(wb.state("clean").logits[0, -1], tokenizer)
             self.top_corrupt = top_tokens(wb.state("corrupt").logits[0, -1], tokenizer)
             self.answer_id = wb.metric.answer
+            self.answer_clean = answer_entry(wb.state("clean").logits[0, -1], self.answer_id, tokenizer)
+            self.answer_corrupt = answer_entry(wb.state("corrupt").logits[0, -1], self.answer_id, tokenizer)
         self.lens_runs: dict[str, list[dict[str, Any]]] = {}
 
     @contextmanager
@@ -118,8 +131,8 @@ class PatchSession:
 
     def cell(self, sites: str, method: str, row: int, col: int, k: int = 5) -> dict[str, Any]:
         """One cell of the ``(sites, method)`` grid run exactly: ``{row, col, site, positions, metric,
-        effect, patched, clean, corrupt, lens}`` (``patched``/``clean``/``corrupt``: top-``k`` next tokens
-        ``{id, token, p}``; ``lens``: ``{patched, clean, corrupt}`` logit-lens columns, see :meth:`lens`)."""
+        effect, patched, clean, corrupt, answer, lens}`` (``patched``/``clean``/``corrupt``: top-``k`` next
+        tokens ``{id, token, p}``; ``answer``: the answer token's ``{id, token, p, rank}`` in each run; ``lens``: ``{patched, clean, corrupt}`` logit-lens columns, see :meth:`lens`)."""
         grid = self.grid(sites, method)
         if not (0 <= row < grid.shape[0] and 0 <= col < grid.shape[1]):
             raise IndexError(f"no cell [{row}, {col}] in a {grid.shape[0]} x {grid.shape[1]} grid")
@@ -128,10 +141,13 @@ class PatchSession:
             return {"row": row, "col": col, "site": grid.rows[row], "positions": list(grid.positions[col]),
                     "identical": True, "metric": self.metric_corrupt, "effect": float("nan"),
                     "patched": self.top_corrupt, "clean": self.top_clean, "corrupt": self.top_corrupt,
+                    "answer": {"clean": self.answer_clean, "corrupt": self.answer_corrupt, "patched": self.answer_corrupt},
                     "lens": {**lens, "patched": lens["corrupt"]}}
         with self.bench() as wb:
             run = wb.cell(grid, row, col)
         return {"row": row, "col": col, "site": run.site, "positions": list(run.positions), "identical": False,
                 "metric": run.metric, "effect": run.effect, "patched": top_tokens(run.logits, self.tokenizer, k),
                 "clean": self.top_clean[:k], "corrupt": self.top_corrupt[:k],
+                "answer": {"clean": self.answer_clean, "corrupt": self.answer_corrupt,
+                           "patched": answer_entry(run.logits, self.answer_id, self.tokenizer)},
                 "lens": {**lens, "patched": self.lens(run.residual)}}

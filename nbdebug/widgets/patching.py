@@ -22,6 +22,7 @@ import numpy as np
 import traitlets
 
 from ..inspectors.attention import display_token
+from ..inspectors.token_headlines import SHOWN, block_labels, patch_headline
 from ..workbench import PatchGrid
 from ._base import NBWidget, rpc
 from ._transport import encode_array
@@ -29,7 +30,8 @@ from .logitlens import text_on
 
 __all__ = ["PatchingWidget", "diverging"]
 
-#: the saturated ends of the diverging scale (effect +1 / −1); 0 is white
+#: the saturated ends of the diverging scale (effect +1 / −1); 0 is white. The same scale colours the
+#: attribution view's scores: blue is "toward the answer" in both views, red "against it".
 POSITIVE = (33, 102, 172)
 NEGATIVE = (178, 24, 43)
 SITES = ("resid", "attn", "mlp", "heads")
@@ -45,10 +47,16 @@ def diverging(effect: float) -> tuple[int, int, int]:
     return tuple(round(255 + (c - 255) * t) for c in end)  # type: ignore[return-value]
 
 
+def _labels(grid: PatchGrid) -> list[str]:
+    """Each row named for what it is (block input, attention/MLP output, head)."""
+    s = grid.row_sites
+    return block_labels(grid.rows, [x.kind for x in s], [x.layer for x in s], [x.head for x in s])
+
+
 def _wire(grid: PatchGrid) -> dict[str, Any]:
     """A grid's traits / request answer: JSON parts and the arrays as wire arrays."""
     return {
-        "rows": list(grid.rows), "columns": [display_token(c) for c in grid.columns], "sites": grid.sites,
+        "rows": list(grid.rows), "row_labels": _labels(grid), "columns": [display_token(c) for c in grid.columns], "sites": grid.sites,
         "method": grid.method, "verified": [[int(r), int(c), float(v)] for (r, c), v in grid.verified.items()],
         "notes": list(grid.notes), "seconds": float(grid.seconds), "patches": int(grid.patches),
     }
@@ -75,6 +83,8 @@ class PatchingWidget(NBWidget):
     raw = traitlets.Dict().tag(sync=True)
     identical = traitlets.Dict().tag(sync=True)
     rows = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    #: what each row is ("block 3 input", "block 3 mlp out", "block 3 head 5"); ``rows`` keeps module names
+    row_labels = traitlets.List(traitlets.Unicode()).tag(sync=True)
     columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
     sites = traitlets.Unicode("resid").tag(sync=True)
     method = traitlets.Unicode("exact").tag(sync=True)
@@ -88,13 +98,19 @@ class PatchingWidget(NBWidget):
     tokens_corrupt = traitlets.List(traitlets.Unicode()).tag(sync=True)
     top_clean = traitlets.List().tag(sync=True)
     top_corrupt = traitlets.List().tag(sync=True)
+    #: the answer token's ``{id, token, p, rank}`` in the clean and corrupt runs (shown under each top-5)
+    answer_clean = traitlets.Dict(allow_none=True).tag(sync=True)
+    answer_corrupt = traitlets.Dict(allow_none=True).tag(sync=True)
     selected = traitlets.List(traitlets.Int()).tag(sync=True)
     clicks = traitlets.Int(0).tag(sync=True)
 
     def __init__(self, session: Any, *, sites: str = "resid", method: str = "exact", **kwargs: Any) -> None:
         self.session = session
         grid = session.grid(sites, method)
+        self._answer = display_token(session.answer_clean["token"]) if getattr(session, "answer_clean", None) else "the answer"
         super().__init__(
+            answer_clean=self._answer_of(getattr(session, "answer_clean", None)),
+            answer_corrupt=self._answer_of(getattr(session, "answer_corrupt", None)),
             metric=session.metric_label, metric_clean=float(session.metric_clean),
             metric_corrupt=float(session.metric_corrupt), site_kinds=list(SITES),
             tokens_clean=[display_token(t) for t in session.tokens_clean],
@@ -107,11 +123,21 @@ class PatchingWidget(NBWidget):
         return [{**t, "token": display_token(t["token"])} for t in tops]
 
     @staticmethod
-    def _grid_traits(grid: PatchGrid) -> dict[str, Any]:
+    def _answer_of(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if entry is None else {**entry, "token": display_token(entry["token"])}
+
+    def _headline_of(self, grid: PatchGrid) -> str:
+        """The finding: which positions carry the answer in which blocks (:func:`patch_headline`)."""
+        answer = f"'{self._answer}'" if self._answer != "the answer" else "the answer"
+        return patch_headline(grid.effect, [display_token(c) for c in grid.columns], answer,
+                              [x.layer for x in grid.row_sites], grid.sites, estimate=grid.estimate, labels=_labels(grid))
+
+    def _grid_traits(self, grid: PatchGrid) -> dict[str, Any]:
         wire = _wire(grid)
         arrays = {k: encode_array(v) for k, v in _arrays(grid).items()}
-        return {**arrays, "rows": wire["rows"], "columns": wire["columns"], "sites": grid.sites, "method": grid.method,
-                "verified": wire["verified"], "grid_notes": wire["notes"]}
+        return {**arrays, "rows": wire["rows"], "row_labels": wire["row_labels"], "columns": wire["columns"],
+                "sites": grid.sites, "method": grid.method, "verified": wire["verified"], "grid_notes": wire["notes"],
+                "headline": self._headline_of(grid)}
 
     @property
     def grid(self) -> PatchGrid:
@@ -122,7 +148,7 @@ class PatchingWidget(NBWidget):
     def _grid(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         grid = self.session.grid(str(params.get("sites", self.sites)), str(params.get("method", self.method)))
         self._show(grid)
-        return _wire(grid), _arrays(grid)
+        return {**_wire(grid), "headline": self.headline}, _arrays(grid)
 
     def _show(self, grid: PatchGrid) -> None:
         with self.hold_sync():
@@ -137,6 +163,7 @@ class PatchingWidget(NBWidget):
         for key in ("patched", "clean", "corrupt"):
             out[key] = self._tops(out[key])
             out["lens"][key] = self._tops(out["lens"][key])
+        out["answer"] = {k: self._answer_of(v) for k, v in (out.get("answer") or {}).items()}
         self.selected = [row, col]
         self.clicks += 1
         return out, None
@@ -154,12 +181,13 @@ class PatchingWidget(NBWidget):
                 e = float(grid.effect[r, c])
                 rgb = diverging(e)
                 fg = text_on(rgb)
-                txt = "=" if grid.identical[r, c] else f"{e:.2f}"
+                txt = "=" if grid.identical[r, c] else (f"{e:.2f}" if abs(e) >= SHOWN else "")
                 tds.append(f"<td style='background:rgb{rgb};color:{fg};padding:1px 4px' title='{e:.4g}'>{txt}</td>")
-            body.append(f"<tr><th>{html.escape(grid.rows[r])}</th>{''.join(tds)}</tr>")
-        return (f"<div class='nbdebug-patching-static'><p>nbdebug patching ({html.escape(grid.sites)}, {grid.method}): "
+            body.append(f"<tr><th title='{html.escape(grid.rows[r])}'>{html.escape(self.row_labels[r] if r < len(self.row_labels) else grid.rows[r])}</th>{''.join(tds)}</tr>")
+        return (f"<div class='nbdebug-patching-static'><p class='nbd-headline'><b>{html.escape(self.headline)}</b></p>"
+                f"<p>nbdebug patching ({html.escape(grid.sites)}, {grid.method}): "
                 f"effect of restoring each site, {html.escape(self.metric)}, clean {self.metric_clean:.3g}, corrupt "
-                f"{self.metric_corrupt:.3g} (1 = fully restored)</p><table style='border-collapse:collapse;"
+                f"{self.metric_corrupt:.3g} (1 = fully restored; blue restores the answer, red pushes against it; |effect| &lt; {SHOWN:g} not printed)</p><table style='border-collapse:collapse;"
                 f"font-family:monospace'><thead><tr><th>site</th>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
                 "</table></div>")
 

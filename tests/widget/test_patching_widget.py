@@ -10,6 +10,8 @@ record the clean or corrupt run again; bad options are ``UsageError``s before th
 from __future__ import annotations
 
 import gc
+import html
+import re
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from IPython.core.error import UsageError
 
 import nbdebug
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint
+from nbdebug.inspectors.token_headlines import patch_headline
 from nbdebug.widgets._transport import decode_array
 
 ANSWER, WRONG = 3, 4
@@ -98,6 +101,14 @@ def test_the_grid_equals_nbdebug_patch_and_the_site_switch_equals_patch_sites(sh
     np.testing.assert_allclose(g.effect, ref.effect, rtol=1e-5, atol=1e-6, equal_nan=True)
     np.testing.assert_allclose(decode_array(w.effect), ref.effect.astype(np.float32), rtol=1e-5, atol=1e-6, equal_nan=True)
     assert w.rows == ref.rows and len(w.columns) == 7 and w.sites == "resid"
+    assert w.row_labels == [f"block {k} input" for k in range(3)]  # resid rows are the blocks' inputs
+    assert w.headline == patch_headline(ref.effect, w.columns, f"'{w.answer_clean['token']}'",
+                                        [x.layer for x in ref.row_sites], "resid", labels=w.row_labels)
+    page = w.fallback_html()
+    assert page.index(html.escape(w.headline)) < page.index("<table")
+    printed = [float(t) for t in re.findall(r">(-?\d\.\d\d)</td>", page)]
+    shown = ref.effect[np.isfinite(ref.effect) & (np.abs(ref.effect) >= 0.05) & ~ref.identical]
+    assert sorted(printed) == sorted(round(float(v), 2) for v in shown)  # numbers only where |effect| ≥ 0.05
     assert np.isnan(decode_array(w.effect)[:, :2]).all() and decode_array(w.identical)[:, :2].all()  # before the first change
     assert w.metric_clean == pytest.approx(ref.metric_clean) and w.metric_corrupt == pytest.approx(ref.metric_corrupt)
     for sites in ("attn", "mlp", "heads"):
@@ -145,6 +156,12 @@ def test_a_click_equals_a_hand_patched_forward_and_leaves_the_model_as_found(she
     assert [t["id"] for t in got["clean"]] == top5(logits(model, x))
     assert [t["id"] for t in got["corrupt"]] == top5(logits(model, x2))
     assert got["effect"] == pytest.approx(float(shell.user_ns["g"].effect[row, col]), rel=1e-4, abs=1e-5)
+    # the answer's own p and rank in every run, in or out of its top-5
+    for run_name, z in (("patched", want), ("clean", logits(model, x)), ("corrupt", logits(model, x2))):
+        a = got["answer"][run_name]
+        assert a["id"] == ANSWER and a["p"] == pytest.approx(float(torch.softmax(z, -1)[ANSWER]), rel=1e-4)
+        assert a["rank"] == int((z > z[ANSWER]).sum()) + 1
+    assert w.answer_clean["rank"] == got["answer"]["clean"]["rank"]
     assert w.selected == [row, col] and w.clicks == 1
     assert hook_count(model) == 0 and same_fingerprint(before, fingerprint(model)) == []
 

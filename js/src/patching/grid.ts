@@ -5,9 +5,22 @@ import { fmt, h, replaceChildren } from "../lib/dom";
 import { decode, type NdArray, type WireArray } from "../lib/ndarray";
 import { cssOf, textFor } from "./colour";
 
+/** Effects below this (in absolute value) are coloured but not printed (mirrors SHOWN in
+ * nbdebug/inspectors/token_headlines.py): two thirds of a real grid's numbers are noise. */
+export const SHOWN = 0.05;
+
+/** The text of a cell: "=" where clean and corrupt are identical, the effect with two decimals where
+ * |effect| ≥ SHOWN, else nothing. */
+export function cellText(effect: number, same: boolean): string {
+  if (same) return "=";
+  return Number.isFinite(effect) && Math.abs(effect) >= SHOWN ? effect.toFixed(2) : "";
+}
+
 /** One grid as the kernel sends it (traits or the `grid` request's answer). */
 export interface GridData {
   rows: string[];
+  /** What each row is ("block 3 input"); the module name is its title. */
+  rowLabels?: string[];
   columns: string[];
   sites: string;
   method: string;
@@ -22,6 +35,7 @@ export interface GridData {
 export function gridFromTraits(get: (name: string) => any): GridData {
   return {
     rows: get("rows") || [],
+    rowLabels: get("row_labels") || [],
     columns: get("columns") || [],
     sites: get("sites") || "resid",
     method: get("method") || "exact",
@@ -54,6 +68,8 @@ export class GridView {
   private data: GridData | null = null;
   private cells: HTMLElement[] = [];
   private selected = -1;
+  /** The clicked cell's sentence, kept in the tip until the pointer moves to another cell. */
+  private pinned: { index: number; text: string } | null = null;
 
   constructor(private metric: Metric, private pick: (row: number, col: number) => void) {
     this.el.addEventListener("mouseover", (ev) => this.hover(ev.target as HTMLElement));
@@ -68,14 +84,15 @@ export class GridView {
   draw(d: GridData): void {
     this.data = d;
     const R = d.rows.length, C = d.columns.length;
-    const prefix = commonPrefix(d.rows);
+    const named = (d.rowLabels?.length ?? 0) === R;
+    const prefix = named ? "" : commonPrefix(d.rows);
     const verified = new Map(d.verified.map(([r, c, v]) => [r * C + c, v]));
     this.el.style.gridTemplateColumns = `auto repeat(${C}, minmax(40px, max-content))`;
     const kids: HTMLElement[] = [h("div", { class: "nbp-rowlabel", text: prefix, title: prefix })];
     for (const c of d.columns) kids.push(h("div", { class: "nbp-collabel", text: c, title: c }));
     this.cells = [];
     for (let r = 0; r < R; r++) {
-      kids.push(h("div", { class: "nbp-rowlabel", text: d.rows[r].slice(prefix.length), title: d.rows[r] }));
+      kids.push(h("div", { class: "nbp-rowlabel", text: named ? d.rowLabels![r] : d.rows[r].slice(prefix.length), title: d.rows[r] }));
       for (let c = 0; c < C; c++) {
         const i = r * C + c;
         const e = d.effect.data[i];
@@ -85,7 +102,8 @@ export class GridView {
           data: { row: r, col: c },
           attrs: { role: "gridcell" },
           style: { background: cssOf(e), color: textFor(e) },
-          text: same ? "=" : fmt(e, 2),
+          text: cellText(e, same),
+          title: same ? "identical" : fmt(e, 3),
         });
         this.cells.push(cell);
         kids.push(cell);
@@ -93,6 +111,15 @@ export class GridView {
     }
     replaceChildren(this.el, kids);
     this.selected = -1;
+    this.pinned = null;
+    this.tip.textContent = "";
+  }
+
+  /** Say `text` of the clicked cell in the tip line (the one sentence about a cell on screen). */
+  pin(row: number, col: number, text: string): void {
+    const C = this.data?.columns.length ?? 0;
+    this.pinned = { index: row * C + col, text };
+    this.tip.textContent = text;
   }
 
   /** Mark the clicked cell. */
@@ -109,7 +136,7 @@ export class GridView {
     if (!d) return "";
     const C = d.columns.length;
     const i = row * C + col;
-    const where = `${d.rows[row]} @ ${d.columns[col]}`;
+    const where = `${d.rowLabels?.[row] ?? d.rows[row]} @ ${d.columns[col]}`;
     if (d.identical.data[i] !== 0) return `${where}: clean and corrupt activations are identical here (nothing to patch)`;
     const est = d.method === "attribution" ? "estimated " : "";
     const v = d.verified.find(([r, c]) => r === row && c === col);
@@ -120,7 +147,11 @@ export class GridView {
   private hover(target: HTMLElement): void {
     const cell = target.closest?.(".nbp-cell") as HTMLElement | null;
     if (!cell) return;
-    const text = this.describe(Number(cell.dataset.row), Number(cell.dataset.col));
+    const row = Number(cell.dataset.row), col = Number(cell.dataset.col);
+    const C = this.data?.columns.length ?? 0;
+    if (this.pinned && this.pinned.index === row * C + col) return; // the click's sentence stays
+    this.pinned = null;
+    const text = this.describe(row, col);
     this.tip.textContent = text;
     cell.title = text;
   }

@@ -1,17 +1,16 @@
-// Token attribution, "why A, not B?" (nbdebug/widgets/attribution.py, AttributionWidget): the input
-// tokens coloured by their score on a diverging scale (coolwarm: red pushes the answer over the wrong
-// token, blue the other way; text black or white by contrast.ts textOn, AA), a method switch whose
+// Token attribution, "why A, not B?" (nbdebug/widgets/attribution.py, AttributionWidget): the kernel's
+// headline first (the finding, or why the scores cannot be read: no better than random, not converged,
+// with the next method offered as a button), the input tokens coloured by their score on the patching
+// view's scale (patching/colour.ts: blue pushes toward the answer, red against it, in both views; text
+// black or white by contrast.ts textOn, AA), a method switch whose
 // answer the kernel computes on demand (rpc "attribution"), the deletion curve against the mean of
 // random orders, and integrated gradients' completeness gap with a warning and "more steps" / "keep
 // the first token" buttons when it misses by more than 5 %. After generate(), the generated tokens are
 // listed: clicking one asks the kernel for that token as the answer over its prefix (rpc param "pick";
 // -1: the --answer over the prompt). Tokens are model text: textContent only.
-import { Chart, chartCss } from "./lib/chart";
-import { cssColor } from "./lib/colormap";
-import { textOn } from "./lib/contrast";
 import { fmt, h, replaceChildren, styleElement } from "./lib/dom";
-import { hColourBar, LEGEND_CSS } from "./lib/legend";
 import { rpc, type AnyModel } from "./lib/rpc";
+import { cssOf, divergingBar, textFor } from "./patching/colour";
 import { select } from "./lib/select";
 
 /** One attribution as the kernel sends it (Attribution.to_dict). */
@@ -30,6 +29,9 @@ export interface AttrData {
   faithfulness: { deletion?: number; random?: number };
   curves: { deletion?: number[]; random?: number[] };
   notes: string[];
+  /** The kernel's headline of this attribution and the method it offers (nbdebug/inspectors/token_headlines.py). */
+  headline?: string;
+  advice?: { method: string; fix_first: boolean; text: string } | null;
 }
 
 export const METHOD_LABELS: Record<string, string> = {
@@ -47,7 +49,14 @@ const CSS = `
   line-height: 1.35; max-width: 100%; box-sizing: border-box;
 }
 .nbdebug-attribution * { box-sizing: border-box; }
-.nbdebug-attribution .nbd-attr-head { font-weight: 700; margin: 2px 0 6px; overflow-wrap: anywhere; }
+.nbdebug-attribution .nbd-attr-head { font-weight: 700; margin: 2px 0 2px; overflow-wrap: anywhere; }
+.nbdebug-attribution .nbd-attr-what { color: var(--nbd-fg2); margin: 0 0 6px; overflow-wrap: anywhere; }
+.nbdebug-attribution .nbd-attr-advice { margin: 4px 0; }
+.nbdebug-attribution .nbp-colourbar { display: flex; gap: 6px; align-items: center; }
+.nbdebug-attribution .nbp-bar { width: 160px; height: 10px; display: block; border: 1px solid #999; }
+.nbdebug-attribution .nbp-ticks { display: flex; justify-content: space-between; width: 162px; font-size: 10px; }
+.nbdebug-attribution .nbd-attr-chart svg { display: block; width: 100%; max-width: 420px; height: 90px; border: 1px solid var(--nbd-border); }
+.nbdebug-attribution .nbd-attr-axis { display: flex; justify-content: space-between; max-width: 420px; font-size: 11px; color: var(--nbd-fg2); }
 .nbdebug-attribution .nbd-attr-controls { display: flex; flex-wrap: wrap; gap: 4px 12px; align-items: center; margin: 2px 0 6px; }
 .nbdebug-attribution .nbd-attr-tokens { display: flex; flex-wrap: wrap; gap: 3px; margin: 6px 0; font-family: var(--jp-code-font-family, ui-monospace, Menlo, Consolas, monospace); }
 .nbdebug-attribution .nbd-attr-tok { display: inline-flex; flex-direction: column; align-items: center; padding: 2px 4px; border-radius: 3px;
@@ -60,9 +69,10 @@ const CSS = `
 .nbdebug-attribution .nbd-attr-auc { color: var(--nbd-fg2); }
 .nbdebug-attribution .nbd-attr-status { color: var(--nbd-fg2); min-height: 1.2em; }
 .nbdebug-attribution .nbd-attr-notes { margin: 2px 0; padding-left: 1.2em; color: var(--nbd-fg2); overflow-wrap: anywhere; }
-.nbdebug-attribution .nbd-spark-line { fill: none; stroke-width: 1.5; }
-.nbdebug-attribution .nbd-attr-deletion { stroke: #d62728; }
+.nbdebug-attribution .nbd-attr-line { fill: none; stroke-width: 1.5; vector-effect: non-scaling-stroke; }
+.nbdebug-attribution .nbd-attr-deletion { stroke: #21669c; }
 .nbdebug-attribution .nbd-attr-random { stroke: #7f7f7f; stroke-dasharray: 4 3; }
+.nbdebug-attribution .nbd-attr-zero { stroke: #bbb; stroke-width: 1; vector-effect: non-scaling-stroke; }
 .nbdebug-attribution .nbd-attr-gen-row { display: flex; flex-wrap: wrap; gap: 3px; align-items: center; margin: 4px 0;
   font-family: var(--jp-code-font-family, ui-monospace, Menlo, Consolas, monospace); }
 .nbdebug-attribution .nbd-attr-gen { padding: 1px 4px; border: 1px solid var(--nbd-border); border-radius: 3px; background: transparent;
@@ -70,14 +80,47 @@ const CSS = `
 .nbdebug-attribution .nbd-attr-gen.nbd-attr-picked { border: 2px solid var(--nbd-fg); font-weight: 700; }
 .nbdebug-attribution .nbd-attr-gen-label { font-family: var(--jp-ui-font-family, system-ui, sans-serif); color: var(--nbd-fg2); margin-right: 4px; }
 .nbdebug-attribution .nbd-error { color: #b71c1c; white-space: pre-wrap; }
-${chartCss(".nbdebug-attribution")}
-${LEGEND_CSS}
 `;
 
-/** Position on the diverging scale (0 blue … 0.5 white … 1 red) of `score` with the largest |score| `peak`. */
+/** Position on the shared "toward the answer" scale (−1 … +1, patching/colour.ts) of `score` with the
+ * largest |score| `peak`: +1 the strongest push toward the answer. */
 export function scoreT(score: number, peak: number): number {
-  if (!(peak > 0) || !Number.isFinite(score)) return 0.5;
-  return 0.5 + 0.5 * Math.max(-1, Math.min(1, score / peak));
+  if (!(peak > 0) || !Number.isFinite(score)) return 0;
+  return Math.max(-1, Math.min(1, score / peak));
+}
+
+const NS = "http://www.w3.org/2000/svg";
+
+/** The deletion chart: the normalised metric after k tokens replaced (k = 0 … T), most attributed first
+ * against the mean of random orders, its axes written out (no log scale: the curve is signed). */
+export function deletionChart(del: number[], rnd: number[]): HTMLElement {
+  const all = [...del, ...rnd, 0, 1].filter(Number.isFinite);
+  const lo = Math.min(...all), hi = Math.max(...all);
+  const n = Math.max(del.length, rnd.length) - 1;
+  const W = 300, H = 90;
+  const y = (v: number) => (H - 4 - ((v - lo) / (hi - lo || 1)) * (H - 8)).toFixed(1);
+  const x = (k: number) => (2 + (k / Math.max(1, n)) * (W - 4)).toFixed(1);
+  const svg = document.createElementNS(NS, "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", "deletion curve against random orders");
+  const line = (ys: number[], cls: string) => {
+    const p = document.createElementNS(NS, "polyline");
+    p.setAttribute("points", ys.map((v, k) => (Number.isFinite(v) ? `${x(k)},${y(v)}` : "")).filter(Boolean).join(" "));
+    p.setAttribute("class", cls);
+    svg.appendChild(p);
+  };
+  const zero = document.createElementNS(NS, "line");
+  Object.entries({ x1: 0, x2: W, y1: y(0), y2: y(0), class: "nbd-attr-zero" }).forEach(([k, v]) => zero.setAttribute(k, String(v)));
+  svg.appendChild(zero);
+  if (rnd.length) line(rnd, "nbd-attr-line nbd-attr-random");
+  if (del.length) line(del, "nbd-attr-line nbd-attr-deletion");
+  return h("div", { class: "nbd-attr-chart" }, [
+    h("div", { class: "nbd-attr-axis" }, [h("span", { text: `y: share of m(x) − m(baseline) left, ${hi.toFixed(2)} at the top, ${lo.toFixed(2)} at the bottom (1 = nothing replaced)` })]),
+    svg,
+    h("div", { class: "nbd-attr-axis" }, [h("span", { text: "x: 0 tokens replaced" }), h("span", { text: `${n} (all)` })]),
+  ]);
 }
 
 /** The completeness sentence of integrated gradients ("" for other methods). */
@@ -92,7 +135,10 @@ export function deltaText(d: AttrData): string {
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
   const root = h("div", { class: "nbdebug-attribution" });
   root.appendChild(styleElement(CSS));
-  const head = h("div", { class: "nbd-attr-head" });
+  const head = h("div", { class: "nbd-attr-head nbd-headline" });
+  const what = h("div", { class: "nbd-attr-what" });
+  const advice = h("div", { class: "nbd-attr-advice" });
+  const chartBox = h("div", {});
   const status = h("div", { class: "nbd-attr-status" });
   const tokens = h("div", { class: "nbd-attr-tokens" });
   const legend = h("div", { class: "nbd-attr-legend" });
@@ -100,7 +146,6 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const auc = h("div", { class: "nbd-attr-auc" });
   const notes = h("ul", { class: "nbd-attr-notes" });
   const errorBox = h("div", { class: "nbd-error" });
-  const chart = new Chart({ name: "m (normalised)", height: 90 });
   let data: AttrData = model.get("data");
   let busy = false;
 
@@ -133,9 +178,9 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const methodSel = select(methods.map((m) => [m, METHOD_LABELS[m] ?? m]), data?.method ?? methods[0], "nbd-attr-method",
     (m) => ask({ method: m }));
 
-  root.append(head, h("div", { class: "nbd-attr-controls" }, [h("label", {}, ["method ", methodSel])]), genRow, status, tokens, legend,
-    completeness, h("div", { class: "nbd-attr-title", text: "deletion: m while tokens are replaced by the baseline, most attributed first (red) vs random orders (grey)" }),
-    chart.el, auc, notes, errorBox);
+  root.append(head, what, advice, h("div", { class: "nbd-attr-controls" }, [h("label", {}, ["method ", methodSel])]), genRow, status, tokens, legend,
+    completeness, h("div", { class: "nbd-attr-title", text: "deletion: m while tokens are replaced by the baseline, most attributed first (blue) vs the mean of random orders (grey, dashed)" }),
+    chartBox, auc, notes, errorBox);
   el.appendChild(root);
 
   /** The generated tokens as buttons (none without a generation); the picked one outlined. */
@@ -161,17 +206,22 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       const d = data;
       methodSel.value = d.method;
       drawGenerated();
-      head.textContent = `why? ${d.label} = ${fmt(d.metric)} · ${METHOD_LABELS[d.method] ?? d.method}`;
+      head.textContent = String(d.headline ?? model.get("headline") ?? "");
+      what.textContent = `why? ${d.label} = ${d.metric.toFixed(2)} · ${METHOD_LABELS[d.method] ?? d.method}`;
+      const offer = d.advice === undefined ? model.get("advice") : d.advice;
+      replaceChildren(advice, offer ? [h("button", { class: "nbd-attr-next", text: `try ${offer.text}`, data: { method: offer.method },
+        on: { click: () => ask({ method: offer.method, fix_first: offer.fix_first }) } })] : []);
       const peak = Math.max(0, ...d.scores.map((s) => Math.abs(s)).filter(Number.isFinite));
       replaceChildren(tokens, d.tokens.map((t, i) => {
-        const bg = cssColor("coolwarm", scoreT(d.scores[i], peak));
-        return h("span", { class: "nbd-attr-tok", style: { background: bg, color: textOn(bg) }, attrs: { title: `${t}: ${fmt(d.scores[i])}` }, data: { index: i } }, [
+        const tt = scoreT(d.scores[i], peak);
+        return h("span", { class: "nbd-attr-tok", style: { background: cssOf(tt), color: textFor(tt) }, attrs: { title: `${t}: ${fmt(d.scores[i])}` },
+          data: { index: i, t: tt.toFixed(4) } }, [
           h("span", { class: "nbd-attr-text", text: t }),
-          h("span", { class: "nbd-attr-score", text: fmt(d.scores[i], 2) }),
+          h("span", { class: "nbd-attr-score", text: d.scores[i].toFixed(2) }),
         ]);
       }));
-      replaceChildren(legend, [hColourBar("coolwarm", [{ at: 0, text: fmt(-peak, 2) }, { at: 0.5, text: "0" }, { at: 1, text: fmt(peak, 2) }], 200,
-        "score (red: for the answer, blue: against)")]);
+      replaceChildren(legend, [divergingBar(160, "score", "blue: pushes toward the answer, red: against it (the patching view's colours)",
+        [(-peak).toFixed(2), "0", `+${peak.toFixed(2)}`])]);
       const text = deltaText(d);
       completeness.className = !text ? "" : d.converged ? "nbd-attr-ok" : "nbd-attr-warn";
       const kids: (HTMLElement | string)[] = text ? [h("div", { text })] : [];
@@ -186,10 +236,9 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       replaceChildren(completeness, kids);
       const del = d.curves?.deletion ?? [];
       const rnd = d.curves?.random ?? [];
-      const ks = del.map((_, k) => k);
-      chart.update(del.length ? [{ label: "deletion", steps: ks, y: del, cls: "nbd-attr-deletion" }, { label: "random", steps: ks, y: rnd, cls: "nbd-attr-random" }] : []);
+      replaceChildren(chartBox, del.length ? [deletionChart(del, rnd)] : []);
       const f = d.faithfulness ?? {};
-      auc.textContent = f.deletion === undefined ? "" : `area: deletion ${fmt(f.deletion)} (lower is more faithful) vs random ${fmt(f.random ?? NaN)}; x: tokens replaced`;
+      auc.textContent = f.deletion === undefined ? "" : `area: deletion ${f.deletion.toFixed(3)} (lower is more faithful) vs random ${(f.random ?? NaN).toFixed(3)}`;
       replaceChildren(notes, (d.notes ?? []).map((n) => h("li", { text: n })));
       errorBox.textContent = "";
     } catch (err) {
@@ -206,10 +255,11 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     draw();
   };
   model.on("change:data", onData);
+  model.on("change:headline", draw);
   draw();
   return () => {
     model.off("change:data", onData);
-    chart.destroy();
+    model.off("change:headline", draw);
     root.remove();
   };
 }

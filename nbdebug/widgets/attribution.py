@@ -1,5 +1,7 @@
-"""The attribution view: the input tokens coloured by their score (diverging: red pushes the answer over
-the wrong token, blue pushes the other way), a method switch answered by the kernel on demand
+"""The attribution view: the headline (:func:`~nbdebug.inspectors.token_headlines.attribution_headline`:
+the finding, or that the scores are no better than random / do not add up, with the next method offered),
+the input tokens coloured by their score (the patching view's scale: blue pushes the answer over the wrong
+token, red the other way), a method switch answered by the kernel on demand
 (``@rpc("attribution")``), the deletion curve against the mean of random orders, and integrated
 gradients' completeness gap with a "more steps" / "keep the first token" hint when it misses by more
 than 5 %. After ``generate()`` the generated tokens are listed (``generated``); clicking one asks the
@@ -19,18 +21,25 @@ import traitlets
 
 from ..attribution import Attribution
 from ..attribution.methods import METHODS
+from ..inspectors.token_headlines import attribution_headline
 from ..workbench.metric import token_labels
 from ._base import NBWidget, rpc
+from .patching import diverging
 
 __all__ = ["AttributionWidget", "diverging_rgb"]
 
 
 def diverging_rgb(t: float) -> tuple[int, int, int]:
-    """Blue (t = −1) → white (0) → red (+1), clamped: the static snapshot's colours."""
-    t = max(-1.0, min(1.0, float(t))) if np.isfinite(t) else 0.0
-    end = (178, 24, 43) if t > 0 else (33, 102, 172)
-    a = abs(t)
-    return tuple(round(255 * (1 - a) + c * a) for c in end)  # type: ignore[return-value]
+    """Red (t = −1: against the answer) → white (0) → blue (+1: toward it), clamped: the patching view's
+    scale (:func:`nbdebug.widgets.patching.diverging`), so one colour means "toward the answer" in both."""
+    return diverging(float(t) if np.isfinite(t) else 0.0)
+
+
+def _data(result: Attribution) -> dict[str, Any]:
+    """What the browser draws: the attribution, its headline and the method it offers."""
+    d = result.to_dict()
+    headline, advice = attribution_headline(d)
+    return {**d, "headline": headline, "advice": advice}
 
 
 class AttributionWidget(NBWidget):
@@ -43,6 +52,8 @@ class AttributionWidget(NBWidget):
     _view_name_ = "attribution"
 
     data = traitlets.Dict().tag(sync=True)
+    #: the method the headline offers when the shown one cannot be read (``{"method", "fix_first", "text"}``)
+    advice = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
     method = traitlets.Unicode("grad_x_input").tag(sync=True)
     methods = traitlets.List(traitlets.Unicode(), default_value=list(METHODS)).tag(sync=True)
     #: the view's integrated-gradients steps and baseline option (what the switch asks for by default)
@@ -57,8 +68,9 @@ class AttributionWidget(NBWidget):
         fix_first = getattr(session, "fix_first", "first token fixed" in result.baseline)
         gen = list(getattr(session, "generated", []) or [])
         labels = token_labels(getattr(session, "tokenizer", None), gen) if gen else []
-        super().__init__(data=result.to_dict(), method=result.method, steps=steps, fix_first=fix_first,
-                         generated=labels, **kwargs)
+        data = _data(result)
+        super().__init__(data=data, headline=data["headline"], advice=data["advice"], method=result.method, steps=steps,
+                         fix_first=fix_first, generated=labels, **kwargs)
         self.result = result
         self.session = session
 
@@ -78,8 +90,9 @@ class AttributionWidget(NBWidget):
             res = self.session.get(method, int(steps) if steps else None, None if fix is None else bool(fix),
                                    None if pick < 0 else pick)
         self.result = res
-        self.method, self.pick = res.method, pick
-        return res.to_dict(), {}
+        data = _data(res)
+        self.method, self.pick, self.headline, self.advice = res.method, pick, data["headline"], data["advice"]
+        return data, {}
 
     def fallback_html(self) -> str:
         """Static snapshot: the tokens coloured by score, the completeness line and the AUCs."""
@@ -91,8 +104,9 @@ class AttributionWidget(NBWidget):
             fg = "#000" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 140 else "#fff"
             spans.append(f"<span title='{float(s):+.4g}' style='background:rgb{rgb};color:{fg};padding:1px 2px;"
                          f"white-space:pre'>{html.escape(tok)}</span>")
-        lines = [f"<p><b>nbdebug attribution</b> · {html.escape(r.method)} · {html.escape(r.label)} = {r.metric:.4g}</p>",
-                 f"<p>{''.join(spans)}</p>"]
+        lines = [f"<p class='nbd-headline'><b>{html.escape(self.headline)}</b></p>",
+                 f"<p>nbdebug attribution · {html.escape(r.method)} · {html.escape(r.label)} = {r.metric:.2f} "
+                 "(blue: toward the answer, red: against it)</p>", f"<p>{''.join(spans)}</p>"]
         if r.delta is not None:
             rel = r.relative_delta or 0.0
             lines.append(f"<p>completeness: delta {r.delta:+.4g} ({rel:.1%} of m(x) − m(baseline))"

@@ -167,3 +167,36 @@ def test_widget_without_session_and_export() -> None:
     page = w.export_html()
     assert "nbdebug attribution" in page and "integrated_gradients" in page
     assert ("NOT converged" in w.fallback_html()) == (not a.converged)
+
+
+def test_a_worse_than_random_attribution_leads_with_that_and_offers_the_next_method() -> None:
+    """Planted: gradient × input with a deletion area (0.283) worse than random orders' (0.061). The
+    widget's headline (synced, first in the static snapshot) says the scores cannot be read and offers
+    integrated gradients with the first token kept; its healthy twin names the strongest token; the
+    tokens are coloured on the patching view's scale (blue: toward the answer)."""
+    from nbdebug.widgets.attribution import diverging_rgb
+    from nbdebug.widgets.patching import NEGATIVE, POSITIVE
+
+    def result(deletion: float) -> Attribution:
+        return Attribution(scores=np.array([0.2, 1.5, -0.8]), tokens=["The", " Eiffel", HOSTILE], ids=[1, 2, 3],
+                           method="grad_x_input", metric=2.86, label="logit[' Paris'] - logit[' Rome']",
+                           faithfulness={"deletion": deletion, "random": 0.061},
+                           curves={"deletion": np.array([1.0, 0.6, 0.3, 0.0]), "random": np.array([1.0, 0.3, 0.1, 0.0])})
+
+    w = AttributionWidget(result(0.283))
+    try:
+        assert w.headline.startswith("gradient × input is no better than random here") and "0.283 vs random 0.061" in w.headline
+        assert w.advice == {"method": "integrated_gradients", "fix_first": True,
+                            "text": "integrated gradients with the first token kept in the baseline"}
+        assert w.data["headline"] == w.headline and w.data["advice"] == w.advice
+        page = w.fallback_html()
+        assert page.index("no better than random") < page.index("<span") and HOSTILE not in page
+        assert "background:rgb(33, 102, 172)" in page  # the strongest push toward the answer: the patching view's +1
+    finally:
+        w.close()
+    w = AttributionWidget(result(0.01))
+    try:
+        assert w.headline.startswith("'␣Eiffel' pushes logit[' Paris'] - logit[' Rome'] up most (+1.50)") and w.advice is None
+    finally:
+        w.close()
+    assert diverging_rgb(1.0) == POSITIVE and diverging_rgb(-1.0) == NEGATIVE and diverging_rgb(float("nan")) == (255, 255, 255)

@@ -1,6 +1,7 @@
-// The patching grid's diverging scale: white at 0, saturated blue at +1 (the patch restores the
-// clean answer), saturated red at −1 (it pushes the other way); |effect| > 1 is clamped, NaN grey.
-// nbdebug/widgets/patching.py's `diverging` is the same function (the static snapshot).
+// The one "toward the answer" scale of the patching grid and the attribution view: white at 0,
+// saturated blue at +1 (the patch restores the clean answer; the token pushes the answer over the wrong
+// one), saturated red at −1 (the other way); |t| > 1 is clamped, NaN grey.
+// nbdebug/widgets/patching.py's `diverging` is the same function (both static snapshots use it).
 import { textOn } from "../lib/contrast";
 import { fmt, h } from "../lib/dom";
 
@@ -29,8 +30,11 @@ export function textFor(effect: number): string {
   return textOn(`#${hex(r)}${hex(g)}${hex(b)}`);
 }
 
-/** A horizontal colour bar from −1 to +1 with its ticks (a canvas, then the labels under it). */
-export function divergingBar(width = 160): HTMLElement {
+/** A horizontal colour bar from −1 to +1 with its ticks (a canvas, then the labels under it); `label`,
+ * `title` and the three tick texts can be the attribution view's. */
+export function divergingBar(width = 160, label = "effect",
+                             title = "effect: 1 = the patch restores the clean metric, 0 = no change, −1 = the opposite",
+                             ticks: [string, string, string] = [fmt(-1), "0", `+${fmt(1)}`]): HTMLElement {
   const canvas = h("canvas", { class: "nbp-bar", attrs: { width, height: 1 } });
   const ctx = canvas.getContext("2d");
   if (ctx) {
@@ -41,9 +45,9 @@ export function divergingBar(width = 160): HTMLElement {
     }
     ctx.putImageData(img, 0, 0);
   }
-  const ticks = h("div", { class: "nbp-ticks" }, [-1, 0, 1].map((t) => h("span", { text: t > 0 ? `+${fmt(t)}` : fmt(t) })));
-  return h("div", { class: "nbp-colourbar", title: "effect: 1 = the patch restores the clean metric, 0 = no change, −1 = the opposite" }, [
-    h("span", { class: "nbp-bar-label", text: "effect" }),
-    h("div", {}, [canvas, ticks]),
+  const tickRow = h("div", { class: "nbp-ticks" }, ticks.map((t) => h("span", { text: t })));
+  return h("div", { class: "nbp-colourbar", title }, [
+    h("span", { class: "nbp-bar-label", text: label }),
+    h("div", {}, [canvas, tickRow]),
   ]);
 }

@@ -89,6 +89,13 @@ export function scoreT(score: number, peak: number): number {
   return Math.max(-1, Math.min(1, score / peak));
 }
 
+/** The decimals every score of one attribution is written with: fixed across the tokens, enough for
+ * the largest |score| `peak` to keep four significant digits (at least two). */
+export function scoreDecimals(peak: number): number {
+  if (!(peak > 0) || !Number.isFinite(peak)) return 2;
+  return Math.min(12, Math.max(2, 3 - Math.floor(Math.log10(peak))));
+}
+
 const NS = "http://www.w3.org/2000/svg";
 
 /** The deletion chart: the normalised metric after k tokens replaced (k = 0 … T), most attributed first
@@ -212,16 +219,17 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       replaceChildren(advice, offer ? [h("button", { class: "nbd-attr-next", text: `try ${offer.text}`, data: { method: offer.method },
         on: { click: () => ask({ method: offer.method, fix_first: offer.fix_first }) } })] : []);
       const peak = Math.max(0, ...d.scores.map((s) => Math.abs(s)).filter(Number.isFinite));
+      const dec = scoreDecimals(peak);
       replaceChildren(tokens, d.tokens.map((t, i) => {
         const tt = scoreT(d.scores[i], peak);
         return h("span", { class: "nbd-attr-tok", style: { background: cssOf(tt), color: textFor(tt) }, attrs: { title: `${t}: ${fmt(d.scores[i])}` },
           data: { index: i, t: tt.toFixed(4) } }, [
           h("span", { class: "nbd-attr-text", text: t }),
-          h("span", { class: "nbd-attr-score", text: d.scores[i].toFixed(2) }),
+          h("span", { class: "nbd-attr-score", text: d.scores[i].toFixed(dec) }),
         ]);
       }));
       replaceChildren(legend, [divergingBar(160, "score", "blue: pushes toward the answer, red: against it (the patching view's colours)",
-        [(-peak).toFixed(2), "0", `+${peak.toFixed(2)}`])]);
+        [(-peak).toFixed(dec), "0", `+${peak.toFixed(dec)}`])]);
       const text = deltaText(d);
       completeness.className = !text ? "" : d.converged ? "nbd-attr-ok" : "nbd-attr-warn";
       const kids: (HTMLElement | string)[] = text ? [h("div", { text })] : [];

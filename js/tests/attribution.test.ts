@@ -3,7 +3,7 @@
 // ones too) on diverging colours with readable text, the method switch asking the kernel and drawing
 // its answer, the completeness warning with its "more steps" request, the deletion curves.
 import { afterEach, describe, expect, it } from "vitest";
-import attribution, { deltaText, deletionChart, scoreT, type AttrData } from "../src/attribution";
+import attribution, { deltaText, deletionChart, scoreDecimals, scoreT, type AttrData } from "../src/attribution";
 import { cssOf } from "../src/patching/colour";
 import { FakeModel } from "./fakeModel";
 import { HOSTILE } from "./fixtures";
@@ -65,7 +65,7 @@ describe("attribution view", () => {
     await tick();
     expect(m.sent[0].content.method).toBe("attribution");
     expect(m.sent[0].content.params).toEqual({ method: "integrated_gradients", steps: 64, fix_first: false });
-    expect(Array.from(el.querySelectorAll(".nbd-attr-score")).map((e) => e.textContent)).toEqual(["3.00", "1.00", "-2.00"]);
+    expect(Array.from(el.querySelectorAll(".nbd-attr-score")).map((e) => e.textContent)).toEqual(["3.000", "1.000", "-2.000"]);
     expect(el.querySelector(".nbd-attr-warn")!.textContent).toContain("NOT converged");
     el.querySelector<HTMLButtonElement>(".nbd-attr-more")!.click();
     await tick();
@@ -93,6 +93,10 @@ describe("attribution no better than random", () => {
     expect(el.querySelector(".nbd-attr-next")).toBeNull(); // the answer offers nothing more
   });
 
+  it("writes every score with the same decimals, four significant digits of the largest", () => {
+    expect([scoreDecimals(3), scoreDecimals(0.0308), scoreDecimals(250), scoreDecimals(0)]).toEqual([3, 5, 2, 2]);
+  });
+
   it("writes the chart's axes out", () => {
     const c = deletionChart([1, 0.4, -0.2], [1, 0.7, 0.3]);
     expect(c.textContent).toContain("y: share of m(x) − m(baseline) left, 1.00 at the top, -0.20 at the bottom");
@@ -114,7 +118,7 @@ describe("attribution view after generate()", () => {
     chips[3].click();
     await tick();
     expect(m.sent[0].content.params).toEqual({ method: "grad_x_input", steps: 64, fix_first: false, pick: 2 });
-    expect(Array.from(el.querySelectorAll(".nbd-attr-score")).map((e) => e.textContent)).toEqual(["1.00", "2.00", "3.00", "4.00", "5.00"]);
+    expect(Array.from(el.querySelectorAll(".nbd-attr-score")).map((e) => e.textContent)).toEqual(["1.000", "2.000", "3.000", "4.000", "5.000"]);
     const now = Array.from(el.querySelectorAll<HTMLButtonElement>(".nbd-attr-gen"));
     expect(now[3].classList.contains("nbd-attr-picked")).toBe(true);
     expect(now[0].classList.contains("nbd-attr-picked")).toBe(false);

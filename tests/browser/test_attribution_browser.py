@@ -2,13 +2,16 @@
 is hostile text. The cell's input tokens are drawn as text on diverging colours with AA-readable
 text (the hostile token injects nothing); choosing "occlusion" in the method switch reaches the kernel,
 which computes it (the widget's ``method`` changes there) and the browser draws its scores; integrated
-gradients shows its completeness line."""
+gradients shows its completeness line. The kernel's headline comes first; every token is drawn in the
+kernel's colour for its score on the patching view's scale (the same colour means "toward the answer"
+in both views: the strongest push is the patching grid's +1); no scroll box hides content."""
 
 from __future__ import annotations
 
 import pytest
 
 from .harness import HOSTILE, kernel_json, open_and_run, screenshot, wait_widget, write_notebook
+from .hidden_scroll import hidden_in_scroll_boxes
 from .legibility import contrast_failures
 
 pytestmark = pytest.mark.browser
@@ -48,6 +51,21 @@ def test_tokens_and_method_switch(page, lab) -> None:  # type: ignore[no-untyped
     assert widget.locator("path.nbd-chart-line").count() == 2
     n, bad = contrast_failures(page, f"{W} .nbd-attr-tok")
     assert n > 0 and not bad, bad
+    # the headline first, as the kernel computed it; the question under it
+    head = kernel_json(page, "_nndebug_widget.headline")
+    assert widget.locator(".nbd-attr-head").text_content() == head and head
+    # each token in the kernel's colour for its score: patching's `diverging` of score / max |score|,
+    # so "toward the answer" is the same blue as a patched cell that restores the answer
+    rgb = kernel_json(page, "(lambda d, s: [list(d(float(v) / max(abs(s)))) for v in s])("
+                            "__import__('nbdebug.widgets.patching', fromlist=['x']).diverging, a.scores)")
+    drawn = widget.locator(".nbd-attr-tok").evaluate_all("els => els.map(e => getComputedStyle(e).backgroundColor)")
+    assert drawn == ["rgb({}, {}, {})".format(*c) for c in rgb], (drawn, rgb)
+    top = max(range(len(kernel["scores"])), key=lambda i: kernel["scores"][i])
+    if kernel["scores"][top] > 0:
+        assert drawn[top] == "rgb(33, 102, 172)"  # the patching grid's colour for effect +1 (restores the answer)
+    assert widget.locator(".nbd-chart-log").count() == 0 and "x: 0 tokens replaced" in (widget.text_content() or "")
+    n, hidden = hidden_in_scroll_boxes(page, W)
+    assert n > 10 and hidden == [], hidden[:5]
     # the switch: the kernel computes occlusion and the browser draws it
     widget.locator("select.nbd-attr-method").select_option("occlusion")
     page.wait_for_function(f"document.querySelector('{W} .nbd-attr-head').textContent.includes('occlusion')", timeout=60_000)

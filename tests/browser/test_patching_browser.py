@@ -1,5 +1,8 @@
-"""The patching view in a real JupyterLab (Debian chromium): the grid draws, a click runs that patch in
-the kernel and its top-5 next tokens appear beside the clean and corrupt runs', with the three runs'
+"""The patching view in a real JupyterLab (Debian chromium): the kernel's headline first, the grid draws
+every row (no scroll box hides any), each cell in the kernel's colour for its effect (the attribution
+view's scale: blue toward the answer), numbers only where |effect| ≥ 0.05, rows named for what they are;
+a click runs that patch in the kernel and its top-5 next tokens (with the answer's p and rank) appear
+beside the clean and corrupt runs', one sentence about the clicked cell, with the three runs'
 logit-lens columns (per block: top-1 token and p(answer)), as the kernel computed them.
 
 A tiny random GPT-2 (no downloads); a tokenizer stand-in whose tokens are hostile HTML: they must
@@ -11,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from .harness import (
+    kernel_json,
     open_and_run,
     run_code_and_wait_text,
     run_js,
@@ -18,6 +22,8 @@ from .harness import (
     wait_widget,
     write_notebook,
 )
+from .hidden_scroll import hidden_in_scroll_boxes
+from .legibility import contrast_failures
 
 pytestmark = pytest.mark.browser
 
@@ -60,6 +66,26 @@ def test_patching_lab(page, lab) -> None:  # type: ignore[no-untyped-def]
                            ".map(c => getComputedStyle(c).backgroundColor)")
     assert len(colours) == 9 and any(c != "rgb(255, 255, 255)" for c in colours)  # drew the scale, not blank
     assert run_js(page, "return !!window.__pwned") is False and view.locator("img").count() == 0
+    # the kernel's headline first; rows named for what they are
+    k = kernel_json(page, "{'headline': w.headline, 'labels': w.row_labels, 'effect': [[None if v != v else float(v) "
+                          "for v in r] for r in w.grid.effect], 'same': w.grid.identical.tolist(), "
+                          "'rgb': [[list(__import__('nbdebug.widgets.patching', fromlist=['x']).diverging(float(v))) for v in r] "
+                          "for r in w.grid.effect]}")
+    assert view.locator(".nbd-headline").first.text_content() == k["headline"] and "restore" in k["headline"]
+    assert view.locator(".nbp-rowlabel").all_text_contents()[1:] == ["block 0 input", "block 1 input", "block 2 input"]
+    # each cell in the kernel's colour for its effect (the same scale as the attribution view), its number
+    # printed only where |effect| ≥ 0.05
+    drawn = run_js(page, "return [...document.querySelectorAll('.nbdebug-patching .nbp-cell')].map(c => "
+                         "[+c.dataset.row, +c.dataset.col, getComputedStyle(c).backgroundColor, c.textContent])")
+    for r, c, bg, text in drawn:
+        if k["same"][r][c]:
+            assert text == "="
+            continue
+        assert bg == "rgb({}, {}, {})".format(*k["rgb"][r][c]), (r, c, bg, k["rgb"][r][c])
+        e = k["effect"][r][c]
+        assert text == (f"{e:.2f}" if abs(e) >= 0.05 else ""), (r, c, text, e)
+    n, hidden = hidden_in_scroll_boxes(page, ".nbdebug-patching")
+    assert n > 20 and hidden == [], hidden[:5]
 
     target = view.locator('.nbp-cell[data-row="1"][data-col="2"]')
     target.hover()
@@ -68,11 +94,16 @@ def test_patching_lab(page, lab) -> None:  # type: ignore[no-untyped-def]
     page.locator('.nbdebug-patching[data-clicked="1,2"]').wait_for(state="attached", timeout=60_000)
     tables = view.locator(".nbp-top")
     assert tables.count() == 3 and "patched" in tables.nth(2).locator("h4").text_content()
-    assert tables.nth(2).locator("tr").count() == 5
+    assert tables.nth(2).locator("tr:not(.nbp-answer)").count() == 5
+    # the answer's p and rank under every top-5; one sentence about the clicked cell (the tip line)
+    answers = [t.locator("tr.nbp-answer").text_content() or "" for t in tables.all()]
+    assert len(answers) == 3 and all(a.startswith("answer ") and " · rank " in a for a in answers), answers
+    assert "measured exactly" in (view.locator(".nbp-tip").text_content() or "")
+    assert "measured exactly" not in (view.locator(".nbp-status").text_content() or "")  # said once, not twice
     # the click reached the kernel: it ran that patch there, and its top-5 is what the view shows
     want = run_code_and_wait_text(page, "print('clicks', w.clicks, w.selected)", "clicks 1 [1, 2]")
     assert "clicks 1 [1, 2]" in want
-    shown = [t.strip() for t in tables.nth(2).locator("td:not(.nbp-p)").all_text_contents()]
+    shown = [t.strip() for t in tables.nth(2).locator("tr:not(.nbp-answer) td:not(.nbp-p)").all_text_contents()]
     run_code_and_wait_text(
         page, "print('tops', [t['token'] for t in w.handle_request('cell', {'row': 1, 'col': 2})[0]['result']['patched']] "
               f"== {shown!r})", "tops True")
@@ -87,4 +118,8 @@ def test_patching_lab(page, lab) -> None:  # type: ignore[no-untyped-def]
         page, "print('lens', [e['token'].strip() for e in reversed(w.handle_request('cell', {'row': 1, 'col': 2})[0]['result']"
               f"['lens']['patched'])] == {patched_col!r})", "lens True")
     assert run_js(page, "return !!window.__pwned") is False and view.locator("img").count() == 0
+    n, bad = contrast_failures(page, ".nbdebug-patching")
+    assert n > 20 and bad == [], bad[:5]
+    n, hidden = hidden_in_scroll_boxes(page, ".nbdebug-patching")
+    assert hidden == [], hidden[:5]
     screenshot(page, "patching-lab", view)

@@ -240,10 +240,11 @@ def test_readme_screenshots_real_models(page, lab) -> None:  # type: ignore[no-u
     assert fast.locator(".nbd-finding").text_content() == head.replace("`", "")
     _shoot(page, "real-training-finding", fast)
 
-    # -- the two runs side by side: the loss curves diverge where the kernel says --------------
+    # -- the two runs side by side: each run's outcome first, the divergence said of lr=3.0 ----------
     runs = wait_widget(page, "compare")
-    (div,) = kernel_json(page, "runs.divergence['loss']")
-    assert div["step"] == 2, div
+    k = kernel_json(page, "{'head': runs.headline, 'wrong': [o['wrong'] for o in runs.outcomes], 'text': runs.divergence['loss_text']}")
+    assert k["wrong"] == [True, False] and k["head"].startswith("`lr=3.0` ") and "leaves `lr=0.1`" in k["text"], k
+    assert runs.locator(".nbd-cmp-summary").text_content() == k["head"].replace("`", "")
     _shoot(page, "real-compare", runs)
 
 
@@ -268,5 +269,10 @@ def test_readme_screenshot_cam_methods(page, lab) -> None:  # type: ignore[no-un
     assert cams.locator("button.nbd-method").count() == len(kernel_json(page, "cams.methods")) == 6
     flagged = kernel_json(page, "[m for m, r in cams.sanity.items() if r >= __import__('nbdebug.inspectors.sanity').inspectors.sanity.THRESHOLD]")
     assert "eigencam" in flagged, flagged
+    # sanity before rank: every failing method after every passing one, greyed; the verdict first
+    order = cams.locator("table.nbd-rank tr[data-method]")
+    failed = [("nbd-failed" in (order.nth(i).get_attribute("class") or "")) for i in range(order.count())]
+    assert failed == sorted(failed) and sum(failed) == len(flagged), (failed, flagged)
+    assert cams.locator(".nbd-headline").text_content() == kernel_json(page, "_nndebug_widget.headline").replace("`", "")
     assert wait_canvas_nonblank(page, ".nbdebug-gradcam canvas.nbd-overlay", minimum=1000, timeout=180_000) >= 1000
     _shoot(page, "real-gradcam-methods", cams)

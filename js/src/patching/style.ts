@@ -9,7 +9,7 @@ export const CSS = `
 .nbdebug-patching .nbp-colourbar { display: flex; gap: 6px; align-items: center; }
 .nbdebug-patching .nbp-bar { width: 160px; height: 10px; display: block; border: 1px solid #999; }
 .nbdebug-patching .nbp-ticks { display: flex; justify-content: space-between; width: 162px; color: #444; font-size: 10px; }
-.nbdebug-patching .nbp-grid { display: grid; gap: 1px; overflow-x: auto; max-width: 100%; justify-content: start; }
+.nbdebug-patching .nbp-grid { display: grid; gap: 1px; max-width: 100%; justify-content: start; }
 .nbdebug-patching .nbp-rowlabel { color: #444; font-size: 10px; padding-right: 4px; text-align: right; white-space: nowrap; align-self: center; }
 .nbdebug-patching .nbp-collabel { color: #444; font-size: 10px; text-align: center; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; max-width: 56px; }
 .nbdebug-patching .nbp-cell { min-width: 40px; height: 20px; font-size: 10px; text-align: center; line-height: 20px; cursor: pointer; border: 2px solid transparent; box-sizing: border-box; }

@@ -48,7 +48,7 @@ def test_tokens_and_method_switch(page, lab) -> None:  # type: ignore[no-untyped
     shown = [float(s) for s in widget.locator(".nbd-attr-score").all_text_contents()]
     assert kernel["method"] == "grad_x_input"
     assert shown == [pytest.approx(s, rel=0.02, abs=1e-3 * max(abs(x) for x in kernel["scores"])) for s in kernel["scores"]]
-    assert widget.locator("path.nbd-chart-line").count() == 2
+    assert widget.locator("polyline.nbd-attr-line").count() == 2  # deletion and random
     n, bad = contrast_failures(page, f"{W} .nbd-attr-tok")
     assert n > 0 and not bad, bad
     # the headline first, as the kernel computed it; the question under it

@@ -19,6 +19,7 @@ from .harness import (
     wait_widget,
     write_notebook,
 )
+from .hidden_scroll import hidden_in_scroll_boxes
 from .legibility import clipped, contrast_failures, narrow
 
 pytestmark = pytest.mark.browser
@@ -109,5 +110,7 @@ def test_compare_two_learning_rates(page, lab) -> None:  # type: ignore[no-untyp
     assert 0 < narrow(page) <= 800
     checked, cut = clipped(page, W)
     assert checked > 10 and cut == [], cut[:10]
+    checked, hidden = hidden_in_scroll_boxes(page, W)
+    assert checked > 10 and hidden == [], hidden[:5]
     screenshot(page, "compare-800px", widget)
     assert kernel_json(page, "w.js_error") == ""

@@ -28,6 +28,7 @@ from .harness import (
     wait_widget,
     write_notebook,
 )
+from .hidden_scroll import hidden_in_scroll_boxes
 
 pytestmark = [pytest.mark.browser, pytest.mark.models, pytest.mark.slow]
 
@@ -274,5 +275,7 @@ def test_readme_screenshot_cam_methods(page, lab) -> None:  # type: ignore[no-un
     failed = [("nbd-failed" in (order.nth(i).get_attribute("class") or "")) for i in range(order.count())]
     assert failed == sorted(failed) and sum(failed) == len(flagged), (failed, flagged)
     assert cams.locator(".nbd-headline").text_content() == kernel_json(page, "_nndebug_widget.headline").replace("`", "")
+    n, hidden = hidden_in_scroll_boxes(page, ".nbdebug-gradcam")
+    assert n > 20 and hidden == [], hidden[:5]
     assert wait_canvas_nonblank(page, ".nbdebug-gradcam canvas.nbd-overlay", minimum=1000, timeout=180_000) >= 1000
     _shoot(page, "real-gradcam-methods", cams)

@@ -60,9 +60,9 @@ def test_tokens_and_method_switch(page, lab) -> None:  # type: ignore[no-untyped
                             "__import__('nbdebug.widgets.patching', fromlist=['x']).diverging, a.scores)")
     drawn = widget.locator(".nbd-attr-tok").evaluate_all("els => els.map(e => getComputedStyle(e).backgroundColor)")
     assert drawn == ["rgb({}, {}, {})".format(*c) for c in rgb], (drawn, rgb)
-    top = max(range(len(kernel["scores"])), key=lambda i: kernel["scores"][i])
-    if kernel["scores"][top] > 0:
-        assert drawn[top] == "rgb(33, 102, 172)"  # the patching grid's colour for effect +1 (restores the answer)
+    top = max(range(len(kernel["scores"])), key=lambda i: abs(kernel["scores"][i]))
+    # the strongest token in the patching grid's colour for effect +1 (restores the answer) or −1
+    assert drawn[top] == ("rgb(33, 102, 172)" if kernel["scores"][top] > 0 else "rgb(178, 24, 43)")
     assert widget.locator(".nbd-chart-log").count() == 0 and "x: 0 tokens replaced" in (widget.text_content() or "")
     n, hidden = hidden_in_scroll_boxes(page, W)
     assert n > 10 and hidden == [], hidden[:5]

@@ -90,6 +90,8 @@ export class HeadGrid {
     for (const [i, c] of this.cells) {
       const out = d.outliers.get(i);
       c.val.textContent = out?.short || fmtMetric(metric, metricAt(d, metric, Math.floor(i / d.H), i % d.H));
+      if (out?.short) c.val.title = `stands out: ${out.text}`; // cut with an ellipsis when long: readable whole
+      else c.val.removeAttribute("title");
       c.val.classList.toggle("nba-reason", Boolean(out?.short));
     }
   }

@@ -44,6 +44,22 @@ describe("Grad-CAM view", () => {
     expect(m.get("sample")).toBe(1);
   });
 
+  it("leads with the headline and writes a class without a name as 'class N', not a bare id", async () => {
+    const m = camModel();
+    const HEAD = "gradcam on `act#2` for class 285 (#1, p 79%): 12% of the image is at half the map's peak or more.";
+    m.set("headline", HEAD);
+    m.set("classes", [[{ index: 285, name: "285", score: 2, prob: 0.79 }, { index: 3, name: "cat", score: 1, prob: 0.2 }], []]);
+    m.respond = () => ({ msg: { type: "response", id: 0, ok: false, error: "no maps in this test" } });
+    const el = mount(gradcam.render as any, m);
+    await tick();
+    const root = el.querySelector(".nbdebug-gradcam") as HTMLElement;
+    expect(Array.from(root.children).find((c) => c.tagName !== "STYLE")!.textContent).toBe(HEAD);
+    const cls = el.querySelector("select.nbd-class") as HTMLSelectElement;
+    expect(Array.from(cls.options).map((o) => o.textContent)).toEqual(["1. class 285 (79%)", "2. cat (20%, #3)"]);
+    m.set("headline", "gradcam on `act#2` for 'cat' (#2, p 20%): 30% of the image is at half the map's peak or more.");
+    expect(root.querySelector(".nbd-headline")!.textContent).toContain("'cat' (#2, p 20%)");
+  });
+
   it("shows a deleted model's message as text in the view", async () => {
     const m = camModel();
     m.respond = (c) => ({ msg: { type: "response", id: c.id, ok: false, error: GONE } });

@@ -1,6 +1,8 @@
-// Feature-map grid: every channel of one captured layer as a canvas tile (colormap, per-channel or
-// shared normalisation, sort by mean/max/sparsity, dead channels marked, hover stats, click to
-// enlarge with a colour bar). Pixels are fetched on demand, one uint8 page per request, from
+// Feature-map grid: the headline first (the shown layer's silent channels, computed in Python:
+// nbdebug/inspectors/featuremaps.py layer_headline), then every channel of one captured layer as a
+// canvas tile (colormap, per-channel or shared normalisation, sort by mean/max/sparsity, channels
+// silent on this input marked — one sample cannot call a channel dead —, hover stats, click to
+// enlarge with a colour bar). The grid fits its content: no scroll box hides tiles. Pixels are fetched on demand, one uint8 page per request, from
 // FeatureMapsWidget (nbdebug/widgets/featuremaps.py, `@rpc("page")`).
 import { colourBar } from "./lib/colorbar";
 import { COLORMAPS, paintU8 } from "./lib/colormap";
@@ -50,7 +52,8 @@ const CSS = `
 .nbdebug-featuremaps select, .nbdebug-featuremaps button { font: inherit; }
 .nbdebug-featuremaps select.nbd-layer { max-width: 360px; }
 .nbdebug-featuremaps .nbd-info { color: var(--jp-ui-font-color2, #555); margin: 2px 0 6px; min-height: 1.4em; }
-.nbdebug-featuremaps .nbd-grid { display: flex; flex-wrap: wrap; gap: 3px; max-height: 560px; overflow: auto; }
+.nbdebug-featuremaps .nbd-headline { font-weight: 700; margin: 2px 0 6px; overflow-wrap: anywhere; }
+.nbdebug-featuremaps .nbd-grid { display: flex; flex-wrap: wrap; gap: 3px; }
 .nbdebug-featuremaps .nbd-tile { position: relative; cursor: pointer; border: 2px solid transparent; line-height: 0; }
 .nbdebug-featuremaps .nbd-tile:hover { border-color: var(--jp-brand-color1, #1976d2); }
 .nbdebug-featuremaps .nbd-tile.nbd-dead { border-color: #d32f2f; }
@@ -59,7 +62,7 @@ const CSS = `
 .nbdebug-featuremaps .nbd-tile canvas, .nbdebug-featuremaps .nbd-big canvas.nbd-map { image-rendering: pixelated; display: block; }
 .nbdebug-featuremaps .nbd-tile .nbd-idx { position: absolute; left: 1px; top: 1px; font-size: 9px; line-height: 1.2; padding: 0 2px; color: #fff; background: rgba(0, 0, 0, 0.62); }
 .nbdebug-featuremaps .nbd-flag { font-weight: 700; color: #b71c1c; }
-.nbdebug-featuremaps .nbd-tile.nbd-dead::after { content: "dead"; position: absolute; right: 1px; bottom: 1px; font-weight: 700; font-size: 9px; color: #fff; background: #d32f2f; line-height: 1.2; padding: 0 2px; }
+.nbdebug-featuremaps .nbd-tile.nbd-dead::after { content: "silent"; position: absolute; right: 1px; bottom: 1px; font-weight: 700; font-size: 9px; color: #fff; background: #d32f2f; line-height: 1.2; padding: 0 2px; }
 .nbdebug-featuremaps .nbd-hover { min-height: 1.4em; margin-top: 4px; font-variant-numeric: tabular-nums; }
 .nbdebug-featuremaps .nbd-big { display: none; gap: 10px; align-items: flex-start; margin: 6px 0; padding: 6px; border: 1px solid var(--jp-border-color1, #ccc); }
 .nbdebug-featuremaps .nbd-big.nbd-open { display: flex; }
@@ -100,6 +103,7 @@ export function channelPixels(page: Page, i: number, shared: boolean): Uint8Arra
 
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
   const root = h("div", { class: "nbdebug-featuremaps" });
+  const headline = h("div", { class: "nbd-headline", text: String(model.get("headline") ?? "") });
   const controls = h("div", { class: "nbd-controls" });
   const notes = h("ul", { class: "nbd-notes" });
   const info = h("div", { class: "nbd-info" });
@@ -107,7 +111,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const big = h("div", { class: "nbd-big" });
   const grid = h("div", { class: "nbd-grid" });
   const hover = h("div", { class: "nbd-hover" });
-  root.append(styleElement(CSS + ABLATE_CSS), controls, notes, info, errorBox, big, grid, hover);
+  root.append(styleElement(CSS + ABLATE_CSS), headline, controls, notes, info, errorBox, big, grid, hover);
   el.appendChild(root);
 
   let page: Page | null = null;
@@ -133,12 +137,12 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
 
   function statsText(p: Page, i: number): string {
     const ch = p.channels[i];
-    return `channel ${ch}: min ${fmt(p.lo[i])}, max ${fmt(p.hi[i])}, mean ${fmt(p.mean[i])}, zeros ${fmtPct(p.sparsity[i])}${p.dead[i] ? " (dead: all zero)" : ""}`;
+    return `channel ${ch}: min ${fmt(p.lo[i])}, max ${fmt(p.hi[i])}, mean ${fmt(p.mean[i])}, zeros ${fmtPct(p.sparsity[i])}${p.dead[i] ? " (silent on this input: all zero)" : ""}`;
   }
-  // the same text, the flagged part ("(dead: all zero)") in bold
+  // the same text, the flagged part ("(silent on this input: all zero)") in bold
   function statsNodes(p: Page, i: number): (string | HTMLElement)[] {
     const text = statsText(p, i);
-    const cut = text.indexOf(" (dead");
+    const cut = text.indexOf(" (silent");
     return cut < 0 ? [text] : [text.slice(0, cut + 1), h("span", { class: "nbd-flag", text: text.slice(cut + 1) })];
   }
 
@@ -229,7 +233,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     const layer = current();
     replaceChildren(info, [
       `${p.info.layer}: ${layer ? layer.layout : ""} · channels ${p.info.start}–${p.info.start + n - 1} of ${total} · `,
-      dead ? h("span", { class: "nbd-flag", text: `${dead} dead` }) : `${dead} dead`,
+      dead ? h("span", { class: "nbd-flag", text: `${dead} silent on this input` }) : `${dead} silent on this input`,
       ` · values ${fmt(p.info.lo)} … ${fmt(p.info.hi)}`,
     ]);
     const pageLabel = controls.querySelector(".nbd-page");
@@ -303,14 +307,19 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     start = 0;
     void fetchPage();
   };
+  const onHeadline = () => {
+    headline.textContent = String(model.get("headline") ?? "");
+  };
   model.on("change:layers", onLayers);
   model.on("change:layer", onLayer);
+  model.on("change:headline", onHeadline);
   buildControls();
   void fetchPage();
   return () => {
     disposed = true;
     model.off("change:layers", onLayers);
     model.off("change:layer", onLayer);
+    model.off("change:headline", onHeadline);
   };
 }
 

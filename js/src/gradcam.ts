@@ -11,6 +11,7 @@ import { fmt, fmtPct, h, replaceChildren, styleElement } from "./lib/dom";
 import { rpc, type AnyModel } from "./lib/rpc";
 import { sampleSelect, select } from "./lib/select";
 import { faithPanel, sanityTable, type CamRank, type Faithfulness, type SanityRow } from "./gradcam/checks";
+import { classLabel, headlineLine } from "./gradcam/headline";
 import { multiples, type Multiples } from "./gradcam/methods";
 import { paint } from "./gradcam/overlay";
 
@@ -48,6 +49,7 @@ interface View {
 
 const CSS = `
 .nbdebug-gradcam { font: 12px/1.4 var(--jp-ui-font-family, system-ui, sans-serif); color: var(--jp-ui-font-color1, #222); }
+.nbdebug-gradcam .nbd-headline { font-weight: 700; margin: 2px 0 6px; overflow-wrap: anywhere; }
 .nbdebug-gradcam .nbd-controls { display: flex; flex-wrap: wrap; gap: 10px; align-items: center; margin-bottom: 6px; }
 .nbdebug-gradcam select, .nbdebug-gradcam input { font: inherit; }
 .nbdebug-gradcam select.nbd-layer, .nbdebug-gradcam select.nbd-class { max-width: 320px; }
@@ -58,7 +60,6 @@ const CSS = `
 .nbdebug-gradcam .nbd-info { color: var(--jp-ui-font-color2, #555); margin: 4px 0; }
 .nbdebug-gradcam .nbd-notes { margin: 2px 0 6px 18px; padding: 0; color: var(--jp-ui-font-color2, #555); }
 .nbdebug-gradcam .nbd-warn { color: #b26a00; }
-.nbdebug-gradcam .nbd-headline { font-weight: 700; margin: 2px 0 6px; overflow-wrap: anywhere; }
 .nbdebug-gradcam table.nbd-rank tr.nbd-failed td { color: #595959; }
 .nbdebug-gradcam table.nbd-rank .nbd-fail-tag { font-size: 10px; margin-left: 4px; }
 .nbdebug-gradcam table.nbd-rank td.nbd-num { text-align: right; font-variant-numeric: tabular-nums; }
@@ -81,7 +82,6 @@ const CSS = `
 
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
   const root = h("div", { class: "nbdebug-gradcam" });
-  const headline = h("div", { class: "nbd-headline" });
   const controls = h("div", { class: "nbd-controls" });
   const canvas = h("canvas", { class: "nbd-overlay", attrs: { width: 1, height: 1 } });
   const bar = h("div", { class: "nbd-barbox" });
@@ -92,7 +92,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const faithBox = h("div", { class: "nbd-faith" });
   const sanityBox = h("div", { class: "nbd-sanity-box" });
   const strip = h("div", { class: "nbd-strip" });
-  root.append(styleElement(CSS), headline, controls, errorBox, h("div", { class: "nbd-stage" }, [canvas, bar]), strip, warn, info, faithBox, sanityBox, notes);
+  const headline = headlineLine(model);
+  root.append(styleElement(CSS), headline.el, controls, errorBox, h("div", { class: "nbd-stage" }, [canvas, bar]), strip, warn, info, faithBox, sanityBox, notes);
   el.appendChild(root);
 
   let view: View | null = null;
@@ -130,7 +131,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       void fetchView();
     });
     const classSel = select(
-      classes().map((c, k) => [String(k), `${k + 1}. ${c.name} (${fmtPct(c.prob)}, #${c.index})`]),
+      classes().map((c, k) => [String(k), `${k + 1}. ${classLabel(c.name, c.index)} (${fmtPct(c.prob)}${classLabel(c.name, c.index) === c.name ? `, #${c.index}` : ""})`]),
       String(model.get("class_rank") ?? 0),
       "nbd-class",
       (v) => {
@@ -229,7 +230,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     const c = classes()[k];
     const auto = model.get("auto_layer") === v.info.layer ? " (auto)" : "";
     info.textContent = `${method} on ${v.info.layer}${auto} · ${v.info.grid} (${v.info.low_hw.join("×")}) · ` +
-      (c ? `class ${c.name} #${c.index}: score ${fmt(c.score)}, p ${fmtPct(c.prob)} · ` : "") + `CAM max ${fmt(peak)}`;
+      (c ? `${classLabel(c.name, c.index) === c.name ? `class ${c.name} #${c.index}` : `class ${c.index}`}: score ${fmt(c.score)}, p ${fmtPct(c.prob)} · ` : "") + `CAM max ${fmt(peak)}`;
     warn.textContent = v.info.zero_grad ? v.info.note : "";
     replaceChildren(bar, [colourBar(cmap, [peak, 0], { width: "12px", height: canvas.style.height || "200px" })]);
   }
@@ -287,11 +288,6 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     buildControls();
     void fetchView();
   };
-  const onHeadline = () => {
-    headline.textContent = String(model.get("headline") ?? "").replace(/`/g, "");
-  };
-  onHeadline();
-  model.on("change:headline", onHeadline);
   model.on("change:opacity", onOpacity);
   model.on("change:class_rank", onClass);
   model.on("change:layer", onLayer);
@@ -302,7 +298,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   void fetchCurves();
   return () => {
     disposed = true;
-    model.off("change:headline", onHeadline);
+    headline.dispose();
     model.off("change:opacity", onOpacity);
     model.off("change:class_rank", onClass);
     model.off("change:layer", onLayer);

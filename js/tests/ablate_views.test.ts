@@ -59,9 +59,9 @@ describe("feature-map channel ablation", () => {
     await tick();
     const sent = m.sent.map((s) => s.content).filter((c) => c.method === "ablate");
     expect(sent.map((c) => c.params)).toEqual([{ layer: "conv", channels: [0, 2], mode: "mean" }]);
-    expect(panel.querySelector(".nbd-delta")!.textContent).toBe("Δ p(<b>cat</b>) = −0.25 (0.5 → 0.25)");
+    expect(panel.querySelector(".nbd-delta")!.textContent).toBe("Δ p(<b>cat</b>) = −25 points (50% → 25%)");
     expect(panel.querySelectorAll("b, i").length).toBe(0); // model text stays text
-    expect(Array.from(panel.querySelectorAll("ol li")).map((li) => li.textContent)).toEqual(["<i>dog</i>: 0.4", "<b>cat</b>: 0.25"]);
+    expect(Array.from(panel.querySelectorAll("ol li")).map((li) => li.textContent)).toEqual(["<i>dog</i>: 40%", "<b>cat</b>: 25%"]);
     expect(panel.querySelectorAll(".nbd-cams canvas").length).toBe(2);
     expect(panel.getAttribute("data-delta")).toBe("-0.25");
     (panel.querySelector(".nbd-ablate-clear") as HTMLButtonElement).click();
@@ -79,7 +79,7 @@ describe("feature-map channel ablation", () => {
     const [a, b] = sharedScale([0, 0.5], [0, 1]);
     expect(Array.from(a)).toEqual([0, 128]);
     expect(Array.from(b)).toEqual([0, 255]);
-    expect(deltaText({ ...RESULT, delta: 0.125, p: 0.625 })).toBe("Δ p(<b>cat</b>) = +0.125 (0.5 → 0.625)");
+    expect(deltaText({ ...RESULT, delta: 0.125, p: 0.625 })).toBe("Δ p(<b>cat</b>) = +12.5 points (50% → 63%)");
   });
 });
 

@@ -143,11 +143,11 @@ describe("attention view: ablate the clicked heads", () => {
   });
 
   it("where the kernel cannot ablate: the one-line note, no buttons", async () => {
-    const { el } = make({ note: "ablation needs a language-model head: BertModel is an encoder" });
+    const { el } = make({ note: "Heads are not ablated in this view: BertModel is an encoder, with no next-token output to measure a head's effect on." });
     click(el, 0, 0);
     await tick();
     expect(button(el, "ablate (zero)")).toBeUndefined();
-    expect(el.querySelector(".nba-ablate-off")!.textContent).toContain("needs a language-model head");
+    expect(el.querySelector(".nba-ablate-off")!.textContent).toContain("BertModel is an encoder");
   });
 
   it("signed() keeps the sign visible", () => {

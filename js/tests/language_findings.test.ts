@@ -79,6 +79,24 @@ describe("attention: the finding and the unusual heads", () => {
     expect(el.querySelectorAll(".nba-head").length).toBe(L * H);
   });
 
+  it("an outlined head prints the headline's reason under it, not the selected metric", () => {
+    const HEADLINE = "1 of 6 heads stands out: L1H0 attends to the previous token (98%; typical head here: 20%).";
+    const { m, el } = make({
+      headline: HEADLINE, finding: "",
+      outliers: [{ layer: 1, head: 0, kind: "prev_token", value: 0.98, typical: 0.2, z: 15.6, short: "prev 98%",
+                   text: "attends to the previous token (98%; typical head here: 20%)", token: -1 }],
+    });
+    expect(el.querySelector(".nba-finding")!.textContent).toBe(HEADLINE);
+    const val = (l: number, hd: number) => el.querySelector(`.nba-head[data-layer="${l}"][data-head="${hd}"] .nba-val`)!;
+    // the selected metric (first_mass) is 20% everywhere: the outlined head still says why it is outlined
+    expect(val(1, 0).textContent).toBe("prev 98%");
+    expect(val(1, 0).classList.contains("nba-reason")).toBe(true);
+    expect(val(0, 0).textContent).toBe("20%");
+    m.set("metric", "diagonal");
+    expect(val(1, 0).textContent).toBe("prev 98%");
+    expect(val(0, 1).textContent).toBe("20%");
+  });
+
   it("no unusual head: the filter is disabled", () => {
     const { el } = make({ outliers: [], finding: "No head stands out: each of the 6 heads is close to this model's typical head." });
     const box = el.querySelector("input.nba-outliers-only") as HTMLInputElement;

@@ -44,6 +44,22 @@ describe("Grad-CAM view", () => {
     expect(m.get("sample")).toBe(1);
   });
 
+  it("leads with the headline and writes a class without a name as 'class N', not a bare id", async () => {
+    const m = camModel();
+    const HEAD = "gradcam on `act#2` for class 285 (#1, p 79%): 12% of the image is at half the map's peak or more.";
+    m.set("headline", HEAD);
+    m.set("classes", [[{ index: 285, name: "285", score: 2, prob: 0.79 }, { index: 3, name: "cat", score: 1, prob: 0.2 }], []]);
+    m.respond = () => ({ msg: { type: "response", id: 0, ok: false, error: "no maps in this test" } });
+    const el = mount(gradcam.render as any, m);
+    await tick();
+    const root = el.querySelector(".nbdebug-gradcam") as HTMLElement;
+    expect(Array.from(root.children).find((c) => c.tagName !== "STYLE")!.textContent).toBe(HEAD);
+    const cls = el.querySelector("select.nbd-class") as HTMLSelectElement;
+    expect(Array.from(cls.options).map((o) => o.textContent)).toEqual(["1. class 285 (79%)", "2. cat (20%, #3)"]);
+    m.set("headline", "gradcam on `act#2` for 'cat' (#2, p 20%): 30% of the image is at half the map's peak or more.");
+    expect(root.querySelector(".nbd-headline")!.textContent).toContain("'cat' (#2, p 20%)");
+  });
+
   it("shows a deleted model's message as text in the view", async () => {
     const m = camModel();
     m.respond = (c) => ({ msg: { type: "response", id: c.id, ok: false, error: GONE } });
@@ -84,9 +100,11 @@ describe("feature grid", () => {
     expect(Array.from(el.querySelectorAll(".nbd-big .nbd-ticks span")).map((s) => s.textContent)).toEqual(["3", "1.5", "0"]);
   });
 
-  it("puts the flagged evidence in bold: the dead count and a dead channel's hover line", async () => {
+  it("puts the flagged evidence in bold: the silent count and a silent channel's hover line", async () => {
     const lay = { name: "act", shape: [1, 2, 2, 2], channels: 2, height: 2, width: 2, layout: "2×2×2", samples: 1 };
-    const m = new FakeModel({ layers: [lay], layer: "act", sample: 0, batch: 1, colormap: "viridis", norm: "channel", sort: "index", selected: -1, notes: [] });
+    const HEADLINE = "`act`: 1 of 2 channels is silent on this input (every value 0): 0.";
+    const m = new FakeModel({ layers: [lay], layer: "act", sample: 0, batch: 1, colormap: "viridis", norm: "channel", sort: "index", selected: -1, notes: [],
+                              headline: HEADLINE });
     m.respond = (c) => ({
       msg: { type: "response", id: c.id, ok: true,
              result: { layer: "act", start: 0, total: 2, height: 2, width: 2, page_size: 2, dead: 1, lo: 0, hi: 3, sort: "index" },
@@ -102,14 +120,21 @@ describe("feature grid", () => {
     const el = mount(featuremaps.render as any, m);
     await tick();
     await tick();
+    // the headline (Python's sentence) first, and it follows the trait
+    const root = el.querySelector(".nbdebug-featuremaps")!;
+    expect(Array.from(root.children).find((c) => c.tagName !== "STYLE")!.className).toBe("nbd-headline");
+    expect(root.querySelector(".nbd-headline")!.textContent).toBe(HEADLINE);
+    m.set("headline", "`act`: all 2 channels respond to sample 1; channel 1 peaks highest (max 3; 50% of all values are 0).");
+    expect(root.querySelector(".nbd-headline")!.textContent).toContain("respond to sample 1");
+    expect(Array.from(root.children).filter((c) => c.tagName !== "STYLE").map((c) => c.textContent).join(" ")).not.toContain("dead");
     const info = el.querySelector(".nbd-info")!;
-    expect(info.textContent).toBe("act: 2×2×2 · channels 0–1 of 2 · 1 dead · values 0 … 3");
-    expect(info.querySelector(".nbd-flag")!.textContent).toBe("1 dead");
+    expect(info.textContent).toBe("act: 2×2×2 · channels 0–1 of 2 · 1 silent on this input · values 0 … 3");
+    expect(info.querySelector(".nbd-flag")!.textContent).toBe("1 silent on this input");
     const dead = el.querySelector(".nbd-tile.nbd-dead") as HTMLElement;
     dead.dispatchEvent(new Event("mouseenter"));
     const hover = el.querySelector(".nbd-hover")!;
-    expect(hover.textContent).toBe("channel 0: min 0, max 0, mean 0, zeros 100% (dead: all zero)");
-    expect(hover.querySelector(".nbd-flag")!.textContent).toBe("(dead: all zero)");
+    expect(hover.textContent).toBe("channel 0: min 0, max 0, mean 0, zeros 100% (silent on this input: all zero)");
+    expect(hover.querySelector(".nbd-flag")!.textContent).toBe("(silent on this input: all zero)");
     (el.querySelectorAll(".nbd-tile")[1] as HTMLElement).dispatchEvent(new Event("mouseenter"));
     expect(hover.querySelector(".nbd-flag")).toBeNull();
   });

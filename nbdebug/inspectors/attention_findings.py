@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .events import fmt_p
+
 __all__ = ["KINDS", "MIN_HEADS", "RULE", "HeadFindings", "HeadOutlier", "head_findings"]
 
 #: robust z-score from which a head is unusual for its model
@@ -36,8 +38,11 @@ DIFF_MIN = 0.25
 SCALE_FLOOR = 0.05
 #: below this many heads, there is no "typical head" to compare with
 MIN_HEADS = 4
-#: heads described by name in the sentence (the rest are counted)
-NAMED = 3
+#: heads described with their reason in the sentence; the others are named by label (each prints its
+#: reason under its thumbnail, :attr:`HeadOutlier.short`), never hidden behind "and N more"
+NAMED = 4
+#: heads past :data:`NAMED` listed by label in the sentence (the others are counted; all are outlined)
+LISTED = 12
 
 
 @dataclass(frozen=True)
@@ -81,16 +86,27 @@ class HeadOutlier:
     z: float
     text: str
     token: int = -1  # the attended position for kind "focus"
+    token_label: str = ""  # its readable label (kind "focus")
 
     @property
     def label(self) -> str:
         """``"L4H2"``."""
         return f"L{self.layer}H{self.head}"
 
+    @property
+    def short(self) -> str:
+        """The reason in a few characters, printed under the head's thumbnail: the same statistic and
+        value the sentence gives (``"prev 100%"``, ``"self 97%"``, ``"sink 95%"``, ``"flat 98%"``,
+        ``"sharp 4%"``; for one token its label, cut to 8 characters: ``"␣Paris 58%"``)."""
+        if self.kind == "focus":
+            return f"{_cut(self.token_label, 8)} {_pct(self.value)}"
+        return f"{_SHORT[self.kind]} {_pct(self.value)}"
+
     def to_json(self) -> dict[str, object]:
         """Plain values for a widget trait."""
         return {"layer": self.layer, "head": self.head, "kind": self.kind, "value": round(self.value, 4),
-                "typical": round(self.typical, 4), "z": round(self.z, 2), "text": self.text, "token": self.token}
+                "typical": round(self.typical, 4), "z": round(self.z, 2), "text": self.text, "token": self.token,
+                "short": self.short}
 
 
 @dataclass
@@ -113,7 +129,16 @@ class HeadFindings:
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
+    """A share of attention written as every probability is (:func:`~nbdebug.inspectors.events.fmt_p`)."""
+    return fmt_p(x)
+
+
+#: the few characters under a thumbnail, per statistic (kind "focus" prints the token instead)
+_SHORT = {"prev_token": "prev", "self": "self", "sink": "sink", "spread": "flat", "sharp": "sharp"}
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _describe(kind: str, value: float, typical: float, token_label: str, sink_label: str) -> str:
@@ -191,7 +216,8 @@ def head_findings(
         tok = int(focus_pos[layer, head]) if kind == "focus" else -1
         label = f"{labels[tok]!r} [{tok}]" if 0 <= tok < len(labels) else f"token {tok}"
         text = _describe(kind, value, typical[kind], label, sink_label)
-        outliers.append(HeadOutlier(layer, head, kind, value, typical[kind], z, text, tok))
+        tok_label = str(labels[tok]) if 0 <= tok < len(labels) else (f"#{tok}" if tok >= 0 else "")
+        outliers.append(HeadOutlier(layer, head, kind, value, typical[kind], z, text, tok, tok_label))
     outliers.sort(key=lambda o: (-o.z, o.layer, o.head))
     mask = np.zeros((L, H), bool)
     for o in outliers:
@@ -205,6 +231,11 @@ def _sentence(outliers: list[HeadOutlier], n: int) -> str:
         return f"No head stands out: each of the {n} heads is close to this model's typical head."
     k = len(outliers)
     named = "; ".join(f"{o.label} {o.text}" for o in outliers[:NAMED])
-    more = f"; and {k - NAMED} more" if k > NAMED else ""
+    rest = [o.label for o in outliers[NAMED:]]
+    more = ""
+    if rest:
+        shown = rest if len(rest) <= LISTED + 1 else [*rest[:LISTED], f"{len(rest) - LISTED} others"]
+        listed = ", ".join(shown[:-1]) + f" and {shown[-1]}" if len(shown) > 1 else shown[0]
+        more = f"; also {listed}, each with its reason under it in the grid"
     verb = "stands" if k == 1 else "stand"
     return f"{k} of {n} heads {verb} out: {named}{more}."

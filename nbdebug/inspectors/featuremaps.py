@@ -16,8 +16,10 @@ import numpy as np
 import torch
 
 from ..adapters.vision import GridInfo, to_nchw
+from .events import fmt_p
 
-__all__ = ["SORT_KEYS", "ChannelStats", "FeatureMapLayer", "FeatureMapsResult", "Page", "channel_stats", "encode_page", "page_size"]
+__all__ = ["SORT_KEYS", "ChannelStats", "FeatureMapLayer", "FeatureMapsResult", "Page", "channel_stats", "encode_page",
+           "layer_headline", "page_size", "silent_on_all"]
 
 SORT_KEYS = ("index", "mean", "max", "sparsity")
 
@@ -30,7 +32,8 @@ class ChannelStats:
     hi: np.ndarray
     mean: np.ndarray
     sparsity: np.ndarray  # fraction of exact zeros
-    dead: np.ndarray  # bool: every value is exactly zero
+    dead: np.ndarray  # bool: every value is exactly zero on this input ("silent on this input": one sample
+    #                   cannot tell a dead unit from one this input does not excite)
 
     def key(self, name: str) -> np.ndarray:
         if name == "index":
@@ -130,3 +133,54 @@ class FeatureMapsResult:
 
     def stats(self, layer: str, sample: int = 0) -> ChannelStats:
         return channel_stats(self.layers[layer].maps(sample))
+
+
+#: silent channels named in the headline (the others are counted; every one is marked in the grid)
+NAMED_CHANNELS = 8
+
+
+def silent_on_all(layer: FeatureMapLayer) -> np.ndarray:
+    """Per channel (bool, length C): every value is exactly zero on every kept sample of ``layer``
+    (one pass on the layer's device, one transfer)."""
+    maps = to_nchw(layer.data, layer.grid)
+    return (torch.count_nonzero(maps.detach().transpose(0, 1).reshape(maps.shape[1], -1), dim=1) == 0).cpu().numpy()
+
+
+def _channels(idx: np.ndarray) -> str:
+    ids = [str(int(i)) for i in idx]
+    if len(ids) > NAMED_CHANNELS + 1:
+        ids = [*ids[:NAMED_CHANNELS], f"{len(ids) - NAMED_CHANNELS} others"]
+    return ", ".join(ids[:-1]) + f" and {ids[-1]}" if len(ids) > 1 else ids[0]
+
+
+def layer_headline(name: str, stats: ChannelStats, *, sample: int = 0, samples: int = 1,
+                   silent_all: np.ndarray | None = None) -> str:
+    """The feature-map view's sentence for one layer and sample: which channels are silent (every
+    value exactly 0). From one kept sample that is all it knows ("silent on this input", never
+    "dead": another input may excite them); with several kept samples it says which are silent on
+    all of them (``silent_all``, see :func:`silent_on_all`). Otherwise it names the channel that
+    peaks highest.
+
+    >>> layer_headline("conv1", channel_stats(torch.zeros(2, 3, 3)))   # doctest: +SKIP
+    '`conv1`: 2 of 2 channels are silent on this input (every value 0): 0 and 1.'
+    """
+    c = len(stats.lo)
+    silent = np.flatnonzero(stats.dead)
+    where = "this input" if samples <= 1 else f"sample {sample}"
+    if c == 0:
+        return f"`{name}` has no channels."
+    if len(silent) == 0:
+        top = int(np.argmax(stats.hi))
+        return (f"`{name}`: all {c} channels respond to {where}; channel {top} peaks highest "
+                f"(max {stats.hi[top]:.3g}; {fmt_p(float(stats.sparsity.mean()))} of all values are 0).")
+    verb = "is" if len(silent) == 1 else "are"
+    out = f"`{name}`: {len(silent)} of {c} channels {verb} silent on {where} (every value 0): {_channels(silent)}"
+    if samples > 1 and silent_all is not None:
+        both = np.flatnonzero(np.asarray(silent_all, bool))
+        if len(both) == 0:
+            out += f"; none is silent on all {samples} kept inputs"
+        elif len(both) == len(silent):
+            out += f"; {'it is' if len(both) == 1 else 'all are'} silent on all {samples} kept inputs"
+        else:
+            out += f"; {_channels(both)} {'is' if len(both) == 1 else 'are'} silent on all {samples} kept inputs"
+    return out + "."

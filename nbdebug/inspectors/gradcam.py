@@ -27,10 +27,11 @@ from torch import nn
 from ..adapters.vision import GridInfo, Reshape, SpatialLayer, infer_grid, to_nchw
 from ..capture.names import call_name, split_call_name
 from .cams import GRADIENT, eigen_map, gradient_map
+from .events import fmt_p
 
 __all__ = [
-    "CamMaps", "GradCamResult", "LayerError", "Target", "cam_maps", "cams_from", "class_names_for", "fallback_layers",
-    "layer_grid", "parse_target", "pick_layer", "resolve_targets", "upsample",
+    "CamMaps", "GradCamResult", "LayerError", "Target", "cam_maps", "cams_from", "class_label", "class_names_for",
+    "fallback_layers", "layer_grid", "overlay_headline", "parse_target", "pick_layer", "resolve_targets", "upsample",
 ]
 
 #: "topk", a class index, a class name, or a list of indices/names (the same for every sample).
@@ -140,6 +141,30 @@ def class_names_for(model: nn.Module, names: Any, n_classes: int) -> Callable[[i
         return lambda i: lookup.get(i, str(i))
     seq = [str(v) for v in names]
     return lambda i: seq[i] if 0 <= i < len(seq) else str(i)
+
+
+def class_label(name: str, index: int) -> str:
+    """A class as the view writes it: its name quoted (``'tabby'``), or ``class 285`` when no name is
+    known (the name is then the index itself: pass ``class_names=`` to get names)."""
+    return f"class {index}" if str(name) == str(index) else repr(str(name))
+
+
+def overlay_headline(method: str, layer: str, cam: np.ndarray, *, name: str, index: int, prob: float, rank: int,
+                     zero_grad: bool = False, note: str = "") -> str:
+    """The single-method Grad-CAM view's sentence for one sample, class and layer: how much of the
+    image the map points at (the share of pixels at half its peak or more), with the class's
+    probability written as everywhere (:func:`~nbdebug.inspectors.events.fmt_p`). When the map is
+    empty (a zero gradient at this layer, or no positive evidence), it says so instead.
+
+    ``cam`` H×W (≥ 0, at the input's size); ``rank`` 0-based among the sample's target classes.
+    """
+    who = f"{class_label(name, index)} (#{rank + 1}, p {fmt_p(prob)})"
+    peak = float(np.max(cam)) if cam.size else 0.0
+    if zero_grad or not peak > 0:
+        why = note or "no position of this layer raises the class score"
+        return f"{method} on `{layer}` shows nothing for {who}: {why}."
+    share = float(np.mean(cam >= 0.5 * peak))
+    return f"{method} on `{layer}` for {who}: {fmt_p(share)} of the image is at half the map's peak or more."
 
 
 def parse_target(value: Any) -> Target:

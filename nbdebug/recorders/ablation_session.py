@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..adapters.blockparts import patch_parts
-from ..adapters.transformers import AdapterError
+from ..adapters.transformers import AdapterError, find_parts
 from ..capture.state import loaded_weights
 from ..capture.weak import ModelRef
 from ..inspectors.logitlens import lens_stats
@@ -45,13 +45,20 @@ MODES = ("zero", "mean")
 
 
 def ablation_problem(model: nn.Module) -> str:
-    """Why clicks cannot ablate in ``model`` (one line), or ``""`` when they can."""
+    """Why clicks cannot ablate in ``model``, as one neutral line the view shows in place of the
+    ablate buttons (never another view's error: an encoder is not told about patching), or ``""``
+    when they can."""
+    name = type(model).__name__
     try:
-        patch_parts(model)
-    except AdapterError as e:
-        return f"ablation needs a language-model head (a next-token head to measure the effect on): {e}"
+        parts = find_parts(model)
+        if parts.encoder:
+            return (f"Heads are not ablated in this view: {name} is an encoder, with no next-token output "
+                    "to measure a head's effect on.")
+        patch_parts(model, parts)
+    except AdapterError:
+        return f"Heads are not ablated in this view: no next-token output of {name} was found to measure a head's effect on."
     except Exception as e:
-        return f"ablation is not available for {type(model).__name__}: {e}"
+        return f"Heads are not ablated in this view: {name} is not a model nbdebug can re-run by parts ({type(e).__name__})."
     return ""
 
 

@@ -37,8 +37,10 @@ class FeatureMapsRecorder(Recorder):
     """Options read: ``layers``, ``sample``, ``colormap``, ``fm_sort``, ``fm_norm``, ``reshape``,
     ``max_bytes`` (``64MB``, an int; 0 keeps nothing), ``max_samples``.
 
-    The view opens on the deepest spatial layer kept (the one Grad-CAM tries first), not the first
-    one (often a padding or stem layer).
+    The view opens on the first layer asked for (``--layers _blocks.1,_blocks.15`` opens on
+    ``_blocks.1``: the order the user wrote is the order of the story); without ``--layers`` on the
+    deepest spatial layer kept (the one Grad-CAM tries first), not the first one (often a padding or
+    stem layer).
     """
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
@@ -47,6 +49,7 @@ class FeatureMapsRecorder(Recorder):
         o = options
         self.names = {n for n, _ in select_modules(model, o.get("layers"))}
         self._chosen = o.get("layers") is not None  # the user narrowed the layers (notes say "selected")
+        self._asked = _asked_order(model, o.get("layers"))
         self.sample = 0 if o.get("sample") is None else int(o["sample"])
         self.colormap = str(o.get("colormap") or "viridis")
         self.sort = str(o.get("fm_sort") or "index")
@@ -157,7 +160,9 @@ class FeatureMapsRecorder(Recorder):
         kept = min((lay.samples for lay in layers.values()), default=0)
         if batch > kept > 0:
             notes.append(f"the first {kept} of {batch} samples are kept")
-        shown = deepest([sl for sl in self._spatial if sl.name in layers])
+        spatial = [sl for sl in self._spatial if sl.name in layers]
+        first = next((sl for names in self._asked for sl in spatial if sl.module in names), None)
+        shown = first or deepest(spatial)
         self._result = FeatureMapsResult(layers, batch, notes, default_layer=shown.name if shown else "")
         return self._result
 
@@ -166,6 +171,16 @@ class FeatureMapsRecorder(Recorder):
 
         return FeatureMapsWidget(self.result(), sample=self.sample, colormap=self.colormap, sort=self.sort, norm=self.norm,
                                  ablation=self.ablation)
+
+
+def _asked_order(model: nn.Module, layers: Any) -> list[set[str]]:
+    """Per entry of ``--layers`` in the order written (names or patterns), the modules it selects;
+    [] when the layers were not given by name (None, types, a predicate)."""
+    if isinstance(layers, str):
+        layers = [layers]
+    if not isinstance(layers, (list, tuple)) or not all(isinstance(x, str) for x in layers):
+        return []
+    return [{n for n, _ in select_modules(model, x)} for x in layers]
 
 
 def _class_names(value: Any, ns: Any) -> Any:

@@ -116,6 +116,7 @@ class AttentionWidget(NBWidget):
             flags=encode_array(result.flags),
             summary=result.summary,
             finding=result.finding,
+            headline=result.finding,
             outliers=[o.to_json() for o in result.findings.outliers] if result.findings else [],
             outlier_rule=result.findings.rule if result.findings else "",
             path=result.path,
@@ -218,9 +219,9 @@ class AttentionWidget(NBWidget):
                          + f">{html.escape(t[:24])}</code>" for i, t in enumerate(toks)) + (" …" if T > len(toks) else "")
         if any(self.generated):
             words += f" <i>({sum(self.generated)} generated tokens in purple italics)</i>"
-        listed = "".join(f"<li><b>{o.label}</b> {html.escape(o.text)}</li>" for o in outliers[:20])
+        listed = "".join(f"<li><b>{o.label}</b> {html.escape(o.short)}: {html.escape(o.text)}</li>" for o in outliers[:64])
         return (
-            f"<div class='nbdebug-attention-static'><p><b>{html.escape(self.result.finding)}</b></p>"
+            f"<div class='nbdebug-attention-static'><p><b>{html.escape(self.headline)}</b></p>"
             + (f"<ul>{listed}</ul>" if listed else "")
             + f"<p>nbdebug attention: {L} layers × {H} heads × {T} tokens · "
             f"{html.escape(self.result.summary)} (attention sinks: normal) <i>(path: {html.escape(self.result.path)})</i></p>"

@@ -16,7 +16,15 @@ from typing import Any
 import numpy as np
 import traitlets
 
-from ..inspectors.featuremaps import SORT_KEYS, FeatureMapsResult, encode_page, page_size
+from ..inspectors.featuremaps import (
+    SORT_KEYS,
+    FeatureMapsResult,
+    channel_stats,
+    encode_page,
+    layer_headline,
+    page_size,
+    silent_on_all,
+)
 from ._base import NBWidget, rpc
 from ._snapshot import MAX_SNAPSHOT_BYTES, colorize, encode_png, grid, img_tag, upscale
 
@@ -24,7 +32,8 @@ __all__ = ["FeatureMapsWidget"]
 
 
 def _first_layer(result: FeatureMapsResult, layers: list[dict[str, Any]]) -> str:
-    """The layer to open on: the result's ``default_layer`` (the deepest spatial output), else the first."""
+    """The layer to open on: the result's ``default_layer`` (the first layer asked for, else the deepest
+    spatial output), else the first."""
     if result.default_layer in result.layers:
         return result.default_layer
     return str(layers[0]["name"]) if layers else ""
@@ -69,6 +78,22 @@ class FeatureMapsWidget(NBWidget):
         )
         self._result = result
         self.ablation = ablation  # a ChannelAblation (nbdebug.recorders.vision_ablation) or None
+        self._silent_all: dict[str, Any] = {}
+        self._set_headline()
+        self.observe(self._set_headline, names=["layer", "sample"])
+
+    def _set_headline(self, _change: Any = None) -> None:
+        """``headline``: the shown layer's silent channels on the shown sample
+        (:func:`~nbdebug.inspectors.featuremaps.layer_headline`)."""
+        layer = self._result.layers.get(self.layer)
+        if layer is None:
+            self.headline = "No layer with a spatial output was captured." if not self._result.layers else ""
+            return
+        sample = min(max(int(self.sample), 0), layer.samples - 1)
+        if layer.samples > 1 and self.layer not in self._silent_all:
+            self._silent_all[self.layer] = silent_on_all(layer)
+        self.headline = layer_headline(self.layer, channel_stats(layer.maps(sample)), sample=sample, samples=layer.samples,
+                                       silent_all=self._silent_all.get(self.layer))
 
     @rpc("ablate")
     def _ablate(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -116,6 +141,7 @@ class FeatureMapsWidget(NBWidget):
         head = "<b>nbdebug feature maps</b>"
         if not self.layer:
             return f"<div class='nbdebug-featuremaps-static'>{head}: no layer with a spatial output was captured</div>"
+        lead = f"<p><b>{html.escape(self.headline)}</b></p>" if self.headline else ""
         info, arrays = self._page({"layer": self.layer, "sample": self.sample, "sort": self.sort, "start": 0})
         pix = np.asarray(arrays["pixels"])
         if self.norm == "shared" and pix.size:
@@ -127,9 +153,9 @@ class FeatureMapsWidget(NBWidget):
         img, step = self._snapshot_grid(pix)
         shown = f"channels {info['start']}–{info['start'] + n - 1} of {info['total']}" + (f", sampled every {step} pixels" if step > 1 else "")
         caption = (f"{head}: <code>{html.escape(self.layer)}</code> · sample {self.sample} · {shown} · {h}×{w} · "
-                   f"{html.escape(self.colormap)}, {html.escape(self.norm)} scale · {info['dead']} dead")
+                   f"{html.escape(self.colormap)}, {html.escape(self.norm)} scale · {info['dead']} silent on this input")
         notes = "".join(f"<li>{html.escape(n_)}</li>" for n_ in self.notes)
-        return (f"<div class='nbdebug-featuremaps-static'><p>{caption}</p>"
+        return (f"<div class='nbdebug-featuremaps-static'>{lead}<p>{caption}</p>"
                 f"{img_tag(img, f'feature maps of {self.layer}')}"
                 + (f"<ul>{notes}</ul>" if notes else "") + "</div>")
 

@@ -19,8 +19,9 @@ import numpy as np
 import traitlets
 
 from ..inspectors.cam_verdict import gradcam_headline, rank_cams
+from ..inspectors.events import fmt_p
 from ..inspectors.faithfulness import FRACTIONS, LOWER_IS_BETTER, METRICS
-from ..inspectors.gradcam import GradCamResult
+from ..inspectors.gradcam import GradCamResult, class_label, overlay_headline
 from ..inspectors.sanity import THRESHOLD
 from ._base import NBWidget, rpc
 from ._snapshot import MAX_SNAPSHOT_BYTES, colorize, encode_png, img_tag, upscale
@@ -113,6 +114,8 @@ class GradCamWidget(NBWidget):
         )
         self._result = result
         self._session = session
+        self._set_overlay_headline()
+        self.observe(self._set_overlay_headline, names=["sample", "class_rank", "layer", "method"])
 
     @rpc("view")
     def _view(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -136,6 +139,8 @@ class GradCamWidget(NBWidget):
             arrays["all_peak"] = np.stack([p for _, p in both])
         if self._result.image is not None:
             arrays["image"] = self._result.image[sample]
+        if layer == self.layer:
+            self._set_overlay_headline()
         info = {"layer": maps.layer, "sample": sample, "zero_grad": maps.zero_grad, "note": maps.note,
                 "grid": maps.grid.describe(), "low_hw": list(maps.low.shape[-2:]), "method": method, "methods": methods}
         return info, arrays
@@ -176,13 +181,15 @@ class GradCamWidget(NBWidget):
             pic = pic[::2, ::2]
         shown = classes[k] if classes else {"name": "?", "prob": float("nan")}
         rows = "".join(
-            f"<li>{'<b>' if i == k else ''}{html.escape(c['name'])} ({c['prob']:.1%}){'</b>' if i == k else ''}</li>"
+            f"<li>{'<b>' if i == k else ''}{html.escape(class_label(c['name'], c['index']))} ({fmt_p(c['prob'])})"
+            f"{'</b>' if i == k else ''}</li>"
             for i, c in enumerate(classes)
         )
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in [*self.notes, self.image_note, info.get("note") or ""] if n)
         return (
-            f"<div class='nbdebug-gradcam-static'><p class='nbd-headline'><b>{html.escape(self.headline).replace('`', '')}</b></p>"
-            f"<p>nbdebug {html.escape(info.get('method') or self.method)} on "
+            f"<div class='nbdebug-gradcam-static'>"
+            + (f"<p class='nbd-headline'><b>{html.escape(self.headline).replace('`', '')}</b></p>" if self.headline else "")
+            + f"<p>nbdebug {html.escape(info.get('method') or self.method)} on "
             f"<code>{html.escape(info['layer'])}</code> · sample {self.sample} · class {html.escape(shown['name'])} · "
             f"opacity {a:.2f} · {html.escape(self.colormap)}</p>"
             f"{img_tag(pic, 'Grad-CAM of ' + str(shown['name']))}<ol>{rows}</ol>"
@@ -215,6 +222,22 @@ class GradCamWidget(NBWidget):
         # the params exactly as the view asks (js/src/gradcam.ts fetchView): the exported page looks
         # answers up by them; with several methods one answer holds them all
         return [("view", {"sample": s, "layer": n, "method": self.method}) for s in range(self.batch) for n in layers]
+
+    def _set_overlay_headline(self, _change: Any = None) -> None:
+        """``headline`` of the single-method view (:func:`~nbdebug.inspectors.gradcam.overlay_headline`):
+        the shown sample, class and layer. With several methods the CAM panel's verdict is the headline
+        (not set here). A layer not computed yet keeps the last sentence until its maps arrive."""
+        if len(self.methods) > 1 or self.faithfulness or self.sanity:
+            return  # the panel's verdict (faithfulness, sanity: inspectors/cam_verdict.py) stays the headline
+        maps = self._result.maps.get(self.layer)
+        classes = self.classes[self.sample] if self.classes else []
+        if maps is None or not classes:
+            return
+        k = min(max(self.class_rank, 0), len(classes) - 1)
+        c = classes[k]
+        cam = maps.of(self.method if maps.methods and self.method in maps.methods else None)[0][self.sample, k]
+        self.headline = overlay_headline(self.method, maps.layer, cam, name=c["name"], index=c["index"], prob=c["prob"],
+                                         rank=k, zero_grad=maps.zero_grad, note=maps.note)
 
     def __repr__(self) -> str:
         more = f", methods={len(self.methods)}" if len(self.methods) > 1 else ""

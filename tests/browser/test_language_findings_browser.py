@@ -26,6 +26,7 @@ from .harness import (
     write_notebook,
 )
 from .readability import clipped, low_contrast, set_notebook_width
+from .scrollboxes import hidden_in_scroll
 
 pytestmark = pytest.mark.browser
 
@@ -76,7 +77,10 @@ def test_findings_filter_colour_bar_contrast_at_800px_lab(page, lab) -> None:  #
     att = wait_widget(page, "attention")
     finding = kernel_json(page, "att_w.finding")
     assert finding.startswith("1 of 16 heads stands out: L2H1 attends to the previous token (100%")
+    assert kernel_json(page, "att_w.headline") == finding
     assert att.locator(".nba-finding").text_content() == finding
+    # under the outlined head: the headline's reason, not the selected metric (first-token sink)
+    assert att.locator(".nba-head.nba-outlier .nba-val").text_content() == "prev 100%"
     outlier = att.locator(".nba-head.nba-outlier")
     assert outlier.count() == 1 and outlier.get_attribute("data-layer") == "2" and outlier.get_attribute("data-head") == "1"
     assert att.locator(".nba-head").count() == 16
@@ -101,6 +105,7 @@ def test_findings_filter_colour_bar_contrast_at_800px_lab(page, lab) -> None:  #
     page.wait_for_function("document.querySelectorAll('.nbdebug-attention .nba-head').length === 1")
     assert att.locator(".nba-rowlabel").all_text_contents() == ["L2"] and att.locator(".nba-gap").count() == 3
     run_code_and_wait_text(page, "print('only', att_w.outliers_only)", "only True")
+    assert hidden_in_scroll(page, ".nbdebug-attention") == []
     screenshot(page, "language-findings-attention-800", att)
 
     # -- logit lens: the header names the block, its cell ringed, a colour bar that follows ----------
@@ -139,9 +144,13 @@ def test_findings_filter_colour_bar_contrast_at_800px_lab(page, lab) -> None:  #
     fm = wait_widget(page, "featuremaps")
     page.wait_for_selector(".nbdebug-featuremaps .nbd-tile canvas")
     assert fm.locator(".nbd-tile.nbd-dead").count() == 3
-    assert fm.locator(".nbd-info .nbd-flag").text_content() == "3 dead"  # flagged evidence in bold
+    # one input: "silent on this input", never "dead" (another input may excite them)
+    assert fm.locator(".nbd-headline").text_content() == "`3`: 3 of 12 channels are silent on this input (every value 0): 0, 1 and 2."
+    assert fm.locator(".nbd-info .nbd-flag").text_content() == "3 silent on this input"  # flagged evidence in bold
     fm.locator(".nbd-tile.nbd-dead").first.hover()
-    assert fm.locator(".nbd-hover .nbd-flag").text_content() == "(dead: all zero)"
+    assert fm.locator(".nbd-hover .nbd-flag").text_content() == "(silent on this input: all zero)"
+    assert "dead" not in fm.locator(".nbd-headline, .nbd-info, .nbd-hover").all_text_contents().__str__()
+    assert hidden_in_scroll(page, ".nbdebug-featuremaps") == []
     _readable(page, ".nbdebug-featuremaps")
     fm.locator(".nbd-tile").nth(5).click()
     _readable(page, ".nbdebug-featuremaps")

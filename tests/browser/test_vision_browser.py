@@ -10,6 +10,7 @@ import pytest
 
 from .harness import (
     canvas_nonblank,
+    kernel_json,
     open_and_run,
     run_code_and_wait_text,
     screenshot,
@@ -17,6 +18,7 @@ from .harness import (
     wait_widget,
     write_notebook,
 )
+from .scrollboxes import hidden_in_scroll
 
 pytestmark = pytest.mark.browser
 
@@ -62,7 +64,12 @@ def test_feature_grid_draws_and_enlarges(page, lab) -> None:  # type: ignore[no-
     open_and_run(page, lab, "vision_fm")
     root = wait_widget(page, "featuremaps")
     page.wait_for_selector(".nbdebug-featuremaps .nbd-tile canvas")
-    assert root.locator(".nbd-tile").count() == 12  # opens on the deepest spatial layer, "2"
+    assert root.locator(".nbd-tile").count() == 8  # opens on the first layer asked for, "0" (8 channels)
+    w = page.evaluate("document.querySelector('.nbdebug-featuremaps .nbd-tile canvas').width")
+    assert w == 32
+    headline = kernel_json(page, "_nndebug_widget.headline")
+    assert headline.startswith("`0`: ") and "dead" not in headline
+    assert root.locator(".nbd-headline").text_content() == headline
     for ch in (0, 5):
         assert wait_canvas_nonblank(page, f'.nbdebug-featuremaps .nbd-tile[data-channel="{ch}"] canvas', minimum=20) >= 20
     root.locator('.nbd-tile[data-channel="5"]').click()
@@ -70,11 +77,11 @@ def test_feature_grid_draws_and_enlarges(page, lab) -> None:  # type: ignore[no-
     big.wait_for(state="visible")
     assert canvas_nonblank(page, ".nbdebug-featuremaps .nbd-big canvas.nbd-map") > 100
     run_code_and_wait_text(page, "print('selected', _nndebug_widget.selected)", "selected 5")
-    # another layer is fetched on demand: 8 channels at 32×32
-    root.locator("select.nbd-layer").select_option("0")
-    page.wait_for_function("document.querySelectorAll('.nbdebug-featuremaps .nbd-tile').length === 8")
-    w = page.evaluate("document.querySelector('.nbdebug-featuremaps .nbd-tile canvas').width")
-    assert w == 32
+    # another layer is fetched on demand: 12 channels; the headline follows it
+    root.locator("select.nbd-layer").select_option("2")
+    page.wait_for_function("document.querySelectorAll('.nbdebug-featuremaps .nbd-tile').length === 12")
+    page.wait_for_function("document.querySelector('.nbdebug-featuremaps .nbd-headline').textContent.startsWith('`2`: ')")
+    assert hidden_in_scroll(page, ".nbdebug-featuremaps") == []
     screenshot(page, "vision-featuremaps", root)
 
 
@@ -115,6 +122,10 @@ def _gradcam_roundtrip(page: Any, server: Any, name: str) -> None:
     labels = root.locator("select.nbd-class option").all_text_contents()
     assert len(labels) == 3 and all("<img src=x onerror=window.__pwned=" in t for t in labels)
     assert root.locator("img").count() == 0 and page.evaluate("window.__pwned") is None
+    # the headline (single method) follows the class, first in the view, its name as text
+    page.wait_for_function("document.querySelector('.nbdebug-gradcam .nbd-headline').textContent.includes('(#2, p ')")
+    assert root.locator(".nbd-headline").text_content() == kernel_json(page, "_nndebug_widget.headline")
+    assert hidden_in_scroll(page, ".nbdebug-gradcam") == []
     screenshot(page, f"vision-gradcam-{server.app}", root)
 
 

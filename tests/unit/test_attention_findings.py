@@ -14,6 +14,7 @@ from planted_language import WordTok, previous_token_gpt2  # tests/unit is on sy
 
 from nbdebug.inspectors.attention import from_attentions
 from nbdebug.inspectors.attention_findings import MIN_HEADS, RULE, head_findings
+from nbdebug.inspectors.events import fmt_p
 from nbdebug.recorders.attention import AttentionRecorder
 
 
@@ -106,17 +107,60 @@ def test_too_few_heads_or_tokens_compare_nothing() -> None:
     assert head_findings(metrics2, col2, ["a", "b"]).sentence == "Too few to compare (2 tokens): no head is marked as unusual."
 
 
-def test_more_than_three_outliers_are_counted_and_the_rule_is_documented() -> None:
-    T, L, H = 8, 4, 4
-    heads = [_causal_uniform(T) for _ in range(L * H)]
+def _prev() -> torch.Tensor:
+    T = 8
     prev = torch.zeros(T, T)
     prev[0, 0] = 1
     for i in range(1, T):
         prev[i, i - 1] = 1
+    return prev
+
+
+def test_four_outliers_are_described_and_the_others_named_never_counted_away() -> None:
+    """The naive sentence ("...; and 1 more.") hides the fifth head's reason: it is named instead,
+    and its reason is printed under its thumbnail (``short``)."""
+    T, L, H = 8, 4, 4
+    heads = [_causal_uniform(T) for _ in range(L * H)]
     for i in (1, 6, 11, 12, 15):
-        heads[i] = prev
+        heads[i] = _prev()
     res = from_attentions(tuple(torch.stack(heads).view(L, 1, H, T, T)))
     assert len(res.findings.outliers) == 5
-    assert res.finding.startswith("5 of 16 heads stand out: L0H1 attends to the previous token (100%;")
-    assert res.finding.endswith("; and 2 more.")
+    assert res.finding == (
+        "5 of 16 heads stand out: L0H1 attends to the previous token (100%; typical head here: 25%); "
+        "L1H2 attends to the previous token (100%; typical head here: 25%); "
+        "L2H3 attends to the previous token (100%; typical head here: 25%); "
+        "L3H0 attends to the previous token (100%; typical head here: 25%); "
+        "also L3H3, each with its reason under it in the grid.")
+    assert "more" not in res.finding
+    assert [o.short for o in res.findings.outliers] == ["prev 100%"] * 5
     assert "1.4826·MAD" in RULE and "3.5" in RULE and "normal" in RULE
+
+
+def test_many_outliers_list_twelve_labels_then_count_the_others() -> None:
+    T, L, H = 8, 8, 8
+    heads = [_causal_uniform(T) for _ in range(L * H)]
+    planted = list(range(0, 64, 3))  # 22 heads
+    for i in planted:
+        heads[i] = _prev()
+    res = from_attentions(tuple(torch.stack(heads).view(L, 1, H, T, T)))
+    labels = [o.label for o in res.findings.outliers]
+    assert len(labels) == 22 and {(o.layer * H + o.head) for o in res.findings.outliers} == set(planted)
+    assert res.finding.endswith(f"; also {', '.join(labels[4:16])} and 6 others, each with its reason under it in the grid.")
+
+
+def test_the_reason_under_a_head_is_the_sentence_s_statistic() -> None:
+    """Each outlined head's short reason: the statistic and value its sentence gives, written as fmt_p
+    writes probabilities; one token's reason is that token's readable label (cut to 8 characters)."""
+    T, L, H = 8, 2, 4
+    heads = [_causal_uniform(T) for _ in range(L * H)]
+    focus = _causal_uniform(T).clone()
+    focus[3:] = 0.1 * focus[3:]
+    focus[3:, 3] += 0.9  # from token 3 on, 90% on token 3
+    heads[2], heads[6] = torch.eye(T), focus
+    toks = ["<s>", "The", "Ġcity", "ĠParisianstyle", "Ġis", "Ġbig", "Ġand", "Ġold"]
+    res = from_attentions(tuple(torch.stack(heads).view(L, 1, H, T, T)), toks)
+    by = {(o.layer, o.head): o for o in res.findings.outliers}
+    assert by[(0, 2)].short == "self 100%"
+    f = by[(1, 2)]
+    assert f.kind == "focus" and f.short == f"␣Parisi… {fmt_p(f.value)}"
+    assert f.to_json()["short"] == f.short and f"({fmt_p(f.value)};" in f.text

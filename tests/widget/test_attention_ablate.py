@@ -151,10 +151,15 @@ def test_a_deleted_model_answers_rerun_the_cell(shell) -> None:  # type: ignore[
         w.handle_request("ablate", {"heads": [[0, 0]], "mode": "zero"})
 
 
-def test_an_encoder_says_ablation_needs_a_language_model_head(shell) -> None:  # type: ignore[no-untyped-def]
+def test_an_encoder_says_in_one_neutral_line_that_it_cannot_ablate(shell) -> None:  # type: ignore[no-untyped-def]
+    """Not a stacked "ablation needs …: … patching needs a causal language model" (this view has no
+    patching): one sentence about this view."""
     w = run(shell, "bert")
-    assert w.ablate_note.startswith("ablation needs a language-model head") and "\n" not in w.ablate_note
-    with pytest.raises(RuntimeError, match="ablation needs a language-model head"):
+    name = type(shell.user_ns["model"]).__name__
+    assert w.ablate_note == (f"Heads are not ablated in this view: {name} is an encoder, with no next-token output "
+                             "to measure a head's effect on.")
+    assert "patching" not in w.ablate_note and "causal" not in w.ablate_note
+    with pytest.raises(RuntimeError, match="Heads are not ablated in this view"):
         w.handle_request("ablate", {"heads": [[0, 0]]})
 
 

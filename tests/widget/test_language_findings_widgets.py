@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from html import escape as html_escape
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from nbdebug.inspectors.events import fmt_p
 from nbdebug.recorders.attention import AttentionRecorder
 from nbdebug.recorders.logitlens import LogitLensRecorder
 from nbdebug.widgets._snapshot import lut
@@ -49,9 +51,27 @@ def test_attention_widget_syncs_the_finding_and_the_outliers() -> None:
     assert w.get_state("outliers_only") == {"outliers_only": True}
     html = w.fallback_html()
     assert html.index("1 of 16 heads stands out") < html.index("heads put &gt; 50%")  # the finding first
-    assert "<li><b>L2H1</b> attends to the previous token" in html
+    assert "<li><b>L2H1</b> prev 100%: attends to the previous token" in html
     assert w.export_requests()[0] == ("head", {"layer": 2, "head": 1})  # the unusual head is precomputed first
     assert "L2H1 attends to the previous token" in repr(w)
+
+
+def test_attention_headline_and_the_reason_under_the_outlined_head() -> None:
+    """The planted previous-token head is outlined; under it the view prints its previous-token share
+    (the headline's reason), not the selected metric (first_mass, a few percent for this head)."""
+    model = planted.previous_token_gpt2(layer=2, head=1)
+    with AttentionRecorder(model, tokenizer=planted.WordTok()) as rec, torch.no_grad():
+        model(torch.arange(1, 13)[None])
+    w = rec.widget()
+    res = rec.result()
+    prev = float(res.metrics["prev_token"][2, 1])
+    assert w.headline == w.finding == res.finding
+    assert w.headline.startswith(f"1 of 16 heads stands out: L2H1 attends to the previous token ({fmt_p(prev)};")
+    assert w.metric == "first_mass"
+    shown = float(res.metrics[w.metric][2, 1])
+    assert w.outliers[0]["short"] == f"prev {fmt_p(prev)}" == "prev 100%"
+    assert fmt_p(shown) != fmt_p(prev)  # the naive label (the selected metric) would say something else
+    assert w.fallback_html().index(html_escape(w.headline)) < w.fallback_html().index("<table")
 
 
 def test_lens_widget_syncs_the_finding_and_names_every_target() -> None:

@@ -26,6 +26,8 @@ export interface Outlier {
   z: number;
   text: string;
   token: number;
+  /** the reason in a few characters, printed under the head ("prev 100%"): the headline's statistic */
+  short?: string;
 }
 
 export interface AttentionData {

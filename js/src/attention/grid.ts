@@ -1,5 +1,6 @@
 // The layers × heads grid of thumbnails. Sinks and near-uniform heads get a neutral grey mark;
-// colour (and a bold value) only for the heads that stand out for this model. "Outliers only" keeps
+// colour and, under the thumbnail, the reason (the headline's statistic: "prev 100%") only for the heads
+// that stand out for this model; the other heads print the selected metric. "Outliers only" keeps
 // the layers with such a head and leaves the other cells of those rows empty, so columns stay aligned.
 import { paintU8 } from "../lib/colormap";
 import { h, replaceChildren } from "../lib/dom";
@@ -82,9 +83,17 @@ export class HeadGrid {
     return el;
   }
 
+  /** Under each head: an outlined head's reason (the statistic the headline gives it, whatever the
+   *  selected metric), any other head's value of the selected metric. */
   showValues(metric: string): void {
     const { d } = this;
-    for (const [i, c] of this.cells) c.val.textContent = fmtMetric(metric, metricAt(d, metric, Math.floor(i / d.H), i % d.H));
+    for (const [i, c] of this.cells) {
+      const out = d.outliers.get(i);
+      c.val.textContent = out?.short || fmtMetric(metric, metricAt(d, metric, Math.floor(i / d.H), i % d.H));
+      if (out?.short) c.val.title = `stands out: ${out.text}`; // cut with an ellipsis when long: readable whole
+      else c.val.removeAttribute("title");
+      c.val.classList.toggle("nba-reason", Boolean(out?.short));
+    }
   }
 
   markSelected(selected: [number, number][]): void {

@@ -33,7 +33,7 @@ export function header(model: AnyModel, d: AttentionData): Header {
     rule ? h("div", { class: "nba-note nba-rule", text: rule }) : null,
   ]);
   const elements = [
-    h("div", { class: ["nba-finding", n ? "nba-has-outliers" : ""], text: model.get("finding") || "" }),
+    h("div", { class: ["nba-finding", n ? "nba-has-outliers" : ""], text: model.get("headline") || model.get("finding") || "" }),
     summary ? h("div", { class: "nba-summary", text: summary }, [h("span", { class: "nba-neutral", text: " · attention sinks are normal in trained models: grey, not coloured" })]) : null,
     h("div", { class: "nba-controls" }, [
       h("label", {}, ["metric ", metricSel]),

@@ -20,11 +20,11 @@ export const CSS = `
 .nbdebug-attention .nba-sw-outlier { border: 2px solid ${OUTLIER}; background: #fff4ec; }
 .nbdebug-attention .nba-sw-sink { border: 2px dashed #8c8c8c; }
 .nbdebug-attention .nba-sw-uniform { border: 2px dotted #8c8c8c; }
-.nbdebug-attention .nba-grid { display: grid; gap: 3px; overflow: auto; max-height: 560px; max-width: 100%; align-items: start; justify-content: start; }
+.nbdebug-attention .nba-grid { display: grid; gap: 3px; overflow-x: auto; max-width: 100%; align-items: start; justify-content: start; }
 .nbdebug-attention .nba-rowlabel, .nbdebug-attention .nba-collabel { color: #555; font-size: 10px; text-align: center; align-self: center; }
 .nbdebug-attention .nba-head { border: 2px solid transparent; cursor: pointer; text-align: center; padding: 1px; }
 .nbdebug-attention .nba-head canvas { width: 48px; height: 48px; image-rendering: pixelated; display: block; margin: auto; }
-.nbdebug-attention .nba-head .nba-val { font-size: 10px; color: #444; }
+.nbdebug-attention .nba-head .nba-val { font-size: 10px; color: #444; max-width: 56px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
 .nbdebug-attention .nba-head.nba-sink { border: 2px dashed #8c8c8c; }
 .nbdebug-attention .nba-head.nba-uniform { border: 2px dotted #8c8c8c; }
 .nbdebug-attention .nba-head.nba-outlier { border: 2px solid ${OUTLIER}; background: #fff4ec; }
@@ -49,7 +49,7 @@ export const CSS = `
 .nbdebug-attention .nba-views { display: flex; gap: 16px; align-items: flex-start; flex-wrap: wrap; }
 .nbdebug-attention .nba-matrix-box { max-width: 100%; }
 .nbdebug-attention .nba-matrix { image-rendering: pixelated; border: 1px solid #ccc; cursor: crosshair; max-width: 100%; height: auto !important; aspect-ratio: 1; }
-.nbdebug-attention .nba-lines { position: relative; display: flex; max-height: 520px; overflow-y: auto; max-width: 100%; }
+.nbdebug-attention .nba-lines { position: relative; display: flex; max-width: 100%; }
 .nbdebug-attention .nba-tok { height: 16px; line-height: 16px; white-space: pre; font-family: ui-monospace, monospace;
   font-size: 11px; padding: 0 4px; cursor: default; max-width: 140px; overflow: hidden; text-overflow: ellipsis; }
 .nbdebug-attention .nba-left .nba-tok { text-align: right; }

@@ -4,7 +4,7 @@
 // clean top-1 class's probability, the new top-5 and the Grad-CAM map before/after on one scale.
 // Class labels are model text: textContent only.
 import { paintU8 } from "../lib/colormap";
-import { fmt, h, replaceChildren } from "../lib/dom";
+import { fmtPct, h, replaceChildren } from "../lib/dom";
 import type { NdArray } from "../lib/ndarray";
 import { rpc, type AnyModel } from "../lib/rpc";
 import { select } from "../lib/select";
@@ -38,10 +38,12 @@ export const ABLATE_CSS = `
 .nbdebug-featuremaps .nbd-ablate ol { margin: 2px 0 2px 18px; padding: 0; }
 `;
 
-/** The Δ line of an answer: "Δ p(label) = −0.123 (0.456 → 0.333)". */
+/** The Δ line of an answer, probabilities written as everywhere (fmtPct) and the change in
+ *  percentage points: "Δ p(label) = −12.3 points (45.6% → 33.3%)". */
 export function deltaText(r: AblateResult): string {
   const sign = r.delta > 0 ? "+" : r.delta < 0 ? "−" : "±";
-  return `Δ p(${r.label}) = ${sign}${fmt(Math.abs(r.delta))} (${fmt(r.p_clean)} → ${fmt(r.p)})`;
+  const pts = Number((Math.abs(r.delta) * 100).toFixed(1));
+  return `Δ p(${r.label}) = ${sign}${pts} point${pts === 1 ? "" : "s"} (${fmtPct(r.p_clean)} → ${fmtPct(r.p)})`;
 }
 
 /** Two maps as uint8 on one scale (0 … the larger maximum), so a weaker map looks weaker. */
@@ -112,7 +114,7 @@ export function ablatePanel(model: AnyModel, layer: () => string, onError: (err:
 
   function render(r: AblateResult, arrays: Record<string, NdArray>): void {
     const [before, after] = sharedScale(arrays.cam_clean.data as ArrayLike<number>, arrays.cam.data as ArrayLike<number>);
-    const tops = h("ol", {}, r.top.map((t) => h("li", { text: `${t.label}: ${fmt(t.p)}` })));
+    const tops = h("ol", {}, r.top.map((t) => h("li", { text: `${t.label}: ${fmtPct(t.p)}` })));
     replaceChildren(out, [
       h("div", { class: "nbd-delta", text: deltaText(r) }),
       h("div", { text: `${r.mode} ablation of ${r.layer} channel${r.channels.length > 1 ? "s" : ""} ${r.channels.join(", ")}; new top-5:` }),

@@ -119,7 +119,7 @@ class LogitLensWidget(NBWidget):
     kl_positions = traitlets.List(traitlets.Int()).tag(sync=True)
 
     def __init__(self, lens: LogitLens, *, window: int = 48, steering: Any = None, other: LogitLens | None = None,
-                 fitted: tuple[Any, Any] = (None, None), kl_window: int = 16, **kwargs: Any) -> None:
+                 fitted: tuple[Any, Any] = (None, None), kl_window: int = 1, **kwargs: Any) -> None:
         self.lens = lens
         self.other = other
         self.steering = steering
@@ -160,8 +160,9 @@ class LogitLensWidget(NBWidget):
     @staticmethod
     def _strip(lens: LogitLens, other: LogitLens | None, position: int, fitted: tuple[Any, Any],
                kl_window: int) -> tuple[list[dict[str, Any]], list[int]]:
-        """The by-layer strip at ``position``: this lens's rows, KL on this prompt (its last
-        ``kl_window`` positions) and on held-out text, and the compared lens's top-1."""
+        """The by-layer strip at ``position``: this lens's rows, KL on this prompt (mean over its last
+        ``kl_window`` positions; 1: the strip's own position, the column the view computes first, so
+        nothing more is computed up front) and on held-out text, and the compared lens's top-1."""
         kl_pos = list(range(max(0, lens.T - kl_window), lens.T))
         c = lens.columns(kl_pos)
         j = kl_pos.index(position % lens.T)

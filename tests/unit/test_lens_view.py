@@ -77,7 +77,7 @@ def test_two_lenses_side_by_side_and_the_headline(setup: tuple[Any, Any, Any]) -
     rank = (ours[:, -1] > ours[:, -1, 7:8]).sum(-1).numpy()
     assert [r["rank"] for r in w.by_layer] == list(rank + 1)
     np.testing.assert_allclose([r["p_answer"] for r in w.by_layer], ours[:, -1, 7].exp().numpy(), atol=1e-5)
-    kl = (logit[-1:].exp() * (ours[-1:] - ours)).sum(-1)[:, -9:].mean(-1)  # KL(final ‖ row), this prompt
+    kl = (logit[-1:].exp() * (ours[-1:] - ours)).sum(-1)[:, -1]  # KL(final ‖ row), this prompt's last position
     np.testing.assert_allclose([r["kl_prompt"] for r in w.by_layer], kl.numpy(), atol=1e-4)
     assert [r["kl_heldout"] for r in w.by_layer] == fitted.quality["lens"]
     # the headline: where token 7 (or the output's top-1) becomes top-1 and stays, under each lens, by hand

@@ -31,7 +31,7 @@ export function layerTable(rows: LayerRow[], lensName: string, compareName: stri
     h("th", { text: "top-1", title: `${lensName}: the row's top-1 token` }),
     h("th", { text: "p(answer)", title: "the answer's probability at this row" }),
     h("th", { text: "rank", title: "the answer's rank at this row (1 = top-1)" }),
-    h("th", { text: "KL prompt", title: "KL(final ‖ row) in nats, mean over this prompt's last positions" }),
+    h("th", { text: "KL here", title: "KL(final ‖ row) in nats on this prompt, at this position" }),
     held ? h("th", { text: "KL held-out", title: "KL(final ‖ row) in nats on held-out text (measured when the lens was fitted)" }) : null,
     other ? h("th", { text: `${compareName} top-1`, title: "the compared lens's top-1 (bold: differs)" }) : null,
   ].filter(Boolean) as HTMLElement[]);

@@ -20,6 +20,10 @@ nbdebug.ablate(model, heads={3: [5]}):``, ``with nbdebug.steer(model, layer=, ve
 ``nbdebug.attribute(model, ids, answer=" Paris", wrong=" Rome", tokenizer=tok, method=...)`` ("why A,
 not B?": one score per input token, with integrated gradients' completeness gap and faithfulness curves).
 
+Lenses: ``lens = nbdebug.fit_lens(model, tok, texts, kind="tuned"|"shortcut")`` (offline, on local text),
+``nbdebug.load_lens(folder, model)`` (nbdebug's, tuned-lens's or a Jacobian lens's files); the logit-lens
+view shows one with ``--lens lens`` (or ``lens=``).
+
 Many processes: ``%%nndebug --distributed -o run`` over a cell that launches workers whose steps run
 inside ``with nbdebug.debug(model):``; ``nbdebug.load(spool_dir)`` reads a spool written by a
 ``torchrun``/script launch with ``NBDEBUG_SPOOL=spool_dir`` (both give a ``nbdebug.distributed.Run``).
@@ -53,6 +57,8 @@ _LAZY = {
     "steering_vector": "nbdebug.workbench",
     "PatchGrid": "nbdebug.workbench",
     "attribute": "nbdebug.attribution",
+    "fit_lens": "nbdebug.lens",
+    "load_lens": "nbdebug.lens",
 }
 __all__ = ["__version__", "load_ipython_extension", *_LAZY]
 

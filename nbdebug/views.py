@@ -141,6 +141,7 @@ register(
             (("--target-token",), dict(default=None, dest="target_token", metavar="TOKEN", help="token whose probability/rank is tracked (text, id or #id; default: the next input token)")),
             (("--lens-topk",), dict(type=int, default=10, dest="lens_topk", metavar="K", help="top-k tokens kept per cell (default 10)")),
             (("--steer",), dict(default=None, dest="steer", metavar="VAR", help="steering panel: VAR holds a vector from nbdebug.steering_vector (or {layer: vector})")),
+            (("--lens",), dict(default=None, dest="lens", metavar="LENS", help="logit (default), tuned, shortcut, a variable holding nbdebug.fit_lens(...), or a lens folder; two comma-separated (tuned,logit): shown, compared (steering uses the shown one)")),
         ),
     )
 )

@@ -20,15 +20,17 @@ import { rpc, type AnyModel } from "./lib/rpc";
 import { colourScale, Columns } from "./logitlens/columns";
 import { LensHeader } from "./logitlens/header";
 import { Pins } from "./logitlens/pins";
+import { byLayerPanel } from "./logitlens/bylayer";
 import { SidePanels, type LensPanel } from "./logitlens/side";
 import { SteerPanel } from "./logitlens/steer";
 import { CSS } from "./logitlens/style";
 import { lensTable, type LensText } from "./logitlens/table";
 import { LensTip } from "./logitlens/tip";
 
-/** Panels beside the table (none yet). */
-function panelsFor(_model: AnyModel): LensPanel[] {
-  return [];
+/** Panels beside the table: the by-layer strip (p(answer), rank, KL, the compared lens's top-1). */
+function panelsFor(model: AnyModel, rowLabel: (r: number) => string): LensPanel[] {
+  const strip = byLayerPanel(model, rowLabel);
+  return strip ? [strip] : [];
 }
 
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
@@ -72,7 +74,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const head = new LensHeader(model, R, T, k);
   const c = head.controls;
   const wrap = h("div", { class: "nbl-wrap" });
-  const side = new SidePanels(panelsFor(model));
+  const side = new SidePanels(panelsFor(model, x.rowLabel));
   const tip = new LensTip(root, x, cols);
   const pins = new Pins(model, x, learn);
   const status = h("div", { class: "nbl-note nbl-status" });
@@ -109,10 +111,11 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     c.rowFrom.value = String(r0);
     c.rowTo.value = String(r1);
     c.posFrom.value = String(p0);
-    c.posTo.value = String(p1);
+    c.posTo.value = String(p1 - 1); // both ranges inclusive on screen: last position shown
     const positions = Array.from({ length: p1 - p0 }, (_, i) => p0 + i);
     const metric = c.metricSel.value;
-    const scale = colourScale(metric, cols, positions, r0, r1);
+    // the embeddings row echoes the input: muted, and left out of the colour scale
+    const scale = colourScale(metric, cols, positions, r0 === 0 && r1 > 0 ? 1 : r0, r1);
     head.colourBar(metric, cmap, scale.ticks);
     const pinned = new Set(pins.pinned().map(([r, p]) => `${r},${p}`));
     replaceChildren(wrap, [lensTable(x, { cols, positions, r0, r1, metric, cmap, scale, pinned, onset })]);
@@ -159,7 +162,12 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     model.save_changes();
   };
   [c.rowFrom, c.rowTo].forEach((i) => i.addEventListener("change", setRange("row_range", c.rowFrom, c.rowTo)));
-  [c.posFrom, c.posTo].forEach((i) => i.addEventListener("change", setRange("pos_range", c.posFrom, c.posTo)));
+  [c.posFrom, c.posTo].forEach((i) =>
+    i.addEventListener("change", () => {
+      model.set("pos_range", [Number(c.posFrom.value), Number(c.posTo.value) + 1]); // inclusive on screen
+      model.save_changes();
+    }),
+  );
   c.metricSel.addEventListener("change", () => {
     model.set("metric", c.metricSel.value);
     model.save_changes();

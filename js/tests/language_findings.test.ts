@@ -169,7 +169,7 @@ describe("logit lens: finding, colour bar, legend, readable cells", () => {
     m.set("metric", "target_rank");
     expect(ticks()).toEqual(["≥ #10k", "#1k", "#100", "#10", "#1"]);
     m.set("metric", "entropy");
-    expect(ticks()).toEqual(["0", "1.5", "3"]); // 0 to the visible maximum
+    expect(ticks()).toEqual(["0", "1", "2"]); // 0 to the visible maximum of the blocks' rows (the embeddings row, 3, left out)
     // the bar's pixels run from the colormap's low end (left) to its high end (right)
     const px = hBarPixels("viridis", 256);
     const table = lut("viridis");

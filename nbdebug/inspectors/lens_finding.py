@@ -8,7 +8,7 @@ reported as such.
 
 >>> f = lens_finding(top1, top1_prob, rank, prob, target_id, vocab, row_names)   # doctest: +SKIP
 >>> f.sentence
-"' Paris' is top-1 from block 28 on (the last 2 of 30 blocks); p = 0.66 at the output."
+"␣Paris is top-1 from block 28 on (the last 2 of 30 blocks); p 66% at the output."
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from .attention import display_token
+from .events import fmt_p
 
 __all__ = ["LensFinding", "lens_finding", "row_label"]
 
@@ -88,7 +91,7 @@ def lens_finding(
     top1 = np.asarray(top1).astype(np.int64)
     R = len(top1)
     predicted = int(top1[-1])
-    text = lambda i: repr(vocab.get(i, f"#{i}"))  # noqa: E731
+    text = lambda i: display_token(vocab.get(i, f"#{i}"))  # noqa: E731
     pred_from = _stays_from(top1 == predicted)
     if target_id < 0 or target_id == predicted:
         answer, is_top = predicted, top1 == predicted
@@ -102,10 +105,63 @@ def lens_finding(
     first_row = int(hits[0]) if hits.size else -1
     if from_row >= 0:
         earlier = f"; it was top-1 at {row_label(first_row)} already, then lost it" if 0 <= first_row < from_row else ""
-        sentence = f"{text(answer)} is top-1 {_where(from_row, R)}; p = {final_prob:.2f} at the output{earlier}."
+        sentence = f"{text(answer)} is top-1 {_where(from_row, R)}; p {fmt_p(final_prob)} at the output{earlier}."
     else:
         earlier = f"; it was top-1 at {row_label(first_row)}, then lost it" if first_row >= 0 else ""
-        sentence = (f"{text(answer)} is not the top-1 at the output: rank #{final_rank + 1}, p = {final_prob:.2f}{earlier}. "
+        sentence = (f"{text(answer)} is not the top-1 at the output: rank #{final_rank + 1}, p {fmt_p(final_prob)}{earlier}. "
                     f"The model predicts {text(predicted)}, top-1 {_where(pred_from, R)}.")
     return LensFinding(position, answer, vocab.get(answer, f"#{answer}"), from_row, first_row, final_rank, final_prob,
                        predicted, vocab.get(predicted, f"#{predicted}"), pred_from, sentence)
+
+
+def _short_where(row: int, R: int) -> str:
+    if row == 0:
+        return "from the embeddings on"
+    if row == R - 1:
+        return "only at the last block"
+    return f"from {row_label(row)} on"
+
+
+def lens_headline(named: Sequence[tuple[str, LensFinding]], R: int) -> str:
+    """The view's headline: where the answer becomes top-1 (and stays) under each lens, e.g.
+    ``"␣Paris is top-1 from block 14 on under the tuned lens, from block 27 on under the logit lens; p 66% at the output."``
+    With one lens, its own sentence. The answer and the output row are the same under every lens (the
+    last block's output is read without a translator), so the first lens's finding names them."""
+    if not named:
+        return ""
+    _name, first = named[0]
+    if len(named) == 1:
+        return first.sentence
+    ans = display_token(first.answer) if first.answer_id >= 0 else "the answer"
+    if first.from_row < 0:  # not top-1 at the output: the lenses agree on that row; say it once
+        others = "; ".join(f"under the {n}: " + (f"top-1 at {row_label(f.first_row)}, then lost" if f.first_row >= 0 else "never top-1")
+                           for n, f in named)
+        return f"{first.sentence} {ans} {others}."
+    parts = [f"{_short_where(f.from_row, R)} under the {n}" for n, f in named]
+    return f"{ans} is top-1 {', '.join(parts)}; p {fmt_p(first.final_prob)} at the output."
+
+
+def layer_rows(row_names: Sequence[str], top1: Sequence[int], top1_prob: Sequence[float], answer_prob: Sequence[float],
+               answer_rank: Sequence[int], vocab: Mapping[int, str], *, kl_prompt: Sequence[float] | None = None,
+               kl_heldout: Sequence[float] | None = None, other_top1: Sequence[int] | None = None) -> list[dict[str, object]]:
+    """The by-layer strip at one position, one dict per row (row 0 = the embeddings): the top-1 token
+    and its p, the answer's p and rank (1 = top-1; 0 when there is no answer), KL(final ‖ row) on this
+    prompt (mean over its positions) and on held-out text (``None``: unknown), the compared lens's
+    top-1 and whether it differs."""
+    out: list[dict[str, object]] = []
+    for r, name in enumerate(row_names):
+        t = int(top1[r])
+        p_ans = float(answer_prob[r])
+        row: dict[str, object] = {
+            "row": r, "name": name, "top1": display_token(vocab.get(t, f"#{t}")), "p_top1": float(top1_prob[r]),
+            "p_answer": p_ans if np.isfinite(p_ans) else None,
+            "rank": int(answer_rank[r]) + 1 if int(answer_rank[r]) >= 0 else 0,
+            "kl_prompt": float(kl_prompt[r]) if kl_prompt is not None else None,
+            "kl_heldout": float(kl_heldout[r]) if kl_heldout is not None and r < len(kl_heldout) else None,
+        }
+        if other_top1 is not None:
+            o = int(other_top1[r])
+            row["other_top1"] = display_token(vocab.get(o, f"#{o}"))
+            row["differs"] = o != t
+        out.append(row)
+    return out

@@ -19,19 +19,32 @@ from torch import nn
 from ..adapters.text import decoder_for
 from ..adapters.transformers import ModelParts, find_parts, require_lens
 from ..inspectors.logitlens import LogitLens
+from ..lens.resolve import resolve_one
 from .logitlens import head_device, weak_parts
 
-__all__ = ["lens_column", "model_lens"]
+__all__ = ["lens_column", "lens_translators", "model_lens"]
+
+
+def lens_translators(lens: Any, model: nn.Module, **resolve: Any) -> list[Callable[[torch.Tensor], torch.Tensor] | None]:
+    """The :class:`LogitLens` ``translators=`` of what ``--lens`` names (``[]`` for the logit lens):
+    one value resolved as the lens view resolves it (:func:`~nbdebug.lens.resolve_one`; ``resolve``:
+    ``tokenizer=``, ``user_ns=``, ``notes=``)."""
+    fitted = resolve_one(lens, model, **resolve)
+    return fitted.translators() if fitted is not None else []
 
 
 def model_lens(model: nn.Module, residuals: Sequence[torch.Tensor], *, targets: torch.Tensor | None = None, k: int = 5,
                tokenizer: Any = None, tokens: Sequence[str] | None = None, parts: ModelParts | None = None,
-               decode: Callable[[list[int]], list[str]] | None = None, **options: Any) -> LogitLens:
+               decode: Callable[[list[int]], list[str]] | None = None, lens: Any = None, **options: Any) -> LogitLens:
     """A :class:`LogitLens` over ``residuals`` (rows of ``(T, d)``: the embeddings, then each block's
     output) read through ``model``'s own final norm and unembedding, both held weakly (``options``:
-    the other :class:`LogitLens` arguments, e.g. ``target_label``)."""
+    the other :class:`LogitLens` arguments, e.g. ``target_label``). ``lens``: what ``--lens`` names
+    (``None``/``"logit"``: the logit lens; ``"tuned"``, ``"shortcut"``, a folder or a
+    :class:`~nbdebug.lens.FittedLens`: :func:`lens_translators`), the same lens as the lens view's."""
     p = parts if parts is not None else find_parts(model)
     require_lens(p, model)
+    if lens is not None:
+        options["translators"] = lens_translators(lens, model)
     normed, weight, bias, loaded, _ = weak_parts(p)
     rows = list(residuals)
     return LogitLens(rows, normed, weight, bias if p.unembed_bias is not None else None, k=k, targets=targets,

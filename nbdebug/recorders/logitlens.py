@@ -42,6 +42,7 @@ from ..capture.replay import (
 )
 from ..capture.state import execution_device, loaded_weights, offloaded
 from ..inspectors.logitlens import LensResult, LogitLens
+from ..lens import resolve_lens
 from ._language import LanguageRecorder
 from .steer_lens import SteerLens, steer_vectors
 
@@ -147,7 +148,9 @@ class LogitLensRecorder(LanguageRecorder):
     ``lens_topk`` (default 10), ``seq_index``, ``max_bytes`` (residuals kept: the last positions that
     fit), ``final_norm``/``unembed`` (explicit parts), ``steer`` (a steering vector or ``{layer: vector}``, or
     the name of a notebook variable holding one: the view's steering panel, :mod:`.steer_lens`), ``translators`` (tuned lens: one callable per
-    layer, e.g. ``lambda h, i=i: tl.transform_hidden(h, i)``). Holds the model weakly.
+    layer, e.g. ``lambda h, i=i: tl.transform_hidden(h, i)``), ``lens`` (``logit``, ``tuned``, ``shortcut``, a
+    folder, a :class:`~nbdebug.lens.FittedLens` or the name of a variable holding one; two comma-separated:
+    shown, compared; :func:`~nbdebug.lens.resolve_lens`). Holds the model weakly.
     """
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
@@ -173,6 +176,9 @@ class LogitLensRecorder(LanguageRecorder):
         self._widget: Any = None
         self.check = ""
         self.notes: list[str] = []
+        self.fitted, self.compared, self.compare = resolve_lens(options.get("lens"), model, tokenizer=self.tokenizer,
+                                                                user_ns=ns, notes=self.notes)
+        self.other: LogitLens | None = None
         self._setup(model, self.batch_index)
 
     def _reset(self) -> None:
@@ -288,7 +294,8 @@ class LogitLensRecorder(LanguageRecorder):
             gen = [gen[int(i)] for i in keep]
         same = dict(k=self.k, targets=targets, softcap=p.softcap, row_names=names, tokens=toks,
                     decode=decoder_for(self.tokenizer, self.model), target_label=label,
-                    translators=self.options.get("translators"), generated=gen,
+                    translators=self.fitted.translators() if self.fitted is not None else self.options.get("translators"),
+                    generated=gen,
                     device=head_device(p, resid), loaded=loaded)
         head = (normed, weight, bias if p.unembed_bias is not None else None)
         lens = LogitLens(resid, *head, **same)  # type: ignore[arg-type]
@@ -302,7 +309,10 @@ class LogitLensRecorder(LanguageRecorder):
             self.steering = SteerLens(self.model, full[None], shown=T, vectors=self.steer_value,
                                       make_lens=lambda rows: LogitLens(rows, *head, **same),  # type: ignore[arg-type]
                                       block_names=[n for n, _ in p.blocks])
-        if lens.translators:
+        if self.compare:  # the same residuals through the compared lens (None: the logit lens)
+            other = dict(same, translators=self.compared.translators() if self.compared is not None else None)
+            self.other = LogitLens(resid, *head, **other)  # type: ignore[arg-type]
+        if lens.translators and self.fitted is None:
             self.notes.append("tuned lens: the given translators are applied before the final norm")
         with lens.loaded():  # an offloaded head is loaded once for both
             if self.target_id is None and row is not None:
@@ -341,5 +351,6 @@ class LogitLensRecorder(LanguageRecorder):
         if self._widget is None:
             from ..widgets.logitlens import LogitLensWidget
 
-            self._widget = LogitLensWidget(self.lens(), check=self.check, notes=self._notes(), steering=self.steering)
+            self._widget = LogitLensWidget(self.lens(), check=self.check, notes=self._notes(), steering=self.steering,
+                                           other=self.other, fitted=(self.fitted, self.compared))
         return self._widget

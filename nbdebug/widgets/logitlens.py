@@ -19,6 +19,8 @@ import numpy as np
 import traitlets
 
 from ..inspectors.attention import display_token
+from ..inspectors.events import fmt_p
+from ..inspectors.lens_finding import layer_rows, lens_headline
 from ..inspectors.logitlens import LogitLens
 from ._base import NBWidget, rpc
 from ._snapshot import css_color, lut
@@ -31,6 +33,11 @@ STEER_HINT = ("steer this lens: v = nbdebug.steering_vector(model, tok, positive
 __all__ = ["STEER_HINT", "LogitLensWidget", "text_on"]
 
 METRICS = ("top1_prob", "entropy", "target_prob", "target_rank", "kl")
+
+
+def _lens_name(fitted: Any) -> str:
+    """``"logit lens"`` for ``None``, else the fitted lens's name (``"tuned lens"``, ``"tuned lens (folder)"``)."""
+    return "logit lens" if fitted is None else str(fitted.name)
 
 
 def text_on(rgb: tuple[int, int, int] | np.ndarray) -> str:
@@ -103,9 +110,18 @@ class LogitLensWidget(NBWidget):
     steer_hint = traitlets.Unicode("").tag(sync=True)
     #: steered runs the kernel has computed (for tests)
     steer_runs = traitlets.Int(0).tag(sync=True)
+    #: the lens shown ("logit lens", "tuned lens", …) and the one compared with it ("" : none)
+    lens_name = traitlets.Unicode("logit lens").tag(sync=True)
+    compare_name = traitlets.Unicode("").tag(sync=True)
+    #: the by-layer strip at the finding's position (:func:`~nbdebug.inspectors.lens_finding.layer_rows`)
+    by_layer = traitlets.List().tag(sync=True)
+    #: positions whose KL the strip's "this prompt" column averages
+    kl_positions = traitlets.List(traitlets.Int()).tag(sync=True)
 
-    def __init__(self, lens: LogitLens, *, window: int = 48, steering: Any = None, **kwargs: Any) -> None:
+    def __init__(self, lens: LogitLens, *, window: int = 48, steering: Any = None, other: LogitLens | None = None,
+                 fitted: tuple[Any, Any] = (None, None), kl_window: int = 1, **kwargs: Any) -> None:
         self.lens = lens
+        self.other = other
         self.steering = steering
         if steering is not None:
             kwargs.update(steer_layers=steering.layers, steer_layer=steering.default)
@@ -114,6 +130,11 @@ class LogitLensWidget(NBWidget):
         done = [int(i) for i in np.flatnonzero(lens.done)] or [lens.T - 1]
         cols = lens.columns(done)
         found = lens.finding()
+        names = [_lens_name(fitted[0]), _lens_name(fitted[1])]
+        strip, kl_pos = self._strip(lens, other, found.position, fitted, kl_window)
+        named = [(names[0], found)] + ([(names[1], other.finding())] if other is not None else [])
+        kwargs.setdefault("headline", lens_headline(named, lens.R))
+        kwargs.update(lens_name=names[0], compare_name=names[1] if other is not None else "", by_layer=strip, kl_positions=kl_pos)
         T = lens.T
         targets = [int(t) for t in lens.targets.tolist()]
         lens.learn(targets)  # the tip names each position's target: its text, not its id
@@ -135,6 +156,27 @@ class LogitLensWidget(NBWidget):
             pos_range=[max(0, T - window), T],
             **kwargs,
         )
+
+    @staticmethod
+    def _strip(lens: LogitLens, other: LogitLens | None, position: int, fitted: tuple[Any, Any],
+               kl_window: int) -> tuple[list[dict[str, Any]], list[int]]:
+        """The by-layer strip at ``position``: this lens's rows, KL on this prompt (mean over its last
+        ``kl_window`` positions; 1: the strip's own position, the column the view computes first, so
+        nothing more is computed up front) and on held-out text, and the compared lens's top-1."""
+        kl_pos = list(range(max(0, lens.T - kl_window), lens.T))
+        c = lens.columns(kl_pos)
+        j = kl_pos.index(position % lens.T)
+        held = (fitted[0].quality.get("lens") if fitted[0] is not None else None)
+        if held is None and other is not None and fitted[1] is not None:
+            held = fitted[1].quality.get("logit")  # the logit lens measured next to the compared one
+        other_top = None
+        if other is not None:
+            oc = other.columns(kl_pos)
+            other_top = oc["top_ids"][:, j, 0]
+            lens.learn([int(i) for i in other_top])
+        return layer_rows(lens.row_names, c["top_ids"][:, j, 0], c["top_probs"][:, j, 0], c["target_prob"][:, j],
+                          c["target_rank"][:, j], lens.vocab, kl_prompt=np.nanmean(c["kl"], axis=1),
+                          kl_heldout=held, other_top1=other_top), kl_pos
 
     @staticmethod
     def _labels(vocab: dict[int, str]) -> dict[str, str]:
@@ -202,11 +244,11 @@ class LogitLensWidget(NBWidget):
                 word = display_token(lens.vocab.get(tid, f"#{tid}"))
                 fg = text_on(lut("viridis")[round(min(1.0, max(0.0, prob if np.isfinite(prob) else 0.0)) * 255)])
                 tds.append(f"<td style='background:{css_color('viridis', prob)};color:{fg};padding:1px 4px' "
-                           f"title='{html.escape(word)} p={prob:.3f}'>{html.escape(word[:16])}</td>")
+                           f"title='{html.escape(word)} p {fmt_p(prob)}'>{html.escape(word[:16])}</td>")
             body.append(f"<tr><th>{html.escape(lens.row_names[r])}</th>{''.join(tds)}</tr>")
         shown = f"positions {pos[0]}–{pos[-1]} of {lens.T}" if pos else "no positions"
         return (
-            f"<div class='nbdebug-logitlens-static'><p><b>{html.escape(self.finding)}</b></p><p>nbdebug logit lens: top-1 token per layer and position, "
+            f"<div class='nbdebug-logitlens-static'><p><b>{html.escape(self.headline or self.finding)}</b></p><p>nbdebug {html.escape(self.lens_name)}: top-1 token per layer and position, "
             f"coloured by its probability (viridis, 0–1) · {shown}</p>"
             f"<table style='border-collapse:collapse;font-family:monospace'><thead><tr><th>layer</th>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table></div>"
@@ -225,4 +267,4 @@ class LogitLensWidget(NBWidget):
         return out
 
     def __repr__(self) -> str:
-        return f"LogitLensWidget({self.lens.R} rows × {self.lens.T} positions, top-{self.lens.k}; {self.finding})"
+        return f"LogitLensWidget({self.lens_name}, {self.lens.R} rows × {self.lens.T} positions, top-{self.lens.k}; {self.headline})"

@@ -81,7 +81,13 @@ def test_lens_widget_syncs_the_finding_and_names_every_target() -> None:
         model(ids)
     w = rec.widget()
     assert isinstance(w, LogitLensWidget)
-    assert re.fullmatch(r"' w42' is top-1 from block 3 on \(the last 3 of 6 blocks\); p = 0\.\d\d at the output\.", w.finding), w.finding
+    assert re.fullmatch(r"␣w42 is top-1 from block 3 on \(the last 3 of 6 blocks\); p [\d.]+% at the output\.", w.finding), w.finding
+    assert w.headline == w.finding and w.lens_name == "logit lens" and w.compare_name == ""  # one lens: its own sentence
+    strip = w.by_layer  # the by-layer strip: the data of the last column, row by row
+    res = rec.result()
+    assert [r["rank"] for r in strip] == [int(x) + 1 for x in res.target_rank[:, -1]]
+    assert [r["p_answer"] for r in strip] == [float(x) for x in res.target_prob[:, -1]]
+    assert [r["top1"] for r in strip][-4:] == [strip[-4]["top1"]] + ["␣w42"] * 3 and strip[-4]["top1"] != "␣w42" and "differs" not in strip[0]
     assert w.finding_cell["from_row"] == 4 and w.finding_cell["position"] == 7 and w.finding_cell["answer_id"] == 42
     # the tip names each position's target: every target id arrives with its text
     assert w.targets == [2, 3, 4, 5, 6, 7, 8, 42]

@@ -29,7 +29,7 @@ export class LensHeader {
     this.controls = {
       metricSel, cmapSel,
       rowFrom: num("nbl-row-from", 0, R - 1), rowTo: num("nbl-row-to", 0, R - 1),
-      posFrom: num("nbl-pos-from", 0, T - 1), posTo: num("nbl-pos-to", 1, T),
+      posFrom: num("nbl-pos-from", 0, T - 1), posTo: num("nbl-pos-to", 0, T - 1),
     };
     const c = this.controls;
     const targetLabel: string = model.get("target_label") || "";
@@ -37,14 +37,15 @@ export class LensHeader {
     const nGen = generated.filter((g) => g).length;
     const notes = (model.get("notes") || []) as string[];
     const check: string = model.get("check") || "";
-    const finding: string = model.get("finding") || "";
+    const finding: string = model.get("headline") || model.get("finding") || "";
+    const lensName: string = model.get("lens_name") || "logit lens";
     this.elements = [
       finding ? h("div", { class: "nbl-finding", text: finding }) : null,
       h("div", { class: "nbl-controls" }, [
         h("label", {}, ["colour ", metricSel]),
         h("label", {}, ["colormap ", cmapSel]),
-        h("label", {}, ["layers ", c.rowFrom, " – ", c.rowTo]),
-        h("label", {}, ["positions ", c.posFrom, " – ", c.posTo]),
+        h("label", { title: "rows shown, first and last included (0 = the embeddings)" }, ["rows ", c.rowFrom, " – ", c.rowTo]),
+        h("label", { title: "positions shown, first and last included" }, ["positions ", c.posFrom, " – ", c.posTo]),
       ]),
       h("div", { class: "nbl-legend-row" }, [
         this.bar,
@@ -62,7 +63,7 @@ export class LensHeader {
       ]),
       h("details", { class: "nbl-details" }, [
         h("summary", { text: `details: ${R} rows × ${T} positions${check ? ", check against the model's logits" : ""}${notes.length ? `, ${notes.length} note${notes.length > 1 ? "s" : ""}` : ""}` }),
-        h("div", { class: "nbl-title", text: `Logit lens · ${R} rows (embeddings + ${R - 1} blocks) × ${T} positions · top-${k}` }),
+        h("div", { class: "nbl-title", text: `${lensName} · ${R} rows (embeddings + ${R - 1} blocks) × ${T} positions · top-${k}` }),
         check ? h("div", { class: "nbl-note nbl-check", text: check }) : null,
         targetLabel ? h("div", { class: "nbl-note", text: `target: ${targetLabel}` }) : null,
         ...notes.map((n) => h("div", { class: "nbl-note", text: n })),

@@ -37,5 +37,10 @@ export const CSS = `
 .nbdebug-logitlens .nbl-steer-tops { display: flex; gap: 18px; flex-wrap: wrap; }
 .nbdebug-logitlens .nbl-steer-top td { font-family: ui-monospace, monospace; padding: 0 6px 0 0; white-space: pre; }
 .nbdebug-logitlens .nbl-steer-p { color: #444; text-align: right; }
+.nbdebug-logitlens tr.nbl-embed td, .nbdebug-logitlens tr.nbl-embed th { color: #595959 !important; font-style: italic; }
+.nbdebug-logitlens .nbl-bylayer td, .nbdebug-logitlens .nbl-bylayer th { cursor: default; border: 0; padding: 0 5px; position: static; }
+.nbdebug-logitlens .nbl-bylayer .nbl-num { text-align: right; }
+.nbdebug-logitlens .nbl-bylayer .nbl-diff { font-weight: 700; text-decoration: underline; }
+.nbdebug-logitlens .nbl-side { max-width: 48%; overflow-x: auto; }
 ${LEGEND_CSS}
 `;

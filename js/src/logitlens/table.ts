@@ -46,7 +46,8 @@ export function lensTable(x: LensText, t: TableInput): HTMLTableElement {
       if (!c) return h("td", { class: "nbl-pending", text: "…", data: { row: r, pos: p } });
       const id = c.ids[r * k];
       const v = scale.t(value(metric, c, r, k));
-      const rgb = Number.isFinite(v) ? colorAt(cmap, v) : ([238, 238, 238] as [number, number, number]);
+      // the embeddings row (r 0) echoes the input: drawn muted, not coloured by the metric
+      const rgb = Number.isFinite(v) && r > 0 ? colorAt(cmap, v) : ([238, 238, 238] as [number, number, number]);
       return h("td", {
         class: [
           x.targets[p] === id && x.targets[p] >= 0 ? "nbl-target" : "",
@@ -58,7 +59,7 @@ export function lensTable(x: LensText, t: TableInput): HTMLTableElement {
         style: { background: `rgb(${rgb[0]}, ${rgb[1]}, ${rgb[2]})`, color: textColourOn(rgb) },
       });
     });
-    body.push(h("tr", {}, [h("th", { class: "nbl-row", text: x.rowLabel(r), title: x.rows[r] ?? "" }), ...tds]));
+    body.push(h("tr", { class: r === 0 ? "nbl-embed" : "" }, [h("th", { class: "nbl-row", text: x.rowLabel(r), title: `${x.rows[r] ?? ""}${r === 0 ? " (the input embeddings: muted)" : ""}` }), ...tds]));
   }
   return h("table", {}, [h("thead", {}, [head]), h("tbody", {}, body)]);
 }

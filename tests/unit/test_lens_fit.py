@@ -1,0 +1,226 @@
+"""nbdebug.lens: the shortcut fit equals the least-squares solution computed apart; the tuned fit starts
+at the identity (= the logit lens) and lowers the KL; save/load, tuned-lens's and a Jacobian lens's
+files equal the formula applied by hand; the model is left as found (no_grad callers, Ctrl-C, offload)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import nbdebug
+from nbdebug.adapters.offline import tiny_lm
+from nbdebug.adapters.transformers import find_parts
+from nbdebug.capture import fingerprint, hook_count, same_fingerprint
+from nbdebug.lens import FittedLens, fit_lens, load_lens, resolve_lens
+from nbdebug.lens.collect import residual_batches, token_sequences
+from nbdebug.lens.quality import row_kl
+
+V, D, L = 200, 32, 3
+
+
+def peaked() -> torch.nn.Module:
+    """A tiny Llama whose weights are scaled up: layers change the prediction (random init alone gives
+    near-uniform outputs, where every lens agrees)."""
+    m = tiny_lm("llama", vocab=V, layers=L, d=D)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" not in name:
+                p.mul_(4.0)
+    return m
+
+
+def text(n: int = 3000, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def hand_logits(m: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return m.lm_head(m.model.norm(h)).float()
+
+
+def test_shortcut_equals_least_squares_computed_apart() -> None:
+    m = peaked()
+    lens = fit_lens(m, None, text(), kind="shortcut", max_tokens=1024, seq_len=64, holdout=0, progress=False)
+    assert lens.kind == "shortcut" and lens.blocks == L and lens.A.shape == (L, D, D)
+    seqs = token_sequences(text(), None, seq_len=64, max_tokens=1024)
+    rows = torch.cat(list(residual_batches(m, find_parts(m), seqs)), 1).double()  # (L + 1, n, d)
+    y = rows[-1] / rows[-1].pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+    for r in range(L):
+        X = torch.cat([rows[r], torch.ones(rows.shape[1], 1, dtype=torch.float64)], 1).numpy()
+        G = X.T @ X
+        G += np.eye(D + 1) * 1e-4 * np.diag(G)[:D].mean()
+        W = np.linalg.solve(G, X.T @ y.numpy())
+        np.testing.assert_allclose(lens.A[r].numpy(), W[:D].T, rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(lens.c[r].numpy(), W[D], rtol=1e-3, atol=1e-4)
+
+
+def test_logits_follow_the_formula_and_rows() -> None:
+    m = peaked()
+    lens = fit_lens(m, None, text(), kind="shortcut", max_tokens=1024, seq_len=64, holdout=0, progress=False)
+    ids = text(9, seed=3)[None]
+    with torch.no_grad():
+        hs = m(ids, output_hidden_states=True).hidden_states
+    for block in range(L - 1):
+        h = hs[block + 1][0]
+        torch.testing.assert_close(lens.logits(block, h), hand_logits(m, h @ lens.A[block + 1].T + lens.c[block + 1]),
+                                   rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lens.logits(-1, hs[0][0]), hand_logits(m, hs[0][0] @ lens.A[0].T + lens.c[0]), rtol=1e-5, atol=1e-5)
+    with pytest.raises(IndexError, match="blocks -1"):
+        lens.logits(L, hs[0][0])
+
+
+def test_tuned_starts_at_the_identity_and_lowers_the_kl() -> None:
+    m = peaked()
+    still = fit_lens(m, None, text(), kind="tuned", max_tokens=1024, seq_len=64, holdout=0, steps=0, init="identity", progress=False)
+    assert torch.equal(still.A, torch.eye(D).repeat(L, 1, 1)) and not still.c.any()  # 0 steps: the logit lens itself
+    lens = fit_lens(m, None, text(), kind="tuned", max_tokens=2048, seq_len=64, holdout=512, steps=60, init="identity",
+                    vocab=None, lr=3e-3, progress=False)
+    assert lens.info["steps"] == 60 and lens.info["train_kl_last"] < 0.8 * lens.info["train_kl_first"]
+    q = lens.quality
+    assert q["tokens"] > 0 and len(q["lens"]) == L + 1 and q["lens"][-1] == 0.0
+    assert np.mean(q["lens"][:-1]) < 0.8 * np.mean(q["logit"][:-1])  # held out: better than the logit lens
+
+
+def test_quality_equals_hand_kl() -> None:
+    m = peaked()
+    lens = fit_lens(m, None, text(), kind="shortcut", max_tokens=512, seq_len=64, holdout=0, progress=False)
+    seqs = token_sequences(text(200, seed=5), None, seq_len=64, max_tokens=128)
+    rows = next(residual_batches(m, find_parts(m), seqs))
+    kl = row_kl(lens, find_parts(m), rows)
+    logp_f = torch.log_softmax(hand_logits(m, rows[-1]), -1)
+    for r in range(L):
+        logq = torch.log_softmax(hand_logits(m, rows[r] @ lens.A[r].T + lens.c[r]), -1)
+        torch.testing.assert_close(kl[r], (logp_f.exp() * (logp_f - logq)).sum(-1), rtol=1e-4, atol=1e-5)
+
+
+def model_state(m: torch.nn.Module) -> dict[str, Any]:
+    return {"fp": fingerprint(m), "hooks": hook_count(m), "grads": [p.grad is None for p in m.parameters()],
+            "modes": [x.training for x in m.modules()], "rng": torch.get_rng_state()}
+
+
+def assert_untouched(m: torch.nn.Module, before: dict[str, Any]) -> None:
+    after = model_state(m)
+    assert same_fingerprint(before["fp"], after["fp"]) == []
+    assert after["hooks"] == before["hooks"] and after["grads"] == before["grads"] and after["modes"] == before["modes"]
+    assert torch.equal(after["rng"], before["rng"])
+
+
+@pytest.mark.parametrize("caller", ["plain", "no_grad", "inference_mode"])
+def test_tuned_fit_leaves_the_model_as_found(caller: str) -> None:
+    m = peaked()
+    m.train()
+    m.model.layers[1].eval()  # a mixed mode, restored as it was
+    before = model_state(m)
+    ctx = {"plain": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[caller]
+    with ctx():
+        lens = fit_lens(m, None, text(), kind="tuned", max_tokens=512, seq_len=64, holdout=128, steps=3, vocab=64, progress=False)
+    assert lens.info["steps"] == 3 and not torch.equal(lens.A, fit_lens(m, None, text(), kind="shortcut", max_tokens=512,
+                                                                        seq_len=64, holdout=0, progress=False).A)
+    assert_untouched(m, before)
+
+
+@pytest.mark.parametrize("when", [1, 5])  # during the forward pass over the text; during the training
+def test_ctrl_c_during_a_fit_leaves_the_model_as_found(when: int) -> None:
+    m = peaked()
+    before = model_state(m)
+
+    def stop(done: int, total: int) -> None:
+        if done == when:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fit_lens(m, None, text(), kind="tuned", max_tokens=256, seq_len=64, holdout=0, steps=10, vocab=64, progress=stop)
+    assert_untouched(m, before)
+
+
+def test_save_load_round_trip_and_wrong_model(tmp_path: Any) -> None:
+    m = peaked()
+    lens = fit_lens(m, None, text(), kind="tuned", max_tokens=512, seq_len=64, holdout=128, steps=2, vocab=64, progress=False)
+    back = load_lens(lens.save(tmp_path / "l"), m)
+    assert back.kind == "tuned" and back.quality == lens.quality
+    h = torch.randn(5, D)
+    torch.testing.assert_close(back.logits(0, h), lens.logits(0, h), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="3 blocks; the model has 2"):
+        load_lens(tmp_path / "l", tiny_lm("llama", vocab=V, layers=2, d=D))
+    with pytest.raises(FileNotFoundError, match="holds no lens"):
+        load_lens(tmp_path, m)
+
+
+def test_tuned_lens_published_format_equals_the_paper_formula(tmp_path: Any) -> None:
+    """A folder written exactly as tuned-lens's ``TunedLens.save`` writes it; translator ``i`` reads
+    ``hidden_states[i]`` as ``h + W_i h + b_i``, then the final norm and the unembedding."""
+    m = peaked()
+    g = torch.Generator().manual_seed(7)
+    state = {}
+    for i in range(L):
+        state[f"{i}.weight"] = torch.randn(D, D, generator=g) * 0.1
+        state[f"{i}.bias"] = torch.randn(D, generator=g) * 0.1
+    folder = tmp_path / "tl"
+    folder.mkdir()
+    torch.save(state, folder / "params.pt")
+    (folder / "config.json").write_text(json.dumps({"base_model_name_or_path": "tiny", "d_model": D, "num_hidden_layers": L,
+                                                    "bias": True, "base_model_revision": None, "unembed_hash": None,
+                                                    "lens_type": "linear_tuned_lens"}))
+    lens = load_lens(folder, m)
+    assert lens.kind == "tuned"
+    ids = text(7, seed=2)[None]
+    with torch.no_grad():
+        hs = m(ids, output_hidden_states=True).hidden_states
+    for i in range(L):
+        h = hs[i][0]
+        want = hand_logits(m, h + h @ state[f"{i}.weight"].T + state[f"{i}.bias"])
+        torch.testing.assert_close(lens.logits(i - 1, h), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["tensor", "dict"])
+def test_jacobian_lens_files_equal_the_formula(tmp_path: Any, layout: str) -> None:
+    m = peaked()
+    J = torch.randn(L, D, D, generator=torch.Generator().manual_seed(3)) * 0.2
+    folder = tmp_path / "jl"
+    folder.mkdir()
+    torch.save(J if layout == "tensor" else {f"layer_{i}": J[i] for i in range(L)}, folder / "jacobians.pt")
+    lens = load_lens(folder, m)
+    assert lens.kind == "jacobian"
+    h = torch.randn(4, D)
+    for i in range(L):
+        torch.testing.assert_close(lens.logits(i - 1, h), hand_logits(m, h @ J[i].T), rtol=1e-5, atol=1e-5)
+
+
+def test_offloaded_model_fits_the_same_lens(tmp_path: Any) -> None:
+    pytest.importorskip("accelerate")
+    from nbdebug.testing import offloaded_llama
+
+    m, ref = offloaded_llama(tmp_path, layers=2, hidden=64, vocab=512)
+    ids = torch.randint(1, 512, (800,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        m(ids[None, :8])  # accelerate's first forward (see test_offload.state)
+    before = {"fp": fingerprint(m), "hooks": hook_count(m)}
+    a = fit_lens(m, None, ids, kind="tuned", max_tokens=256, seq_len=64, holdout=64, steps=2, vocab=64, progress=False)
+    b = fit_lens(ref, None, ids, kind="tuned", max_tokens=256, seq_len=64, holdout=64, steps=2, vocab=64, progress=False)
+    torch.testing.assert_close(a.A, b.A, rtol=1e-4, atol=1e-5)
+    h = torch.randn(3, 64)
+    torch.testing.assert_close(a.logits(0, h), b.logits(0, h), rtol=1e-4, atol=1e-4)
+    assert m.lm_head.weight.device.type == "meta"
+    assert same_fingerprint(before["fp"], fingerprint(m)) == [] and hook_count(m) == before["hooks"]
+
+
+def test_resolve_lens_names() -> None:
+    m = peaked()
+    lens = fit_lens(m, None, text(), kind="shortcut", max_tokens=256, seq_len=64, holdout=0, progress=False)
+    assert resolve_lens(None, m) == (None, None, False) and resolve_lens("logit", m) == (None, None, False)
+    assert resolve_lens("mine", m, user_ns={"mine": lens}) == (lens, None, True)
+    assert resolve_lens("shortcut", m, user_ns={"x": lens}) == (lens, None, True)  # the notebook's lens of that kind
+    assert resolve_lens("mine,logit", m, user_ns={"mine": lens})[:2] == (lens, None)
+    with pytest.raises(ValueError, match="logit, tuned, shortcut"):
+        resolve_lens("nonsense", m)
+    with pytest.raises(ValueError, match="fit_lens"):
+        resolve_lens("tuned", m)  # none in the notebook, no tokenizer to fit one
+    with pytest.raises(ValueError, match="kind="):
+        fit_lens(m, None, text(), kind="logit")
+    assert nbdebug.fit_lens is fit_lens and nbdebug.load_lens is load_lens and isinstance(lens, FittedLens)

@@ -8,6 +8,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from skip_policy import (  # noqa: F401  (hooks: no silent skips in CI)
+    pytest_collectreport,
+    pytest_configure,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+    pytest_testnodedown,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

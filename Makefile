@@ -49,7 +49,7 @@ lab: setup
 NUMPY_PATH_TESTS := $(addprefix tests/unit/test_,capture.py capture_modes.py capture_syncs.py capture_errors.py \
     compiled.py training_capture.py batch_fold.py native.py optim.py optim_fast.py paramgrads_late.py history.py \
     history_flags.py incidents.py diagnoses.py groups.py fold_paths.py)
-test-numpy-path = NBDEBUG_NATIVE=0 $(PY) -m pytest $(XDIST) $(NUMPY_PATH_TESTS) $(PYTEST_ARGS) $(call junit,numpy-path)
+test-numpy-path = env NBDEBUG_NATIVE=0 $(PY) -m pytest $(XDIST) $(NUMPY_PATH_TESTS) $(PYTEST_ARGS) $(call junit,numpy-path)
 # Two workers (pytest-xdist): the browser, notebook and model tests wait on kernels and chromium as
 # much as they compute, so the tiers take ~half the time on 2 cores. `--dist loadgroup`: the tests of
 # one tutorial run on one worker, which executes the notebook once for all of them (tests/notebooks).

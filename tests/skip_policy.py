@@ -19,6 +19,7 @@ ALLOWED: tuple[str, ...] = (
     "needs a GPU",
     "fused Adam unavailable",
     "NBDEBUG_NATIVE=0 in the environment",
+    "disabled (NBDEBUG_NATIVE=0)",  # native.status() on the numpy-path run
 )
 _KEY = "nbdebug_unallowed_skips"
 _seen: list[str] = []

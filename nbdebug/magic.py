@@ -200,6 +200,7 @@ class NNDebugMagics(Magics):
         options = {k: _unquote(v) for k, v in vars(args).items() if k not in ("model", "view", "output")}
         options["layers"] = self._layer_filter(options.get("layers"))
         options["user_ns"] = self.shell.user_ns
+        options["cell"] = self.shell.transform_cell(cell)  # a --loss name the cell never assigns is an error
         options.setdefault("live", True)  # one view: shown when the cell starts, updated while it runs
         for name in ("max_bytes", "sample_size", "dead_threshold", "vanishing", "exploding"):
             if options.get(name) is None:  # 0 is a value, not "unset"

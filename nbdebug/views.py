@@ -10,6 +10,8 @@ every option, and knows nothing else about views.
 
 from __future__ import annotations
 
+import ast
+import difflib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -224,7 +226,9 @@ def training_options(options: Mapping[str, Any], user_ns: Mapping[str, Any] | No
     from ``user_ns`` each time the loss is asked for) or ``loss`` (Python: a function returning the
     loss), ``break_on`` (None | "nonfinite"), ``continue_from`` (``--continue VAR``: the name of an
     earlier cell's result, or the result itself from Python; ``resume`` too) and ``step_on``
-    ("forward" | "optimizer"). ``user_ns`` defaults to ``options["user_ns"]`` (the magic puts it there).
+    ("forward" | "optimizer"). ``user_ns`` defaults to ``options["user_ns"]`` (the magic puts it there,
+    and the cell's source in ``options["cell"]``: a ``--loss`` name neither defined nor assigned by the
+    cell is an error).
 
     >>> training_options({"every": 10, "break_on": "nonfinite"})["every"]
     10
@@ -243,6 +247,7 @@ def training_options(options: Mapping[str, Any], user_ns: Mapping[str, Any] | No
             raise ValueError(f"--loss takes the name of the variable holding the loss, e.g. --loss loss (got {name!r})")
         if ns is None:
             raise ValueError("--loss NAME reads a notebook variable; from Python pass loss=lambda: <the loss>")
+        _check_loss_name(parts[0], ns, options.get("cell"))
         loss = _reader(ns, parts)
     elif loss is not None and not callable(loss):
         raise ValueError("loss= takes a function returning the step's loss, e.g. loss=lambda: loss")
@@ -257,6 +262,26 @@ def training_options(options: Mapping[str, Any], user_ns: Mapping[str, Any] | No
     cont = options.get("resume") if cont is None else cont
     return {"every": every, "loss": loss, "break_on": break_on, "resume": None if cont is None else _resume(cont, ns),
             "step_on": step_on}
+
+
+def _check_loss_name(head: str, ns: Mapping[str, Any], cell: str | None) -> None:
+    """``--loss NAME`` names a variable the notebook has or the cell assigns (``cell``: its Python
+    source, given by the magic); anything else would give a loss series of NaN, so it stops here."""
+    if head in ns or cell is None:
+        return
+    try:
+        tree = ast.parse(cell)
+    except SyntaxError:
+        return  # the magic reports the cell's own syntax error
+    assigned = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+                       and not n.id.startswith("_")})
+    if head in assigned:
+        return
+    close = difflib.get_close_matches(head, assigned, n=1)
+    hint = f"did you mean --loss {close[0]}? " if close else ""
+    names = f"the cell assigns: {', '.join(assigned[:12])}" if assigned else "the cell assigns no variable"
+    raise ValueError(f"--loss {head}: no variable {head!r} in the notebook and the cell never assigns one; "
+                     f"{hint}{names}. Pass the variable holding the step's loss, e.g. --loss loss")
 
 
 def _reader(ns: Mapping[str, Any], parts: list[str]) -> Callable[[], Any]:

@@ -8,6 +8,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from skip_policy import (  # noqa: F401  (hooks: no silent skips in CI)
+    pytest_collectreport,
+    pytest_configure,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+    pytest_testnodedown,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -40,3 +48,22 @@ def _no_accelerator_left_behind() -> Iterator[None]:
     state = sys.modules.get("accelerate.state")
     if state is not None and (state.AcceleratorState._shared_state or state.PartialState._shared_state):
         state.AcceleratorState._reset_state(reset_partial_state=True)
+
+
+#: the longest files first (measured: build/ci/*.xml of a `.ci/run`), so that two xdist workers do not end
+#: with one of them alone on a 5-minute test; whole files move, in this order, the rest keeps its order
+LONG_FIRST = (
+    "tests/browser/test_readme_screenshots_browser.py",
+    "tests/browser/test_groups_browser.py",
+    "tests/browser/test_tutorial_browser.py",
+    "tests/notebooks/",
+    "tests/models/",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid
+        return next((i for i, p in enumerate(LONG_FIRST) if path.startswith(p)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: within a rank, collection order

@@ -34,7 +34,7 @@ _GRAD_FIELDS = ("mean", "std", "min", "max", "norm", "nan", "inf")
 _OPTIONAL_STATS = ("saturated_frac", "param_norm", "update_ratio")
 
 
-@dataclass
+@dataclass(repr=False)
 class LayerRecord:
     """One row: a tensor leaf of one module's output (per occurrence within a forward pass)."""
 
@@ -57,6 +57,17 @@ class LayerRecord:
     def is_float(self) -> bool:
         """Floating-point output (an activation); integer/bool outputs are masks, indices, counts."""
         return self.dtype.startswith(("float", "bfloat", "complex"))
+
+    def __repr__(self) -> str:
+        """One line: the row, its shape and its headline stats (never the sample or histogram arrays)."""
+        def num(d: dict[str, float] | None, k: str) -> str:
+            v = None if d is None else d.get(k)
+            return "–" if v is None else f"{v:.4g}"
+
+        grad = "" if self.grad is None else f", grad norm={num(self.grad, 'norm')}"
+        return (f"LayerRecord({self.name!r}, {self.type}, shape={tuple(self.shape)}, {self.dtype}, calls={self.calls}, "
+                f"mean={num(self.stats, 'mean')}, std={num(self.stats, 'std')}, zero_frac={num(self.stats, 'zero_frac')}"
+                f"{grad})")
 
 
 @dataclass
@@ -131,6 +142,9 @@ class CaptureResult:
 
     def row_name(self, name: str) -> str:
         """The row ``name`` names: a row name, or a module name → its first row; KeyError listing the valid names."""
+        if not isinstance(name, str):
+            hint = f"; for this record pass its name, {name.name!r}" if isinstance(name, LayerRecord) else ""
+            raise KeyError(f"a row is named by a string, got a {type(name).__name__}{hint}")
         h = self.history
         rows = h.rows if h is not None else [r.name for r in self.layers]
         if name in rows:

@@ -80,12 +80,25 @@ def test_integrated_gradients_equals_captum(lm: Any, rule: str) -> None:
 
 
 def test_ig_path_is_captums() -> None:
-    approx = pytest.importorskip("captum.attr._utils.approximation_methods")
-    for rule in ["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid"]:
-        sizes, alphas = approx.approximation_parameters(rule)
-        a, w = ig_path(9, rule)
-        np.testing.assert_allclose(a, alphas(9), atol=1e-7)
-        np.testing.assert_allclose(w, sizes(9), atol=1e-12)
+    """The path captum's IntegratedGradients uses for each rule, written out by hand (captum's own table
+    lives in a private module, ``captum.attr._utils.approximation_methods``): points in (0, 1) and their
+    weights; the end-to-end comparison with ``IntegratedGradients`` is the test above."""
+    n = 9
+    nodes, weights = np.polynomial.legendre.leggauss(n)
+    k = np.arange(n)
+    trapezoid = np.full(n, 1 / n)  # captum's: 1/n, the two ends halved (its weights sum to 1 - 1/n)
+    trapezoid[[0, -1]] /= 2
+    expected = {
+        "gausslegendre": ((nodes + 1) / 2, weights / 2),
+        "riemann_left": (k / n, np.full(n, 1 / n)),
+        "riemann_right": ((k + 1) / n, np.full(n, 1 / n)),
+        "riemann_middle": ((k + 0.5) / n, np.full(n, 1 / n)),
+        "riemann_trapezoid": (k / (n - 1), trapezoid),
+    }
+    for rule, (alphas, sizes) in expected.items():
+        a, w = ig_path(n, rule)
+        np.testing.assert_allclose(a, alphas, atol=1e-7, err_msg=rule)
+        np.testing.assert_allclose(w, sizes, atol=1e-12, err_msg=rule)
 
 
 def test_completeness_delta_formula_and_fix_first(lm: Any) -> None:

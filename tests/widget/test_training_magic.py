@@ -102,6 +102,11 @@ def test_help_lists_the_training_options(sh) -> None:  # type: ignore[no-untyped
         ("--continue run", "--continue run: no variable named 'run'; pass the -o variable of an earlier %%nndebug cell"),
         ("--continue not_a_result", "not the result of a thermometer run; pass the -o variable of an earlier %%nndebug cell"),
         ("--loss 1loss", "--loss takes the name of the variable holding the loss, e.g. --loss loss"),
+        # a name neither in the notebook nor assigned by the cell: its loss series would be all NaN
+        ("--loss nosuch", "--loss nosuch: no variable 'nosuch' in the notebook and the cell never assigns one; "
+                          "the cell assigns: loss, losses, ran. Pass the variable holding the step's loss, e.g. --loss loss"),
+        ("--loss los.item", "--loss los: no variable 'los' in the notebook and the cell never assigns one; "
+                            "did you mean --loss loss? the cell assigns: loss, losses, ran."),
     ],
 )
 def test_bad_values_are_usage_errors_before_the_cell_runs(sh, line: str, message: str) -> None:  # type: ignore[no-untyped-def]
@@ -116,6 +121,15 @@ def test_every_and_loss_reach_the_history(sh) -> None:  # type: ignore[no-untype
     assert list(run.step_index) == [1, 3, 5]  # every 2nd step, and the last
     assert list(run.series("loss")) == pytest.approx([losses[0], losses[2], losses[4]], rel=1e-6)
     assert optimizer_hook_count() == 0 and not scaler_patched()
+
+
+@needs_wiring
+def test_loss_names_the_cell_assigns_or_the_notebook_holds_are_accepted(sh) -> None:  # type: ignore[no-untyped-def]
+    # `out` is assigned by the cell only (dotted path into it); `x` exists in the notebook already
+    cell = "%%nndebug model --loss {} -o run\n" + LOOP.format(n=2).replace("loss.backward()", "loss.backward(); out = {{'l': loss}}")
+    assert sh.run_cell(cell.format("out.l")).success
+    assert list(sh.user_ns["run"].series("loss")) == pytest.approx(sh.user_ns["losses"], rel=1e-6)
+    assert sh.run_cell(cell.format("x")).success  # a tensor of several values: its mean, not an error
 
 
 @needs_wiring

@@ -47,9 +47,19 @@ def tanh_saturated(faulty: bool) -> Setup:
     return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))
 
 
+def _kaiming(m: nn.Module, gain: float = 1.0) -> None:
+    """He-normal init of every Linear (variance kept through ReLU layers), weights × ``gain``, biases 0."""
+    with torch.no_grad():
+        for layer in m.modules():
+            if isinstance(layer, nn.Linear):
+                nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
+                layer.weight.mul_(gain)
+                layer.bias.zero_()
+
+
 @fault(VANISHING, "deep_sigmoid", doctor=("gradient_flow",))
 def deep_sigmoid(faulty: bool) -> Setup:
-    """a 10-layer sigmoid MLP with weights ×0.3 (twin: 10 layers of ReLU, default init)."""
+    """a 10-layer sigmoid MLP with weights ×0.3 (twin: 10 layers of ReLU, He init)."""
     x, y = digits()
     m = mlp(hidden=32, depth=10, act=nn.Sigmoid if faulty else nn.ReLU, seed=13)
     if faulty:
@@ -57,6 +67,8 @@ def deep_sigmoid(faulty: bool) -> Setup:
             for layer in m[:-1]:
                 if isinstance(layer, nn.Linear):
                     layer.weight.mul_(0.3)
+    else:
+        _kaiming(m)
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
     return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))
 
@@ -92,7 +104,7 @@ def rnn_vanishing(faulty: bool) -> Setup:
 
 @fault(EXPLODING, "rnn_exploding", doctor=("gradient_flow", "nonfinite"))
 def rnn_exploding(faulty: bool) -> Setup:
-    """ReLU RNN over 32-step sequences with an orthogonal recurrent matrix ×1.6 (twin: ×0.8), SGD lr=1e-3."""
+    """ReLU RNN over 32-step sequences with an orthogonal recurrent matrix ×1.3 (twin: ×0.8), SGD lr=1e-2."""
     g = torch.Generator().manual_seed(15)
     x = torch.randn(1024, 32, 4, generator=g)
     y = (x[:, :, 0].sum(1) > 0).long()
@@ -110,20 +122,16 @@ def rnn_exploding(faulty: bool) -> Setup:
     m = Net()
     with torch.no_grad():
         nn.init.orthogonal_(m.rnn.weight_hh_l0)
-        m.rnn.weight_hh_l0.mul_(1.6 if faulty else 0.8)
-    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+        m.rnn.weight_hh_l0.mul_(1.3 if faulty else 0.8)
+    opt = torch.optim.SGD(m.parameters(), lr=1e-2)
     return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))
 
 
 @fault(EXPLODING, "deep_mlp_exploding", doctor=("gradient_flow", "nonfinite"))
 def deep_mlp_exploding(faulty: bool) -> Setup:
-    """an 8-layer ReLU MLP with weights ×3 (twin: default init, lr=1e-2), SGD lr=1e-4."""
+    """an 8-layer ReLU MLP with He init ×3 (twin: He init, lr=1e-2), SGD lr=1e-4."""
     x, y = digits()
     m = mlp(hidden=64, depth=8, seed=16)
-    if faulty:
-        with torch.no_grad():
-            for layer in m:
-                if isinstance(layer, nn.Linear):
-                    layer.weight.mul_(3.0)
+    _kaiming(m, 3.0 if faulty else 1.0)
     opt = torch.optim.SGD(m.parameters(), lr=1e-4 if faulty else 1e-2, momentum=0.9)
     return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))

@@ -42,25 +42,24 @@ def nan_forward_log(faulty: bool) -> Setup:
     return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))
 
 
-class UnitNorm(nn.Module):
-    """Each sample's features divided by their norm, without ε (0/0 when a sample's ReLUs are all zero)."""
+class GroupUnitNorm(nn.Module):
+    """ReLU features in groups of 4, each group divided by its norm: without ε a group whose four
+    ReLUs are all off gives 0/0."""
 
     def __init__(self, eps: float) -> None:
         super().__init__()
         self.eps = eps
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        h = F.relu(h - 1.5)
-        return h / (h.norm(dim=1, keepdim=True) + self.eps)
+        g = F.relu(h).reshape(h.shape[0], -1, 4)
+        return (g / (g.norm(dim=2, keepdim=True) + self.eps)).reshape(h.shape)
 
 
 @fault(NAN_FWD, "nan_forward_div0", doctor=("nonfinite",))
 def nan_forward_div0(faulty: bool) -> Setup:
-    """features normalised by their norm without ε: a sample whose ReLUs are all off gives 0/0 (twin: + 1e-6)."""
+    """ReLU features normalised per group of 4 without ε: a group all off gives 0/0 (twin: + 1e-6)."""
     x, y = digits()
-    m = Head(UnitNorm(0.0 if faulty else 1e-6), seed=21)
-    with torch.no_grad():
-        m.fc1.weight.mul_(0.5)
+    m = Head(GroupUnitNorm(0.0 if faulty else 1e-6), seed=21)
     opt = torch.optim.Adam(m.parameters(), lr=1e-3)
     return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))
 

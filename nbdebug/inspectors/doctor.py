@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .doctor_report import CheckResult, DoctorReport, shown_evidence
+from .doctor_report import CONSEQUENCE, CheckResult, DoctorReport, shown_evidence
 
 __all__ = ["CHECKS", "CheckResult", "DoctorReport", "judge_optimizer", "shown_evidence", "softmax_floor"]
 
@@ -339,5 +339,5 @@ def cross_reference(checks: dict[str, CheckResult]) -> None:
         for name in effects:
             c = checks.get(name)
             if c is not None and c.status == "fail" and name not in explained:
-                c.advice += f" Possibly a consequence: {text} (see {cause})."
+                c.advice += f" {CONSEQUENCE} {text} (see {cause})."
                 explained.add(name)

@@ -10,7 +10,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CheckResult", "DoctorReport", "shown_evidence"]
+__all__ = ["CONSEQUENCE", "CheckResult", "DoctorReport", "shown_evidence"]
+
+#: the words a failed check's advice gets when another failed check explains it
+CONSEQUENCE = "Possibly a consequence:"
 
 
 @dataclass
@@ -63,6 +66,19 @@ class DoctorReport:
     def failed(self) -> list[str]:
         """Names of the failed checks, in checklist order."""
         return [n for n, c in self.checks.items() if c.status == "fail"]
+
+    @property
+    def headline(self) -> str:
+        """The report in one sentence: the first failed check that no other failed check explains (its
+        advice's first sentence), and how many more failed; "nothing failed" otherwise."""
+        failed = self.failed
+        if not failed:
+            return f"nothing failed ({sum(c.status == 'pass' for c in self.checks.values())} checks passed)"
+        roots = [n for n in failed if CONSEQUENCE not in self.checks[n].advice] or failed
+        name = roots[0]
+        first = self.checks[name].advice.split(". ")[0].split(": ")[0].rstrip(".")
+        more = len(failed) - 1
+        return f"{name} failed: {first}" + (f" (and {more} more failed)" if more else "")
 
     def ordered(self) -> list[tuple[str, CheckResult]]:
         """The checks as the views list them: failed first, then the rest, each in checklist order."""

@@ -103,6 +103,9 @@ def test_an_optimizer_of_an_earlier_model_fails_by_name() -> None:
     assert over.status == "fail" and len(set(over.evidence["curve"])) == 1 and over.evidence["moved"] is False
     assert "never moved" in over.advice and "(see optimizer)" in over.advice
     assert report.failed == ["overfit_batch", "optimizer"]
+    # the headline names the root (the optimizer), not its consequence (the flat overfit curve)
+    assert report.headline == ("optimizer failed: the optimizer holds 6 parameters, none of this model's 6 trainable "
+                               "ones (and 1 more failed)")
 
 
 def test_an_optimizer_of_some_parameters_names_the_missing_ones() -> None:
@@ -120,6 +123,7 @@ def test_the_optimizer_of_the_model_passes_and_none_given_skips() -> None:
     model = BodyHead()
     report = doctor(model, x, y, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), steps=100)
     assert report.checks["optimizer"].status == "pass" and report.failed == [], repr(report)
+    assert report.headline == "nothing failed (9 checks passed)"
     assert list(report.checks) == list(CHECKS)
     skipped = doctor(model, x, y, steps=1).checks["optimizer"]
     assert skipped.status == "skip" and "optimizer=" in skipped.advice

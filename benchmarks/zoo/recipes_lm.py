@@ -1,5 +1,5 @@
 """Healthy language-model recipes: a tiny random-init GPT-2 trained with HF ``labels=``, one with AdamW,
-warmup and clipping, and (full runs only) a few steps of transformers' ``Trainer`` fine-tuning SmolLM2-135M."""
+warmup and clipping, and (full runs only) 4 steps of transformers' ``Trainer`` fine-tuning SmolLM2-135M."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def tiny_gpt2_adamw_warmup_clip() -> Setup:
 
 @recipe("smollm2_trainer_finetune", full_only=True)
 def smollm2_trainer_finetune() -> Setup:
-    """10 steps of transformers' Trainer fine-tuning SmolLM2-135M (lr 5e-5, batch 4 × 32 tokens, no downloads)."""
+    """4 steps of transformers' Trainer fine-tuning SmolLM2-135M (lr 5e-5, batch 2 × 32 tokens, no downloads)."""
     import tempfile
 
     import transformers as T
@@ -89,9 +89,9 @@ def smollm2_trainer_finetune() -> Setup:
 
     def loop(n: int) -> None:
         model.train()
-        args = T.TrainingArguments(out, max_steps=n, per_device_train_batch_size=4, learning_rate=5e-5,
+        args = T.TrainingArguments(out, max_steps=n, per_device_train_batch_size=2, learning_rate=5e-5,
                                    logging_steps=n, save_strategy="no", report_to=[], use_cpu=True,
                                    disable_tqdm=True, seed=0)
         T.Trainer(model=model, args=args, train_dataset=Data()).train()
 
-    return Setup(model, loop, None, steps=10)
+    return Setup(model, loop, None, steps=4)

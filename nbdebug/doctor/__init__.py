@@ -178,9 +178,11 @@ def doctor(model: nn.Module, inputs: Any, targets: torch.Tensor, loss_fn: Callab
         n = max(1, min(int(overfit_size), batch))
         xb, yb = head_samples(inputs, n, batch), head_samples(targets, n, batch)
         reference = math.log(classes) if classes and classes > 1 else mean_baseline(loss_fn, yb) if kind == "regression" else None
-        curve = overfit(net, opt, loss_fn, xb, yb, steps, None if reference is None else judge.OVERFIT_FRACTION * reference)
+        eps = float(getattr(loss_fn, "label_smoothing", 0.0) or 0.0)  # nn.CrossEntropyLoss(label_smoothing=ε)
+        lowest = judge.smoothing_floor(eps, classes) if classes else 0.0
+        curve = overfit(net, opt, loss_fn, xb, yb, steps, None if reference is None else judge.overfit_target(reference, lowest))
         checks["overfit_batch"] = judge.judge_overfit(curve, kind=kind, classes=classes, reference=reference, steps=steps,
-                                                      batch=n, probabilities=probabilities)
+                                                      batch=n, probabilities=probabilities, lowest=lowest)
     bad_step = next((i for i, v in enumerate(curve) if not math.isfinite(v)), None)
     if origin is None and bad_step is not None:
         origin, phase = "loss", "overfit"

@@ -15,7 +15,8 @@ from typing import Any
 
 from .doctor_report import CONSEQUENCE, CheckResult, DoctorReport, shown_evidence
 
-__all__ = ["CHECKS", "CheckResult", "DoctorReport", "judge_optimizer", "shown_evidence", "softmax_floor"]
+__all__ = ["CHECKS", "CheckResult", "DoctorReport", "judge_optimizer", "overfit_target", "shown_evidence", "smoothing_floor",
+           "softmax_floor"]
 
 #: the checks, in the order they are reported
 CHECKS: tuple[str, ...] = ("init_loss", "input_dependence", "batch_independence", "overfit_batch", "optimizer",
@@ -138,17 +139,34 @@ def judge_batch_independence(own: float, leak: float, leak_sample: int, sample: 
     return CheckResult("pass", ev, "no gradient flows between samples of the batch.")
 
 
+def smoothing_floor(eps: float, classes: int) -> float:
+    """The lowest cross-entropy reachable with label smoothing ``eps`` over ``classes`` classes: the entropy
+    of the smoothed target (1 − ε + ε/C on the label, ε/C elsewhere); 0 without smoothing."""
+    if eps <= 0 or classes < 2:
+        return 0.0
+    hit, other = 1 - eps + eps / classes, eps / classes
+    return -hit * math.log(hit) - (classes - 1) * other * math.log(other)
+
+
+def overfit_target(reference: float, floor: float = 0.0) -> float:
+    """"Near zero" for the overfit run: the loss's own floor (label smoothing) + OVERFIT_FRACTION × chance."""
+    return floor + OVERFIT_FRACTION * reference
+
+
 def judge_overfit(curve: list[float], *, kind: str, classes: int | None, reference: float | None, steps: int,
-                  batch: int, probabilities: bool) -> CheckResult:
-    """``curve``: the loss before each optimizer step and after the last; ``reference``: chance-level loss."""
+                  batch: int, probabilities: bool, lowest: float = 0.0) -> CheckResult:
+    """``curve``: the loss before each optimizer step and after the last; ``reference``: chance-level loss;
+    ``lowest``: the lowest loss reachable (label smoothing's, :func:`smoothing_floor`; 0 otherwise)."""
     finite = [v for v in curve if math.isfinite(v)]
     floor = min(finite) if finite else math.nan
     ev: dict[str, Any] = {"batch": batch, "steps": len(curve) - 1, "initial": curve[0] if curve else math.nan,
                           "floor": floor, "final": curve[-1] if curve else math.nan}
     if reference is None or not math.isfinite(reference) or reference <= 0:
         return skip("no chance-level loss to compare with (unknown loss kind)", **ev, curve=curve)
-    target = OVERFIT_FRACTION * reference
+    target = overfit_target(reference, lowest)
     ev["target"] = target
+    if lowest > 0:
+        ev["smoothing_floor"] = lowest
     reached = next((i for i, v in enumerate(curve) if v <= target), None)
     ev["reached_at"] = -1 if reached is None else reached
     ev["curve"] = curve

@@ -12,7 +12,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from nbdebug.doctor import doctor
-from nbdebug.inspectors.doctor import CHECKS, judge_gradient_flow, judge_optimizer, judge_overfit
+from nbdebug.inspectors.doctor import (
+    CHECKS,
+    judge_gradient_flow,
+    judge_optimizer,
+    judge_overfit,
+    smoothing_floor,
+)
 
 D, C = 64, 10
 
@@ -158,3 +164,20 @@ def test_overfit_on_a_relu_on_the_logits_flattens_and_its_twin_passes() -> None:
     over = faulty.checks["overfit_batch"]
     assert over.status == "fail" and over.evidence["shape"] == "flat" and "no ReLU" in over.advice
     assert doctor(body, x, y, loss_fn=F.cross_entropy, steps=150).checks["overfit_batch"].status == "pass"
+
+
+def test_label_smoothing_moves_the_overfit_target_to_its_floor() -> None:
+    """CrossEntropyLoss(label_smoothing=0.1) cannot go below the smoothed target's entropy (0.500 for C=10):
+    the healthy recipe passes once the target is that floor + 5% of ln C; without smoothing it is unchanged."""
+    assert smoothing_floor(0.1, 10) == pytest.approx(-(0.91 * math.log(0.91)) - 9 * 0.01 * math.log(0.01))
+    assert smoothing_floor(0.0, 10) == 0.0
+    x, y = digits()
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(D, 64), nn.ReLU(), nn.Linear(64, C))
+    report = doctor(model, x, y, loss_fn=nn.CrossEntropyLoss(label_smoothing=0.1), steps=150)
+    over = report.checks["overfit_batch"]
+    assert over.status == "pass", repr(report)
+    assert over.evidence["target"] == pytest.approx(smoothing_floor(0.1, C) + 0.05 * math.log(C))
+    assert min(over.evidence["curve"]) > smoothing_floor(0.1, C)  # never below the floor: the old target was unreachable
+    plain = doctor(model, x, y, loss_fn=nn.CrossEntropyLoss(), steps=5).checks["overfit_batch"]
+    assert plain.evidence["target"] == pytest.approx(0.05 * math.log(C)) and "smoothing_floor" not in plain.evidence

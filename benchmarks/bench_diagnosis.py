@@ -163,7 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
     ap.add_argument("--no-doctor", action="store_true", help="skip nbdebug.doctor")
     ap.add_argument("--json", default="", help="write every outcome to this file")
+    ap.add_argument("--table", nargs="+", default=[], metavar="JSON",
+                    help="print the table of saved outcomes (later files replace earlier ones' cases by name)")
     args = ap.parse_args(argv)
+    if args.table:
+        saved: dict[str, Outcome] = {}
+        for path in args.table:
+            with open(path) as f:
+                saved.update({d["name"]: Outcome(**d) for d in json.load(f)})
+        print("\n".join(table(list(saved.values()))))
+        return 0
     torch.set_num_threads(1)
     cases = [c for c in zoo.CASES if args.only in c.name and not (args.quick and c.full_only)]
     print(f"# bench_diagnosis{' --quick' if args.quick else ''}: {len(cases)} cases, nbdebug from {nbdebug.__file__}, "

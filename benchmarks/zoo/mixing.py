@@ -22,20 +22,21 @@ def softmax_over_batch(faulty: bool) -> Setup:
 
 
 class RowsNet(nn.Module):
-    """Digit rows embedded then pooled; ``mix``: the (B, 8, 16) features viewed as (8, B, 16) instead of
-    transposed before the pooling over rows, which then pools across samples."""
+    """Digit rows embedded one by one, then the rows flattened per sample into an MLP head; ``mix``: the
+    (B, 8, 16) features reshaped to (8, B, 16) where a transpose was meant, so each "sample" of the head
+    holds rows of 8 different digits."""
 
     def __init__(self, mix: bool) -> None:
         super().__init__()
         torch.manual_seed(71)
         self.embed = nn.Linear(8, 16)
-        self.head = nn.Sequential(nn.ReLU(), nn.Linear(16, 10))
+        self.head = nn.Sequential(nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
         self.mix = mix
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x.reshape(-1, 8, 8))  # B × rows × 16
         rows_first = h.reshape(8, -1, 16) if self.mix else h.transpose(0, 1)  # rows × B × 16
-        return self.head(rows_first.mean(0))
+        return self.head(rows_first.transpose(0, 1).reshape(h.shape[0], 128))
 
 
 @fault(BATCH_MIXED, "reshape_mixes_samples", doctor=("batch_independence",))

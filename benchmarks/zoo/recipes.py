@@ -189,7 +189,7 @@ def residual_layernorm_gelu() -> Setup:
 
 @recipe("transformer_batch_first")
 def transformer_batch_first() -> Setup:
-    """one TransformerEncoderLayer (batch_first=True) over digit rows, AdamW lr=1e-3, clipping 1.0."""
+    """a one-layer TransformerEncoder (batch_first=True) over digit rows, AdamW lr=1e-3, clipping 1.0."""
     from .mixing import RowTransformer
 
     x, y = digits()

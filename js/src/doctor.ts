@@ -23,6 +23,7 @@ const CSS = `
 .nbdebug-doctor .nbd-head { margin-bottom: 6px; display: flex; flex-wrap: wrap; gap: 4px 10px; align-items: baseline; }
 .nbdebug-doctor .nbd-verdict { font-weight: 700; font-size: 1.15em; padding: 1px 8px; border-radius: 4px; color: #fff; background: #b71c1c; }
 .nbdebug-doctor .nbd-verdict.nbd-ok { background: #1b5e20; }
+.nbdebug-doctor .nbd-headline { flex-basis: 100%; font-weight: 600; overflow-wrap: anywhere; }
 .nbdebug-doctor .nbd-check { display: grid; grid-template-columns: 18px minmax(0, 150px) minmax(0, 1fr); gap: 2px 8px; padding: 4px 6px; border-left: 3px solid transparent; cursor: pointer; }
 .nbdebug-doctor .nbd-check:hover { background: var(--jp-layout-color2, #f3f3f3); }
 .nbdebug-doctor .nbd-check.nbd-selected { background: color-mix(in srgb, var(--jp-brand-color1, #1976d2) 12%, transparent); outline: 1px solid var(--jp-brand-color1, #1976d2); outline-offset: -1px; }
@@ -146,6 +147,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     replaceChildren(head, [
       h("span", { class: ["nbd-verdict", !failed && "nbd-ok"], text: failed ? `${failed} failed` : "nothing failed" }),
       h("span", { text: `of ${checks.length} checks · nbdebug doctor · ${model.get("kind") ?? ""}${classes ? `, ${classes} classes` : ""} · ${fmt(num("elapsed_s"))} s` }),
+      ...(failed && model.get("headline") ? [h("div", { class: "nbd-headline", text: String(model.get("headline")) })] : []),
     ]);
     const selected = model.get("selected") ?? "";
     replaceChildren(
@@ -180,7 +182,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   };
 
   const onChange = () => draw();
-  const events = "change:checks change:curve change:curve_target change:curve_floor change:selected change:notes";
+  const events = "change:checks change:curve change:curve_target change:curve_floor change:selected change:notes change:headline";
   model.on(events, onChange);
   try {
     draw();

@@ -27,6 +27,7 @@ function reportModel(): FakeModel {
     elapsed_s: 0.42,
     notes: ["ran on a deep copy"],
     selected: "",
+    headline: `overfit_batch failed: the loss only fell to 1.46 in \`${HOSTILE}\` (and 1 more failed)`,
   });
 }
 
@@ -49,6 +50,10 @@ describe("doctor checklist", () => {
     expect(verdict.textContent).toBe("2 failed");
     expect((el.querySelector(".nbd-head") as HTMLElement).firstElementChild).toBe(verdict);
     expect(el.querySelector(".nbd-notes li")!.textContent).toBe("ran on a deep copy");
+    // the Python-computed headline under the verdict, as text (a layer name is never markup)
+    const headline = el.querySelector(".nbd-head .nbd-headline") as HTMLElement;
+    expect(headline.textContent).toBe(m.get("headline"));
+    expect(headline.children.length).toBe(0);
     // the curve row only on overfit_batch, with its legend
     expect(el.querySelectorAll("canvas.nbd-curve").length).toBe(1);
     expect(rows[0].querySelector("canvas.nbd-curve")).not.toBeNull();
@@ -56,6 +61,7 @@ describe("doctor checklist", () => {
     // nothing failed: said so in the same place
     m.set("checks", [{ name: "init_loss", status: "pass", advice: "ok", evidence: [] }]);
     expect((el.querySelector(".nbd-head .nbd-verdict") as HTMLElement).textContent).toBe("nothing failed");
+    expect(el.querySelector(".nbd-head .nbd-headline")).toBeNull();
   });
 
   it("keeps hostile names and advice as text", () => {

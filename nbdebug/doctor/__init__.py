@@ -18,7 +18,8 @@ measurements are in :mod:`nbdebug.doctor.passes`, the batch and loss helpers in
    and ``batch_independence`` (∂ sample i's output / ∂ every input);
 3. training mode again: ``overfit_batch`` (up to ``steps`` optimizer steps on the first
    ``overfit_size`` samples, stopping once the loss is near zero);
-4. no pass: ``input_scale`` from the inputs themselves.
+4. no pass: ``input_scale`` from the inputs themselves, and ``optimizer`` (given the user's optimizer:
+   it must hold every trainable parameter of the model, by identity; skipped without one).
 
 Losses: ``loss_fn(output, targets)``; default cross-entropy for integer targets (a N×…×C output with
 N×… targets is flattened, the classes on the last dim), MSE otherwise. Classification (cross-entropy,
@@ -58,7 +59,15 @@ from .batch import (
     replace_primary,
     scalar_loss,
 )
-from .passes import batch_grads, copy_optimizer, grad_norms, overfit, seeded, unit_hooks
+from .passes import (
+    batch_grads,
+    copy_optimizer,
+    grad_norms,
+    optimizer_coverage,
+    overfit,
+    seeded,
+    unit_hooks,
+)
 
 __all__ = ["CheckResult", "DoctorReport", "doctor"]
 
@@ -91,14 +100,15 @@ def doctor(model: nn.Module, inputs: Any, targets: torch.Tensor, loss_fn: Callab
 
     ``inputs``: one batch (a tensor, or a tuple/list/dict passed as ``*args``/``**kwargs``; the first
     tensor is the one perturbed); ``targets``: its targets; ``loss_fn(output, targets)`` (default:
-    cross-entropy for integer targets, MSE otherwise); ``optimizer``: re-created for the copy
-    (default Adam, lr 1e-3); ``steps``: the overfit budget; ``overfit_size``: samples in the overfit
+    cross-entropy for integer targets, MSE otherwise); ``optimizer``: checked to hold the model's
+    trainable parameters, then re-created for the copy (default Adam, lr 1e-3); ``steps``: the overfit budget; ``overfit_size``: samples in the overfit
     batch; ``seed``: the copies' random seed. The user's model, optimizer and RNG are left unchanged.
 
     >>> report = nbdebug.doctor(model, x, y, steps=200)          # doctest: +SKIP
     >>> report.checks["init_loss"].evidence["loss"]              # doctest: +SKIP
     """
     t0 = time.perf_counter()
+    coverage = optimizer_coverage(model, optimizer) if optimizer is not None else ([], [], 0)
     steps = int(steps)
     if steps < 0:
         raise ValueError(f"steps must be ≥ 0, got {steps}")
@@ -157,7 +167,9 @@ def doctor(model: nn.Module, inputs: Any, targets: torch.Tensor, loss_fn: Callab
                 others = grads.clone()
                 others[0] = -1.0
                 j = int(others.argmax())
-                checks["batch_independence"] = judge.judge_batch_independence(float(grads[0]), float(grads[j]), j, 0, via)
+                changes = checks["input_dependence"].status == "pass"
+                checks["batch_independence"] = judge.judge_batch_independence(float(grads[0]), float(grads[j]), j, 0, via,
+                                                                              changes=changes)
         # pass 3 -----------------------------------------------------------------------------
         net.train()
         for p in params:
@@ -166,13 +178,16 @@ def doctor(model: nn.Module, inputs: Any, targets: torch.Tensor, loss_fn: Callab
         n = max(1, min(int(overfit_size), batch))
         xb, yb = head_samples(inputs, n, batch), head_samples(targets, n, batch)
         reference = math.log(classes) if classes and classes > 1 else mean_baseline(loss_fn, yb) if kind == "regression" else None
-        curve = overfit(net, opt, loss_fn, xb, yb, steps, None if reference is None else judge.OVERFIT_FRACTION * reference)
+        eps = float(getattr(loss_fn, "label_smoothing", 0.0) or 0.0)  # nn.CrossEntropyLoss(label_smoothing=ε)
+        lowest = judge.smoothing_floor(eps, classes) if classes else 0.0
+        curve = overfit(net, opt, loss_fn, xb, yb, steps, None if reference is None else judge.overfit_target(reference, lowest))
         checks["overfit_batch"] = judge.judge_overfit(curve, kind=kind, classes=classes, reference=reference, steps=steps,
-                                                      batch=n, probabilities=probabilities)
+                                                      batch=n, probabilities=probabilities, lowest=lowest)
     bad_step = next((i for i, v in enumerate(curve) if not math.isfinite(v)), None)
     if origin is None and bad_step is not None:
         origin, phase = "loss", "overfit"
     checks["nonfinite"] = judge.judge_nonfinite(origin, phase, bad_step if phase == "overfit" else None)
+    checks["optimizer"] = judge.judge_optimizer(*coverage, given=optimizer is not None)
     xs = primary_input(inputs)
     checks["input_scale"] = judge.judge_input_scale(*channel_stats(xs), integer=not xs.is_floating_point())
     ordered = {name: checks[name] for name in CHECKS}

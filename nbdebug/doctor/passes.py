@@ -25,7 +25,7 @@ from ..capture.names import call_name
 from ..capture.select import select_modules
 from .batch import call_model, primary_input, replace_primary, scalar_loss
 
-__all__ = ["batch_grads", "copy_optimizer", "grad_norms", "overfit", "seeded", "unit_hooks"]
+__all__ = ["batch_grads", "copy_optimizer", "grad_norms", "optimizer_coverage", "overfit", "seeded", "unit_hooks"]
 
 _NOT_UNITS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.Identity)
 
@@ -45,6 +45,14 @@ def copy_optimizer(optimizer: torch.optim.Optimizer | None, params: list[nn.Para
         new = type(optimizer)(groups, **copy.deepcopy(optimizer.defaults))
     new.load_state_dict(copy.deepcopy(optimizer.state_dict()))
     return new
+
+
+def optimizer_coverage(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[list[str], list[str], int]:
+    """The model's trainable parameter names, those in no param group of ``optimizer`` (by identity), and
+    how many parameters the optimizer holds (whichever model they belong to)."""
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [n for n, _ in trainable], [n for n, p in trainable if id(p) not in held], len(held)
 
 
 @contextmanager

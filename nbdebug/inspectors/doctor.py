@@ -10,16 +10,17 @@ constant with the reason it was chosen.
 
 from __future__ import annotations
 
-import html
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CHECKS", "CheckResult", "DoctorReport", "shown_evidence", "softmax_floor"]
+from .doctor_report import CONSEQUENCE, CheckResult, DoctorReport, shown_evidence
+
+__all__ = ["CHECKS", "CheckResult", "DoctorReport", "judge_optimizer", "overfit_target", "shown_evidence", "smoothing_floor",
+           "softmax_floor"]
 
 #: the checks, in the order they are reported
-CHECKS: tuple[str, ...] = ("init_loss", "input_dependence", "batch_independence", "overfit_batch", "dead_units",
-                           "gradient_flow", "nonfinite", "input_scale")
+CHECKS: tuple[str, ...] = ("init_loss", "input_dependence", "batch_independence", "overfit_batch", "optimizer",
+                           "dead_units", "gradient_flow", "nonfinite", "input_scale")
 
 #: classification: initial loss may exceed ln C by this much. With i.i.d. logits of std s at
 #: init the expected cross-entropy is ≈ ln C + s²/2, so 0.5 allows logits up to std ≈ 1 (softmax
@@ -44,104 +45,23 @@ FLOOR_TOLERANCE = 0.02
 DEAD_FRACTION = 0.5
 #: gradient flow: first/last layer gradient-norm ratio outside [1/RATIO, RATIO] fails
 GRAD_RATIO = 1e3
+#: overfit: a curve whose every value is within this (relative) of the first "never moved": nothing was
+#: updated (one float32 step of Adam at lr 1e-3 already moves a fresh model's loss by ~1e-3 relative)
+UNMOVED = 1e-6
+#: overfit: the loss "rose" when its last value exceeds the first by this factor
+ROSE = 1.05
+#: overfit: the curve is "still falling" when its last fifth dropped by more than this fraction of the total drop
+STILL_FALLING = 0.1
+#: overfit: a loss that fell by less than this fraction of its first value "barely moved" (a fresh model
+#: at a working learning rate loses > 10% of it in the first 20 steps on 8 samples)
+BARELY = 0.01
+#: optimizer: parameter names listed in the advice
+NAMED = 4
 #: input scale: per-channel |mean| or std above this is "not normalised" (raw 0–255 pixels: ~100);
 #: [0, 1] images (mean ≈ 0.4, std ≈ 0.3) pass
 SCALE_MAX = 5.0
 #: input scale: a non-constant channel with std below this is suspiciously tiny
 SCALE_MIN = 1e-3
-
-
-@dataclass
-class CheckResult:
-    """One check's verdict: ``status`` ("pass" | "fail" | "skip"), ``evidence`` (numbers and short
-    lists, e.g. the overfit loss curve) and ``advice`` (what to do; for a skip, why it was skipped)."""
-
-    status: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    advice: str = ""
-
-    def __repr__(self) -> str:
-        ev = ", ".join(f"{k}={_short(v)}" for k, v in shown_evidence(self) if not isinstance(v, (list, tuple)))
-        return f"CheckResult({self.status!r}, {ev}{' — ' if self.advice else ''}{self.advice})"
-
-
-def shown_evidence(check: CheckResult) -> list[tuple[str, Any]]:
-    """``check.evidence`` as the views show it: no internal placeholder (``reached_at`` = -1 reads
-    "target reached: never"), the loss curve left to its plot."""
-    out: list[tuple[str, Any]] = []
-    for k, v in check.evidence.items():
-        if k == "curve":
-            continue
-        if k == "reached_at":
-            out.append(("target reached", "never" if v is None or v < 0 else f"after {v} steps"))
-            continue
-        out.append((k, v))
-    return out
-
-
-@dataclass
-class DoctorReport:
-    """What :func:`nbdebug.doctor` found: ``checks`` (name → :class:`CheckResult`, in checklist order),
-    ``failed`` (the failed names in order), ``kind`` ("classification" | "regression" | "unknown"),
-    ``classes``, ``elapsed_s``. Plain data with a text and a static HTML table; the one
-    :func:`nbdebug.doctor` returns (:class:`nbdebug.doctor.DoctorReport`) shows as the checklist widget.
-
-    >>> report = nbdebug.doctor(model, x, y)            # doctest: +SKIP
-    >>> report.failed, report.checks["overfit_batch"].evidence["floor"]   # doctest: +SKIP
-    (['overfit_batch'], 1.46)
-    """
-
-    checks: dict[str, CheckResult]
-    kind: str = "unknown"
-    classes: int | None = None
-    elapsed_s: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def failed(self) -> list[str]:
-        """Names of the failed checks, in checklist order."""
-        return [n for n, c in self.checks.items() if c.status == "fail"]
-
-    def ordered(self) -> list[tuple[str, CheckResult]]:
-        """The checks as the views list them: failed first, then the rest, each in checklist order."""
-        items = list(self.checks.items())
-        return [x for x in items if x[1].status == "fail"] + [x for x in items if x[1].status != "fail"]
-
-    def __repr__(self) -> str:
-        head = f"DoctorReport({self.kind}{f', {self.classes} classes' if self.classes else ''}, {self.elapsed_s:.2f} s)"
-        lines = [head]
-        for name, c in self.checks.items():
-            ev = ", ".join(f"{k}={_short(v)}" for k, v in shown_evidence(c) if not isinstance(v, (list, tuple)))
-            lines.append(f"  {_MARK[c.status]} {name:<18} {ev}")
-            if c.advice and c.status != "pass":
-                lines.append(f"      {c.advice}")
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def _repr_html_(self) -> str:
-        rows = []
-        for name, c in self.ordered():
-            ev = "; ".join(f"{k} = {_short(v)}" for k, v in shown_evidence(c) if not isinstance(v, (list, tuple)))
-            colour = _COLOUR[c.status]
-            rows.append(f"<tr><td><code>{html.escape(name)}</code></td><td style='color:{colour};font-weight:bold'>"
-                        f"{_MARK[c.status]} {c.status}</td><td>{html.escape(ev)}</td><td>{html.escape(c.advice)}</td></tr>")
-        notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
-        n = len(self.failed)
-        verdict = (f"<b style='color:{_COLOUR['fail']}'>{n} failed</b>" if n else f"<b style='color:{_COLOUR['pass']}'>nothing failed</b>")
-        return (f"<div class='nbdebug-doctor-static'><b>nbdebug doctor</b>: {verdict} · {html.escape(self.kind)}"
-                f"{f', {self.classes} classes' if self.classes else ''} · {self.elapsed_s:.2f} s"
-                "<table><tr><th>check</th><th>status</th><th>evidence</th><th>advice</th></tr>"
-                + "".join(rows) + "</table>" + (f"<ul>{notes}</ul>" if notes else "") + "</div>")
-
-
-_MARK = {"pass": "✓", "fail": "✗", "skip": "–"}
-_COLOUR = {"pass": "#1b5e20", "fail": "#b71c1c", "skip": "#616161"}  # ≥ 6:1 on white (WCAG AA)
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else f"{v:.4g}"
-    return str(v)
 
 
 def softmax_floor(classes: int) -> float:
@@ -193,8 +113,11 @@ def judge_input_dependence(change: float, scale: float) -> CheckResult:
     return CheckResult("pass", ev, "the output changes when the inputs are zeroed.")
 
 
-def judge_batch_independence(own: float, leak: float, leak_sample: int, sample: int, via: str) -> CheckResult:
-    """``own``: max |∂out_i/∂x_i|; ``leak``: max over j ≠ i of |∂out_i/∂x_j| (at ``leak_sample``)."""
+def judge_batch_independence(own: float, leak: float, leak_sample: int, sample: int, via: str,
+                             changes: bool | None = None) -> CheckResult:
+    """``own``: max |∂out_i/∂x_i|; ``leak``: max over j ≠ i of |∂out_i/∂x_j| (at ``leak_sample``);
+    ``changes``: whether the output changed when the inputs were zeroed (input_dependence), for the
+    wording when no gradient reaches the input."""
     ev = {"sample": sample, "own_grad": own, "max_leak": leak, "leak_from": leak_sample, "via": via}
     if not (math.isfinite(own) and math.isfinite(leak)):
         return skip("the gradients are not finite (see nonfinite)", **ev)
@@ -203,21 +126,47 @@ def judge_batch_independence(own: float, leak: float, leak_sample: int, sample: 
                            "mode): a layer mixes samples across the batch (a mean/norm over dim 0, a wrong "
                            "view/transpose of the batch dim); keep operations per sample.")
     if own == 0:
-        return skip(f"sample {sample}'s output does not depend on its own input (see input_dependence)", **ev)
+        where = "the input" if via == "input" else f"the input ({via})"
+        why = (f"no gradient reaches {where} from sample {sample}'s output (own_grad = 0: ∂out/∂x is "
+               "exactly zero), so mixing across the batch cannot be measured")
+        if changes:
+            why += ("; yet the output changes with the input (input_dependence): the graph is cut on the way "
+                    "(a .detach(), .item(), a numpy round trip or torch.no_grad() in forward) and nothing "
+                    "before the cut can learn (see gradient_flow).")
+        else:
+            why += " (see input_dependence)."
+        return skip(why, **ev)
     return CheckResult("pass", ev, "no gradient flows between samples of the batch.")
 
 
+def smoothing_floor(eps: float, classes: int) -> float:
+    """The lowest cross-entropy reachable with label smoothing ``eps`` over ``classes`` classes: the entropy
+    of the smoothed target (1 − ε + ε/C on the label, ε/C elsewhere); 0 without smoothing."""
+    if eps <= 0 or classes < 2:
+        return 0.0
+    hit, other = 1 - eps + eps / classes, eps / classes
+    return -hit * math.log(hit) - (classes - 1) * other * math.log(other)
+
+
+def overfit_target(reference: float, floor: float = 0.0) -> float:
+    """"Near zero" for the overfit run: the loss's own floor (label smoothing) + OVERFIT_FRACTION × chance."""
+    return floor + OVERFIT_FRACTION * reference
+
+
 def judge_overfit(curve: list[float], *, kind: str, classes: int | None, reference: float | None, steps: int,
-                  batch: int, probabilities: bool) -> CheckResult:
-    """``curve``: the loss before each optimizer step and after the last; ``reference``: chance-level loss."""
+                  batch: int, probabilities: bool, lowest: float = 0.0) -> CheckResult:
+    """``curve``: the loss before each optimizer step and after the last; ``reference``: chance-level loss;
+    ``lowest``: the lowest loss reachable (label smoothing's, :func:`smoothing_floor`; 0 otherwise)."""
     finite = [v for v in curve if math.isfinite(v)]
     floor = min(finite) if finite else math.nan
     ev: dict[str, Any] = {"batch": batch, "steps": len(curve) - 1, "initial": curve[0] if curve else math.nan,
                           "floor": floor, "final": curve[-1] if curve else math.nan}
     if reference is None or not math.isfinite(reference) or reference <= 0:
         return skip("no chance-level loss to compare with (unknown loss kind)", **ev, curve=curve)
-    target = OVERFIT_FRACTION * reference
+    target = overfit_target(reference, lowest)
     ev["target"] = target
+    if lowest > 0:
+        ev["smoothing_floor"] = lowest
     reached = next((i for i, v in enumerate(curve) if v <= target), None)
     ev["reached_at"] = -1 if reached is None else reached
     ev["curve"] = curve
@@ -226,6 +175,11 @@ def judge_overfit(curve: list[float], *, kind: str, classes: int | None, referen
                            "lower the learning rate (see nonfinite).")
     if reached is not None:
         return CheckResult("pass", ev, f"loss reached {curve[reached]:.3g} (< {target:.3g}) after {reached} steps on one batch.")
+    if len(curve) > 1 and max(abs(v - curve[0]) for v in curve) <= UNMOVED * max(abs(curve[0]), 1e-12):
+        ev["moved"] = False
+        return CheckResult("fail", ev, f"the loss never moved ({curve[0]:.4g} at each of {len(curve) - 1} steps on one "
+                           f"batch of {batch}): nothing was updated. The optimizer holds none of these parameters "
+                           "(see optimizer), no gradient reaches them (see gradient_flow), or the learning rate is 0.")
     advice = f"the loss only fell to {floor:.3g} in {steps} steps on one batch of {batch} (target {target:.3g}). "
     if kind == "classification" and classes and classes > 1:
         sf = softmax_floor(classes)
@@ -240,8 +194,31 @@ def judge_overfit(curve: list[float], *, kind: str, classes: int | None, referen
                    f"ln(1 + (C−1)/e) = {sf:.3g}")
             return CheckResult("fail", ev, advice + why + ", the floor of a double softmax: remove the softmax at the "
                                "end of the model (cross_entropy applies log-softmax itself).")
-    return CheckResult("fail", ev, advice + "Check the model can fit (capacity, learning rate, a bug in the loss or "
-                       "labels); raise `steps` if the curve is still falling.")
+    return CheckResult("fail", ev, _overfit_advice(advice, finite, ev))
+
+
+def _overfit_advice(advice: str, finite: list[float], ev: dict[str, Any]) -> str:
+    """What the curve says: it rose (updates overshoot), it is still falling (more steps), or it flattened
+    above the target (the model cannot fit this batch)."""
+    first, last = finite[0], finite[-1]
+    k = max(len(finite) // 5, 1)
+    tail_drop, drop = finite[-k - 1] - last if len(finite) > k else 0.0, first - min(finite)
+    if last > ROSE * first:
+        ev["shape"] = "rose"
+        return advice + (f"It rose from {first:.3g} to {last:.3g}: the updates overshoot; lower the learning rate "
+                         "(or clip gradients).")
+    if drop < BARELY * abs(first):
+        ev["shape"] = "barely moved"
+        return advice + (f"It barely moved ({first:.4g} → {min(finite):.4g}, {drop / max(abs(first), 1e-12):.1%}): the "
+                         "updates are far too small; raise the learning rate (or check clipping and the scheduler).")
+    if drop > 0 and tail_drop > STILL_FALLING * drop:
+        ev["shape"] = "still falling"
+        return advice + (f"It is still falling ({finite[-k - 1]:.3g} → {last:.3g} over the last {k} steps): raise "
+                         "`steps` (or the learning rate) and run it again.")
+    ev["shape"] = "flat"
+    return advice + (f"It flattened at {min(finite):.3g}, well above the target: the model cannot fit even this batch. "
+                     "Check that the output and the loss agree (no ReLU, sigmoid or softmax before a loss that "
+                     "expects raw scores), the labels, and the capacity.")
 
 
 def judge_dead_units(layers: list[tuple[str, int, int]], samples: int) -> CheckResult:
@@ -263,10 +240,21 @@ def judge_dead_units(layers: list[tuple[str, int, int]], samples: int) -> CheckR
     return CheckResult("pass", ev, f"no layer has more than {DEAD_FRACTION:.0%} of its units dead on this batch.")
 
 
+def _ticks(names: list[str], n: int = 3) -> str:
+    return ", ".join(f"`{x}`" for x in names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+_CUT = "a .detach(), .item(), a numpy round trip or torch.no_grad() in forward"
+
+
 def judge_gradient_flow(names: list[str], norms: list[float], unused: list[str]) -> CheckResult:
-    """``names``/``norms``: parameter-gradient norm per module with parameters, in model order."""
+    """``names``/``norms``: parameter-gradient norm per module with parameters, in model order;
+    ``unused``: modules with trainable parameters whose ``.grad`` stayed None after the backward."""
     if not names:
-        return skip("no parameter received a gradient", unused=unused)
+        if unused:
+            return CheckResult("fail", {"no_grad": unused}, f"no parameter received a gradient ({_ticks(unused)}): the "
+                               f"loss does not reach the model through autograd ({_CUT}?).")
+        return skip("no trainable parameter")
     finite = [v for v in norms if math.isfinite(v)]
     ev: dict[str, Any] = {"first": names[0], "last": names[-1], "first_norm": norms[0], "last_norm": norms[-1],
                           "layers": names, "norms": norms}
@@ -276,6 +264,10 @@ def judge_gradient_flow(names: list[str], norms: list[float], unused: list[str])
     ev["ratio"] = ratio
     if unused:
         ev["no_grad"] = unused
+    if unused:
+        return CheckResult("fail", ev, f"no gradient reaches {_ticks(unused)} (.grad stayed None after backward) while "
+                           f"{_ticks(names, 2)} {'gets' if len(names) == 1 else 'get'} one: the graph is cut between them ({_CUT}), or they are not used "
+                           "by the loss. Those layers cannot learn.")
     zero = [n for n, v in zip(names, norms, strict=True) if v == 0]
     if zero:
         return CheckResult("fail", ev, f"no gradient reaches {', '.join(f'`{n}`' for n in zero[:3])}: something "
@@ -322,14 +314,37 @@ def judge_input_scale(means: list[float], stds: list[float], integer: bool) -> C
     return CheckResult("pass", ev, "inputs are roughly zero-mean, unit-scale.")
 
 
+def judge_optimizer(trainable: list[str], missing: list[str], held: int, given: bool) -> CheckResult:
+    """``trainable``: the model's trainable parameter names; ``missing``: those the user's optimizer does
+    not hold; ``held``: parameters the optimizer holds (any model's); ``given``: an optimizer was passed."""
+    if not given:
+        return skip("no optimizer given: pass optimizer=<yours> to check it holds the model's trainable parameters "
+                    "(the overfit run then uses a copy of it; default Adam, lr 1e-3)")
+    if not trainable:
+        return skip("the model has no trainable parameter", in_optimizer=held)
+    ev: dict[str, Any] = {"trainable": len(trainable), "in_optimizer": held, "missing": len(missing)}
+    if missing and len(missing) == len(trainable):
+        return CheckResult("fail", ev, f"the optimizer holds {held} parameters, none of this model's {len(trainable)} "
+                           "trainable ones: it was built from another model (the model's cell run again after the "
+                           "optimizer's?). Build it from model.parameters() after the model.")
+    if missing:
+        ev["not_in_optimizer"] = missing
+        return CheckResult("fail", ev, f"{len(missing)} of the model's {len(trainable)} trainable parameters are in no "
+                           f"param group: {_ticks(missing, NAMED)}. They get gradients but are never updated: build "
+                           "the optimizer from model.parameters(), or freeze them on purpose (requires_grad_(False)).")
+    return CheckResult("pass", ev, f"the optimizer holds all {len(trainable)} trainable parameters.")
+
+
 #: (cause, checks that fail as its consequence, what the cause is), root causes first: a failing
 #: consequence's advice points at the first failed cause that explains it
 _CAUSES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("nonfinite", ("init_loss", "input_dependence", "overfit_batch", "gradient_flow"), "NaN/Inf values"),
+    ("optimizer", ("overfit_batch",), "the optimizer does not hold the model's parameters"),
     ("input_scale", ("init_loss", "dead_units", "gradient_flow", "overfit_batch"), "the inputs are not normalised"),
     ("dead_units", ("input_dependence", "gradient_flow", "overfit_batch"), "dead units pass neither signal nor gradient"),
     ("input_dependence", ("overfit_batch",), "the output ignores the input"),
     ("init_loss", ("overfit_batch",), "the initial predictions are confidently wrong"),
+    ("gradient_flow", ("overfit_batch",), "some layers get no usable gradient"),
 )
 
 
@@ -342,5 +357,5 @@ def cross_reference(checks: dict[str, CheckResult]) -> None:
         for name in effects:
             c = checks.get(name)
             if c is not None and c.status == "fail" and name not in explained:
-                c.advice += f" Possibly a consequence: {text} (see {cause})."
+                c.advice += f" {CONSEQUENCE} {text} (see {cause})."
                 explained.add(name)

@@ -82,7 +82,8 @@ class DoctorWidget(NBWidget):
         floor = _num(over.evidence.get("softmax_floor")) if over else math.nan
         super().__init__(checks=checks, curve=curve.tobytes(), curve_target=None if math.isnan(target) else target,
                          curve_floor=None if math.isnan(floor) else floor, kind=report.kind,
-                         classes=report.classes or 0, elapsed_s=float(report.elapsed_s), notes=list(report.notes), **kwargs)
+                         classes=report.classes or 0, elapsed_s=float(report.elapsed_s), notes=list(report.notes),
+                         headline=report.headline, **kwargs)
         self._report = report
 
     @property

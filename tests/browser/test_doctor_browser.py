@@ -61,8 +61,8 @@ def test_doctor_lab(page, lab) -> None:
     assert info["failed"] == ["overfit_batch"] and info["js_error"] == ""
 
     rows = widget.locator(".nbd-check")
-    assert rows.count() == 8
-    drawn = [[rows.nth(i).get_attribute("data-check"), rows.nth(i).get_attribute("data-status")] for i in range(8)]
+    assert rows.count() == 9
+    drawn = [[rows.nth(i).get_attribute("data-check"), rows.nth(i).get_attribute("data-status")] for i in range(9)]
     failed_first = [s for s in info["statuses"] if s[1] == "fail"] + [s for s in info["statuses"] if s[1] != "fail"]
     assert drawn == failed_first and drawn[0] == ["overfit_batch", "fail"]
     verdict = widget.locator(".nbd-head .nbd-verdict")

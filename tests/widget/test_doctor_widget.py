@@ -50,7 +50,8 @@ def test_traits_mirror_the_report() -> None:
         assert w.curve_floor == softmax_floor(5) == over.evidence["softmax_floor"]
         assert w.kind == "classification" and w.classes == 5 and w.selected == ""
         json.dumps(w.checks, allow_nan=False)  # the synced JSON is valid (no NaN literals)
-        assert repr(w) == f"DoctorWidget(checks=8, failed={report.failed})"
+        assert repr(w) == f"DoctorWidget(checks=9, failed={report.failed})"
+        assert w.headline == report.headline and w.headline.startswith("overfit_batch failed: the loss only fell to")
         assert report.failed == ["overfit_batch"]
     finally:
         w.close()

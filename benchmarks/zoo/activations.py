@@ -1,0 +1,137 @@
+"""Dead ReLUs from a bad bias, saturated tanh, vanishing and exploding gradients (deep nets, RNNs)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Setup, cnn, digits, fault, first_batch, mlp, sgd_loop
+from .classes import DEAD, EXPLODING, SATURATED, VANISHING
+
+
+@fault(DEAD, "dead_relu_bias", doctor=("dead_units", "gradient_flow"))
+def dead_relu_bias(faulty: bool) -> Setup:
+    """digits MLP whose first layer's bias was set to -10 (twin: default init)."""
+    x, y = digits()
+    m = mlp(seed=10)
+    if faulty:
+        with torch.no_grad():
+            m[0].bias.fill_(-10.0)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))
+
+
+@fault(DEAD, "dead_relu_cnn", doctor=("dead_units", "gradient_flow"))
+def dead_relu_cnn(faulty: bool) -> Setup:
+    """digits CNN without BatchNorm whose second conv's bias was set to -8 (twin: default init)."""
+    x, y = digits(image=True)
+    m = cnn(seed=11, bn=False)
+    if faulty:
+        with torch.no_grad():
+            m[4].bias.fill_(-8.0)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))
+
+
+@fault(SATURATED, "tanh_saturated")
+def tanh_saturated(faulty: bool) -> Setup:
+    """digits tanh MLP with its hidden weights scaled ×8 (twin: default init)."""
+    x, y = digits()
+    m = mlp(act=nn.Tanh, seed=12)
+    if faulty:
+        with torch.no_grad():
+            m[0].weight.mul_(8.0)
+            m[2].weight.mul_(8.0)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))
+
+
+def _kaiming(m: nn.Module, gain: float = 1.0) -> None:
+    """He-normal init of every Linear (variance kept through ReLU layers), weights × ``gain``, biases 0."""
+    with torch.no_grad():
+        for layer in m.modules():
+            if isinstance(layer, nn.Linear):
+                nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
+                layer.weight.mul_(gain)
+                layer.bias.zero_()
+
+
+@fault(VANISHING, "deep_sigmoid", doctor=("gradient_flow",))
+def deep_sigmoid(faulty: bool) -> Setup:
+    """a 10-layer sigmoid MLP with weights ×0.3 (twin: 10 layers of ReLU, He init)."""
+    x, y = digits()
+    m = mlp(hidden=32, depth=10, act=nn.Sigmoid if faulty else nn.ReLU, seed=13)
+    if faulty:
+        with torch.no_grad():
+            for layer in m[:-1]:
+                if isinstance(layer, nn.Linear):
+                    layer.weight.mul_(0.3)
+    else:
+        _kaiming(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))
+
+
+class RowRNN(nn.Module):
+    """Digits read row by row (8 steps of 8 pixels): input projection, an RNN, a head on the last step."""
+
+    def __init__(self, nonlinearity: str = "tanh", hidden: int = 32) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, hidden)
+        self.rnn = nn.RNN(hidden, hidden, batch_first=True, nonlinearity=nonlinearity)
+        self.head = nn.Linear(hidden, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.rnn(self.proj(x.reshape(-1, 8, 8)))
+        return self.head(h[:, -1])
+
+
+@fault(VANISHING, "rnn_vanishing", doctor=("gradient_flow",))
+def rnn_vanishing(faulty: bool) -> Setup:
+    """tanh RNN over digit rows, its input and recurrent weights scaled ×0.01 (twin: default init)."""
+    x, y = digits()
+    torch.manual_seed(14)
+    m = RowRNN()
+    if faulty:
+        with torch.no_grad():
+            m.rnn.weight_ih_l0.mul_(0.01)
+            m.rnn.weight_hh_l0.mul_(0.01)
+            m.proj.weight.mul_(0.01)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))
+
+
+@fault(EXPLODING, "rnn_exploding", doctor=("gradient_flow", "nonfinite"))
+def rnn_exploding(faulty: bool) -> Setup:
+    """ReLU RNN over 32-step sequences with an orthogonal recurrent matrix ×1.3 (twin: ×0.8), SGD lr=1e-2."""
+    g = torch.Generator().manual_seed(15)
+    x = torch.randn(1024, 32, 4, generator=g)
+    y = (x[:, :, 0].sum(1) > 0).long()
+    torch.manual_seed(15)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = nn.RNN(4, 32, batch_first=True, nonlinearity="relu")
+            self.head = nn.Linear(32, 2)
+
+        def forward(self, v: torch.Tensor) -> torch.Tensor:
+            return self.head(self.rnn(v)[0][:, -1])
+
+    m = Net()
+    with torch.no_grad():
+        nn.init.orthogonal_(m.rnn.weight_hh_l0)
+        m.rnn.weight_hh_l0.mul_(1.3 if faulty else 0.8)
+    opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+    return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))
+
+
+@fault(EXPLODING, "deep_mlp_exploding", doctor=("gradient_flow", "nonfinite"))
+def deep_mlp_exploding(faulty: bool) -> Setup:
+    """an 8-layer ReLU MLP with He init ×3 (twin: He init, lr=1e-2), SGD lr=1e-4."""
+    x, y = digits()
+    m = mlp(hidden=64, depth=8, seed=16)
+    _kaiming(m, 3.0 if faulty else 1.0)
+    opt = torch.optim.SGD(m.parameters(), lr=1e-4 if faulty else 1e-2, momentum=0.9)
+    return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))

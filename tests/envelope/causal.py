@@ -26,7 +26,7 @@ from nbdebug.capture import fingerprint, hook_count, same_fingerprint
 from . import models as M
 
 ANSWER, WRONG = 3, 4
-ALPHA = 2.0
+ALPHA = 0.05  # the steer about as large as the residual stream (|h| ≈ 0.1): alpha and the vector both matter
 LM_OPS = ["patch", "patch[attribution]", "ablate", "steer", "patching", "attribution[api]", "attribution"]
 VIEW_OPS = {"patching": "patching", "attribution": "attribution", "cams": "gradcam"}
 
@@ -287,9 +287,13 @@ def call(model: nn.Module, x: torch.Tensor) -> Any:
 
 
 def equal(got: dict[str, np.ndarray], want: dict[str, np.ndarray], tol: float = 1e-5) -> None:
-    """Same keys, each array equal to ``want``'s to ``tol`` × its scale (NaN where ``want`` has NaN)."""
+    """Same keys, each array equal to ``want``'s to ``tol`` × its scale (NaN where ``want`` has NaN);
+    integer arrays (token ids) exactly, whatever ``tol``."""
     assert sorted(got) == sorted(want), (sorted(got), sorted(want))
     for k, w in want.items():
+        if np.issubdtype(np.asarray(w).dtype, np.integer):
+            np.testing.assert_array_equal(np.asarray(got[k]), w, err_msg=k)
+            continue
         g = np.asarray(got[k], dtype=np.float64)
         w = np.asarray(w, dtype=np.float64)
         scale = float(np.nanmax(np.abs(w))) if np.isfinite(w).any() else 1.0

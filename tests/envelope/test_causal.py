@@ -33,8 +33,11 @@ API = ["patch", "patch[attribution]", "ablate", "steer", "steer[generate]", "att
 VIEWS = ["patching", "attribution", "cams"]
 API_MODES = ["plain", "no_grad", "inference_mode", "bf16", "pending_backward", "interrupt_mid", "exception_mid", "del_model"]
 VIEW_MODES = ["plain", "no_grad", "inference_mode", "bf16", "pending_backward", "keyboard_interrupt", "exception", "del_model"]
-#: tolerance of a bf16 result against the same hand reference run in bf16 (× the content's scale)
-BF16_TOL = {"patch": 0.1, "attribution[api]": 0.15, "attribution": 0.15, "cams": 0.1}
+#: tolerance of a bf16 result against the same hand reference run in bf16 (× the content's scale):
+#: token ids exactly; logits and metrics to 1e-2 (ablate, steer, patch: the same bf16 ops in the same order as
+#: the hand hooks, equal today; attribution's float32 reference on a copy: 0.4 % off)
+BF16_TOL = {"patch": 1e-2, "patch[attribution]": 1e-2, "patching": 1e-2, "attribution[api]": 1e-2, "attribution": 1e-2,
+            "cams": 0.1, "ablate": 1e-2, "steer": 1e-2, "steer[generate]": 0.0}
 
 
 def model_for(op: str, mode: str) -> torch.nn.Module:
@@ -97,7 +100,7 @@ def test_api(mode: str, op: str, record_property: Any) -> None:
     else:
         got = C.run_api(op, model, mode)
         if mode == "bf16":
-            C.equal(got, C.reference(op, model) or plain(op), BF16_TOL.get(op, 0.15))
+            C.equal(got, C.reference(op, model), BF16_TOL[op])
         elif mode == "plain":
             C.equal(got, C.reference(op, model) or plain(op), 1e-5)
         else:
@@ -186,7 +189,7 @@ def test_view(mode: str, op: str, record_property: Any) -> None:
         assert one_line(note), f"not a one-line note: {note!r}"
         record_property("note", note)
     elif mode == "bf16":
-        C.equal(content, C.reference(op, model) or plain(op), BF16_TOL.get(op, 0.1))
+        C.equal(content, C.reference(op, model) or plain(op), BF16_TOL[op])
     elif mode == "plain":
         C.equal(content, C.reference(op, model) or cams_reference(model), 1e-5)
     else:

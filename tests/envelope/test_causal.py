@@ -26,7 +26,7 @@ from nbdebug.capture.weak import MODEL_GONE
 from . import cams_ref
 from . import causal as C
 from . import models as M
-from .cells import one_line
+from .cells import ask, judge, one_line
 
 pytest.importorskip("transformers")
 
@@ -155,20 +155,21 @@ def raise_mid(op: str, model: torch.nn.Module, exc: type[BaseException]) -> None
 def test_view(mode: str, op: str, record_property: Any) -> None:
     record_property("cell", (mode, op))
     model = model_for(op, mode)
-    if mode == "del_model":
+    if mode == "del_model":  # an answer after del model: the twin's (the same cell, its model alive) or "gone"
+        twin = copy.deepcopy(model)
         content, note, w = view_run(op, model, "plain")
         assert content is not None, note
+        twin_w = view_run(op, twin, "plain")[2]
         wr = weakref.ref(model)
         del model
         gc.collect()
         assert wr() is None, "the widget keeps the model"
-        sent: list[dict[str, Any]] = []
-        w.send = lambda content, buffers=None: sent.append(content)
         method, params = {"patching": ("grid", {"sites": "attn"}), "attribution": ("attribution", {"method": "occlusion"}),
                           "cams": ("view", {"layer": "relu", "sample": 0})}[op]
-        w._handle_request(w, {"type": "request", "id": 1, "method": method, "params": params}, [])
-        assert sent and (sent[0].get("ok") or MODEL_GONE in str(sent[0].get("error"))), sent
+        answer = judge(ask(twin_w, method, params), ask(w, method, params))
+        assert answer == "ok" or MODEL_GONE in answer, answer
         w.close()
+        twin_w.close()
         return
     out = None
     if mode == "pending_backward":

@@ -245,5 +245,5 @@ def test_sliding_windows_and_eager_masks(name: str) -> None:
     for sites in ("resid", "heads"):
         g = wb.grid(sites, positions="each", progress=False)
         assert wb.runner.kv_reuse
-        ref = reference(m, clean, corrupt, sites, "denoise", "each", a, w)
+        ref = reference(m, name.split("-")[0], clean, corrupt, sites, "denoise", "each", a, w)
         np.testing.assert_allclose(np.where(g.identical, g.metric_corrupt, g.raw), ref, atol=1e-5)

@@ -202,8 +202,7 @@ def run(mode: str, view: str, check: Callable[..., None]) -> Outcome:
 def fetch_more(res: Outcome) -> None:
     """Ask the widget for something it has not computed yet (another Grad-CAM layer, lens columns)."""
     w = res.widget
-    if w is None:
-        return
+    assert w is not None, f"{res.view}: a result but no widget"
     v = view_name(res.view)
     if v == "gradcam":
         other = "relu" if w.layer != "relu" else "relu#2"
@@ -222,36 +221,84 @@ def run_del_model(view: str) -> tuple[bool, list[tuple[str, str]]]:
     """Build the views, drop everything but the results and widgets (what the magic keeps), ``del
     model``; is it gone? ``view`` may be ``all[family]`` (the dashboard's views).
 
-    Returns (model collected, (view, answer) of on-demand fetches: "ok" or the error text sent back).
+    Returns (model collected, (view, answer) of on-demand fetches: "ok" when the answer equals the same
+    fetch's answer on a twin — the same cell on a deep copy of the model, which stays alive — content
+    and buffers; else the error text sent back, or "differs: …" when an ``ok`` answer is not the twin's).
     """
     import weakref
 
     family = family_of("del_model", view)
     model, inp = build("del_model", family)
-    dbg = nbdebug.debug(model, view=view_name(view))
-    with dbg:
-        out = user_code("del_model", family, model, inp)
+    twin, twin_inp = copy.deepcopy(model), copy.deepcopy(inp)  # the same cell on a model that stays alive
+    dbg, widgets, dash = shown_views(model, inp, view, family)
     results = dbg.results
-    widgets = dict(zip(dbg.views, dbg.widgets()))
-    dash = dbg.dashboard() if view_name(view) == "all" else None
-    assert view_name(view) == "all" or view_name(view) in widgets, f"view not shown: {dbg.skipped}"
+    twin_dbg, twin_widgets, twin_dash = shown_views(twin, twin_inp, view, family)
     wr = weakref.ref(model)
-    del model, out, dbg
+    del model, dbg
     gc.collect()
     gone = wr() is None
     answers: list[tuple[str, str]] = []
-    sent: list[dict[str, Any]] = []
     for v, w in widgets.items():
-        w.send = lambda content, buffers=None: sent.append(content)  # what the browser would receive
         for method, params in fetches(v, w):
-            sent.clear()
-            w._handle_request(w, {"type": "request", "id": 1, "method": method, "params": params}, [])
-            answers.append((v, "ok" if sent and sent[0].get("ok") else str(sent[0].get("error") if sent else "no answer")))
+            answers.append((v, judge(ask(twin_widgets[v], method, params), ask(w, method, params))))
         w.close()
-    if dash is not None:
-        dash.close()
-    del results
+        twin_widgets[v].close()
+    for d in (dash, twin_dash):
+        if d is not None:
+            d.close()
+    del results, twin_dbg
     return gone, answers
+
+
+def shown_views(model: nn.Module, inp: Any, view: str, family: str) -> tuple[Any, dict[str, Any], Any]:
+    """The del_model cell on ``model``: (debug session, view → widget, dashboard or None)."""
+    dbg = nbdebug.debug(model, view=view_name(view))
+    with dbg:
+        user_code("del_model", family, model, inp)
+    widgets = dict(zip(dbg.views, dbg.widgets()))
+    dash = dbg.dashboard() if view_name(view) == "all" else None
+    assert view_name(view) == "all" or view_name(view) in widgets, f"view not shown: {dbg.skipped}"
+    return dbg, widgets, dash
+
+
+def ask(w: Any, method: str, params: dict[str, Any]) -> tuple[dict[str, Any], list[Any]] | None:
+    """What the browser would receive for one request: (content, buffers), or None (no answer)."""
+    sent: list[tuple[dict[str, Any], list[Any]]] = []
+    w.send = lambda content, buffers=None: sent.append((content, list(buffers or [])))
+    w._handle_request(w, {"type": "request", "id": 1, "method": method, "params": params}, [])
+    return sent[0] if sent else None
+
+
+def same_answer(a: Any, b: Any) -> bool:
+    """Equal JSON-like contents (dicts, lists, numbers, strings, arrays, buffers), NaN equal to NaN."""
+    import numpy as np
+
+    if isinstance(a, dict) or isinstance(b, dict):
+        return isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys() and all(same_answer(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same_answer, a, b))
+    if isinstance(a, (bytes, bytearray, memoryview)) or isinstance(b, (bytes, bytearray, memoryview)):
+        return bytes(a) == bytes(b)
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (a != a and b != b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=np.asarray(a).dtype.kind == "f"))
+    return bool(a == b)
+
+
+def judge(before: Any, after: Any) -> str:
+    """``"ok"`` when ``after`` is an ``ok`` answer equal to ``before`` (the same fetch, the model alive)."""
+    if after is None:
+        return "no answer"
+    content, buffers = after
+    if not content.get("ok"):
+        return str(content.get("error"))
+    if before is None or not before[0].get("ok"):
+        return f"differs: answered after del model, not with the model alive ({before})"
+    if not same_answer({k: v for k, v in content.items() if k != "id"}, {k: v for k, v in before[0].items() if k != "id"}) \
+            or not same_answer(buffers, before[1]):
+        return f"differs: the answer after del model is not the one with the model alive ({str(content)[:200]})"
+    return "ok"
 
 
 def fetches(v: str, w: Any) -> list[tuple[str, dict[str, Any]]]:

@@ -34,6 +34,13 @@ NOTE_OK = {
 }
 
 
+def shown(res: Outcome) -> Any:
+    """The view's widget: a view with a result must have one (a missing widget fails, it does not skip
+    the widget's checks). Where a mode leaves no result, :func:`check` asserts the one-line note instead."""
+    assert res.widget is not None, f"{res.view}: a result but no widget"
+    return res.widget
+
+
 def check(res: Outcome, ctx: dict[str, Any]) -> None:
     mode, view = ctx["mode"], ctx["view"]
     v = view_name(view)
@@ -112,8 +119,7 @@ def check_thermometer(res: Outcome, ctx: dict[str, Any]) -> None:
     mode, cap = ctx["mode"], res.result
     names = [r.name for r in cap.layers]
     _names_ok(names)
-    if res.widget is not None:
-        assert [r["name"] for r in res.widget.layers] == names
+    assert [r["name"] for r in shown(res).layers] == names
     report = diagnose(cap)
     # values: every row's mean equals the reference run's (plain hooks on a copy, cloned at hook time,
     # so an in-place ReLU after bn must not show up in bn's row); a loop's every step equals that forward's
@@ -192,16 +198,14 @@ def check_featuremaps(res: Outcome, ctx: dict[str, Any]) -> None:
     mode, fm = ctx["mode"], res.result
     keys = list(fm.layers)
     _names_ok(keys)
-    if res.widget is not None:
-        assert [lay["name"] for lay in res.widget.layers] == keys
+    assert [lay["name"] for lay in shown(res).layers] == keys
     if mode == "shape_error":
         assert {"conv", "relu"} <= set(keys), keys
         return
     want = ["conv1", "bn", "relu"] if mode in RAISING else ["conv1", "bn", "relu", "conv2"] if mode == "interrupt_in_forward" else list(M.CNN_SPATIAL)
     assert set(want) <= set(keys), keys
     assert not {"conv2#2", "relu#3", "bn#2", "conv1#2"} & set(keys), f"recomputation rows: {keys}"
-    if res.widget is not None:  # item 12: opens on an informative layer (the deepest spatial one / Grad-CAM's)
-        assert res.widget.layer == want[-1], (res.widget.layer, want[-1])
+    assert shown(res).layer == want[-1], (res.widget.layer, want[-1])  # item 12: opens on an informative layer
     half = mode in {"fp16", "bf16", "autocast"}
     for name in want:  # every map equals the reference output at hook time (copies, not references)
         data, ref = fm.layers[name].data, ctx["acts"][name]
@@ -306,10 +310,10 @@ def check_gradcam(res: Outcome, ctx: dict[str, Any]) -> None:
         ref = hand_cam(ctx["ref"].fc.weight.detach().float(), ctx["acts"]["relu#2"], cam.classes)
         ok = cams_match(low, ref, half)
         assert bool(ok.all()), ok
-    if res.widget is not None:
-        assert "relu#2" in res.widget.layers and res.widget.layer == cam.layer
-        info, _ = res.widget.handle_request("view", {"layer": "relu", "sample": 0})
-        assert info["result"]["layer"] == "relu"
+    w = shown(res)
+    assert "relu#2" in w.layers and w.layer == cam.layer
+    info, _ = w.handle_request("view", {"layer": "relu", "sample": 0})
+    assert info["result"]["layer"] == "relu"
 
 
 # -- attention --------------------------------------------------------------------------------
@@ -356,8 +360,7 @@ def check_attention(res: Outcome, ctx: dict[str, Any]) -> None:
     ref = reference_attention(ctx, ids)
     got = torch.stack([torch.stack([torch.as_tensor(np.asarray(att.head(i, h), dtype=np.float32)) for h in range(2)]) for i in range(2)])
     assert close(got, ref, ctx["mode"] in HALF), float((got - ref).abs().max()) if got.shape == ref.shape else got.shape
-    if res.widget is not None:
-        assert res.widget.seq_len == T and res.widget.n_layers == 2
+    assert shown(res).seq_len == T and res.widget.n_layers == 2
     if ctx["mode"].startswith("generate"):
         assert any("generate" in n for n in att.notes), f"the view does not say how generated tokens were covered: {att.notes}"
         assert generated_marks(att) == [False] * M.PROMPT_LEN + [True] * M.NEW_TOKENS, "generated tokens not marked"
@@ -366,6 +369,7 @@ def check_attention(res: Outcome, ctx: dict[str, Any]) -> None:
 # -- logit lens -------------------------------------------------------------------------------
 def check_logitlens(res: Outcome, ctx: dict[str, Any]) -> None:
     lens = res.result
+    shown(res)
     blocks = ["transformer.h.0", "transformer.h.1"] if ctx["family"] == "gpt2" else ["model.layers.0", "model.layers.1"]
     if ctx["mode"] in RAISING:  # the user's hook raised after block 1: what ran is embed and block 0
         assert list(lens.row_names)[:2] == ["embed", blocks[0]], lens.row_names

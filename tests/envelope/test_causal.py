@@ -23,9 +23,10 @@ import torch
 import nbdebug
 from nbdebug.capture.weak import MODEL_GONE
 
+from . import cams_ref
 from . import causal as C
 from . import models as M
-from .cells import one_line
+from .cells import ask, judge, one_line
 
 pytest.importorskip("transformers")
 
@@ -33,8 +34,11 @@ API = ["patch", "patch[attribution]", "ablate", "steer", "steer[generate]", "att
 VIEWS = ["patching", "attribution", "cams"]
 API_MODES = ["plain", "no_grad", "inference_mode", "bf16", "pending_backward", "interrupt_mid", "exception_mid", "del_model"]
 VIEW_MODES = ["plain", "no_grad", "inference_mode", "bf16", "pending_backward", "keyboard_interrupt", "exception", "del_model"]
-#: tolerance of a bf16 result against the same hand reference run in bf16 (× the content's scale)
-BF16_TOL = {"patch": 0.1, "attribution[api]": 0.15, "attribution": 0.15, "cams": 0.1}
+#: tolerance of a bf16 result against the same hand reference run in bf16 (× the content's scale):
+#: token ids exactly; logits and metrics to 1e-2 (ablate, steer, patch: the same bf16 ops in the same order as
+#: the hand hooks, equal today; attribution's float32 reference on a copy: 0.4 % off)
+BF16_TOL = {"patch": 1e-2, "patch[attribution]": 1e-2, "patching": 1e-2, "attribution[api]": 1e-2, "attribution": 1e-2,
+            "cams": 0.1, "ablate": 1e-2, "steer": 1e-2, "steer[generate]": 0.0}
 
 
 def model_for(op: str, mode: str) -> torch.nn.Module:
@@ -97,7 +101,7 @@ def test_api(mode: str, op: str, record_property: Any) -> None:
     else:
         got = C.run_api(op, model, mode)
         if mode == "bf16":
-            C.equal(got, C.reference(op, model) or plain(op), BF16_TOL.get(op, 0.15))
+            C.equal(got, C.reference(op, model), BF16_TOL[op])
         elif mode == "plain":
             C.equal(got, C.reference(op, model) or plain(op), 1e-5)
         else:
@@ -151,20 +155,21 @@ def raise_mid(op: str, model: torch.nn.Module, exc: type[BaseException]) -> None
 def test_view(mode: str, op: str, record_property: Any) -> None:
     record_property("cell", (mode, op))
     model = model_for(op, mode)
-    if mode == "del_model":
+    if mode == "del_model":  # an answer after del model: the twin's (the same cell, its model alive) or "gone"
+        twin = copy.deepcopy(model)
         content, note, w = view_run(op, model, "plain")
         assert content is not None, note
+        twin_w = view_run(op, twin, "plain")[2]
         wr = weakref.ref(model)
         del model
         gc.collect()
         assert wr() is None, "the widget keeps the model"
-        sent: list[dict[str, Any]] = []
-        w.send = lambda content, buffers=None: sent.append(content)
         method, params = {"patching": ("grid", {"sites": "attn"}), "attribution": ("attribution", {"method": "occlusion"}),
                           "cams": ("view", {"layer": "relu", "sample": 0})}[op]
-        w._handle_request(w, {"type": "request", "id": 1, "method": method, "params": params}, [])
-        assert sent and (sent[0].get("ok") or MODEL_GONE in str(sent[0].get("error"))), sent
+        answer = judge(ask(twin_w, method, params), ask(w, method, params))
+        assert answer == "ok" or MODEL_GONE in answer, answer
         w.close()
+        twin_w.close()
         return
     out = None
     if mode == "pending_backward":
@@ -186,9 +191,11 @@ def test_view(mode: str, op: str, record_property: Any) -> None:
         assert one_line(note), f"not a one-line note: {note!r}"
         record_property("note", note)
     elif mode == "bf16":
-        C.equal(content, C.reference(op, model) or plain(op), BF16_TOL.get(op, 0.1))
+        C.equal(content, C.reference(op, model) or plain(op), BF16_TOL[op])
+    elif mode == "plain" and op == "cams":  # every method's map, faithfulness and sanity by hand
+        cams_ref.equal(content, cams_ref.content(model), 1e-5)
     elif mode == "plain":
-        C.equal(content, C.reference(op, model) or cams_reference(model), 1e-5)
+        C.equal(content, C.reference(op, model), 1e-5)
     else:
         C.equal(content, plain(op), 1e-5)
     before.same(model)
@@ -201,22 +208,6 @@ def test_view(mode: str, op: str, record_property: Any) -> None:
 
 def lg(out: Any) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits
-
-
-def cams_reference(model: torch.nn.Module) -> dict[str, Any]:
-    """The CAM family's plain content, each method's map from its own single-method run."""
-    from nbdebug.inspectors.cams import METHODS
-
-    out: dict[str, Any] = {}
-    for m in METHODS:
-        with nbdebug.debug(model, view="gradcam", cam_method=m, cam_topk=2) as dbg:
-            model(M.image())
-        out[f"low[{m}]"] = dbg.results["gradcam"].low(m)
-        dbg.widget().close()
-    full = view_run("cams", model, "plain")[0]
-    assert full is not None
-    out.update({k: v for k, v in full.items() if not k.startswith("low[")})  # faithfulness/sanity: checked in tests/unit
-    return out
 
 
 @pytest.mark.parametrize("op", ["patch", "patch[attribution]", "ablate", "steer", "steer[generate]", "attribution[api]", "patching", "attribution"])

@@ -107,6 +107,34 @@ def hooked(kv_heads: int | None = 2, positional: str = "rotary", layers: int = 3
         return HookedTransformer(cfg).eval()
 
 
+#: the tiny models' shape (:func:`tiny`)
+LAYERS, HEADS, HEAD_DIM = 3, 4, 8
+#: which module each site kind patches, and at its input or output, per family, written by hand (the
+#: references never ask nbdebug's ``patch_parts`` which module to patch): the residual stream is each
+#: block's input (TransformerLens: ``hook_resid_pre``), attn/mlp the sublayer's output, heads the output
+#: projection's input (per-head slices of ``HEAD_DIM``; TransformerLens: ``hook_z``, a heads axis)
+SITES: dict[str, dict[str, tuple[str, str]]] = {
+    "gpt2": {"resid": ("transformer.h.{}", "input"), "attn": ("transformer.h.{}.attn", "output"),
+             "mlp": ("transformer.h.{}.mlp", "output"), "heads": ("transformer.h.{}.attn.c_proj", "input")},
+    "llama": {"resid": ("model.layers.{}", "input"), "attn": ("model.layers.{}.self_attn", "output"),
+              "mlp": ("model.layers.{}.mlp", "output"), "heads": ("model.layers.{}.self_attn.o_proj", "input")},
+    "mistral": {"resid": ("model.layers.{}", "input"), "attn": ("model.layers.{}.self_attn", "output"),
+                "mlp": ("model.layers.{}.mlp", "output"), "heads": ("model.layers.{}.self_attn.o_proj", "input")},
+    "gemma2": {"resid": ("model.layers.{}", "input"), "attn": ("model.layers.{}.self_attn", "output"),
+               "mlp": ("model.layers.{}.mlp", "output"), "heads": ("model.layers.{}.self_attn.o_proj", "input")},
+    "neox": {"resid": ("gpt_neox.layers.{}", "input"), "attn": ("gpt_neox.layers.{}.attention", "output"),
+             "mlp": ("gpt_neox.layers.{}.mlp", "output"), "heads": ("gpt_neox.layers.{}.attention.dense", "input")},
+    "hooked": {"resid": ("blocks.{}.hook_resid_pre", "output"), "attn": ("blocks.{}.hook_attn_out", "output"),
+               "mlp": ("blocks.{}.hook_mlp_out", "output"), "heads": ("blocks.{}.attn.hook_z", "output")},
+}
+
+
+def sites(model: nn.Module, family: str, kind: str) -> list[tuple[nn.Module, str]]:
+    """``[(module, "input" | "output")]`` of ``kind`` for each layer, from :data:`SITES`."""
+    name, where = SITES[family][kind]
+    return [(model.get_submodule(name.format(i)), where) for i in range(LAYERS)]
+
+
 def tiny(family: str) -> nn.Module:
     """3 layers, 4 heads (Llama: 2 key/value heads, GQA), d=32, vocabulary 64; ``hooked`` for TransformerLens."""
     if family == "hooked":

@@ -11,21 +11,21 @@ import torch
 
 pytest.importorskip("transformers")
 
-from _workbench_ref import answer_pair, logit_diff, logits, prompts, record, tiny
+from _workbench_ref import HEAD_DIM, HEADS, answer_pair, logit_diff, logits, prompts, record, tiny
+from _workbench_ref import sites as site_modules
 
 import nbdebug
-from nbdebug.adapters.blockparts import patch_parts
 from nbdebug.capture import fingerprint, same_fingerprint
 
 
-def hand_attribution(m: Any, base: torch.Tensor, source: torch.Tensor, sites: str, metric: Any) -> np.ndarray:
-    """(layers, T) for resid/attn/mlp, (layers, heads) for heads: (a_source - a_base) · grad, summed."""
-    pp = patch_parts(m)
-    mods = pp.sites(sites)
-    where = pp.where(sites)
+def hand_attribution(m: Any, family: str, base: torch.Tensor, source: torch.Tensor, sites: str, metric: Any) -> np.ndarray:
+    """(layers, T) for resid/attn/mlp, (layers, heads) for heads: (a_source - a_base) · grad, summed; at
+    the modules :data:`_workbench_ref.SITES` names by hand."""
+    mods = site_modules(m, family, sites)
+    where = mods[0][1]
     acts: list[torch.Tensor] = []
     handles = []
-    for _, mod in mods:
+    for mod, _ in mods:
         if where == "input":
             handles.append(mod.register_forward_pre_hook(lambda md, a: acts.append(a[0])))
         else:
@@ -38,14 +38,14 @@ def hand_attribution(m: Any, base: torch.Tensor, source: torch.Tensor, sites: st
         for h in handles:
             h.remove()
     rows = []
-    for (_, mod), a, g in zip(mods, acts, grads):
+    for (mod, _), a, g in zip(mods, acts, grads):
         prod = ((record(m, source, mod, where) - a.detach()) * g)[0]  # (T, ...)
         if sites != "heads":
             rows.append(prod.flatten(1).sum(1).numpy())
-        elif pp.heads_at == "output":
+        elif family == "hooked":  # hook_z: T×heads×d_head
             rows.append(prod.sum(dim=(0, 2)).numpy())
         else:
-            rows.append(prod.reshape(prod.shape[0], pp.n_heads, pp.head_dim).sum(dim=(0, 2)).numpy())
+            rows.append(prod.reshape(prod.shape[0], HEADS, HEAD_DIM).sum(dim=(0, 2)).numpy())
     return np.array(rows)
 
 
@@ -61,7 +61,7 @@ def test_attribution_equals_hand_autograd(family: str, sites: str, direction: st
                       progress=False)
     assert same_fingerprint(before, fingerprint(m)) == []
     base, source = (corrupt, clean) if direction == "denoise" else (clean, corrupt)
-    est = hand_attribution(m, base, source, sites, logit_diff(a, w))
+    est = hand_attribution(m, family, base, source, sites, logit_diff(a, w))
     m_base = g.metric_corrupt if direction == "denoise" else g.metric_clean
     assert g.estimate and g.raw.shape == est.shape
     np.testing.assert_allclose(g.raw[~g.identical], m_base + est[~g.identical], atol=1e-5, rtol=1e-5)

@@ -13,13 +13,24 @@ import torch
 
 pytest.importorskip("transformers")
 
-from _workbench_ref import answer_pair, hand_grid, hooked, logit_diff, prompts, tiny
+from _workbench_ref import (
+    HEAD_DIM,
+    HEADS,
+    answer_pair,
+    hand_grid,
+    hooked,
+    logit_diff,
+    prompts,
+    tiny,
+)
+from _workbench_ref import sites as site_modules
 
 import nbdebug
-from nbdebug.adapters.blockparts import patch_parts
 from nbdebug.workbench import Workbench
 
 FAMILIES = ["gpt2", "llama", "neox", "hooked"]
+#: each family's list of blocks, by hand
+BLOCKS = {"gpt2": "transformer.h", "llama": "model.layers", "neox": "gpt_neox.layers", "hooked": "blocks"}
 _MODELS: dict[str, Any] = {}
 
 
@@ -29,14 +40,14 @@ def model_of(family: str) -> Any:
     return _MODELS[family]
 
 
-def reference(m: Any, clean: torch.Tensor, corrupt: torch.Tensor, sites: str, direction: str, positions: Any,
+def reference(m: Any, family: str, clean: torch.Tensor, corrupt: torch.Tensor, sites: str, direction: str, positions: Any,
               a: int, w: int) -> np.ndarray:
-    pp = patch_parts(m)
+    """One forward per patch at the modules :data:`_workbench_ref.SITES` names for ``family``."""
     base, src = (corrupt, clean) if direction == "denoise" else (clean, corrupt)
-    heads = pp.n_heads if sites == "heads" else 0
+    heads = HEADS if sites == "heads" else 0
     all_positions = positions == "all" or (sites == "heads" and positions is None)
-    return hand_grid(m, base, src, [(mod, pp.where(sites)) for _, mod in pp.sites(sites)], logit_diff(a, w),
-                     heads=heads, head_dim=pp.head_dim, z_layout=pp.heads_at == "output", all_positions=all_positions)
+    return hand_grid(m, base, src, site_modules(m, family, sites), logit_diff(a, w),
+                     heads=heads, head_dim=HEAD_DIM, z_layout=family == "hooked", all_positions=all_positions)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -49,7 +60,7 @@ def test_grid_equals_one_forward_per_patch(family: str, sites: str, positions: A
     a, w = answer_pair(m, clean, corrupt)
     g = nbdebug.patch(m, clean, corrupt, answer=a, wrong=w, sites=sites, direction=direction, positions=positions,
                       progress=False)
-    ref = reference(m, clean, corrupt, sites, direction, positions, a, w)
+    ref = reference(m, family, clean, corrupt, sites, direction, positions, a, w)
     assert g.raw.shape == ref.shape == g.effect.shape == g.identical.shape
     m_base = g.metric_corrupt if direction == "denoise" else g.metric_clean
     # identical cells are not run: reported as such, and the loop's patch there changes nothing
@@ -97,13 +108,12 @@ def test_patches_start_from_cached_state(family: str) -> None:
     """Patched runs call block l onwards only, on positions p.. only (a global module pre-hook sees what
     nbdebug's own pass runs: the user's module hooks are set aside, global ones are not)."""
     m = model_of(family)
-    pp = patch_parts(m)
     clean, corrupt = prompts(changed=(3,))
     a, w = answer_pair(m, clean, corrupt)
     wb = Workbench(m, clean, corrupt, answer=a, wrong=w)
     wb.state("clean"), wb.state("corrupt")
     assert wb.runner.kv_reuse, wb.runner.note
-    blocks = {id(b): i for i, (_, b) in enumerate(pp.parts.blocks)}
+    blocks = {id(b): i for i, b in enumerate(m.get_submodule(BLOCKS[family]))}
     seen: list[tuple[int, int, int]] = []
 
     def spy(mod: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -157,7 +167,7 @@ def test_callable_metric_sees_every_position() -> None:
         return logits[:, :, a].float().mean(1)
 
     g = nbdebug.patch(m, clean, corrupt, metric=mean_logit, sites="resid", progress=False)
-    ref = hand_grid(m, corrupt, clean, [(b, "input") for _, b in patch_parts(m).parts.blocks], mean_logit)
+    ref = hand_grid(m, corrupt, clean, site_modules(m, "llama", "resid"), mean_logit)
     np.testing.assert_allclose(g.raw[~g.identical], ref[~g.identical], atol=1e-5)
 
 
@@ -170,7 +180,7 @@ def test_log_prob_metric_without_wrong() -> None:
     def logp(logits: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(logits[:, -1].float(), -1)[:, a]
 
-    ref = hand_grid(m, corrupt, clean, [(mod, "output") for _, mod in patch_parts(m).sites("mlp")], logp)
+    ref = hand_grid(m, corrupt, clean, site_modules(m, "gpt2", "mlp"), logp)
     np.testing.assert_allclose(g.raw[~g.identical], ref[~g.identical], atol=1e-5)
     assert g.metric.startswith("log p(")
 
@@ -179,14 +189,13 @@ def test_single_cell_for_a_click() -> None:
     """Workbench.cell: the clicked cell's metric equals the grid's, its last-position logits equal a hand
     patched forward's, and its residual column is the base run's before the patched block."""
     m = model_of("llama")
-    pp = patch_parts(m)
     clean, corrupt = prompts(changed=(2,))
     a, w = answer_pair(m, clean, corrupt)
     wb = Workbench(m, clean, corrupt, answer=a, wrong=w)
     g = wb.grid("resid", progress=False)
     run = wb.cell(g, row=1, col=2)
     assert run.metric == pytest.approx(g.raw[1, 2], abs=1e-5) and run.effect == pytest.approx(g.effect[1, 2], abs=1e-4)
-    block = pp.parts.blocks[1][1]
+    block = m.model.layers[1]
     src = _record_input(m, clean, block)
 
     def put(mod: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -236,5 +245,5 @@ def test_sliding_windows_and_eager_masks(name: str) -> None:
     for sites in ("resid", "heads"):
         g = wb.grid(sites, positions="each", progress=False)
         assert wb.runner.kv_reuse
-        ref = reference(m, clean, corrupt, sites, "denoise", "each", a, w)
+        ref = reference(m, name.split("-")[0], clean, corrupt, sites, "denoise", "each", a, w)
         np.testing.assert_allclose(np.where(g.identical, g.metric_corrupt, g.raw), ref, atol=1e-5)

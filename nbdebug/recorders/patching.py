@@ -23,6 +23,7 @@ from torch import nn
 from ..adapters.text import input_ids_of, resolve_option, valid_positions
 from ..capture import ModelCall
 from ..capture.replay import int_option
+from ..lens import resolve_one
 from ..views import Recorder
 from ..workbench import PatchGrid
 from ..workbench.metric import Metric, MetricError, token_labels, tokens_of
@@ -73,6 +74,9 @@ class PatchingRecorder(Recorder):
         if self.sites not in KINDS:
             raise ValueError(f"--sites {self.sites}: one of {', '.join(KINDS)}")
         self.batch_index = int_option(options.get("seq_index"), 0)
+        # the lens column's lens: what --lens names (the shown one of a compared pair), as the lens view reads it
+        shown = str(options.get("lens")).split(",")[0] if isinstance(options.get("lens"), str) else options.get("lens")
+        self.fitted_lens = resolve_one(shown, model, tokenizer=self.tokenizer, user_ns=ns)
         self.max_bytes = options.get("max_bytes")
         self._call = ModelCall(model, keep_output=False)
         self._session: PatchSession | None = None
@@ -109,7 +113,7 @@ class PatchingRecorder(Recorder):
                               "--corrupt a prompt of the same number of tokens (positions are patched one to one). "
                               f"Clean {c[:12]}, corrupt {k[:12]}")
         self._session = PatchSession(self.model, clean, self.corrupt, answer=self.answer, wrong=self.wrong,
-                                     tokenizer=self.tokenizer, max_bytes=self.max_bytes)
+                                     tokenizer=self.tokenizer, max_bytes=self.max_bytes, lens=self.fitted_lens)
         self._session.grid(self.sites)
 
     def applies(self) -> str | None:

@@ -67,7 +67,7 @@ class PatchSession:
     """
 
     def __init__(self, model: nn.Module, clean: torch.Tensor, corrupt: Any, *, answer: Any, wrong: Any = None,
-                 tokenizer: Any = None, max_bytes: Any = None, verify: int = 10) -> None:
+                 tokenizer: Any = None, max_bytes: Any = None, verify: int = 10, lens: Any = None) -> None:
         self.model_ref: ModelRef[nn.Module] = ModelRef(model)
         self.clean, self.corrupt = clean, corrupt
         self.answer, self.wrong, self.tokenizer = answer, wrong, tokenizer
@@ -86,6 +86,7 @@ class PatchSession:
             self.answer_clean = answer_entry(wb.state("clean").logits[0, -1], self.answer_id, tokenizer)
             self.answer_corrupt = answer_entry(wb.state("corrupt").logits[0, -1], self.answer_id, tokenizer)
         self.lens_runs: dict[str, list[dict[str, Any]]] = {}
+        self.fitted_lens = lens  # None: the logit lens; else a FittedLens (what --lens names), as the lens view's
 
     @contextmanager
     def bench(self) -> Iterator[Workbench]:
@@ -116,7 +117,7 @@ class PatchSession:
         targets = torch.tensor([-1 if self.answer_id is None else int(self.answer_id)])
         model = self.model_ref.get()
         return lens_column(model_lens(model, rows, targets=targets, k=1,
-                                      decode=lambda ids: token_labels(self.tokenizer, ids)))
+                                      decode=lambda ids: token_labels(self.tokenizer, ids), lens=self.fitted_lens))
 
     def lens_of(self, which: str) -> list[dict[str, Any]]:
         """The lens column of the recorded ``"clean"`` or ``"corrupt"`` run (its last block run again,

@@ -129,3 +129,21 @@ def test_patching_lens_column_reads_through_the_same_lens(setup: tuple[Any, Any,
     assert [c["id"] for c in col[:L]] == want
     assert [c["id"] for c in lens_column(model_lens(m, rows, k=1, lens="logit"))[:L]] == [
         int(hand_logits(m, hs[r][0][-1]).argmax()) for r in range(L)]
+
+
+def test_patching_session_lens_column_uses_the_fitted_lens(setup: tuple[Any, Any, Any]) -> None:
+    """The patching view's lens column (PatchSession(lens=...), what --lens gives the patching recorder)
+    equals the saved translators applied by hand to the clean run's last position; without a lens it
+    is the logit lens."""
+    from nbdebug.recorders.patching_session import PatchSession
+
+    m, fitted, saved = setup
+    clean, corrupt = text(5, seed=14)[None], text(5, seed=15)[None]
+    with torch.no_grad():
+        hs = m(clean, output_hidden_states=True).hidden_states
+    tuned = PatchSession(m, clean, corrupt, answer=3, lens=fitted).lens_of("clean")
+    plain = PatchSession(m, clean, corrupt, answer=3).lens_of("clean")
+    want = [int(hand_logits(m, hs[r][0][-1] @ saved.A[r].T + saved.c[r]).argmax()) for r in range(L)]
+    assert [c["id"] for c in tuned[:L]] == want
+    assert [c["id"] for c in plain[:L]] == [int(hand_logits(m, hs[r][0][-1]).argmax()) for r in range(L)]
+    assert [c["id"] for c in tuned[:L]] != [c["id"] for c in plain[:L]]  # the two lenses tell apart here

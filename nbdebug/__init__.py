@@ -53,6 +53,7 @@ _LAZY = {
     "steering_vector": "nbdebug.workbench",
     "PatchGrid": "nbdebug.workbench",
     "attribute": "nbdebug.attribution",
+    "assert_healthy": "nbdebug.inspectors.health",
 }
 __all__ = ["__version__", "load_ipython_extension", *_LAZY]
 

@@ -366,5 +366,6 @@ class Capture:
                         passes=passes.passes, eval_steps=passes.eval_steps, truncated=self._forward.truncated,
                         notes=self.notes, watch=self.watch, params_seen=self._pg.any_seen, error=self._error,
                         raised=self._raised, elapsed=time.perf_counter() - self._t0, every=o.every, resume=o.resume)
-        res.loop = {**(self.watch.loop() if self.watch is not None else {}), "warnings": list(self._warned.seen)}
+        res.loop = {**(self.watch.loop() if self.watch is not None else {}), "warnings": list(self._warned.seen),
+                    "trainable_modules": sorted({n for ns in self._pg.owners.values() for n in ns})}
         return res

@@ -39,6 +39,7 @@ from .history import Thresholds
 from .loop_findings import loop_findings
 from .report import Diagnosis, ThermometerReport
 from .run_evidence import Evidence, Finding, Rise, names
+from .run_findings import run_findings
 from .steps import SUGGEST, FirstNonfinite, diagnoses_at, first_nonfinite_of, nan_part, plural
 
 __all__ = ["SUGGEST_FINDINGS", "Finding", "as_json", "build", "findings_of", "headline", "live_findings", "rank"]
@@ -113,14 +114,17 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
                 out.append(Finding("update_high", "note", s, rows, note, note, detail, "", key="update_high"))
         else:
             text = f"update ratio too low: {fmt_g(e.value)} at step {s} in `{e.row}`"
-            stuck = len(ev.steps) >= 5 and not ev.falls() and ev.diverged() is None
+            # every layer barely moves (the largest per-layer median ratio is below the line) and the loss
+            # does not fall: one slow layer (an embedding, a vanishing gradient's first layers) is no lr
+            stuck = (len(ev.steps) >= 5 and not ev.falls() and ev.diverged() is None
+                     and math.isfinite(ev.move) and ev.move < th.update_low)
             if stuck:
                 detail = f"{text}; ‖Δθ‖/‖θ‖ below {th.update_low:g} in {_names(rows)} from step {s}, and the loss did not fall: they barely learn."
                 out.append(Finding("lr_low", "warning", s, rows, text, f"{_names(rows)} barely updated from step {s}",
                                    detail, SUGGEST["update_low"], key="lr_low"))
             else:
                 note = f"update ratio below {th.update_low:g} in {_names(rows)} from step {s} (smallest {fmt_g(e.value)} in `{e.row}`)"
-                out.append(Finding("update_low", "note", s, rows, note, note, note + "; the loss fell regardless.", "",
+                out.append(Finding("update_low", "note", s, rows, note, note, note + ("; the loss fell regardless." if ev.falls() else "; other layers moved."), "",
                                    key="update_low"))
     return out
 
@@ -356,7 +360,7 @@ def findings_of(report: ThermometerReport, result: Any = None, thresholds: Thres
     first = first_nonfinite_of(result) if (result is not None and timed and getattr(result, "history", None) is not None) else None
     hist = getattr(result, "history", None) if timed else None
     return build(report.events, report.diagnoses, incidents=incidents, first_nonfinite=first, step=int(report.step or 0),
-                 th=thresholds, history=timed, evidence=Evidence.of(hist), extra=loop_findings(result) if timed else ())
+                 th=thresholds, history=timed, evidence=Evidence.of(hist), extra=[*loop_findings(result), *run_findings(result)] if timed else ())
 
 
 def live_findings(history: Any, thresholds: Thresholds | None = None, *, flags: np.ndarray,

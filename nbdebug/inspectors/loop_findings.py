@@ -39,6 +39,8 @@ ADVICE = {
                        "in .grad until zeroed.",
     "nan_in_loss": "The loss computation made the NaN/Inf (log of 0, 0/0, probabilities outside [0, 1]): use "
                    "the logits losses (F.cross_entropy, BCEWithLogitsLoss), clamp, or add an epsilon.",
+    "graph_cut": "Keep the forward in torch between these modules: no .detach(), .item(), .numpy() or "
+                 "torch.no_grad() on the path from the loss back to them.",
     "torch_warning": "Read the warning: it points at a shape or usage bug in the loss or the data.",
 }
 
@@ -58,6 +60,9 @@ def loop_findings(result: Any) -> list[Finding]:
     loop.update(_from_history(hist, loop))
     steps = int(getattr(result, "steps", 0) or 0)
     out += _optimizer_findings(loop, ev, steps)
+    f = _graph_cut(hist, loop)
+    if f is not None:
+        out.append(f)
     f = _nan_in_loss(result)
     if f is not None:
         out.append(f)
@@ -93,7 +98,13 @@ def _optimizer_findings(loop: dict[str, Any], ev: Evidence, steps: int) -> list[
         return []
     out = []
     unstepped = [m for m in grads if m not in stepped]
-    if ours == 0 and foreign > 0:
+    empty = int(loop.get("empty_steps", 0))
+    if ours > 0 and empty >= 0.9 * ours:
+        text = f"parameters never changed: the optimizer stepped {ours} times with no gradient to apply"
+        out.append(Finding("no_optimizer_step", "error", 1, (), text, "parameters never changed",
+                           text + " (step() before backward(), or zero_grad() between backward() and step()).",
+                           ADVICE["no_optimizer_step"], key="no_optimizer_step"))
+    elif ours == 0 and foreign > 0:
         text = (f"the optimizer stepped {foreign} times but holds none of this model's parameters "
                 f"({len(grads)} modules got gradients)")
         out.append(Finding("params_not_stepped", "error", 1, tuple(grads), text, "no parameter of the model stepped",
@@ -153,3 +164,30 @@ def _nan_in_loss(result: Any) -> Finding | None:
             "the gradient of the loss w.r.t. it was not")
     return Finding("nan_in_loss", "error", int(step), (name,), text, f"NaN/Inf from the loss at step {step}", text + ".",
                    ADVICE["nan_in_loss"], key="nan_in_loss")
+
+
+def _graph_cut(hist: Any, loop: dict[str, Any]) -> Finding | None:
+    """Rows of modules with trainable parameters whose parameters never got a gradient (NaN at every
+    step: no backward reached them) before a row whose gradient is known: the graph is cut between the
+    last of them and that row. A body frozen with ``requires_grad_(False)`` has no trainable parameter."""
+    trainable = set(loop.get("trainable_modules", []))
+    if hist is None or len(hist) < 2 or not trainable:
+        return None
+    v = hist.values("last")
+    pg, gn = v[:, :, FIELD_INDEX["param_grad_norm"]], v[:, :, FIELD_INDEX["grad_norm"]]
+    mods = [str(i.get("module", r)) for r, i in zip(hist.rows, hist.row_info, strict=True)]
+    got = np.isfinite(pg).any(axis=0) | np.isfinite(gn).any(axis=0)
+    cut = [i for i, m in enumerate(mods) if m in trainable and not bool(np.isfinite(pg[:, i]).any())
+           and not bool(np.isfinite(gn[:, i]).any())]
+    if not cut or not bool(np.isfinite(pg).any()):
+        return None
+    down = next((i for i in range(cut[-1] + 1, len(mods)) if got[i]), None)
+    if down is None:
+        return None
+    up = max(i for i in range(down) if not got[i])  # the last row before it that no gradient reached
+    cut_rows = [hist.rows[i] for i in cut]
+    text = (f"the gradient stops between `{hist.rows[up]}` and `{hist.rows[down]}`: {names(cut_rows)} "
+            "got no gradient at any step, though trainable")
+    return Finding("graph_cut", "error", int(hist.step_index[0]), (hist.rows[up], hist.rows[down]), text,
+                   f"no gradient reaches {names(cut_rows)}", text + " (a .detach(), .item(), a numpy round trip or "
+                   "torch.no_grad() in the forward between them).", ADVICE["graph_cut"], key="graph_cut")

@@ -90,6 +90,7 @@ class Evidence:
     steps: np.ndarray
     loss: np.ndarray
     gnorm: np.ndarray
+    move: float = math.nan  # the largest per-row median update ratio over the run (NaN: none known)
 
     @classmethod
     def of(cls, history: Any) -> Evidence:
@@ -98,11 +99,15 @@ class Evidence:
             return cls(np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
         steps = np.asarray(history.step_index)
         loss = np.asarray(history.scalar("loss"), np.float64)
-        pg = np.asarray(history.values("last")[:, :, FIELD_INDEX["param_grad_norm"]], np.float64)
+        v = history.values("last")
+        pg = np.asarray(v[:, :, FIELD_INDEX["param_grad_norm"]], np.float64)
+        ur = np.asarray(v[:, :, FIELD_INDEX["update_ratio"]], np.float64)
         with np.errstate(invalid="ignore"):
             have = np.isfinite(pg).any(axis=1)
             g = np.sqrt(np.nansum(np.where(np.isfinite(pg), pg, 0.0) ** 2, axis=1))
-        return cls(steps, loss, np.where(have, g, np.nan))
+            cols = np.isfinite(ur).any(axis=0)
+            move = float(np.max(np.nanmedian(ur[:, cols], axis=0))) if cols.any() else math.nan
+        return cls(steps, loss, np.where(have, g, np.nan), move)
 
     def _finite(self) -> tuple[np.ndarray, np.ndarray]:
         ok = np.isfinite(self.loss)

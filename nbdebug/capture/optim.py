@@ -124,6 +124,7 @@ class OptimizerWatch:
         # steps (of how many looked at) the first gradient was the very tensor of the previous step's
         self.foreign_steps = self.empty_steps = self.grad_kept = self.grad_checked = 0
         self._last_grad: weakref.ref[torch.Tensor] | None = None
+        self._held_names: set[str] = set()  # watched modules with a parameter in an optimizer that stepped
         self._modules = {name: weakref.ref(m) for name, m in modules}
         self._owners: dict[int, tuple[torch.Tensor, list[str]]] = {}  # id(param) → (param, modules owning it)
         for name, m in modules:
@@ -200,6 +201,7 @@ class OptimizerWatch:
             self._last = (weakref.ref(opt), plan)
             if plan is not None:
                 self._seen.add(opt)
+                self._held_names.update(m for _, _, mods in plan.candidates for m in mods)
         if plan is not None:
             mask = [p.requires_grad for p in plan.params] if closure else [p.grad is not None for p in plan.params]
             if mask != plan.mask:
@@ -281,10 +283,11 @@ class OptimizerWatch:
             self.grad_kept += 1
         self._last_grad = weakref.ref(g)
 
-    def loop(self) -> dict[str, int]:
+    def loop(self) -> dict[str, Any]:
         """What the watch saw of the loop (for ``CaptureResult.loop``)."""
         return {"optimizer_steps": self.optimizer_steps, "foreign_steps": self.foreign_steps,
-                "empty_steps": self.empty_steps, "grad_kept_steps": self.grad_kept, "grad_checked_steps": self.grad_checked}
+                "empty_steps": self.empty_steps, "grad_kept_steps": self.grad_kept, "grad_checked_steps": self.grad_checked,
+                "held_modules": sorted(self._held_names)}
 
     def _after_step(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         last = self._last

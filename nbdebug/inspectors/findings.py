@@ -294,6 +294,10 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         causes["became_dead"] = "lr_high"
     if fell is not None and dead is not None and dead.step <= fell.step:
         causes["grad_fell"] = "became_dead"
+    elif fell is not None and ev.falls() and not any(f.code == "exploding" for f in lossy):
+        # gradients shrink as a loss that falls converges: with no death before it, no harm is seen
+        items[items.index(fell)] = replace(fell, severity="note", advice="",
+                                           detail=fell.detail.rstrip(".") + ", while the loss fell (converging?).")
     low = next((f for f in upd if f.code == "lr_low"), None)
     if low is not None and dead is not None and dead.step <= low.step:
         causes["lr_low"] = "became_dead"

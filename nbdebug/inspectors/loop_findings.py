@@ -81,8 +81,11 @@ def _from_history(hist: Any, loop: dict[str, Any]) -> dict[str, Any]:
     v = hist.values("last")
     with np.errstate(invalid="ignore"):
         pg, ur = v[:, :, FIELD_INDEX["param_grad_norm"]], v[:, :, FIELD_INDEX["update_ratio"]]
-        grads = [r for i, r in enumerate(hist.rows) if bool((np.isfinite(pg[:, i]) & (pg[:, i] > 0)).any())]
-        stepped = [r for i, r in enumerate(hist.rows) if bool(np.isfinite(ur[:, i]).any())]
+        mods = [str(i.get("module", r)) for r, i in zip(hist.rows, hist.row_info, strict=True)]
+        grads = list(dict.fromkeys(m for i, m in enumerate(mods) if bool((np.isfinite(pg[:, i]) & (pg[:, i] > 0)).any())))
+        # the modules an optimizer that stepped holds (the watch's plans); else those with an update ratio
+        held = loop.get("held_modules")
+        stepped = list(held) if held is not None else [m for i, m in enumerate(mods) if bool(np.isfinite(ur[:, i]).any())]
         known = ur[np.isfinite(ur)]
     ours, empty = int(loop.get("optimizer_steps", 0)), int(loop.get("empty_steps", 0))
     moved = True if bool((known > 0).any()) else (False if (ours and empty >= ours) or (len(known) and ours) else None)

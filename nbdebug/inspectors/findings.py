@@ -281,6 +281,10 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
     upd = _update_findings(evs, th, feeding, ev, harmed)
     nan = _nan_finding(first_nonfinite, incidents) if first_nonfinite is not None else None
     lossy = _loss_findings(ev)
+    serious = any(f is not None and f.severity != "note" for f in (nan, *upd, dead, spikes, fell, *lossy)) or any(
+        f.code != "loss_at_chance" for f in extra) or any(d.code in ("dead", "dead_units", "saturated", "vanishing") for d in diags)
+    # a loss at chance is the finding only when nothing else explains it (dead, saturated, vanishing, a loop bug)
+    extra = [f for f in extra if f.code != "loss_at_chance" or not serious]
     items += [f for f in (nan, *upd, dead, spikes, fell, *lossy, *extra) if f is not None]
     lr_high = next((f for f in upd if f.code == "lr_high"), None)
     for f in lossy:

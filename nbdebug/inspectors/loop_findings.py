@@ -180,8 +180,8 @@ def _graph_cut(hist: Any, loop: dict[str, Any]) -> Finding | None:
     pg, gn = v[:, :, FIELD_INDEX["param_grad_norm"]], v[:, :, FIELD_INDEX["grad_norm"]]
     mods = [str(i.get("module", r)) for r, i in zip(hist.rows, hist.row_info, strict=True)]
     got = np.isfinite(pg).any(axis=0) | np.isfinite(gn).any(axis=0)
-    cut = [i for i, m in enumerate(mods) if m in trainable and not bool(np.isfinite(pg[:, i]).any())
-           and not bool(np.isfinite(gn[:, i]).any())]
+    reached = {m for m, g in zip(mods, got, strict=True) if g}  # a module any of whose rows a gradient reached
+    cut = [i for i, m in enumerate(mods) if m in trainable and m not in reached]
     if not cut or not bool(np.isfinite(pg).any()):
         return None
     down = next((i for i in range(cut[-1] + 1, len(mods)) if got[i]), None)

@@ -8,7 +8,8 @@ Jupyter), from what the history already holds (no new capture cost):
 * ``batch_mixed``: the model ends in a ``Softmax`` whose outputs average 1/N (N the batch) rather than
   1/C: a softmax over the batch dimension mixes the samples.
 * ``loss_at_chance``: a classifier's loss stays at ln C (C = the output's last dimension) over the
-  last half of the run while the weights move: inputs and labels unrelated?
+  last half of the run while every layer's weights move, and nothing else is wrong (a dead or
+  saturated model also sits at chance: then that is the finding): inputs and labels unrelated?
 * ``input_scale``: the first layer (a Linear/Conv fed the model's input) outputs values of std ≥ 30
   at the first step: the raw input is far outside the usual scale (normalised inputs give ~1).
 * ``weight_decay_dominates``: ‖θ‖ of the stepped layers shrinks at ≥ 90% of the steps, to ≤ 0.7× its
@@ -125,9 +126,9 @@ def _at_chance(v: np.ndarray, row: str, c: int, ev: Evidence) -> Finding | None:
     if abs(float(np.median(half)) / chance - 1) > 0.05 or float(half.min()) < 0.9 * chance:
         return None
     ur = _col(v, "update_ratio")
-    with np.errstate(invalid="ignore"):
-        moving = bool(np.isfinite(ur).any()) and float(np.nanmax(np.nanmedian(ur, axis=0))) >= 1e-4
-    if not moving:
+    cols = np.isfinite(ur).any(axis=0)
+    # every layer with an update ratio moves (a vanishing gradient's first layers do not: that is not chance)
+    if not cols.any() or float(np.min(np.nanmedian(ur[:, cols], axis=0))) < 1e-4:
         return None
     text = (f"the loss stays at chance: {fmt_g(float(np.median(half)))} over the last {len(half)} steps, "
             f"ln {c} = {fmt_g(chance)}, while the weights move")

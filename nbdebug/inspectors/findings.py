@@ -175,7 +175,8 @@ def _fell_finding(evs: Sequence[Event]) -> Finding | None:
     rows = [e.row for e in es]
     to_zero = all(e.value == 0 for e in es)
     what = "fell to 0" if to_zero else "fell by orders of magnitude"
-    when = f"at step {s}" if s == last else f"from step {s} to step {last}"
+    # each row's fall is measured from its first step: the steps are when each had fallen, not a span
+    when = f"by step {s}" if s == last else f"by steps {s}–{last}"
     short = f"gradients of {_names(rows)} {what} {when}"
     return Finding("grad_fell", "warning", s, tuple(rows), short, short, short + ".", es[0].suggestion, key="grad_fell")
 
@@ -325,8 +326,9 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         if d.code == "update_ratio" and upd:
             continue  # the run's update finding (a warning with its harm, or a note) says it
         f = _diag_finding(d, step)
-        if d.code == "update_ratio":
-            f = replace(f, severity="note")  # one statistic past a rule of thumb: no harm seen
+        if d.code == "update_ratio" or (d.code == "exploding" and ev.falls() and not lossy):
+            # one statistic past a rule of thumb, while the loss falls: no harm seen (a clipped LSTM's raw norm)
+            f = replace(f, severity="note", advice="")
         items.append(f)
         if nan is not None and nan.step < step:
             causes[f.key] = "nonfinite"  # the weights may hold NaN since then: what the last step shows follows

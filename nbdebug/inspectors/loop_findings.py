@@ -97,8 +97,8 @@ def _optimizer_findings(loop: dict[str, Any], ev: Evidence, steps: int) -> list[
     stepped = list(loop.get("stepped_modules", []))  # modules some optimizer stepped
     ours, foreign = int(loop.get("optimizer_steps", 0)), int(loop.get("foreign_steps", 0))
     moved = loop.get("moved")  # some stepped parameter changed (None: unknown)
-    if steps < 2 or not grads:
-        return []
+    if steps < 2 or not grads or "optimizer_steps" not in loop:
+        return []  # (a result the optimizer watch did not fill, e.g. built by hand or read from a spool: not judged)
     out = []
     unstepped = [m for m in grads if m not in stepped]
     empty = int(loop.get("empty_steps", 0))

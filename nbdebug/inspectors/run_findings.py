@@ -125,6 +125,10 @@ def _at_chance(v: np.ndarray, row: str, c: int, ev: Evidence) -> Finding | None:
     half = loss[len(loss) // 2:]
     if abs(float(np.median(half)) / chance - 1) > 0.05 or float(half.min()) < 0.9 * chance:
         return None
+    # and flat there: a model that learns slowly (its loss still falling through chance) is not at chance
+    decline = -float(np.polyfit(np.arange(len(half)), half, 1)[0]) * (len(half) - 1)
+    if decline >= 0.01 * chance:
+        return None
     ur = _col(v, "update_ratio")
     cols = np.isfinite(ur).any(axis=0)
     # every layer with an update ratio moves (a vanishing gradient's first layers do not: that is not chance)

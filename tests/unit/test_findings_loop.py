@@ -264,3 +264,15 @@ def test_assert_healthy_raises_with_the_findings_and_honours_allow() -> None:
         _train(m, torch.optim.Adam(m.parameters(), lr=1e-3), steps=30)()
     nbdebug.assert_healthy(dbg)  # the debug session itself: its thermometer's findings; notes never fail
     assert dbg.results["thermometer"] is dbg.result and dbg.result.headline.startswith("no problems found")
+
+
+# -- weight decay that wipes the weights out vs a usual one -----------------------------------------
+@pytest.mark.parametrize("wd", [0.5, 5e-4])
+def test_weight_decay_that_dominates_is_named_and_a_usual_one_is_not(wd: float) -> None:
+    m = _mlp()
+    res = _run(m, _train(m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=wd), steps=60))
+    if wd > 0.1:
+        assert _root(res) == "weight_decay_dominates", res.findings
+        assert res.findings[0].text.startswith("the weights shrank: ‖θ‖ of `0` and `2` fell from ")
+    else:
+        assert _serious(res) == [], res.findings

@@ -12,6 +12,8 @@ Training: ``nbdebug.doctor(model, inputs, targets)`` (the pre-training checklist
 ``DoctorReport``), ``nbdebug.NonFiniteError`` (raised by ``--break-on nonfinite``),
 ``nbdebug.TrainerCallback()`` (Hugging Face ``Trainer``) and ``nbdebug.LightningCallback()``
 (PyTorch Lightning); neither callback imports its framework before one is created.
+``nbdebug.assert_healthy(dbg_or_result, allow=[codes])``: AssertionError listing the run's findings
+(``dbg.result.findings`` / ``.headline``; docs/diagnosis.md lists the codes).
 
 Testing what a view shows (the causal workbench): ``nbdebug.patch(model, clean=, corrupt=, answer=,
 wrong=, tokenizer=, sites=)`` (an activation-patching grid, a ``PatchGrid``), ``with
@@ -59,6 +61,7 @@ _LAZY = {
     "attribute": "nbdebug.attribution",
     "fit_lens": "nbdebug.lens",
     "load_lens": "nbdebug.lens",
+    "assert_healthy": "nbdebug.inspectors.health",
 }
 __all__ = ["__version__", "load_ipython_extension", *_LAZY]
 

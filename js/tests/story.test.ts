@@ -63,6 +63,14 @@ function model(extra: Record<string, any> = {}): FakeModel {
 const texts = (el: HTMLElement, sel: string) => Array.from(el.querySelectorAll(sel)).map((e) => e.textContent);
 
 describe("the thermometer's story", () => {
+  it("numbers the root causes 1, 2, … (what follows from one is marked, not counted)", () => {
+    const note = { code: "update_high", severity: "note", step: 1, rows: ["0"], text: "update ratios above 0.01", short: "", detail: "update ratios above 0.01, with no harm seen.", advice: "", cause: -1 };
+    const el = mount(widget.render as any, model({ findings: [...FINDINGS, note] }));
+    const items = Array.from(el.querySelectorAll(".nbd-findings > li")) as HTMLLIElement[];
+    expect(items.map((li) => (li.classList.contains("nbd-follows") ? "→" : String(li.value)))).toEqual(["1", "→", "2"]);
+    expect(items[2].classList.contains("nbd-sev-note")).toBe(true);
+  });
+
   it("leads with the finding, ranks the findings and says each piece of advice once", () => {
     const el = mount(widget.render as any, model());
     const root = el.querySelector(".nbdebug-thermometer")!;

@@ -119,6 +119,12 @@ class OptimizerWatch:
         self.on_pre = on_pre
         self.notes: list[str] = []
         self.optimizer_steps = 0  # over the whole capture
+        # the loop as seen (issue 26; no host sync: attribute reads): steps of optimizers holding none of the
+        # model's parameters, steps of the model's where none of its parameters had a .grad, and at how many
+        # steps (of how many looked at) the first gradient was the very tensor of the previous step's
+        self.foreign_steps = self.empty_steps = self.grad_kept = self.grad_checked = 0
+        self._last_grad: weakref.ref[torch.Tensor] | None = None
+        self._held_names: set[str] = set()  # watched modules with a parameter in an optimizer that stepped
         self._modules = {name: weakref.ref(m) for name, m in modules}
         self._owners: dict[int, tuple[torch.Tensor, list[str]]] = {}  # id(param) → (param, modules owning it)
         for name, m in modules:
@@ -195,6 +201,7 @@ class OptimizerWatch:
             self._last = (weakref.ref(opt), plan)
             if plan is not None:
                 self._seen.add(opt)
+                self._held_names.update(m for _, _, mods in plan.candidates for m in mods)
         if plan is not None:
             mask = [p.requires_grad for p in plan.params] if closure else [p.grad is not None for p in plan.params]
             if mask != plan.mask:
@@ -246,6 +253,8 @@ class OptimizerWatch:
         plan = self._plan(opt, closure)
         if plan is None:
             return
+        if not closure:
+            self._look_at_grads(plan)
         if self.on_pre is not None:
             self.on_pre(self._scale is not None)
         plan.closure = closure
@@ -261,10 +270,30 @@ class OptimizerWatch:
             with torch.no_grad():
                 plan.pending = [torch.stack(norms_of(g.params)).float() for g in plan.groups]
 
+    def _look_at_grads(self, plan: Plan) -> None:
+        """Before a step of the model's optimizer: none of its parameters has a gradient (empty), or the
+        first one's gradient is the tensor it was at the previous step (kept: never set to None)."""
+        g = next((p.grad for p in plan.params if p.grad is not None), None)
+        if g is None:
+            self.empty_steps += 1
+            return
+        last = self._last_grad
+        self.grad_checked += 1
+        if last is not None and last() is g:
+            self.grad_kept += 1
+        self._last_grad = weakref.ref(g)
+
+    def loop(self) -> dict[str, Any]:
+        """What the watch saw of the loop (for ``CaptureResult.loop``)."""
+        return {"optimizer_steps": self.optimizer_steps, "foreign_steps": self.foreign_steps,
+                "empty_steps": self.empty_steps, "grad_kept_steps": self.grad_kept, "grad_checked_steps": self.grad_checked,
+                "held_modules": sorted(self._held_names)}
+
     def _after_step(self, opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         last = self._last
         plan = last[1] if last is not None and last[0]() is opt else self._cached(opt)
         if plan is None or plan is False:
+            self.foreign_steps += 1
             return
         plan.posts += 1
         self._stepped += 1

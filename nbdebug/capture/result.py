@@ -101,6 +101,12 @@ class CaptureResult:
     eval_steps: int = 0  # no-grad forwards inside a training loop (kept out of the history)
     every: int = 1  # --every N: the history samples every N-th step
     lrs: dict[str, float] = field(default_factory=dict)  # module → lr of its parameters' group (last step)
+    # --- the training loop as the capture saw it (issue 26; read by nbdebug.inspectors.loop_findings)
+    loop: dict[str, Any] = field(default_factory=dict)
+    # --- filled by the thermometer (nbdebug.debug / %%nndebug; nbdebug.inspectors.thermometer.diagnose for a
+    # Capture of your own): the ranked findings (.code, .severity, .step, .rows, .text, .advice, .cause), the header
+    findings: list[Any] = field(default_factory=list)
+    headline: str = ""
 
     def _first_nonfinite(self) -> tuple[int, int] | None:
         steps = (self.forward_nonfinite_step, self.backward_nonfinite_step, self.param_grad_nonfinite_step)

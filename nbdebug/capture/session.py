@@ -87,6 +87,7 @@ from .result import CaptureResult, LayerRecord
 from .rows import RowTable
 from .select import LayerFilter, select_modules
 from .steps import Steps
+from .warned import Warned
 from .weak import ModelRef
 
 __all__ = ["MAX_CALLS", "Capture", "CaptureOptions", "CaptureResult", "LayerRecord"]
@@ -175,6 +176,7 @@ class Capture:
         self.result: CaptureResult | None = None
         self.notes: list[str] = []
         self.watch: OptimizerWatch | None = None  # while entered
+        self._warned = Warned(lambda: self._steps.count)  # bug-pointing PyTorch warnings shown in the cell
         self._hooks = HookSet()
         self.rows = RowTable()
         self._budget = Budget(o.max_bytes)
@@ -310,6 +312,7 @@ class Capture:
                                         on_device=True if o.device_path else None, on_step=self._passes.optimizer_stepped,
                                         on_pre=self._optimizer_pre if o.grads else None)
             self.watch.__enter__()
+            self._warned.hold(hooks)
         except BaseException:
             hooks.remove()
             raise
@@ -357,9 +360,12 @@ class Capture:
 
     def _assemble(self) -> CaptureResult:
         o, passes = self.options, self._passes
-        return assemble(self.rows, self._steps, self._log, self._budget,
+        res = assemble(self.rows, self._steps, self._log, self._budget,
                         param_norms=param_grad_norms(self.modules, self._grads_before) if self.modules else {},
                         device_path=o.device_path, bins=o.bins, near_zero_eps=o.near_zero_eps, sample_size=o.sample_size,
                         passes=passes.passes, eval_steps=passes.eval_steps, truncated=self._forward.truncated,
                         notes=self.notes, watch=self.watch, params_seen=self._pg.any_seen, error=self._error,
                         raised=self._raised, elapsed=time.perf_counter() - self._t0, every=o.every, resume=o.resume)
+        res.loop = {**(self.watch.loop() if self.watch is not None else {}), "warnings": list(self._warned.seen),
+                    "trainable_modules": sorted({n for ns in self._pg.owners.values() for n in ns})}
+        return res

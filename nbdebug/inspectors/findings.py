@@ -29,14 +29,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from .events import Event, events, fmt_g
 from .history import Thresholds
+from .loop_findings import loop_findings
 from .report import Diagnosis, ThermometerReport
+from .run_evidence import Evidence, Finding, Rise, names
+from .run_findings import run_findings
 from .steps import SUGGEST, FirstNonfinite, diagnoses_at, first_nonfinite_of, nan_part, plural
 
 __all__ = ["SUGGEST_FINDINGS", "Finding", "as_json", "build", "findings_of", "headline", "live_findings", "rank"]
@@ -46,6 +49,8 @@ SUGGEST_FINDINGS = {
     "loss_spike": "Lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_), and look at the "
                   "batches of those steps (outliers, wrong labels).",
     "nonfinite": SUGGEST["nan_origin_fwd"],
+    "loss_diverged": "Lower the learning rate (a fine-tune usually wants 1e-5–1e-4; warm it up), clip gradients, "
+                     "and check the labels and the loss against the model's output.",
 }
 
 #: where a first NaN/Inf appeared → the advice it gets
@@ -55,35 +60,8 @@ _ERRORS = {"raised", "nonfinite", "nan_origin_fwd", "nan_origin_bwd", "exploding
 _NAN_CODES = {"nan_origin_fwd", "nan_origin_bwd", "nonfinite"}
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One finding over the run: ``code`` (what: "raised", "nonfinite", "lr_high", "lr_low",
-    "became_dead", "grad_fell", "loss_spike", or a diagnosis code at one step), ``severity``
-    ("error" | "warning"), ``step`` (its first step; 0 without a history), ``rows`` (the module rows it
-    names), ``text`` (the sentence, module names in backticks: what the header says when it is the
-    root), ``short`` (the clause the header gives it as a consequence), ``detail`` (the full sentence
-    of the ranked list), ``advice`` ("" when a cause's advice covers it) and ``cause`` (the index in
-    the ranked list of the finding it follows from; -1 for a root cause)."""
-
-    code: str
-    severity: str
-    step: int
-    rows: tuple[str, ...]
-    text: str
-    short: str
-    detail: str
-    advice: str = ""
-    cause: int = -1
-    key: str = field(default="", compare=False)  # identity while ranking (the code, or code:row for diagnoses)
-
-
 def _names(rows: Sequence[str], n: int = 3) -> str:
-    """`` `0`, `1` and `2` `` (module names as names, never bare numbers)."""
-    xs = [f"`{r}`" for r in rows[:n]]
-    more = len(rows) - n
-    if more > 0:
-        return ", ".join(xs) + f" and {more} more"
-    return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + f" and {xs[-1]}"
+    return names(rows, n)
 
 
 def _get(inc: Any, k: str) -> Any:
@@ -99,8 +77,12 @@ def _nonfinite_of(incidents: Sequence[Any]) -> FirstNonfinite | None:
     return None
 
 
-def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str]) -> list[Finding]:
-    """"learning rate too high" / "update ratio too low" from the update-ratio events (one each)."""
+def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev: Evidence,
+                     harmed: bool) -> list[Finding]:
+    """"learning rate too high" / "update ratio too low" from the update-ratio events (one each): a
+    warning only with evidence of harm (too high: ``harmed`` — units it fed died, the loss spiked —
+    or the loss then rose to ≥ 2× its first value, or gradients blew up after it; too low: the loss
+    did not fall), else a note ("update_high" / "update_low")."""
     out = []
     for high in (True, False):
         es = [e for e in evs if e.code == "update_ratio" and (e.value > th.update_high) == high and math.isfinite(e.value)]
@@ -112,16 +94,61 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str]) ->
         e = max(cited, key=lambda e: e.value) if high else min(cited, key=lambda e: e.value)
         rows = tuple(dict.fromkeys(x.row for x in es))
         if high:
+            rise = ev.loss_rise(s)
+            blow = ev.grad_blowup()
+            blew = blow is not None and blow[0] > s
             text = f"learning rate too high: update ratio {fmt_g(e.value)} at step {s} in `{e.row}`"
-            detail = (f"{text}; ‖Δθ‖/‖θ‖ above {th.update_high:g} (healthy ≈ 1e-3) in {_names(rows)}"
-                      f" from step {s}.")
-            out.append(Finding("lr_high", "warning", s, rows, text, f"update ratio above {th.update_high:g} from step {s}",
-                               detail, SUGGEST["update_high"], key="lr_high"))
+            if harmed or rise is not None or blew:
+                detail = f"{text}; ‖Δθ‖/‖θ‖ above {th.update_high:g} in {_names(rows)} from step {s}"
+                if rise is not None:
+                    detail += f"; then {_rise_clause(rise)}"
+                if blew and blow is not None:
+                    detail += f"; the gradient norm reached {fmt_g(blow[1])} at step {blow[0]} ({fmt_g(blow[1] / blow[2])}× its start)"
+                out.append(Finding("lr_high", "warning", s, rows, text, f"update ratio above {th.update_high:g} from step {s}",
+                                   detail + ".", SUGGEST["update_high"], key="lr_high"))
+            else:
+                note = (f"update ratios above {th.update_high:g} (rule of thumb ≈ 1e-3) from step {s}, up to "
+                        f"{fmt_g(e.value)} in `{e.row}`, with no harm seen")
+                detail = (f"{note}: the loss did not rise, no unit died, gradients did not blow up "
+                          "(Adam's first steps move each weight by about lr: ratios of 1e-2–3e-2 are usual for small models).")
+                out.append(Finding("update_high", "note", s, rows, note, note, detail, "", key="update_high"))
         else:
             text = f"update ratio too low: {fmt_g(e.value)} at step {s} in `{e.row}`"
-            detail = f"{text}; ‖Δθ‖/‖θ‖ below {th.update_low:g} in {_names(rows)} from step {s}: they barely learn."
-            out.append(Finding("lr_low", "warning", s, rows, text, f"{_names(rows)} barely updated from step {s}",
-                               detail, SUGGEST["update_low"], key="lr_low"))
+            # every layer barely moves (the largest per-layer median ratio is below the line) and the loss
+            # does not fall: one slow layer (an embedding, a vanishing gradient's first layers) is no lr
+            stuck = (len(ev.steps) >= 5 and not ev.falls() and ev.diverged() is None
+                     and math.isfinite(ev.move) and ev.move < th.update_low)
+            if stuck:
+                detail = f"{text}; ‖Δθ‖/‖θ‖ below {th.update_low:g} in {_names(rows)} from step {s}, and the loss did not fall: they barely learn."
+                out.append(Finding("lr_low", "warning", s, rows, text, f"{_names(rows)} barely updated from step {s}",
+                                   detail, SUGGEST["update_low"], key="lr_low"))
+            else:
+                note = f"update ratio below {th.update_low:g} in {_names(rows)} from step {s} (smallest {fmt_g(e.value)} in `{e.row}`)"
+                out.append(Finding("update_low", "note", s, rows, note, note, note + ("; the loss fell regardless." if ev.falls() else "; other layers moved."), "",
+                                   key="update_low"))
+    return out
+
+
+def _rise_clause(r: Rise) -> str:
+    if not math.isfinite(r.value):
+        return f"the loss went non-finite at step {r.step}"
+    return f"the loss rose to {fmt_g(r.value)} at step {r.step} ({fmt_g(r.factor)}× its first value {fmt_g(r.start)})"
+
+
+def _loss_findings(ev: Evidence) -> list[Finding]:
+    """The run's end far above its start (``loss_diverged``), and gradients that blew up (``exploding``)."""
+    out = []
+    d = ev.diverged()
+    if d is not None:
+        text = (f"loss diverged: it ends at {fmt_g(d.value)}, {fmt_g(d.factor)}× its start ({fmt_g(d.start)})")
+        out.append(Finding("loss_diverged", "warning", d.step, (), text, f"loss {fmt_g(d.factor)}× its start by step {d.step}",
+                           text + " (median of the last fifth of the steps vs the mean of the first tenth).",
+                           SUGGEST_FINDINGS["loss_diverged"], key="loss_diverged"))
+    b = ev.grad_blowup()
+    if b is not None and (ev.loss_rise(b[0] - 1) is not None or d is not None):
+        text = f"gradients exploded: norm {fmt_g(b[1])} at step {b[0]}, {fmt_g(b[1] / b[2])}× its first steps'"
+        out.append(Finding("exploding", "error", b[0], (), text, f"gradient norm {fmt_g(b[1] / b[2])}× its start at step {b[0]}",
+                           text + "; the loss rose after it.", SUGGEST["exploding"], key="exploding_run"))
     return out
 
 
@@ -148,7 +175,8 @@ def _fell_finding(evs: Sequence[Event]) -> Finding | None:
     rows = [e.row for e in es]
     to_zero = all(e.value == 0 for e in es)
     what = "fell to 0" if to_zero else "fell by orders of magnitude"
-    when = f"at step {s}" if s == last else f"from step {s} to step {last}"
+    # each row's fall is measured from its first step: the steps are when each had fallen, not a span
+    when = f"by step {s}" if s == last else f"by steps {s}–{last}"
     short = f"gradients of {_names(rows)} {what} {when}"
     return Finding("grad_fell", "warning", s, tuple(rows), short, short, short + ".", es[0].suggestion, key="grad_fell")
 
@@ -208,9 +236,10 @@ def rank(items: list[Finding], causes: dict[str, str]) -> list[Finding]:
     roots = [f for f in items if f.key not in causes]
     order = {f.key: i for i, f in enumerate(items)}
 
-    def weight(f: Finding) -> tuple[int, int, int, int]:
+    def weight(f: Finding) -> tuple[int, int, int, int, int]:
         members = chain(f)
-        return (0 if f.code == "raised" else 1, 0 if any(m.severity == "error" for m in members) else 1, f.step, order[f.key])
+        return (0 if f.code == "raised" else 1, 1 if f.severity == "note" else 0,
+                0 if any(m.severity == "error" for m in members) else 1, f.step, order[f.key])
 
     ranked: list[Finding] = []
     for r in sorted(roots, key=weight):
@@ -231,10 +260,13 @@ def rank(items: list[Finding], causes: dict[str, str]) -> list[Finding]:
 
 def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequence[Any] = (),
           first_nonfinite: FirstNonfinite | None = None, step: int = 0, th: Thresholds | None = None,
-          history: bool = True) -> list[Finding]:
+          history: bool = True, evidence: Evidence | None = None, extra: Sequence[Finding] = ()) -> list[Finding]:
     """The ranked findings of events ``evs`` (over the kept steps), diagnoses ``diags`` (at ``step``),
-    the capture's ``incidents`` and its first NaN/Inf; ``history`` False: one step (the diagnoses only)."""
+    the capture's ``incidents`` and its first NaN/Inf; ``history`` False: one step (the diagnoses only).
+    ``evidence``: the run's loss and gradient norms (:class:`~nbdebug.inspectors.run_evidence.Evidence`);
+    ``extra``: findings made elsewhere (the loop's, :mod:`~nbdebug.inspectors.loop_findings`), roots."""
     th = th or Thresholds()
+    ev = evidence if evidence is not None else Evidence.of(None)
     items: list[Finding] = []
     causes: dict[str, str] = {}
     raised = [d for d in diags if d.code == "raised"]
@@ -244,15 +276,33 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         return rank(items, causes)
     dead = _dead_finding(evs)
     feeding = {r for e in evs if e.code == "became_dead" for r in e.related}
-    upd = _update_findings(evs, th, feeding)
     fell, spikes = _fell_finding(evs), _spike_finding(incidents)
+    highs = [e.step for e in evs if e.code == "update_ratio" and e.value > th.update_high]
+    harmed = bool(highs) and (bool(feeding and dead) or (spikes is not None and spikes.step > min(highs)))
+    upd = _update_findings(evs, th, feeding, ev, harmed)
     nan = _nan_finding(first_nonfinite, incidents) if first_nonfinite is not None else None
-    items += [f for f in (nan, *upd, dead, spikes, fell) if f is not None]
+    lossy = _loss_findings(ev)
+    serious = any(f is not None and f.severity != "note" for f in (nan, *upd, dead, spikes, fell, *lossy)) or any(
+        f.code != "loss_at_chance" for f in extra) or any(d.code in ("dead", "dead_units", "saturated", "vanishing") for d in diags)
+    # a loss at chance is the finding only when nothing else explains it (dead, saturated, vanishing, a loop bug)
+    extra = [f for f in extra if f.code != "loss_at_chance" or not serious]
+    items += [f for f in (nan, *upd, dead, spikes, fell, *lossy, *extra) if f is not None]
     lr_high = next((f for f in upd if f.code == "lr_high"), None)
+    for f in lossy:
+        if f.code == "exploding" and lr_high is not None and f.step <= lr_high.step:
+            causes["lr_high"] = f.key  # the gradient blew up first: the large updates follow from it
+        elif lr_high is not None and f.step >= lr_high.step:
+            causes[f.key] = "lr_high"
+    if spikes is not None and lr_high is None and any(f.code == "exploding" and f.step <= spikes.step for f in lossy):
+        causes["loss_spike"] = "exploding_run"
     if dead is not None and lr_high is not None and feeding:
         causes["became_dead"] = "lr_high"
     if fell is not None and dead is not None and dead.step <= fell.step:
         causes["grad_fell"] = "became_dead"
+    elif fell is not None and ev.falls() and not any(f.code == "exploding" for f in lossy):
+        # gradients shrink as a loss that falls converges: with no death before it, no harm is seen
+        items[items.index(fell)] = replace(fell, severity="note", advice="",
+                                           detail=fell.detail.rstrip(".") + ", while the loss fell (converging?).")
     low = next((f for f in upd if f.code == "lr_low"), None)
     if low is not None and dead is not None and dead.step <= low.step:
         causes["lr_low"] = "became_dead"
@@ -260,6 +310,12 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         causes["loss_spike"] = "lr_high"
     if nan is not None and spikes is not None and spikes.step < nan.step:
         causes["nonfinite"] = "loss_spike"
+    if nan is not None and any(f.code == "nan_in_loss" for f in extra):
+        causes["nonfinite"] = "nan_in_loss"  # the same NaN: the loss made it
+    for f in extra:
+        if f.code in ("params_not_stepped", "no_optimizer_step", "grad_not_zeroed"):
+            for k in ("lr_high", "lr_low", "loss_diverged", "exploding_run", "loss_spike"):
+                causes.setdefault(k, f.key)  # the loop bug explains what the updates and the loss did
     # the state at the report's step, where no event over the run already says it
     told = {(e.code, e.row) for e in evs}
     for d in diags:
@@ -267,9 +323,12 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
             continue
         if d.code in ("dead", "dead_units") and ("became_dead", d.layer) in told:
             continue
-        if d.code == "update_ratio" and any(f.code == ("lr_high" if "too high" in d.message else "lr_low") for f in upd):
-            continue
+        if d.code == "update_ratio" and upd:
+            continue  # the run's update finding (a warning with its harm, or a note) says it
         f = _diag_finding(d, step)
+        if d.code == "update_ratio" or (d.code == "exploding" and ev.falls() and not lossy):
+            # one statistic past a rule of thumb, while the loss falls: no harm seen (a clipped LSTM's raw norm)
+            f = replace(f, severity="note", advice="")
         items.append(f)
         if nan is not None and nan.step < step:
             causes[f.key] = "nonfinite"  # the weights may hold NaN since then: what the last step shows follows
@@ -282,14 +341,15 @@ def headline(findings: Sequence[Finding], fallback: str = "") -> str:
     """The header: the top root cause's sentence, then (→) up to three of the findings that follow
     from it, in step order, and how many other root causes the list below has; ``fallback`` when
     there is none."""
-    if not findings:
-        return fallback
+    if not findings or findings[0].severity == "note":
+        notes = sum(1 for f in findings if f.cause < 0)
+        return fallback + (f" ({plural(notes, 'note')} below)" if notes and fallback else "")
     root = findings[0]
     follow = sorted((f for f in findings[1:] if f.cause >= 0 and _root_of(findings, f) == 0), key=lambda f: f.step)
     out = root.text
     if follow:
         out += " → " + ", ".join(f.short for f in follow[:3]) + (f" (and {len(follow) - 3} more)" if len(follow) > 3 else "")
-    others = sum(1 for i, f in enumerate(findings) if f.cause < 0 and i > 0)
+    others = sum(1 for i, f in enumerate(findings) if f.cause < 0 and i > 0 and f.severity != "note")
     if others:
         out += f"; {plural(others, 'other finding')} below"
     return out
@@ -308,8 +368,9 @@ def findings_of(report: ThermometerReport, result: Any = None, thresholds: Thres
     incidents = list(getattr(result, "incidents", None) or [])
     timed = report.step is not None or bool(report.events)
     first = first_nonfinite_of(result) if (result is not None and timed and getattr(result, "history", None) is not None) else None
+    hist = getattr(result, "history", None) if timed else None
     return build(report.events, report.diagnoses, incidents=incidents, first_nonfinite=first, step=int(report.step or 0),
-                 th=thresholds, history=timed)
+                 th=thresholds, history=timed, evidence=Evidence.of(hist), extra=[*loop_findings(result), *run_findings(result)] if timed else ())
 
 
 def live_findings(history: Any, thresholds: Thresholds | None = None, *, flags: np.ndarray,
@@ -326,7 +387,7 @@ def live_findings(history: Any, thresholds: Thresholds | None = None, *, flags: 
     steps = np.asarray(history.step_index)
     j = len(steps) - 1
     diags, _, _ = diagnoses_at(j, history.values("last"), steps, list(history.rows), types, flags, evs, th, first)
-    return build(evs, diags, incidents=incidents, first_nonfinite=first, step=int(steps[j]), th=th)
+    return build(evs, diags, incidents=incidents, first_nonfinite=first, step=int(steps[j]), th=th, evidence=Evidence.of(history))
 
 
 def as_json(findings: Sequence[Finding]) -> list[dict[str, Any]]:

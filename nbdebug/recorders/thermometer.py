@@ -19,7 +19,7 @@ from torch import nn
 from ..adapters.unhookable import refuse_unhookable
 from ..capture.budget import parse_bytes
 from ..capture.session import Capture, CaptureResult
-from ..inspectors.thermometer import Thresholds, diagnose
+from ..inspectors.thermometer import ThermometerReport, Thresholds, diagnose
 from ..views import Recorder, training_options
 from ..widgets.thermometer import ThermometerWidget
 from .thermometer_ablation import LastCall, ModuleAblation
@@ -43,6 +43,7 @@ class ThermometerRecorder(Recorder):
         self._last_push = 0.0
         self._pushing = True
         self.last: LastCall | None = None
+        self._diagnosed: tuple[CaptureResult, ThermometerReport] | None = None
         self.capture = Capture(
             model,
             _default_layers(model) if o.get("layers") is None else o["layers"],
@@ -101,12 +102,23 @@ class ThermometerRecorder(Recorder):
 
     # -- after the run -----------------------------------------------------------------------
     def result(self) -> CaptureResult:
+        """The capture's result, with its ranked ``findings`` and ``headline`` (decided once)."""
         assert self.capture.result is not None, "the recorder has not run yet"
+        self._report()
         return self.capture.result
+
+    def _report(self) -> ThermometerReport:
+        res = self.capture.result
+        assert res is not None, "the recorder has not run yet"
+        if self._diagnosed is None or self._diagnosed[0] is not res:
+            report = diagnose(res, self.thresholds)
+            res.findings, res.headline = list(report.findings), report.headline
+            self._diagnosed = (res, report)
+        return self._diagnosed[1]
 
     def widget(self) -> ThermometerWidget:
         res = self.result()
-        report = diagnose(res, self.thresholds)
+        report = self._report()
         if self._widget is not None:
             self._widget.finish(report, res)
             w = self._widget

@@ -139,7 +139,9 @@ class ThermometerWidget(NBWidget):
             run = diagnose(capture, thresholds, step="run")
         state = dict(
             layers=[
-                {"name": n, "module": m, "type": t, "shape": list(s), "dtype": d, "flags": f, "calls": c}
+                # calls per step (forward pass): "×2" is a module called twice per pass, never the run's step count
+                {"name": n, "module": m, "type": t, "shape": list(s), "dtype": d, "flags": f,
+                 "calls": max(1, round(c / max(1, int(getattr(capture, "steps", 1) or 1))))}
                 for n, m, t, s, d, f, c in zip(run.names, run.modules, run.types, run.shapes,
                                                run.dtypes, run.flags, run.calls)
             ],

@@ -578,7 +578,7 @@ def test_digits_lr3_header_is_the_root_cause_as_a_sentence(digits) -> None:  # t
     res, dead, ratio, _ = digits
     rep = diagnose(res)
     m = re.fullmatch(rf"learning rate too high: update ratio {NUM} at step 1 in `(\d)` → `1` dead from step (\d+), "
-                     rf"`3` from step (\d+), gradients of `0`, `1` and `2` fell to 0 at step (\d+)", rep.headline)
+                     rf"`3` from step (\d+), gradients of `0`, `1` and `2` fell to 0 by step (\d+)", rep.headline)
     assert m, rep.headline
     # the ratio cited: the largest at step 1 among the Linears feeding the dead ReLUs (`4` comes after them)
     big = max(("0", "2"), key=lambda r: ratio[r][0])

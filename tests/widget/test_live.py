@@ -246,8 +246,8 @@ def test_live_findings_are_pushed_at_most_once_a_second(outbox, monkeypatch) -> 
     w = ThermometerWidget.waiting()
     for step in range(1, 6):
         v = step_values(step, 3)
-        v[:, FIELD_INDEX["update_ratio"]] = 0.3  # too large from step 1: the learning rate
-        h.append(step, ids, v, {"loss": 1.0})
+        v[:, FIELD_INDEX["update_ratio"]] = 0.3  # too large from step 1, and the loss doubles after it: the learning rate
+        h.append(step, ids, v, {"loss": float(step)})
         clock[0] += 0.4
         w.push_history(h)
     sent = [c for _, c, _ in outbox]

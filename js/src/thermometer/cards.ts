@@ -39,15 +39,18 @@ export function renderHeadline(box: HTMLElement, headline: string): void {
 
 /** The ranked findings (root causes first; what follows from one is marked so), advice once. */
 export function renderFindings(list: HTMLElement, findings: Finding[], said: Said): void {
+  let roots = 0; // root causes are numbered 1, 2, …; what follows from one is marked "→", not counted
   const items = (Array.isArray(findings) ? findings : []).map((f) => {
     const row = f.rows?.[0];
-    return h("li", { class: ["nbd-finding-item", `nbd-sev-${String(f.severity).replace(/[^a-z]/g, "")}`, f.cause >= 0 && "nbd-follows"], data: { code: String(f.code) } }, [
+    const li = h("li", { class: ["nbd-finding-item", `nbd-sev-${String(f.severity).replace(/[^a-z]/g, "")}`, f.cause >= 0 && "nbd-follows"], data: { code: String(f.code) } }, [
       f.cause >= 0 ? h("span", { class: "nbd-follows-mark", text: "→ ", title: "follows from the finding above it" }) : null,
       f.step > 0 ? stepLink(Number(f.step), row) : null,
       f.step > 0 ? " " : null,
       ...withCode(String(f.detail || f.text)),
       said.advice(f.advice),
     ]);
+    if (!(f.cause >= 0)) (li as HTMLLIElement).value = ++roots;
+    return li;
   });
   replaceChildren(list, items);
   list.style.display = items.length ? "" : "none";

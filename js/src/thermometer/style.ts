@@ -31,7 +31,8 @@ export const CSS = `
 .nbdebug-thermometer .nbd-finding { font-weight: 700; font-size: 1.12em; margin: 2px 0 4px; overflow-wrap: anywhere; }
 .nbdebug-thermometer .nbd-findings { margin: 0 0 6px; padding-left: 1.6em; }
 .nbdebug-thermometer .nbd-findings li { margin: 2px 0; overflow-wrap: anywhere; }
-.nbdebug-thermometer .nbd-findings li.nbd-follows { list-style: none; margin-left: 1.2em; }
+.nbdebug-thermometer .nbd-findings li.nbd-follows { list-style: none; margin-left: 1.2em; counter-increment: none; }
+.nbdebug-thermometer .nbd-findings li.nbd-sev-note { opacity: 0.75; }
 .nbdebug-thermometer .nbd-findings li.nbd-sev-error > .nbd-step-link { font-weight: 700; }
 .nbdebug-thermometer .nbd-follows-mark { font-weight: 700; }
 .nbdebug-thermometer .nbd-summary { margin: 2px 0 4px; overflow-wrap: anywhere; }

@@ -1,0 +1,172 @@
+"""Findings about the model's output, its input and its weights over the run (pure numpy: no torch, no
+Jupyter), from what the history already holds (no new capture cost):
+
+* ``output_loss_mismatch``: the model ends in a module whose output the loss cannot use well — a
+  ``Softmax`` over the classes fed to a loss that never gets below the floor of cross-entropy on
+  probabilities, ln(1 + (C−1)/e); a ``ReLU`` as the last module with a share of exact zeros (logits
+  or a regression output cut at 0: those samples get no gradient).
+* ``batch_mixed``: the model ends in a ``Softmax`` whose outputs average 1/N (N the batch) rather than
+  1/C: a softmax over the batch dimension mixes the samples.
+* ``loss_at_chance``: a classifier's loss stays at ln C (C = the output's last dimension) over the
+  last half of the run while every layer's weights move, and nothing else is wrong (a dead or
+  saturated model also sits at chance: then that is the finding): inputs and labels unrelated?
+* ``input_scale``: the first layer (a Linear/Conv fed the model's input) outputs values of std ≥ 30
+  at the first step: the raw input is far outside the usual scale (normalised inputs give ~1).
+* ``weight_decay_dominates``: ‖θ‖ of the stepped layers ends (median of the last fifth) at ≤ 0.5× its
+  first step's while the loss does not fall: weight decay dominates the update (healthy runs' ‖θ‖ grows).
+
+>>> [f.code for f in run_findings(result)]                                      # doctest: +SKIP
+['output_loss_mismatch']
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..capture.history import FIELD_INDEX
+from .events import fmt_g
+from .run_evidence import Evidence, Finding, names
+
+__all__ = ["ADVICE", "run_findings"]
+
+ADVICE = {
+    "output_loss_mismatch": "Give the loss what it expects: logits to F.cross_entropy / BCEWithLogitsLoss (drop the "
+                            "final Softmax/Sigmoid/ReLU from the model; apply it only for predictions).",
+    "batch_mixed": "Apply softmax over the class dimension (dim=-1 or dim=1), never dim=0 (the batch).",
+    "loss_at_chance": "Check that inputs and labels still match (shuffled apart? the wrong column? a constant "
+                      "input?): a model that learns nothing from its input stays at the chance loss.",
+    "input_scale": "Normalise the input (e.g. x / 255, or subtract the mean and divide by the std per feature).",
+    "weight_decay_dominates": "Lower the weight decay (typical: 1e-4–1e-2 for SGD, 0.01–0.1 for AdamW).",
+}
+
+
+def run_findings(result: Any) -> list[Finding]:
+    """The output/input/weight findings of a capture ``result`` with a history (else none)."""
+    h = getattr(result, "history", None)
+    if h is None or len(h) < 2 or not len(h.rows):
+        return []
+    v = h.values("last")
+    info = list(h.row_info)
+    types = [str(i.get("type", "")) for i in info]
+    shapes = [tuple(i.get("shape") or ()) for i in info]
+    ev = Evidence.of(h)
+    out: list[Finding] = []
+    last = _output_row(result, h)
+    if last is not None:
+        out += _output_findings(v, h.rows[last], types[last], shapes[last], v[:, last], ev)
+    f = _input_scale(result, h, v, types)
+    if f is not None:
+        out.append(f)
+    f = _weights_shrink(v, ev, h)
+    if f is not None:
+        out.append(f)
+    return out
+
+
+def _output_row(result: Any, h: Any) -> int | None:
+    """The history row of the model's output: the last captured layer no other layer consumed."""
+    layers = list(getattr(result, "layers", None) or [])
+    if not layers:
+        return len(h.rows) - 1
+    fed = {j for r in layers for j in r.inputs}
+    outs = [i for i in range(len(layers)) if i not in fed]
+    if not outs:
+        return None
+    name = layers[outs[-1]].name
+    return h.rows.index(name) if name in h.rows else None
+
+
+def _col(x: np.ndarray, f: str) -> np.ndarray:
+    return np.asarray(x[..., FIELD_INDEX[f]], np.float64)
+
+
+def _output_findings(v: np.ndarray, row: str, typ: str, shape: tuple[int, ...], x: np.ndarray, ev: Evidence) -> list[Finding]:
+    out: list[Finding] = []
+    _, loss = ev.steps, ev.loss[np.isfinite(ev.loss)]
+    if typ == "Softmax" and len(shape) == 2 and shape[0] > 1 and shape[1] > 1:
+        n, c = shape
+        mean = float(np.nanmedian(_col(x, "mean")))
+        if c != n and abs(mean * n - 1) < 0.02 and abs(mean * c - 1) > 0.1:
+            text = f"softmax over the batch: the outputs of `{row}` average 1/{n} (the batch), not 1/{c} (the classes)"
+            out.append(Finding("batch_mixed", "warning", 1, (row,), text, "softmax over the batch", text + ": each "
+                               "sample's output depends on the other samples.", ADVICE["batch_mixed"], key="batch_mixed"))
+        elif abs(mean * c - 1) < 0.02 and len(loss) >= 5:
+            floor = math.log(1 + (c - 1) / math.e)
+            if float(loss.min()) >= 0.98 * floor:
+                text = (f"the model outputs probabilities (`{row}` is a Softmax) and the loss never went below "
+                        f"{fmt_g(floor)}, the floor of cross-entropy on probabilities: softmax applied twice?")
+                out.append(Finding("output_loss_mismatch", "warning", 1, (row,), text, "probabilities fed to the loss",
+                                   text, ADVICE["output_loss_mismatch"], key="output_loss_mismatch"))
+    if typ in ("ReLU", "ReLU6") and len(shape) >= 2:
+        zf = _col(x, "zero_frac")
+        late = zf[np.isfinite(zf)][-max(1, len(zf) // 2):]
+        if len(late) and float(np.median(late)) >= 0.1:
+            text = (f"the model ends in a ReLU (`{row}`): {float(np.median(late)):.0%} of its outputs are exactly 0, "
+                    "and those samples get no gradient from the loss")
+            out.append(Finding("output_loss_mismatch", "warning", 1, (row,), text, "a ReLU on the output", text + ".",
+                               ADVICE["output_loss_mismatch"], key="output_loss_mismatch"))
+    if typ not in ("Softmax", "LogSoftmax", "Sigmoid", "ReLU", "ReLU6") and len(shape) == 2 and shape[1] >= 3:
+        f = _at_chance(v, row, shape[1], ev)
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def _at_chance(v: np.ndarray, row: str, c: int, ev: Evidence) -> Finding | None:
+    """The loss of the last half within ±5% of ln C, never below 0.9 ln C there, over ≥ 20 kept
+    steps, while some layer moved by ≥ 1e-4 of its norm per step (not a learning rate too low)."""
+    s, loss = ev.steps[np.isfinite(ev.loss)], ev.loss[np.isfinite(ev.loss)]
+    if len(loss) < 20:
+        return None
+    chance = math.log(c)
+    half = loss[len(loss) // 2:]
+    if abs(float(np.median(half)) / chance - 1) > 0.05 or float(half.min()) < 0.9 * chance:
+        return None
+    # and flat there: a model that learns slowly (its loss still falling through chance) is not at chance
+    decline = -float(np.polyfit(np.arange(len(half)), half, 1)[0]) * (len(half) - 1)
+    if decline >= 0.01 * chance:
+        return None
+    ur = _col(v, "update_ratio")
+    cols = np.isfinite(ur).any(axis=0)
+    # every layer with an update ratio moves (a vanishing gradient's first layers do not: that is not chance)
+    if not cols.any() or float(np.min(np.nanmedian(ur[:, cols], axis=0))) < 1e-4:
+        return None
+    text = (f"the loss stays at chance: {fmt_g(float(np.median(half)))} over the last {len(half)} steps, "
+            f"ln {c} = {fmt_g(chance)}, while the weights move")
+    return Finding("loss_at_chance", "warning", int(s[len(loss) // 2]), (row,), text, "loss at chance", text +
+                   ": inputs and labels unrelated? (labels shuffled apart, a constant input, the wrong column)",
+                   ADVICE["loss_at_chance"], key="loss_at_chance")
+
+
+def _input_scale(result: Any, h: Any, v: np.ndarray, types: list[str]) -> Finding | None:
+    layers = list(getattr(result, "layers", None) or [])
+    first = next((r for r in layers if not r.inputs), None)
+    if first is None or first.name not in h.rows or not any(first.type.startswith(t) for t in ("Linear", "Conv")):
+        return None
+    i = h.rows.index(first.name)
+    std = float(_col(v[0, i], "std"))
+    if not (math.isfinite(std) and std >= 30):
+        return None
+    text = (f"the first layer `{first.name}` outputs values of std {fmt_g(std)} at step {int(h.step_index[0])} "
+            "(normalised inputs give about 1): the input is far outside the usual scale")
+    return Finding("input_scale", "warning", int(h.step_index[0]), (first.name,), text, "raw inputs", text + ".",
+                   ADVICE["input_scale"], key="input_scale")
+
+
+def _weights_shrink(v: np.ndarray, ev: Evidence, h: Any) -> Finding | None:
+    pn = _col(v, "param_norm")
+    ok = np.isfinite(pn).all(axis=0) & (pn > 0).all(axis=0)
+    if ok.sum() == 0 or len(pn) < 10:
+        return None
+    total = np.sqrt((pn[:, ok] ** 2).sum(axis=1))
+    end = float(np.median(total[-max(2, len(total) // 5):]))
+    if end > 0.5 * float(total[0]) or ev.falls():
+        return None
+    rows = [r for r, k in zip(h.rows, ok, strict=True) if k]
+    text = (f"the weights shrank: ‖θ‖ of {names(rows)} fell from {fmt_g(float(total[0]))} to "
+            f"{fmt_g(end)} ({fmt_g(end / float(total[0]))}× its start) while the loss did not fall")
+    return Finding("weight_decay_dominates", "warning", int(h.step_index[-1]), tuple(rows), text, "weights shrinking",
+                   text + ": weight decay dominates the update.", ADVICE["weight_decay_dominates"], key="weight_decay_dominates")

@@ -2,8 +2,11 @@
 
 ``effect[r, c] = (m - m_corrupt) / (m_clean - m_corrupt)``: 1 means the patch fully restores the
 clean answer, 0 means it does nothing (TransformerLens' and ROME's normalisation, for both
-directions). A cell whose clean and corrupt activations are exactly equal is not run: ``identical``
-is True there and ``effect``/``raw`` hold NaN (a patch that cannot change anything is not a 0 effect).
+directions). A cell whose clean and corrupt activations are exactly equal is not run: patching it
+changes nothing, so ``raw`` holds the base run's metric there and ``effect`` is exactly 0 denoising
+(1 noising: the clean answer is left as it is), as a per-patch loop (TransformerLens, pyvene) gives;
+``identical`` is True there (the view marks those cells, ``top`` leaves them out). NaN only where a
+cell was not computed at all.
 
 >>> g.effect.shape, g.rows[0], g.columns[:3]            # doctest: +SKIP
 ((30, 9), 'model.layers.0', ['The', ' Eiff', 'el'])
@@ -78,7 +81,7 @@ class PatchGrid:
     def top_cells(self, k: int = 10) -> list[tuple[int, int]]:
         """Indices ``(row, column)`` of the ``k`` cells of largest ``|effect|`` (finite ones only)."""
         flat = np.abs(np.nan_to_num(self.effect, nan=-1.0)).ravel()
-        finite = np.isfinite(self.effect).ravel()
+        finite = (np.isfinite(self.effect) & ~np.asarray(self.identical, dtype=bool)).ravel()
         order = [i for i in np.argsort(-flat, kind="stable") if finite[i]][: max(int(k), 0)]
         n = len(self.columns)
         return [(int(i) // n, int(i) % n) for i in order]

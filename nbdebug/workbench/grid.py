@@ -15,6 +15,7 @@ cell was not computed at all.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from .sites import Site
 
-__all__ = ["PatchGrid"]
+__all__ = ["GridOnly", "PatchGrid"]
 
 
 @dataclass
@@ -86,6 +87,13 @@ class PatchGrid:
         n = len(self.columns)
         return [(int(i) // n, int(i) % n) for i in order]
 
+    def show(self) -> Any:
+        """The patching view of this grid (``PatchingWidget``; its cell clicks need the model: the
+        ``%%nndebug --view patching`` magic or a ``PatchSession`` re-runs them)."""
+        # by import path, as views.py loads recorders: the widget module imports this one
+        widget = importlib.import_module("nbdebug.widgets.patching").PatchingWidget
+        return widget(GridOnly(self), sites=self.sites, method=self.method)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data for a view (numpy arrays as nested lists are avoided: arrays stay arrays)."""
         return {
@@ -103,3 +111,24 @@ class PatchGrid:
         top = f", top {best[0][0]} @ {best[0][1]!r} = {best[0][2]:.3f}" if best else ""
         return (f"PatchGrid({self.sites}, {self.method}, {self.direction}: {r} x {c}, "
                 f"{self.metric} clean {self.metric_clean:.3f} corrupt {self.metric_corrupt:.3f}{top})")
+
+
+class GridOnly:
+    """What the patching view reads from a session, from one :class:`PatchGrid` alone: that grid, its
+    metric and tokens; no top tokens, and no other grid or cell (there is no model to run them)."""
+
+    def __init__(self, grid: PatchGrid) -> None:
+        self.only = grid
+        self.metric_label, self.metric_clean, self.metric_corrupt = grid.metric, grid.metric_clean, grid.metric_corrupt
+        self.tokens_clean, self.tokens_corrupt = list(grid.tokens_clean), list(grid.tokens_corrupt)
+        self.top_clean: list[dict[str, Any]] = []
+        self.top_corrupt: list[dict[str, Any]] = []
+
+    def grid(self, sites: str, method: str) -> PatchGrid:
+        if (sites, method) != (self.only.sites, self.only.method):
+            raise ValueError(f"only the {self.only.sites} grid ({self.only.method}) was computed: call nbdebug.patch("
+                             f"..., sites={sites!r}, method={method!r}) or use %%nndebug --view patching")
+        return self.only
+
+    def cell(self, sites: str, method: str, row: int, col: int) -> dict[str, Any]:
+        raise ValueError("a grid shown from nbdebug.patch(...) has no model to re-run a cell: use %%nndebug --view patching")

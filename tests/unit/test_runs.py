@@ -179,3 +179,18 @@ def test_patch_grid_identical_cells_hold_the_unpatched_metric(gpt2: nn.Module) -
     assert (g.effect[g.identical] == 0.0).all() and np.isfinite(g.effect).all()
     assert int(np.argmax(g.effect)) == int(np.nanargmax(np.where(g.identical, np.nan, g.effect)))  # numpy works
     assert all(not g.identical[r, c] for r, c in g.top_cells(100)) and g.top_cells(100)  # identical cells are not "top" cells
+
+
+def test_results_show_their_views(gpt2: nn.Module) -> None:
+    from nbdebug.widgets.attribution import AttributionWidget
+    from nbdebug.widgets.patching import PatchingWidget
+
+    clean, corrupt = torch.tensor([[1, 5, 9, 3]]), torch.tensor([[1, 5, 9, 4]])
+    g = nbdebug.patch(gpt2, clean, corrupt, answer=3, wrong=4, progress=False)
+    w = g.show()
+    assert isinstance(w, PatchingWidget) and w.grid is g and w.rows == g.rows and w.metric == g.metric
+    with pytest.raises(ValueError, match="only the resid grid"):
+        w.session.grid("heads", "exact")
+    a = nbdebug.attribute(gpt2, clean, answer=3, wrong=4, faithfulness=False)
+    aw = a.show()
+    assert isinstance(aw, AttributionWidget) and aw.result is a and aw.data["scores"] == [float(s) for s in a.scores]

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..capture.leaves import first_output
 from .blockparts import PatchParts
 
 __all__ = ["BlockCall", "BlockRunner", "bind_call", "block_runner"]
@@ -161,8 +162,11 @@ class BlockRunner:
         return mask
 
     def hidden_of(self, output: Any) -> torch.Tensor:
-        """A block's output hidden state (the first element of a tuple)."""
-        return output[0] if isinstance(output, (tuple, list)) else output
+        """A block's output hidden state (its first output: :func:`~nbdebug.capture.leaves.first_output`)."""
+        h = first_output(output)
+        if h is None:
+            raise TypeError(f"a block returned {type(output).__name__} without a tensor")
+        return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """The model's logits for residual ``h`` after the last block (final norm, head, softcap)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,12 @@ class Attribution:
         """The ``k`` tokens with the largest scores, ``(token, score)``, highest first."""
         order = np.argsort(-self.scores, kind="stable")[:k]
         return [(self.tokens[i], float(self.scores[i])) for i in order]
+
+    def show(self) -> Any:
+        """The attribution view of this result (``AttributionWidget``: this method only; the other
+        methods need the model, as in ``%%nndebug --view attribution``)."""
+        # by import path, as views.py loads recorders: the widget module imports this one
+        return importlib.import_module("nbdebug.widgets.attribution").AttributionWidget(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (what the attribution view draws)."""

@@ -7,7 +7,7 @@ removed, also on errors; gradients asked for the substituted embeddings only, ne
 >>> runs.metric(embs)                                   # (B,) float32, embs (B, T, d)
 >>> m, g = runs.gradients(embs)                         # (B,), (B, T, d) ∂m/∂embedding
 
-The substitution is ``nbdebug.capture.interventions.edit_activations`` on the embedding module's
+The substitution is ``nbdebug.runs.interventions.edit_activations`` on the embedding module's
 output (one place registers and removes hooks). Gradient passes run with ``torch.inference_mode(False)``
 and ``torch.enable_grad()`` inside, so a caller under ``torch.no_grad()`` or ``torch.inference_mode()``
 gets the same numbers; only gradients of the substituted embeddings are taken
@@ -25,9 +25,9 @@ from torch import nn
 from ..adapters.embedding import input_embedding, lm_call
 from ..adapters.outputs import logits_of
 from ..capture.budget import DEFAULT_MAX_BYTES
-from ..capture.interventions import edit_activations
-from ..capture.patchrun import own_pass
-from ..capture.state import execution_device, preserve_buffers, suspend_hooks
+from ..capture.state import execution_device
+from ..runs.interventions import edit_activations
+from ..runs.own import own_pass
 
 __all__ = ["EmbeddingRuns", "run_bytes"]
 
@@ -122,9 +122,9 @@ class EmbeddingRuns:
         total = torch.zeros(self.T, self.d, dtype=torch.float32)
         n = self.chunk(grad=True, total=int(embs.shape[0]))
         # parameters keep their requires_grad: only the embeddings' gradient is asked for, so nothing is
-        # computed for them and no .grad is written. (Freezing them, as own_pass(grad=True) does, made
-        # SmolLM2's IG 64 steps ~30 % slower on CPU: torch's matmul then takes a slower batched path.)
-        with torch.inference_mode(False), torch.enable_grad(), preserve_buffers(self.model), suspend_hooks(self.model):
+        # computed for them and no .grad is written. (Freezing them, own_pass's default, made SmolLM2's
+        # IG 64 steps ~30 % slower on CPU: torch's matmul then takes a slower batched path.)
+        with own_pass(self.model, grad=True, params="as_is"):
             for i in range(0, embs.shape[0], n):
                 leaf = embs[i:i + n].to(self.device, self.dtype, copy=True).requires_grad_(True)  # never an inference tensor
                 m = self._forward(leaf)

@@ -22,7 +22,7 @@ import torch
 from .losses import as_float_later
 from .stats import IDX, Raw, merge_raw, tensor_stats
 
-__all__ = ["Call", "OpenStep", "StepMark", "in_backward", "version_of"]
+__all__ = ["Call", "OpenStep", "StepMark", "in_backward"]
 
 _ndarray = np.ndarray
 _NAN, _INF = IDX["nan"], IDX["inf"]
@@ -232,8 +232,3 @@ class OpenStep:
 def in_backward() -> bool:
     """True while autograd runs a backward on this thread (checkpoint recomputation happens there)."""
     return torch._C._current_graph_task_id() != -1
-
-
-def version_of(t: torch.Tensor) -> int | None:
-    """The version counter, or None for inference tensors (they have none)."""
-    return None if t.is_inference() else t._version

@@ -17,8 +17,8 @@ from torch import nn
 
 from .hooks import HookSet, hook_count
 
-__all__ = ["execution_device", "fingerprint", "loaded_weights", "offloaded", "preserve_buffers", "preserve_modes",
-           "suspend_hooks", "user_hook_count"]
+__all__ = ["execution_device", "fingerprint", "intervening", "loaded_weights", "offloaded", "preserve_buffers",
+           "preserve_modes", "suspend_hooks", "user_hook_count"]
 
 #: hooks defined in these packages are part of how the model computes (weight_norm, pruning,
 #: transformers' output capturing, accelerate's offloading): they run in nbdebug's passes too
@@ -34,6 +34,26 @@ def _is_users(fn: Any) -> bool:
     fn = getattr(fn, "__func__", fn)  # bound method
     module = getattr(fn, "__module__", None) or type(fn).__module__
     return str(module).split(".")[0] not in _LIBRARIES
+
+
+#: the hook sets of nbdebug's interventions in force now (``nbdebug.ablate``/``steer``, patches): they
+#: are part of what the model computes while they last, so :func:`suspend_hooks` never sets them aside
+_INTERVENING: list[HookSet] = []
+
+
+@contextmanager
+def intervening(hooks: HookSet) -> Iterator[HookSet]:
+    """Mark ``hooks`` (nbdebug's own intervention hooks) as kept by every :func:`suspend_hooks` while
+    the block runs: an ablation or a steering entered before an own pass still acts inside it, so the
+    order of ``with`` items does not matter. The thermometer's and the user's hooks are not marked."""
+    _INTERVENING.append(hooks)
+    try:
+        yield hooks
+    finally:
+        for i in range(len(_INTERVENING) - 1, -1, -1):
+            if _INTERVENING[i] is hooks:
+                del _INTERVENING[i]
+                break
 
 
 def user_hook_count(model: nn.Module) -> int:
@@ -54,10 +74,11 @@ def suspend_hooks(model: nn.Module, keep: Iterable[HookSet] = ()) -> Iterator[No
     are back, so the user's handles still remove their hooks. Global module hooks
     (``register_module_forward_hook``) are left alone.
 
-    The hooks of the ``keep`` hook sets (the calling view's own) keep running too. A hook removed
-    during the block (by its handle) stays removed afterwards.
+    The hooks of the ``keep`` hook sets (the calling view's own) keep running too, and so do those of
+    nbdebug's interventions in force (:func:`intervening`). A hook removed during the block (by its
+    handle) stays removed afterwards.
     """
-    ids = {i for hs in keep for i in hs.handle_ids()}
+    ids = {i for hs in (*keep, *_INTERVENING) for i in hs.handle_ids()}
     saved: list[tuple[nn.Module, dict[str, Any]]] = []
 
     def drop(k: int, fn: Any) -> bool:

@@ -356,11 +356,6 @@ def packed_to_host(tensors: Sequence[torch.Tensor | None]) -> list[np.ndarray | 
     return out
 
 
-def raw_tensors(raw: DeviceStats) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two tensors of a :class:`DeviceStats` (for :func:`packed_to_host`)."""
-    return raw.floats, raw.counts
-
-
 def raw_from_host(floats: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """A host raw row from the two host arrays of a :class:`DeviceStats`."""
     out = np.empty(N_FIELDS)

@@ -14,7 +14,6 @@ Pure computation on tensors/arrays; the recorder feeds it one layer at a time wh
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -313,6 +312,3 @@ def from_attentions(
     return acc.result(list(tokens or []), names, "given attention tensors")
 
 
-def entropy_nats(T: int) -> float:
-    """Entropy of a uniform distribution over ``T`` keys (for reading ``entropy`` values)."""
-    return math.log(T) if T > 0 else 0.0

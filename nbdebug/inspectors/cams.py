@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "ACTIVATION", "EPS", "GRADIENT", "METHODS", "PERTURBATION", "ablated", "ablation_map", "eigen_map", "gradient_map",
-    "needs_gradients", "parse_methods", "score_map", "score_masks",
+    "parse_methods", "score_map", "score_masks",
 ]
 
 GRADIENT = ("gradcam", "gradcam++", "hirescam", "xgradcam", "layercam")
@@ -78,11 +78,6 @@ def parse_methods(value: str | Iterable[str] | None) -> list[str]:
             raise ValueError(f"unknown CAM method {str(item).strip()!r}; use all or some of: {', '.join(METHODS)}")
         out.extend(n for n in names if n not in out)
     return out or ["gradcam"]
-
-
-def needs_gradients(methods: Iterable[str]) -> bool:
-    """Whether any of ``methods`` uses the gradients of the class scores."""
-    return any(m in GRADIENT for m in methods)
 
 
 def _weighted(weights: torch.Tensor, act: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from .cams import GRADIENT, eigen_map, gradient_map
 from .events import fmt_p
 
 __all__ = [
-    "CamMaps", "GradCamResult", "LayerError", "Target", "cam_maps", "cams_from", "class_label", "class_names_for",
+    "CamMaps", "GradCamResult", "LayerError", "Target", "cam_maps", "class_label", "class_names_for",
     "fallback_layers", "layer_grid", "overlay_headline", "parse_target", "pick_layer", "resolve_targets", "upsample",
 ]
 
@@ -210,21 +210,6 @@ def upsample(low: torch.Tensor, size: tuple[int, int] | None) -> torch.Tensor:
     """``low`` (…×h×w) bilinearly upsampled to ``size`` (the input image's; None: as is)."""
     size = size or (int(low.shape[-2]), int(low.shape[-1]))
     return F.interpolate(low, size=size, mode="bilinear", align_corners=False)
-
-
-def cams_from(act: torch.Tensor, grads: torch.Tensor, method: str, size: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """Pure CAM math: ``act`` B×C×h×w, ``grads`` B×K×C×h×w (float) → ``(up B×K×H×W, low B×K×h×w, all-zero gradient)``.
-
-    ``method``: a gradient method of :mod:`nbdebug.inspectors.cams` (gradcam, gradcam++, hirescam,
-    xgradcam, layercam) or eigencam. ``size`` is the output size (the input image's).
-    """
-    if method == "eigencam":
-        low = eigen_map(act, int(grads.shape[1]))
-    elif method in GRADIENT:
-        low = gradient_map(method, act, grads)
-    else:
-        raise ValueError(f"unknown method {method!r}: use one of {', '.join((*GRADIENT, 'eigencam'))}")
-    return upsample(low, size), low, bool((grads == 0).all())
 
 
 def layer_grid(layer: SpatialLayer, shape: tuple[int, ...], *, reshape: Reshape = None, output_hw: tuple[int, int] | None = None,

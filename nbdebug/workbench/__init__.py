@@ -8,7 +8,7 @@ Layout (each module one job): ``sites`` (what can be patched, the grid's rows/co
 cached state), ``exact`` (batched exact patching from cached state), ``attribution`` (the gradient
 estimate), ``grid`` (the :class:`PatchGrid` result), ``session`` (:class:`Workbench`), ``patching``
 (``patch``), ``targets`` + ``interventions`` (ablate, steer, steering vectors), ``progress``. Hooks are
-registered only by ``nbdebug.capture.interventions`` / ``nbdebug.capture.patchrun``; per-family model
+registered only by ``nbdebug.runs.interventions`` / ``nbdebug.runs.patchrun``; per-family model
 knowledge lives in ``nbdebug.adapters.blockparts`` / ``nbdebug.adapters.blockrun``.
 
 How the exact grid is computed (CPU). A patch at layer ``l`` changes nothing before block ``l``, and in

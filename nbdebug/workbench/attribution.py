@@ -20,7 +20,7 @@ from torch import nn
 from ..adapters.blockparts import PatchParts
 from ..adapters.blockrun import BlockRunner
 from ..adapters.outputs import logits_of
-from ..capture.patchrun import record_run
+from ..runs.patchrun import record_run
 from .metric import Metric
 from .runs import RunState
 from .sites import Cell, cell_masks

@@ -26,8 +26,8 @@ import torch
 
 from ..adapters.blockparts import PatchParts
 from ..adapters.blockrun import BlockRunner
-from ..capture.interventions import Replacement, edit_activations, patch_points
-from ..capture.patchrun import own_pass
+from ..runs.interventions import Replacement, edit_activations, patch_points
+from ..runs.own import own_pass
 from .metric import Metric
 from .progress import Progress, ProgressSpec
 from .runs import RunState

@@ -2,8 +2,11 @@
 
 ``effect[r, c] = (m - m_corrupt) / (m_clean - m_corrupt)``: 1 means the patch fully restores the
 clean answer, 0 means it does nothing (TransformerLens' and ROME's normalisation, for both
-directions). A cell whose clean and corrupt activations are exactly equal is not run: ``identical``
-is True there and ``effect``/``raw`` hold NaN (a patch that cannot change anything is not a 0 effect).
+directions). A cell whose clean and corrupt activations are exactly equal is not run: patching it
+changes nothing, so ``raw`` holds the base run's metric there and ``effect`` is exactly 0 denoising
+(1 noising: the clean answer is left as it is), as a per-patch loop (TransformerLens, pyvene) gives;
+``identical`` is True there (the view marks those cells, ``top`` leaves them out). NaN only where a
+cell was not computed at all.
 
 >>> g.effect.shape, g.rows[0], g.columns[:3]            # doctest: +SKIP
 ((30, 9), 'model.layers.0', ['The', ' Eiff', 'el'])
@@ -12,6 +15,7 @@ is True there and ``effect``/``raw`` hold NaN (a patch that cannot change anythi
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +23,7 @@ import numpy as np
 
 from .sites import Site
 
-__all__ = ["PatchGrid"]
+__all__ = ["GridOnly", "PatchGrid"]
 
 
 @dataclass
@@ -78,10 +82,17 @@ class PatchGrid:
     def top_cells(self, k: int = 10) -> list[tuple[int, int]]:
         """Indices ``(row, column)`` of the ``k`` cells of largest ``|effect|`` (finite ones only)."""
         flat = np.abs(np.nan_to_num(self.effect, nan=-1.0)).ravel()
-        finite = np.isfinite(self.effect).ravel()
+        finite = (np.isfinite(self.effect) & ~np.asarray(self.identical, dtype=bool)).ravel()
         order = [i for i in np.argsort(-flat, kind="stable") if finite[i]][: max(int(k), 0)]
         n = len(self.columns)
         return [(int(i) // n, int(i) % n) for i in order]
+
+    def show(self) -> Any:
+        """The patching view of this grid (``PatchingWidget``; its cell clicks need the model: the
+        ``%%nndebug --view patching`` magic or a ``PatchSession`` re-runs them)."""
+        # by import path, as views.py loads recorders: the widget module imports this one
+        widget = importlib.import_module("nbdebug.widgets.patching").PatchingWidget
+        return widget(GridOnly(self), sites=self.sites, method=self.method)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for a view (numpy arrays as nested lists are avoided: arrays stay arrays)."""
@@ -100,3 +111,24 @@ class PatchGrid:
         top = f", top {best[0][0]} @ {best[0][1]!r} = {best[0][2]:.3f}" if best else ""
         return (f"PatchGrid({self.sites}, {self.method}, {self.direction}: {r} x {c}, "
                 f"{self.metric} clean {self.metric_clean:.3f} corrupt {self.metric_corrupt:.3f}{top})")
+
+
+class GridOnly:
+    """What the patching view reads from a session, from one :class:`PatchGrid` alone: that grid, its
+    metric and tokens; no top tokens, and no other grid or cell (there is no model to run them)."""
+
+    def __init__(self, grid: PatchGrid) -> None:
+        self.only = grid
+        self.metric_label, self.metric_clean, self.metric_corrupt = grid.metric, grid.metric_clean, grid.metric_corrupt
+        self.tokens_clean, self.tokens_corrupt = list(grid.tokens_clean), list(grid.tokens_corrupt)
+        self.top_clean: list[dict[str, Any]] = []
+        self.top_corrupt: list[dict[str, Any]] = []
+
+    def grid(self, sites: str, method: str) -> PatchGrid:
+        if (sites, method) != (self.only.sites, self.only.method):
+            raise ValueError(f"only the {self.only.sites} grid ({self.only.method}) was computed: call nbdebug.patch("
+                             f"..., sites={sites!r}, method={method!r}) or use %%nndebug --view patching")
+        return self.only
+
+    def cell(self, sites: str, method: str, row: int, col: int) -> dict[str, Any]:
+        raise ValueError("a grid shown from nbdebug.patch(...) has no model to re-run a cell: use %%nndebug --view patching")

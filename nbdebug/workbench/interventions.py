@@ -1,6 +1,10 @@
 """``nbdebug.ablate``, ``nbdebug.steer`` and ``nbdebug.steering_vector``: change what a model computes
 while a ``with`` block runs (every forward and ``generate()`` step inside it), and nothing after.
 
+Arguments after the model (and, for ``steering_vector``, its prompts) are keywords; a layer is named
+one way everywhere: a module name (``"model.layers.10"``, a call name ``"relu#2"`` for ``ablate``), the
+module itself, or an index into the model's blocks (``layer=10``).
+
 Zero ablation sets the targeted units to 0. Mean ablation (``mode="mean"``) replaces them by their
 mean over every axis but the unit's own (batch, positions, and the spatial axes of a conv channel):
 over the ``mean_over=`` inputs when given (one pass of nbdebug's own at entry), else over the very
@@ -12,13 +16,14 @@ steps from the cache length).
 
 >>> with nbdebug.ablate(model, heads={3: [5]}):                       # doctest: +SKIP
 ...     logits = model(ids).logits
->>> v = nbdebug.steering_vector(model, tok, positive=["Love"], negative=["Hate"], layer="model.layers.10")
+>>> v = nbdebug.steering_vector(model, ["Love"], ["Hate"], layer="model.layers.10", tokenizer=tok)
 >>> with nbdebug.steer(model, layer="model.layers.10", vector=v, alpha=4.0):
 ...     out = model.generate(ids, max_new_tokens=20)
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,9 +33,12 @@ import torch
 from torch import nn
 
 from ..adapters.blockparts import patch_parts
-from ..capture.interventions import Stopped, edit_activations, read_activations
-from ..capture.patchrun import own_pass
+from ..adapters.embedding import lm_call
 from ..capture.state import execution_device
+from ..runs.interventions import edit_activations
+from ..runs.own import own_pass
+from ..runs.points import CallCounter
+from ..runs.run import run
 from .metric import tokens_of
 from .targets import Target, resolve
 
@@ -53,22 +61,6 @@ class Ablation:
         return [t.name for t in self.targets]
 
 
-class _Calls:
-    """Per target, how many times its module ran in the current top-level forward (reset by the model's
-    own call), so a call name (``relu#2``) acts on that call only."""
-
-    def __init__(self, n: int) -> None:
-        self.counts = [0] * n
-
-    def reset(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.counts = [0] * len(self.counts)
-
-    def this_one(self, i: int, call: int | None) -> bool:
-        k = self.counts[i]
-        self.counts[i] += 1
-        return call is None or k == call
-
-
 def _call_model(model: nn.Module, batch: Any) -> Any:
     if isinstance(batch, Mapping):
         return model(**batch)
@@ -85,7 +77,7 @@ def _means(model: nn.Module, targets: Sequence[Target], mean_over: Any) -> dict[
     """Each target's mean (float32, reduced axes kept as size 1) over the ``mean_over`` batches."""
     sums: list[torch.Tensor | None] = [None] * len(targets)
     counts = [0] * len(targets)
-    calls = _Calls(len(targets))
+    calls = CallCounter(len(targets))
 
     def acc(i: int, t: Target) -> Callable[[torch.Tensor], None]:
         def fn(x: torch.Tensor) -> None:
@@ -110,17 +102,19 @@ def _means(model: nn.Module, targets: Sequence[Target], mean_over: Any) -> dict[
 
 
 @contextmanager
-def ablate(model: nn.Module, *, heads: Mapping[Any, Sequence[int]] | None = None, layers: Iterable[str] | None = None,
+def ablate(model: nn.Module, *, heads: Mapping[Any, Sequence[int]] | None = None, layers: Iterable[Any] | None = None,
            channels: Mapping[str, Sequence[int]] | None = None, neurons: Mapping[str, Sequence[int]] | None = None,
            mode: str = "zero", mean_over: Any = None) -> Iterator[Ablation]:
     """Ablate while the block runs: ``heads={layer: [head, ...]}`` (a layer index or its block /
-    attention module name), ``layers=[name]`` (the module call's whole output), ``channels={name: [c]}``,
+    attention module name), ``layers=[layer]`` (the module call's whole output, whatever it returns: a
+    tensor, a tuple, a ``ModelOutput``; a layer is a module name, the module, or a block index), ``channels={name: [c]}``,
     ``neurons={name: [i]}`` (see :mod:`nbdebug.workbench.targets` for the axes). ``mode``: ``"zero"`` or
     ``"mean"`` (see the module docstring; ``mean_over``: an input, a dict of keyword inputs, a tuple of
     positional inputs, or a list of those). Yields an :class:`Ablation`; every hook is removed on exit."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: 'zero' or 'mean'")
-    targets = resolve(model, heads=heads, layers=layers, channels=channels, neurons=neurons)
+    names = None if layers is None else [n if isinstance(n, str) else _layer(model, n)[0] for n in layers]
+    targets = resolve(model, heads=heads, layers=names, channels=channels, neurons=neurons)
     if not targets:
         raise ValueError("nothing to ablate: give heads=, layers=, channels= or neurons=")
     means = _means(model, targets, mean_over) if mode == "mean" and mean_over is not None else {}
@@ -130,13 +124,13 @@ def ablate(model: nn.Module, *, heads: Mapping[Any, Sequence[int]] | None = None
 
 
 def ablation_edits(targets: Sequence[Target], mode: str, means: Mapping[str, torch.Tensor] | None = None,
-                   ) -> tuple[list[tuple[nn.Module, str, Callable[[torch.Tensor], torch.Tensor | None]]], _Calls]:
+                   ) -> tuple[list[tuple[nn.Module, str, Callable[[torch.Tensor], torch.Tensor | None]]], CallCounter]:
     """The ``(module, where, fn)`` edits of an ablation, and the call counter to reset at each forward
     of the model (for call names such as ``relu#2``)."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: 'zero' or 'mean'")
     means = means or {}
-    calls = _Calls(len(targets))
+    calls = CallCounter(len(targets))
 
     def edit(i: int, t: Target) -> Callable[[torch.Tensor], torch.Tensor | None]:
         def fn(x: torch.Tensor) -> torch.Tensor | None:
@@ -186,11 +180,33 @@ def _past_length(kwargs: Mapping[str, Any]) -> int:
     return 0
 
 
+def _old_positional(fn: str, args: tuple[Any, ...], names: Sequence[str], given: dict[str, Any], depth: int) -> dict[str, Any]:
+    """Positional arguments of the former signature mapped to their keywords, with a DeprecationWarning."""
+    if len(args) > len(names):
+        raise TypeError(f"{fn}() takes at most {len(names)} positional arguments after the model")
+    warnings.warn(f"{fn}: pass {', '.join(n + '=' for n in names[:len(args)])} as keywords (positional use is deprecated "
+                  "and goes in the next release)", DeprecationWarning, stacklevel=depth)
+    out = dict(given)
+    for n, v in zip(names, args):
+        if out.get(n) is not None:
+            raise TypeError(f"{fn}() got {n} twice (positionally and by keyword)")
+        out[n] = v
+    return out
+
+
 @contextmanager
-def steer(model: nn.Module, layer: Any, vector: torch.Tensor, alpha: float = 4.0,
+def steer(model: nn.Module, *args: Any, layer: Any = None, vector: torch.Tensor | None = None, alpha: float = 4.0,
           positions: Sequence[int] | None = None) -> Iterator[None]:
     """Add ``alpha * vector`` to ``layer``'s output (a module name, a block index, or the module) while
-    the block runs, at every position or at the absolute ``positions`` (see the module docstring)."""
+    the block runs, at every position or at the absolute ``positions`` (see the module docstring).
+    (``steer(model, layer, vector, alpha)`` positionally still works, with a DeprecationWarning.)"""
+    if args:
+        got = _old_positional("steer", args, ("layer", "vector", "alpha", "positions"),
+                              {"layer": layer, "vector": vector, "alpha": None if alpha == 4.0 else alpha, "positions": positions}, 4)
+        layer, vector, positions = got["layer"], got["vector"], got["positions"]
+        alpha = 4.0 if got["alpha"] is None else got["alpha"]
+    if layer is None or vector is None:
+        raise TypeError("steer(model, layer=..., vector=...): both are needed")
     name, module = _layer(model, layer)
     v = torch.as_tensor(vector).detach().flatten()
     wanted = None if positions is None else torch.as_tensor([int(p) for p in positions])
@@ -213,28 +229,37 @@ def steer(model: nn.Module, layer: Any, vector: torch.Tensor, alpha: float = 4.0
         yield
 
 
-def steering_vector(model: nn.Module, tokenizer: Any, positive: Sequence[Any], negative: Sequence[Any],
-                    layer: Any) -> torch.Tensor:
+def steering_vector(model: nn.Module, *args: Any, positive: Sequence[Any] | None = None,
+                    negative: Sequence[Any] | None = None, layer: Any = None, tokenizer: Any = None) -> torch.Tensor:
     """The mean of ``layer``'s output at the last token over the ``positive`` prompts minus the same over
     the ``negative`` ones (float32, ``(d,)``): the contrastive "mean difference" steering vector
     (activation addition, Turner et al. 2023, with a pair; Rimsky et al. 2024, averaged over pairs).
     The last token is where the prompt's meaning has been gathered in a causal model; each prompt runs
-    alone (no padding), as nbdebug's own pass stopped right after the layer."""
+    alone (no padding), as nbdebug's own pass stopped right after the layer.
+
+    ``steering_vector(model, positive, negative, layer=..., tokenizer=tok)``; the former
+    ``steering_vector(model, tok, positive, negative, layer)`` still works, with a DeprecationWarning."""
+    if args and not isinstance(args[0], (list, tuple)):  # the former order: tokenizer first
+        got = _old_positional("steering_vector", args, ("tokenizer", "positive", "negative", "layer"),
+                              {"tokenizer": tokenizer, "positive": positive, "negative": negative, "layer": layer}, 3)
+        tokenizer, positive, negative, layer = got["tokenizer"], got["positive"], got["negative"], got["layer"]
+    elif args:
+        if len(args) > 2:
+            raise TypeError("steering_vector(model, positive, negative, layer=..., tokenizer=...): layer is a keyword")
+        positive, negative = (*args, negative)[:2] if len(args) == 1 else args
     if not positive or not negative:
         raise ValueError("steering_vector needs at least one positive and one negative prompt")
+    if layer is None:
+        raise TypeError("steering_vector: say which layer= (a module name, the module, or a block index)")
     name, module = _layer(model, layer)
-    hf = getattr(model, "config", None) is not None
 
     def last(prompt: Any) -> torch.Tensor:
         ids = tokens_of(prompt, tokenizer, "prompt").to(execution_device(model) or "cpu")
-        with own_pass(model), read_activations([(module, "output")], stop=True) as seen:
-            try:
-                model(input_ids=ids, use_cache=False) if hf else model(ids)
-            except Stopped:
-                pass
-        if not seen[0]:
+        args, kwargs = lm_call(model, ids)
+        got = run(model, *args, reads=[(module, "output")], stop=True, **kwargs).reads[0]
+        if got is None:
             raise RuntimeError(f"steering_vector: {name} did not run on the prompt")
-        return seen[0][0][0, -1].float().cpu()
+        return got[0, -1].float().cpu()
 
     pos = torch.stack([last(p) for p in positive]).mean(0)
     neg = torch.stack([last(p) for p in negative]).mean(0)

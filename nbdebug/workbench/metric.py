@@ -2,6 +2,13 @@
 log-probability when there is no ``wrong``, or the user's ``metric(logits) -> (B,)``; and the
 tokens of the two prompts.
 
+The convention of ``answer=``/``wrong=`` for the public API, written here once: ``answer`` and
+``wrong`` → ``logit[answer] − logit[wrong]`` at the last position (``patch``, ``attribute``, the
+views' clicks); ``answer`` alone → ``log p(answer)`` (``patch``, :meth:`Metric.build`). Not yet
+followed: ``attribute`` with ``answer`` alone measures the answer's logit
+(:func:`nbdebug.attribution.tokens.build_metric`; changing it changes what ``--view attribution
+--answer`` without ``--wrong`` shows, so it waits for the lead's decision, issue 28).
+
 >>> m = Metric.build(answer=" Paris", wrong=" Rome", tokenizer=tok)      # doctest: +SKIP
 >>> m(logits)                    # logits (B, T, V) or (B, V) at the last position -> (B,) float32
 >>> m.label

@@ -19,8 +19,8 @@ from torch import nn
 from ..adapters.blockparts import PatchParts
 from ..adapters.blockrun import BlockCall, BlockRunner, bind_call
 from ..adapters.outputs import logits_of
-from ..capture.interventions import first_input
-from ..capture.patchrun import record_run
+from ..capture.leaves import first_input
+from ..runs.patchrun import record_run
 
 __all__ = ["RunState", "record_state", "site_taps"]
 

@@ -158,6 +158,10 @@ class Workbench:
             values = est.estimate[[i for i, c in enumerate(lay.cells) if id(c) in keep]]
             notes.append("attribution: a first-order estimate from one forward and one backward of the base run")
         raw = np.full(lay_shape(lay), np.nan)
+        m_base = mk if direction == "denoise" else mc  # a patch of an identical activation leaves the base run
+        for cell, s in zip(lay.cells, same):
+            if s:
+                raw[cell.row, cell.col] = m_base
         for cell, v in zip(todo, values.tolist()):
             raw[cell.row, cell.col] = v
         effect = (raw - mk) / (mc - mk)

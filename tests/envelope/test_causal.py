@@ -145,7 +145,7 @@ def raise_mid(op: str, model: torch.nn.Module, exc: type[BaseException]) -> None
             finally:
                 h.remove()
         else:
-            cm = nbdebug.ablate(model, heads={0: [1]}) if op == "ablate" else nbdebug.steer(model, 0, C.steer_vector(model), C.ALPHA)
+            cm = nbdebug.ablate(model, heads={0: [1]}) if op == "ablate" else nbdebug.steer(model, layer=0, vector=C.steer_vector(model), alpha=C.ALPHA)
             with cm:
                 model(C.prompts()[0])
                 raise exc("in the user's code")

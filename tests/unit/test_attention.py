@@ -162,8 +162,8 @@ def test_hooks_removed_after_exception() -> None:
 from transformers.generation.utils import GenerationMixin  # noqa: E402
 
 from nbdebug.capture import ModelGoneError  # noqa: E402
-from nbdebug.capture.attention_probe import _ACTIVE  # noqa: E402
 from nbdebug.inspectors.attention_qk import KeyRanges, LayerQK, head_probs, key_ranges, summarize_qk  # noqa: E402
+from nbdebug.runs.attention_probe import _ACTIVE  # noqa: E402
 
 ORIGINAL_GENERATE = GenerationMixin.generate
 
@@ -463,8 +463,8 @@ def test_failed_replay_keeps_the_first_call_and_says_so() -> None:
 def test_one_forward_on_the_final_sequence_serves_both_language_views(order: str) -> None:
     from contextlib import ExitStack
 
-    from nbdebug.capture.replay import _GROUPS
     from nbdebug.recorders.logitlens import LogitLensRecorder
+    from nbdebug.runs.replay import _GROUPS
 
     m = tiny("llama")
     ids = torch.randint(1, 60, (1, 5))

@@ -223,7 +223,7 @@ def test_every_method_on_a_vit_token_grid() -> None:
 
 def test_gradient_methods_share_one_forward_and_backward(monkeypatch: pytest.MonkeyPatch) -> None:
     """Six gradient/activation methods: one forward of the model, one batched backward."""
-    import nbdebug.capture.gradients as gradients
+    import nbdebug.runs.gradients as gradients
 
     torch.manual_seed(0)
     calls = {"fwd": 0, "bwd": 0}

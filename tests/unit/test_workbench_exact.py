@@ -63,9 +63,12 @@ def test_grid_equals_one_forward_per_patch(family: str, sites: str, positions: A
     ref = reference(m, family, clean, corrupt, sites, direction, positions, a, w)
     assert g.raw.shape == ref.shape == g.effect.shape == g.identical.shape
     m_base = g.metric_corrupt if direction == "denoise" else g.metric_clean
-    # identical cells are not run: reported as such, and the loop's patch there changes nothing
+    # identical cells are not run: reported as such, and the loop's patch there changes nothing, so the
+    # grid holds the base run's metric there: effect exactly 0 denoising, 1 noising (issue 28)
     np.testing.assert_allclose(ref[g.identical], m_base, atol=1e-5)
-    assert np.isnan(g.raw[g.identical]).all() and np.isnan(g.effect[g.identical]).all()
+    assert (g.raw[g.identical] == m_base).all()
+    assert (g.effect[g.identical] == (0.0 if direction == "denoise" else 1.0)).all()
+    assert np.isfinite(g.effect).all()
     np.testing.assert_allclose(g.raw[~g.identical], ref[~g.identical], atol=1e-5, rtol=1e-5)
     mc, mk = g.metric_clean, g.metric_corrupt
     np.testing.assert_allclose(g.effect[~g.identical], (ref[~g.identical] - mk) / (mc - mk), atol=1e-4)

@@ -191,7 +191,7 @@ def test_steering_vector_is_the_mean_difference_at_the_last_token() -> None:
 
     ref = torch.stack([last(p) for p in pos]).mean(0) - torch.stack([last(n) for n in neg]).mean(0)
     before = fingerprint(m)
-    v = nbdebug.steering_vector(m, None, positive=pos, negative=neg, layer="transformer.h.1")
+    v = nbdebug.steering_vector(m, pos, neg, layer="transformer.h.1")
     torch.testing.assert_close(v, ref, rtol=0, atol=1e-6)
     assert same_fingerprint(before, fingerprint(m)) == []
 

@@ -1,0 +1,72 @@
+"""nbdebug's own forward pass: the one set-up every forward nbdebug runs itself goes through.
+
+Inside :func:`own_pass` the model runs on clones of its buffers with the random generators forked
+(:func:`~nbdebug.capture.state.preserve_buffers`), the user's hooks and other views' hooks set aside
+(:func:`~nbdebug.capture.state.suspend_hooks`; nbdebug's interventions in force and the ``keep`` hook
+sets stay), and either without autograd or, with ``grad``, with gradients enabled (also under a
+caller's ``no_grad`` / ``inference_mode``) for activations only. Nothing else in nbdebug calls
+``preserve_buffers`` or ``suspend_hooks`` (``tests/unit/test_architecture.py`` checks it).
+
+>>> with own_pass(model):                             # doctest: +SKIP
+...     out = model(x)                                # our forward: the user's state untouched
+>>> with own_pass(model, grad=True):                  # doctest: +SKIP
+...     g, = torch.autograd.grad(model(x).sum(), leaf) # parameters do not require grad meanwhile
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+
+import torch
+from torch import nn
+
+from ..capture.hooks import HookSet
+from ..capture.state import preserve_buffers, suspend_hooks
+
+__all__ = ["PARAMS", "frozen_params", "own_pass"]
+
+#: what happens to parameters' ``requires_grad`` in a gradient pass
+PARAMS = ("frozen", "as_is")
+
+
+@contextmanager
+def frozen_params(model: nn.Module) -> Iterator[None]:
+    """Parameters stop requiring grad for the block; each flag is put back *by name* afterwards, on the
+    parameter object the module holds then (accelerate's offload swaps the objects at every forward)."""
+    flags = [(m, n, p.requires_grad) for m in model.modules() for n, p in m.named_parameters(recurse=False)]
+    try:
+        for m, n, _ in flags:
+            getattr(m, n).requires_grad_(False)
+        yield
+    finally:
+        for m, n, flag in flags:
+            p = getattr(m, n, None)
+            if isinstance(p, torch.Tensor) and p.requires_grad != flag:
+                p.requires_grad_(flag)
+
+
+@contextmanager
+def own_pass(model: nn.Module, *, grad: bool = False, params: str = "frozen", keep: Iterable[HookSet] = ()) -> Iterator[None]:
+    """nbdebug's own forward (see the module docstring). ``grad``: gradients of activations can be taken
+    (``torch.autograd.grad``); ``params="frozen"`` (default) stops parameters requiring grad for the pass
+    (restored by name), ``"as_is"`` leaves the flags (no ``.grad`` is written either way: only
+    activations' gradients are asked for). ``keep``: hook sets of the caller's that keep running
+    although registered before the pass (a language view's own). The reentrant-checkpoint warning
+    "None of the inputs have requires_grad" is silenced (our inputs never require grad)."""
+    if params not in PARAMS:
+        raise ValueError(f"params={params!r}: one of {PARAMS}")
+    with ExitStack() as stack:
+        if grad:
+            stack.enter_context(torch.inference_mode(False))
+            stack.enter_context(torch.enable_grad())
+        else:
+            stack.enter_context(torch.no_grad())
+        stack.enter_context(preserve_buffers(model))
+        stack.enter_context(suspend_hooks(model, keep))
+        if grad and params == "frozen":
+            stack.enter_context(frozen_params(model))
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")  # reentrant checkpoint
+        yield

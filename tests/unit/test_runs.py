@@ -1,0 +1,196 @@
+"""nbdebug.runs (issue 28): one own pass, interventions that compose in any order, the one reader of a
+module call's first input/output (a ModelOutput too), runs stopped early, and the public API's
+keyword convention with the former positional forms kept (deprecated)."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections import namedtuple
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import nbdebug
+from nbdebug.adapters.offline import tiny_lm
+from nbdebug.capture.leaves import (
+    first_input,
+    first_output,
+    replace_first_input,
+    replace_first_output,
+)
+from nbdebug.capture.state import fingerprint, same_fingerprint, suspend_hooks
+from nbdebug.runs import CallCounter, Point, own_pass, run
+from nbdebug.runs.interventions import edit_activations, read_activations
+
+IDS = torch.tensor([[1, 5, 9, 3, 7, 2]])
+
+
+@pytest.fixture(scope="module")
+def gpt2() -> nn.Module:
+    torch.manual_seed(0)
+    return tiny_lm("gpt2", layers=2, heads=2, d=16).eval()
+
+
+def test_ablating_a_module_that_returns_a_model_output_changes_the_logits(gpt2: nn.Module) -> None:
+    with torch.no_grad():
+        before = gpt2(IDS).logits
+        with nbdebug.ablate(gpt2, layers=["transformer"]):
+            after = gpt2(IDS).logits
+        with nbdebug.ablate(gpt2, layers=[gpt2.transformer]):  # the module itself names the layer too
+            again = gpt2(IDS).logits
+    # GPT2Model returns a ModelOutput; zeroing its last_hidden_state leaves lm_head (no bias) 0
+    assert before.abs().max() > 0.1
+    assert torch.equal(after, torch.zeros_like(after)) and torch.equal(again, after)
+
+
+def _hidden(o: object) -> torch.Tensor:
+    return o if isinstance(o, torch.Tensor) else o[0]  # type: ignore[index]
+
+
+def _add(o: object, d: torch.Tensor) -> object:
+    return o + d if isinstance(o, torch.Tensor) else (o[0] + d, *o[1:])  # type: ignore[index]
+
+
+def _hand(model: nn.Module, v: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same interventions written as plain hooks: block 0's MLP zeroed, block 1's output steered,
+    block 1's output read after the steering."""
+    seen: list[torch.Tensor] = []
+    hs = [model.transformer.h[0].mlp.register_forward_hook(lambda m, a, o: torch.zeros_like(o)),
+          model.transformer.h[1].register_forward_hook(lambda m, a, o: _add(o, alpha * v)),
+          model.transformer.h[1].register_forward_hook(lambda m, a, o: seen.append(_hidden(o).clone()))]
+    try:
+        with torch.no_grad():
+            logits = model(IDS).logits
+    finally:
+        for h in hs:
+            h.remove()
+    return logits, seen[0]
+
+
+def test_ablate_steer_and_a_read_compose_in_any_order(gpt2: nn.Module) -> None:
+    v = torch.linspace(-1, 1, 16)
+    ref_logits, ref_read = _hand(gpt2, v, 2.0)
+    calls = []
+    user = gpt2.transformer.h[1].register_forward_hook(lambda m, a, o: calls.append(1) or _add(o, torch.tensor(100.0)))
+    try:
+        before = fingerprint(gpt2)
+        items = {
+            "own": lambda: own_pass(gpt2),
+            "ablate": lambda: nbdebug.ablate(gpt2, layers=["transformer.h.0.mlp"]),
+            "steer": lambda: nbdebug.steer(gpt2, layer=1, vector=v, alpha=2.0),
+            "read": lambda: read_activations([(gpt2.transformer.h[1], "output")]),
+        }
+        for order in itertools.permutations(items):
+            with (items[order[0]]() as a, items[order[1]]() as b, items[order[2]]() as c, items[order[3]]() as d):
+                logits = gpt2(IDS).logits
+            seen = dict(zip(order, (a, b, c, d)))["read"]
+            torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-6, msg=str(order))
+            torch.testing.assert_close(seen[0][0], ref_read, rtol=0, atol=1e-6, msg=str(order))
+        assert calls == []  # the user's hook was set aside in every order; ours were kept
+        assert same_fingerprint(before, fingerprint(gpt2)) == []
+    finally:
+        user.remove()
+
+
+def test_suspend_hooks_keeps_interventions_but_not_the_users(gpt2: nn.Module) -> None:
+    mlp = gpt2.transformer.h[0].mlp
+    seen = []
+    user = mlp.register_forward_hook(lambda m, a, o: seen.append("user"))
+    try:
+        with edit_activations([((mlp, "output"), lambda x: seen.append("ours") or None)]), suspend_hooks(gpt2), torch.no_grad():
+            gpt2(IDS)
+    finally:
+        user.remove()
+    assert seen == ["ours"]
+
+
+def test_run_stops_after_the_last_read_and_equals_a_full_forward(gpt2: nn.Module) -> None:
+    after = []
+    h = gpt2.lm_head.register_forward_pre_hook(lambda m, a: after.append(1))
+    try:
+        full = run(gpt2, IDS, reads=[gpt2.transformer.h[0], (gpt2.transformer.h[1], "input")])
+        cut = run(gpt2, IDS, reads=[gpt2.transformer.h[0], (gpt2.transformer.h[1], "input")], stop=True)
+    finally:
+        h.remove()
+    assert after == []  # own passes: the user's hook is set aside
+    assert cut.output is None and full.output is not None
+    for x, y in zip(full.reads, cut.reads):
+        assert x is not None and y is not None and torch.equal(x, y)
+    torch.testing.assert_close(full.reads[0], full.reads[1], rtol=0, atol=0)  # block 0's output is block 1's input
+
+
+def test_a_point_names_one_call_of_a_module_run_twice() -> None:
+    relu = nn.ReLU()
+    model = nn.Sequential(nn.Linear(3, 3), relu, nn.Linear(3, 3), relu)
+    x = torch.randn(2, 3)
+    r = run(model, x, edits=[(Point(relu, "output", call=1), lambda t: t * 0)], reads=[Point(relu, "output", 0)])
+    assert torch.equal(r.output, torch.zeros(2, 3))
+    with torch.no_grad():
+        assert torch.equal(r.reads[0], torch.relu(model[0](x)))
+    assert Point.of(relu) == Point(relu, "output", None) and Point.of((relu, "input", 2)).call == 2
+    with pytest.raises(ValueError, match="'input' or 'output'"):
+        Point.of((relu, "middle"))
+    c = CallCounter(1)
+    assert [c.this_one(0, 1) for _ in range(3)] == [False, True, False]
+
+
+def test_the_one_reader_of_first_inputs_and_outputs() -> None:
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    a, b = torch.ones(2), torch.zeros(2)
+    out = BaseModelOutputWithPast(last_hidden_state=a, hidden_states=(b,))
+    assert first_output(out) is a and first_output((None, [b, a])) is b and first_output("x") is None
+    new = replace_first_output(out, lambda t: t + 1)
+    assert type(new) is BaseModelOutputWithPast and torch.equal(new.last_hidden_state, a + 1) and new.hidden_states[0] is b
+    pair = namedtuple("pair", "x y")(a, b)
+    swapped = replace_first_output(pair, lambda t: t)  # an identity edit stops at the first tensor
+    assert swapped.x is a and swapped.y is b and type(swapped).__name__ == "pair"
+    assert torch.equal(replace_first_output([None, (a, b)], lambda t: -t)[1][0], -a)
+    assert first_input((), {"mask": None, "hidden_states": b}) is b and first_input(("s", a), {}) is None
+    args, kwargs = replace_first_input((), {"hidden_states": b, "other": a}, a)
+    assert args == () and kwargs["hidden_states"] is a and kwargs["other"] is a
+
+
+def test_positional_steer_and_steering_vector_still_work_with_a_warning(gpt2: nn.Module) -> None:
+    v = torch.ones(16)
+    with torch.no_grad(), nbdebug.steer(gpt2, layer=1, vector=v, alpha=0.5):
+        want = gpt2(IDS).logits
+    with pytest.warns(DeprecationWarning, match="steer: pass layer=, vector=, alpha= as keywords"):
+        with torch.no_grad(), nbdebug.steer(gpt2, 1, v, 0.5):
+            got = gpt2(IDS).logits
+    assert torch.equal(got, want)
+    pos, neg = [torch.tensor([1, 2, 3])], [torch.tensor([4, 5, 6])]
+    new = nbdebug.steering_vector(gpt2, pos, neg, layer="transformer.h.0")
+    with pytest.warns(DeprecationWarning, match="steering_vector: pass tokenizer="):
+        old = nbdebug.steering_vector(gpt2, None, pos, neg, "transformer.h.0")
+    assert torch.equal(new, old) and new.abs().max() > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(nbdebug.steering_vector(gpt2, positive=pos, negative=neg, layer=0), new)
+
+
+def test_patch_grid_identical_cells_hold_the_unpatched_metric(gpt2: nn.Module) -> None:
+    clean, corrupt = torch.tensor([[1, 5, 9, 3, 7, 2]]), torch.tensor([[1, 5, 9, 4, 7, 2]])
+    g = nbdebug.patch(gpt2, clean, corrupt, answer=3, wrong=4, progress=False)
+    assert g.identical[:, :3].all() and not g.identical[1:, 3:].any()  # row 0 (embeddings) differs at 3 only
+    assert (g.effect[g.identical] == 0.0).all() and np.isfinite(g.effect).all()
+    assert int(np.argmax(g.effect)) == int(np.nanargmax(np.where(g.identical, np.nan, g.effect)))  # numpy works
+    assert all(not g.identical[r, c] for r, c in g.top_cells(100)) and g.top_cells(100)  # identical cells are not "top" cells
+
+
+def test_results_show_their_views(gpt2: nn.Module) -> None:
+    from nbdebug.widgets.attribution import AttributionWidget
+    from nbdebug.widgets.patching import PatchingWidget
+
+    clean, corrupt = torch.tensor([[1, 5, 9, 3]]), torch.tensor([[1, 5, 9, 4]])
+    g = nbdebug.patch(gpt2, clean, corrupt, answer=3, wrong=4, progress=False)
+    w = g.show()
+    assert isinstance(w, PatchingWidget) and w.grid is g and w.rows == g.rows and w.metric == g.metric
+    with pytest.raises(ValueError, match="only the resid grid"):
+        w.session.grid("heads", "exact")
+    a = nbdebug.attribute(gpt2, clean, answer=3, wrong=4, faithfulness=False)
+    aw = a.show()
+    assert isinstance(aw, AttributionWidget) and aw.result is a and aw.data["scores"] == [float(s) for s in a.scores]

@@ -23,7 +23,7 @@ from torch import nn
 from ..adapters.text import input_ids_of, resolve_option, valid_positions
 from ..capture import ModelCall
 from ..capture.replay import int_option
-from ..lens import resolve_one
+from ..lens.resolve import resolve_one
 from ..views import Recorder
 from ..workbench import PatchGrid
 from ..workbench.metric import Metric, MetricError, token_labels, tokens_of

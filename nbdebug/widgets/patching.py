@@ -63,7 +63,9 @@ def _wire(grid: PatchGrid) -> dict[str, Any]:
 
 
 def _arrays(grid: PatchGrid) -> dict[str, np.ndarray]:
-    return {"effect": grid.effect.astype(np.float32), "raw": grid.raw.astype(np.float32),
+    # an identical cell (clean = corrupt there: nothing to patch) is drawn grey with "=", not as a 0 effect
+    shown = np.where(grid.identical, np.nan, grid.effect)
+    return {"effect": shown.astype(np.float32), "raw": grid.raw.astype(np.float32),
             "identical": grid.identical.astype(np.uint8)}
 
 

@@ -147,7 +147,7 @@ def test_smollm2_lens_header_names_the_block_where_paris_settles(smollm2) -> Non
     assert tok.decode([int(logits[0, -1].argmax())]) == " Paris" == f.answer
     paris_rows = [r for r in range(31) if res.top1(r)[-1] == " Paris"]
     assert paris_rows == [29, 30] and f.from_row == 29  # row 29 is block 28's output
-    assert re.fullmatch(r"' Paris' is top-1 from block 28 on \(the last 2 of 30 blocks\); p = 0\.\d\d at the output\.", f.sentence), f.sentence
+    assert re.fullmatch(r"␣Paris is top-1 from block 28 on \(the last 2 of 30 blocks\); p \d\d% at the output\.", f.sentence), f.sentence
     w = rec.widget()
     assert w.finding == f.sentence and w.finding_cell["from_row"] == 29
     assert not any(re.fullmatch(r"#\d+", t) for t in w.vocab.values())  # a tokenizer was given: never a raw id
@@ -168,7 +168,8 @@ def test_smollm2_attention_header_is_the_unusual_heads_not_the_sinks(smollm2) ->
     assert all(o.z >= 3.5 and abs(o.value - o.typical) >= 0.25 for o in f.outliers)
     top = f.outliers[0]
     assert re.match(rf"{len(f.outliers)} of 270 heads stand out: L{top.layer}H{top.head} attends to (the previous token|its own token) "
-                    r"\(\d+%; typical head here: \d+%\); L\d+H\d+ .*; and \d+ more\.$", res.finding), res.finding
+                    r"\(\d+%; typical head here: [\d.]+%\); L\d+H\d+ .*; also (L\d+H\d+, )+.*each with its reason under it in the grid\.$",
+                    res.finding), res.finding
     w = rec.widget()
     assert w.finding == res.finding and len(w.outliers) == len(f.outliers)
 
@@ -182,5 +183,5 @@ def test_minilm_header_leads_with_the_previous_token_head(minilm) -> None:  # ty
     res = rec.result()
     prev = res.metrics["prev_token"]
     assert prev[0, 2] > 0.95 and prev[0, 2] == prev.max()
-    assert res.finding.startswith(f"{len(res.findings.outliers)} of 72 heads stand out: L0H2 attends to the previous token (100%; typical head here: ")
+    assert res.finding.startswith(f"{len(res.findings.outliers)} of 72 heads stand out: L0H2 attends to the previous token (>99.9%; typical head here: ")
     assert not any(o.kind == "sink" for o in res.findings.outliers)  # a third of the heads sink on [CLS]: normal here

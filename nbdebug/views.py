@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import ast
 import difflib
+import dis
 import importlib
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -275,13 +277,29 @@ def _check_loss_name(head: str, ns: Mapping[str, Any], cell: str | None) -> None
         return  # the magic reports the cell's own syntax error
     assigned = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
                        and not n.id.startswith("_")})
-    if head in assigned:
+    declared = {g for n in ast.walk(tree) if isinstance(n, ast.Global) for g in n.names}
+    if head in assigned or head in declared or _a_function_sets(head, ns):
         return
     close = difflib.get_close_matches(head, assigned, n=1)
     hint = f"did you mean --loss {close[0]}? " if close else ""
     names = f"the cell assigns: {', '.join(assigned[:12])}" if assigned else "the cell assigns no variable"
     raise ValueError(f"--loss {head}: no variable {head!r} in the notebook and the cell never assigns one; "
                      f"{hint}{names}. Pass the variable holding the step's loss, e.g. --loss loss")
+
+
+def _a_function_sets(name: str, ns: Mapping[str, Any]) -> bool:
+    """Whether a function of the notebook assigns the global ``name`` (``global loss`` in a training
+    function the cell calls): its bytecode, nested functions included, stores that global."""
+    def stores(code: types.CodeType) -> bool:
+        if name in code.co_names and any(i.opname == "STORE_GLOBAL" and i.argval == name for i in dis.get_instructions(code)):
+            return True
+        return any(stores(c) for c in code.co_consts if isinstance(c, types.CodeType))
+
+    for obj in list(ns.values()):
+        code = getattr(obj, "__code__", None)
+        if isinstance(code, types.CodeType) and stores(code):
+            return True
+    return False
 
 
 def _reader(ns: Mapping[str, Any], parts: list[str]) -> Callable[[], Any]:

@@ -152,9 +152,9 @@ def hand_patch_attribution(model: nn.Module, clean: torch.Tensor, corrupt: torch
     grid = np.zeros((len(bl), clean.shape[1]))
     for i in range(len(bl)):
         diff = (source[i] - acts[i].detach()).double()[0]  # T×d
-        est = float(m.detach()) + (diff * grads[i].double()[0]).sum(-1)
-        same = (diff == 0).all(-1)
-        grid[i] = np.where(same.numpy(), np.nan, est.numpy())
+        # where clean and corrupt agree, diff is 0 and the estimate is the unpatched metric (a PatchGrid's
+        # raw value there: nothing to patch changes nothing)
+        grid[i] = (float(m.detach()) + (diff * grads[i].double()[0]).sum(-1)).numpy()
     return grid
 
 

@@ -133,6 +133,22 @@ def test_loss_names_the_cell_assigns_or_the_notebook_holds_are_accepted(sh) -> N
 
 
 @needs_wiring
+def test_a_loss_set_by_a_training_function_of_the_notebook_is_accepted(sh) -> None:  # type: ignore[no-untyped-def]
+    """`global gloss` in a function the cell calls (defined in an earlier cell, or in this one) sets the
+    variable the cell never assigns itself: accepted, and its values reach the history."""
+    body = LOOP.format(n=3).replace("loss.backward()", "loss.backward(); keep(loss)")
+    assert sh.run_cell("def keep(v):\n    global gloss\n    gloss = v\n").success
+    assert sh.run_cell("%%nndebug model --loss gloss -o run\n" + body).success
+    assert list(sh.user_ns["run"].series("loss")) == pytest.approx(sh.user_ns["losses"], rel=1e-6)
+    sh.user_ns.pop("keep")
+    sh.user_ns.pop("gloss")
+    inline = "def keep2(v):\n    global gloss2\n    gloss2 = v\n" + body.replace("keep(loss)", "keep2(loss)")
+    assert sh.run_cell("%%nndebug model --loss gloss2 -o run\n" + inline).success
+    sh.user_ns["ran"] = False
+    assert "did you mean" in str(usage_error(sh, "--loss gloss3"))  # still refused when nothing sets it
+
+
+@needs_wiring
 def test_continue_appends_to_an_earlier_run(sh) -> None:  # type: ignore[no-untyped-def]
     assert sh.run_cell("%%nndebug model --loss loss -o run\n" + LOOP.format(n=3)).success
     first = list(sh.user_ns["losses"])

@@ -2,7 +2,7 @@
 
 ``token_sequences`` turns text (a string, a list of strings, or token ids) into sequences of
 ``seq_len`` ids; ``residual_batches`` runs the model once per batch of sequences as nbdebug's own pass
-(:func:`~nbdebug.capture.patchrun.own_pass`: no grad, buffers and RNG as found, the user's hooks set
+(:func:`~nbdebug.runs.own.own_pass`: no grad, buffers and RNG as found, the user's hooks set
 aside, eval mode for the pass and the mode restored) and yields every row of the residual stream
 (the first block's input, then each block's output) for the positions kept: the first position of each
 sequence is left out (its residual norm is tens of times the others': an attention sink that no
@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from ..adapters.transformers import ModelParts
-from ..capture.interventions import read_activations
-from ..capture.patchrun import own_pass
 from ..capture.state import execution_device
+from ..runs.interventions import read_activations
+from ..runs.patchrun import own_pass
 
 __all__ = ["eval_mode", "residual_batches", "token_sequences"]
 

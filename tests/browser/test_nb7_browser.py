@@ -143,7 +143,7 @@ def test_doctor_notebook7(page, nb7) -> None:
              for i in range(rows.count())]
     # failed checks first, then the others, each in the kernel's checklist order
     failed_first = [s for s in info["statuses"] if s[1] == "fail"] + [s for s in info["statuses"] if s[1] != "fail"]
-    assert drawn == failed_first and len(drawn) == 8 and drawn[0] == ["overfit_batch", "fail"]
+    assert drawn == failed_first and len(drawn) == 9 and drawn[0] == ["overfit_batch", "fail"]
     over = widget.locator('.nbd-check[data-check="overfit_batch"]')
     assert over.locator(".nbd-status").text_content() == "✗"
     curve = '.nbdebug-doctor [data-check="overfit_batch"] canvas.nbd-curve'

@@ -265,7 +265,7 @@ def test_run_view_notebook7(page, nb7) -> None:
 # --------------------------------------------------------------------------------------------
 # Keyboard: the widget's own keys, not the notebook's
 # --------------------------------------------------------------------------------------------
-KEYS_LOOP = """%%nndebug model --loss loss -o res
+KEYS_LOOP = """%%nndebug model -o res
 for i in range(10):
     x = torch.randn(32, 4, generator=gen)
     opt.zero_grad()

@@ -75,8 +75,8 @@ def _check_language_views(page, server, name: str) -> None:
     page.locator('.nbdebug-logitlens[data-complete="1"]').wait_for(state="attached")
     headers = lens.locator("table:not(.nbl-bylayer) thead th")
     assert headers.count() == 11 and headers.nth(1).text_content() == HOSTILE
-    assert lens.locator("tbody tr").count() == 3  # embed + 2 blocks
-    cells = lens.locator("tbody td")
+    assert lens.locator("table:not(.nbl-bylayer) tbody tr").count() == 3  # embed + 2 blocks
+    cells = lens.locator("table:not(.nbl-bylayer) tbody td")
     assert cells.count() == 30 and lens.locator("td.nbl-pending").count() == 0
     assert all(c in ("<b>bold</b>",) or c.startswith("␣v") for c in cells.all_text_contents())
     cells.nth(3).hover()

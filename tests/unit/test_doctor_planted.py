@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from test_doctor import C, D, digits  # tests/unit is on sys.path: the same digits-like data
 from torch import nn
 
 from nbdebug.doctor import doctor
@@ -19,16 +20,6 @@ from nbdebug.inspectors.doctor import (
     judge_overfit,
     smoothing_floor,
 )
-
-D, C = 64, 10
-
-
-def digits(n: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    protos = torch.randn(C, D, generator=g)
-    y = torch.arange(n) % C
-    x = protos[y] + 0.5 * torch.randn(n, D, generator=g)
-    return (x - x.mean(0)) / x.std(0), y
 
 
 class BodyHead(nn.Module):

@@ -20,7 +20,7 @@ scorecam        ``ReLU(Σ_k w_k A_k)``, ``w = softmax_k`` of the target logit of
 
 The perturbation methods need forwards of their own; this module builds their inputs
 (:func:`ablated`, :func:`score_masks`) and turns their scores into maps (:func:`ablation_map`,
-:func:`score_map`). The passes are :mod:`nbdebug.capture.perturb`'s.
+:func:`score_map`). The passes are :mod:`nbdebug.runs.perturb`'s.
 
 Where pytorch-grad-cam (``jacobgil/pytorch-grad-cam``) defines a method the same way its maps are
 equal to these before its own upsampling and scaling: gradcam, gradcam++, hirescam, xgradcam,

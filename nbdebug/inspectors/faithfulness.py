@@ -14,7 +14,7 @@ ranked by the map (most salient first; ties in raster order) and:
 
 :class:`Plan` lists every perturbed image of every method (the clean and the fully blurred image
 once, shared) and builds any slice of them as one batch, so all steps of all methods run batched
-(:class:`~nbdebug.capture.perturb.Perturbed`); :meth:`Plan.report` turns the target class's
+(:class:`~nbdebug.runs.perturb.Perturbed`); :meth:`Plan.report` turns the target class's
 probabilities into curves and areas (:func:`auc`: trapezoid over the fractions, divided by their
 range, i.e. the curve's mean height). :func:`rank_methods` orders methods by
 ``insertion − deletion + road_lerf − road_morf``.

@@ -5,8 +5,8 @@ gradients of K class scores with respect to it into one map per method (the math
 in :mod:`nbdebug.inspectors.cams`; the perturbation methods' maps come in ready-made),
 :func:`resolve_targets` picks the classes, :func:`pick_layer` / :func:`fallback_layers` the layer.
 The passes that produce activations and gradients (one forward of nbdebug's own, one batched
-backward) are :func:`~nbdebug.capture.gradients.target_grads` /
-:func:`~nbdebug.capture.gradients.probe_pass`, run by :mod:`nbdebug.recorders.gradcam` (``grad_cam()``
+backward) are :func:`~nbdebug.runs.gradients.target_grads` /
+:func:`~nbdebug.runs.gradients.probe_pass`, run by :mod:`nbdebug.recorders.gradcam` (``grad_cam()``
 there is the whole thing without a widget).
 
     weights_k = mean_ij dScore_c / dA_kij          (Grad-CAM)

@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from ..capture import HookSet, ModelCall
-from ..capture.replay import Replay, ReplayMember, join, leave, replay_final
+from ..runs.replay import Replay, ReplayMember, join, leave, replay_final
 from ..views import Recorder
 
 __all__ = ["LanguageRecorder"]

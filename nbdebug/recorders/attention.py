@@ -1,7 +1,7 @@
 """Recorder of the attention view: per-head summaries of every layer, one head's matrix on demand.
 
 Hugging Face models keep their fused attention (SDPA...): a pass-through attention function
-(:mod:`nbdebug.capture.attention_probe`) sees each layer's queries and keys. They are kept for one
+(:mod:`nbdebug.runs.attention_probe`) sees each layer's queries and keys. They are kept for one
 sequence within ``max_bytes`` (float32, else float16); summaries and thumbnails are computed from
 them in bounded chunks, and a head's matrix is recomputed when the view asks. Layers that do not fit
 are summarised during the forward and recomputed by running the model again when asked (the model is
@@ -10,7 +10,7 @@ to eager attention and their probabilities read by hooks, kept only if they fit 
 
 For ``model.generate(...)`` (or a KV-cache decoding loop) the view covers the final sequence: one
 extra forward on it after the cell, under ``no_grad``, on clones of the buffers, shared with the
-logit lens when both views run (:func:`~nbdebug.capture.replay.replay_final`); if it fails, the
+logit lens when both views run (:func:`~nbdebug.runs.replay.replay_final`); if it fails, the
 first call is shown with a note. Otherwise the first top-level call of the cell is shown.
 
 >>> with AttentionRecorder(model, tokenizer=tok) as rec:     # doctest: +SKIP
@@ -31,15 +31,7 @@ from ..adapters.text import input_ids_of, resolve_option, token_strings, valid_p
 from ..adapters.transformers import ModelParts, eager_attention, find_parts
 from ..adapters.unhookable import refuse_unhookable
 from ..capture import HookSet, ModelRef, parse_bytes
-from ..capture.attention_probe import QKCall, probe_attention, probe_supported
 from ..capture.budget import format_bytes
-from ..capture.replay import (
-    Replay,
-    forward_again,
-    generation_note,
-    int_option,
-    nothing_shown,
-)
 from ..inspectors.attention import AttentionAccumulator, AttentionResult, build_result
 from ..inspectors.attention_qk import (
     CHUNK_BYTES,
@@ -48,6 +40,14 @@ from ..inspectors.attention_qk import (
     LayerQK,
     key_ranges,
     summarize_qk,
+)
+from ..runs.attention_probe import QKCall, probe_attention, probe_supported
+from ..runs.replay import (
+    Replay,
+    forward_again,
+    generation_note,
+    int_option,
+    nothing_shown,
 )
 from ._language import LanguageRecorder
 from .ablation_session import AblationSession, ablation_problem

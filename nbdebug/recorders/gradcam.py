@@ -4,7 +4,7 @@ The cell runs untouched (a :class:`~nbdebug.capture.ModelCall` and a shape-only
 :class:`~nbdebug.capture.probe.OutputProbe` watch it). Afterwards nbdebug runs the model once
 more on the same input with gradients tracked from the target layer on (also when the cell ran
 under ``torch.no_grad`` or ``torch.inference_mode``), on clones of the buffers and with
-parameters frozen (:func:`~nbdebug.capture.gradients.layer_pass`), so a graph the user still
+parameters frozen (:func:`~nbdebug.runs.gradients.layer_pass`), so a graph the user still
 holds stays valid. The recorder, the session and the widget hold the model weakly.
 
 The computation without a cell or a widget (:func:`grad_cam`, :func:`compute_cams`,
@@ -24,12 +24,12 @@ from ..adapters.outputs import logits_of
 from ..adapters.unhookable import refuse_unhookable
 from ..adapters.vision import InputSize, SpatialLayer, find_image, image_for_display, parse_floats
 from ..capture import ModelCall, format_bytes, parse_bytes, select_modules, split_call_name
-from ..capture.gradients import autograd_inputs, weight_versions
 from ..capture.probe import OutputProbe
 from ..capture.select import unwrap_compiled
 from ..capture.state import user_hook_count
 from ..inspectors.cams import PERTURBATION, parse_methods
 from ..inspectors.gradcam import GradCamResult, class_names_for, parse_target, pick_layer
+from ..runs.gradients import autograd_inputs, weight_versions
 from ..views import Recorder
 from .gradcam_cams import (
     GradCamSession,

@@ -5,7 +5,7 @@ CAMs, every method asked for from one forward and one batched backward (the pert
 add their batched forwards, :mod:`nbdebug.recorders.gradcam_perturb`); :func:`probe` the layers
 with a spatial output; :class:`GradCamSession` a model call plus the CAMs computed on it so far
 (other layers on demand, within a byte budget). They run nbdebug's passes
-(:func:`~nbdebug.capture.gradients.target_grads`, :func:`~nbdebug.capture.gradients.probe_pass`:
+(:func:`~nbdebug.runs.gradients.target_grads`, :func:`~nbdebug.runs.gradients.probe_pass`:
 nbdebug's own forward on cloned buffers, parameters frozen) and hand activations and gradients to
 the pure :mod:`nbdebug.inspectors.gradcam`. :mod:`nbdebug.recorders.gradcam` runs them around a
 cell (and re-exports these names).
@@ -30,7 +30,6 @@ from ..adapters.vision import (
     spatial_layers,
 )
 from ..capture import DEFAULT_MAX_BYTES, ModelRef, call_name, split_call_name
-from ..capture.gradients import LayerDidNotRun, autograd_inputs, probe_pass, target_grads
 from ..capture.probe import OutputProbe
 from ..capture.select import unwrap_compiled
 from ..inspectors.cams import PERTURBATION, parse_methods
@@ -45,6 +44,7 @@ from ..inspectors.gradcam import (
     pick_layer,
     resolve_targets,
 )
+from ..runs.gradients import LayerDidNotRun, autograd_inputs, probe_pass, target_grads
 from .gradcam_perturb import Reporter, per_sample_bytes, perturbation_maps
 
 __all__ = ["GradCamSession", "compute_cams", "grad_cam", "nonzero_fallback", "probe", "spatial_of"]
@@ -78,14 +78,14 @@ def compute_cams(
     """CAMs of ``layer`` for the target classes, one map per method: ``(maps, classes B×K, logits B×N)``.
 
     One forward of nbdebug's own (graph from the layer on, buffers cloned, parameters frozen) and
-    one batched backward for all K classes (:func:`~nbdebug.capture.gradients.target_grads`) serve
+    one batched backward for all K classes (:func:`~nbdebug.runs.gradients.target_grads`) serve
     every gradient method and EigenCAM; AblationCAM and Score-CAM add their batched forwards
     (``max_bytes`` bounds a chunk, ``item_bytes`` is one perturbed forward's estimate, ``samples``
     limits them to some samples, ``progress`` reports). ``methods`` (default ``[method]``) as
     :func:`~nbdebug.inspectors.cams.parse_methods` reads it. ``auto``: the layer is a guess that is
     dropped when the scores do not depend on it (all-zero gradient), so the perturbation methods
     are not run there. ``args``/``kwargs`` should have gone through
-    :func:`~nbdebug.capture.gradients.autograd_inputs`.
+    :func:`~nbdebug.runs.gradients.autograd_inputs`.
     """
     names = parse_methods(methods if methods is not None else method)
     seen: dict[str, torch.Tensor] = {}
@@ -122,7 +122,7 @@ def compute_cams(
 
 def probe(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], reshape: Reshape = None) -> tuple[list[SpatialLayer], str]:
     """``(spatial layers, every output described)`` of ``model`` from one inference pass of nbdebug's
-    own (:func:`~nbdebug.capture.gradients.probe_pass`)."""
+    own (:func:`~nbdebug.runs.gradients.probe_pass`)."""
     size = InputSize()
     pr = probe_pass(model, args, kwargs, on_first_call=size)
     return spatial_of(unwrap_compiled(model), pr, size.hw, reshape), pr.describe_all()
@@ -200,7 +200,7 @@ class GradCamSession:
 
     Holds the model weakly: once it is deleted, a new layer answers with
     :class:`~nbdebug.capture.ModelGoneError` (its message is what the view shows). ``args``/``kwargs``
-    are the cell's inputs as :func:`~nbdebug.capture.gradients.autograd_inputs` returns them;
+    are the cell's inputs as :func:`~nbdebug.runs.gradients.autograd_inputs` returns them;
     ``methods`` every method computed for each layer (``method``: the first); ``order`` the modules
     of the first call in the order their calls ended (the sanity check's "layers after");
     ``item_bytes`` one perturbed forward's memory estimate.

@@ -2,7 +2,7 @@
 
 :func:`faithfulness`: deletion / insertion / ROAD of each method's map for sample 0 and its first
 target, every perturbed image of every method in one batched run
-(:class:`~nbdebug.inspectors.faithfulness.Plan` builds them, :class:`~nbdebug.capture.perturb.Perturbed`
+(:class:`~nbdebug.inspectors.faithfulness.Plan` builds them, :class:`~nbdebug.runs.perturb.Perturbed`
 runs them). :func:`sanity`: each method's map against the map of a deep copy of the model whose
 layers after the CAM layer are re-initialised, from the output down (:func:`reinitialise`); the
 user's model is not touched (the copy is made with the user's hooks set aside, and dropped after).
@@ -20,13 +20,13 @@ from torch import nn
 
 from ..adapters.outputs import class_scores
 from ..adapters.vision import SpatialLayer, find_image, image_layout
-from ..capture.gradients import probe_pass
-from ..capture.perturb import Perturbed, chunk_size
 from ..capture.select import unwrap_compiled
 from ..capture.state import suspend_hooks
 from ..inspectors.faithfulness import FaithfulnessReport, Plan
 from ..inspectors.gradcam import CamMaps
 from ..inspectors.sanity import SanityReport, cascade_steps, spearman
+from ..runs.gradients import probe_pass
+from ..runs.perturb import Perturbed, chunk_size
 from .gradcam_cams import compute_cams
 from .gradcam_perturb import Reporter, per_sample_bytes
 

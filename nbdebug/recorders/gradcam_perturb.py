@@ -2,7 +2,7 @@
 
 :func:`perturbation_maps` builds the perturbed copies with :mod:`nbdebug.inspectors.cams`
 (:func:`~nbdebug.inspectors.cams.ablated`, :func:`~nbdebug.inspectors.cams.score_masks`), runs them
-batched under the byte budget (:class:`~nbdebug.capture.perturb.Perturbed`: AblationCAM from the
+batched under the byte budget (:class:`~nbdebug.runs.perturb.Perturbed`: AblationCAM from the
 layer on only, Score-CAM on masked inputs) and turns the scores into maps. :class:`Progress` shows how
 far a long run is (tqdm when installed, else one line on stderr), only once it has taken a moment.
 """
@@ -20,8 +20,8 @@ from torch import nn
 from ..adapters.outputs import class_scores
 from ..adapters.vision import GridInfo, SpatialLayer, image_layout, to_nchw
 from ..capture import format_bytes
-from ..capture.perturb import Perturbed, chunk_size
 from ..inspectors.cams import ablated, ablation_map, score_map, score_masks
+from ..runs.perturb import Perturbed, chunk_size
 
 __all__ = ["Progress", "Reporter", "per_sample_bytes", "perturbation_maps"]
 

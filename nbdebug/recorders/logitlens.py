@@ -35,14 +35,14 @@ from ..adapters.transformers import ModelParts, find_parts, require_lens
 from ..adapters.unhookable import refuse_unhookable
 from ..capture import HookSet, ModelRef, parse_bytes
 from ..capture.budget import format_bytes
-from ..capture.replay import (
+from ..capture.state import execution_device, loaded_weights, offloaded
+from ..inspectors.logitlens import LensResult, LogitLens
+from ..lens import resolve_lens
+from ..runs.replay import (
     generation_note,
     int_option,
     nothing_shown,
 )
-from ..capture.state import execution_device, loaded_weights, offloaded
-from ..inspectors.logitlens import LensResult, LogitLens
-from ..lens import resolve_lens
 from ._language import LanguageRecorder
 from .steer_lens import SteerLens, steer_vectors
 

@@ -22,8 +22,8 @@ from torch import nn
 
 from ..adapters.text import input_ids_of, resolve_option, valid_positions
 from ..capture import ModelCall
-from ..capture.replay import int_option
 from ..lens.resolve import resolve_one
+from ..runs.replay import int_option
 from ..views import Recorder
 from ..workbench import PatchGrid
 from ..workbench.metric import Metric, MetricError, token_labels, tokens_of

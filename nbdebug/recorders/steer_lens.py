@@ -4,7 +4,7 @@ vector`` added to one block's output) and the lens of that run, next to the orig
 ``--steer VAR`` names a vector from :func:`nbdebug.steering_vector` (a 1-D tensor of the hidden size;
 the view offers every block, starting at the vector's ``layer`` attribute if it has one, else the
 middle block) or a dict ``{layer name or index: vector}`` (the view offers those layers). Each request
-is one forward of nbdebug's own (:func:`~nbdebug.capture.patchrun.own_pass`: the user's hooks set
+is one forward of nbdebug's own (:func:`~nbdebug.runs.patchrun.own_pass`: the user's hooks set
 aside, buffers and RNG as found) on the token ids the lens shows, under ``steer``, reading every
 block's output; the lens of it uses the same final norm, unembedding and targets as the view's
 (:func:`~nbdebug.recorders.lensrun.model_lens`). The model is held weakly: once it is deleted a
@@ -24,10 +24,10 @@ import torch
 from torch import nn
 
 from ..capture import ModelRef
-from ..capture.interventions import read_activations
-from ..capture.patchrun import own_pass
 from ..capture.state import execution_device
 from ..inspectors.logitlens import LogitLens
+from ..runs.interventions import read_activations
+from ..runs.patchrun import own_pass
 from ..workbench import steer
 
 __all__ = ["SteerLens", "steer_vectors"]

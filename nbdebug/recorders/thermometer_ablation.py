@@ -2,7 +2,7 @@
 
 :class:`LastCall` keeps the inputs of the model's last top-level call while the cell runs (references,
 as the user passed them; its only hook, a pre-hook on the model's own call, goes through
-:func:`~nbdebug.capture.interventions.edit_activations`). :class:`ModuleAblation` re-runs that call
+:func:`~nbdebug.runs.interventions.edit_activations`). :class:`ModuleAblation` re-runs that call
 twice on request, as it is and with one module's output zeroed (or mean-replaced,
 :func:`nbdebug.ablate` ``layers=``), both with the weights as they are now (after the last optimizer
 step, when the cell trained), and reports the change of the loss: the loss in the model's own output
@@ -10,7 +10,7 @@ step, when the cell trained), and reports the change of the loss: the loss in th
 (a plain ``loss_fn(model(x), y)`` loop: nbdebug does not know the loss function or the target), the
 change of the output is reported instead: mean ``|Δ logits|`` and how often the top-1 class agrees.
 
-Both re-runs are nbdebug's own passes (:func:`~nbdebug.capture.patchrun.own_pass`): no grad, buffers
+Both re-runs are nbdebug's own passes (:func:`~nbdebug.runs.patchrun.own_pass`): no grad, buffers
 cloned (BatchNorm running statistics are not updated), the RNG forked (dropout draws the same masks in
 both runs and the user's random stream does not move), modes as found, ``.grad`` and the optimizer
 untouched, the user's hooks not called, no hook left.
@@ -26,10 +26,10 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from ..adapters.outputs import logits_of
-from ..capture.interventions import edit_activations
 from ..capture.losses import loss_of_output
-from ..capture.patchrun import own_pass
 from ..capture.weak import ModelRef
+from ..runs.interventions import edit_activations
+from ..runs.patchrun import own_pass
 from ..workbench import ablate
 
 __all__ = ["OUTPUT_NOTE", "LastCall", "ModuleAblation"]

@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from ..adapters.vision import SpatialLayer, find_image, image_hw
-from ..capture.gradients import autograd_inputs
 from ..capture.weak import ModelRef
 from ..inspectors.gradcam import class_names_for
+from ..runs.gradients import autograd_inputs
 from ..workbench import ablate
 from .gradcam_cams import compute_cams, grad_cam
 

@@ -32,7 +32,6 @@ FORBIDDEN = {
 }
 #: the former homes of runs/ modules: re-exports only, until the click sessions in recorders/ import
 #: from nbdebug.runs (issue 28); the only capture modules allowed to import runs
-SHIMS = {f"nbdebug.capture.{n}" for n in ("interventions", "patchrun", "perturb", "gradients", "replay", "attention_probe")}
 #: the hygiene primitives and who may call them: the hygiene module and the one own pass (issue 28)
 OWN_PASS_ONLY = {"preserve_buffers", "suspend_hooks"}
 OWN_PASS_CALLERS = {"nbdebug.capture.state", "nbdebug.runs.own"}
@@ -196,8 +195,6 @@ def _layer_violations(layer: str, imports: dict[str, list[tuple[int, str, str | 
             continue
         for line, base, name in rows:
             target = f"{base}.{name}" if name and f"{base}.{name}" in MODS else base
-            if m in SHIMS and target.startswith("nbdebug.runs"):
-                continue
             if any(target == f or target.startswith(f + ".") for f in FORBIDDEN[layer]):
                 found.append(f"{m}:{line} imports {target}")
     return found
@@ -217,14 +214,6 @@ def test_the_layer_rule_finds_a_planted_import(layer: str, planted: str) -> None
     imports[f"{layer}.planted"] = [(1, planted, None)]
     assert _layer_violations(layer, imports) == [f"{layer}.planted:1 imports {planted}"]
 
-
-def test_capture_shims_only_re_export() -> None:
-    for m in SHIMS:
-        body = [n for n in TREES[m].body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
-        kinds = {type(n).__name__ for n in body}
-        assert kinds <= {"ImportFrom", "Assign"}, (m, kinds)
-        assert all(n.module and (n.module.startswith("runs.") or n.module == "leaves") for n in body
-                   if isinstance(n, ast.ImportFrom)), m
 
 
 def _hygiene_calls(trees: dict[str, ast.AST]) -> dict[str, list[int]]:

@@ -517,7 +517,7 @@ def test_probe_leaves_transformers_registries_and_sub_configs_as_they_were() -> 
     from transformers.modeling_utils import AttentionInterface
 
     from nbdebug.adapters.transformers import eager_attention
-    from nbdebug.capture.attention_probe import probe_attention
+    from nbdebug.runs.attention_probe import probe_attention
 
     attn, masks = dict(AttentionInterface._global_mapping), dict(AttentionMaskInterface._global_mapping)
     m = tiny("llama")

@@ -15,9 +15,9 @@ from torch import nn
 
 from nbdebug.adapters.vision import SpatialLayer
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint
-from nbdebug.capture.gradients import probe_pass, target_grads
 from nbdebug.inspectors.gradcam import LayerError, cam_maps, parse_target
 from nbdebug.recorders.gradcam import GradCamRecorder, grad_cam
+from nbdebug.runs.gradients import probe_pass, target_grads
 from nbdebug.testing import ResNetShaped
 
 
@@ -354,7 +354,7 @@ def test_hf_backbone_whose_pooled_output_feeds_the_head() -> None:
     model.zero_grad(set_to_none=True)
 
 
-# -- the split: passes in capture/gradients.py, CAM math in the inspector -------------------------
+# -- the split: passes in runs/gradients.py, CAM math in the inspector -------------------------
 HAND_A = torch.tensor([[[[1.0, 3.0], [3.0, 3.0]], [[1.0, 0.0], [3.0, 6.0]]]])  # hand_model's conv output on HAND_X
 
 

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint
-from nbdebug.capture.perturb import Perturbed
 from nbdebug.recorders.gradcam import GradCamRecorder, grad_cam
+from nbdebug.runs.perturb import Perturbed
 
 
 class Trip(nn.Module):

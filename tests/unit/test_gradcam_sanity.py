@@ -139,7 +139,7 @@ def test_layers_after_leave_out_ancestors_and_modules_that_ran_before() -> None:
             return self.fc(self.norm(self.block(self.norm(self.conv0(x)))).mean((2, 3)))
 
     model = Shared().eval()
-    from nbdebug.capture.gradients import probe_pass
+    from nbdebug.runs.gradients import probe_pass
 
     calls = [(r.module, r.call) for r in probe_pass(model, (torch.randn(1, 3, 4, 4),), {}).records]
     assert calls == [("conv0", 0), ("norm", 0), ("block.act", 0), ("block.conv1", 0), ("block", 0), ("norm", 1), ("fc", 0)]

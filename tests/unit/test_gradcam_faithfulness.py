@@ -23,6 +23,7 @@ from nbdebug.inspectors.faithfulness import (
 from nbdebug.inspectors.gradcam import CamMaps
 from nbdebug.recorders.gradcam import GradCamRecorder
 from nbdebug.recorders.gradcam_checks import faithfulness
+from tests.envelope.cams_ref import dense_impute  # Rong et al.'s imputation as a dense solve
 
 H = W = 12
 #: ROAD's curves against the noiseless dense imputation: the σ = 0.01 noise and the 1e-3 solve move
@@ -126,7 +127,7 @@ def hand_curves(model: nn.Module, x: torch.Tensor, sal: np.ndarray, c: int) -> d
     road = [round(f * sal.size) for f in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)]
 
     def imputed(mask: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(dense_imputation(x.double().numpy(), mask.numpy())).float()
+        return dense_impute(x, mask)
 
     return {"deletion": np.array([prob(model, torch.where(top(sal, k), xb, x), c) for k in n]),
             "insertion": np.array([prob(model, torch.where(top(sal, k), x, xb), c) for k in n]),
@@ -170,31 +171,6 @@ def test_deletion_and_insertion_images_replace_exactly_the_top_pixels() -> None:
         assert torch.equal(img[:, top], inside[:, top]) and torch.equal(img[:, ~top], outside[:, ~top])
 
 
-def dense_imputation(img: np.ndarray, removed: np.ndarray) -> np.ndarray:
-    """Rong et al.'s linear imputation as a dense solve: for each removed pixel, Σ_j w_j (x_i − x_j) = 0
-    over its neighbours inside the image (w = 1/6 edge, 1/12 corner); known pixels fixed."""
-    h, w = removed.shape
-    idx = -np.ones((h, w), dtype=int)
-    where = np.argwhere(removed)
-    idx[removed] = np.arange(len(where))
-    A = np.zeros((len(where), len(where)))
-    b = np.zeros((len(where), img.shape[0]))
-    for n, (i, j) in enumerate(where):
-        for di in (-1, 0, 1):
-            for dj in (-1, 0, 1):
-                if (di, dj) == (0, 0) or not (0 <= i + di < h and 0 <= j + dj < w):
-                    continue
-                wt = 1 / 12 if di and dj else 1 / 6
-                A[n, n] += wt
-                if removed[i + di, j + dj]:
-                    A[n, idx[i + di, j + dj]] -= wt
-                else:
-                    b[n] += wt * img[:, i + di, j + dj]
-    out = img.copy()
-    out[:, removed] = np.linalg.solve(A, b).T
-    return out
-
-
 @pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9])
 def test_road_imputation_solves_the_linear_system(fraction: float) -> None:
     rng = np.random.default_rng(1)
@@ -204,7 +180,7 @@ def test_road_imputation_solves_the_linear_system(fraction: float) -> None:
     removed = torch.zeros(20 * 24, dtype=torch.bool)
     removed[torch.argsort(sal.flatten(), descending=True)[: int(fraction * 480)]] = True
     removed = removed.reshape(20, 24)
-    ref = dense_imputation(img.astype(np.float64), removed.numpy())
+    ref = dense_impute(torch.from_numpy(img), removed).double().numpy()
     exact = impute(torch.from_numpy(img)[None], removed[None], noise=0, tol=1e-6)[0].numpy()
     np.testing.assert_allclose(exact, ref, atol=2e-5)
     default = impute(torch.from_numpy(img)[None], removed[None], noise=0)[0].numpy()  # tol 1e-3: well below the noise

@@ -274,7 +274,7 @@ def test_readme_screenshot_cam_methods(page, lab) -> None:  # type: ignore[no-un
     order = cams.locator("table.nbd-rank tr[data-method]")
     failed = [("nbd-failed" in (order.nth(i).get_attribute("class") or "")) for i in range(order.count())]
     assert failed == sorted(failed) and sum(failed) == len(flagged), (failed, flagged)
-    assert cams.locator(".nbd-headline").text_content() == kernel_json(page, "_nndebug_widget.headline")
+    assert cams.locator(".nbd-headline").text_content() == kernel_json(page, "_nndebug_widget.headline").replace("`", "")
     n, hidden = hidden_in_scroll_boxes(page, ".nbdebug-gradcam")
     assert n > 20 and hidden == [], hidden[:5]
     assert wait_canvas_nonblank(page, ".nbdebug-gradcam canvas.nbd-overlay", minimum=1000, timeout=180_000) >= 1000

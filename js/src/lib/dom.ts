@@ -121,6 +121,16 @@ export function fmtInt(x: number): string {
   return Math.round(x).toLocaleString("en-US");
 }
 
+/** Text with `code` spans for backticked names, as text nodes only: the one way a headline, a
+ * finding or a note marks a module, layer or run name (Python's static pages: widgets/_snapshot.py
+ * code_html). */
+export function withCode(text: string | null | undefined): Child[] {
+  return String(text ?? "")
+    .split("`")
+    .map((part, i) => (i % 2 === 1 ? h("code", { text: part }) : part))
+    .filter((c) => c !== "");
+}
+
 /** Fraction as a percentage ("12.5%", "<0.1%" for tiny non-zero values, "100%"). */
 export function fmtPct(frac: number): string {
   if (!Number.isFinite(frac)) return fmt(frac);

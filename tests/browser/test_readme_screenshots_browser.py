@@ -28,7 +28,7 @@ from .harness import (
     wait_widget,
     write_notebook,
 )
-from .hidden_scroll import hidden_in_scroll_boxes
+from .scrollboxes import hidden_in_scroll_boxes
 
 pytestmark = [pytest.mark.browser, pytest.mark.models, pytest.mark.slow]
 

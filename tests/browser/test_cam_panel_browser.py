@@ -41,12 +41,11 @@ W = ".nbdebug-gradcam"
 
 
 def test_cam_panel_sanity_before_rank_ties_and_one_verdict(page, lab) -> None:  # type: ignore[no-untyped-def]
-    write_notebook(lab.root, "cam_panel", ["%load_ext nbdebug", SETUP, RUN])
+    write_notebook(lab.root, "cam_panel", ["%load_ext nbdebug", SETUP, RUN, "w = _nndebug_widget"])
     open_and_run(page, lab, "cam_panel")
     cams = wait_widget(page, "gradcam")
     page.wait_for_selector(f"{W}[data-curves='1']", timeout=120_000)
-    k = kernel_json(page, "{'headline': cams.headline, 'ranks': cams.ranks, "
-                          "'rho': {s['method']: s['rho'] for s in cams.sanity}}")
+    k = kernel_json(page, "{'headline': w.headline, 'ranks': w.ranks, 'rho': {s['method']: s['rho'] for s in w.sanity}}")
     score = {r["method"]: r["score"] for r in k["ranks"]}
     # the planted situation holds: eigencam fails the sanity check and has the best score of all
     assert k["rho"]["eigencam"] >= 0.9 and all(k["rho"][m] < 0.9 for m in ("gradcam", "hirescam", "xgradcam"))

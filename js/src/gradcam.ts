@@ -7,7 +7,7 @@
 // nothing while it moves; its final value is synced to the `opacity` trait when released.
 import { colourBar } from "./lib/colorbar";
 import { COLORMAPS } from "./lib/colormap";
-import { fmt, fmtPct, h, replaceChildren, styleElement } from "./lib/dom";
+import { codeCss, fmt, fmtPct, h, replaceChildren, styleElement } from "./lib/dom";
 import { rpc, type AnyModel } from "./lib/rpc";
 import { sampleSelect, select } from "./lib/select";
 import { faithPanel, sanityTable, type CamRank, type Faithfulness, type SanityRow } from "./gradcam/checks";
@@ -93,7 +93,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const sanityBox = h("div", { class: "nbd-sanity-box" });
   const strip = h("div", { class: "nbd-strip" });
   const headline = headlineLine(model);
-  root.append(styleElement(CSS), headline.el, controls, errorBox, h("div", { class: "nbd-stage" }, [canvas, bar]), strip, warn, info, faithBox, sanityBox, notes);
+  root.append(styleElement(CSS + codeCss(".nbdebug-gradcam")), headline.el, controls, errorBox, h("div", { class: "nbd-stage" }, [canvas, bar]), strip, warn, info, faithBox, sanityBox, notes);
   el.appendChild(root);
 
   let view: View | null = null;

@@ -15,7 +15,7 @@
 // controls, colour bar, legend, details), table.ts, tip.ts, pins.ts, steer.ts, side.ts (panels beside
 // the table acting on pinned cells: add a `LensPanel` to `panelsFor` below).
 import { decode, type NdArray, type WireArray } from "./lib/ndarray";
-import { append, h, replaceChildren, styleElement } from "./lib/dom";
+import { append, codeCss, h, replaceChildren, styleElement } from "./lib/dom";
 import { MORE_CSS, MoreCue } from "./lib/more";
 import { rpc, type AnyModel } from "./lib/rpc";
 import { colourScale, Columns } from "./logitlens/columns";
@@ -97,7 +97,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       drawTable();
     },
   });
-  append(root, [styleElement(CSS + MORE_CSS), ...head.elements, steer.el, h("div", { class: "nbl-main" }, [h("div", { class: "nbl-wrapcol" }, [wrap, more.el]), side.el]), status, pins.el, tip.el]);
+  append(root, [styleElement(CSS + MORE_CSS + codeCss(".nbdebug-logitlens")), ...head.elements, steer.el, h("div", { class: "nbl-main" }, [h("div", { class: "nbl-wrapcol" }, [wrap, more.el]), side.el]), status, pins.el, tip.el]);
   el.appendChild(root);
 
   const clampRange = (name: string, lo: number, hi: number, minLen: number): [number, number] => {

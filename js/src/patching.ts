@@ -9,7 +9,7 @@
 //
 // Parts: patching/colour.ts (the diverging scale, colour bar), grid.ts (cells, hover, click),
 // tops.ts (next-token tables), lens.ts (the lens columns), style.ts.
-import { fmt, h, replaceChildren, styleElement, withCode } from "./lib/dom";
+import { codeCss, fmt, h, replaceChildren, styleElement, withCode } from "./lib/dom";
 import { rpc, type AnyModel } from "./lib/rpc";
 import { divergingBar } from "./patching/colour";
 import { GridView, gridFromTraits, type GridData } from "./patching/grid";
@@ -46,7 +46,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const tops = new Tops(model.get("top_clean") as Top[] || [], model.get("top_corrupt") as Top[] || [],
     { clean: model.get("answer_clean") ?? null, corrupt: model.get("answer_corrupt") ?? null });
   const grid = new GridView(metric, (r, c) => void click(r, c));
-  const root = h("div", { class: "nbdebug-patching" }, [styleElement(CSS), title, prompts, controls, status, grid.el, grid.tip, notes, tops.el]);
+  const root = h("div", { class: "nbdebug-patching" }, [styleElement(CSS + codeCss(".nbdebug-patching")), title, prompts, controls, status, grid.el, grid.tip, notes, tops.el]);
   const onHeadline = () => {
     replaceChildren(title, withCode(String(model.get("headline") || "")));
   };

@@ -218,6 +218,10 @@ def test_readme_screenshots_real_models(page, lab) -> None:  # type: ignore[no-u
     # the caption: "the 4 of 72 heads that stand out", each outlined with its reason under it
     assert att.locator(".nba-head.nba-outlier").count() == 4 and L * H == 72
     assert att.locator(".nba-finding").text_content().startswith("4 of 72 heads stand out")
+    # each reason whole under its head ("prev >99.9%" was cut to "prev >…" by a one-line ellipsis)
+    whole = att.locator(".nba-head.nba-outlier .nba-val").evaluate_all(
+        "els => els.map(e => e.scrollWidth <= e.clientWidth + 1 && getComputedStyle(e).textOverflow !== 'ellipsis')")
+    assert whole == [True] * 4, whole
     assert summary.split(";")[0] in att.locator(".nba-summary").first.text_content()
     _shoot(page, "real-attention", att)
 

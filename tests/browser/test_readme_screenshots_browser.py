@@ -286,7 +286,7 @@ def test_readme_screenshot_cam_methods(page, lab) -> None:  # type: ignore[no-un
     page.wait_for_selector(".nbdebug-gradcam[data-curves='1']", timeout=120_000)
     assert cams.locator("button.nbd-method").count() == len(kernel_json(page, "cams.methods")) == 6
     flagged = kernel_json(page, "[m for m, r in cams.sanity.items() if r >= __import__('nbdebug.inspectors.sanity').inspectors.sanity.THRESHOLD]")
-    assert "eigencam" in flagged, flagged
+    assert sorted(flagged) == ["eigencam", "gradcam++", "layercam"], flagged  # the README caption names them
     # sanity before rank: every failing method after every passing one, greyed; the verdict first
     order = cams.locator("table.nbd-rank tr[data-method]")
     failed = [("nbd-failed" in (order.nth(i).get_attribute("class") or "")) for i in range(order.count())]

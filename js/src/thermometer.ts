@@ -65,8 +65,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   });
   const ablateRow = new AblateRow(model); // a selected row → ablate its module's output → Δ loss
   // the event list and the table keep their max-height, never silently: "N more ▾" under each
-  const moreEvents = new MoreCue(eventsList, ":scope > li", "events");
-  const moreRows = new MoreCue(table, ".nbd-row", "rows");
+  const moreEvents = new MoreCue(eventsList, ":scope > li", "event");
+  const moreRows = new MoreCue(table, ".nbd-row", "row");
   root.append(
     styleElement(CSS + ABLATE_CSS + MORE_CSS),
     finding,

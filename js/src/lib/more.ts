@@ -20,7 +20,7 @@ export class MoreCue {
   private readonly observers: { disconnect(): void }[] = [];
 
   /** `box`: the element with a max-height; `items`: selector of the rows counted inside it; `noun`:
-   * what they are, plural ("rows", "events"). Insert `el` right after `box`. */
+   * what one is ("row", "event"; an "s" is added for several). Insert `el` right after `box`. */
   constructor(private readonly box: HTMLElement, private readonly items: string, private readonly noun: string) {
     this.el = h("button", {
       class: "nbd-more", attrs: { type: "button", "data-more": "", hidden: true },
@@ -67,7 +67,7 @@ export class MoreCue {
       const r = it.getBoundingClientRect();
       if (r.height > 0 && r.bottom > bottom + 1) below++;
     }
-    this.el.textContent = below ? `${below} more ${this.noun} ▾` : "show all ▾";
+    this.el.textContent = below ? `${below} more ${below === 1 ? this.noun : `${this.noun}s`} ▾` : "show all ▾";
     this.el.hidden = false;
   }
 

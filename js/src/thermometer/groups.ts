@@ -53,7 +53,7 @@ export class GroupView {
     this.statSel = h("select", { class: "nbd-group-stat", title: "statistic of the strips (one cell per block)" });
     this.counter = h("span", { class: "nbd-group-count" });
     this.list = h("div", { class: "nbd-group-list", attrs: { role: "tree" } });
-    this.more = new MoreCue(this.list, "[role=treeitem], .nbd-grow", "rows"); // never hides rows silently
+    this.more = new MoreCue(this.list, "[role=treeitem], .nbd-grow", "row"); // never hides rows silently
     this.el = h("div", { class: "nbd-groups" }, [
       styleElement(GROUPS_CSS + MORE_CSS),
       h("div", { class: "nbd-group-controls" }, [this.filterBox, h("label", {}, ["strip: ", this.statSel]), this.counter]),

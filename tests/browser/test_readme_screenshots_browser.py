@@ -280,7 +280,7 @@ def test_readme_screenshot_cam_methods(page, lab) -> None:  # type: ignore[no-un
     if missing:
         pytest.skip(f"offline model packages not installed: {', '.join(missing)}")
     write_notebook(lab.root, "readme_cams", [SETUP, VISION, METHODS])
-    open_and_run(page, lab, "readme_cams", timeout=300_000)
+    open_and_run(page, lab, "readme_cams", timeout=900_000)  # faithfulness + sanity on EfficientNet: 5+ min on a loaded 2-core machine
     page.set_viewport_size({"width": 1400, "height": 2000})
     cams = wait_widget(page, "gradcam")
     page.wait_for_selector(".nbdebug-gradcam[data-curves='1']", timeout=120_000)

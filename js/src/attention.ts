@@ -9,7 +9,7 @@
 // thumbnails, "outliers only"), peek.ts (the hover copy with token axes), detail.ts (the selected
 // heads, and the per-head action buttons: add a `HeadAction` in `actionsFor` below), ablate.ts (the
 // selected heads ablated in the kernel: Δ metric, top-5, lens diff).
-import { h, styleElement } from "./lib/dom";
+import { codeCss, h, styleElement } from "./lib/dom";
 import type { AnyModel } from "./lib/rpc";
 import { AblatePanel, ABLATE_CSS } from "./attention/ablate";
 import { readData } from "./attention/data";
@@ -49,7 +49,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const grid = new HeadGrid(d, peek, pick);
   const ablate = new AblatePanel(model, selected);
   const detail = new HeadDetail(model, d, () => cmap, actionsFor(ablate));
-  root.append(styleElement(CSS + ABLATE_CSS), ...head.elements, detail.highlight, grid.el, detail.el, ablate.el, peek.el);
+  root.append(styleElement(CSS + ABLATE_CSS + codeCss(".nbdebug-attention")), ...head.elements, detail.highlight, grid.el, detail.el, ablate.el, peek.el);
   el.appendChild(root);
 
   const only = () => head.outliersOnly.checked && d.outliers.size > 0;

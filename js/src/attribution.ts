@@ -8,7 +8,7 @@
 // the first token" buttons when it misses by more than 5 %. After generate(), the generated tokens are
 // listed: clicking one asks the kernel for that token as the answer over its prefix (rpc param "pick";
 // -1: the --answer over the prompt). Tokens are model text: textContent only.
-import { fmt, h, replaceChildren, styleElement } from "./lib/dom";
+import { codeCss, fmt, h, replaceChildren, styleElement, withCode } from "./lib/dom";
 import { rpc, type AnyModel } from "./lib/rpc";
 import { cssOf, divergingBar, textFor } from "./patching/colour";
 import { select } from "./lib/select";
@@ -141,7 +141,7 @@ export function deltaText(d: AttrData): string {
 
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
   const root = h("div", { class: "nbdebug-attribution" });
-  root.appendChild(styleElement(CSS));
+  root.appendChild(styleElement(CSS + codeCss(".nbdebug-attribution")));
   const head = h("div", { class: "nbd-attr-head nbd-headline" });
   const what = h("div", { class: "nbd-attr-what" });
   const advice = h("div", { class: "nbd-attr-advice" });
@@ -213,7 +213,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       const d = data;
       methodSel.value = d.method;
       drawGenerated();
-      head.textContent = String(d.headline ?? model.get("headline") ?? "");
+      replaceChildren(head, withCode(String(d.headline ?? model.get("headline") ?? "")));
       what.textContent = `why? ${d.label} = ${d.metric.toFixed(2)} · ${METHOD_LABELS[d.method] ?? d.method}`;
       const offer = d.advice === undefined ? model.get("advice") : d.advice;
       replaceChildren(advice, offer ? [h("button", { class: "nbd-attr-next", text: `try ${offer.text}`, data: { method: offer.method },

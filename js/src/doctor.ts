@@ -4,7 +4,7 @@
 // classification, the double-softmax floor. Clicking a row sets the synced `selected` trait. All
 // text goes through textContent (advice and evidence may quote layer names) and wraps: nothing is
 // cut in a narrow notebook; every text colour keeps WCAG AA contrast on its background.
-import { fmt, h, replaceChildren, styleElement } from "./lib/dom";
+import { codeCss, fmt, h, replaceChildren, styleElement, withCode } from "./lib/dom";
 import { typedArray } from "./lib/ndarray";
 import type { AnyModel } from "./lib/rpc";
 
@@ -114,7 +114,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const head = h("div", { class: "nbd-head" });
   const list = h("div", { class: "nbd-checks" });
   const notes = h("ul", { class: "nbd-notes" });
-  root.append(styleElement(CSS), head, list, notes);
+  root.append(styleElement(CSS + codeCss(".nbdebug-doctor")), head, list, notes);
   el.appendChild(root);
 
   const num = (name: string): number => {
@@ -147,7 +147,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     replaceChildren(head, [
       h("span", { class: ["nbd-verdict", !failed && "nbd-ok"], text: failed ? `${failed} failed` : "nothing failed" }),
       h("span", { text: `of ${checks.length} checks · nbdebug doctor · ${model.get("kind") ?? ""}${classes ? `, ${classes} classes` : ""} · ${fmt(num("elapsed_s"))} s` }),
-      ...(failed && model.get("headline") ? [h("div", { class: "nbd-headline", text: String(model.get("headline")) })] : []),
+      ...(failed && model.get("headline") ? [h("div", { class: "nbd-headline" }, withCode(String(model.get("headline"))))] : []),
     ]);
     const selected = model.get("selected") ?? "";
     replaceChildren(

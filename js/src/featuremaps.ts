@@ -6,7 +6,7 @@
 // FeatureMapsWidget (nbdebug/widgets/featuremaps.py, `@rpc("page")`).
 import { colourBar } from "./lib/colorbar";
 import { COLORMAPS, paintU8 } from "./lib/colormap";
-import { fmt, fmtPct, h, replaceChildren, styleElement } from "./lib/dom";
+import { codeCss, fmt, fmtPct, h, replaceChildren, styleElement, withCode } from "./lib/dom";
 import type { NdArray } from "./lib/ndarray";
 import { rpc, type AnyModel } from "./lib/rpc";
 import { sampleSelect, select } from "./lib/select";
@@ -103,7 +103,7 @@ export function channelPixels(page: Page, i: number, shared: boolean): Uint8Arra
 
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
   const root = h("div", { class: "nbdebug-featuremaps" });
-  const headline = h("div", { class: "nbd-headline", text: String(model.get("headline") ?? "") });
+  const headline = h("div", { class: "nbd-headline" }, withCode(String(model.get("headline") ?? "")));
   const controls = h("div", { class: "nbd-controls" });
   const notes = h("ul", { class: "nbd-notes" });
   const info = h("div", { class: "nbd-info" });
@@ -111,7 +111,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const big = h("div", { class: "nbd-big" });
   const grid = h("div", { class: "nbd-grid" });
   const hover = h("div", { class: "nbd-hover" });
-  root.append(styleElement(CSS + ABLATE_CSS), headline, controls, notes, info, errorBox, big, grid, hover);
+  root.append(styleElement(CSS + ABLATE_CSS + codeCss(".nbdebug-featuremaps")), headline, controls, notes, info, errorBox, big, grid, hover);
   el.appendChild(root);
 
   let page: Page | null = null;
@@ -308,7 +308,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     void fetchPage();
   };
   const onHeadline = () => {
-    headline.textContent = String(model.get("headline") ?? "");
+    replaceChildren(headline, withCode(String(model.get("headline") ?? "")));
   };
   model.on("change:layers", onLayers);
   model.on("change:layer", onLayer);

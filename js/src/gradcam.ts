@@ -7,7 +7,7 @@
 // nothing while it moves; its final value is synced to the `opacity` trait when released.
 import { colourBar } from "./lib/colorbar";
 import { COLORMAPS } from "./lib/colormap";
-import { fmt, fmtPct, h, replaceChildren, styleElement } from "./lib/dom";
+import { codeCss, fmt, fmtPct, h, replaceChildren, styleElement } from "./lib/dom";
 import { rpc, type AnyModel } from "./lib/rpc";
 import { sampleSelect, select } from "./lib/select";
 import { faithPanel, sanityTable, type CamRank, type Faithfulness, type SanityRow } from "./gradcam/checks";
@@ -59,7 +59,7 @@ const CSS = `
 .nbdebug-gradcam .nbd-ticks { display: flex; flex-direction: column; justify-content: space-between; font-size: 10px; }
 .nbdebug-gradcam .nbd-info { color: var(--jp-ui-font-color2, #555); margin: 4px 0; }
 .nbdebug-gradcam .nbd-notes { margin: 2px 0 6px 18px; padding: 0; color: var(--jp-ui-font-color2, #555); }
-.nbdebug-gradcam .nbd-warn { color: #b26a00; }
+.nbdebug-gradcam .nbd-warn { color: #9a5b00; }  /* 5.4:1 on white (#b26a00 was 4.2:1) */
 .nbdebug-gradcam table.nbd-rank tr.nbd-failed td { color: #595959; }
 .nbdebug-gradcam table.nbd-rank .nbd-fail-tag { font-size: 10px; margin-left: 4px; }
 .nbdebug-gradcam table.nbd-rank td.nbd-num { text-align: right; font-variant-numeric: tabular-nums; }
@@ -68,7 +68,7 @@ const CSS = `
 .nbdebug-gradcam button.nbd-method { display: flex; flex-direction: column; align-items: center; gap: 2px; padding: 3px; font: inherit;
   background: none; border: 2px solid transparent; border-radius: 4px; cursor: pointer; color: inherit; }
 .nbdebug-gradcam button.nbd-method.nbd-focus { border-color: var(--jp-brand-color1, #1976d2); }
-.nbdebug-gradcam .nbd-flag { color: #b26a00; font-size: 10px; max-width: 150px; }
+.nbdebug-gradcam .nbd-flag { color: #9a5b00; font-size: 10px; max-width: 150px; }
 .nbdebug-gradcam .nbd-faith, .nbdebug-gradcam .nbd-sanity { margin-top: 8px; }
 .nbdebug-gradcam table { border-collapse: collapse; }
 .nbdebug-gradcam td, .nbdebug-gradcam th { padding: 1px 6px; text-align: left; }
@@ -93,7 +93,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const sanityBox = h("div", { class: "nbd-sanity-box" });
   const strip = h("div", { class: "nbd-strip" });
   const headline = headlineLine(model);
-  root.append(styleElement(CSS), headline.el, controls, errorBox, h("div", { class: "nbd-stage" }, [canvas, bar]), strip, warn, info, faithBox, sanityBox, notes);
+  root.append(styleElement(CSS + codeCss(".nbdebug-gradcam")), headline.el, controls, errorBox, h("div", { class: "nbd-stage" }, [canvas, bar]), strip, warn, info, faithBox, sanityBox, notes);
   el.appendChild(root);
 
   let view: View | null = null;

@@ -15,7 +15,8 @@
 // controls, colour bar, legend, details), table.ts, tip.ts, pins.ts, steer.ts, side.ts (panels beside
 // the table acting on pinned cells: add a `LensPanel` to `panelsFor` below).
 import { decode, type NdArray, type WireArray } from "./lib/ndarray";
-import { append, h, replaceChildren, styleElement } from "./lib/dom";
+import { append, codeCss, h, replaceChildren, styleElement } from "./lib/dom";
+import { MORE_CSS, MoreCue } from "./lib/more";
 import { rpc, type AnyModel } from "./lib/rpc";
 import { colourScale, Columns } from "./logitlens/columns";
 import { LensHeader } from "./logitlens/header";
@@ -74,6 +75,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const head = new LensHeader(model, R, T, k);
   const c = head.controls;
   const wrap = h("div", { class: "nbl-wrap" });
+  const more = new MoreCue(wrap, "tbody tr", "row"); // the grid keeps its max-height, never silently
   const side = new SidePanels(panelsFor(model, x.rowLabel));
   const tip = new LensTip(root, x, cols);
   const pins = new Pins(model, x, learn);
@@ -95,7 +97,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       drawTable();
     },
   });
-  append(root, [styleElement(CSS), ...head.elements, steer.el, h("div", { class: "nbl-main" }, [wrap, side.el]), status, pins.el, tip.el]);
+  append(root, [styleElement(CSS + MORE_CSS + codeCss(".nbdebug-logitlens")), ...head.elements, steer.el, h("div", { class: "nbl-main" }, [h("div", { class: "nbl-wrapcol" }, [wrap, more.el]), side.el]), status, pins.el, tip.el]);
   el.appendChild(root);
 
   const clampRange = (name: string, lo: number, hi: number, minLen: number): [number, number] => {
@@ -196,6 +198,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   root.setAttribute("data-ready", "1");
   return () => {
     disposed = true;
+    more.dispose();
     pins.disposed = true;
     steer.disposed = true;
     model.off("change:metric", onMetric);

@@ -9,7 +9,7 @@
 //
 // Parts: patching/colour.ts (the diverging scale, colour bar), grid.ts (cells, hover, click),
 // tops.ts (next-token tables), lens.ts (the lens columns), style.ts.
-import { fmt, h, styleElement } from "./lib/dom";
+import { codeCss, fmt, h, replaceChildren, styleElement, withCode } from "./lib/dom";
 import { rpc, type AnyModel } from "./lib/rpc";
 import { divergingBar } from "./patching/colour";
 import { GridView, gridFromTraits, type GridData } from "./patching/grid";
@@ -26,7 +26,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   let disposed = false;
   let request = 0;
 
-  const title = h("div", { class: "nbp-title nbd-headline", text: String(model.get("headline") || "") });
+  const title = h("div", { class: "nbp-title nbd-headline" }, withCode(String(model.get("headline") || "")));
   const prompts = h("div", { class: "nbp-sub" }, [
     h("div", { text: `clean: ${(model.get("tokens_clean") || []).join(" | ")}  (${metric.label} = ${fmt(metric.clean)})` }),
     h("div", { text: `corrupt: ${(model.get("tokens_corrupt") || []).join(" | ")}  (${metric.label} = ${fmt(metric.corrupt)})` }),
@@ -46,9 +46,9 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const tops = new Tops(model.get("top_clean") as Top[] || [], model.get("top_corrupt") as Top[] || [],
     { clean: model.get("answer_clean") ?? null, corrupt: model.get("answer_corrupt") ?? null });
   const grid = new GridView(metric, (r, c) => void click(r, c));
-  const root = h("div", { class: "nbdebug-patching" }, [styleElement(CSS), title, prompts, controls, status, grid.el, grid.tip, notes, tops.el]);
+  const root = h("div", { class: "nbdebug-patching" }, [styleElement(CSS + codeCss(".nbdebug-patching")), title, prompts, controls, status, grid.el, grid.tip, notes, tops.el]);
   const onHeadline = () => {
-    title.textContent = String(model.get("headline") || "");
+    replaceChildren(title, withCode(String(model.get("headline") || "")));
   };
   model.on("change:headline", onHeadline);
   el.appendChild(root);
@@ -73,7 +73,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       const ans = await rpc(model, "grid", { sites, method }, 600_000);
       if (disposed || id !== request) return;
       const r = ans.result;
-      if (r.headline) title.textContent = r.headline;
+      if (r.headline) replaceChildren(title, withCode(r.headline));
       showGrid({ rows: r.rows, rowLabels: r.row_labels, columns: r.columns, sites: r.sites, method: r.method, verified: r.verified, notes: r.notes,
                  effect: ans.arrays.effect, raw: ans.arrays.raw, identical: ans.arrays.identical });
       tops.show(null, "");

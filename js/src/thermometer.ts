@@ -5,6 +5,7 @@
 // (the history and histogram payloads; contract in their docstrings). This file builds the view and
 // redraws it from the traits and the live history; user input is in thermometer/input.ts.
 import { h, replaceChildren, styleElement } from "./lib/dom";
+import { MORE_CSS, MoreCue } from "./lib/more";
 import type { AnyModel } from "./lib/rpc";
 import { renderFindings, renderHeadline, renderTimeline, Said, withCode, type Finding } from "./thermometer/cards";
 import { buildHeader as drawHeader } from "./thermometer/header";
@@ -63,19 +64,24 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     return c || "#1976d2";
   });
   const ablateRow = new AblateRow(model); // a selected row → ablate its module's output → Δ loss
+  // the event list and the table keep their max-height, never silently: "N more ▾" under each
+  const moreEvents = new MoreCue(eventsList, ":scope > li", "event");
+  const moreRows = new MoreCue(table, ".nbd-row", "row");
   root.append(
-    styleElement(CSS + ABLATE_CSS),
+    styleElement(CSS + ABLATE_CSS + MORE_CSS),
     finding,
     findingsList,
     summary,
     raisedBox,
     timeline.el,
     eventsList,
+    moreEvents.el,
     notesBox,
     h("div", { class: "nbd-bar-row" }, [legendBox, controls]),
     errorBox,
     groups.el,
     table,
+    moreRows.el,
     ablateRow.el,
     detail.el,
     diagBox,
@@ -361,6 +367,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   root.dataset.ready = "1";
 
   return () => {
+    moreEvents.dispose();
+    moreRows.dispose();
     for (const [ev, cb] of subs) model.off(ev, cb);
     unbindInput();
     live.views.delete(schedule);

@@ -1,6 +1,6 @@
 // @vitest-environment happy-dom
 import { describe, expect, it } from "vitest";
-import { fmt, fmtInt, fmtPct, h } from "../src/lib/dom";
+import { fmt, fmtInt, fmtPct, h, withCode } from "../src/lib/dom";
 import { isOwnKey } from "../src/lib/keys";
 
 describe("fmt", () => {
@@ -64,5 +64,16 @@ describe("notebook shortcuts and our keys", () => {
     expect(row.hasAttribute("data-lm-suppress-shortcuts")).toBe(false);
     expect(isOwnKey(row, { key: "ArrowUp", ctrlKey: false, metaKey: false, altKey: false, shiftKey: false })).toBe(true);
     expect(isOwnKey(row, { key: "a", ctrlKey: false, metaKey: false, altKey: false, shiftKey: false })).toBe(false);
+  });
+});
+
+describe("withCode", () => {
+  it("writes backticked names as code spans and everything as text nodes", () => {
+    const el = h("div", {}, withCode("`lr=3.0` spikes; `<img src=x>` ends"));
+    expect(el.textContent).toBe("lr=3.0 spikes; <img src=x> ends");
+    expect(Array.from(el.querySelectorAll("code")).map((c) => c.textContent)).toEqual(["lr=3.0", "<img src=x>"]);
+    expect(el.querySelector("img")).toBeNull();
+    expect(withCode("")).toEqual([]);
+    expect(withCode(null)).toEqual([]);
   });
 });

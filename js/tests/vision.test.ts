@@ -53,7 +53,10 @@ describe("Grad-CAM view", () => {
     const el = mount(gradcam.render as any, m);
     await tick();
     const root = el.querySelector(".nbdebug-gradcam") as HTMLElement;
-    expect(Array.from(root.children).find((c) => c.tagName !== "STYLE")!.textContent).toBe(HEAD);
+    // one grammar: the backticked layer as a code span (as the thermometer and compare write names)
+    const first = Array.from(root.children).find((c) => c.tagName !== "STYLE")!;
+    expect(first.textContent).toBe(HEAD.replace(/`/g, ""));
+    expect(Array.from(first.querySelectorAll("code")).map((c) => c.textContent)).toEqual(["act#2"]);
     const cls = el.querySelector("select.nbd-class") as HTMLSelectElement;
     expect(Array.from(cls.options).map((o) => o.textContent)).toEqual(["1. class 285 (79%)", "2. cat (20%, #3)"]);
     m.set("headline", "gradcam on `act#2` for 'cat' (#2, p 20%): 30% of the image is at half the map's peak or more.");
@@ -123,7 +126,8 @@ describe("feature grid", () => {
     // the headline (Python's sentence) first, and it follows the trait
     const root = el.querySelector(".nbdebug-featuremaps")!;
     expect(Array.from(root.children).find((c) => c.tagName !== "STYLE")!.className).toBe("nbd-headline");
-    expect(root.querySelector(".nbd-headline")!.textContent).toBe(HEADLINE);
+    expect(root.querySelector(".nbd-headline")!.textContent).toBe(HEADLINE.replace(/`/g, ""));
+    expect(root.querySelector(".nbd-headline code")!.textContent).toBe("act");  // the layer name as code, as everywhere
     m.set("headline", "`act`: all 2 channels respond to sample 1; channel 1 peaks highest (max 3; 50% of all values are 0).");
     expect(root.querySelector(".nbd-headline")!.textContent).toContain("respond to sample 1");
     expect(Array.from(root.children).filter((c) => c.tagName !== "STYLE").map((c) => c.textContent).join(" ")).not.toContain("dead");

@@ -241,7 +241,7 @@ class GradCamRecorder(Recorder):
                                   item_bytes=session.item_bytes, progress=progress)
             out["faithfulness"], out["faithfulness_report"] = report.auc, report
             notes.append(f"faithfulness: {report.images} perturbed images of sample 0 for {report.target_name} "
-                         f"in {report.forwards} batched forwards; best first: {', '.join(report.ranking)}")
+                         f"in {report.forwards} batched forwards")  # the order is the panel's (sanity before score)
         if self.sanity:
             calls = [(r.module, r.call) for r in self._probe.records]
             report_s = sanity(model, args, kwargs, layer, maps, classes, calls=calls, reshape=self.reshape, output_hw=session.output_hw,

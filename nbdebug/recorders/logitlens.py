@@ -36,6 +36,7 @@ from ..adapters.unhookable import refuse_unhookable
 from ..capture import HookSet, ModelRef, parse_bytes
 from ..capture.budget import format_bytes
 from ..capture.state import execution_device, loaded_weights, offloaded
+from ..inspectors.attention import display_token
 from ..inspectors.logitlens import LensResult, LogitLens
 from ..lens import resolve_lens
 from ..runs.replay import (
@@ -59,7 +60,7 @@ def resolve_target(target: Any, tokenizer: Any) -> tuple[int | None, str]:
         tid = int(text)
     if tid is not None:
         try:  # the token's text next to its id when the tokenizer can say it
-            return tid, f"{tokenizer.decode([tid])!r} (#{tid})" if tokenizer is not None else f"#{tid}"
+            return tid, f"'{display_token(tokenizer.decode([tid]))}' (#{tid})" if tokenizer is not None else f"#{tid}"
         except Exception:
             return tid, f"#{tid}"
     if tokenizer is None:
@@ -67,7 +68,9 @@ def resolve_target(target: Any, tokenizer: Any) -> tuple[int | None, str]:
     ids = tokenizer.encode(text, add_special_tokens=False)
     if not ids:
         raise ValueError(f"--target-token {text!r} encodes to no token")
-    label = repr(text) if len(ids) == 1 else f"{text!r} (first of {len(ids)} tokens)"
+    # one spelling of a token with a leading space across the views: '␣Paris' (display_token)
+    shown = f"'{display_token(text)}'"
+    label = shown if len(ids) == 1 else f"{shown} (first of {len(ids)} tokens)"
     return int(ids[0]), label
 
 

@@ -18,8 +18,19 @@ import zlib
 
 import numpy as np
 
-__all__ = ["MAX_SNAPSHOT_BYTES", "colorize", "css_color", "encode_png", "grid", "img_tag", "lut",
+__all__ = ["MAX_SNAPSHOT_BYTES", "code_html", "colorize", "css_color", "encode_png", "grid", "img_tag", "lut",
            "png_data_uri", "upscale"]
+
+def code_html(text: str) -> str:
+    """Escaped ``text`` with its backticked names as ``<code>`` (a module, layer or run name): the one way
+    every static page writes them, as js/src/lib/dom.ts ``withCode`` does in the live views.
+
+    >>> code_html("`lr=3.0` spikes at <b>")
+    '<code>lr=3.0</code> spikes at &lt;b&gt;'
+    """
+    parts = html.escape(str(text)).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
 
 #: Default size budget of one view's static snapshot (bytes of HTML).
 MAX_SNAPSHOT_BYTES = 200_000

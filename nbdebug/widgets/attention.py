@@ -31,7 +31,7 @@ from ..inspectors.attention import (
     quantize_head,
 )
 from ._base import NBWidget, rpc
-from ._snapshot import MAX_SNAPSHOT_BYTES, colorize, grid, img_tag, upscale
+from ._snapshot import MAX_SNAPSHOT_BYTES, code_html, colorize, grid, img_tag, upscale
 from ._transport import encode_array
 
 __all__ = ["AttentionWidget", "head_view", "model_view"]
@@ -221,7 +221,7 @@ class AttentionWidget(NBWidget):
             words += f" <i>({sum(self.generated)} generated tokens in purple italics)</i>"
         listed = "".join(f"<li><b>{o.label}</b> {html.escape(o.short)}: {html.escape(o.text)}</li>" for o in outliers[:64])
         return (
-            f"<div class='nbdebug-attention-static'><p><b>{html.escape(self.headline)}</b></p>"
+            f"<div class='nbdebug-attention-static'><p><b>{code_html(self.headline)}</b></p>"
             + (f"<ul>{listed}</ul>" if listed else "")
             + f"<p>nbdebug attention: {L} layers × {H} heads × {T} tokens · "
             f"{html.escape(self.result.summary)} (attention sinks: normal) <i>(path: {html.escape(self.result.path)})</i></p>"

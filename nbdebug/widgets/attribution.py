@@ -24,6 +24,7 @@ from ..attribution.methods import METHODS
 from ..inspectors.token_headlines import attribution_headline
 from ..workbench.metric import token_labels
 from ._base import NBWidget, rpc
+from ._snapshot import code_html
 from .patching import diverging
 
 __all__ = ["AttributionWidget", "diverging_rgb"]
@@ -104,7 +105,7 @@ class AttributionWidget(NBWidget):
             fg = "#000" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 140 else "#fff"
             spans.append(f"<span title='{float(s):+.4g}' style='background:rgb{rgb};color:{fg};padding:1px 2px;"
                          f"white-space:pre'>{html.escape(tok)}</span>")
-        lines = [f"<p class='nbd-headline'><b>{html.escape(self.headline)}</b></p>",
+        lines = [f"<p class='nbd-headline'><b>{code_html(self.headline)}</b></p>",
                  f"<p>nbdebug attribution · {html.escape(r.method)} · {html.escape(r.label)} = {r.metric:.2f} "
                  "(blue: toward the answer, red: against it)</p>", f"<p>{''.join(spans)}</p>"]
         if r.delta is not None:

@@ -39,6 +39,7 @@ from ..inspectors.compare import (
     union_steps,
 )
 from ._base import NBWidget
+from ._snapshot import code_html
 from ._transport import encode_array
 
 __all__ = ["CompareWidget", "compare"]
@@ -194,8 +195,8 @@ class CompareWidget(NBWidget):
         legend = " ".join(f'<span style="color:{self.colours[k]}">■</span> {esc(lab)}' for k, lab in enumerate(self.labels))
         axis = "loss of each run (log scale)" if self.loss_log else "loss of each run"
         svg = f'<svg width="{width}" height="{height}" role="img" aria-label="{axis}">{"".join(lines)}</svg>' if lines else ""
-        summary = esc(self.headline).replace("`", "")
-        div = esc(self.divergence.get("loss_text", "")).replace("`", "")
+        summary = code_html(self.headline)
+        div = code_html(self.divergence.get("loss_text", ""))
         notes = "".join(f"<li>{esc(n)}</li>" for n in self.notes)
         return (f'<div class="nbdebug-compare-static"><p><b>nbdebug compare</b>: {summary}</p><p>{legend}</p>{svg}'
                 f"<p>{div}</p><ul>{notes}</ul></div>")

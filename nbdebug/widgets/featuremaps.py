@@ -26,7 +26,7 @@ from ..inspectors.featuremaps import (
     silent_on_all,
 )
 from ._base import NBWidget, rpc
-from ._snapshot import MAX_SNAPSHOT_BYTES, colorize, encode_png, grid, img_tag, upscale
+from ._snapshot import MAX_SNAPSHOT_BYTES, code_html, colorize, encode_png, grid, img_tag, upscale
 
 __all__ = ["FeatureMapsWidget"]
 
@@ -141,7 +141,7 @@ class FeatureMapsWidget(NBWidget):
         head = "<b>nbdebug feature maps</b>"
         if not self.layer:
             return f"<div class='nbdebug-featuremaps-static'>{head}: no layer with a spatial output was captured</div>"
-        lead = f"<p><b>{html.escape(self.headline)}</b></p>" if self.headline else ""
+        lead = f"<p><b>{code_html(self.headline)}</b></p>" if self.headline else ""
         info, arrays = self._page({"layer": self.layer, "sample": self.sample, "sort": self.sort, "start": 0})
         pix = np.asarray(arrays["pixels"])
         if self.norm == "shared" and pix.size:

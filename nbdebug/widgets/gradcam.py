@@ -24,7 +24,7 @@ from ..inspectors.faithfulness import FRACTIONS, LOWER_IS_BETTER, METRICS
 from ..inspectors.gradcam import GradCamResult, class_label, overlay_headline
 from ..inspectors.sanity import THRESHOLD
 from ._base import NBWidget, rpc
-from ._snapshot import MAX_SNAPSHOT_BYTES, colorize, encode_png, img_tag, upscale
+from ._snapshot import MAX_SNAPSHOT_BYTES, code_html, colorize, encode_png, img_tag, upscale
 
 __all__ = ["GradCamWidget", "cam_to_u8"]
 
@@ -188,7 +188,7 @@ class GradCamWidget(NBWidget):
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in [*self.notes, self.image_note, info.get("note") or ""] if n)
         return (
             "<div class='nbdebug-gradcam-static'>"
-            + (f"<p class='nbd-headline'><b>{html.escape(self.headline)}</b></p>" if self.headline else "")
+            + (f"<p class='nbd-headline'><b>{code_html(self.headline)}</b></p>" if self.headline else "")
             + f"<p>nbdebug {html.escape(info.get('method') or self.method)} on "
             f"<code>{html.escape(info['layer'])}</code> · sample {self.sample} · class {html.escape(shown['name'])} · "
             f"opacity {a:.2f} · {html.escape(self.colormap)}</p>"

@@ -23,7 +23,7 @@ from ..inspectors.events import fmt_p
 from ..inspectors.lens_finding import layer_rows, lens_headline
 from ..inspectors.logitlens import LogitLens
 from ._base import NBWidget, rpc
-from ._snapshot import css_color, lut
+from ._snapshot import code_html, css_color, lut
 from ._transport import encode_array
 
 #: shown in the steering panel's place when the view has no ``--steer`` vector
@@ -248,7 +248,7 @@ class LogitLensWidget(NBWidget):
             body.append(f"<tr><th>{html.escape(lens.row_names[r])}</th>{''.join(tds)}</tr>")
         shown = f"positions {pos[0]}–{pos[-1]} of {lens.T}" if pos else "no positions"
         return (
-            f"<div class='nbdebug-logitlens-static'><p><b>{html.escape(self.headline or self.finding)}</b></p><p>nbdebug {html.escape(self.lens_name)}: top-1 token per layer and position, "
+            f"<div class='nbdebug-logitlens-static'><p><b>{code_html(self.headline or self.finding)}</b></p><p>nbdebug {html.escape(self.lens_name)}: top-1 token per layer and position, "
             f"coloured by its probability (viridis, 0–1) · {shown}</p>"
             f"<table style='border-collapse:collapse;font-family:monospace'><thead><tr><th>layer</th>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table></div>"

@@ -25,6 +25,7 @@ from ..inspectors.attention import display_token
 from ..inspectors.token_headlines import SHOWN, block_labels, patch_headline
 from ..workbench import PatchGrid
 from ._base import NBWidget, rpc
+from ._snapshot import code_html
 from ._transport import encode_array
 from .logitlens import text_on
 
@@ -186,7 +187,7 @@ class PatchingWidget(NBWidget):
                 txt = "=" if grid.identical[r, c] else (f"{e:.2f}" if abs(e) >= SHOWN else "")
                 tds.append(f"<td style='background:rgb{rgb};color:{fg};padding:1px 4px' title='{e:.4g}'>{txt}</td>")
             body.append(f"<tr><th title='{html.escape(grid.rows[r])}'>{html.escape(self.row_labels[r] if r < len(self.row_labels) else grid.rows[r])}</th>{''.join(tds)}</tr>")
-        return (f"<div class='nbdebug-patching-static'><p class='nbd-headline'><b>{html.escape(self.headline)}</b></p>"
+        return (f"<div class='nbdebug-patching-static'><p class='nbd-headline'><b>{code_html(self.headline)}</b></p>"
                 f"<p>nbdebug patching ({html.escape(grid.sites)}, {grid.method}): "
                 f"effect of restoring each site, {html.escape(self.metric)}, clean {self.metric_clean:.3g}, corrupt "
                 f"{self.metric_corrupt:.3g} (1 = fully restored; blue restores the answer, red pushes against it; |effect| &lt; {SHOWN:g} not printed)</p><table style='border-collapse:collapse;"

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..capture.result import CaptureResult
 from ..inspectors.report import COLUMNS, ThermometerReport, display_flags
+from ._snapshot import code_html
 
 __all__ = ["fallback_html", "fmt", "loss_svg"]
 
@@ -34,10 +35,7 @@ def fmt(x: float) -> str:
     return f"{x:.3e}"
 
 
-def _code(text: str) -> str:
-    """Escaped text with `backticked` module names as <code> (names, never bare numbers)."""
-    parts = html.escape(str(text)).split("`")
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+_code = code_html  # escaped text with `backticked` module names as <code> (names, never bare numbers)
 
 
 def _findings_html(findings: Sequence[Any]) -> str:

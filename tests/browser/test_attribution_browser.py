@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from .harness import HOSTILE, kernel_json, open_and_run, screenshot, wait_widget, write_notebook
-from .hidden_scroll import hidden_in_scroll_boxes
 from .legibility import contrast_failures
+from .scrollboxes import hidden_in_scroll_boxes
 
 pytestmark = pytest.mark.browser
 

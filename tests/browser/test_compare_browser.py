@@ -19,8 +19,8 @@ from .harness import (
     wait_widget,
     write_notebook,
 )
-from .hidden_scroll import hidden_in_scroll_boxes
 from .legibility import clipped, contrast_failures, narrow
+from .scrollboxes import hidden_in_scroll_boxes
 
 pytestmark = pytest.mark.browser
 

@@ -145,7 +145,7 @@ def test_findings_filter_colour_bar_contrast_at_800px_lab(page, lab) -> None:  #
     page.wait_for_selector(".nbdebug-featuremaps .nbd-tile canvas")
     assert fm.locator(".nbd-tile.nbd-dead").count() == 3
     # one input: "silent on this input", never "dead" (another input may excite them)
-    assert fm.locator(".nbd-headline").text_content() == "`3`: 3 of 12 channels are silent on this input (every value 0): 0, 1 and 2."
+    assert fm.locator(".nbd-headline").text_content() == "3: 3 of 12 channels are silent on this input (every value 0): 0, 1 and 2."
     assert fm.locator(".nbd-info .nbd-flag").text_content() == "3 silent on this input"  # flagged evidence in bold
     fm.locator(".nbd-tile.nbd-dead").first.hover()
     assert fm.locator(".nbd-hover .nbd-flag").text_content() == "(silent on this input: all zero)"

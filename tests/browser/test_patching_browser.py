@@ -22,8 +22,8 @@ from .harness import (
     wait_widget,
     write_notebook,
 )
-from .hidden_scroll import hidden_in_scroll_boxes
 from .legibility import contrast_failures
+from .scrollboxes import hidden_in_scroll_boxes
 
 pytestmark = pytest.mark.browser
 

@@ -69,7 +69,9 @@ def test_feature_grid_draws_and_enlarges(page, lab) -> None:  # type: ignore[no-
     assert w == 32
     headline = kernel_json(page, "_nndebug_widget.headline")
     assert headline.startswith("`0`: ") and "dead" not in headline
-    assert root.locator(".nbd-headline").text_content() == headline
+    # one grammar: the backticked layer as a code span (no literal backticks on screen)
+    assert root.locator(".nbd-headline").text_content() == headline.replace("`", "")
+    assert root.locator(".nbd-headline code").first.text_content() == "0"
     for ch in (0, 5):
         assert wait_canvas_nonblank(page, f'.nbdebug-featuremaps .nbd-tile[data-channel="{ch}"] canvas', minimum=20) >= 20
     root.locator('.nbd-tile[data-channel="5"]').click()
@@ -80,7 +82,7 @@ def test_feature_grid_draws_and_enlarges(page, lab) -> None:  # type: ignore[no-
     # another layer is fetched on demand: 12 channels; the headline follows it
     root.locator("select.nbd-layer").select_option("2")
     page.wait_for_function("document.querySelectorAll('.nbdebug-featuremaps .nbd-tile').length === 12")
-    page.wait_for_function("document.querySelector('.nbdebug-featuremaps .nbd-headline').textContent.startsWith('`2`: ')")
+    page.wait_for_function("document.querySelector('.nbdebug-featuremaps .nbd-headline').textContent.startsWith('2: ')")
     assert hidden_in_scroll(page, ".nbdebug-featuremaps") == []
     screenshot(page, "vision-featuremaps", root)
 
@@ -124,7 +126,7 @@ def _gradcam_roundtrip(page: Any, server: Any, name: str) -> None:
     assert root.locator("img").count() == 0 and page.evaluate("window.__pwned") is None
     # the headline (single method) follows the class, first in the view, its name as text
     page.wait_for_function("document.querySelector('.nbdebug-gradcam .nbd-headline').textContent.includes('(#2, p ')")
-    assert root.locator(".nbd-headline").text_content() == kernel_json(page, "_nndebug_widget.headline")
+    assert root.locator(".nbd-headline").text_content() == kernel_json(page, "_nndebug_widget.headline").replace("`", "")
     assert hidden_in_scroll(page, ".nbdebug-gradcam") == []
     screenshot(page, f"vision-gradcam-{server.app}", root)
 

@@ -39,7 +39,8 @@ def test_one_image_says_silent_on_this_input_never_dead() -> None:
     assert w.headline == "`1`: 2 of 4 channels are silent on this input (every value 0): 1 and 2."
     assert "dead" not in w.headline and "dead" not in w.fallback_html()
     html = w.fallback_html()
-    assert html.index("silent on this input (every value 0)") < html.index("<img")
+    assert html.index("<code>1</code>: 2 of 4 channels are silent on this input (every value 0)") < html.index("<img")
+    assert "`" not in html  # the layer name as a code span, as the live view and every other view write it
     # another input excites channel 2: one sample could not have called it dead
     with torch.no_grad():
         again = net[1](net[0](x.abs()))

@@ -11,6 +11,7 @@ from torch import nn
 from nbdebug.inspectors.events import fmt_p
 from nbdebug.inspectors.gradcam import class_label, overlay_headline
 from nbdebug.recorders.gradcam import GradCamRecorder
+from nbdebug.widgets._snapshot import code_html
 
 
 def test_the_sentence_on_a_hand_made_map() -> None:
@@ -60,7 +61,7 @@ def test_widget_headline_follows_the_class_and_names_it() -> None:
     w.class_rank = 2  # the browser's class dropdown
     assert w.headline.startswith(f"gradcam on `{res.layer}` for {names[top[2]]!r} (#3, p {fmt_p(float(probs[top[2]]))}): ")
     html = w.fallback_html()
-    assert html.index(w.headline.replace("'", "&#x27;")) < html.index("<img")
+    assert html.index(code_html(w.headline)) < html.index("<img") and "`" not in html  # `layer` as <code>
     assert f"{names[top[0]]!r} ({fmt_p(float(probs[top[0]]))})".replace("'", "&#x27;") in html
 
 

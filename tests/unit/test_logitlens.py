@@ -126,6 +126,10 @@ def test_target_token_option_and_tokens() -> None:
     assert resolve_target("AB", Tok())[1] == "'AB' (first of 2 tokens)"
     assert resolve_target("#12", Tok()) == (12, "'<12>' (#12)")  # an id is labelled with its text when possible
     assert resolve_target(5, Tok()) == (5, "'<5>' (#5)")
+    # a leading space is spelled as every view spells it ('␣Paris', display_token), never ' Paris'
+    assert resolve_target("A", type("Sp", (Tok,), {"encode": lambda self, t, add_special_tokens=False: [1]})())[1] == "'A'"
+    assert resolve_target(" P", type("One", (Tok,), {"encode": lambda self, t, add_special_tokens=False: [1]})())[1] == "'␣P'"
+    assert resolve_target(3, type("Dec", (Tok,), {"decode": lambda self, ids: " Paris"})())[1] == "'␣Paris' (#3)"
     with pytest.raises(ValueError, match="tokenizer"):
         resolve_target("Paris", None)
     m = tiny_lm("gpt2")

@@ -174,7 +174,9 @@ def test_a_healthy_run_beside_a_diverging_one_is_said_of_the_diverging_one() -> 
         assert w.row == "b"  # preselected: row a is the same in both runs, row b differs
         assert [o["wrong"] for o in w.outcomes] == [False, True]
         page = w.fallback_html()
-        assert page.index("lr=0.1 ends at 0.856") < page.index("<svg") and "log scale" in page
+        # one grammar with the live view: run names as code spans, never a literal backtick
+        assert page.index("<code>lr=0.1</code> ends at 0.856") < page.index("<svg") and "log scale" in page
+        assert "`" not in page and "<code>lr=3.0</code> leaves <code>lr=0.1</code> at step 4" in page
     finally:
         w.close()
     # the healthy twin: two healthy runs, neither red nor "leaving", a linear axis, ends said as close

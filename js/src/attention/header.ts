@@ -2,7 +2,7 @@
 // count as a neutral fact, the controls and the legend of the grid's marks, then a details toggle
 // with the dimensions, how the probabilities were obtained, memory notes and the outlier rule.
 import { COLORMAPS } from "../lib/colormap";
-import { h } from "../lib/dom";
+import { h, withCode } from "../lib/dom";
 import { legendItem } from "../lib/legend";
 import type { AnyModel } from "../lib/rpc";
 import { LABELS, type AttentionData } from "./data";
@@ -33,7 +33,7 @@ export function header(model: AnyModel, d: AttentionData): Header {
     rule ? h("div", { class: "nba-note nba-rule", text: rule }) : null,
   ]);
   const elements = [
-    h("div", { class: ["nba-finding", n ? "nba-has-outliers" : ""], text: model.get("headline") || model.get("finding") || "" }),
+    h("div", { class: ["nba-finding", n ? "nba-has-outliers" : ""] }, withCode(model.get("headline") || model.get("finding") || "")),
     summary ? h("div", { class: "nba-summary", text: summary }, [h("span", { class: "nba-neutral", text: " · attention sinks are normal in trained models: grey, not coloured" })]) : null,
     h("div", { class: "nba-controls" }, [
       h("label", {}, ["metric ", metricSel]),

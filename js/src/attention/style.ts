@@ -28,7 +28,7 @@ export const CSS = `
 .nbdebug-attention .nba-head.nba-sink { border: 2px dashed #8c8c8c; }
 .nbdebug-attention .nba-head.nba-uniform { border: 2px dotted #8c8c8c; }
 .nbdebug-attention .nba-head.nba-outlier { border: 2px solid ${OUTLIER}; background: #fff4ec; }
-.nbdebug-attention .nba-head.nba-outlier .nba-val { font-weight: 700; color: #9a3412; }
+.nbdebug-attention .nba-head.nba-outlier .nba-val { font-weight: 700; color: #9a3412; white-space: normal; overflow: visible; text-overflow: clip; overflow-wrap: anywhere; text-align: center; }  /* the reason whole, on two lines if need be */
 .nbdebug-attention .nba-head.nba-selected { outline: 2px solid #1f77b4; }
 .nbdebug-attention .nba-why { color: #9a3412; font-weight: 700; overflow-wrap: anywhere; }
 .nbdebug-attention .nba-peek { position: absolute; z-index: 20; background: #fff; border: 1px solid #767676; padding: 6px;

@@ -1,14 +1,15 @@
 // The Grad-CAM view's headline: the `headline` trait (computed in Python: nbdebug/inspectors/
 // gradcam.py overlay_headline for one method; the CAM panel's verdict with several), shown first and
-// following the trait. Text only (class names are model text).
-import { h } from "../lib/dom";
+// following the trait. Text nodes only (class names are model text).
+import { h, replaceChildren, withCode } from "../lib/dom";
 import type { AnyModel } from "../lib/rpc";
 
 export function headlineLine(model: AnyModel): { el: HTMLElement; dispose: () => void } {
-  const el = h("div", { class: "nbd-headline", text: String(model.get("headline") ?? "") });
+  const el = h("div", { class: "nbd-headline" });
   const on = () => {
-    el.textContent = String(model.get("headline") ?? "");
-    el.style.display = el.textContent ? "" : "none";
+    const text = String(model.get("headline") ?? "");
+    replaceChildren(el, withCode(text));  // `layer` as a code span, as every view writes names
+    el.style.display = text ? "" : "none";
   };
   on();
   model.on("change:headline", on);

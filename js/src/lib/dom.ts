@@ -121,6 +121,22 @@ export function fmtInt(x: number): string {
   return Math.round(x).toLocaleString("en-US");
 }
 
+/** Text with `code` spans for backticked names, as text nodes only: the one way a headline, a
+ * finding or a note marks a module, layer or run name (Python's static pages: widgets/_snapshot.py
+ * code_html). */
+export function withCode(text: string | null | undefined): Child[] {
+  return String(text ?? "")
+    .split("`")
+    .map((part, i) => (i % 2 === 1 ? h("code", { text: part }) : part))
+    .filter((c) => c !== "");
+}
+
+/** CSS of the code spans `withCode` makes, under `scope` (a view's root class): a name reads as a name. */
+export function codeCss(scope: string): string {
+  return `${scope} code { font-family: var(--jp-code-font-family, ui-monospace, Menlo, Consolas, monospace); ` +
+    "background: rgba(127,127,127,0.12); border: 1px solid rgba(127,127,127,0.3); border-radius: 3px; padding: 0 3px; }\n";
+}
+
 /** Fraction as a percentage ("12.5%", "<0.1%" for tiny non-zero values, "100%"). */
 export function fmtPct(frac: number): string {
   if (!Number.isFinite(frac)) return fmt(frac);

@@ -2,7 +2,7 @@
 // controls, the colour bar of the current metric, the legend of the cell marks, then a details
 // toggle with the table's dimensions, the check against the model's logits and the notes.
 import { COLORMAPS } from "../lib/colormap";
-import { h, replaceChildren } from "../lib/dom";
+import { h, replaceChildren, withCode } from "../lib/dom";
 import { hColourBar, legendItem, type Tick } from "../lib/legend";
 import type { AnyModel } from "../lib/rpc";
 import { METRIC_LABELS } from "./columns";
@@ -40,7 +40,7 @@ export class LensHeader {
     const finding: string = model.get("headline") || model.get("finding") || "";
     const lensName: string = model.get("lens_name") || "logit lens";
     this.elements = [
-      finding ? h("div", { class: "nbl-finding", text: finding }) : null,
+      finding ? h("div", { class: "nbl-finding" }, withCode(finding)) : null,
       h("div", { class: "nbl-controls" }, [
         h("label", {}, ["colour ", metricSel]),
         h("label", {}, ["colormap ", cmapSel]),

@@ -17,7 +17,8 @@ export const CSS = `
 .nbdebug-logitlens .nbl-main { display: flex; gap: 10px; align-items: flex-start; max-width: 100%; }
 .nbdebug-logitlens .nbl-side:empty { display: none; }
 .nbdebug-logitlens .nbl-side { flex: 0 0 auto; max-width: 40%; border-left: 1px solid #ddd; padding-left: 8px; }
-.nbdebug-logitlens .nbl-wrap { overflow: auto; max-height: 620px; max-width: 100%; flex: 1 1 auto; min-width: 0; }
+.nbdebug-logitlens .nbl-wrapcol { max-width: 100%; flex: 1 1 auto; min-width: 0; }
+.nbdebug-logitlens .nbl-wrap { overflow: auto; max-height: 620px; max-width: 100%; }
 .nbdebug-logitlens table { border-collapse: collapse; font-family: ui-monospace, monospace; font-size: 11px; }
 .nbdebug-logitlens th { font-weight: normal; color: #333; padding: 1px 3px; white-space: pre; position: sticky; top: 0; background: #fff; max-width: 120px; overflow: hidden; text-overflow: ellipsis; }
 .nbdebug-logitlens th.nbl-row { position: sticky; left: 0; text-align: right; z-index: 1; }

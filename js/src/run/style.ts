@@ -40,7 +40,7 @@ export const RUN_CSS = `
 .nbdebug-run .nbd-run-notes { margin: 0 0 4px; padding-left: 1.2em; color: var(--nbd-run-fg2); font-size: 0.92em; }
 .nbdebug-run .nbd-link { cursor: pointer; text-decoration: underline dotted; color: var(--nbd-run-link); }
 .nbdebug-run .nbd-run-nonfinite, .nbdebug-run .nbd-run-diverged, .nbdebug-run .nbd-run-errors { overflow-wrap: anywhere; }
-.nbdebug-run pre { max-height: 16em; overflow: auto; font-size: 0.85em; }
+.nbdebug-run pre { overflow-x: auto; white-space: pre-wrap; overflow-wrap: anywhere; font-size: 0.85em; }
 .nbdebug-run .nbdebug-thermometer .nbd-row, .nbdebug-run .nbdebug-thermometer .nbd-head { grid-template-columns: var(--nbd-cols) 9.5em; min-width: 990px; }
 .nbdebug-run .nbdebug-thermometer.nbd-timed .nbd-row, .nbdebug-run .nbdebug-thermometer.nbd-timed .nbd-head { min-width: 1110px; }
 .nbdebug-run .nbd-spread-cell { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; color: var(--nbd-run-fg2); }

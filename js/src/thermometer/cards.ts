@@ -3,18 +3,12 @@
 // gradient fell, an update ratio left its range). Each piece of advice is said once: `Said` keeps
 // the texts already shown, in document order. Text from the kernel (module names, messages) is
 // untrusted: text nodes only, `code` spans for backticked names (a name like `3` reads as a name).
-import { h, replaceChildren, type Child } from "../lib/dom";
+import { h, replaceChildren, withCode, type Child } from "../lib/dom";
 import type { Finding, HistEvent, Incident } from "./history";
 
 export type { Finding };
 
-/** Text with `code` spans (backticks), as text nodes only. */
-export function withCode(text: string): Child[] {
-  return String(text ?? "")
-    .split("`")
-    .map((part, i) => (i % 2 === 1 ? h("code", { text: part }) : part))
-    .filter((c) => c !== "");
-}
+export { withCode };
 
 /** Advice already shown: a later repeat of the same text is left out. */
 export class Said {

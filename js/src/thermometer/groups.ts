@@ -6,6 +6,7 @@
 // Python side: nbdebug/inspectors/groups.py (`groups_payload`).
 import { cssColor } from "../lib/colormap";
 import { fmt, h, replaceChildren, styleElement } from "../lib/dom";
+import { MORE_CSS, MoreCue } from "../lib/more";
 import { GroupData, type Item } from "./groups_data";
 import { groupSeries, LABELS, label, makeScaler, sparkEl, statFor, stripEl, type Scaler } from "./groups_strip";
 import { GROUPS_CSS } from "./groups_style";
@@ -26,6 +27,7 @@ export interface GroupOptions {
 export class GroupView {
   readonly el: HTMLElement;
   private list: HTMLElement;
+  private more: MoreCue;
   private filterBox: HTMLInputElement;
   private statSel: HTMLSelectElement;
   private counter: HTMLElement;
@@ -51,10 +53,12 @@ export class GroupView {
     this.statSel = h("select", { class: "nbd-group-stat", title: "statistic of the strips (one cell per block)" });
     this.counter = h("span", { class: "nbd-group-count" });
     this.list = h("div", { class: "nbd-group-list", attrs: { role: "tree" } });
+    this.more = new MoreCue(this.list, "[role=treeitem], .nbd-grow", "row"); // never hides rows silently
     this.el = h("div", { class: "nbd-groups" }, [
-      styleElement(GROUPS_CSS),
+      styleElement(GROUPS_CSS + MORE_CSS),
       h("div", { class: "nbd-group-controls" }, [this.filterBox, h("label", {}, ["strip: ", this.statSel]), this.counter]),
       this.list,
+      this.more.el,
     ]);
     this.filterBox.addEventListener("input", this.onInput);
     this.statSel.addEventListener("change", this.onStatChange);
@@ -147,6 +151,7 @@ export class GroupView {
   }
 
   destroy(): void {
+    this.more.dispose();
     this.filterBox.removeEventListener("input", this.onInput);
     this.statSel.removeEventListener("change", this.onStatChange);
     this.list.removeEventListener("click", this.onClick);

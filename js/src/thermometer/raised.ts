@@ -1,7 +1,7 @@
 // The card shown when the cell raised inside the model: the module that raised, what does not fit,
 // its inputs next to its parameters. Python side: ThermometerWidget.raised (empty dict: no card).
 // Model text only ever goes through textContent (via h()).
-import { h, replaceChildren, type Child } from "../lib/dom";
+import { h, replaceChildren, withCode } from "../lib/dom";
 
 /** Mirrors `_raised_trait` in nbdebug/widgets/thermometer.py. */
 export interface Raised {
@@ -14,13 +14,6 @@ export interface Raised {
   suggestion?: string;
 }
 
-/** Text with `code` spans (backticks), as text nodes only. */
-function withCode(text: string): Child[] {
-  return String(text ?? "")
-    .split("`")
-    .map((part, i) => (i % 2 === 1 ? h("code", { text: part }) : part))
-    .filter((c) => c !== "");
-}
 
 function list(label: string, items: string[]): HTMLElement {
   return h("div", { class: "nbd-raised-list" }, [

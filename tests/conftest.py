@@ -61,9 +61,34 @@ LONG_FIRST = (
 )
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own hook (which tags the nodeids where it can)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _tag_xdist_groups(config, items)
+
     def rank(item: pytest.Item) -> int:
         path = item.nodeid
         return next((i for i, p in enumerate(LONG_FIRST) if path.startswith(p)), len(LONG_FIRST))
 
     items.sort(key=rank)  # stable: within a rank, collection order
+
+
+def _tag_xdist_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--dist loadgroup`` sends the tests of one ``xdist_group`` to one worker by the ``@group`` suffix
+    its worker hook appends to each nodeid. pytest-xdist 3.8 writes ``item._nodeid``, which pytest 9
+    no longer reads (a node's id is ``item._id``): the suffix was lost and the groups were scattered,
+    so a tutorial's story test executed the whole notebook a second time on the other worker (tutorial
+    2: +250 s). Append the suffix here when xdist's did not take (checked by
+    tests/unit/test_xdist_groups.py)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")})
+        if not names or item.nodeid.endswith("@" + "_".join(names)):
+            continue
+        tagged = f"{item.nodeid}@{'_'.join(names)}"
+        if hasattr(item, "_id"):  # pytest >= 9
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(tagged)
+        else:
+            item._nodeid = tagged

@@ -21,6 +21,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def _one_thread_per_worker() -> None:
+    """With two pytest-xdist workers on two cores, each torch defaults to one intra-op thread per core:
+    4 threads (and the tutorials' kernels 2 more) share 2 cores and spin waiting for each other. One
+    thread per worker, for the kernels and subprocesses it starts too (they inherit the environment);
+    measured on the shared machine, the SmolLM2 model tests at -n 2: 351 s wall / 131 CPU-s with the
+    default, 157 s / 44 CPU-s with one thread. An ``OMP_NUM_THREADS`` already set is kept."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    import sys
+
+    if "torch" in sys.modules:  # imported before this conftest (a plugin): the environment came too late
+        sys.modules["torch"].set_num_threads(1)
+
+
+_one_thread_per_worker()
+
+
 @pytest.fixture
 def shell() -> Iterator[Any]:
     """A fresh IPython shell with nbdebug loaded and displays recorded in ``shell.displayed``
@@ -57,7 +75,11 @@ LONG_FIRST = (
     "tests/browser/test_groups_browser.py",
     "tests/browser/test_tutorial_browser.py",
     "tests/notebooks/",
+    "tests/unit/test_binder_config.py",
+    "tests/unit/test_token_attribution_smollm2.py",
     "tests/models/",
+    "tests/unit/test_workbench_exact.py",
+    "tests/unit/test_compiled.py",
 )
 
 

@@ -12,9 +12,13 @@ PYTEST_ARGS ?=
 
 .PHONY: setup venv js chromium models lab test test-py test-js test-browser bench bench-quick lint dev clean
 
-setup: venv js chromium
+setup: venv js chromium $(VENV)/.installed
+# `make test` starts with `setup`: once installed (a stamp in the venv, newer than pyproject.toml and this
+# file), pip is not asked again (~30 s of resolving what is already there, on every run).
+$(VENV)/.installed: pyproject.toml Makefile | $(PY)
 	$(PIP) install -q -e ".[test,hf,compare]"
 	$(MAKE) --no-print-directory models
+	touch $@
 
 venv: $(PY)
 $(PY):

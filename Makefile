@@ -12,9 +12,13 @@ PYTEST_ARGS ?=
 
 .PHONY: setup venv js chromium models lab test test-py test-js test-browser bench bench-quick lint dev clean
 
-setup: venv js chromium
+setup: venv js chromium $(VENV)/.installed
+# `make test` starts with `setup`: once installed (a stamp in the venv, newer than pyproject.toml and this
+# file), pip is not asked again (~30 s of resolving what is already there, on every run).
+$(VENV)/.installed: pyproject.toml Makefile | $(PY)
 	$(PIP) install -q -e ".[test,hf,compare]"
 	$(MAKE) --no-print-directory models
+	touch $@
 
 venv: $(PY)
 $(PY):
@@ -60,6 +64,8 @@ XDIST ?= -n 2 --dist loadgroup
 REPORTS ?=
 junit = $(if $(REPORTS),--junitxml=$(REPORTS)/$(1).xml --durations=25)
 stage = $(if $(REPORTS),.ci/stage $(REPORTS) $(1),)
+# ...and each tutorial's code cells by time (tests/notebooks: where a notebook's minutes go)
+cell-times = $(if $(REPORTS),env NBDEBUG_CELL_TIMES=$(REPORTS)/notebook-cells.txt,)
 
 # The browser tier waits on chromium and kernels more than it computes: it runs alongside the serial
 # tail (the real-use matrix, the numpy path, bench-quick), which computes on one core. Both run to the
@@ -72,7 +78,7 @@ test-browser-tier = $(call stage,browser) $(PY) -m pytest $(XDIST) -m browser $(
 test: setup
 	$(call stage,lint) $(MAKE) --no-print-directory lint
 	$(call stage,js-tests) $(MAKE) --no-print-directory test-js
-	$(call stage,unit-widget-models-notebooks) $(PY) -m pytest $(XDIST) -m "not browser" --ignore=tests/envelope $(PYTEST_ARGS) $(call junit,tiers)
+	$(call stage,unit-widget-models-notebooks) $(cell-times) $(PY) -m pytest $(XDIST) -m "not browser" --ignore=tests/envelope $(PYTEST_ARGS) $(call junit,tiers)
 	@( $(test-browser-tier) ) & browser=$$!; \
 	( $(test-tail) ); tail=$$?; \
 	wait $$browser; browser=$$?; \

@@ -2,9 +2,14 @@
 
     python benchmarks/bench_capture.py [--rounds 7] [--quick] [--no-kernel]
     python benchmarks/bench_capture.py --kernel [--threads 1 2]
+    python benchmarks/bench_capture.py --instructions   # + instructions per forward (callgrind), minutes
 
 ``--quick``: tiny models (ResNet-18 layout at width 8, b1 32²; a 2-layer GPT-2 with d=32, 8 tokens),
-one round, checks the script runs to the end. The figures README.md / docs/comparison.md quote are
+one round, checks the script runs to the end (the ``--instructions`` child processes included, run
+without valgrind). ``--instructions``: nbdebug's forward over the plain one in instructions counted by
+valgrind's callgrind (one thread; a process per variant and call count, the difference of 1 and 2
+forwards), printed beside the wall-time ratio: wall time swings ±15% on a shared machine, instruction
+counts do not. The figures README.md / docs/comparison.md quote are
 printed last, labelled.
 
 The kernel table (after the models; alone with ``--kernel``, left out with ``--no-kernel``): the per-tensor cost of ``stats_and_units`` (the forward hook's stats + dead-unit
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -40,6 +46,7 @@ from common import (
     ResNet18,
     exact_rss_env,
     gpt2_small,
+    instructions_per_call,
     interleaved,
     peak_extra_bytes,
     table,
@@ -210,39 +217,93 @@ def kernel(threads: list[int], quick: bool = False) -> Figures:
     return fig
 
 
+def models(quick: bool) -> list[tuple[str, nn.Module, Callable[[], torch.Tensor]]]:
+    """(name, model, make_input) of the two models, seeded: the same in the timing run and in each
+    ``--instructions`` child process."""
+    torch.manual_seed(0)
+    b, hw, tokens = (1, 32, 8) if quick else (8, 224, 128)
+    resnet = (ResNetShaped(8, 10) if quick else ResNet18()).eval()
+    rname = f"resnet18{'-shaped w8' if quick else ''} b{b} {hw}²"
+    if quick:
+        from nbdebug.adapters.offline import gpt2_shaped
+
+        gpt, gname = gpt2_shaped(2, 2, 32, n_positions=64, vocab=1000), f"tiny gpt2 {tokens} tok"
+    else:
+        gpt, gname = gpt2_small(), f"gpt2-small {tokens} tok"
+    vocab = gpt.config.vocab_size
+    return [(rname, resnet, lambda: torch.randn(b, 3, hw, hw)), (gname, gpt, lambda: torch.randint(0, vocab, (1, tokens)))]
+
+
+def _instr_child(spec: str, quick: bool) -> None:
+    """One ``--instr-child MODEL:VARIANT:CALLS`` process: CALLS forwards of model MODEL (0 or 1), plain
+    or under ``Capture`` (the table's ``nbdebug`` variant), on one thread."""
+    which, variant, calls = spec.split(":")
+    torch.set_num_threads(1)  # callgrind counts every thread's instructions: a waiting thread's spins too
+    _, model, make_input = models(quick)[int(which)]
+    x = make_input()
+    for _ in range(int(calls)):
+        if variant == "plain":
+            with torch.no_grad():
+                model(x)
+        else:
+            with Capture(model) as cap, torch.no_grad():
+                model(x)
+            assert cap.result is not None
+
+
+def instruction_ratios(quick: bool, count: bool) -> dict[str, float]:
+    """Model name → instructions per forward under ``Capture`` over plain ({} when not counted)."""
+    names = [name for name, _, _ in models(quick)]
+    out = {}
+    for i, name in enumerate(names):
+        per = instructions_per_call(
+            lambda variant, calls, i=i: [sys.executable, __file__, "--instr-child", f"{i}:{variant}:{calls}", *(["--quick"] if quick else [])],
+            ("plain", "nbdebug"), 1, 2, count)
+        if per:
+            out[name] = per["nbdebug"] / per["plain"]
+    return out
+
+
 def main() -> None:
-    exact_rss_env()
+    if "--instr-child" not in sys.argv:
+        exact_rss_env()
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="small inputs, to check the script runs")
     ap.add_argument("--kernel", action="store_true", help="per-tensor stats cost: native kernel vs torch/numpy")
     ap.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="torch thread counts for the kernel table")
     ap.add_argument("--no-kernel", action="store_true", help="leave out the kernel table")
+    ap.add_argument("--instructions", action="store_true",
+                    help="also: instructions per forward under Capture over plain, counted by valgrind --tool=callgrind (minutes)")
+    ap.add_argument("--instr-child", help=argparse.SUPPRESS)  # one process of --instructions
     a = ap.parse_args()
+    if a.instr_child:
+        _instr_child(a.instr_child, a.quick)
+        return
     threads = [1] if a.quick else a.threads
     if a.kernel:
         kernel(threads, a.quick).print()
         return
-    torch.manual_seed(0)
-    b, hw, tokens = (1, 32, 8) if a.quick else (8, 224, 128)
     rounds = 1 if a.quick else a.rounds
     rows = []
     res, lm = {}, {}
-    resnet = (ResNetShaped(8, 10) if a.quick else ResNet18()).eval()
-    rname = f"resnet18{'-shaped w8' if a.quick else ''} b{b} {hw}²"
-    rows += bench(rname, resnet, lambda: torch.randn(b, 3, hw, hw), rounds, res)
-    if a.quick:
-        from nbdebug.adapters.offline import gpt2_shaped
-
-        gpt, gname = gpt2_shaped(2, 2, 32, n_positions=64, vocab=1000), f"tiny gpt2 {tokens} tok"
-    else:
-        gpt, gname = gpt2_small(), f"gpt2-small {tokens} tok"
-    rows += bench(gname, gpt, lambda: torch.randint(0, gpt.config.vocab_size, (1, tokens)), rounds, lm)
+    (rname, resnet, rin), (gname, gpt, gin) = models(a.quick)
+    rows += bench(rname, resnet, rin, rounds, res)
+    rows += bench(gname, gpt, gin, rounds, lm)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     print(table(rows, ("model", "variant", "ms (median)", "× plain", "extra peak MB vs plain")))
+    # --quick runs the --instructions processes too (without valgrind): every part of the full run
+    instr = instruction_ratios(a.quick, count=a.instructions and not a.quick) if a.instructions or a.quick else None
+    if instr is not None:
+        print(f"instructions per forward (callgrind, 1 thread{'' if instr else ': not counted, --quick or no valgrind'}), nbdebug × plain, beside wall time:")
+        for name, r in ((rname, res), (gname, lm)):
+            print(f"  {name}: {f'{instr[name]:.3f}×' if name in instr else 'not counted'} instructions, {r['nbdebug x']:.2f}× wall")
     fig = Figures("docs/comparison.md (per-layer stats rows)")
     for name, r in ((rname, res), (gname, lm)):
         fig.add(f"per-layer stats of every leaf layer, {name}: nbdebug", f"{r['nbdebug x']:.2f}× forward, {r['nbdebug MB']:+.1f} MB")
+        if instr:
+            fig.add(f"per-layer stats of every leaf layer, {name}: nbdebug, instructions (callgrind) / wall time, × plain",
+                    f"{instr[name]:.3f}× / {r['nbdebug x']:.2f}×")
         fig.add(f"per-layer stats of every leaf layer, {name}: .item() hooks", f"{r['item-hooks x']:.2f}× ({r['item-hooks MB']:+.0f} MB)")
         fig.add(f"per-layer stats of every leaf layer, {name}: clone hooks", f"{r['clone-hooks x']:.2f}× ({r['clone-hooks MB']:+.0f} MB)")
     kfig = None if a.no_kernel else kernel(threads, a.quick)

@@ -124,3 +124,33 @@ def gpt2_small() -> nn.Module:
 
 
 __all__ = ["F", "Figures", "ResNet18", "exact_rss_env", "gpt2_small", "interleaved", "peak_extra_bytes", "table"]
+
+
+def instructions_per_call(cmd_for: Callable[[str, int], list[str]], variants: tuple[str, ...], lo: int, hi: int,
+                          count: bool) -> dict[str, float]:
+    """Instructions per call of each variant, counted by valgrind's callgrind (wall-time ratios swing ±15%
+    on a shared machine; instruction counts do not): ``cmd_for(variant, calls)`` is a child process
+    making ``calls`` calls; each variant runs with ``lo`` and with ``hi`` calls and the difference is
+    divided by ``hi - lo``, so import, set-up and warm-up cancel out. Without ``count`` (``--quick``, or
+    no valgrind: under it, importing torch alone takes about a minute) each variant's ``lo`` process runs
+    as is: the code path is checked, nothing is counted (``{}``)."""
+    import re
+    import shutil
+    import subprocess
+
+    valgrind = shutil.which("valgrind")
+    counting = count and valgrind is not None
+    per: dict[str, float] = {}
+    for variant in variants:
+        counts = []
+        for calls in (lo, hi) if counting else (lo,):
+            cmd = cmd_for(variant, calls)
+            if counting:
+                cmd = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
+            err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+            m = re.search(r"Collected\s*:\s*(\d+)", err)
+            if counting and m:
+                counts.append(int(m.group(1)))
+        if len(counts) == 2:
+            per[variant] = (counts[1] - counts[0]) / (hi - lo)
+    return per if len(per) == len(variants) else {}

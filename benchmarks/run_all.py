@@ -23,8 +23,9 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 #: what a plain full run (`make bench`, no arguments) adds per script so that every figure the pages
 #: quote is printed: the target loops over 5 fresh processes and their
-#: instruction counts (callgrind, a few minutes), BertViz at 512 tokens (~45 s, ~5 GB)
-FIGURE_ARGS = {"bench_training.py": ["--processes", "5", "--instructions"], "bench_language.py": ["--bertviz-max", "512"]}
+#: instruction counts (callgrind, a few minutes; bench_capture's too), BertViz at 512 tokens (~45 s, ~5 GB)
+FIGURE_ARGS = {"bench_training.py": ["--processes", "5", "--instructions"], "bench_capture.py": ["--instructions"],
+               "bench_language.py": ["--bertviz-max", "512"]}
 
 
 def main(argv: list[str]) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import os
 import pathlib
 import re
 import sys
@@ -121,7 +122,27 @@ def executed(prefix: str) -> nbformat.NotebookNode:
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{path.name} has stored outputs"
     client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}, store_widget_state=True)
     client.execute()
+    cell_times(path.name, nb)
     return nb
+
+
+def cell_times(name: str, nb: nbformat.NotebookNode) -> None:
+    """With ``NBDEBUG_CELL_TIMES=FILE`` (``make test REPORTS=DIR`` sets it), append each code cell's time
+    (nbclient's execution timestamps) to FILE, slowest first: where a tutorial's minutes go."""
+    out = os.environ.get("NBDEBUG_CELL_TIMES")
+    if not out:
+        return
+    from datetime import datetime
+
+    rows = []
+    for i, c in enumerate(nb.cells):
+        t = c.get("metadata", {}).get("execution", {})
+        if c.cell_type == "code" and "iopub.execute_input" in t and "shell.execute_reply" in t:
+            s = (datetime.fromisoformat(t["shell.execute_reply"]) - datetime.fromisoformat(t["iopub.execute_input"])).total_seconds()
+            rows.append((s, i, c.source.splitlines()[0][:100] if c.source else ""))
+    with open(out, "a") as f:
+        f.write(f"{name}: {sum(r[0] for r in rows):.0f} s in {len(rows)} code cells\n")
+        f.writelines(f"  {s:7.1f} s  cell {i:2d}  {first}\n" for s, i, first in sorted(rows, reverse=True))
 
 
 @pytest.mark.slow

@@ -111,6 +111,49 @@ def _top_vocab(parts: ModelParts, final: torch.Tensor, U: torch.Tensor, b: torch
     return mass.topk(k).indices.sort().values
 
 
+class _HeadKL(torch.autograd.Function):
+    """``sum over rows of mean over positions of KL(p ‖ softmax(x U' [+ b]))`` for normed rows ``x (R, n, d)``
+    against the final log-probabilities ``logp (n, V)``, its gradient ``(q − p) U / n`` computed in the
+    forward pass a few rows at a time: the ``(R, n, V)`` logits never exist at once and autograd keeps
+    nothing of them (two ``n × V × d`` products per row, the least an exact KL over ``V`` tokens needs)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, logp: torch.Tensor, U: torch.Tensor, bias: torch.Tensor | None,
+                chunk: int) -> torch.Tensor:
+        p = logp.exp()
+        neg_h = (p * logp).sum(-1)  # (n,)
+        n = x.shape[1]
+        loss = x.new_zeros(())
+        grad = torch.empty_like(x)
+        for r in range(0, x.shape[0], chunk):
+            z = x[r:r + chunk] @ U.T
+            if bias is not None:
+                z += bias
+            lse = torch.logsumexp(z, -1, keepdim=True)
+            loss += (neg_h - (p * z).sum(-1) + lse[..., 0]).mean(-1).sum()
+            z.sub_(lse).exp_().sub_(p)  # q − p
+            grad[r:r + chunk] = (z @ U) / n
+        ctx.save_for_backward(grad)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, go: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (grad,) = ctx.saved_tensors
+        return grad * go, None, None, None, None
+
+
+def head_kl(parts: ModelParts, y: torch.Tensor, logp: torch.Tensor, U: torch.Tensor, bias: torch.Tensor | None,
+            *, max_elems: int = 4_000_000) -> torch.Tensor:
+    """KL(final ‖ lens) summed over rows ``y (R, n, d)`` (means over positions), differentiable in ``y``;
+    exact over the vocabulary of ``U``, chunked so that at most ``max_elems`` logits exist at once."""
+    if parts.softcap:  # the softcap's tanh sits between the logits and the softmax: plain autograd
+        logq = torch.log_softmax(_logits(parts, y, U, bias), -1)
+        return (logp.exp() * (logp - logq)).sum(-1).mean(-1).sum()
+    x = parts.normed(y).float()
+    chunk = max(1, max_elems // max(1, y.shape[1] * U.shape[0]))
+    return _HeadKL.apply(x, logp, U, bias, chunk)
+
+
 def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Tensor, *, U: torch.Tensor,
            bias: torch.Tensor | None, vocab: int | None, steps: int, deadline: float, lr: float, batch: int,
            gen: torch.Generator, bar: Progress) -> dict[str, Any]:
@@ -122,7 +165,6 @@ def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Ten
     V = U.shape[0]
     params = [torch.nn.Parameter(A[r].clone()) for r in range(R1)] + [torch.nn.Parameter(c[r].clone()) for r in range(R1)]
     opt = torch.optim.Adam(params, lr=lr)
-    group = max(1, min(R1, 6_000_000 // max(batch * V, 1)))
     t0, done, losses = time.perf_counter(), 0, []
     span = max(deadline - t0, 1e-9)
     with torch.inference_mode(False), torch.enable_grad():
@@ -136,20 +178,13 @@ def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Ten
             idx = sample_rows(N, batch, gen)
             with torch.no_grad():
                 logp = torch.log_softmax(_logits(parts, cache[-1, idx].float(), U, bias), -1)
-                p = logp.exp()
-            total = 0.0
-            for g0 in range(0, R1, group):
-                rows = range(g0, min(R1, g0 + group))
-                x = cache[g0:rows.stop, idx].float()
-                Ag = torch.stack([params[r] for r in rows])
-                cg = torch.stack([params[R1 + r] for r in rows])
-                y = torch.baddbmm(cg[:, None, :], x, Ag.transpose(1, 2))
-                logq = torch.log_softmax(_logits(parts, y, U, bias), -1)
-                loss = (p * (logp - logq)).sum(-1).mean(-1).sum()
-                grads = torch.autograd.grad(loss, [params[r] for r in rows] + [params[R1 + r] for r in rows])
-                for r, gA, gc in zip(rows, grads[:len(rows)], grads[len(rows):], strict=True):
-                    params[r].grad, params[R1 + r].grad = gA, gc
-                total += float(loss.detach())
+            x = cache[:-1, idx].float()
+            y = torch.baddbmm(torch.stack(params[R1:])[:, None, :], x, torch.stack(params[:R1]).transpose(1, 2))
+            loss = head_kl(parts, y, logp, U, bias)
+            grads = torch.autograd.grad(loss, params)
+            for prm, gr in zip(params, grads, strict=True):
+                prm.grad = gr
+            total = float(loss.detach())
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(total / R1)

@@ -70,7 +70,8 @@ class _Gram:
         diag = self.G.diagonal(dim1=1, dim2=2)
         lam = ridge * diag[:, :d].mean(-1).clamp_min(1e-12)
         G = self.G + torch.diag_embed(lam[:, None].expand(-1, d + 1))
-        W = torch.linalg.solve(G, self.C)  # (R - 1, d + 1, d)
+        # one row at a time: the batched float64 solve once failed inside MKL here ("DLASWP parameter 6")
+        W = torch.stack([torch.linalg.solve(G[r], self.C[r]) for r in range(G.shape[0])])  # (R - 1, d + 1, d)
         return W[:, :d].transpose(1, 2).float().contiguous(), W[:, d].float().contiguous()
 
 

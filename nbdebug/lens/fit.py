@@ -10,7 +10,8 @@ One forward pass over the text feeds every row's translator (:mod:`.collect`). T
   KL(final ‖ lens) through the model's own final norm and unembedding. The residuals are cached (float16,
   under ``max_bytes``) and minibatches of positions drawn from the cache. ``init="identity"`` starts from
   the identity as in the paper; ``init="shortcut"`` (default) starts from the least-squares solution
-  computed in the same pass (the paper's recipe takes ~65M tokens of SGD from the identity; a CPU
+  computed in the same pass, and a row whose training ends worse than that start on held-apart positions
+  (full vocabulary) keeps it (the paper's recipe takes ~65M tokens of SGD from the identity; a CPU
   budget of minutes does not, and the warm start is what makes the KL training pay off in it).
   The KL over the whole vocabulary is where the time goes: with ``vocab=K`` (default 4096) the training
   KL is the one of the distributions restricted to the ``K`` tokens carrying most of the final
@@ -155,17 +156,31 @@ def head_kl(parts: ModelParts, y: torch.Tensor, logp: torch.Tensor, U: torch.Ten
     return _HeadKL.apply(x, logp, U, bias, chunk)
 
 
+def _kl_row(parts: ModelParts, y: torch.Tensor, logp: torch.Tensor, U: torch.Tensor, bias: torch.Tensor | None) -> float:
+    """Mean KL(final ‖ lens) over positions ``y (n, d)`` on the vocabulary of ``U`` (no gradient)."""
+    logq = torch.log_softmax(_logits(parts, y, U, bias), -1)
+    return float((logp.exp() * (logp - logq)).sum(-1).mean())
+
+
 def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Tensor, *, U: torch.Tensor,
            bias: torch.Tensor | None, vocab: int | None, steps: int, deadline: float, lr: float, batch: int,
+           optimizer: str = "adam", keep_better: bool = False,
            gen: torch.Generator, bar: Progress) -> dict[str, Any]:
-    """Adam on KL(final ‖ lens) for every translator; ``A``/``c`` updated in place."""
+    """Adam (or SGD) on KL(final ‖ lens) for every translator; ``A``/``c`` updated in place.
+    ``keep_better``: the last positions of the cache (up to 256, an eighth) are held apart from training,
+    and a row whose trained translator has a higher full-vocabulary KL there than its start keeps its
+    start (a tuned row never ends worse than the least-squares row it started from)."""
     R1, N = cache.shape[0] - 1, cache.shape[1]
+    val = min(256, N // 8) if keep_better else 0
+    U_full, bias_full = U, bias
+    N -= val
     if vocab is not None and vocab < U.shape[0]:
         keep = _top_vocab(parts, cache[-1, sample_rows(N, 1024, gen)].float(), U, bias, vocab)
         U, bias = U[keep].contiguous(), None if bias is None else bias[keep].contiguous()
     V = U.shape[0]
     params = [torch.nn.Parameter(A[r].clone()) for r in range(R1)] + [torch.nn.Parameter(c[r].clone()) for r in range(R1)]
-    opt = torch.optim.Adam(params, lr=lr)
+    opt = (torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True) if optimizer == "sgd"
+           else torch.optim.Adam(params, lr=lr))
     t0, done, losses = time.perf_counter(), 0, []
     span = max(deadline - t0, 1e-9)
     with torch.inference_mode(False), torch.enable_grad():
@@ -191,39 +206,53 @@ def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Ten
             losses.append(total / R1)
             done += 1
             bar.update(1)
+    kept: list[int] = []
     with torch.no_grad():
+        if val:
+            held = cache[:, N:].float()
+            logp = torch.log_softmax(_logits(parts, held[-1], U_full, bias_full), -1)
+            for r in range(R1):
+                before = _kl_row(parts, held[r] @ A[r].T + c[r], logp, U_full, bias_full)
+                after = _kl_row(parts, held[r] @ params[r].T + params[R1 + r], logp, U_full, bias_full)
+                if after > before:
+                    kept.append(r)
         for r in range(R1):
-            A[r].copy_(params[r])
-            c[r].copy_(params[R1 + r])
-    return {"steps": done, "train_vocab": V, "train_kl_first": losses[0] if losses else math.nan,
+            if r not in kept:
+                A[r].copy_(params[r])
+                c[r].copy_(params[R1 + r])
+    return {"steps": done, "rows_kept_start": kept, "val_positions": val, "train_vocab": V, "train_kl_first": losses[0] if losses else math.nan,
             "train_kl_last": float(sum(losses[-10:]) / max(1, len(losses[-10:]))) if losses else math.nan}
 
 
 def fit_lens(model: nn.Module, tokenizer: Any, texts: Any, kind: str = "tuned", *, max_tokens: int | None = None,
              max_seconds: float | None = None, max_bytes: int | str | None = None, seq_len: int = 256,
              holdout: int = 512, vocab: int | None = 4096, init: str = "shortcut", steps: int = 400,
-             batch: int = 128, lr: float | None = None, seed: int = 0, progress: ProgressSpec = None) -> FittedLens:
+             batch: int = 128, lr: float | None = None, optimizer: str = "adam", seed: int = 0,
+             progress: ProgressSpec = None) -> FittedLens:
     """Fit a ``"tuned"`` or ``"shortcut"`` lens on ``model`` from ``texts`` (a string, strings, or token
     ids), offline. ``max_tokens``: tokens read for fitting (default 8k shortcut, 16k tuned; the last
     ``holdout`` tokens of the text are kept apart to measure the lens, ``lens.quality``);
     ``max_seconds``: time budget for the fit (reading stops at half of it for a tuned lens, training
     at the end; the held-out check after it is extra); ``max_bytes``: the residual cache of a tuned fit
     (default 256 MiB as everywhere; positions beyond it are used by the least-squares start only);
-    ``vocab``/``init``/``steps``/``batch``/``lr``: the tuned training (module docstring).
+    ``vocab``/``init``/``steps``/``batch``/``lr``/``optimizer`` (``"adam"`` or ``"sgd"``: Nesterov momentum
+    0.9, as the paper; no default learning rate for it): the tuned training (module docstring).
     ``progress``: ``None`` a bar once slow, ``True`` always, ``False`` none, or ``fn(done, total)``."""
     if kind not in ("tuned", "shortcut"):
         raise ValueError(f"fit_lens: kind={kind!r}; fit 'tuned' or 'shortcut' (the logit lens needs no fit)")
+    if optimizer not in ("adam", "sgd") or (optimizer == "sgd" and lr is None):
+        raise ValueError(f"fit_lens: optimizer={optimizer!r}; 'adam' (default) or 'sgd' with an explicit lr=")
     if init not in ("shortcut", "identity"):
         raise ValueError(f"fit_lens: init={init!r}; 'shortcut' (least-squares start) or 'identity'")
     with torch.inference_mode(False):  # a caller under inference_mode: our tensors stay ordinary ones
         return _fit(model, tokenizer, texts, kind, max_tokens=max_tokens, max_seconds=max_seconds, max_bytes=max_bytes,
                     seq_len=seq_len, holdout=holdout, vocab=vocab, init=init, steps=steps, batch=batch, lr=lr, seed=seed,
-                    progress=progress)
+                    progress=progress, optimizer=optimizer)
 
 
 def _fit(model: nn.Module, tokenizer: Any, texts: Any, kind: str, *, max_tokens: int | None, max_seconds: float | None,
          max_bytes: int | str | None, seq_len: int, holdout: int, vocab: int | None, init: str, steps: int, batch: int,
-         lr: float | None, seed: int, progress: ProgressSpec) -> FittedLens:
+         lr: float | None, seed: int, progress: ProgressSpec, optimizer: str = "adam") -> FittedLens:
     parts = find_parts(model)
     require_lens(parts, model)
     t0 = time.perf_counter()
@@ -269,8 +298,8 @@ def _fit(model: nn.Module, tokenizer: Any, texts: Any, kind: str, *, max_tokens:
             U, b = _head(parts)
             info.update(_train(parts, stack, A, c, U=U, bias=b, vocab=vocab, steps=steps, deadline=t0 + budget,
                                lr=lr if lr is not None else (1e-4 if init == "shortcut" else 1e-3), batch=batch,
-                               gen=gen, bar=bar))
-            info.update(cached_tokens=int(stack.shape[1]), init=init)
+                               gen=gen, bar=bar, optimizer=optimizer, keep_better=init == "shortcut"))
+            info.update(cached_tokens=int(stack.shape[1]), init=init, optimizer=optimizer)
         info["seconds"] = round(time.perf_counter() - t0, 2)
     lens = FittedLens(kind, A, c, model=model, parts=parts, info=info) if kind == "tuned" else start
     lens.start = start if kind == "tuned" and init == "shortcut" else None

@@ -87,6 +87,30 @@ def test_tuned_starts_at_the_identity_and_lowers_the_kl() -> None:
     assert np.mean(q["lens"][:-1]) < 0.8 * np.mean(q["logit"][:-1])  # held out: better than the logit lens
 
 
+def test_sgd_training_lowers_the_kl_and_needs_a_learning_rate() -> None:
+    """``optimizer="sgd"`` (Nesterov, the paper's) trains: the training KL falls from the identity, and
+    the held-out KL beats the logit lens; without ``lr=`` it is refused (no default scale for SGD)."""
+    m = peaked()
+    lens = fit_lens(m, None, text(), kind="tuned", max_tokens=2048, seq_len=64, holdout=512, steps=60, init="identity",
+                    vocab=None, optimizer="sgd", lr=0.05, progress=False)
+    assert lens.info["optimizer"] == "sgd" and lens.info["train_kl_last"] < 0.9 * lens.info["train_kl_first"]
+    assert np.mean(lens.quality["lens"][:-1]) < 0.8 * np.mean(lens.quality["logit"][:-1])
+    with pytest.raises(ValueError, match="explicit lr"):
+        fit_lens(m, None, text(), kind="tuned", optimizer="sgd", progress=False)
+
+
+def test_a_tuned_row_never_ends_worse_than_its_least_squares_start() -> None:
+    """From the shortcut start, a row whose trained translator is worse on the held-apart positions keeps
+    its start. Planted: Adam at lr 10 wrecks every row, so every row must be back at least squares
+    exactly (a missing or inverted comparison leaves wrecked rows)."""
+    m = peaked()
+    lens = fit_lens(m, None, text(), kind="tuned", max_tokens=2048, seq_len=64, holdout=0, steps=5, lr=10.0, vocab=None,
+                    progress=False)
+    assert lens.start is not None and lens.info["val_positions"] > 0
+    assert lens.info["rows_kept_start"] == list(range(L))
+    assert torch.equal(lens.A, lens.start.A) and torch.equal(lens.c, lens.start.c)
+
+
 def test_quality_equals_hand_kl() -> None:
     m = peaked()
     lens = fit_lens(m, None, text(), kind="shortcut", max_tokens=512, seq_len=64, holdout=0, progress=False)
@@ -119,7 +143,8 @@ def test_tuned_fit_leaves_the_model_as_found(caller: str) -> None:
     before = model_state(m)
     ctx = {"plain": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[caller]
     with ctx():
-        lens = fit_lens(m, None, text(), kind="tuned", max_tokens=512, seq_len=64, holdout=128, steps=3, vocab=64, progress=False)
+        lens = fit_lens(m, None, text(), kind="tuned", max_tokens=512, seq_len=64, holdout=128, steps=3, vocab=64,
+                        init="identity", progress=False)
     assert lens.info["steps"] == 3 and not torch.equal(lens.A, fit_lens(m, None, text(), kind="shortcut", max_tokens=512,
                                                                         seq_len=64, holdout=0, progress=False).A)
     assert_untouched(m, before)

@@ -3,6 +3,16 @@
     python benchmarks/bench_lens.py            # SmolLM2-135M: shortcut and tuned fits, per-block KL table
     python benchmarks/bench_lens.py --quick    # tiny random model: every code path, numbers mean nothing
 
+The acceptance run of issue 29 (quiet machine, nothing else running; ~20–25 min in all):
+
+    PYTHONPATH=. python benchmarks/bench_lens.py --shortcut-tokens 8192 --shortcut-seconds 180 \
+        --tuned-tokens 16384 --tuned-seconds 900 --steps 400 --vocab 4096 --heldout-tokens 1024 \
+        --json /tmp/bench_lens.json
+
+It times a shortcut fit on its own (``fit_lens(kind="shortcut")``: reading the text + least squares,
+the ≤ 3 min criterion) and a tuned fit (≤ 15 min); ``--vocab 0`` trains the tuned lens on the full
+vocabulary (the cost and effect of the restriction, docs/lenses.md).
+
 Fitting text: the Python documentation's English (``pydoc_data.topics``), topics sorted by name; the
 last ``--heldout-topics`` topics are never read while fitting and give the held-out KL(final ‖ lens) in
 nats, per block, over the whole vocabulary (the first position of each sequence left out, as in the fit).
@@ -13,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -36,7 +47,7 @@ def heldout(model, tok, texts, parts, lenses, *, tokens, seq_len):  # type: igno
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--shortcut-tokens", type=int, default=8192, help="--quick only: the shortcut fit on its own")
+    ap.add_argument("--shortcut-tokens", type=int, default=8192, help="the shortcut fit on its own (timed)")
     ap.add_argument("--shortcut-seconds", type=float, default=180)
     ap.add_argument("--tuned-tokens", type=int, default=16384)
     ap.add_argument("--tuned-seconds", type=float, default=900)
@@ -65,7 +76,7 @@ def main(argv: list[str]) -> int:
         fit_text, held_text = topics[: -a.heldout_topics], topics[-a.heldout_topics:]
     parts = find_parts(model)
     times, lenses = {}, {}
-    if a.quick:  # the shortcut fit on its own (in the full run it is the tuned fit's start: the same pass)
+    if a.shortcut_tokens:  # the shortcut fit on its own (the timing criterion); the table's shortcut is the tuned fit's start
         t = time.perf_counter()
         fit_lens(model, tok, fit_text, kind="shortcut", max_tokens=a.shortcut_tokens, max_seconds=a.shortcut_seconds,
                  holdout=0, seq_len=seq_len)
@@ -96,14 +107,14 @@ def main(argv: list[str]) -> int:
     print("mean      " + "".join(f"{mean[n]:14.3f}" for n in names))
     s, tu, lo = kl["shortcut"], kl["tuned"], kl["logit"]
     checks = {
-        "shortcut fit ≤ 180 s": times["shortcut"] <= 180,
+        "shortcut fit ≤ 180 s": times.get("shortcut alone", times["shortcut"]) <= 180,
         "tuned fit ≤ 900 s": times["tuned"] <= 900,
         "shortcut ≥ 5× lower than logit": mean["logit"] >= 5 * mean["shortcut"],
         "tuned ≥ 10× lower than logit": mean["logit"] >= 10 * mean["tuned"],
         "tuned ≥ 15% lower than shortcut": mean["tuned"] <= 0.85 * mean["shortcut"],
         "tuned < shortcut at ≥ 90% of blocks": float((tu < s).float().mean()) >= 0.9,
     }
-    print(f"\nfit times: shortcut {times['shortcut']:.0f} s (reading {lenses['shortcut'].info['tokens']} tokens + least squares; "
+    print(f"\nfit times: shortcut alone {times.get('shortcut alone', math.nan):.0f} s ({a.shortcut_tokens} tokens); shortcut {times['shortcut']:.0f} s (reading {lenses['shortcut'].info['tokens']} tokens + least squares; "
           f"the tuned fit's start), "
           f"tuned {times['tuned']:.0f} s ({lenses['tuned'].info['tokens']} tokens, {lenses['tuned'].info.get('steps')} steps, "
           f"training vocabulary {lenses['tuned'].info.get('train_vocab')})")

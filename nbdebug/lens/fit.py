@@ -10,7 +10,8 @@ One forward pass over the text feeds every row's translator (:mod:`.collect`). T
   KL(final ‖ lens) through the model's own final norm and unembedding. The residuals are cached (float16,
   under ``max_bytes``) and minibatches of positions drawn from the cache. ``init="identity"`` starts from
   the identity as in the paper; ``init="shortcut"`` (default) starts from the least-squares solution
-  computed in the same pass (the paper's recipe takes ~65M tokens of SGD from the identity; a CPU
+  computed in the same pass, and a row whose training ends worse than that start on held-apart positions
+  (full vocabulary) keeps it (the paper's recipe takes ~65M tokens of SGD from the identity; a CPU
   budget of minutes does not, and the warm start is what makes the KL training pay off in it).
   The KL over the whole vocabulary is where the time goes: with ``vocab=K`` (default 4096) the training
   KL is the one of the distributions restricted to the ``K`` tokens carrying most of the final
@@ -70,7 +71,8 @@ class _Gram:
         diag = self.G.diagonal(dim1=1, dim2=2)
         lam = ridge * diag[:, :d].mean(-1).clamp_min(1e-12)
         G = self.G + torch.diag_embed(lam[:, None].expand(-1, d + 1))
-        W = torch.linalg.solve(G, self.C)  # (R - 1, d + 1, d)
+        # one row at a time: the batched float64 solve once failed inside MKL here ("DLASWP parameter 6")
+        W = torch.stack([torch.linalg.solve(G[r], self.C[r]) for r in range(G.shape[0])])  # (R - 1, d + 1, d)
         return W[:, :d].transpose(1, 2).float().contiguous(), W[:, d].float().contiguous()
 
 
@@ -111,18 +113,74 @@ def _top_vocab(parts: ModelParts, final: torch.Tensor, U: torch.Tensor, b: torch
     return mass.topk(k).indices.sort().values
 
 
+class _HeadKL(torch.autograd.Function):
+    """``sum over rows of mean over positions of KL(p ‖ softmax(x U' [+ b]))`` for normed rows ``x (R, n, d)``
+    against the final log-probabilities ``logp (n, V)``, its gradient ``(q − p) U / n`` computed in the
+    forward pass a few rows at a time: the ``(R, n, V)`` logits never exist at once and autograd keeps
+    nothing of them (two ``n × V × d`` products per row, the least an exact KL over ``V`` tokens needs)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, logp: torch.Tensor, U: torch.Tensor, bias: torch.Tensor | None,
+                chunk: int) -> torch.Tensor:
+        p = logp.exp()
+        neg_h = (p * logp).sum(-1)  # (n,)
+        n = x.shape[1]
+        loss = x.new_zeros(())
+        grad = torch.empty_like(x)
+        for r in range(0, x.shape[0], chunk):
+            z = x[r:r + chunk] @ U.T
+            if bias is not None:
+                z += bias
+            lse = torch.logsumexp(z, -1, keepdim=True)
+            loss += (neg_h - (p * z).sum(-1) + lse[..., 0]).mean(-1).sum()
+            z.sub_(lse).exp_().sub_(p)  # q − p
+            grad[r:r + chunk] = (z @ U) / n
+        ctx.save_for_backward(grad)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, go: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (grad,) = ctx.saved_tensors
+        return grad * go, None, None, None, None
+
+
+def head_kl(parts: ModelParts, y: torch.Tensor, logp: torch.Tensor, U: torch.Tensor, bias: torch.Tensor | None,
+            *, max_elems: int = 4_000_000) -> torch.Tensor:
+    """KL(final ‖ lens) summed over rows ``y (R, n, d)`` (means over positions), differentiable in ``y``;
+    exact over the vocabulary of ``U``, chunked so that at most ``max_elems`` logits exist at once."""
+    if parts.softcap:  # the softcap's tanh sits between the logits and the softmax: plain autograd
+        logq = torch.log_softmax(_logits(parts, y, U, bias), -1)
+        return (logp.exp() * (logp - logq)).sum(-1).mean(-1).sum()
+    x = parts.normed(y).float()
+    chunk = max(1, max_elems // max(1, y.shape[1] * U.shape[0]))
+    return _HeadKL.apply(x, logp, U, bias, chunk)
+
+
+def _kl_row(parts: ModelParts, y: torch.Tensor, logp: torch.Tensor, U: torch.Tensor, bias: torch.Tensor | None) -> float:
+    """Mean KL(final ‖ lens) over positions ``y (n, d)`` on the vocabulary of ``U`` (no gradient)."""
+    logq = torch.log_softmax(_logits(parts, y, U, bias), -1)
+    return float((logp.exp() * (logp - logq)).sum(-1).mean())
+
+
 def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Tensor, *, U: torch.Tensor,
            bias: torch.Tensor | None, vocab: int | None, steps: int, deadline: float, lr: float, batch: int,
+           optimizer: str = "adam", keep_better: bool = False,
            gen: torch.Generator, bar: Progress) -> dict[str, Any]:
-    """Adam on KL(final ‖ lens) for every translator; ``A``/``c`` updated in place."""
+    """Adam (or SGD) on KL(final ‖ lens) for every translator; ``A``/``c`` updated in place.
+    ``keep_better``: the last positions of the cache (up to 256, an eighth) are held apart from training,
+    and a row whose trained translator has a higher full-vocabulary KL there than its start keeps its
+    start (a tuned row never ends worse than the least-squares row it started from)."""
     R1, N = cache.shape[0] - 1, cache.shape[1]
+    val = min(256, N // 8) if keep_better else 0
+    U_full, bias_full = U, bias
+    N -= val
     if vocab is not None and vocab < U.shape[0]:
         keep = _top_vocab(parts, cache[-1, sample_rows(N, 1024, gen)].float(), U, bias, vocab)
         U, bias = U[keep].contiguous(), None if bias is None else bias[keep].contiguous()
     V = U.shape[0]
     params = [torch.nn.Parameter(A[r].clone()) for r in range(R1)] + [torch.nn.Parameter(c[r].clone()) for r in range(R1)]
-    opt = torch.optim.Adam(params, lr=lr)
-    group = max(1, min(R1, 6_000_000 // max(batch * V, 1)))
+    opt = (torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True) if optimizer == "sgd"
+           else torch.optim.Adam(params, lr=lr))
     t0, done, losses = time.perf_counter(), 0, []
     span = max(deadline - t0, 1e-9)
     with torch.inference_mode(False), torch.enable_grad():
@@ -136,58 +194,65 @@ def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Ten
             idx = sample_rows(N, batch, gen)
             with torch.no_grad():
                 logp = torch.log_softmax(_logits(parts, cache[-1, idx].float(), U, bias), -1)
-                p = logp.exp()
-            total = 0.0
-            for g0 in range(0, R1, group):
-                rows = range(g0, min(R1, g0 + group))
-                x = cache[g0:rows.stop, idx].float()
-                Ag = torch.stack([params[r] for r in rows])
-                cg = torch.stack([params[R1 + r] for r in rows])
-                y = torch.baddbmm(cg[:, None, :], x, Ag.transpose(1, 2))
-                logq = torch.log_softmax(_logits(parts, y, U, bias), -1)
-                loss = (p * (logp - logq)).sum(-1).mean(-1).sum()
-                grads = torch.autograd.grad(loss, [params[r] for r in rows] + [params[R1 + r] for r in rows])
-                for r, gA, gc in zip(rows, grads[:len(rows)], grads[len(rows):], strict=True):
-                    params[r].grad, params[R1 + r].grad = gA, gc
-                total += float(loss.detach())
+            x = cache[:-1, idx].float()
+            y = torch.baddbmm(torch.stack(params[R1:])[:, None, :], x, torch.stack(params[:R1]).transpose(1, 2))
+            loss = head_kl(parts, y, logp, U, bias)
+            grads = torch.autograd.grad(loss, params)
+            for prm, gr in zip(params, grads, strict=True):
+                prm.grad = gr
+            total = float(loss.detach())
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(total / R1)
             done += 1
             bar.update(1)
+    kept: list[int] = []
     with torch.no_grad():
+        if val:
+            held = cache[:, N:].float()
+            logp = torch.log_softmax(_logits(parts, held[-1], U_full, bias_full), -1)
+            for r in range(R1):
+                before = _kl_row(parts, held[r] @ A[r].T + c[r], logp, U_full, bias_full)
+                after = _kl_row(parts, held[r] @ params[r].T + params[R1 + r], logp, U_full, bias_full)
+                if after > before:
+                    kept.append(r)
         for r in range(R1):
-            A[r].copy_(params[r])
-            c[r].copy_(params[R1 + r])
-    return {"steps": done, "train_vocab": V, "train_kl_first": losses[0] if losses else math.nan,
+            if r not in kept:
+                A[r].copy_(params[r])
+                c[r].copy_(params[R1 + r])
+    return {"steps": done, "rows_kept_start": kept, "val_positions": val, "train_vocab": V, "train_kl_first": losses[0] if losses else math.nan,
             "train_kl_last": float(sum(losses[-10:]) / max(1, len(losses[-10:]))) if losses else math.nan}
 
 
 def fit_lens(model: nn.Module, tokenizer: Any, texts: Any, kind: str = "tuned", *, max_tokens: int | None = None,
              max_seconds: float | None = None, max_bytes: int | str | None = None, seq_len: int = 256,
              holdout: int = 512, vocab: int | None = 4096, init: str = "shortcut", steps: int = 400,
-             batch: int = 128, lr: float | None = None, seed: int = 0, progress: ProgressSpec = None) -> FittedLens:
+             batch: int = 128, lr: float | None = None, optimizer: str = "adam", seed: int = 0,
+             progress: ProgressSpec = None) -> FittedLens:
     """Fit a ``"tuned"`` or ``"shortcut"`` lens on ``model`` from ``texts`` (a string, strings, or token
     ids), offline. ``max_tokens``: tokens read for fitting (default 8k shortcut, 16k tuned; the last
     ``holdout`` tokens of the text are kept apart to measure the lens, ``lens.quality``);
     ``max_seconds``: time budget for the fit (reading stops at half of it for a tuned lens, training
     at the end; the held-out check after it is extra); ``max_bytes``: the residual cache of a tuned fit
     (default 256 MiB as everywhere; positions beyond it are used by the least-squares start only);
-    ``vocab``/``init``/``steps``/``batch``/``lr``: the tuned training (module docstring).
+    ``vocab``/``init``/``steps``/``batch``/``lr``/``optimizer`` (``"adam"`` or ``"sgd"``: Nesterov momentum
+    0.9, as the paper; no default learning rate for it): the tuned training (module docstring).
     ``progress``: ``None`` a bar once slow, ``True`` always, ``False`` none, or ``fn(done, total)``."""
     if kind not in ("tuned", "shortcut"):
         raise ValueError(f"fit_lens: kind={kind!r}; fit 'tuned' or 'shortcut' (the logit lens needs no fit)")
+    if optimizer not in ("adam", "sgd") or (optimizer == "sgd" and lr is None):
+        raise ValueError(f"fit_lens: optimizer={optimizer!r}; 'adam' (default) or 'sgd' with an explicit lr=")
     if init not in ("shortcut", "identity"):
         raise ValueError(f"fit_lens: init={init!r}; 'shortcut' (least-squares start) or 'identity'")
     with torch.inference_mode(False):  # a caller under inference_mode: our tensors stay ordinary ones
         return _fit(model, tokenizer, texts, kind, max_tokens=max_tokens, max_seconds=max_seconds, max_bytes=max_bytes,
                     seq_len=seq_len, holdout=holdout, vocab=vocab, init=init, steps=steps, batch=batch, lr=lr, seed=seed,
-                    progress=progress)
+                    progress=progress, optimizer=optimizer)
 
 
 def _fit(model: nn.Module, tokenizer: Any, texts: Any, kind: str, *, max_tokens: int | None, max_seconds: float | None,
          max_bytes: int | str | None, seq_len: int, holdout: int, vocab: int | None, init: str, steps: int, batch: int,
-         lr: float | None, seed: int, progress: ProgressSpec) -> FittedLens:
+         lr: float | None, seed: int, progress: ProgressSpec, optimizer: str = "adam") -> FittedLens:
     parts = find_parts(model)
     require_lens(parts, model)
     t0 = time.perf_counter()
@@ -233,8 +298,8 @@ def _fit(model: nn.Module, tokenizer: Any, texts: Any, kind: str, *, max_tokens:
             U, b = _head(parts)
             info.update(_train(parts, stack, A, c, U=U, bias=b, vocab=vocab, steps=steps, deadline=t0 + budget,
                                lr=lr if lr is not None else (1e-4 if init == "shortcut" else 1e-3), batch=batch,
-                               gen=gen, bar=bar))
-            info.update(cached_tokens=int(stack.shape[1]), init=init)
+                               gen=gen, bar=bar, optimizer=optimizer, keep_better=init == "shortcut"))
+            info.update(cached_tokens=int(stack.shape[1]), init=init, optimizer=optimizer)
         info["seconds"] = round(time.perf_counter() - t0, 2)
     lens = FittedLens(kind, A, c, model=model, parts=parts, info=info) if kind == "tuned" else start
     lens.start = start if kind == "tuned" and init == "shortcut" else None

@@ -8,11 +8,15 @@ Three layouts are read (nothing is downloaded):
   the state dict of ``layer_translators``: ``{i}.weight`` ``(d, d)`` and ``{i}.bias`` ``(d,)`` for
   ``i = 0 … num_hidden_layers − 1``, translator ``i`` reading ``hidden_states[i]`` (0: the embeddings) as
   ``h + W_i h + b_i`` before the final norm and unembedding.
-* **Jacobian lens** (maps each residual with the mean Jacobian ``E[∂h_L/∂h_l]``): ``jacobians.pt`` (or
-  ``jacobians.npy`` / ``jacobians.safetensors``) holding either a tensor ``(L, d, d)`` or a dict
-  ``{layer: (d, d)}`` (keys ``0 … L-1`` or ``"layer_0"``…), matrix ``l`` reading ``hidden_states[l]``
-  as ``J_l h`` (optionally ``biases`` ``(L, d)`` next to it). No reference implementation of this
-  layout was reachable offline: this is the layout we read, documented in docs/lenses.md.
+* **Jacobian lens** (Anthropic's ``jlens`` package, ``JacobianLens.save``; ``from_pretrained`` reads
+  ``lens.pt`` in a folder): one ``torch.save`` file holding ``{"J": {layer: (d, d)}, "n_prompts": int,
+  "source_layers": [layers], "d_model": int}`` (``J`` stored in float16 by default). ``layer`` is a
+  block index: ``J_l`` reads the *output of block* ``l`` (``hidden_states[l + 1]``, nbdebug's row
+  ``l + 1``) as ``J_l h`` (``residual @ J_l.T``), then the final norm, the unembedding and the softcap
+  (``lm_head(norm(J_l h))``). The embeddings row and any block not in ``source_layers`` have no matrix:
+  they are read as the logit lens reads them (identity) and listed in ``lens.info["rows_without_matrix"]``;
+  a matrix for the last block (the output itself) is not used. ``load_lens`` takes the folder or the
+  ``.pt`` file itself.
 
 >>> lens = load_lens("lenses/smollm2-tuned", model)                # doctest: +SKIP
 """
@@ -24,7 +28,6 @@ import pathlib
 import re
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -32,7 +35,7 @@ from .lens import KINDS, FittedLens
 
 __all__ = ["load_lens"]
 
-JACOBIAN_FILES = ("jacobians.pt", "jacobians.npy", "jacobians.safetensors")
+JACOBIAN_FILE = "lens.pt"
 
 
 def _tuned_lens(folder: pathlib.Path) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
@@ -57,51 +60,54 @@ def _tuned_lens(folder: pathlib.Path) -> tuple[torch.Tensor, torch.Tensor, dict[
     return A, c, config
 
 
-def _read_matrices(path: pathlib.Path) -> Any:
-    if path.suffix == ".npy":
-        return torch.from_numpy(np.load(path))
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def _stack(obj: Any, what: str) -> torch.Tensor:
-    if isinstance(obj, torch.Tensor):
-        return obj.float()
-    if isinstance(obj, dict):
-        def key(k: Any) -> int:
-            m = re.search(r"(\d+)$", str(k))
-            if m is None:
-                raise ValueError(f"{what}: key {k!r} names no layer index")
-            return int(m.group(1))
-
-        items = sorted(((key(k), v) for k, v in obj.items() if not str(k).startswith("bias")), key=lambda kv: kv[0])
-        if [i for i, _ in items] != list(range(len(items))):
-            raise ValueError(f"{what}: layers {[i for i, _ in items]}; expected 0 … {len(items) - 1}")
-        return torch.stack([torch.as_tensor(v).float() for _, v in items])
-    raise ValueError(f"{what}: a tensor (L, d, d) or a dict of (d, d) matrices, got {type(obj).__name__}")
+def _jacobian(path: pathlib.Path) -> tuple[dict[int, torch.Tensor], dict[str, Any], int]:
+    """``A``/``c`` of a ``jlens`` ``JacobianLens.save`` file: ``J_l`` at row ``l + 1``, identity elsewhere."""
+    raw = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(raw, dict) or "J" not in raw or not isinstance(raw["J"], dict):
+        keys = sorted(map(str, raw)) if isinstance(raw, dict) else type(raw).__name__
+        raise ValueError(f"{path}: not a Jacobian lens file (JacobianLens.save writes a dict with 'J'; found {keys})")
+    J = {int(k): v for k, v in raw["J"].items()}
+    if not J:
+        raise ValueError(f"{path}: 'J' holds no matrix")
+    d = int(raw.get("d_model") or next(iter(J.values())).shape[-1])
+    for k, v in J.items():
+        if tuple(v.shape) != (d, d):
+            raise ValueError(f"{path}: J[{k}] is {tuple(v.shape)}, expected ({d}, {d}) (d_model {d})")
+        if k < 0:
+            raise ValueError(f"{path}: J has a negative layer {k}")
+    return J, raw, d
 
 
-def _jacobian(folder: pathlib.Path) -> tuple[torch.Tensor, torch.Tensor]:
-    path = next(folder / f for f in JACOBIAN_FILES if (folder / f).exists())
-    raw = _read_matrices(path)
-    bias = raw.get("biases") if isinstance(raw, dict) else None
-    A = _stack(raw, str(path))
-    if A.dim() != 3 or A.shape[1] != A.shape[2]:
-        raise ValueError(f"{path}: matrices shaped {tuple(A.shape)}; expected (L, d, d)")
-    c = torch.as_tensor(bias).float() if bias is not None else torch.zeros(A.shape[:2])
-    return A, c
+def _jacobian_lens(path: pathlib.Path, model: nn.Module | None) -> FittedLens:
+    J, raw, d = _jacobian(path)
+    blocks = max(J) + 1
+    if model is not None:
+        from ..adapters.transformers import find_parts
+
+        blocks = find_parts(model).n_layers
+    elif raw.get("source_layers"):
+        blocks = max(blocks, max(int(x) for x in raw["source_layers"]) + 1)
+    if max(J) >= blocks:
+        raise ValueError(f"{path}: J has block {max(J)}; the model has {blocks} blocks: load a lens for this model")
+    A = torch.eye(d).repeat(blocks, 1, 1)
+    for layer, m in J.items():
+        if layer + 1 < blocks:  # the last block's output is the output itself: read as it is
+            A[layer + 1] = m.float()
+    missing = [r for r in range(blocks) if r == 0 or (r - 1) not in J]
+    info = {"n_prompts": raw.get("n_prompts"), "source_layers": sorted(J), "rows_without_matrix": missing}
+    return FittedLens("jacobian", A, torch.zeros(blocks, d), model=model, info=info,
+                      source=f"Jacobian lens ({path.parent.name or path.name})")
 
 
 def load_lens(path: str | pathlib.Path, model: nn.Module | None = None) -> FittedLens:
     """A lens from a folder (nbdebug's, tuned-lens's or a Jacobian lens's layout), attached to ``model``
     (its final norm and unembedding) when given."""
     folder = pathlib.Path(path).expanduser()
+    if folder.is_file() and folder.suffix == ".pt":
+        return _jacobian_lens(folder, model)
     if not folder.is_dir():
         raise FileNotFoundError(f"no lens folder at {str(folder)!r} (a folder written by lens.save, or tuned-lens's "
-                                "config.json + params.pt, or a Jacobian lens's jacobians.pt)")
+                                "config.json + params.pt, or a Jacobian lens's lens.pt)")
     own = folder / "nbdebug.json"
     if (folder / "config.json").exists() and (folder / "params.pt").exists():
         A, c, config = _tuned_lens(folder)
@@ -111,12 +117,11 @@ def load_lens(path: str | pathlib.Path, model: nn.Module | None = None) -> Fitte
             raise ValueError(f"{own}: kind {kind!r}")
         info = dict(meta.get("info", {}), model=config.get("base_model_name_or_path", ""))
         lens = FittedLens(kind, A, c, quality=meta.get("quality"), info=info, source=f"{kind} lens ({folder.name})")
-    elif any((folder / f).exists() for f in JACOBIAN_FILES):
-        A, c = _jacobian(folder)
-        lens = FittedLens("jacobian", A, c, source=f"Jacobian lens ({folder.name})")
+    elif (folder / JACOBIAN_FILE).exists():
+        return _jacobian_lens(folder / JACOBIAN_FILE, model)
     else:
         raise FileNotFoundError(f"{str(folder)!r} holds no lens: expected config.json + params.pt (tuned-lens, "
-                                f"nbdebug) or one of {', '.join(JACOBIAN_FILES)}")
+                                f"nbdebug) or a Jacobian lens's {JACOBIAN_FILE} (jlens's JacobianLens.save)")
     if model is not None:
         lens.attach(model)
     return lens

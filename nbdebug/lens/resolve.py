@@ -72,9 +72,10 @@ def resolve_one(value: Any, model: nn.Module, *, tokenizer: Any = None, user_ns:
         notes.append(f"fitted a {text} lens now on the Python docs' text ({lens.info.get('tokens')} tokens, "
                      f"{lens.info.get('seconds')} s); nbdebug.fit_lens with a larger budget fits a better one")
         return lens
-    if pathlib.Path(text).expanduser().is_dir():
-        return load_lens(text, model)
-    raise ValueError(f"--lens {text!r}: logit, tuned, shortcut, a variable holding a fitted lens, or a lens folder")
+    path = pathlib.Path(text).expanduser()
+    if path.is_dir() or (path.is_file() and path.suffix == ".pt"):  # a lens folder, or a Jacobian lens's lens.pt
+        return load_lens(path, model)
+    raise ValueError(f"--lens {text!r}: logit, tuned, shortcut, a variable holding a fitted lens, a lens folder or a Jacobian lens's .pt file")
 
 
 def resolve_lens(value: Any, model: nn.Module, *, tokenizer: Any = None, user_ns: dict[str, Any] | None = None,

@@ -87,6 +87,30 @@ def test_tuned_starts_at_the_identity_and_lowers_the_kl() -> None:
     assert np.mean(q["lens"][:-1]) < 0.8 * np.mean(q["logit"][:-1])  # held out: better than the logit lens
 
 
+def test_sgd_training_lowers_the_kl_and_needs_a_learning_rate() -> None:
+    """``optimizer="sgd"`` (Nesterov, the paper's) trains: the training KL falls from the identity, and
+    the held-out KL beats the logit lens; without ``lr=`` it is refused (no default scale for SGD)."""
+    m = peaked()
+    lens = fit_lens(m, None, text(), kind="tuned", max_tokens=2048, seq_len=64, holdout=512, steps=60, init="identity",
+                    vocab=None, optimizer="sgd", lr=0.05, progress=False)
+    assert lens.info["optimizer"] == "sgd" and lens.info["train_kl_last"] < 0.9 * lens.info["train_kl_first"]
+    assert np.mean(lens.quality["lens"][:-1]) < 0.8 * np.mean(lens.quality["logit"][:-1])
+    with pytest.raises(ValueError, match="explicit lr"):
+        fit_lens(m, None, text(), kind="tuned", optimizer="sgd", progress=False)
+
+
+def test_a_tuned_row_never_ends_worse_than_its_least_squares_start() -> None:
+    """From the shortcut start, a row whose trained translator is worse on the held-apart positions keeps
+    its start. Planted: Adam at lr 10 wrecks every row, so every row must be back at least squares
+    exactly (a missing or inverted comparison leaves wrecked rows)."""
+    m = peaked()
+    lens = fit_lens(m, None, text(), kind="tuned", max_tokens=2048, seq_len=64, holdout=0, steps=5, lr=10.0, vocab=None,
+                    progress=False)
+    assert lens.start is not None and lens.info["val_positions"] > 0
+    assert lens.info["rows_kept_start"] == list(range(L))
+    assert torch.equal(lens.A, lens.start.A) and torch.equal(lens.c, lens.start.c)
+
+
 def test_quality_equals_hand_kl() -> None:
     m = peaked()
     lens = fit_lens(m, None, text(), kind="shortcut", max_tokens=512, seq_len=64, holdout=0, progress=False)
@@ -119,7 +143,8 @@ def test_tuned_fit_leaves_the_model_as_found(caller: str) -> None:
     before = model_state(m)
     ctx = {"plain": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[caller]
     with ctx():
-        lens = fit_lens(m, None, text(), kind="tuned", max_tokens=512, seq_len=64, holdout=128, steps=3, vocab=64, progress=False)
+        lens = fit_lens(m, None, text(), kind="tuned", max_tokens=512, seq_len=64, holdout=128, steps=3, vocab=64,
+                        init="identity", progress=False)
     assert lens.info["steps"] == 3 and not torch.equal(lens.A, fit_lens(m, None, text(), kind="shortcut", max_tokens=512,
                                                                         seq_len=64, holdout=0, progress=False).A)
     assert_untouched(m, before)
@@ -178,18 +203,43 @@ def test_tuned_lens_published_format_equals_the_paper_formula(tmp_path: Any) -> 
         torch.testing.assert_close(lens.logits(i - 1, h), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["tensor", "dict"])
-def test_jacobian_lens_files_equal_the_formula(tmp_path: Any, layout: str) -> None:
+def test_jacobian_lens_file_equals_jlens_readout_by_hand(tmp_path: Any) -> None:
+    """A file written exactly as Anthropic's ``jlens`` ``JacobianLens.save`` writes it (``torch.save`` of
+    ``{"J": {layer: fp16 (d, d)}, "n_prompts", "source_layers", "d_model"}``, found as ``lens.pt``), read
+    as ``jlens`` reads it: ``J_l`` applies to the output of block ``l`` (a forward hook on
+    ``model.layers[l]``, as its ActivationRecorder), ``residual @ J_l.T``, then the final norm and
+    ``lm_head``. Catches: ``J_l`` put on the block's input (off by one row), ``h @ J`` (no transpose),
+    a missing layer read as anything but the identity."""
     m = peaked()
-    J = torch.randn(L, D, D, generator=torch.Generator().manual_seed(3)) * 0.2
+    g = torch.Generator().manual_seed(3)
+    J = {0: (torch.eye(D) + 0.3 * torch.randn(D, D, generator=g)).half(), 1: (0.3 * torch.randn(D, D, generator=g)).half()}
     folder = tmp_path / "jl"
     folder.mkdir()
-    torch.save(J if layout == "tensor" else {f"layer_{i}": J[i] for i in range(L)}, folder / "jacobians.pt")
-    lens = load_lens(folder, m)
-    assert lens.kind == "jacobian"
-    h = torch.randn(4, D)
-    for i in range(L):
-        torch.testing.assert_close(lens.logits(i - 1, h), hand_logits(m, h @ J[i].T), rtol=1e-5, atol=1e-5)
+    torch.save({"J": J, "n_prompts": 12, "source_layers": sorted(J), "d_model": D}, folder / "lens.pt")
+    ids = text(9, seed=4)[None]
+    seen: dict[int, torch.Tensor] = {}
+    handles = [m.model.layers[i].register_forward_hook(
+        lambda mod, inp, out, i=i: seen.__setitem__(i, (out if torch.is_tensor(out) else out[0]).detach()))
+        for i in range(L)]
+    try:
+        with torch.no_grad():
+            emb = m.model.embed_tokens(ids)[0]
+            m(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    for lens in (load_lens(folder, m), load_lens(folder / "lens.pt", m)):
+        assert lens.kind == "jacobian" and lens.info["rows_without_matrix"] == [0] and lens.info["n_prompts"] == 12
+        for layer, Jl in J.items():
+            h = seen[layer][0]
+            torch.testing.assert_close(lens.logits(layer, h), hand_logits(m, h @ Jl.float().T), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lens.logits(-1, emb), hand_logits(m, emb), rtol=1e-5, atol=1e-5)  # no matrix: as is
+    torch.save({"step": 3, "sums": {}}, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match="not a Jacobian lens file"):
+        load_lens(tmp_path / "ckpt.pt", m)
+    torch.save({"J": {5: torch.eye(D)}, "n_prompts": 1, "source_layers": [5], "d_model": D}, tmp_path / "big.pt")
+    with pytest.raises(ValueError, match="the model has 3 blocks"):
+        load_lens(tmp_path / "big.pt", m)
 
 
 def test_offloaded_model_fits_the_same_lens(tmp_path: Any) -> None:
@@ -224,3 +274,26 @@ def test_resolve_lens_names() -> None:
     with pytest.raises(ValueError, match="kind="):
         fit_lens(m, None, text(), kind="logit")
     assert nbdebug.fit_lens is fit_lens and nbdebug.load_lens is load_lens and isinstance(lens, FittedLens)
+
+
+@pytest.mark.parametrize("max_elems", [1, 10**9])
+def test_chunked_kl_equals_autograd_reference(max_elems: int) -> None:
+    """The tuned training's KL (computed a few rows at a time, its gradient ``(q − p) U / n`` formed in
+    the forward pass) equals the plain autograd KL through log_softmax, value and gradient, whatever the
+    chunk. Catches a gradient with the wrong sign or scale, a missing log-sum-exp, a chunk boundary bug."""
+    from nbdebug.lens.fit import _head, head_kl
+
+    m = peaked()
+    parts = find_parts(m)
+    U, b = _head(parts)
+    g = torch.Generator().manual_seed(5)
+    y = (torch.randn(L, 6, D, generator=g) * 3).requires_grad_(True)
+    logp = torch.log_softmax(torch.randn(6, V, generator=g) * 2, -1)
+    got = head_kl(parts, y, logp, U, b, max_elems=max_elems)
+    (gy,) = torch.autograd.grad(got, y)
+    y2 = y.detach().clone().requires_grad_(True)
+    logq = torch.log_softmax(parts.normed(y2).float() @ U.T, -1)
+    want = (logp.exp() * (logp - logq)).sum(-1).mean(-1).sum()
+    (wy,) = torch.autograd.grad(want, y2)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gy, wy, rtol=1e-4, atol=1e-6)

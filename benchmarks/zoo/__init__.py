@@ -18,9 +18,10 @@ from . import (
     outputs,
     recipes,
     recipes_lm,
+    recipes_more,
     training,
 )
 from .base import CASES, CLASSES, Case, Setup
 
 __all__ = ["CASES", "CLASSES", "Case", "Setup"]
-_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, outputs, recipes, recipes_lm, training)
+_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, outputs, recipes, recipes_lm, recipes_more, training)

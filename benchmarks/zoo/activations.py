@@ -59,7 +59,8 @@ def _kaiming(m: nn.Module, gain: float = 1.0) -> None:
 
 @fault(VANISHING, "deep_sigmoid", doctor=("gradient_flow",))
 def deep_sigmoid(faulty: bool) -> Setup:
-    """a 10-layer sigmoid MLP with weights ×0.3 (twin: 10 layers of ReLU, He init)."""
+    """a 10-layer sigmoid MLP with weights ×0.3 (twin: 10 layers of ReLU, He init, lr 0.02: at lr 0.05 that
+    twin itself never left ln 10, so it was no healthy run)."""
     x, y = digits()
     m = mlp(hidden=32, depth=10, act=nn.Sigmoid if faulty else nn.ReLU, seed=13)
     if faulty:
@@ -69,7 +70,7 @@ def deep_sigmoid(faulty: bool) -> Setup:
                     layer.weight.mul_(0.3)
     else:
         _kaiming(m)
-    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05 if faulty else 0.02, momentum=0.9)
     return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))
 
 
@@ -129,9 +130,10 @@ def rnn_exploding(faulty: bool) -> Setup:
 
 @fault(EXPLODING, "deep_mlp_exploding", doctor=("gradient_flow", "nonfinite"))
 def deep_mlp_exploding(faulty: bool) -> Setup:
-    """an 8-layer ReLU MLP with He init ×3 (twin: He init, lr=1e-2), SGD lr=1e-4."""
+    """an 8-layer ReLU MLP with He init ×3, SGD lr=1e-4 (twin: He init, lr=3e-3; at lr=1e-2 that twin
+    itself never left ln 10 and half its last ReLU died, so it was no healthy run)."""
     x, y = digits()
     m = mlp(hidden=64, depth=8, seed=16)
     _kaiming(m, 3.0 if faulty else 1.0)
-    opt = torch.optim.SGD(m.parameters(), lr=1e-4 if faulty else 1e-2, momentum=0.9)
+    opt = torch.optim.SGD(m.parameters(), lr=1e-4 if faulty else 3e-3, momentum=0.9)
     return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))

@@ -4,9 +4,13 @@ Jupyter), from what the history already holds (no new capture cost):
 * ``output_loss_mismatch``: the model ends in a module whose output the loss cannot use well — a
   ``Softmax`` over the classes fed to a loss that never gets below the floor of cross-entropy on
   probabilities, ln(1 + (C−1)/e); a ``ReLU`` as the last module with a share of exact zeros (logits
-  or a regression output cut at 0: those samples get no gradient).
+  or a regression output cut at 0: those samples get no gradient); a ``Sigmoid`` whose outputs became
+  confident (std ≥ 0.35) while the loss never left [ln(1+e⁻¹), ln(1+e)], the range of
+  ``BCEWithLogitsLoss`` on probabilities (a sigmoid applied twice).
 * ``batch_mixed``: the model ends in a ``Softmax`` whose outputs average 1/N (N the batch) rather than
-  1/C: a softmax over the batch dimension mixes the samples.
+  1/C: a softmax over the batch dimension mixes the samples; a ``LogSoftmax`` whose near-uniform first
+  output (std ≤ 0.5) averages −ln N (within 0.1) and not −ln C (the mean over the normalised
+  dimension of size K is ≤ −ln K, and close to it while the output is near uniform).
 * ``loss_at_chance``: a classifier's loss stays at ln C (C = the output's last dimension) over the
   last half of the run while every layer's weights move, and nothing else is wrong (a dead or
   saturated model also sits at chance: then that is the finding): inputs and labels unrelated?
@@ -100,6 +104,14 @@ def _output_findings(v: np.ndarray, row: str, typ: str, shape: tuple[int, ...], 
                         f"{fmt_g(floor)}, the floor of cross-entropy on probabilities: softmax applied twice?")
                 out.append(Finding("output_loss_mismatch", "warning", 1, (row,), text, "probabilities fed to the loss",
                                    text, ADVICE["output_loss_mismatch"], key="output_loss_mismatch"))
+    if typ == "LogSoftmax" and len(shape) == 2 and shape[0] > 1 and shape[1] > 1 and shape[0] != shape[1]:
+        f = _log_softmax_over_batch(x, row, shape)
+        if f is not None:
+            out.append(f)
+    if typ == "Sigmoid" and len(shape) >= 2 and len(loss) >= 20:
+        f = _sigmoid_twice(x, row, loss)
+        if f is not None:
+            out.append(f)
     if typ in ("ReLU", "ReLU6") and len(shape) >= 2:
         zf = _col(x, "zero_frac")
         late = zf[np.isfinite(zf)][-max(1, len(zf) // 2):]
@@ -113,6 +125,47 @@ def _output_findings(v: np.ndarray, row: str, typ: str, shape: tuple[int, ...], 
         if f is not None:
             out.append(f)
     return out
+
+
+#: BCEWithLogitsLoss of a probability p ∈ (0, 1): at least ln(1 + e^−1) (target 1, p → 1), at most ln(1 + e)
+BCE_ON_P = (math.log1p(math.exp(-1.0)), math.log1p(math.e))
+
+
+def _log_softmax_over_batch(x: np.ndarray, row: str, shape: tuple[int, ...]) -> Finding | None:
+    """A LogSoftmax output of N×C whose mean at the first kept step is −ln N (the batch), not −ln C.
+    The mean of log-probabilities over the normalised dimension of size K is ≤ −ln K (Jensen), and
+    within a few hundredths of it while the output is near uniform (its std ≤ 0.5: the gap is ≈ std²/2):
+    so a near-uniform first output whose mean is within 0.1 of −ln N and ≥ 0.3 from −ln C was
+    normalised over the batch."""
+    n, c = shape
+    mean, std = float(_col(x[0], "mean")), float(_col(x[0], "std"))
+    if not (math.isfinite(mean) and math.isfinite(std)) or std > 0.5:
+        return None
+    if abs(mean + math.log(n)) > 0.1 or abs(mean + math.log(c)) < 0.3:
+        return None
+    text = (f"log-softmax over the batch: the log-probabilities of `{row}` average {fmt_g(mean)} at the first step, "
+            f"−ln {n} (the batch), not −ln {c} = {fmt_g(-math.log(c))} (the classes)")
+    return Finding("batch_mixed", "warning", 1, (row,), text, "softmax over the batch", text + ": each sample's "
+                   "output depends on the other samples.", ADVICE["batch_mixed"], key="batch_mixed")
+
+
+def _sigmoid_twice(x: np.ndarray, row: str, loss: np.ndarray) -> Finding | None:
+    """A model ending in a Sigmoid whose loss stays inside [ln(1+e^−1), ln(1+e)] (every kept step of the
+    run: BCEWithLogitsLoss fed probabilities can leave neither bound) while its outputs have become
+    confident (std ≥ 0.35 over the last fifth: near 0 and 1): a BCELoss on such outputs would be near 0."""
+    lo, hi = BCE_ON_P
+    if float(loss.min()) < 0.98 * lo or float(loss[len(loss) // 2:].max()) > 1.02 * hi:
+        return None
+    sd = _col(x, "std")
+    sd = sd[np.isfinite(sd)]
+    late = float(np.median(sd[-max(2, len(sd) // 5):])) if len(sd) else math.nan
+    if not (late >= 0.35):
+        return None
+    text = (f"the model outputs probabilities (`{row}` is a Sigmoid, its outputs near 0 and 1: std {fmt_g(late)}) and "
+            f"the loss never went below {fmt_g(lo)} = ln(1 + e⁻¹), the floor of BCEWithLogitsLoss on probabilities: "
+            "sigmoid applied twice?")
+    return Finding("output_loss_mismatch", "warning", 1, (row,), text, "probabilities fed to the loss", text,
+                   ADVICE["output_loss_mismatch"], key="output_loss_mismatch")
 
 
 def _at_chance(v: np.ndarray, row: str, c: int, ev: Evidence) -> Finding | None:

@@ -63,6 +63,37 @@ def test_labels_shuffled_apart_stay_at_chance_and_matching_labels_do_not(faulty:
         assert _serious(res) == [], res.findings
 
 
+def test_a_healthy_cnn_on_its_first_plateau_is_a_note_and_the_same_labels_shuffled_stay_a_warning() -> None:
+    """README's digits CNN (SGD lr=0.05 + momentum) is still at ln 10 after 20 steps and learns by step
+    ~45: 20 steps at chance is a note (too early to tell); shuffled labels over 60 steps stay a warning."""
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(digits.target)
+
+    def cnn_run(labels: torch.Tensor, steps: int) -> Any:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                              nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        with nbdebug.debug(model) as dbg:
+            for _ in range(steps):
+                idx = torch.randint(0, 1500, (64,))
+                loss = F.cross_entropy(model(x[idx]), labels[idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        return dbg.result
+
+    early = cnn_run(y, 20)
+    assert _serious(early) == [], early.findings
+    note = [f for f in early.findings if f.code == "loss_at_chance"]
+    assert note and note[0].severity == "note" and "too early to tell" in note[0].text
+    assert "no problems found" in early.headline
+    shuffled = cnn_run(y[torch.randperm(len(y), generator=torch.Generator().manual_seed(3))], 60)
+    assert _serious(shuffled)[:1] == ["loss_at_chance"], shuffled.findings
+
+
 # -- output_loss_mismatch: what the model outputs is not what the loss expects --------------------------
 def _bce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(out, (y % 2).float().unsqueeze(1))

@@ -47,6 +47,11 @@ SUGGEST_EVENTS = {
                  "upstream, a learning rate that decays too fast, or add normalisation/residual connections.",
     "update_high": "Lower the learning rate: an update ratio ‖Δθ‖/‖θ‖ around 1e-3 is healthy (Karpathy's rule of "
                    "thumb); above 1e-2 the weights change too fast.",
+    # an update ratio above 1e-2 by itself (the per-step flag and event): a measurement, not a verdict —
+    # the header's ``lr_high`` needs harm after it (inspectors/findings.py), and then advises lowering the rate
+    "update_high_seen": "Above 1e-2 is harmless by itself (Adam's first steps move each weight by about lr): lower "
+                        "the learning rate when the loss rises, units die or the gradient blows up after it (the "
+                        "header then says so).",
     "update_low": "Raise the learning rate (or check this layer's param group): an update ratio ‖Δθ‖/‖θ‖ around "
                   "1e-3 is healthy; below 1e-4 the layer barely learns.",
 }
@@ -253,9 +258,9 @@ def events(history: Any, thresholds: Thresholds | None = None, *, inputs: Sequen
         j = int(ku[i])
         x = float(ur[j, i])
         high = x > th.update_high
-        how = "too large: the learning rate is too high for this layer" if high else "too small: this layer barely learns"
+        how = f"above the {th.update_high:g} rule of thumb" if high else "too small: this layer barely learns"
         msg = f"`{rows[i]}`: update ratio ‖Δθ‖/‖θ‖ of {fmt_g(x)} at step {int(steps[j])}, {how}"
         out.append((j, int(i), 2, Event(int(steps[j]), rows[i], "update_ratio", msg,
-                                        SUGGEST_EVENTS["update_high" if high else "update_low"], x)))
+                                        SUGGEST_EVENTS["update_high_seen" if high else "update_low"], x)))
     out.sort(key=lambda t: t[:3])
     return [e for *_, e in out]

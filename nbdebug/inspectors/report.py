@@ -50,7 +50,7 @@ LEGEND: dict[str, dict[str, str]] = {
     "dead_units": {"label": "dead units", "color": "#9e9ac8", "description": "many units (channels / features) zero for every sample of the step"},
     "update_ratio": {"label": "update ratio out of range", "color": "#ff7f0e", "description": "update/parameter ratio ‖Δθ‖/‖θ‖ outside [1e-4, 1e-2] (healthy ~1e-3)"},
     # how the views show an "update_ratio" flag: too high or too low, from the row's ratio (two fixes, two chips)
-    "update_high": {"label": "update too high", "color": "#ff7f0e", "description": "update/parameter ratio ‖Δθ‖/‖θ‖ above 1e-2 (healthy ~1e-3): lower the learning rate"},
+    "update_high": {"label": "update high", "color": "#ff7f0e", "description": "update/parameter ratio ‖Δθ‖/‖θ‖ above 1e-2 (rule of thumb ~1e-3): harmful only with harm after it, which the header names"},
     "update_low": {"label": "update too low", "color": "#8c6d31", "description": "update/parameter ratio ‖Δθ‖/‖θ‖ below 1e-4 (healthy ~1e-3): the layer barely learns"},
 }
 

@@ -44,6 +44,7 @@ SUGGEST = {
     "dead_units": "These units output zero for every sample: check the init and the bias of the layer before, lower the learning rate, or try LeakyReLU/GELU.",
     # the same texts as the update-ratio events': one piece of advice is said once (the views dedupe by text)
     "update_high": SUGGEST_EVENTS["update_high"],
+    "update_high_seen": SUGGEST_EVENTS["update_high_seen"],
     "update_low": SUGGEST_EVENTS["update_low"],
 }
 
@@ -225,11 +226,11 @@ def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[s
         if not idx:
             continue
         listed = ", ".join(f"`{rows[i]}` {fmt_g(float(ur[i]))}" for i in idx[:3]) + ("…" if len(idx) > 3 else "")
-        how = f"too high (above {th.update_high:g})" if high else f"too low (below {th.update_low:g})"
+        how = f"high (above {th.update_high:g})" if high else f"too low (below {th.update_low:g})"
         diags.append(Diagnosis("update_ratio", "warning", rows[idx[0]],
                                f"update ratio ‖Δθ‖/‖θ‖ {how} at step {s} in {plural(len(idx), 'layer')}: {listed}.",
-                               SUGGEST["update_high" if high else "update_low"]))
-        parts.append(f"update ratio {'too high' if high else 'too low'} in {plural(len(idx), 'layer')}")
+                               SUGGEST["update_high_seen" if high else "update_low"]))
+        parts.append(f"update ratio {'high' if high else 'too low'} in {plural(len(idx), 'layer')}")
     # First/last layer output-gradient ratio; behind dead units the gradient is cut: not "vanishing".
     ratio = None
     gn = x["grad_norm"]

@@ -86,7 +86,7 @@ def loss_svg(capture: CaptureResult | None, width: int = 480, height: int = 60) 
 
 def fallback_html(report: ThermometerReport, capture: CaptureResult | None, incidents: Sequence[dict[str, Any]]) -> str:
     """A plain page of ``report`` (no scripts): headline, findings, the error card, the loss, the
-    table (flags as the views name them: "update too high"/"update too low"), events and incidents."""
+    table (flags as the views name them: "update high"/"update too low"), events and incidents."""
     r = report
     idx = [COLUMNS.index(c) for c in TABLE]
     ur = r.column("update_ratio")

@@ -89,7 +89,9 @@ def test_each_piece_of_advice_once_and_karpathy_once() -> None:
     assert sum("Karpathy" in a for a in advice) == 1
     # and the same texts as the events and the diagnoses at a step: the views drop a repeat by its text
     texts = {e.suggestion for e in rep.events} | {d.suggestion for d in rep.diagnoses}
-    assert all(a in texts or a.startswith("Lower the learning rate or clip") or "log/sqrt" in a for a in advice)
+    # (the per-step flag and event of a ratio above 1e-2 say it is harmless by itself; the finding, with its
+    # harm, says lower the learning rate: its own text)
+    assert all(a in texts or a.startswith("Lower the learning rate") or "log/sqrt" in a for a in advice)
 
 
 def test_live_findings_say_what_the_final_report_says() -> None:

@@ -22,12 +22,12 @@ from ..adapters.blockparts import patch_parts
 from ..adapters.blockrun import block_runner
 from ..capture.budget import DEFAULT_MAX_BYTES, parse_bytes
 from ..capture.state import execution_device
+from ..runs.progress import ProgressSpec
 from .attribution import attribute
 from .exact import ExactEngine
 from .grid import PatchGrid
 from .interventions import ablation_edits
 from .metric import Metric, MetricError, token_labels, tokens_of
-from .progress import ProgressSpec
 from .runs import RunState, record_state
 from .sites import Cell, identical, layout
 from .targets import resolve

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from nbdebug.adapters.vision import GridInfo
+from nbdebug.cams.checks import faithfulness
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint
 from nbdebug.inspectors.faithfulness import (
     FRACTIONS,
@@ -22,7 +23,6 @@ from nbdebug.inspectors.faithfulness import (
 )
 from nbdebug.inspectors.gradcam import CamMaps
 from nbdebug.recorders.gradcam import GradCamRecorder
-from nbdebug.recorders.gradcam_checks import faithfulness
 
 H = W = 12
 #: ROAD's curves against the noiseless dense imputation: the σ = 0.01 noise and the 1e-3 solve move

@@ -1,5 +1,5 @@
 // "Does this head matter?": the selected heads (click one, shift-click adds more) ablated in the
-// kernel (rpc "ablate", nbdebug/widgets/attention.py → recorders/ablation_session.py): the Δ metric
+// kernel (rpc "ablate", nbdebug/widgets/attention.py → sessions/ablation.py): the Δ metric
 // with its sign and colour, the ablated run's top-5 next tokens beside the clean ones, and the lens
 // diff (per layer the clean and ablated top-1 token and the target's probability). A loading state
 // while the kernel runs, an error line when it fails (e.g. the model was deleted: re-run the cell).

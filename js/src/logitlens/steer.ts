@@ -4,7 +4,7 @@
 // the visible window and the next-token top-5 of both runs. Requests are debounced and at most one is
 // in flight: while one runs, later moves only remember the newest setting, sent when it returns.
 // Without a vector the panel is one line saying how to make one (`steer_hint`).
-// Python side: nbdebug/widgets/logitlens.py (rpc "steer"), nbdebug/recorders/steer_lens.py.
+// Python side: nbdebug/widgets/logitlens.py (rpc "steer"), nbdebug/sessions/steer.py.
 import { fmtPct, h, replaceChildren } from "../lib/dom";
 import type { NdArray } from "../lib/ndarray";
 import { rpc, type AnyModel } from "../lib/rpc";

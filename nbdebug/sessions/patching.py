@@ -29,7 +29,7 @@ from ..workbench.exact import ExactEngine
 from ..workbench.kept import KeptRuns
 from ..workbench.metric import token_labels
 from ..workbench.sites import KINDS
-from .lensrun import lens_column, model_lens
+from .lens import lens_column, model_lens
 
 __all__ = ["METHODS", "PatchSession", "answer_entry", "top_tokens"]
 
@@ -112,7 +112,7 @@ class PatchSession:
     def lens(self, residual: Any) -> list[dict[str, Any]]:
         """The logit-lens column of a run's last-position residual stream ``(L + 1, d)`` (entering each
         block, then after the last): per row its top-1 token and p(answer) (see
-        :func:`~nbdebug.recorders.lensrun.lens_column`), through the model's own final norm and unembedding."""
+        :func:`~nbdebug.sessions.lens.lens_column`), through the model's own final norm and unembedding."""
         rows = [torch.as_tensor(r).reshape(1, -1) for r in residual]
         targets = torch.tensor([-1 if self.answer_id is None else int(self.answer_id)])
         model = self.model_ref.get()

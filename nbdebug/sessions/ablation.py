@@ -37,7 +37,7 @@ from ..inspectors.logitlens import lens_stats
 from ..workbench import Workbench
 from ..workbench.kept import KeptRuns
 from ..workbench.metric import Metric, token_labels
-from .patching_session import top_tokens
+from .patching import top_tokens
 
 __all__ = ["MODES", "AblationSession", "ablation_problem"]
 

@@ -7,7 +7,7 @@ middle block) or a dict ``{layer name or index: vector}`` (the view offers those
 is one forward of nbdebug's own (:func:`~nbdebug.runs.patchrun.own_pass`: the user's hooks set
 aside, buffers and RNG as found) on the token ids the lens shows, under ``steer``, reading every
 block's output; the lens of it uses the same final norm, unembedding and targets as the view's
-(:func:`~nbdebug.recorders.lensrun.model_lens`). The model is held weakly: once it is deleted a
+(:func:`~nbdebug.sessions.lens.model_lens`). The model is held weakly: once it is deleted a
 request answers with the ``ModelGoneError`` message (re-run the cell).
 
 >>> s = SteerLens(model, ids, shown=9, vectors=v, make_lens=factory)      # doctest: +SKIP

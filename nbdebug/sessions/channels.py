@@ -4,8 +4,8 @@
 reference to the model. :meth:`ChannelAblation.ablate` re-runs that sample with some channels of one
 layer zeroed (or replaced by their spatial mean, ``mode="mean"``: :func:`nbdebug.ablate`) and returns
 the change of the clean top-1 class's probability, the ablated run's top-5 classes and its Grad-CAM
-map for that class at the layer the Grad-CAM view picks (:func:`~nbdebug.recorders.gradcam_cams.grad_cam`
-/ :func:`~nbdebug.recorders.gradcam_cams.compute_cams`: the one CAM code). Every pass is nbdebug's own:
+map for that class at the layer the Grad-CAM view picks (:func:`~nbdebug.cams.methods.grad_cam`
+/ :func:`~nbdebug.cams.methods.compute_cams`: the one CAM code). Every pass is nbdebug's own:
 buffers cloned (BatchNorm running statistics untouched), RNG forked, parameters' ``.grad`` untouched,
 modes as found, the user's hooks not called, no hook left.
 
@@ -24,11 +24,11 @@ import torch
 from torch import nn
 
 from ..adapters.vision import SpatialLayer, find_image, image_hw
+from ..cams.methods import compute_cams, grad_cam
 from ..capture.weak import ModelRef
 from ..inspectors.gradcam import class_names_for
 from ..runs.gradients import autograd_inputs
 from ..workbench import ablate
-from .gradcam_cams import compute_cams, grad_cam
 
 __all__ = ["AblatedModel", "ChannelAblation", "first_sample"]
 

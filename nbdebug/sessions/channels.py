@@ -15,7 +15,6 @@ modes as found, the user's hooks not called, no hook left.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,10 +28,9 @@ from ..capture.weak import ModelRef
 from ..inspectors.gradcam import class_names_for
 from ..runs.gradients import autograd_inputs
 from ..workbench import ablate
+from ..workbench.interventions import MODES
 
-__all__ = ["AblatedModel", "ChannelAblation", "first_sample"]
-
-MODES = ("zero", "mean")
+__all__ = ["ChannelAblation", "first_sample"]
 
 
 def first_sample(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -48,21 +46,6 @@ def first_sample(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[Any
         return x[:1] if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == b else x
 
     return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
-
-
-class AblatedModel(nn.Module):
-    """``model`` with ``channels`` ablated during each of its calls (the ablation's hooks are
-    registered inside the call, so nbdebug's own passes, which set earlier hooks aside, keep them).
-    Its submodules are the model's, under ``model.``."""
-
-    def __init__(self, model: nn.Module, channels: dict[str, list[int]], mode: str) -> None:
-        super().__init__()
-        self.model = model
-        self.channels, self.mode = channels, mode
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with ablate(self.model, channels=self.channels, mode=self.mode):
-            return self.model(*args, **kwargs)
 
 
 def _probs(logits: torch.Tensor) -> torch.Tensor:
@@ -129,10 +112,9 @@ class ChannelAblation:
         base = self.clean()
         model = self.model_ref.get()
         assert self.layer is not None
-        wrapped = AblatedModel(model, {layer: chans}, mode)
-        inner = dataclasses.replace(self.layer, name=f"model.{self.layer.name}", module=f"model.{self.layer.module}")
-        maps, _, logits = compute_cams(wrapped, self.args, self.kwargs, inner, classes=torch.tensor([[self.cls]]),
-                                       output_hw=self.output_hw)
+        with ablate(model, channels={layer: chans}, mode=mode):  # an intervention: kept by the CAM's own passes
+            maps, _, logits = compute_cams(model, self.args, self.kwargs, self.layer, classes=torch.tensor([[self.cls]]),
+                                           output_hw=self.output_hw)
         p = _probs(logits)
         self.requests += 1
         return {"layer": layer, "channels": chans, "mode": mode, "cls": self.cls, "label": base["label"],

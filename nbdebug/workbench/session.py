@@ -27,7 +27,7 @@ from .attribution import attribute
 from .exact import ExactEngine
 from .grid import PatchGrid
 from .interventions import ablation_edits
-from .metric import Metric, MetricError, token_labels, tokens_of
+from .metric import Metric, MetricError, token_labels, tokens_of, top_k
 from .runs import RunState, record_state
 from .sites import Cell, identical, layout
 from .targets import resolve
@@ -53,10 +53,8 @@ class PatchedRun:
 
     def top(self, k: int = 5) -> list[tuple[int, float]]:
         """The ``k`` most likely next tokens ``(id, probability)``."""
-        z = torch.from_numpy(self.logits).double()
-        p = torch.softmax(z, -1)
-        v, i = p.topk(min(k, p.numel()))
-        return [(int(a), float(b)) for a, b in zip(i, v)]
+        ids, ps = top_k(self.logits, k)
+        return list(zip(ids, ps))
 
 
 class Workbench:

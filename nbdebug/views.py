@@ -193,7 +193,7 @@ register(
         in_all=False,
         arguments=(
             (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="attribution, patching, attention (a clicked head's ablation): the answer token: text with --tokenizer (one token, e.g. ' Paris'), a token id or #id (attribution after generate(): the view also lists the generated tokens, a click explains one over its prefix)")),
-            (("--wrong",), dict(default=None, dest="wrong", metavar="TOKEN", help="attribution, patching, attention: the competing token, the metric is logit[answer] - logit[wrong] (without it: attribution explains the answer's logit, patching and attention its log-probability)")),
+            (("--wrong",), dict(default=None, dest="wrong", metavar="TOKEN", help="attribution, patching, attention: the competing token, the metric is logit[answer] - logit[wrong] (without it: the answer's log-probability, in every view and in nbdebug.patch / nbdebug.attribute)")),
             (("--attr-method",), dict(default=None, dest="attr_method", choices=["grad_x_input", "integrated_gradients", "occlusion"], help="attribution: the method shown first (default grad_x_input; the view switches on demand)")),
             (("--steps",), dict(type=int, default=None, dest="ig_steps", metavar="N", help="attribution: integrated-gradients steps (default 64)")),
             (("--fix-first",), dict(action="store_true", dest="fix_first", help="attribution: keep the first token's own embedding in the baseline (integrated gradients from zero then converges on models with a first-token sink)")),

@@ -2,12 +2,12 @@
 log-probability when there is no ``wrong``, or the user's ``metric(logits) -> (B,)``; and the
 tokens of the two prompts.
 
-The convention of ``answer=``/``wrong=`` for the public API, written here once: ``answer`` and
-``wrong`` → ``logit[answer] − logit[wrong]`` at the last position (``patch``, ``attribute``, the
-views' clicks); ``answer`` alone → ``log p(answer)`` (``patch``, :meth:`Metric.build`). Not yet
-followed: ``attribute`` with ``answer`` alone measures the answer's logit
-(:func:`nbdebug.attribution.tokens.build_metric`; changing it changes what ``--view attribution
---answer`` without ``--wrong`` shows, so it waits for the lead's decision, issue 28).
+The convention of ``answer=``/``wrong=`` for the public API, written here once (issue 28): ``answer``
+and ``wrong`` → ``logit[answer] − logit[wrong]`` at the last position; ``answer`` alone →
+``log p(answer)``; ``metric=`` → the user's callable. :func:`nbdebug.patch`, :func:`nbdebug.attribute`
+(token attribution), the views' clicks (the attention view's head ablation, the patching view, the
+attribution view's ``--answer``/``--wrong``) all build this :class:`Metric` (:meth:`Metric.build`);
+``answer``/``wrong`` are keyword arguments after the model and the inputs everywhere.
 
 >>> m = Metric.build(answer=" Paris", wrong=" Rome", tokenizer=tok)      # doctest: +SKIP
 >>> m(logits)                    # logits (B, T, V) or (B, V) at the last position -> (B,) float32

@@ -23,7 +23,7 @@ from ..adapters.blockrun import block_runner
 from ..capture.budget import DEFAULT_MAX_BYTES, parse_bytes
 from ..capture.state import execution_device
 from ..runs.progress import ProgressSpec
-from .attribution import attribute
+from .attribution_patching import estimate_patches
 from .exact import ExactEngine
 from .grid import PatchGrid
 from .interventions import ablation_edits
@@ -147,7 +147,7 @@ class Workbench:
             todo = [c for c, s in zip(lay.cells, same) if not s]
             values = self.engine(direction, sites, max_bytes).run(todo, progress, f"patching {sites}")
         else:  # one forward of the base run that keeps its graph, one backward: no other forward
-            est = attribute(self.model, self.pp, self.runner, self.metric, self.ids[base_name], source, lay.cells, sites)
+            est = estimate_patches(self.model, self.pp, self.runner, self.metric, self.ids[base_name], source, lay.cells, sites)
             m_source = float(self.metric(source.logits)[0])
             mc, mk = self._check(*((m_source, est.metric_base) if direction == "denoise" else (est.metric_base, m_source)))
             same = self._identical(lay.cells, est.base, source, sites)

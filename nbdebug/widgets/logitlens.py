@@ -28,7 +28,7 @@ from ._snapshot import css_color, lut
 from ._transport import encode_array
 
 #: shown in the steering panel's place when the view has no ``--steer`` vector
-STEER_HINT = ("steer this lens: v = nbdebug.steering_vector(model, tok, positive=[...], negative=[...], "
+STEER_HINT = ("steer this lens: v = nbdebug.steering_vector(model, tokenizer=tok, positive=[...], negative=[...], "
               "layer='<block name>'), then add --steer v to the magic line")
 
 __all__ = ["STEER_HINT", "LogitLensWidget", "text_on"]

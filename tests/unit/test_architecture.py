@@ -350,3 +350,30 @@ def test_widgets_type_their_session_by_a_protocol() -> None:
                 if name in sessions and ann is not None and "Any" in ast.unparse(ann):
                     found.append(f"{m}:{node.lineno} {name}")
     assert found == []
+
+
+def _unmapped(arch: str, files: list[Path]) -> list[str]:
+    """Modules ARCHITECTURE.md does not name (a file as `folder/file.py`, a package by its `folder/`), and
+    folders its diagram (the first code block) leaves out."""
+    diagram = arch.split("```")[1]
+    out = []
+    for p in files:
+        rel = p.relative_to(PKG)
+        name = "__init__.py" if rel.as_posix() == "__init__.py" else \
+            f"{rel.parent.as_posix()}/" if p.name == "__init__.py" else rel.as_posix()
+        if f"`{name}" not in arch:
+            out.append(name)
+    folders = sorted({p.relative_to(PKG).parts[0] for p in files if len(p.relative_to(PKG).parts) > 1})
+    return out + [f"diagram: {f}/" for f in folders if f"{f}/" not in diagram]
+
+
+def test_architecture_md_maps_every_module_and_folder() -> None:
+    assert _unmapped((ROOT / "ARCHITECTURE.md").read_text(), FILES) == []
+
+
+def test_the_map_check_finds_a_planted_module() -> None:
+    arch = (ROOT / "ARCHITECTURE.md").read_text()
+    planted = PKG / "sessions" / "planted.py"
+    assert _unmapped(arch, [*FILES, planted]) == ["sessions/planted.py"]
+    diagram = arch.split("```")[1]
+    assert _unmapped(arch.replace(diagram, diagram.replace("sessions/", "sessions")), FILES) == ["diagram: sessions/"]

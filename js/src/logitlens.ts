@@ -196,7 +196,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   root.setAttribute("data-ready", "1");
   return () => {
     disposed = true;
-    pins.disposed = true;
+    pins.latest.dispose();
     steer.disposed = true;
     model.off("change:metric", onMetric);
     model.off("change:row_range", drawTable);

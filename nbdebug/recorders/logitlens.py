@@ -83,7 +83,7 @@ def _hidden_of(output: Any) -> torch.Tensor | None:
 class LogitLensRecorder(LanguageRecorder):
     """Captures residual streams while entered; ``result()`` → :class:`LensResult`.
 
-    Options: ``tokenizer`` (object or name), ``tokens``, ``target_token`` (text, id or ``#id``;
+    Options: ``tokenizer`` (object or name), ``tokens``, ``answer`` or its alias ``target_token`` (text, id or ``#id``;
     default: each position's next input token, and the model's own prediction at the last),
     ``lens_topk`` (default 10), ``seq_index``, ``max_bytes`` (residuals kept: the last positions that
     fit), ``final_norm``/``unembed`` (explicit parts), ``steer`` (a steering vector or ``{layer: vector}``, or
@@ -106,7 +106,8 @@ class LogitLensRecorder(LanguageRecorder):
         self.max_bytes = parse_bytes(options.get("max_bytes"))
         self.parts = find_parts(model, final_norm=options.get("final_norm"), unembed=options.get("unembed"))
         require_lens(self.parts, model)
-        self.target_id, self.target_label = resolve_target(options.get("target_token"), self.tokenizer)
+        target = options.get("target_token")  # --target-token: the lens's older name of --answer (an alias)
+        self.target_id, self.target_label = resolve_target(options.get("answer") if target is None else target, self.tokenizer)
         self.steer_value = resolve_option(options.get("steer"), ns, "steer")
         if self.steer_value is not None:  # a bad --steer stops here, before the cell
             steer_vectors(self.steer_value, [n for n, _ in self.parts.blocks])

@@ -76,10 +76,10 @@ def main() -> None:
     out: dict[str, Any] = {}
 
     def ours() -> None:
-        out["ours"] = nbdebug.attribute(model, ids, a, w, method="integrated_gradients", steps=steps, faithfulness=False)
+        out["ours"] = nbdebug.attribute(model, ids, answer=a, wrong=w, method="integrated_gradients", steps=steps, faithfulness=False)
 
     def ours_1gb() -> None:
-        nbdebug.attribute(model, ids, a, w, method="integrated_gradients", steps=steps, faithfulness=False, max_bytes="1GB")
+        nbdebug.attribute(model, ids, answer=a, wrong=w, method="integrated_gradients", steps=steps, faithfulness=False, max_bytes="1GB")
 
     def theirs() -> None:
         out["captum"] = captum_ig(model, ids, a, w, steps)
@@ -104,7 +104,7 @@ def main() -> None:
             f"{t['nbdebug']:.2f} s / {t['nbdebug 1GB']:.2f} s vs {t['captum']:.2f} s, max diff {diff:.1e}")
     for n in ([16] if args.quick else [64, 256]):
         for fix_first in (False, True):
-            r = nbdebug.attribute(model, ids, a, w, method="integrated_gradients", steps=n, fix_first=fix_first)
+            r = nbdebug.attribute(model, ids, answer=a, wrong=w, method="integrated_gradients", steps=n, fix_first=fix_first)
             label = f"IG {n} steps from zero{', first token fixed' if fix_first else ''}"
             value = f"|delta| = {r.relative_delta:.1%} of |m(x) − m(b)|"
             rows.append((name, label, value, f"m(x) {r.metric:.3f}, m(b) {r.metric_baseline:.3f}; deletion AUC "

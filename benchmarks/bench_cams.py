@@ -26,8 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Figures, interleaved
 
+from nbdebug.cams.checks import faithfulness
 from nbdebug.recorders.gradcam import compute_cams, probe
-from nbdebug.recorders.gradcam_checks import faithfulness
 from nbdebug.testing import ResNetShaped
 
 SIX = "gradcam,gradcam++,hirescam,xgradcam,layercam,eigencam"

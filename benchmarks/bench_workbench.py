@@ -44,7 +44,7 @@ from torch import nn
 
 import nbdebug
 from nbdebug.adapters.blockparts import patch_parts
-from nbdebug.recorders.patching_session import PatchSession
+from nbdebug.sessions.patching import PatchSession
 from nbdebug.workbench import Workbench
 
 MB = 2**20

@@ -18,7 +18,7 @@ Training: ``nbdebug.doctor(model, inputs, targets)`` (the pre-training checklist
 Testing what a view shows (the causal workbench): ``nbdebug.patch(model, clean=, corrupt=, answer=,
 wrong=, tokenizer=, sites=)`` (an activation-patching grid, a ``PatchGrid``), ``with
 nbdebug.ablate(model, heads={3: [5]}):``, ``with nbdebug.steer(model, layer=, vector=, alpha=):`` and
-``nbdebug.steering_vector(model, tok, positive=[...], negative=[...], layer=)``;
+``nbdebug.steering_vector(model, tokenizer=tok, positive=[...], negative=[...], layer=)``;
 ``nbdebug.attribute(model, ids, answer=" Paris", wrong=" Rome", tokenizer=tok, method=...)`` ("why A,
 not B?": one score per input token, with integrated gradients' completeness gap and faithfulness curves).
 

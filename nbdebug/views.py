@@ -142,7 +142,7 @@ register(
         help="logit lens: every layer's residual through the model's final norm and unembedding (uses --tokenizer/--tokens too)",
         recorder="nbdebug.recorders.logitlens:LogitLensRecorder",
         arguments=(
-            (("--target-token",), dict(default=None, dest="target_token", metavar="TOKEN", help="token whose probability/rank is tracked (text, id or #id; default: the next input token)")),
+            (("--target-token",), dict(default=None, dest="target_token", metavar="TOKEN", help="the lens's older name of --answer (kept as an alias): the token whose probability/rank is tracked (text, id or #id; default: the next input token)")),
             (("--lens-topk",), dict(type=int, default=10, dest="lens_topk", metavar="K", help="top-k tokens kept per cell (default 10)")),
             (("--steer",), dict(default=None, dest="steer", metavar="VAR", help="steering panel: VAR holds a vector from nbdebug.steering_vector (or {layer: vector})")),
             (("--lens",), dict(default=None, dest="lens", metavar="LENS", help="logit (default), tuned, shortcut, a variable holding nbdebug.fit_lens(...), or a lens folder; two comma-separated (tuned,logit): shown, compared (steering uses the shown one)")),
@@ -192,8 +192,8 @@ register(
         recorder="nbdebug.recorders.attribution:AttributionRecorder",
         in_all=False,
         arguments=(
-            (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="attribution, patching, attention (a clicked head's ablation): the answer token: text with --tokenizer (one token, e.g. ' Paris'), a token id or #id (attribution after generate(): the view also lists the generated tokens, a click explains one over its prefix)")),
-            (("--wrong",), dict(default=None, dest="wrong", metavar="TOKEN", help="attribution, patching, attention: the competing token, the metric is logit[answer] - logit[wrong] (without it: attribution explains the answer's logit, patching and attention its log-probability)")),
+            (("--answer",), dict(default=None, dest="answer", metavar="TOKEN", help="attribution, patching, attention (a clicked head's ablation), logitlens (the token tracked; alias --target-token): the answer token: text with --tokenizer (one token, e.g. ' Paris'), a token id or #id (attribution after generate(): the view also lists the generated tokens, a click explains one over its prefix)")),
+            (("--wrong",), dict(default=None, dest="wrong", metavar="TOKEN", help="attribution, patching, attention: the competing token, the metric is logit[answer] - logit[wrong] (without it: the answer's log-probability, in every view and in nbdebug.patch / nbdebug.attribute)")),
             (("--attr-method",), dict(default=None, dest="attr_method", choices=["grad_x_input", "integrated_gradients", "occlusion"], help="attribution: the method shown first (default grad_x_input; the view switches on demand)")),
             (("--steps",), dict(type=int, default=None, dest="ig_steps", metavar="N", help="attribution: integrated-gradients steps (default 64)")),
             (("--fix-first",), dict(action="store_true", dest="fix_first", help="attribution: keep the first token's own embedding in the baseline (integrated gradients from zero then converges on models with a first-token sink)")),

@@ -96,8 +96,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   void detail.draw();
   root.setAttribute("data-ready", "1");
   return () => {
-    detail.disposed = true;
-    ablate.disposed = true;
+    detail.latest.dispose();
+    ablate.latest.dispose();
     model.off("change:selected", onSel);
     model.off("change:metric", onMetric);
     model.off("change:token_range", onRange);

@@ -9,6 +9,7 @@ import { COLORMAPS, paintU8 } from "./lib/colormap";
 import { codeCss, fmt, fmtPct, h, replaceChildren, styleElement, withCode } from "./lib/dom";
 import type { NdArray } from "./lib/ndarray";
 import { rpc, type AnyModel } from "./lib/rpc";
+import { Latest } from "./lib/request";
 import { sampleSelect, select } from "./lib/select";
 import { ABLATE_CSS, ablatePanel } from "./featuremaps/ablate";
 
@@ -116,7 +117,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
 
   let page: Page | null = null;
   let start = 0;
-  let request = 0;
+  const latest = new Latest();
   let disposed = false;
 
   const layers = (): LayerInfo[] => model.get("layers") ?? [];
@@ -205,18 +206,18 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       root.setAttribute("data-ready", "1");
       return;
     }
-    const id = ++request;
+    const isLatest = latest.start();
     info.textContent = `loading ${layer.name}…`;
     try {
       const answer = await rpc<PageInfo>(model, "page", { layer: layer.name, sample: Number(model.get("sample") ?? 0), sort: String(model.get("sort") ?? "index"), start });
-      if (id !== request || disposed) return;
+      if (!isLatest()) return;
       page = toPage(answer.result, answer.arrays);
       errorBox.textContent = "";
       draw();
     } catch (err) {
-      if (id === request) reportError(err);
+      if (isLatest()) reportError(err);
     } finally {
-      if (id === request) root.setAttribute("data-ready", "1");
+      if (isLatest()) root.setAttribute("data-ready", "1");
     }
   }
 
@@ -317,6 +318,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   void fetchPage();
   return () => {
     disposed = true;
+    latest.dispose();
     model.off("change:layers", onLayers);
     model.off("change:layer", onLayer);
     model.off("change:headline", onHeadline);

@@ -9,6 +9,7 @@ import { colourBar } from "./lib/colorbar";
 import { COLORMAPS } from "./lib/colormap";
 import { codeCss, fmt, fmtPct, h, replaceChildren, styleElement } from "./lib/dom";
 import { rpc, type AnyModel } from "./lib/rpc";
+import { Latest } from "./lib/request";
 import { sampleSelect, select } from "./lib/select";
 import { faithPanel, sanityTable, type CamRank, type Faithfulness, type SanityRow } from "./gradcam/checks";
 import { classLabel, headlineLine } from "./gradcam/headline";
@@ -98,7 +99,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
 
   let view: View | null = null;
   let alpha = Number(model.get("opacity") ?? 0.5);
-  let request = 0;
+  const latest = new Latest();
   let disposed = false;
   let curves: { methods: string[]; data: Float32Array; fractions: Float32Array } | null = null;
   let metrics: string[] = ["deletion", "insertion", "road_morf", "road_lerf"];
@@ -175,12 +176,12 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   }
 
   async function fetchView(): Promise<void> {
-    const id = ++request;
+    const isLatest = latest.start();
     info.textContent = `computing the CAMs of ${String(model.get("layer"))}…`;
     try {
       const answer = await rpc<ViewInfo>(model, "view", { sample: Number(model.get("sample") ?? 0), layer: String(model.get("layer")),
                                                            method: String(model.get("method")) });
-      if (id !== request || disposed) return;
+      if (!isLatest()) return;
       const cams = answer.arrays.cams;
       const all = answer.arrays.all_cams;
       view = {
@@ -197,12 +198,12 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       errorBox.textContent = "";
       draw();
     } catch (err) {
-      if (id !== request) return;
+      if (!isLatest()) return;
       const msg = err instanceof Error ? err.message : String(err);
       errorBox.textContent = msg;
       setTrait("js_error", msg);
     } finally {
-      if (id === request) root.setAttribute("data-ready", "1");
+      if (isLatest()) root.setAttribute("data-ready", "1");
     }
   }
 
@@ -298,6 +299,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   void fetchCurves();
   return () => {
     disposed = true;
+    latest.dispose();
     headline.dispose();
     model.off("change:opacity", onOpacity);
     model.off("change:class_rank", onClass);

@@ -199,7 +199,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   return () => {
     disposed = true;
     more.dispose();
-    pins.disposed = true;
+    pins.latest.dispose();
     steer.disposed = true;
     model.off("change:metric", onMetric);
     model.off("change:row_range", drawTable);

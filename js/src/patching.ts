@@ -11,10 +11,12 @@
 // tops.ts (next-token tables), lens.ts (the lens columns), style.ts.
 import { codeCss, fmt, h, replaceChildren, styleElement, withCode } from "./lib/dom";
 import { rpc, type AnyModel } from "./lib/rpc";
+import { Latest, Listeners } from "./lib/request";
 import { divergingBar } from "./patching/colour";
 import { GridView, gridFromTraits, type GridData } from "./patching/grid";
 import { CSS } from "./patching/style";
-import { Tops, type CellAnswer, type Top } from "./patching/tops";
+import { type TopToken } from "./lib/tokens";
+import { Tops, type CellAnswer } from "./patching/tops";
 
 /** Two fixed decimals ("n/a" for NaN): effects and metrics in the click sentence. */
 const fixed2 = (x: number): string => (Number.isFinite(x) ? x.toFixed(2) : "n/a");
@@ -23,8 +25,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const metric = { label: String(model.get("metric") || "metric"), clean: model.get("metric_clean"), corrupt: model.get("metric_corrupt") };
   const kinds: string[] = model.get("site_kinds") || ["resid", "attn", "mlp", "heads"];
   let data: GridData = gridFromTraits((n) => model.get(n));
-  let disposed = false;
-  let request = 0;
+  const listeners = new Listeners();
+  const latest = new Latest();
 
   const title = h("div", { class: "nbp-title nbd-headline" }, withCode(String(model.get("headline") || "")));
   const prompts = h("div", { class: "nbp-sub" }, [
@@ -43,14 +45,14 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   ]);
   const status = h("div", { class: "nbp-status" });
   const notes = h("div", { class: "nbp-note" });
-  const tops = new Tops(model.get("top_clean") as Top[] || [], model.get("top_corrupt") as Top[] || [],
+  const tops = new Tops(model.get("top_clean") as TopToken[] || [], model.get("top_corrupt") as TopToken[] || [],
     { clean: model.get("answer_clean") ?? null, corrupt: model.get("answer_corrupt") ?? null });
   const grid = new GridView(metric, (r, c) => void click(r, c));
   const root = h("div", { class: "nbdebug-patching" }, [styleElement(CSS + codeCss(".nbdebug-patching")), title, prompts, controls, status, grid.el, grid.tip, notes, tops.el]);
   const onHeadline = () => {
     replaceChildren(title, withCode(String(model.get("headline") || "")));
   };
-  model.on("change:headline", onHeadline);
+  listeners.model(model, "change:headline", onHeadline);
   el.appendChild(root);
 
   const showGrid = (d: GridData) => {
@@ -66,52 +68,52 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   };
 
   const fetchGrid = async () => {
-    const id = ++request;
+    const isLatest = latest.start();
     const sites = siteSel.value, method = triage.checked ? "attribution" : "exact";
     status.textContent = `computing the ${sites} grid (${method})…`;
     try {
       const ans = await rpc(model, "grid", { sites, method }, 600_000);
-      if (disposed || id !== request) return;
+      if (!isLatest()) return;
       const r = ans.result;
       if (r.headline) replaceChildren(title, withCode(r.headline));
       showGrid({ rows: r.rows, rowLabels: r.row_labels, columns: r.columns, sites: r.sites, method: r.method, verified: r.verified, notes: r.notes,
                  effect: ans.arrays.effect, raw: ans.arrays.raw, identical: ans.arrays.identical });
       tops.show(null, "");
     } catch (err) {
-      if (disposed || id !== request) return;
+      if (!isLatest()) return;
       status.textContent = String((err as Error).message || err);
       status.classList.add("nbp-error");
     }
   };
 
   const click = async (row: number, col: number) => {
-    const id = ++request;
+    const isLatest = latest.start();
     grid.select(row, col);
     const label = `${data.rowLabels?.[row] ?? data.rows[row]} @ ${data.columns[col]}`;
     const summary = status.textContent;
     status.textContent = `running the patch ${label}…`;
     try {
       const ans = await rpc<CellAnswer>(model, "cell", { sites: data.sites, method: data.method, row, col });
-      if (disposed || id !== request) return;
+      if (!isLatest()) return;
       tops.show(ans.result, label);
       status.textContent = summary;
       grid.pin(row, col, `${label}: effect ${fixed2(ans.result.effect)} (${metric.label} = ${fixed2(ans.result.metric)}), measured exactly`);
       status.classList.remove("nbp-error");
       root.setAttribute("data-clicked", `${row},${col}`);
     } catch (err) {
-      if (disposed || id !== request) return;
+      if (!isLatest()) return;
       status.textContent = String((err as Error).message || err);
       status.classList.add("nbp-error");
     }
   };
 
-  siteSel.addEventListener("change", () => void fetchGrid());
-  triage.addEventListener("change", () => void fetchGrid());
+  listeners.dom(siteSel, "change", () => void fetchGrid());
+  listeners.dom(triage, "change", () => void fetchGrid());
   showGrid(data);
   root.setAttribute("data-ready", "1");
   return () => {
-    disposed = true;
-    model.off("change:headline", onHeadline);
+    latest.dispose();
+    listeners.dispose();
   };
 }
 

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..capture.leaves import first_output
 from .blockparts import PatchParts
+from .embedding import lm_call, takes_logits_to_keep
 
 __all__ = ["BlockCall", "BlockRunner", "bind_call", "block_runner"]
 
@@ -110,15 +111,13 @@ class BlockRunner:
 
     def plain_call(self, ids: torch.Tensor, last_only: bool = False) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``(args, kwargs)`` of a forward of ``ids`` without any cache (``last_only``: see :meth:`record_call`)."""
-        if getattr(self.model, "config", None) is not None:
-            return (), {"input_ids": ids, "use_cache": False, **self._last_only(last_only)}
-        return (ids,), {}
+        return lm_call(self.model, ids, last_only=last_only)
 
     def _last_only(self, last_only: bool) -> dict[str, Any]:
         """``logits_to_keep=1`` when asked for and the model's forward takes it (Hugging Face causal LMs)."""
         if not last_only:
             return {}
-        return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {}
+        return {"logits_to_keep": 1} if takes_logits_to_keep(self.model) else {}
 
     def caches(self, cache: Any) -> set[int]:
         """Ids of the objects in recorded block arguments that are (part of) ``cache``."""

@@ -18,7 +18,7 @@ from torch import nn
 
 from .transformers import AdapterError
 
-__all__ = ["input_embedding", "lm_call"]
+__all__ = ["input_embedding", "lm_call", "takes_logits_to_keep"]
 
 
 def input_embedding(model: nn.Module) -> nn.Module:
@@ -41,16 +41,22 @@ def input_embedding(model: nn.Module) -> nn.Module:
                        f"({len(found)} nn.Embedding modules): give a model with get_input_embeddings()")
 
 
-def lm_call(model: nn.Module, ids: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``(args, kwargs)`` of a forward of ``ids`` ``(B, T)`` without a cache; a Hugging Face causal LM
-    computes only the last position's logits (``logits_to_keep=1``) when its forward takes it."""
+def lm_call(model: nn.Module, ids: torch.Tensor, *, last_only: bool = True) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """THE call of a language model on ids: ``(args, kwargs)`` of a forward of ``ids`` ``(B, T)`` without a
+    cache (``input_ids=``, ``use_cache=False`` for a Hugging Face model, else ``model(ids)``); with
+    ``last_only`` a Hugging Face causal LM computes only the last position's logits
+    (``logits_to_keep=1``) when its forward takes it."""
     if getattr(model, "config", None) is None:
         return (ids,), {}
     kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": False}
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if "logits_to_keep" in params:
+    if last_only and takes_logits_to_keep(model):
         kwargs["logits_to_keep"] = 1
     return (), kwargs
+
+
+def takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (a Hugging Face causal LM)."""
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False

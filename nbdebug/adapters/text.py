@@ -11,7 +11,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["input_ids_of", "resolve_option", "token_strings", "valid_positions"]
+__all__ = ["input_ids_of", "resolve_option", "token_option", "token_strings", "valid_positions"]
+
+
+def token_option(value: Any, tokenizer: Any) -> Any:
+    """``--answer``/``--wrong`` as :func:`nbdebug.patch`, :func:`nbdebug.attribute` and the clicks take
+    them: ``#12`` or (no tokenizer) ``12`` is an id, an int stays an id, other text stays text, ``""`` is None."""
+    if isinstance(value, str):
+        if value.startswith("#") and value[1:].isdigit():
+            return int(value[1:])
+        if tokenizer is None and value.strip().isdigit():
+            return int(value)
+    if value is None or value == "":
+        return None
+    return value
 
 
 def resolve_option(value: Any, user_ns: dict[str, Any] | None, what: str) -> Any:

@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 from ..capture.budget import DEFAULT_MAX_BYTES, parse_bytes
-from ..workbench.metric import Metric, MetricError, token_labels, token_of, tokens_of
+from ..workbench.interventions import old_positional
+from ..workbench.metric import Metric, MetricError, token_labels, tokens_of
 from .faithfulness import deletion_curves
 from .methods import METHODS, grad_x_input, integrated_gradients, occlusion
 from .result import CONVERGED_FRACTION, Attribution
@@ -46,18 +47,11 @@ __all__ = ["attribute", "build_metric"]
 
 
 def build_metric(answer: Any, wrong: Any, tokenizer: Any, metric: Any = None) -> Metric:
-    """The workbench's :class:`Metric` (``logit[answer] − logit[wrong]`` at the last position, or a user
-    callable); without ``wrong``, the answer's logit itself (not its log-probability)."""
-    if metric is not None or wrong is not None:
-        return Metric.build(answer=answer, wrong=wrong, tokenizer=tokenizer, metric=metric)
-    if answer is None:
+    """The workbench's :class:`Metric`, the one convention (``logit[answer] − logit[wrong]`` at the last
+    position; ``log p(answer)`` without ``wrong``; or a user callable), with attribution's message."""
+    if metric is None and answer is None:
         raise MetricError("say what to attribute: answer= (and wrong=), or metric=callable(logits) -> (B,)")
-    a = token_of(answer, tokenizer, "answer")
-
-    def answer_logit(logits: torch.Tensor) -> torch.Tensor:
-        return (logits[:, -1] if logits.ndim == 3 else logits).float()[:, a]
-
-    return Metric(answer=a, fn=answer_logit, label=f"logit[{token_labels(tokenizer, [a])[0]!r}]")
+    return Metric.build(answer=answer, wrong=wrong, tokenizer=tokenizer, metric=metric)
 
 
 def _baseline(value: Any, clean: torch.Tensor, fix_first: bool) -> tuple[torch.Tensor, str]:
@@ -78,14 +72,16 @@ def _baseline(value: Any, clean: torch.Tensor, fix_first: bool) -> tuple[torch.T
     return b, name
 
 
-def attribute(model: nn.Module, ids: Any, answer: Any = None, wrong: Any = None, *, tokenizer: Any = None,
+def attribute(model: nn.Module, ids: Any, *args: Any, answer: Any = None, wrong: Any = None, tokenizer: Any = None,
               method: str = "grad_x_input", steps: int = 64, baseline: Any = "zero", fix_first: bool = False,
               ig_rule: str = "gausslegendre", metric: Any = None, faithfulness: bool = True, orders: int = 10,
               seed: int = 0, max_bytes: int | str | None = None) -> Attribution:
-    """Attribute ``m = logit[answer] − logit[wrong]`` at the last position (no ``wrong``: the answer's
-    logit; or ``metric(logits) -> (B,)``) to each input token of ``ids`` (one prompt: a string with
-    ``tokenizer``, ids ``(T,)``/``(1, T)``, or a tokenizer's output). Scores are taken on the output of
-    the model's token embedding module, summed over its dimension.
+    """Attribute ``m = logit[answer] − logit[wrong]`` at the last position (no ``wrong``: ``log p(answer)``;
+    or ``metric(logits) -> (B,)``: the convention of :mod:`nbdebug.workbench.metric`, as ``patch``) to
+    each input token of ``ids`` (one prompt: a string with ``tokenizer``, ids ``(T,)``/``(1, T)``, or a
+    tokenizer's output). Scores are taken on the output of the model's token embedding module, summed
+    over its dimension. ``answer``/``wrong`` are keywords (``attribute(model, ids, answer, wrong)``
+    positionally still works, with a DeprecationWarning).
 
     ``method``: ``"grad_x_input"`` (``Σ_d ∂m/∂e_{t,d} · e_{t,d}``), ``"integrated_gradients"`` (``steps``
     points of ``ig_rule``, captum's rules and defaults, batched in chunks under ``max_bytes``) or
@@ -105,6 +101,9 @@ def attribute(model: nn.Module, ids: Any, answer: Any = None, wrong: Any = None,
     off inside. The model runs in its current mode (a training-mode model's dropout makes the scores
     random: a note says so).
     """
+    if args:
+        got = old_positional("attribute", args, ("answer", "wrong"), {"answer": answer, "wrong": wrong}, depth=3)
+        answer, wrong = got["answer"], got["wrong"]
     if method not in METHODS:
         raise ValueError(f"method={method!r}: one of {METHODS}")
     # our tensors are never inference tensors (they take gradients); no_grad is set per pass

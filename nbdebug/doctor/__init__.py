@@ -6,7 +6,8 @@
 >>> report.checks["overfit_batch"].advice                    # doctest: +SKIP
 'the loss only fell to 1.47 ... It flattens near ln(1 + (C−1)/e) = 1.46 ...'
 
-Everything runs on ``copy.deepcopy(model)`` (and a re-created optimizer) with the random number
+Everything runs on a deep copy of the model without the user's hooks (:func:`~nbdebug.runs.own.hookless_copy`;
+a re-created optimizer) with the random number
 generators forked and seeded, so the user's model, optimizer state and random stream are exactly
 as before, and two runs give the same report. This module runs the passes in order; their hooks and
 measurements are in :mod:`nbdebug.doctor.passes`, the batch and loss helpers in
@@ -30,7 +31,6 @@ passes whatever mode the model is in (it is a copy).
 
 from __future__ import annotations
 
-import copy
 import math
 import sys
 import time
@@ -42,10 +42,10 @@ import torch
 from torch import nn
 
 from ..capture.hooks import HookSet
-from ..capture.state import suspend_hooks
 from ..inspectors import doctor as judge
 from ..inspectors.doctor import CHECKS, CheckResult
 from ..inspectors.doctor import DoctorReport as _Report
+from ..runs.own import hookless_copy
 from .batch import (
     are_probabilities,
     call_model,
@@ -115,7 +115,7 @@ def doctor(model: nn.Module, inputs: Any, targets: torch.Tensor, loss_fn: Callab
     loss_fn = default_loss if loss_fn is None else loss_fn
     memo: dict[int, Any] = {}
     try:
-        net = copy.deepcopy(model, memo)
+        net = hookless_copy(model, memo)  # the user's hooks are neither copied nor called
     except Exception as exc:
         raise TypeError(f"doctor runs on a deep copy of the model, and copy.deepcopy failed: {type(exc).__name__}: {exc}") from exc
     params = list(net.parameters())
@@ -124,7 +124,7 @@ def doctor(model: nn.Module, inputs: Any, targets: torch.Tensor, loss_fn: Callab
     x = primary_input(inputs)
     batch = int(x.shape[0]) if x.dim() else 1
     checks: dict[str, CheckResult] = {}
-    with seeded(seed), suspend_hooks(net):
+    with seeded(seed):
         # pass 1 -----------------------------------------------------------------------------
         net.train()
         rows: list[tuple[str, int, int]] = []

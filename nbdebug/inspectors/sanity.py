@@ -6,7 +6,7 @@ re-initialised. :func:`spearman` compares the map with the map of a copy whose l
 layer were re-initialised; :func:`cascade_steps` groups those layers from the output down (one
 more each step, at most ``steps`` steps); :class:`SanityReport` holds ρ per method and step, and
 flags the methods whose map barely changed (ρ ≥ :data:`THRESHOLD`): their map "does not depend on
-the class decision". The re-initialised copy and its passes are :mod:`nbdebug.recorders.gradcam_checks`'.
+the class decision". The re-initialised copy and its passes are :mod:`nbdebug.cams.checks`'.
 
 >>> round(spearman([1, 2, 3, 4], [10, 20, 30, 40]), 3), round(spearman([1, 2, 3, 4], [4, 3, 2, 1]), 3)
 (1.0, -1.0)

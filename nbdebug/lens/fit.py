@@ -36,7 +36,7 @@ from torch import nn
 from ..adapters.transformers import ModelParts, find_parts, require_lens
 from ..capture import parse_bytes
 from ..capture.state import loaded_weights
-from ..workbench.progress import Progress, ProgressSpec
+from ..runs.progress import Progress, ProgressSpec
 from .collect import residual_batches, sample_rows, split_holdout, token_sequences
 from .lens import FittedLens
 from .quality import heldout_quality

@@ -27,7 +27,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adapters.text import input_ids_of, resolve_option, token_strings, valid_positions
+from ..adapters.text import (
+    input_ids_of,
+    resolve_option,
+    token_option,
+    token_strings,
+    valid_positions,
+)
 from ..adapters.transformers import ModelParts, eager_attention, find_parts
 from ..adapters.unhookable import refuse_unhookable
 from ..capture import HookSet, ModelRef, parse_bytes
@@ -49,9 +55,8 @@ from ..runs.replay import (
     int_option,
     nothing_shown,
 )
+from ..sessions.ablation import AblationSession, ablation_problem
 from ._language import LanguageRecorder
-from .ablation_session import AblationSession, ablation_problem
-from .patching import token_option
 
 __all__ = ["AttentionRecorder"]
 

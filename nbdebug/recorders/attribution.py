@@ -22,69 +22,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adapters.text import input_ids_of, resolve_option, valid_positions
+from ..adapters.text import input_ids_of, resolve_option, token_option, valid_positions
 from ..adapters.unhookable import refuse_unhookable
-from ..attribution import Attribution, attribute
+from ..attribution import Attribution
 from ..attribution.methods import METHODS
 from ..attribution.tokens import build_metric
-from ..capture import ModelCall, ModelRef
+from ..capture import ModelCall
+from ..sessions.attribution import AttributionSession
 from ..views import NotApplicableError, Recorder
 
-__all__ = ["AttributionRecorder", "AttributionSession", "token_option"]
-
-
-def token_option(value: Any, tokenizer: Any) -> Any:
-    """``--answer``/``--wrong``: ``#id`` or digits without a tokenizer → an id; text stays text."""
-    if value is None or isinstance(value, int):
-        return value
-    text = str(value)
-    if text.startswith("#") and text[1:].isdigit():
-        return int(text[1:])
-    if tokenizer is None and text.isdigit():
-        return int(text)
-    return text
-
-
-class AttributionSession:
-    """What the view's method switch re-runs: the prompt, answer/wrong and options, the model held
-    weakly; each ``(method, steps, fix_first, pick)`` computed once.
-
-    ``generated``: the ids ``generate()`` appended to the prompt (empty without a generation); pick
-    ``k`` attributes ``generated[k]`` over ``ids`` followed by ``generated[:k]`` (the prefix the
-    generation itself ran on); pick ``None`` is ``answer`` over ``ids``."""
-
-    def __init__(self, model: nn.Module, ids: torch.Tensor, answer: Any, wrong: Any, tokenizer: Any,
-                 steps: int, fix_first: bool, max_bytes: Any, generated: list[int] | None = None) -> None:
-        self.model_ref: ModelRef[nn.Module] = ModelRef(model)
-        self.ids, self.answer, self.wrong, self.tokenizer = ids, answer, wrong, tokenizer
-        self.steps, self.fix_first, self.max_bytes = steps, fix_first, max_bytes
-        self.generated: list[int] = list(generated or [])
-        self.results: dict[tuple[str, int, bool, int | None], Attribution] = {}
-
-    def prefix(self, pick: int | None) -> tuple[torch.Tensor, Any]:
-        """``(ids (1, T), answer)`` of ``pick``: the prompt and ``answer``, or the prefix before the
-        ``pick``-th generated token and that token's id."""
-        if pick is None:
-            return self.ids, self.answer
-        if not 0 <= pick < len(self.generated):
-            raise ValueError(f"pick {pick}: the generation has {len(self.generated)} new tokens")
-        before = torch.tensor([self.generated[:pick]], dtype=self.ids.dtype)
-        return torch.cat([self.ids, before], 1), self.generated[pick]
-
-    def get(self, method: str, steps: int | None = None, fix_first: bool | None = None,
-            pick: int | None = None) -> Attribution:
-        """The attribution by ``method`` (``steps``/``fix_first`` default to the view's options) of
-        ``pick`` (None: ``answer`` over the prompt; k: the k-th generated token over its prefix)."""
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; one of {METHODS}")
-        key = (method, int(steps or self.steps), self.fix_first if fix_first is None else bool(fix_first),
-               None if pick is None else int(pick))
-        if key not in self.results:
-            ids, answer = self.prefix(key[3])
-            self.results[key] = attribute(self.model_ref.get(), ids, answer, self.wrong,
-                                          tokenizer=self.tokenizer, method=method, steps=key[1],
-                                          fix_first=key[2], max_bytes=self.max_bytes)
-        return self.results[key]
+__all__ = ["AttributionRecorder"]
 
 
 class AttributionRecorder(Recorder):

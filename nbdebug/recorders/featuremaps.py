@@ -27,8 +27,8 @@ from ..adapters.vision import (
 from ..capture import ModelCall, format_bytes, parse_bytes, select_modules, split_call_name
 from ..capture.probe import OutputProbe
 from ..inspectors.featuremaps import SORT_KEYS, FeatureMapLayer, FeatureMapsResult
+from ..sessions.channels import ChannelAblation
 from ..views import Recorder
-from .vision_ablation import ChannelAblation
 
 __all__ = ["FeatureMapsRecorder"]
 

@@ -8,8 +8,9 @@ parameters frozen (:func:`~nbdebug.runs.gradients.layer_pass`), so a graph the u
 holds stays valid. The recorder, the session and the widget hold the model weakly.
 
 The computation without a cell or a widget (:func:`grad_cam`, :func:`compute_cams`,
-:func:`probe`, :class:`GradCamSession`) is in :mod:`nbdebug.recorders.gradcam_cams`, importable
-from here too; ``--faithfulness`` and ``--sanity`` in :mod:`nbdebug.recorders.gradcam_checks`.
+:func:`probe`) is in :mod:`nbdebug.cams.methods`, importable from here too; the click session
+:class:`GradCamSession` in :mod:`nbdebug.sessions.gradcam`; ``--faithfulness`` and ``--sanity`` in
+:mod:`nbdebug.cams.checks`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ from torch import nn
 from ..adapters.outputs import logits_of
 from ..adapters.unhookable import refuse_unhookable
 from ..adapters.vision import InputSize, SpatialLayer, find_image, image_for_display, parse_floats
+from ..cams.checks import faithfulness, sanity
+from ..cams.methods import (
+    compute_cams,
+    grad_cam,
+    nonzero_fallback,
+    probe,
+    spatial_of,
+)
 from ..capture import ModelCall, format_bytes, parse_bytes, select_modules, split_call_name
 from ..capture.probe import OutputProbe
 from ..capture.select import unwrap_compiled
@@ -30,17 +39,9 @@ from ..capture.state import user_hook_count
 from ..inspectors.cams import PERTURBATION, parse_methods
 from ..inspectors.gradcam import GradCamResult, class_names_for, parse_target, pick_layer
 from ..runs.gradients import autograd_inputs, weight_versions
+from ..runs.progress import LabelledProgress
+from ..sessions.gradcam import GradCamSession
 from ..views import Recorder
-from .gradcam_cams import (
-    GradCamSession,
-    compute_cams,
-    grad_cam,
-    nonzero_fallback,
-    probe,
-    spatial_of,
-)
-from .gradcam_checks import faithfulness, sanity
-from .gradcam_perturb import Progress
 
 __all__ = ["GradCamRecorder", "GradCamSession", "compute_cams", "grad_cam", "probe"]
 
@@ -179,13 +180,13 @@ class GradCamRecorder(Recorder):
     def _compute(self) -> GradCamResult:
         if not self._seen:
             raise RuntimeError("the cell never called the model, so there is nothing to explain; call it once, e.g. `model(x)`")
-        progress = Progress()
+        progress = LabelledProgress()
         try:
             return self._explain(progress)
         finally:
             progress.close()
 
-    def _explain(self, progress: Progress) -> GradCamResult:
+    def _explain(self, progress: LabelledProgress) -> GradCamResult:
         layers = self._layers
         chosen, auto = pick_layer(layers, self.layer, self._probe.describe_all())
         model = self.model
@@ -230,7 +231,7 @@ class GradCamRecorder(Recorder):
         )
 
     def _checks(self, session: GradCamSession, layer: SpatialLayer, maps: Any, classes: torch.Tensor, name_of: Any,
-                progress: Progress, notes: list[str]) -> dict[str, Any]:
+                progress: LabelledProgress, notes: list[str]) -> dict[str, Any]:
         """``--faithfulness`` and ``--sanity`` on the shown layer: the result's fields (a problem is a note)."""
         out: dict[str, Any] = {}
         model, (args, kwargs) = self.model, self._inputs

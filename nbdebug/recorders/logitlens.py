@@ -16,7 +16,7 @@ cell not computed yet answers with the ``ModelGoneError`` message.
 
 from __future__ import annotations
 
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -31,11 +31,11 @@ from ..adapters.text import (
     token_strings,
     valid_positions,
 )
-from ..adapters.transformers import ModelParts, find_parts, require_lens
+from ..adapters.transformers import find_parts, require_lens
 from ..adapters.unhookable import refuse_unhookable
-from ..capture import HookSet, ModelRef, parse_bytes
+from ..capture import HookSet, parse_bytes
 from ..capture.budget import format_bytes
-from ..capture.state import execution_device, loaded_weights, offloaded
+from ..capture.state import offloaded
 from ..inspectors.attention import display_token
 from ..inspectors.logitlens import LensResult, LogitLens
 from ..lens import resolve_lens
@@ -44,8 +44,9 @@ from ..runs.replay import (
     int_option,
     nothing_shown,
 )
+from ..sessions.lens import head_device, weak_parts
+from ..sessions.steer import SteerLens, steer_vectors
 from ._language import LanguageRecorder
-from .steer_lens import SteerLens, steer_vectors
 
 __all__ = ["LogitLensRecorder", "head_device", "resolve_target", "weak_parts"]
 
@@ -82,75 +83,14 @@ def _hidden_of(output: Any) -> torch.Tensor | None:
     return None
 
 
-def weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, Any, list[str]]:
-    """``(normed_fn, weight_fn, bias_fn, loaded, notes)`` holding the model's modules and parameters weakly.
-
-    When the unembedding is a module's own ``weight`` (``lm_head``), it is read through the module
-    at each request (accelerate's offload replaces the parameter objects at every forward) inside
-    ``loaded()`` (:func:`~nbdebug.capture.state.loaded_weights`: accelerate's hook loads them, then
-    puts them back on ``meta``). The final norm is called as a module, so its hook loads its own."""
-    notes: list[str] = []
-
-    def weak(obj: Any) -> Any:
-        if obj is None:
-            return None
-        if isinstance(obj, (nn.Module, nn.Parameter)):
-            return ModelRef(obj).get
-        if isinstance(obj, torch.Tensor):
-            base = obj._base if obj._base is not None and isinstance(obj._base, nn.Parameter) else None
-            if base is not None and obj.dim() == 2 and obj.shape == base.T.shape:  # e.g. TransformerLens W_U.T
-                ref = ModelRef(base)
-                return lambda: ref.get().T
-            notes.append("the unembedding is not a parameter of the model: a reference to it is kept")
-            return lambda: obj
-        return lambda: obj  # a function given as final_norm=: kept as given
-
-    norm, pre = weak(parts.final_norm), weak(parts.pre_unembed)
-
-    def normed(h: torch.Tensor) -> torch.Tensor:
-        if norm is not None:
-            h = norm()(h)
-        if pre is not None:
-            h = pre()(h)
-        return h
-
-    if parts.unembed_module is not None:  # find_parts sets it only when the unembedding is its .weight
-        head = ModelRef(parts.unembed_module)
-
-        def head_bias() -> torch.Tensor | None:
-            b = getattr(head.get(), "bias", None)
-            return None if b is None else b.detach()
-
-        return normed, lambda: head.get().weight.detach(), head_bias, lambda: loaded_weights(head.get()), notes
-
-    weight, bias = weak(parts.unembed_weight), weak(parts.unembed_bias)
-
-    def weight_fn() -> torch.Tensor:
-        return weight().detach()
-
-    def bias_fn() -> torch.Tensor | None:
-        return None if bias is None else bias().detach()
-
-    return normed, weight_fn, bias_fn, nullcontext, notes
-
-
-def head_device(parts: ModelParts, resid: list[torch.Tensor]) -> torch.device:
-    """Where the lens gathers the residuals: where the final norm runs (else the head, else the last block)."""
-    for mod in (parts.final_norm, parts.unembed_module):
-        dev = execution_device(mod) if isinstance(mod, nn.Module) else None
-        if dev is not None:
-            return dev
-    return resid[-1].device
-
-
 class LogitLensRecorder(LanguageRecorder):
     """Captures residual streams while entered; ``result()`` → :class:`LensResult`.
 
-    Options: ``tokenizer`` (object or name), ``tokens``, ``target_token`` (text, id or ``#id``;
+    Options: ``tokenizer`` (object or name), ``tokens``, ``answer`` or its alias ``target_token`` (text, id or ``#id``;
     default: each position's next input token, and the model's own prediction at the last),
     ``lens_topk`` (default 10), ``seq_index``, ``max_bytes`` (residuals kept: the last positions that
     fit), ``final_norm``/``unembed`` (explicit parts), ``steer`` (a steering vector or ``{layer: vector}``, or
-    the name of a notebook variable holding one: the view's steering panel, :mod:`.steer_lens`), ``translators`` (tuned lens: one callable per
+    the name of a notebook variable holding one: the view's steering panel, :mod:`nbdebug.sessions.steer`), ``translators`` (tuned lens: one callable per
     layer, e.g. ``lambda h, i=i: tl.transform_hidden(h, i)``), ``lens`` (``logit``, ``tuned``, ``shortcut``, a
     folder, a :class:`~nbdebug.lens.FittedLens` or the name of a variable holding one; two comma-separated:
     shown, compared; :func:`~nbdebug.lens.resolve_lens`). Holds the model weakly.
@@ -169,7 +109,8 @@ class LogitLensRecorder(LanguageRecorder):
         self.max_bytes = parse_bytes(options.get("max_bytes"))
         self.parts = find_parts(model, final_norm=options.get("final_norm"), unembed=options.get("unembed"))
         require_lens(self.parts, model)
-        self.target_id, self.target_label = resolve_target(options.get("target_token"), self.tokenizer)
+        target = options.get("target_token")  # --target-token: the lens's older name of --answer (an alias)
+        self.target_id, self.target_label = resolve_target(options.get("answer") if target is None else target, self.tokenizer)
         self.steer_value = resolve_option(options.get("steer"), ns, "steer")
         if self.steer_value is not None:  # a bad --steer stops here, before the cell
             steer_vectors(self.steer_value, [n for n, _ in self.parts.blocks])

@@ -20,32 +20,20 @@ from typing import Any
 
 from torch import nn
 
-from ..adapters.text import input_ids_of, resolve_option, valid_positions
+from ..adapters.text import input_ids_of, resolve_option, token_option, valid_positions
 from ..capture import ModelCall
 from ..lens.resolve import resolve_one
 from ..runs.replay import int_option
+from ..sessions.patching import PatchSession
 from ..views import Recorder
 from ..workbench import PatchGrid
 from ..workbench.metric import Metric, MetricError, token_labels, tokens_of
 from ..workbench.sites import KINDS
-from .patching_session import PatchSession
 
-__all__ = ["PatchingRecorder", "token_option"]
+__all__ = ["PatchingRecorder"]
 
 _CORRUPT_HINT = ("give the corrupt prompt: --corrupt VAR, where VAR holds a string (with --tokenizer) or token ids "
                  "of the same length as the cell's input")
-
-
-def token_option(value: Any, tokenizer: Any) -> Any:
-    """``--answer``/``--wrong`` as the workbench takes them: ``#12`` or (no tokenizer) ``12`` is an id, text otherwise."""
-    if isinstance(value, str):
-        if value.startswith("#") and value[1:].isdigit():
-            return int(value[1:])
-        if tokenizer is None and value.strip().isdigit():
-            return int(value)
-    if value is None or value == "":
-        return None
-    return value
 
 
 class PatchingRecorder(Recorder):

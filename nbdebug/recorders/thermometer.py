@@ -20,9 +20,9 @@ from ..adapters.unhookable import refuse_unhookable
 from ..capture.budget import parse_bytes
 from ..capture.session import Capture, CaptureResult
 from ..inspectors.thermometer import ThermometerReport, Thresholds, diagnose
+from ..sessions.thermometer import LastCall, ModuleAblation
 from ..views import Recorder, training_options
 from ..widgets.thermometer import ThermometerWidget
-from .thermometer_ablation import LastCall, ModuleAblation
 
 MAX_RATE = 4.0  # live updates per second, at most
 

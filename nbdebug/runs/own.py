@@ -5,7 +5,9 @@ Inside :func:`own_pass` the model runs on clones of its buffers with the random 
 (:func:`~nbdebug.capture.state.suspend_hooks`; nbdebug's interventions in force and the ``keep`` hook
 sets stay), and either without autograd or, with ``grad``, with gradients enabled (also under a
 caller's ``no_grad`` / ``inference_mode``) for activations only. Nothing else in nbdebug calls
-``preserve_buffers`` or ``suspend_hooks`` (``tests/unit/test_architecture.py`` checks it).
+``preserve_buffers`` or ``suspend_hooks`` (``tests/unit/test_architecture.py`` checks it): a copy of the
+model nbdebug changes (the CAM sanity check's re-initialised layers, the doctor's training) is
+:func:`hookless_copy`.
 
 >>> with own_pass(model):                             # doctest: +SKIP
 ...     out = model(x)                                # our forward: the user's state untouched
@@ -15,9 +17,11 @@ caller's ``no_grad`` / ``inference_mode``) for activations only. Nothing else in
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,10 +29,19 @@ from torch import nn
 from ..capture.hooks import HookSet
 from ..capture.state import preserve_buffers, suspend_hooks
 
-__all__ = ["PARAMS", "frozen_params", "own_pass"]
+__all__ = ["PARAMS", "frozen_params", "hookless_copy", "own_pass"]
 
 #: what happens to parameters' ``requires_grad`` in a gradient pass
 PARAMS = ("frozen", "as_is")
+
+
+def hookless_copy(model: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
+    """A deep copy of ``model`` that holds none of the user's hooks (library hooks, as
+    :func:`~nbdebug.capture.state.suspend_hooks` tells them apart, are copied): nbdebug's own copy to
+    change and train, the user's hooks neither copied nor called. ``memo``: :func:`copy.deepcopy`'s, to
+    map the user's parameters to the copy's (an optimizer's)."""
+    with suspend_hooks(model):
+        return copy.deepcopy(model, memo)
 
 
 @contextmanager

@@ -30,6 +30,7 @@ from ..inspectors.attention import (
     from_attentions,
     quantize_head,
 )
+from ..sessions.protocols import HeadAblates
 from ._base import NBWidget, rpc
 from ._snapshot import MAX_SNAPSHOT_BYTES, code_html, colorize, grid, img_tag, upscale
 from ._transport import encode_array
@@ -96,9 +97,9 @@ class AttentionWidget(NBWidget):
     ablated = traitlets.List().tag(sync=True)
     ablate_clicks = traitlets.Int(0).tag(sync=True)
 
-    def __init__(self, result: AttentionResult, *, ablation: Any = None, ablate_note: str = "", **kwargs: Any) -> None:
+    def __init__(self, result: AttentionResult, *, ablation: HeadAblates | None = None, ablate_note: str = "", **kwargs: Any) -> None:
         self.result = result
-        #: an :class:`~nbdebug.recorders.ablation_session.AblationSession` on the shown prompt (None: no ablation)
+        #: an :class:`~nbdebug.sessions.ablation.AblationSession` on the shown prompt (None: no ablation)
         self.ablation = ablation
         if ablation is None and not ablate_note:
             ablate_note = "ablation needs the model: open this view with %%nndebug model --view attention"

@@ -22,6 +22,7 @@ import traitlets
 from ..attribution import Attribution
 from ..attribution.methods import METHODS
 from ..inspectors.token_headlines import attribution_headline
+from ..sessions.protocols import AttributionClicks
 from ..workbench.metric import token_labels
 from ._base import NBWidget, rpc
 from ._snapshot import code_html
@@ -64,7 +65,7 @@ class AttributionWidget(NBWidget):
     generated = traitlets.List(traitlets.Unicode()).tag(sync=True)
     pick = traitlets.Int(-1).tag(sync=True)
 
-    def __init__(self, result: Attribution, session: Any = None, **kwargs: Any) -> None:
+    def __init__(self, result: Attribution, session: AttributionClicks | None = None, **kwargs: Any) -> None:
         steps = getattr(session, "steps", result.steps or 64)
         fix_first = getattr(session, "fix_first", "first token fixed" in result.baseline)
         gen = list(getattr(session, "generated", []) or [])

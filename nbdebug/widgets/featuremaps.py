@@ -25,6 +25,7 @@ from ..inspectors.featuremaps import (
     page_size,
     silent_on_all,
 )
+from ..sessions.protocols import ChannelAblates
 from ._base import NBWidget, rpc
 from ._snapshot import MAX_SNAPSHOT_BYTES, code_html, colorize, encode_png, grid, img_tag, upscale
 
@@ -64,7 +65,7 @@ class FeatureMapsWidget(NBWidget):
     ablations = traitlets.Int(0).tag(sync=True)
 
     def __init__(self, result: FeatureMapsResult, *, sample: int = 0, colormap: str = "viridis", sort: str = "index", norm: str = "channel",
-                 ablation: Any = None, **kwargs: Any) -> None:
+                 ablation: ChannelAblates | None = None, **kwargs: Any) -> None:
         layers = [
             {"name": lay.name, "shape": list(lay.shape), "channels": lay.grid.channels, "height": lay.grid.height,
              "width": lay.grid.width, "layout": lay.grid.describe(), "samples": lay.samples}
@@ -77,7 +78,7 @@ class FeatureMapsWidget(NBWidget):
             notes=list(result.notes), can_ablate=ablation is not None, **kwargs,
         )
         self._result = result
-        self.ablation = ablation  # a ChannelAblation (nbdebug.recorders.vision_ablation) or None
+        self.ablation = ablation  # a ChannelAblation (nbdebug.sessions.channels) or None
         self._silent_all: dict[str, Any] = {}
         self._set_headline()
         self.observe(self._set_headline, names=["layer", "sample"])

@@ -23,6 +23,7 @@ from ..inspectors.events import fmt_p
 from ..inspectors.faithfulness import FRACTIONS, LOWER_IS_BETTER, METRICS
 from ..inspectors.gradcam import GradCamResult, class_label, overlay_headline
 from ..inspectors.sanity import THRESHOLD
+from ..sessions.protocols import CamClicks
 from ._base import NBWidget, rpc
 from ._snapshot import MAX_SNAPSHOT_BYTES, code_html, colorize, encode_png, img_tag, upscale
 
@@ -77,7 +78,7 @@ class GradCamWidget(NBWidget):
     notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
     image_note = traitlets.Unicode("").tag(sync=True)
 
-    def __init__(self, result: GradCamResult, session: Any, *, sample: int = 0, colormap: str = "inferno", **kwargs: Any) -> None:
+    def __init__(self, result: GradCamResult, session: CamClicks, *, sample: int = 0, colormap: str = "inferno", **kwargs: Any) -> None:
         b = int(result.classes.shape[0])
         classes = [
             [

@@ -22,12 +22,13 @@ from ..inspectors.attention import display_token
 from ..inspectors.events import fmt_p
 from ..inspectors.lens_finding import layer_rows, lens_headline
 from ..inspectors.logitlens import LogitLens
+from ..sessions.protocols import SteerClicks
 from ._base import NBWidget, rpc
 from ._snapshot import code_html, css_color, lut
 from ._transport import encode_array
 
 #: shown in the steering panel's place when the view has no ``--steer`` vector
-STEER_HINT = ("steer this lens: v = nbdebug.steering_vector(model, tok, positive=[...], negative=[...], "
+STEER_HINT = ("steer this lens: v = nbdebug.steering_vector(model, tokenizer=tok, positive=[...], negative=[...], "
               "layer='<block name>'), then add --steer v to the magic line")
 
 __all__ = ["STEER_HINT", "LogitLensWidget", "text_on"]
@@ -72,7 +73,7 @@ class LogitLensWidget(NBWidget):
     Columns and cells not computed yet need the model: once it is deleted they
     answer with the ``ModelGoneError`` message (the lens holds the model weakly). UI state synced both ways: ``metric``,
     ``row_range`` (``[first, last]``), ``pos_range`` (``[start, end)`` of visible positions),
-    ``pinned`` (list of ``[row, pos]``). ``steering`` (a :class:`~nbdebug.recorders.steer_lens.SteerLens`,
+    ``pinned`` (list of ``[row, pos]``). ``steering`` (a :class:`~nbdebug.sessions.steer.SteerLens`,
     from ``--steer``): the steering panel's ``steer_layers``/``steer_layer`` and the ``steer`` request
     (``{layer, alpha, start, end}`` → the steered run's columns and both runs' next-token top-5);
     without it ``steer_hint`` says how to make a vector.
@@ -118,7 +119,7 @@ class LogitLensWidget(NBWidget):
     #: positions whose KL the strip's "this prompt" column averages
     kl_positions = traitlets.List(traitlets.Int()).tag(sync=True)
 
-    def __init__(self, lens: LogitLens, *, window: int = 48, steering: Any = None, other: LogitLens | None = None,
+    def __init__(self, lens: LogitLens, *, window: int = 48, steering: SteerClicks | None = None, other: LogitLens | None = None,
                  fitted: tuple[Any, Any] = (None, None), kl_window: int = 1, **kwargs: Any) -> None:
         self.lens = lens
         self.other = other

@@ -23,6 +23,7 @@ import traitlets
 
 from ..inspectors.attention import display_token
 from ..inspectors.token_headlines import SHOWN, block_labels, patch_headline
+from ..sessions.protocols import PatchClicks
 from ..workbench import PatchGrid
 from ._base import NBWidget, rpc
 from ._snapshot import code_html
@@ -107,7 +108,7 @@ class PatchingWidget(NBWidget):
     selected = traitlets.List(traitlets.Int()).tag(sync=True)
     clicks = traitlets.Int(0).tag(sync=True)
 
-    def __init__(self, session: Any, *, sites: str = "resid", method: str = "exact", **kwargs: Any) -> None:
+    def __init__(self, session: PatchClicks, *, sites: str = "resid", method: str = "exact", **kwargs: Any) -> None:
         self.session = session
         grid = session.grid(sites, method)
         self._answer = display_token(session.answer_clean["token"]) if getattr(session, "answer_clean", None) else "the answer"

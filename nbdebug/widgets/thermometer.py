@@ -31,6 +31,7 @@ from ..inspectors.findings import as_json, headline, live_findings
 from ..inspectors.groups import groups_live, groups_view
 from ..inspectors.history import step_flags
 from ..inspectors.thermometer import COLUMNS, LEGEND, ThermometerReport, Thresholds, diagnose
+from ..sessions.protocols import ModuleAblates
 from ._base import NBWidget, rpc
 from ._transport import encode_array, pack_arrays
 from .thermometer_data import (
@@ -117,8 +118,8 @@ class ThermometerWidget(NBWidget):
     #: a row's module can be ablated (the last model call was kept), and the ablations run (for tests)
     can_ablate = traitlets.Bool(False).tag(sync=True)
     ablations = traitlets.Int(0).tag(sync=True)
-    #: a ModuleAblation (nbdebug.recorders.thermometer_ablation) once the cell ran, else None
-    ablation: Any = None
+    #: a ModuleAblation (nbdebug.sessions.thermometer) once the cell ran, else None
+    ablation: ModuleAblates | None = None
 
     def __init__(self, report: ThermometerReport, capture: CaptureResult | None = None,
                  thresholds: Thresholds | None = None, **kwargs: Any) -> None:

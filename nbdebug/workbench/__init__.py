@@ -5,9 +5,9 @@ recorded runs for a view's clicks.
 
 Layout (each module one job): ``sites`` (what can be patched, the grid's rows/columns/cells),
 ``metric`` (what a patch is measured by, prompts as tokens), ``runs`` (a prompt's recorded run: the
-cached state), ``exact`` (batched exact patching from cached state), ``attribution`` (the gradient
+cached state), ``exact`` (batched exact patching from cached state), ``attribution_patching`` (the gradient
 estimate), ``grid`` (the :class:`PatchGrid` result), ``session`` (:class:`Workbench`), ``patching``
-(``patch``), ``targets`` + ``interventions`` (ablate, steer, steering vectors), ``progress``. Hooks are
+(``patch``), ``targets`` + ``interventions`` (ablate, steer, steering vectors; the bar is ``nbdebug.runs.progress``). Hooks are
 registered only by ``nbdebug.runs.interventions`` / ``nbdebug.runs.patchrun``; per-family model
 knowledge lives in ``nbdebug.adapters.blockparts`` / ``nbdebug.adapters.blockrun``.
 

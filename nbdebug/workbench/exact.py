@@ -28,8 +28,8 @@ from ..adapters.blockparts import PatchParts
 from ..adapters.blockrun import BlockRunner
 from ..runs.interventions import Replacement, edit_activations, patch_points
 from ..runs.own import own_pass
+from ..runs.progress import Progress, ProgressSpec
 from .metric import Metric
-from .progress import Progress, ProgressSpec
 from .runs import RunState
 from .sites import Cell, cell_masks
 
@@ -107,7 +107,7 @@ class ExactEngine:
     # -- running -----------------------------------------------------------------------------------
     def run(self, cells: Sequence[Cell], progress: ProgressSpec = False, what: str = "patching") -> torch.Tensor:
         """The metric ``(len(cells),)`` of each cell's patched run, in the order given (``progress``: see
-        :class:`~nbdebug.workbench.progress.Progress`; one step per block call)."""
+        :class:`~nbdebug.runs.progress.Progress`; one step per block call)."""
         out = torch.empty(len(cells), dtype=torch.float32)
         index = {id(c): i for i, c in enumerate(cells)}
         chunks = self.plan(cells)

@@ -42,7 +42,7 @@ from ..runs.run import run
 from .metric import tokens_of
 from .targets import Target, resolve
 
-__all__ = ["Ablation", "ablate", "ablation_edits", "steer", "steering_vector"]
+__all__ = ["Ablation", "ablate", "ablation_edits", "old_positional", "steer", "steering_vector"]
 
 MODES = ("zero", "mean")
 
@@ -180,8 +180,9 @@ def _past_length(kwargs: Mapping[str, Any]) -> int:
     return 0
 
 
-def _old_positional(fn: str, args: tuple[Any, ...], names: Sequence[str], given: dict[str, Any], depth: int) -> dict[str, Any]:
-    """Positional arguments of the former signature mapped to their keywords, with a DeprecationWarning."""
+def old_positional(fn: str, args: tuple[Any, ...], names: Sequence[str], given: dict[str, Any], depth: int) -> dict[str, Any]:
+    """Positional arguments of the former signature mapped to their keywords, with a DeprecationWarning
+    (``steer``, ``steering_vector``, ``attribute``: keywords after the model and inputs)."""
     if len(args) > len(names):
         raise TypeError(f"{fn}() takes at most {len(names)} positional arguments after the model")
     warnings.warn(f"{fn}: pass {', '.join(n + '=' for n in names[:len(args)])} as keywords (positional use is deprecated "
@@ -201,7 +202,7 @@ def steer(model: nn.Module, *args: Any, layer: Any = None, vector: torch.Tensor 
     the block runs, at every position or at the absolute ``positions`` (see the module docstring).
     (``steer(model, layer, vector, alpha)`` positionally still works, with a DeprecationWarning.)"""
     if args:
-        got = _old_positional("steer", args, ("layer", "vector", "alpha", "positions"),
+        got = old_positional("steer", args, ("layer", "vector", "alpha", "positions"),
                               {"layer": layer, "vector": vector, "alpha": None if alpha == 4.0 else alpha, "positions": positions}, 4)
         layer, vector, positions = got["layer"], got["vector"], got["positions"]
         alpha = 4.0 if got["alpha"] is None else got["alpha"]
@@ -240,7 +241,7 @@ def steering_vector(model: nn.Module, *args: Any, positive: Sequence[Any] | None
     ``steering_vector(model, positive, negative, layer=..., tokenizer=tok)``; the former
     ``steering_vector(model, tok, positive, negative, layer)`` still works, with a DeprecationWarning."""
     if args and not isinstance(args[0], (list, tuple)):  # the former order: tokenizer first
-        got = _old_positional("steering_vector", args, ("tokenizer", "positive", "negative", "layer"),
+        got = old_positional("steering_vector", args, ("tokenizer", "positive", "negative", "layer"),
                               {"tokenizer": tokenizer, "positive": positive, "negative": negative, "layer": layer}, 3)
         tokenizer, positive, negative, layer = got["tokenizer"], got["positive"], got["negative"], got["layer"]
     elif args:

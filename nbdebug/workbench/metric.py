@@ -2,12 +2,12 @@
 log-probability when there is no ``wrong``, or the user's ``metric(logits) -> (B,)``; and the
 tokens of the two prompts.
 
-The convention of ``answer=``/``wrong=`` for the public API, written here once: ``answer`` and
-``wrong`` → ``logit[answer] − logit[wrong]`` at the last position (``patch``, ``attribute``, the
-views' clicks); ``answer`` alone → ``log p(answer)`` (``patch``, :meth:`Metric.build`). Not yet
-followed: ``attribute`` with ``answer`` alone measures the answer's logit
-(:func:`nbdebug.attribution.tokens.build_metric`; changing it changes what ``--view attribution
---answer`` without ``--wrong`` shows, so it waits for the lead's decision, issue 28).
+The convention of ``answer=``/``wrong=`` for the public API, written here once (issue 28): ``answer``
+and ``wrong`` → ``logit[answer] − logit[wrong]`` at the last position; ``answer`` alone →
+``log p(answer)``; ``metric=`` → the user's callable. :func:`nbdebug.patch`, :func:`nbdebug.attribute`
+(token attribution), the views' clicks (the attention view's head ablation, the patching view, the
+attribution view's ``--answer``/``--wrong``) all build this :class:`Metric` (:meth:`Metric.build`);
+``answer``/``wrong`` are keyword arguments after the model and the inputs everywhere.
 
 >>> m = Metric.build(answer=" Paris", wrong=" Rome", tokenizer=tok)      # doctest: +SKIP
 >>> m(logits)                    # logits (B, T, V) or (B, V) at the last position -> (B,) float32
@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["Metric", "MetricError", "token_labels", "token_of", "tokens_of"]
+__all__ = ["Metric", "MetricError", "answer_entry", "token_labels", "token_of", "tokens_of", "top_k", "top_tokens"]
 
 
 class MetricError(ValueError):
@@ -35,6 +36,33 @@ def token_labels(tokenizer: Any, ids: list[int]) -> list[str]:
     if tokenizer is None:
         return [str(i) for i in ids]
     return [tokenizer.decode([i]) for i in ids]
+
+
+def top_k(logits: torch.Tensor | np.ndarray, k: int = 5) -> tuple[list[int], list[float]]:
+    """THE top-``k`` of a next-token distribution: ``(ids, probabilities)`` of last-position ``logits``
+    ``(V,)``, softmax in float64 on the host copy (every top-token list of the workbench, the patching
+    and ablation clicks goes through it)."""
+    z = torch.as_tensor(logits).detach().double().reshape(-1)
+    p = torch.softmax(z, -1)
+    v, i = p.topk(min(k, p.numel()))
+    return [int(a) for a in i], [float(b) for b in v]
+
+
+def top_tokens(logits: torch.Tensor | np.ndarray, tokenizer: Any, k: int = 5) -> list[dict[str, Any]]:
+    """The ``k`` most likely next tokens of last-position ``logits`` ``(V,)``: ``{id, token, p}`` each."""
+    ids, ps = top_k(logits, k)
+    return [{"id": a, "token": t, "p": b} for a, t, b in zip(ids, token_labels(tokenizer, ids), ps)]
+
+
+def answer_entry(logits: torch.Tensor | np.ndarray, answer: int | None, tokenizer: Any) -> dict[str, Any] | None:
+    """The answer token's ``{id, token, p, rank}`` (rank 1 = the most likely) in last-position ``logits``,
+    shown under every top-5 whether or not it is in it; None without an answer id."""
+    if answer is None:
+        return None
+    z = torch.as_tensor(logits).detach().double().reshape(-1)
+    p = torch.softmax(z, -1)
+    rank = int((z > z[int(answer)]).sum()) + 1
+    return {"id": int(answer), "token": token_labels(tokenizer, [int(answer)])[0], "p": float(p[int(answer)]), "rank": rank}
 
 
 def token_of(value: int | str | torch.Tensor, tokenizer: Any, what: str) -> int:

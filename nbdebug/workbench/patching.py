@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..runs.progress import ProgressSpec
 from .grid import PatchGrid
-from .progress import ProgressSpec
 from .session import Workbench
 
 __all__ = ["patch"]

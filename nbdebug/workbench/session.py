@@ -22,12 +22,12 @@ from ..adapters.blockparts import patch_parts
 from ..adapters.blockrun import block_runner
 from ..capture.budget import DEFAULT_MAX_BYTES, parse_bytes
 from ..capture.state import execution_device
-from .attribution import attribute
+from ..runs.progress import ProgressSpec
+from .attribution_patching import estimate_patches
 from .exact import ExactEngine
 from .grid import PatchGrid
 from .interventions import ablation_edits
-from .metric import Metric, MetricError, token_labels, tokens_of
-from .progress import ProgressSpec
+from .metric import Metric, MetricError, token_labels, tokens_of, top_k
 from .runs import RunState, record_state
 from .sites import Cell, identical, layout
 from .targets import resolve
@@ -53,10 +53,8 @@ class PatchedRun:
 
     def top(self, k: int = 5) -> list[tuple[int, float]]:
         """The ``k`` most likely next tokens ``(id, probability)``."""
-        z = torch.from_numpy(self.logits).double()
-        p = torch.softmax(z, -1)
-        v, i = p.topk(min(k, p.numel()))
-        return [(int(a), float(b)) for a, b in zip(i, v)]
+        ids, ps = top_k(self.logits, k)
+        return list(zip(ids, ps))
 
 
 class Workbench:
@@ -149,7 +147,7 @@ class Workbench:
             todo = [c for c, s in zip(lay.cells, same) if not s]
             values = self.engine(direction, sites, max_bytes).run(todo, progress, f"patching {sites}")
         else:  # one forward of the base run that keeps its graph, one backward: no other forward
-            est = attribute(self.model, self.pp, self.runner, self.metric, self.ids[base_name], source, lay.cells, sites)
+            est = estimate_patches(self.model, self.pp, self.runner, self.metric, self.ids[base_name], source, lay.cells, sites)
             m_source = float(self.metric(source.logits)[0])
             mc, mk = self._check(*((m_source, est.metric_base) if direction == "denoise" else (est.metric_base, m_source)))
             same = self._identical(lay.cells, est.base, source, sites)

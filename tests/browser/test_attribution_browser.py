@@ -98,7 +98,7 @@ def test_pick_a_generated_token(page, lab) -> None:  # type: ignore[no-untyped-d
     page.wait_for_function(f"document.querySelector('{W} button.nbd-attr-gen.nbd-attr-picked')?.dataset.index === '2'", timeout=120_000)
     page.wait_for_function(f"document.querySelectorAll('{W} .nbd-attr-score').length === 8", timeout=60_000)
     kernel = kernel_json(page, "{'pick': _nndebug_widget.pick, 'scores': [float(s) for s in _nndebug_widget.result.scores], "
-                               "'ref': [float(s) for s in __import__('nbdebug').attribute(model, seq[:, :8], int(seq[0, 8]), 5, tokenizer=tok).scores]}")
+                               "'ref': [float(s) for s in __import__('nbdebug').attribute(model, seq[:, :8], answer=int(seq[0, 8]), wrong=5, tokenizer=tok).scores]}")
     assert kernel["pick"] == 2 and kernel["scores"] == pytest.approx(kernel["ref"], rel=1e-6, abs=1e-9)
     shown = [float(s) for s in widget.locator(".nbd-attr-score").all_text_contents()]
     assert shown == [pytest.approx(s, rel=0.02, abs=1e-3 * max(abs(x) for x in kernel["scores"])) for s in kernel["scores"]]

@@ -274,7 +274,7 @@ def test_view_over_generate(op: str, record_property: Any) -> None:
         assert len(w.generated) == M.NEW_TOKENS
         content, _ = w.handle_request("attribution", {"method": "grad_x_input", "pick": 2})
         n = x.shape[1] + 2
-        ref = nbdebug.attribute(model, seq[:, :n], int(seq[0, n]), C.WRONG)
+        ref = nbdebug.attribute(model, seq[:, :n], answer=int(seq[0, n]), wrong=C.WRONG)
         C.equal({"scores": content["result"]["scores"]}, {"scores": ref.scores}, 1e-6)
         w.close()
     before.same(model)

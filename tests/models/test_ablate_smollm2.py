@@ -24,7 +24,7 @@ pytest.importorskip("transformers")
 import nbdebug  # noqa: E402
 from nbdebug.adapters.offline import load_smollm2  # noqa: E402
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint  # noqa: E402
-from nbdebug.recorders.ablation_session import AblationSession  # noqa: E402
+from nbdebug.sessions.ablation import AblationSession  # noqa: E402
 
 PROMPT = "The Eiffel Tower is in the city of"
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "nbdebug"
 FILES = sorted(PKG.rglob("*.py"))
 MAX_LINES = 400
-_ABOVE_RUNS = ("nbdebug.inspectors", "nbdebug.widgets", "nbdebug.recorders", "nbdebug.magic", "nbdebug.api",
+_ABOVE_RUNS = ("nbdebug.inspectors", "nbdebug.sessions", "nbdebug.cams", "nbdebug.widgets", "nbdebug.recorders", "nbdebug.magic", "nbdebug.api",
                "nbdebug.views", "nbdebug.exports", "nbdebug.doctor", "nbdebug.distributed", "nbdebug.integrations",
                "nbdebug.testing", "nbdebug.workbench", "nbdebug.attribution")
 #: what each layer may not import (prefixes of module names): capture ← adapters ← runs ← workbench, attribution…
@@ -29,15 +29,12 @@ FORBIDDEN = {
     "nbdebug.inspectors": ("nbdebug.widgets", "nbdebug.recorders", "nbdebug.magic", "nbdebug.api"),
     "nbdebug.capture": (*_ABOVE_RUNS, "nbdebug.runs"),
     "nbdebug.runs": _ABOVE_RUNS,
+    "nbdebug.cams": ("nbdebug.sessions", "nbdebug.recorders", "nbdebug.widgets", "nbdebug.magic", "nbdebug.api", "nbdebug.views"),
+    "nbdebug.sessions": ("nbdebug.recorders", "nbdebug.widgets", "nbdebug.magic", "nbdebug.api", "nbdebug.views"),
 }
-#: the former homes of runs/ modules: re-exports only, until the click sessions in recorders/ import
-#: from nbdebug.runs (issue 28); the only capture modules allowed to import runs
 #: the hygiene primitives and who may call them: the hygiene module and the one own pass (issue 28)
 OWN_PASS_ONLY = {"preserve_buffers", "suspend_hooks"}
 OWN_PASS_CALLERS = {"nbdebug.capture.state", "nbdebug.runs.own"}
-#: callers that are no own pass and sit in other sessions' files, to move (named in the issue-28 report):
-#: a deep copy taken without the user's hooks, and the doctor's training passes on its deep copy
-OWN_PASS_PENDING = {"nbdebug.recorders.gradcam_checks", "nbdebug.doctor"}
 
 
 def _modname(p: Path) -> str:
@@ -206,6 +203,10 @@ def test_pure_layers_import_nothing_above_them(layer: str) -> None:
 
 
 @pytest.mark.parametrize(("layer", "planted"), [("nbdebug.runs", "nbdebug.workbench.session"),
+                                               ("nbdebug.runs", "nbdebug.sessions.ablation"),
+                                               ("nbdebug.sessions", "nbdebug.recorders.attention"),
+                                               ("nbdebug.sessions", "nbdebug.widgets.attention"),
+                                               ("nbdebug.cams", "nbdebug.sessions.gradcam"),
                                                ("nbdebug.runs", "nbdebug.attribution.tokens"),
                                                ("nbdebug.capture", "nbdebug.runs.own"),
                                                ("nbdebug.inspectors", "nbdebug.widgets._base")])
@@ -230,13 +231,13 @@ def _hygiene_calls(trees: dict[str, ast.AST]) -> dict[str, list[int]]:
 
 
 def _own_pass_violations(trees: dict[str, ast.AST]) -> list[str]:
-    allowed = OWN_PASS_CALLERS | OWN_PASS_PENDING
+    allowed = OWN_PASS_CALLERS
     return [f"{m}:{lines}" for m, lines in sorted(_hygiene_calls(trees).items()) if m not in allowed]
 
 
 def test_buffers_and_hooks_are_set_aside_only_by_the_one_own_pass() -> None:
     assert _own_pass_violations(TREES) == []
-    assert set(_hygiene_calls(TREES)) <= OWN_PASS_CALLERS | OWN_PASS_PENDING
+    assert set(_hygiene_calls(TREES)) <= OWN_PASS_CALLERS
     assert "nbdebug.runs.own" in _hygiene_calls(TREES)
 
 
@@ -259,3 +260,120 @@ def test_the_other_scanners_find_planted_mistakes(tmp_path: Path) -> None:
     long_file = tmp_path / "planted.py"
     long_file.write_text("x = 1\n" * (MAX_LINES + 1))
     assert _long([*FILES, long_file]) == {"planted.py": MAX_LINES + 1}
+
+
+#: the one helper recorders/ may hold beside one file per registered view
+RECORDER_HELPERS = {"__init__", "_language"}
+
+
+def _recorder_files_not_views(stems: set[str]) -> list[str]:
+    from nbdebug.views import VIEWS
+
+    views = {spec.recorder.partition(":")[0].rsplit(".", 1)[-1] for spec in VIEWS.values()}
+    return sorted((stems - views - RECORDER_HELPERS) | (views - stems))
+
+
+def test_recorders_are_exactly_the_registered_views() -> None:
+    from nbdebug.views import VIEWS
+
+    assert all(spec.recorder.startswith(f"nbdebug.recorders.{name}:") for name, spec in VIEWS.items())
+    assert _recorder_files_not_views({p.stem for p in (PKG / "recorders").glob("*.py")}) == []
+
+
+def test_the_recorders_scan_finds_a_planted_session() -> None:
+    stems = {p.stem for p in (PKG / "recorders").glob("*.py")}
+    assert _recorder_files_not_views(stems | {"ablation_session"}) == ["ablation_session"]
+    assert _recorder_files_not_views(stems - {"patching"}) == ["patching"]
+
+
+def _protocol_mismatches(cls: type, proto: type) -> list[str]:
+    """Members of ``proto`` that ``cls`` lacks or defines with other parameters."""
+    import inspect
+
+    out = []
+    for name in sorted(set(inspect.get_annotations(proto)) | {k for k, v in vars(proto).items()
+                                                              if (callable(v) or isinstance(v, property)) and not k.startswith("_")}):
+        want = inspect.getattr_static(proto, name, None)
+        have = inspect.getattr_static(cls, name, None)
+        if callable(want):
+            if not callable(have) or list(inspect.signature(have).parameters) != list(inspect.signature(want).parameters):
+                out.append(name)
+        elif isinstance(want, property):
+            if not isinstance(have, property):
+                out.append(name)
+    return out
+
+
+def _sessions() -> list[tuple[type, type]]:
+    from nbdebug.sessions import protocols as p
+    from nbdebug.sessions.ablation import AblationSession
+    from nbdebug.sessions.attribution import AttributionSession
+    from nbdebug.sessions.channels import ChannelAblation
+    from nbdebug.sessions.gradcam import GradCamSession
+    from nbdebug.sessions.patching import PatchSession
+    from nbdebug.sessions.steer import SteerLens
+    from nbdebug.sessions.thermometer import ModuleAblation
+
+    return [(AblationSession, p.HeadAblates), (ChannelAblation, p.ChannelAblates), (ModuleAblation, p.ModuleAblates),
+            (PatchSession, p.PatchClicks), (SteerLens, p.SteerClicks), (GradCamSession, p.CamClicks),
+            (AttributionSession, p.AttributionClicks)]
+
+
+@pytest.mark.parametrize("pair", _sessions(), ids=lambda pair: pair[0].__name__)
+def test_each_session_has_what_its_widget_protocol_asks(pair: tuple[type, type]) -> None:
+    assert _protocol_mismatches(*pair) == []
+
+
+def test_the_protocol_check_finds_a_planted_mismatch() -> None:
+    from nbdebug.sessions.protocols import ChannelAblates, ModuleAblates
+
+    class Positional:
+        def ablate(self, layer: str, channels: list[int], mode: str = "zero") -> dict:  # the channel shape
+            return {}
+
+    assert _protocol_mismatches(Positional, ModuleAblates) == ["ablate"]
+    assert _protocol_mismatches(Positional, ChannelAblates) == []
+    assert _protocol_mismatches(object, ChannelAblates) == ["ablate"]
+
+
+def test_widgets_type_their_session_by_a_protocol() -> None:
+    """No widget takes its click session as ``Any``."""
+    sessions = {"ablation", "session", "steering"}
+    found = []
+    for m, tree in TREES.items():
+        if not m.startswith("nbdebug.widgets."):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.arg, ast.AnnAssign)):
+                name = node.arg if isinstance(node, ast.arg) else getattr(node.target, "id", None)
+                ann = node.annotation
+                if name in sessions and ann is not None and "Any" in ast.unparse(ann):
+                    found.append(f"{m}:{node.lineno} {name}")
+    assert found == []
+
+
+def _unmapped(arch: str, files: list[Path]) -> list[str]:
+    """Modules ARCHITECTURE.md does not name (a file as `folder/file.py`, a package by its `folder/`), and
+    folders its diagram (the first code block) leaves out."""
+    diagram = arch.split("```")[1]
+    out = []
+    for p in files:
+        rel = p.relative_to(PKG)
+        name = "__init__.py" if rel.as_posix() == "__init__.py" else \
+            f"{rel.parent.as_posix()}/" if p.name == "__init__.py" else rel.as_posix()
+        if f"`{name}" not in arch:
+            out.append(name)
+    folders = sorted({p.relative_to(PKG).parts[0] for p in files if len(p.relative_to(PKG).parts) > 1})
+    return out + [f"diagram: {f}/" for f in folders if f"{f}/" not in diagram]
+
+
+def test_architecture_md_maps_every_module_and_folder() -> None:
+    assert _unmapped((ROOT / "ARCHITECTURE.md").read_text(), FILES) == []
+
+
+def test_the_map_check_finds_a_planted_module() -> None:
+    arch = (ROOT / "ARCHITECTURE.md").read_text()
+    planted = PKG / "sessions" / "planted.py"
+    assert _unmapped(arch, [*FILES, planted]) == ["sessions/planted.py"]
+    diagram = arch.split("```")[1]
+    assert _unmapped(arch.replace(diagram, diagram.replace("sessions/", "sessions")), FILES) == ["diagram: sessions/"]

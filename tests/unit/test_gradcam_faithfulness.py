@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from nbdebug.adapters.vision import GridInfo
+from nbdebug.cams.checks import faithfulness
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint
 from nbdebug.inspectors.faithfulness import (
     FRACTIONS,
@@ -22,7 +23,6 @@ from nbdebug.inspectors.faithfulness import (
 )
 from nbdebug.inspectors.gradcam import CamMaps
 from nbdebug.recorders.gradcam import GradCamRecorder
-from nbdebug.recorders.gradcam_checks import faithfulness
 from tests.envelope.cams_ref import dense_impute  # Rong et al.'s imputation as a dense solve
 
 H = W = 12

@@ -14,10 +14,10 @@ from scipy.stats import spearmanr
 from torch import nn
 
 from nbdebug.adapters.vision import SpatialLayer
+from nbdebug.cams.checks import layers_after, reinitialise, sanity
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint
 from nbdebug.inspectors.sanity import THRESHOLD, cascade_steps, ranks, spearman
 from nbdebug.recorders.gradcam import GradCamRecorder, grad_cam
-from nbdebug.recorders.gradcam_checks import layers_after, reinitialise, sanity
 
 
 class TwoHeads(nn.Module):

@@ -115,8 +115,8 @@ def test_a_lens_for_another_model_is_refused_before_the_cell(setup: tuple[Any, A
 
 
 def test_patching_lens_column_reads_through_the_same_lens(setup: tuple[Any, Any, Any]) -> None:
-    """recorders.lensrun.model_lens(..., lens=...): what the patching view's lens column uses."""
-    from nbdebug.recorders.lensrun import lens_column, model_lens
+    """sessions.lens.model_lens(..., lens=...): what the patching view's lens column uses."""
+    from nbdebug.sessions.lens import lens_column, model_lens
 
     m, fitted, saved = setup
     ids = text(5, seed=14)[None]
@@ -135,7 +135,7 @@ def test_patching_session_lens_column_uses_the_fitted_lens(setup: tuple[Any, Any
     """The patching view's lens column (PatchSession(lens=...), what --lens gives the patching recorder)
     equals the saved translators applied by hand to the clean run's last position; without a lens it
     is the logit lens."""
-    from nbdebug.recorders.patching_session import PatchSession
+    from nbdebug.sessions.patching import PatchSession
 
     m, fitted, saved = setup
     clean, corrupt = text(5, seed=14)[None], text(5, seed=15)[None]

@@ -139,6 +139,13 @@ def test_target_token_option_and_tokens() -> None:
             m(ids)
     res = rec.result()
     assert res.targets.tolist() == [1, 1, 1, 1]
+    # --answer is the flag's one name; --target-token (target_token=) stays its alias and wins when both are given
+    with LogitLensRecorder(m, tokenizer="tok", answer="A", user_ns={"tok": Tok()}) as rec2, torch.no_grad():
+        m(ids)
+    assert rec2.result().targets.tolist() == [1, 1, 1, 1]
+    with LogitLensRecorder(m, tokenizer="tok", answer="B", target_token="A", user_ns={"tok": Tok()}) as rec3, torch.no_grad():
+        m(ids)
+    assert rec3.result().targets.tolist() == [1, 1, 1, 1]
     assert res.tokens == [f"t{int(i)}" for i in ids[0]]
     i0 = int(res.top_ids[0, 0, 0])
     assert res.vocab[i0] == f"<{i0}>" and res.top_tokens(0, 0)[0][0] == f"<{i0}>"

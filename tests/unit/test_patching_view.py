@@ -12,10 +12,11 @@ import torch
 
 import nbdebug
 from nbdebug.adapters.offline import tiny_lm
+from nbdebug.adapters.text import token_option
 from nbdebug.capture import ModelGoneError, hook_count
-from nbdebug.recorders.patching import token_option
-from nbdebug.recorders.patching_session import PatchSession, top_tokens
+from nbdebug.sessions.patching import PatchSession
 from nbdebug.widgets.patching import NEGATIVE, POSITIVE, diverging
+from nbdebug.workbench.metric import top_tokens
 
 
 def pair() -> tuple[torch.Tensor, torch.Tensor]:

@@ -194,3 +194,40 @@ def test_results_show_their_views(gpt2: nn.Module) -> None:
     a = nbdebug.attribute(gpt2, clean, answer=3, wrong=4, faithfulness=False)
     aw = a.show()
     assert isinstance(aw, AttributionWidget) and aw.result is a and aw.data["scores"] == [float(s) for s in a.scores]
+
+
+def test_hookless_copy_holds_none_of_the_users_hooks() -> None:
+    from nbdebug.runs.own import hookless_copy
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    calls: list[str] = []
+    model[0].register_forward_hook(lambda *_: calls.append("user"))
+    memo: dict[int, object] = {}
+    clone = hookless_copy(model, memo)
+    x = torch.randn(2, 3)
+    assert torch.equal(clone(x), model(x)) and calls == ["user"]  # the copy ran no hook; the model's still runs
+    assert len(clone[0]._forward_hooks) == 0 and len(model[0]._forward_hooks) == 1
+    assert memo[id(model[0].weight)] is clone[0].weight  # the memo maps the user's parameters to the copy's
+
+
+def test_labelled_progress_is_the_one_bar(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CAM methods' reporter draws runs.progress.Progress: nothing for a quick label, nothing first
+    drawn at a label's end, the plain line once a label has run ``delay`` seconds (no tqdm)."""
+    import sys
+
+    from nbdebug.runs import progress as mod
+
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    now = [0.0]
+    monkeypatch.setattr(mod.time, "perf_counter", lambda: now[0])
+    bar = mod.LabelledProgress(delay=0.5)
+    bar("deletion", 1, 4)
+    bar("deletion", 4, 4)  # finished before the delay: never drawn
+    assert capsys.readouterr().err == ""
+    bar("insertion", 1, 4)
+    now[0] += 0.6
+    bar("insertion", 2, 4)
+    bar("insertion", 4, 4)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "nbdebug insertion: 2/4" in err and "nbdebug insertion: 4/4" in err and err.endswith("\n")

@@ -34,7 +34,7 @@ def lm(request: Any) -> tuple[str, torch.nn.Module, torch.Tensor]:
 def metric_of(model: torch.nn.Module, embs: torch.Tensor, wrong: int | None = W) -> torch.Tensor:
     """The hand metric: the model called with inputs_embeds (its embedding module's output replaced)."""
     logits = model(inputs_embeds=embs).logits[:, -1].float()
-    return logits[:, A] - logits[:, wrong] if wrong is not None else logits[:, A]
+    return logits[:, A] - logits[:, wrong] if wrong is not None else torch.log_softmax(logits, -1)[:, A]
 
 
 def clean_embeddings(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -48,21 +48,28 @@ def test_grad_x_input_equals_hand_gradient(lm: Any) -> None:
     m = metric_of(model, e)
     (g,) = torch.autograd.grad(m.sum(), e)
     hand = (g * e).sum(-1)[0].detach().numpy()
-    a = attribute(model, ids, A, W, method="grad_x_input", faithfulness=False)
+    a = attribute(model, ids, answer=A, wrong=W, method="grad_x_input", faithfulness=False)
     np.testing.assert_allclose(a.scores, hand, rtol=1e-5, atol=1e-7)
     assert a.metric == pytest.approx(float(m.detach()), rel=1e-6)
     assert a.method == "grad_x_input" and a.tokens == [str(i) for i in ids[0].tolist()] and a.delta is None
     assert np.abs(a.scores).max() > 0
 
 
-def test_no_wrong_is_the_answers_logit(lm: Any) -> None:
+def test_no_wrong_is_the_answers_log_probability_as_in_patch(lm: Any) -> None:
     _, model, ids = lm
     e = clean_embeddings(model, ids).requires_grad_(True)
     m = metric_of(model, e, wrong=None)
     (g,) = torch.autograd.grad(m.sum(), e)
-    a = attribute(model, ids, A, method="grad_x_input", faithfulness=False)
+    a = attribute(model, ids, answer=A, method="grad_x_input", faithfulness=False)
     np.testing.assert_allclose(a.scores, (g * e).sum(-1)[0].detach().numpy(), rtol=1e-5, atol=1e-7)
-    assert a.metric == pytest.approx(float(m.detach()), rel=1e-6) and a.label == "logit['3']"
+    assert a.metric == pytest.approx(float(m.detach()), rel=1e-6) and a.label == "log p('3')"
+    # the one convention (nbdebug.workbench.metric): patch measures the same thing without wrong=
+    from nbdebug.workbench.metric import Metric
+
+    assert Metric.build(answer=A).label == a.label
+    with pytest.warns(DeprecationWarning, match="answer="):  # positional answer/wrong: deprecated, still works
+        old = attribute(model, ids, A, method="grad_x_input", faithfulness=False)
+    np.testing.assert_array_equal(old.scores, a.scores)
 
 
 @pytest.mark.parametrize("rule", ["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid"])
@@ -73,7 +80,7 @@ def test_integrated_gradients_equals_captum(lm: Any, rule: str) -> None:
     ig = captum.IntegratedGradients(lambda x: metric_of(model, x))
     ref, delta = ig.attribute(e, baselines=torch.zeros_like(e), n_steps=16, method=rule, return_convergence_delta=True)
     # a small budget: the 16 steps run in several chunks, summed as they come
-    a = attribute(model, ids, A, W, method="integrated_gradients", steps=16, ig_rule=rule, faithfulness=False,
+    a = attribute(model, ids, answer=A, wrong=W, method="integrated_gradients", steps=16, ig_rule=rule, faithfulness=False,
                   max_bytes=3 * 7 * 32 * 62 * 4)
     np.testing.assert_allclose(a.scores, ref.sum(-1)[0].detach().numpy(), atol=1e-4, rtol=1e-4)
     assert a.delta == pytest.approx(float(delta), abs=1e-4)
@@ -108,7 +115,7 @@ def test_completeness_delta_formula_and_fix_first(lm: Any) -> None:
         b = torch.zeros_like(e)
         if fix_first:
             b[:, 0] = e[:, 0]
-        a = attribute(model, ids, A, W, method="integrated_gradients", steps=32, fix_first=fix_first, faithfulness=False)
+        a = attribute(model, ids, answer=A, wrong=W, method="integrated_gradients", steps=32, fix_first=fix_first, faithfulness=False)
         with torch.no_grad():
             mx, mb = float(metric_of(model, e)), float(metric_of(model, b))
         assert a.metric == pytest.approx(mx, rel=1e-5, abs=1e-6)
@@ -132,14 +139,14 @@ def test_occlusion_equals_hand_loop(lm: Any) -> None:
             x = e.clone()
             x[:, t] = 0
             hand.append(mx - float(metric_of(model, x)))
-    a = attribute(model, ids, A, W, method="occlusion", faithfulness=False, max_bytes=20_000)
+    a = attribute(model, ids, answer=A, wrong=W, method="occlusion", faithfulness=False, max_bytes=20_000)
     np.testing.assert_allclose(a.scores, hand, rtol=1e-5, atol=1e-6)
 
 
 def test_faithfulness_curves(lm: Any) -> None:
     _, model, ids = lm
     torch_state, np_state = torch.get_rng_state(), np.random.get_state()
-    a = attribute(model, ids, A, W, method="grad_x_input")
+    a = attribute(model, ids, answer=A, wrong=W, method="grad_x_input")
     assert torch.equal(torch.get_rng_state(), torch_state)
     assert np.array_equal(np.random.get_state()[1], np_state[1])  # the user's random state untouched
     T = ids.shape[1]
@@ -157,9 +164,9 @@ def test_faithfulness_curves(lm: Any) -> None:
     assert a.faithfulness["deletion"] == pytest.approx(np.trapezoid(d, x_))
     assert a.faithfulness["random"] == pytest.approx(np.trapezoid(r, x_))
     np.testing.assert_allclose(r, a.random_curves.mean(0))
-    again = attribute(model, ids, A, W, method="grad_x_input")
+    again = attribute(model, ids, answer=A, wrong=W, method="grad_x_input")
     np.testing.assert_array_equal(again.random_curves, a.random_curves)  # seeded
-    other = attribute(model, ids, A, W, method="grad_x_input", seed=1)
+    other = attribute(model, ids, answer=A, wrong=W, method="grad_x_input", seed=1)
     assert not np.array_equal(other.random_curves, a.random_curves)
 
 
@@ -194,7 +201,7 @@ def test_strings_with_a_tokenizer_and_errors() -> None:
 def test_public_name_and_result_helpers() -> None:
     assert nbdebug.attribute is attribute
     model = tiny_lm("gpt2")
-    a = attribute(model, torch.arange(6)[None], A, W, method="integrated_gradients", steps=8)
+    a = attribute(model, torch.arange(6)[None], answer=A, wrong=W, method="integrated_gradients", steps=8)
     assert "integrated_gradients" in repr(a) and "delta" in repr(a)
     top = a.top(2)
     assert len(top) == 2 and top[0][1] >= top[1][1]

@@ -44,7 +44,7 @@ def test_model_left_as_found_and_user_hooks_not_called(method: str) -> None:
     assert called == [1]
     try:
         before = snapshot(m)
-        a = attribute(m, IDS, 3, 5, method=method, steps=8, max_bytes=20_000)
+        a = attribute(m, IDS, answer=3, wrong=5, method=method, steps=8, max_bytes=20_000)
         assert np.isfinite(a.scores).all()
         unchanged(m, before)
         assert called == [1]  # nbdebug's passes set the user's hooks aside
@@ -76,11 +76,11 @@ def test_exception_mid_chunk_leaves_the_model(method: str) -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_same_scores_under_no_grad_and_inference_mode(caller: str, method: str) -> None:
     m = tiny_lm("gpt2")
-    ref = attribute(m, IDS, 3, 5, method=method, steps=8)
+    ref = attribute(m, IDS, answer=3, wrong=5, method=method, steps=8)
     ctx = torch.no_grad() if caller == "no_grad" else torch.inference_mode()
     with ctx:
         ids = IDS.clone()  # an inference tensor under inference_mode
-        got = attribute(m, ids, 3, 5, method=method, steps=8)
+        got = attribute(m, ids, answer=3, wrong=5, method=method, steps=8)
     np.testing.assert_allclose(got.scores, ref.scores, rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(got.curves["deletion"], ref.curves["deletion"], rtol=1e-6, atol=1e-8)
     assert torch.is_grad_enabled()
@@ -91,8 +91,8 @@ def test_bf16_close_to_float32(method: str) -> None:
     m32 = tiny_lm("llama")
     m16 = tiny_lm("llama").to(torch.bfloat16)
     before = snapshot(m16)
-    a32 = attribute(m32, IDS, 3, 5, method=method, steps=8, faithfulness=False)
-    a16 = attribute(m16, IDS, 3, 5, method=method, steps=8, faithfulness=False)
+    a32 = attribute(m32, IDS, answer=3, wrong=5, method=method, steps=8, faithfulness=False)
+    a16 = attribute(m16, IDS, answer=3, wrong=5, method=method, steps=8, faithfulness=False)
     unchanged(m16, before)
     assert np.isfinite(a16.scores).all()
     scale = np.abs(a32.scores).max()
@@ -102,6 +102,6 @@ def test_bf16_close_to_float32(method: str) -> None:
 def test_training_mode_note_and_dropout_rng_untouched() -> None:
     m = tiny_lm("gpt2").train()
     before = snapshot(m)
-    a = attribute(m, IDS, 3, 5, faithfulness=False)
+    a = attribute(m, IDS, answer=3, wrong=5, faithfulness=False)
     assert any("training mode" in n for n in a.notes)
     unchanged(m, before)

@@ -37,13 +37,13 @@ def smollm2():  # type: ignore[no-untyped-def]
 def test_paris_not_rome(smollm2) -> None:  # type: ignore[no-untyped-def]
     model, tok = smollm2
     before = fingerprint(model)
-    zero = nbdebug.attribute(model, PROMPT, " Paris", " Rome", tokenizer=tok, method="integrated_gradients",
+    zero = nbdebug.attribute(model, PROMPT, answer=" Paris", wrong=" Rome", tokenizer=tok, method="integrated_gradients",
                              steps=64, faithfulness=False)
     assert zero.metric > 1.0  # the model prefers Paris
     assert zero.metric_baseline == pytest.approx(0.0, abs=1e-6)  # all-zero input: every hidden state is 0
     print(f"\nIG 64 from zero: delta {zero.delta:+.3f} ({zero.relative_delta:.0%})")
     assert not zero.converged and zero.relative_delta > 1.0 and any("NOT" in n or "misses" in n for n in zero.notes)
-    fixed = nbdebug.attribute(model, PROMPT, " Paris", " Rome", tokenizer=tok, method="integrated_gradients",
+    fixed = nbdebug.attribute(model, PROMPT, answer=" Paris", wrong=" Rome", tokenizer=tok, method="integrated_gradients",
                               steps=64, fix_first=True)
     print(f"IG 64, first token fixed: delta {fixed.delta:+.4f} ({fixed.relative_delta:.1%}); top {fixed.top(3)}")
     assert fixed.converged and fixed.relative_delta < 0.05 and fixed.scores[0] == 0.0
@@ -52,6 +52,6 @@ def test_paris_not_rome(smollm2) -> None:  # type: ignore[no-untyped-def]
     assert fixed.scores[eiffel] == fixed.scores.max() and fixed.scores[eiffel] > 0  # "Eiffel" carries Paris
     # faithful: deleting in attribution order drops m faster than random orders
     assert fixed.faithfulness["deletion"] < fixed.faithfulness["random"]
-    gx = nbdebug.attribute(model, PROMPT, " Paris", " Rome", tokenizer=tok, faithfulness=False)
+    gx = nbdebug.attribute(model, PROMPT, answer=" Paris", wrong=" Rome", tokenizer=tok, faithfulness=False)
     assert np.isfinite(gx.scores).all() and gx.metric == pytest.approx(zero.metric, rel=1e-5)
     assert same_fingerprint(before, fingerprint(model)) == [] and hook_count(model) == 0

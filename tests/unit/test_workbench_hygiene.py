@@ -227,7 +227,7 @@ def test_progress_bar_and_plain_line(capsys: pytest.CaptureFixture[str], monkeyp
 
 
 def test_progress_shows_only_after_two_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nbdebug.workbench import progress as mod
+    from nbdebug.runs import progress as mod
 
     now = [100.0]
     monkeypatch.setattr(mod.time, "perf_counter", lambda: now[0])

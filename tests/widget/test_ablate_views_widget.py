@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch import nn
 
+from nbdebug.cams.methods import grad_cam
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint
-from nbdebug.recorders.gradcam_cams import grad_cam
-from nbdebug.recorders.thermometer_ablation import OUTPUT_NOTE
+from nbdebug.sessions.thermometer import OUTPUT_NOTE
 from nbdebug.widgets._transport import decode_array
 
 CNN = """
@@ -198,7 +198,7 @@ def test_thermometer_without_a_loss_in_the_output_reports_the_output_change(shel
 def test_the_kept_inputs_never_hold_the_users_graph() -> None:
     """The thermometer's last-call inputs are detached: a graph built before the model (here an input
     computed from a parameter) is not kept alive by the widget."""
-    from nbdebug.recorders.thermometer_ablation import LastCall
+    from nbdebug.sessions.thermometer import LastCall
 
     model = torch.nn.Linear(3, 2)
     pre = torch.nn.Parameter(torch.ones(3))

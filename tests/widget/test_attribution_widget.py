@@ -44,18 +44,18 @@ def test_magic_view_result_switch_and_hygiene(shell: Any) -> None:
                          "with torch.no_grad(): out = model(ids)")
     assert res.success, res.error_in_exec
     a = shell.user_ns["a"]
-    ref = nbdebug.attribute(m, IDS, 3, 5, method="grad_x_input")
+    ref = nbdebug.attribute(m, IDS, answer=3, wrong=5, method="grad_x_input")
     assert isinstance(a, Attribution) and a.method == "grad_x_input" and a.tokens[1] == HOSTILE
     np.testing.assert_allclose(a.scores, ref.scores, rtol=1e-6)
     w = shell.user_ns["_nndebug_widget"]
     assert isinstance(w, AttributionWidget) and w.data["tokens"][1] == HOSTILE
     # the method switch: answered in the kernel, equal to the Python API, the widget's method follows
     content, _ = w.handle_request("attribution", {"method": "integrated_gradients", "steps": 16, "fix_first": False})
-    ig = nbdebug.attribute(m, IDS, 3, 5, method="integrated_gradients", steps=16)
+    ig = nbdebug.attribute(m, IDS, answer=3, wrong=5, method="integrated_gradients", steps=16)
     np.testing.assert_allclose(content["result"]["scores"], ig.scores, rtol=1e-6)
     assert content["result"]["delta"] == pytest.approx(ig.delta) and w.method == "integrated_gradients"
     content, _ = w.handle_request("attribution", {"method": "occlusion"})
-    np.testing.assert_allclose(content["result"]["scores"], nbdebug.attribute(m, IDS, 3, 5, method="occlusion").scores, rtol=1e-6)
+    np.testing.assert_allclose(content["result"]["scores"], nbdebug.attribute(m, IDS, answer=3, wrong=5, method="occlusion").scores, rtol=1e-6)
     html = w.fallback_html()
     assert HOSTILE not in html and "&lt;img" in html
     assert same_fingerprint(fp, fingerprint(m)) == [] and hook_count(m) == hooks
@@ -76,19 +76,19 @@ def test_pick_a_generated_token_as_the_answer(shell: Any) -> None:
     assert len(gen) == 4
     w = shell.user_ns["_nndebug_widget"]
     assert w.generated == [Tok().decode([t]) for t in gen] and w.pick == -1
-    np.testing.assert_allclose(shell.user_ns["a"].scores, nbdebug.attribute(m, IDS, 3, 5).scores, rtol=1e-6)
+    np.testing.assert_allclose(shell.user_ns["a"].scores, nbdebug.attribute(m, IDS, answer=3, wrong=5).scores, rtol=1e-6)
     for k in (0, 2, 3):
         content, _ = w.handle_request("attribution", {"method": "grad_x_input", "steps": 64, "fix_first": False, "pick": k})
-        ref = nbdebug.attribute(m, seq[:, :IDS.shape[1] + k], gen[k], 5, tokenizer=Tok(), method="grad_x_input")
+        ref = nbdebug.attribute(m, seq[:, :IDS.shape[1] + k], answer=gen[k], wrong=5, tokenizer=Tok(), method="grad_x_input")
         np.testing.assert_allclose(content["result"]["scores"], ref.scores, rtol=1e-6)
         assert content["result"]["tokens"] == ref.tokens and len(ref.tokens) == IDS.shape[1] + k
         assert content["result"]["label"] == ref.label and w.pick == k
     # the method switch keeps the pick (no pick in the request: the view's current one)
     content, _ = w.handle_request("attribution", {"method": "occlusion"})
-    ref = nbdebug.attribute(m, seq[:, :IDS.shape[1] + 3], gen[3], 5, tokenizer=Tok(), method="occlusion")
+    ref = nbdebug.attribute(m, seq[:, :IDS.shape[1] + 3], answer=gen[3], wrong=5, tokenizer=Tok(), method="occlusion")
     np.testing.assert_allclose(content["result"]["scores"], ref.scores, rtol=1e-6)
     content, _ = w.handle_request("attribution", {"method": "grad_x_input", "pick": -1})  # back to --answer
-    np.testing.assert_allclose(content["result"]["scores"], nbdebug.attribute(m, IDS, 3, 5).scores, rtol=1e-6)
+    np.testing.assert_allclose(content["result"]["scores"], nbdebug.attribute(m, IDS, answer=3, wrong=5).scores, rtol=1e-6)
     with pytest.raises(ValueError, match="4 new tokens"):
         w.handle_request("attribution", {"method": "grad_x_input", "pick": 4})
     assert ("attribution", {"method": "grad_x_input", "steps": 64, "fix_first": False, "pick": 2}) in w.export_requests()
@@ -112,7 +112,7 @@ def test_magic_options_ids_and_usage_errors(shell: Any) -> None:
                          "model(ids)")
     assert res.success, res.error_in_exec
     a = shell.user_ns["a"]
-    assert a.method == "integrated_gradients" and a.steps == 8 and a.scores[0] == 0.0 and a.label == "logit['3']"
+    assert a.method == "integrated_gradients" and a.steps == 8 and a.scores[0] == 0.0 and a.label == "log p('3')"
     for cell, msg in [("--answer de --tokenizer tok", "2 tokens"), ("--answer d --attr-method shap", "invalid choice"),
                       ("--wrong f --tokenizer tok", "--wrong needs --answer")]:
         res = shell.run_cell(f"%%nndebug model --view attribution {cell}\nran = 1")
@@ -133,7 +133,7 @@ def test_recorder_padding_generate_and_not_applicable() -> None:
     with AttributionRecorder(m, answer=9) as rec:
         m.generate(prompt, max_new_tokens=2, do_sample=False, pad_token_id=0)
     got = rec.result()
-    assert got.ids == [2, 3, 4] and got.label == "logit['9']"
+    assert got.ids == [2, 3, 4] and got.label == "log p('9')"
     with AttributionRecorder(m, answer=3) as rec:
         pass
     assert rec.applies() == "the cell did not call the model"
@@ -157,7 +157,7 @@ def test_recorder_padding_generate_and_not_applicable() -> None:
 
 def test_widget_without_session_and_export() -> None:
     m = tiny_lm("gpt2")
-    a = nbdebug.attribute(m, IDS, 3, 5, tokenizer=Tok(), method="integrated_gradients", steps=4)
+    a = nbdebug.attribute(m, IDS, answer=3, wrong=5, tokenizer=Tok(), method="integrated_gradients", steps=4)
     w = AttributionWidget(a)
     assert w.steps == 4 and w.fix_first is False and w.method == "integrated_gradients"
     content, _ = w.handle_request("attribution", {"method": "integrated_gradients"})

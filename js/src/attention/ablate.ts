@@ -1,11 +1,13 @@
 // "Does this head matter?": the selected heads (click one, shift-click adds more) ablated in the
-// kernel (rpc "ablate", nbdebug/widgets/attention.py → recorders/ablation_session.py): the Δ metric
+// kernel (rpc "ablate", nbdebug/widgets/attention.py → sessions/ablation.py): the Δ metric
 // with its sign and colour, the ablated run's top-5 next tokens beside the clean ones, and the lens
 // diff (per layer the clean and ablated top-1 token and the target's probability). A loading state
 // while the kernel runs, an error line when it fails (e.g. the model was deleted: re-run the cell).
 // Tokens are untrusted model text: textContent only.
 import { fmtPct, h, replaceChildren } from "../lib/dom";
 import { rpc, type AnyModel } from "../lib/rpc";
+import { Latest } from "../lib/request";
+import type { TopToken } from "../lib/tokens";
 
 export const ABLATE_CSS = `
 .nbdebug-attention .nba-ablate { margin-top: 8px; border-top: 1px solid #ddd; padding-top: 6px; }
@@ -20,11 +22,6 @@ export const ABLATE_CSS = `
 .nbdebug-attention .nba-ablate-tables { display: flex; flex-wrap: wrap; align-items: flex-start; }
 `;
 
-export interface TopToken {
-  id: number;
-  token: string;
-  p: number;
-}
 
 export interface AblateAnswer {
   heads: [number, number][];
@@ -52,8 +49,7 @@ export class AblatePanel {
   readonly el = h("div", { class: "nba-ablate" });
   private status = h("div", { class: "nba-note nba-ablate-status" });
   private body = h("div", { class: "nba-ablate-body" });
-  private seq = 0;
-  disposed = false;
+  readonly latest = new Latest();
 
   constructor(private model: AnyModel, private heads: () => [number, number][]) {
     const note = String(model.get("ablate_note") || "");
@@ -87,7 +83,7 @@ export class AblatePanel {
   }
 
   clear(): void {
-    this.seq++;
+    this.latest.cancel();
     replaceChildren(this.body, []);
     this.el.removeAttribute("data-state");
     this.model.set("selected", []);
@@ -99,16 +95,16 @@ export class AblatePanel {
   async run(mode: "zero" | "mean"): Promise<void> {
     const heads = this.heads();
     if (!heads.length) return;
-    const mine = ++this.seq;
+    const isLatest = this.latest.start();
     this.el.setAttribute("data-state", "loading");
     this.status.textContent = `ablating ${headsLabel(heads)} (${mode})…`;
     this.status.classList.remove("nba-error");
     try {
       const ans = await rpc<AblateAnswer>(this.model, "ablate", { heads, mode });
-      if (mine !== this.seq || this.disposed) return;
+      if (!isLatest()) return;
       this.show(ans.result);
     } catch (err) {
-      if (mine !== this.seq || this.disposed) return;
+      if (!isLatest()) return;
       this.el.setAttribute("data-state", "error");
       this.status.classList.add("nba-error");
       this.status.textContent = String(err instanceof Error ? err.message : err);

@@ -7,6 +7,7 @@
 import { paintU8 } from "../lib/colormap";
 import { fmtPct, h, replaceChildren } from "../lib/dom";
 import { rpc, type AnyModel } from "../lib/rpc";
+import { Latest } from "../lib/request";
 import { fmtMetric, LABELS, metricAt, type AttentionData } from "./data";
 
 export const LINE_MAX = 128; // widest token range drawn as a line view
@@ -36,8 +37,7 @@ export class HeadDetail {
   readonly el = h("div", { class: "nba-detail" });
   readonly highlight = h("div", { class: "nba-highlight" });
   private cache = new Map<string, HeadData>();
-  private seq = 0;
-  disposed = false;
+  readonly latest = new Latest();
 
   constructor(
     private model: AnyModel,
@@ -80,7 +80,7 @@ export class HeadDetail {
   async draw(): Promise<void> {
     const { model, d, el } = this;
     const sel = this.selected();
-    const mine = ++this.seq;
+    const isLatest = this.latest.start();
     el.removeAttribute("data-ready");
     if (!sel.length) {
       replaceChildren(el, [h("div", { class: "nba-note", text: "click a head to see its full attention matrix" })]);
@@ -92,13 +92,13 @@ export class HeadDetail {
     try {
       heads = await Promise.all(sel.map(([l, hd]) => this.fetchHead(l, hd, a, b)));
     } catch (err) {
-      if (mine !== this.seq || this.disposed) return;
+      if (!isLatest()) return;
       replaceChildren(el, [h("div", { class: "nba-error", text: String(err) })]);
       model.set("js_error", String(err));
       model.save_changes();
       return;
     }
-    if (mine !== this.seq || this.disposed) return;
+    if (!isLatest()) return;
     const status = h("div", { class: "nba-status" });
     const start = h("input", { class: "nba-start", attrs: { type: "number", min: 0, max: d.T - 1, value: a } });
     const end = h("input", { class: "nba-end", attrs: { type: "number", min: 1, max: d.T, value: b } });

@@ -7,6 +7,7 @@ import { paintU8 } from "../lib/colormap";
 import { fmtPct, h, replaceChildren } from "../lib/dom";
 import type { NdArray } from "../lib/ndarray";
 import { rpc, type AnyModel } from "../lib/rpc";
+import { Latest } from "../lib/request";
 import { select } from "../lib/select";
 
 export interface ClassP {
@@ -73,7 +74,7 @@ export function ablatePanel(model: AnyModel, layer: () => string, onError: (err:
   const out = h("div", { class: "nbd-ablate-out" });
   let chosen: number[] = [];
   let mode = "zero";
-  let request = 0;
+  const latest = new Latest();
   const modeSel = select([["zero", "zero"], ["mean", "mean"]], mode, "nbd-ablate-mode", (v) => {
     mode = v;
   });
@@ -95,7 +96,7 @@ export function ablatePanel(model: AnyModel, layer: () => string, onError: (err:
 
   function reset(): void {
     chosen = [];
-    request++;
+    latest.cancel();
     replaceChildren(out, []);
     el.removeAttribute("data-delta");
     show();
@@ -129,14 +130,14 @@ export function ablatePanel(model: AnyModel, layer: () => string, onError: (err:
 
   async function run(): Promise<void> {
     if (!chosen.length) return;
-    const id = ++request;
+    const isLatest = latest.start();
     replaceChildren(out, [h("div", { text: "re-running…" })]);
     try {
       const answer = await rpc<AblateResult>(model, "ablate", { layer: layer(), channels: chosen, mode });
-      if (id !== request) return;
+      if (!isLatest()) return;
       render(answer.result, answer.arrays);
     } catch (err) {
-      if (id !== request) return;
+      if (!isLatest()) return;
       replaceChildren(out, [h("div", { class: "nbd-error", text: err instanceof Error ? err.message : String(err) })]);
       onError(err);
     }

@@ -1,12 +1,12 @@
 // Pinned cells (click a cell): each one's top-20, fetched with rpc "cell" and listed under the table.
 import { fmtPct, h, replaceChildren } from "../lib/dom";
 import { rpc, type AnyModel } from "../lib/rpc";
+import { Latest } from "../lib/request";
 import type { LensText } from "./table";
 
 export class Pins {
   readonly el = h("div", { class: "nbl-pins" });
-  private seq = 0;
-  disposed = false;
+  readonly latest = new Latest();
 
   constructor(private model: AnyModel, private x: LensText, private learn: (v: Record<string, string>) => void) {}
 
@@ -23,13 +23,13 @@ export class Pins {
   }
 
   async draw(): Promise<void> {
-    const mine = ++this.seq;
+    const isLatest = this.latest.start();
     const { x } = this;
     const boxes: HTMLElement[] = [];
     for (const [r, p] of this.pinned()) {
       try {
         const ans = await rpc(this.model, "cell", { row: r, pos: p, k: 20 });
-        if (mine !== this.seq || this.disposed) return;
+        if (!isLatest()) return;
         this.learn(ans.result.vocab);
         const ids = ans.arrays.ids.data;
         const probs = ans.arrays.probs.data;
@@ -40,7 +40,7 @@ export class Pins {
         boxes.push(h("div", { class: "nbl-pin nbl-error", text: String(err) }));
       }
     }
-    if (mine === this.seq && !this.disposed) {
+    if (isLatest()) {
       replaceChildren(this.el, boxes);
       this.el.setAttribute("data-ready", "1");
     }

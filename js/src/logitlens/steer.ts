@@ -4,23 +4,19 @@
 // the visible window and the next-token top-5 of both runs. Requests are debounced and at most one is
 // in flight: while one runs, later moves only remember the newest setting, sent when it returns.
 // Without a vector the panel is one line saying how to make one (`steer_hint`).
-// Python side: nbdebug/widgets/logitlens.py (rpc "steer"), nbdebug/recorders/steer_lens.py.
-import { fmtPct, h, replaceChildren } from "../lib/dom";
+// Python side: nbdebug/widgets/logitlens.py (rpc "steer"), nbdebug/sessions/steer.py.
+import { h, replaceChildren } from "../lib/dom";
 import type { NdArray } from "../lib/ndarray";
 import { rpc, type AnyModel } from "../lib/rpc";
+import { tokenRows, type TopToken } from "../lib/tokens";
 
-export interface SteerTop {
-  id: number;
-  token: string;
-  p: number;
-}
 
 export interface SteerAnswer {
   layer: string;
   alpha: number;
   positions: number[];
   vocab: Record<string, string>;
-  top: { steered: SteerTop[]; original: SteerTop[] };
+  top: { steered: TopToken[]; original: TopToken[] };
 }
 
 export interface SteerHost {
@@ -32,8 +28,8 @@ export interface SteerHost {
   showOriginal(original: boolean): void;
 }
 
-function topList(title: string, tops: SteerTop[], cls: string): HTMLElement {
-  const rows = tops.map((t) => h("tr", {}, [h("td", { text: t.token, title: `#${t.id}` }), h("td", { class: "nbl-steer-p", text: fmtPct(t.p) })]));
+function topList(title: string, tops: TopToken[], cls: string): HTMLElement {
+  const rows = tokenRows(tops, { pClass: "nbl-steer-p" });
   return h("div", { class: ["nbl-steer-top", cls] }, [h("div", { class: "nbl-title", text: title }), h("table", {}, [h("tbody", {}, rows)])]);
 }
 

@@ -1,7 +1,7 @@
 // The clicked patched run's logit-lens column beside the clean and corrupt runs': per block (final at
 // the top, as in the lens view) the last position's top-1 token, its probability and p(answer),
 // computed in the kernel through the model's own final norm and unembedding
-// (nbdebug/recorders/lensrun.py). Tokens and module names are model text: textContent only.
+// (nbdebug/sessions/lens.py). Tokens and module names are model text: textContent only.
 import { fmtPct, h } from "../lib/dom";
 
 export interface LensEntry {

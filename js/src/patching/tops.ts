@@ -1,24 +1,13 @@
 // The next-token tables: the clean and corrupt runs' top-5 (known up front) and the clicked patched
 // run's (fetched from the kernel), then the three runs' logit-lens columns (lens.ts). Tokens are model text: textContent only.
 import { fmt, fmtPct, h, replaceChildren } from "../lib/dom";
+import { tokenRows, type AnswerToken, type TopToken } from "../lib/tokens";
 import { lensTable, type LensColumns } from "./lens";
-
-export interface Top {
-  id: number;
-  token: string;
-  p: number;
-}
-
-/** The answer token in one run: its probability and rank (1 = the most likely). */
-export interface AnswerEntry extends Top {
-  rank: number;
-}
 
 /** One titled table of next tokens, the answer's row bold when it is among them, and a last row with
  * the answer's p and rank ("answer ␣Paris 3% · rank 7") in every table. */
-export function topTable(title: string, tops: Top[], cls = "", answer: AnswerEntry | null = null): HTMLElement {
-  const rows = tops.map((t) => h("tr", { class: answer && t.id === answer.id ? "nbp-is-answer" : "" },
-    [h("td", { text: t.token, title: `#${t.id}` }), h("td", { class: "nbp-p", text: fmtPct(t.p) })]));
+export function topTable(title: string, tops: TopToken[], cls = "", answer: AnswerToken | null = null): HTMLElement {
+  const rows = tokenRows(tops, { pClass: "nbp-p", rowClass: (t) => (answer && t.id === answer.id ? "nbp-is-answer" : "") });
   if (answer) {
     rows.push(h("tr", { class: "nbp-answer", data: { rank: answer.rank } }, [
       h("td", { text: `answer ${answer.token}`, title: `#${answer.id}` }),
@@ -35,18 +24,18 @@ export interface CellAnswer {
   identical: boolean;
   metric: number;
   effect: number;
-  patched: Top[];
-  clean: Top[];
-  corrupt: Top[];
+  patched: TopToken[];
+  clean: TopToken[];
+  corrupt: TopToken[];
   lens?: LensColumns;
-  answer?: { clean: AnswerEntry | null; corrupt: AnswerEntry | null; patched: AnswerEntry | null };
+  answer?: { clean: AnswerToken | null; corrupt: AnswerToken | null; patched: AnswerToken | null };
 }
 
 /** The panel under the grid: clean | corrupt | patched (once a cell was clicked). */
 export class Tops {
   readonly el = h("div", { class: "nbp-tops" });
 
-  constructor(private clean: Top[], private corrupt: Top[], private answers: { clean: AnswerEntry | null; corrupt: AnswerEntry | null } =
+  constructor(private clean: TopToken[], private corrupt: TopToken[], private answers: { clean: AnswerToken | null; corrupt: AnswerToken | null } =
     { clean: null, corrupt: null }) {
     this.show(null, "");
   }

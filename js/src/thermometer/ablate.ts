@@ -5,6 +5,7 @@
 // textContent only.
 import { fmt, h, replaceChildren } from "../lib/dom";
 import { rpc, type AnyModel } from "../lib/rpc";
+import { Latest } from "../lib/request";
 
 export interface RowAblation {
   module: string;
@@ -37,7 +38,7 @@ export function rowAblationText(r: RowAblation): string {
 export class AblateRow {
   readonly el: HTMLElement;
   private name = "";
-  private request = 0;
+  readonly latest = new Latest();
   private readonly label = h("span", { class: "nbd-ablate-row" });
   private readonly mode = h("select", { class: "nbd-ablate-mode" }, [
     h("option", { attrs: { value: "zero" }, text: "zero" }),
@@ -57,7 +58,7 @@ export class AblateRow {
     this.el.style.display = on ? "" : "none";
     if (name === this.name) return;
     this.name = name;
-    this.request++;
+    this.latest.cancel();
     this.label.textContent = name;
     replaceChildren(this.out, []);
     this.el.removeAttribute("data-delta");
@@ -65,11 +66,11 @@ export class AblateRow {
 
   async run(): Promise<void> {
     if (!this.name) return;
-    const id = ++this.request;
+    const isLatest = this.latest.start();
     replaceChildren(this.out, [h("span", { text: " re-running…" })]);
     try {
       const answer = await rpc<RowAblation>(this.model, "ablate", { module: this.name, mode: this.mode.value });
-      if (id !== this.request) return;
+      if (!isLatest()) return;
       const r = answer.result;
       replaceChildren(this.out, [
         h("span", { class: "nbd-delta", text: rowAblationText(r) }),
@@ -77,7 +78,7 @@ export class AblateRow {
       ]);
       this.el.setAttribute("data-delta", String(r.delta));
     } catch (err) {
-      if (id !== this.request) return;
+      if (!isLatest()) return;
       replaceChildren(this.out, [h("span", { class: "nbd-error", text: ` ${err instanceof Error ? err.message : String(err)}` })]);
     }
   }

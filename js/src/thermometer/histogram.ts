@@ -2,6 +2,7 @@
 // demand with rpc(model, "histogram", {row}) and drawn on <canvas class="nbdebug-histogram">.
 import { fmt, fmtInt, h, replaceChildren } from "../lib/dom";
 import { rpc, type AnyModel, type RpcAnswer } from "../lib/rpc";
+import { Latest } from "../lib/request";
 import type { StatTable } from "./rows";
 
 export interface HistogramResult {
@@ -96,7 +97,7 @@ function statsTable(stats: StatTable, row: number, columns: string[]): HTMLEleme
 /** Controls the detail panel; `show(row)` fetches and draws, ignoring answers to stale requests. */
 export class DetailPanel {
   readonly el: HTMLElement;
-  private seq = 0;
+  readonly latest = new Latest();
   // answers per row of the run's table: a histogram does not depend on the slider's step, so moving
   // the slider with a row selected sends no new request (cleared when the table's rows change)
   private cache = new Map<number, Promise<RpcAnswer<HistogramResult>>>();
@@ -124,13 +125,13 @@ export class DetailPanel {
   }
 
   clear(): void {
-    this.seq++;
+    this.latest.cancel();
     replaceChildren(this.el, []);
     this.el.removeAttribute("data-histogram");
   }
 
   async show(row: number, name: string, stats: StatTable, columns: string[], where: ShowAt = {}): Promise<void> {
-    const seq = ++this.seq;
+    const isLatest = this.latest.start();
     const at = where.at ?? "";
     const canvas = h("canvas", { class: "nbdebug-histogram", attrs: { width: CSS_W, height: CSS_H } });
     const lo = h("span", { text: "" });
@@ -153,7 +154,7 @@ export class DetailPanel {
     this.el.setAttribute("data-histogram", "loading");
     try {
       const { result, arrays } = await this.fetch(row);
-      if (seq !== this.seq) return;
+      if (!isLatest()) return;
       const counts = arrays.counts?.data;
       const edges = arrays.edges?.data;
       if (!counts || !edges) throw new Error("nbdebug: histogram answer lacks counts or edges");
@@ -164,7 +165,7 @@ export class DetailPanel {
       when.textContent = histogramWhen(result, at);
       this.el.setAttribute("data-histogram", "ready");
     } catch (err) {
-      if (seq !== this.seq) return;
+      if (!isLatest()) return;
       const msg = err instanceof Error ? err.message : String(err);
       note.className = "nbd-error";
       note.textContent = `histogram failed: ${msg}`;

@@ -7,7 +7,7 @@ middle block) or a dict ``{layer name or index: vector}`` (the view offers those
 is one forward of nbdebug's own (:func:`~nbdebug.runs.patchrun.own_pass`: the user's hooks set
 aside, buffers and RNG as found) on the token ids the lens shows, under ``steer``, reading every
 block's output; the lens of it uses the same final norm, unembedding and targets as the view's
-(:func:`~nbdebug.recorders.lensrun.model_lens`). The model is held weakly: once it is deleted a
+(:func:`~nbdebug.sessions.lens.model_lens`). The model is held weakly: once it is deleted a
 request answers with the ``ModelGoneError`` message (re-run the cell).
 
 >>> s = SteerLens(model, ids, shown=9, vectors=v, make_lens=factory)      # doctest: +SKIP
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..adapters.embedding import lm_call
 from ..capture import ModelRef
 from ..capture.state import execution_device
 from ..inspectors.logitlens import LogitLens
@@ -78,7 +79,6 @@ class SteerLens:
         self.vectors, self.default = steer_vectors(vectors, self.block_names)
         self.make_lens = make_lens
         self.keep = int(keep)
-        self.hf = getattr(model, "config", None) is not None
         self.cache: OrderedDict[tuple[str, float], LogitLens] = OrderedDict()
         self.runs = 0
 
@@ -97,7 +97,8 @@ class SteerLens:
         points = [(blocks[0], "input")] + [(b, "output") for b in blocks]
         with own_pass(model), steer(model, layer=layer, vector=self.vectors[layer], alpha=float(alpha)), \
                 read_activations(points) as seen:
-            model(input_ids=ids, use_cache=False) if self.hf else model(ids)
+            args, kwargs = lm_call(model, ids, last_only=False)
+            model(*args, **kwargs)
         missing = [i for i, s in enumerate(seen) if not s]
         if missing:
             raise RuntimeError(f"the steered run did not reach rows {missing} of the lens")

@@ -35,13 +35,11 @@ from ..capture.state import loaded_weights
 from ..capture.weak import ModelRef
 from ..inspectors.logitlens import lens_stats
 from ..workbench import Workbench
+from ..workbench.interventions import MODES
 from ..workbench.kept import KeptRuns
-from ..workbench.metric import Metric, token_labels
-from .patching_session import top_tokens
+from ..workbench.metric import Metric, token_labels, top_tokens
 
-__all__ = ["MODES", "AblationSession", "ablation_problem"]
-
-MODES = ("zero", "mean")
+__all__ = ["AblationSession", "ablation_problem"]
 
 
 def ablation_problem(model: nn.Module) -> str:

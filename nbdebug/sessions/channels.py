@@ -4,8 +4,8 @@
 reference to the model. :meth:`ChannelAblation.ablate` re-runs that sample with some channels of one
 layer zeroed (or replaced by their spatial mean, ``mode="mean"``: :func:`nbdebug.ablate`) and returns
 the change of the clean top-1 class's probability, the ablated run's top-5 classes and its Grad-CAM
-map for that class at the layer the Grad-CAM view picks (:func:`~nbdebug.recorders.gradcam_cams.grad_cam`
-/ :func:`~nbdebug.recorders.gradcam_cams.compute_cams`: the one CAM code). Every pass is nbdebug's own:
+map for that class at the layer the Grad-CAM view picks (:func:`~nbdebug.cams.methods.grad_cam`
+/ :func:`~nbdebug.cams.methods.compute_cams`: the one CAM code). Every pass is nbdebug's own:
 buffers cloned (BatchNorm running statistics untouched), RNG forked, parameters' ``.grad`` untouched,
 modes as found, the user's hooks not called, no hook left.
 
@@ -15,7 +15,6 @@ modes as found, the user's hooks not called, no hook left.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,15 +23,14 @@ import torch
 from torch import nn
 
 from ..adapters.vision import SpatialLayer, find_image, image_hw
+from ..cams.methods import compute_cams, grad_cam
 from ..capture.weak import ModelRef
 from ..inspectors.gradcam import class_names_for
 from ..runs.gradients import autograd_inputs
 from ..workbench import ablate
-from .gradcam_cams import compute_cams, grad_cam
+from ..workbench.interventions import MODES
 
-__all__ = ["AblatedModel", "ChannelAblation", "first_sample"]
-
-MODES = ("zero", "mean")
+__all__ = ["ChannelAblation", "first_sample"]
 
 
 def first_sample(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -48,21 +46,6 @@ def first_sample(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[Any
         return x[:1] if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == b else x
 
     return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
-
-
-class AblatedModel(nn.Module):
-    """``model`` with ``channels`` ablated during each of its calls (the ablation's hooks are
-    registered inside the call, so nbdebug's own passes, which set earlier hooks aside, keep them).
-    Its submodules are the model's, under ``model.``."""
-
-    def __init__(self, model: nn.Module, channels: dict[str, list[int]], mode: str) -> None:
-        super().__init__()
-        self.model = model
-        self.channels, self.mode = channels, mode
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with ablate(self.model, channels=self.channels, mode=self.mode):
-            return self.model(*args, **kwargs)
 
 
 def _probs(logits: torch.Tensor) -> torch.Tensor:
@@ -129,10 +112,9 @@ class ChannelAblation:
         base = self.clean()
         model = self.model_ref.get()
         assert self.layer is not None
-        wrapped = AblatedModel(model, {layer: chans}, mode)
-        inner = dataclasses.replace(self.layer, name=f"model.{self.layer.name}", module=f"model.{self.layer.module}")
-        maps, _, logits = compute_cams(wrapped, self.args, self.kwargs, inner, classes=torch.tensor([[self.cls]]),
-                                       output_hw=self.output_hw)
+        with ablate(model, channels={layer: chans}, mode=mode):  # an intervention: kept by the CAM's own passes
+            maps, _, logits = compute_cams(model, self.args, self.kwargs, self.layer, classes=torch.tensor([[self.cls]]),
+                                           output_hw=self.output_hw)
         p = _probs(logits)
         self.requests += 1
         return {"layer": layer, "channels": chans, "mode": mode, "cls": self.cls, "label": base["label"],

@@ -10,6 +10,7 @@ steering panel and the patching view's lens column share (one lens implementatio
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -18,11 +19,12 @@ from torch import nn
 
 from ..adapters.text import decoder_for
 from ..adapters.transformers import ModelParts, find_parts, require_lens
+from ..capture import ModelRef
+from ..capture.state import execution_device, loaded_weights
 from ..inspectors.logitlens import LogitLens
 from ..lens.resolve import resolve_one
-from .logitlens import head_device, weak_parts
 
-__all__ = ["lens_column", "lens_translators", "model_lens"]
+__all__ = ["head_device", "lens_column", "lens_translators", "model_lens", "weak_parts"]
 
 
 def lens_translators(lens: Any, model: nn.Module, **resolve: Any) -> list[Callable[[torch.Tensor], torch.Tensor] | None]:
@@ -63,3 +65,64 @@ def lens_column(lens: LogitLens, position: int = -1) -> list[dict[str, Any]]:
     return [{"row": lens.row_names[r], "id": ids[r], "token": lens.vocab.get(ids[r], f"#{ids[r]}"),
              "p": float(c["top_probs"][r, 0, 0]), "p_answer": float(np.nan_to_num(c["target_prob"][r, 0], nan=-1.0))}
             for r in range(lens.R)]
+
+
+def weak_parts(parts: ModelParts) -> tuple[Any, Any, Any, Any, list[str]]:
+    """``(normed_fn, weight_fn, bias_fn, loaded, notes)`` holding the model's modules and parameters weakly.
+
+    When the unembedding is a module's own ``weight`` (``lm_head``), it is read through the module
+    at each request (accelerate's offload replaces the parameter objects at every forward) inside
+    ``loaded()`` (:func:`~nbdebug.capture.state.loaded_weights`: accelerate's hook loads them, then
+    puts them back on ``meta``). The final norm is called as a module, so its hook loads its own."""
+    notes: list[str] = []
+
+    def weak(obj: Any) -> Any:
+        if obj is None:
+            return None
+        if isinstance(obj, (nn.Module, nn.Parameter)):
+            return ModelRef(obj).get
+        if isinstance(obj, torch.Tensor):
+            base = obj._base if obj._base is not None and isinstance(obj._base, nn.Parameter) else None
+            if base is not None and obj.dim() == 2 and obj.shape == base.T.shape:  # e.g. TransformerLens W_U.T
+                ref = ModelRef(base)
+                return lambda: ref.get().T
+            notes.append("the unembedding is not a parameter of the model: a reference to it is kept")
+            return lambda: obj
+        return lambda: obj  # a function given as final_norm=: kept as given
+
+    norm, pre = weak(parts.final_norm), weak(parts.pre_unembed)
+
+    def normed(h: torch.Tensor) -> torch.Tensor:
+        if norm is not None:
+            h = norm()(h)
+        if pre is not None:
+            h = pre()(h)
+        return h
+
+    if parts.unembed_module is not None:  # find_parts sets it only when the unembedding is its .weight
+        head = ModelRef(parts.unembed_module)
+
+        def head_bias() -> torch.Tensor | None:
+            b = getattr(head.get(), "bias", None)
+            return None if b is None else b.detach()
+
+        return normed, lambda: head.get().weight.detach(), head_bias, lambda: loaded_weights(head.get()), notes
+
+    weight, bias = weak(parts.unembed_weight), weak(parts.unembed_bias)
+
+    def weight_fn() -> torch.Tensor:
+        return weight().detach()
+
+    def bias_fn() -> torch.Tensor | None:
+        return None if bias is None else bias().detach()
+
+    return normed, weight_fn, bias_fn, nullcontext, notes
+
+
+def head_device(parts: ModelParts, resid: list[torch.Tensor]) -> torch.device:
+    """Where the lens gathers the residuals: where the final norm runs (else the head, else the last block)."""
+    for mod in (parts.final_norm, parts.unembed_module):
+        dev = execution_device(mod) if isinstance(mod, nn.Module) else None
+        if dev is not None:
+            return dev
+    return resid[-1].device

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -27,33 +26,13 @@ from ..capture.weak import ModelRef
 from ..workbench import PatchGrid, Workbench
 from ..workbench.exact import ExactEngine
 from ..workbench.kept import KeptRuns
-from ..workbench.metric import token_labels
+from ..workbench.metric import answer_entry, token_labels, top_tokens
 from ..workbench.sites import KINDS
-from .lensrun import lens_column, model_lens
+from .lens import lens_column, model_lens
 
-__all__ = ["METHODS", "PatchSession", "answer_entry", "top_tokens"]
+__all__ = ["METHODS", "PatchSession"]
 
 METHODS = ("exact", "attribution")
-
-
-def top_tokens(logits: torch.Tensor | np.ndarray, tokenizer: Any, k: int = 5) -> list[dict[str, Any]]:
-    """The ``k`` most likely next tokens of last-position ``logits`` ``(V,)``: ``{id, token, p}`` each."""
-    z = torch.as_tensor(logits).detach().double().reshape(-1)
-    p = torch.softmax(z, -1)
-    v, i = p.topk(min(k, p.numel()))
-    ids = [int(a) for a in i]
-    return [{"id": a, "token": t, "p": float(b)} for a, t, b in zip(ids, token_labels(tokenizer, ids), v.tolist())]
-
-
-def answer_entry(logits: torch.Tensor | np.ndarray, answer: int | None, tokenizer: Any) -> dict[str, Any] | None:
-    """The answer token's ``{id, token, p, rank}`` (rank 1 = the most likely) in last-position ``logits``,
-    shown under every top-5 whether or not it is in it; None without an answer id."""
-    if answer is None:
-        return None
-    z = torch.as_tensor(logits).detach().double().reshape(-1)
-    p = torch.softmax(z, -1)
-    rank = int((z > z[int(answer)]).sum()) + 1
-    return {"id": int(answer), "token": token_labels(tokenizer, [int(answer)])[0], "p": float(p[int(answer)]), "rank": rank}
 
 
 class PatchSession:
@@ -112,7 +91,7 @@ class PatchSession:
     def lens(self, residual: Any) -> list[dict[str, Any]]:
         """The logit-lens column of a run's last-position residual stream ``(L + 1, d)`` (entering each
         block, then after the last): per row its top-1 token and p(answer) (see
-        :func:`~nbdebug.recorders.lensrun.lens_column`), through the model's own final norm and unembedding."""
+        :func:`~nbdebug.sessions.lens.lens_column`), through the model's own final norm and unembedding."""
         rows = [torch.as_tensor(r).reshape(1, -1) for r in residual]
         targets = torch.tensor([-1 if self.answer_id is None else int(self.answer_id)])
         model = self.model_ref.get()

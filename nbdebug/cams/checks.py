@@ -10,7 +10,6 @@ user's model is not touched (the copy is made with the user's hooks set aside, a
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,14 +20,15 @@ from torch import nn
 from ..adapters.outputs import class_scores
 from ..adapters.vision import SpatialLayer, find_image, image_layout
 from ..capture.select import unwrap_compiled
-from ..capture.state import suspend_hooks
 from ..inspectors.faithfulness import FaithfulnessReport, Plan
 from ..inspectors.gradcam import CamMaps
 from ..inspectors.sanity import SanityReport, cascade_steps, spearman
 from ..runs.gradients import probe_pass
+from ..runs.own import hookless_copy
 from ..runs.perturb import Perturbed, chunk_size
-from .gradcam_cams import compute_cams
-from .gradcam_perturb import Reporter, per_sample_bytes
+from ..runs.progress import Reporter
+from .methods import compute_cams
+from .perturb import per_sample_bytes
 
 __all__ = ["faithfulness", "layers_after", "reinitialise", "sanity"]
 
@@ -116,10 +116,8 @@ def sanity(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], layer:
     if not after:
         report.notes.append(f"sanity: no layer with parameters runs after {layer.name}; nothing to re-initialise")
         return report
-    base = unwrap_compiled(model)
     try:
-        with suspend_hooks(base):
-            clone = copy.deepcopy(base)
+        clone = hookless_copy(unwrap_compiled(model))
     except Exception as exc:
         report.notes.append(f"sanity: the model could not be copied ({type(exc).__name__}: {exc}); not checked")
         return report

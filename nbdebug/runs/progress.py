@@ -1,5 +1,6 @@
-"""Progress of a long grid: a bar (``tqdm.auto`` when installed, else one stderr line rewritten) that
-appears only once the work has taken ~2 s, and/or the caller's callback.
+"""THE progress bar of nbdebug's long runs of its own (a patching grid, a lens fit, the CAM methods'
+perturbed forwards): ``tqdm.auto`` when installed (a widget in Jupyter), else one stderr line
+rewritten, shown only once the work has taken ``show_after`` seconds (~2 s), and/or the caller's callback.
 
 ``progress=None``: the bar when slow; ``False``: nothing; ``True``: the bar from the start;
 a callable: ``progress(done, total)`` after every step (a widget's hook; an exception it raises,
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Progress", "ProgressSpec"]
+__all__ = ["LabelledProgress", "Progress", "ProgressSpec", "Reporter"]
 
 ProgressSpec = bool | Callable[[int, int], Any] | None
 SHOW_AFTER = 2.0  # seconds
@@ -25,13 +26,14 @@ SHOW_AFTER = 2.0  # seconds
 class Progress:
     """Counts ``done`` out of ``total`` and reports it (see the module docstring)."""
 
-    def __init__(self, total: int, progress: ProgressSpec = None, what: str = "patching") -> None:
+    def __init__(self, total: int, progress: ProgressSpec = None, what: str = "patching", *,
+                 show_after: float = SHOW_AFTER) -> None:
         self.total = max(int(total), 0)
         self.done = 0
         self.what = what
         self.callback = progress if callable(progress) else None
         self.bar_wanted = progress is None or progress is True
-        self.show_after = 0.0 if progress is True else SHOW_AFTER
+        self.show_after = 0.0 if progress is True else show_after
         self.start = time.perf_counter()
         self._bar: Any = None
         self._line = False
@@ -51,6 +53,11 @@ class Progress:
         if self._bar is None and not self._line and time.perf_counter() - self.start < self.show_after:
             return
         self._draw()
+
+    @property
+    def shown(self) -> bool:
+        """Whether the bar (or the line) is on screen."""
+        return self._bar is not None or self._line
 
     def _draw(self) -> None:
         if self._bar is None and not self._line:
@@ -74,3 +81,31 @@ class Progress:
         if self._line:
             sys.stderr.write("\n")
             self._line = False
+
+
+#: ``(label, done, total)`` after each chunk of a run made of several labelled parts (the CAM methods)
+Reporter = Callable[[str, int, int], None]
+
+
+class LabelledProgress:
+    """A :data:`Reporter` drawing :class:`Progress` (one bar per label, shown once a label has run
+    ``delay`` seconds, never first drawn at its end); :meth:`close` (also on exceptions) removes it."""
+
+    def __init__(self, delay: float = 0.5) -> None:
+        self.delay = delay
+        self.label = ""
+        self.bar: Progress | None = None
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        if label != self.label or self.bar is None:
+            self.close()
+            self.label, self.bar = label, Progress(total, None, f"nbdebug {label}", show_after=self.delay)
+        if done >= total and not self.bar.shown:
+            return
+        self.bar.update(done - self.bar.done)
+
+    def close(self) -> None:
+        """Remove the bar (or end the line) of the current label."""
+        if self.bar is not None:
+            self.bar.close()
+        self.bar, self.label = None, ""

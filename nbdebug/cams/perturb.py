@@ -1,17 +1,15 @@
-"""The perturbation CAMs (AblationCAM, Score-CAM) on a model call, and the progress bar of long runs.
+"""The perturbation CAMs (AblationCAM, Score-CAM) on a model call.
 
 :func:`perturbation_maps` builds the perturbed copies with :mod:`nbdebug.inspectors.cams`
 (:func:`~nbdebug.inspectors.cams.ablated`, :func:`~nbdebug.inspectors.cams.score_masks`), runs them
 batched under the byte budget (:class:`~nbdebug.runs.perturb.Perturbed`: AblationCAM from the
-layer on only, Score-CAM on masked inputs) and turns the scores into maps. :class:`Progress` shows how
-far a long run is (tqdm when installed, else one line on stderr), only once it has taken a moment.
+layer on only, Score-CAM on masked inputs) and turns the scores into maps; progress is reported as a
+:data:`~nbdebug.runs.progress.Reporter` (:class:`~nbdebug.runs.progress.LabelledProgress` draws it).
 """
 
 from __future__ import annotations
 
-import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -22,55 +20,9 @@ from ..adapters.vision import GridInfo, SpatialLayer, image_layout, to_nchw
 from ..capture import format_bytes
 from ..inspectors.cams import ablated, ablation_map, score_map, score_masks
 from ..runs.perturb import Perturbed, chunk_size
+from ..runs.progress import LabelledProgress, Reporter
 
-__all__ = ["Progress", "Reporter", "per_sample_bytes", "perturbation_maps"]
-
-#: ``(label, done, total)`` after each chunk of perturbed forwards
-Reporter = Callable[[str, int, int], None]
-
-
-class Progress:
-    """A progress bar for nbdebug's batched forwards, shown once a run has taken ``delay`` seconds:
-    ``tqdm.auto`` when installed (a widget in Jupyter), else one line on ``stderr`` rewritten in place.
-    Call it as a :data:`Reporter`; :meth:`close` (also on exceptions) removes the bar."""
-
-    def __init__(self, delay: float = 0.5) -> None:
-        self.delay = delay
-        self.label = ""
-        self.started = 0.0
-        self.bar: Any = None
-        self.line = False
-
-    def __call__(self, label: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if label != self.label:
-            self.close()
-            self.label, self.started = label, now
-        if now - self.started < self.delay or (done >= total and self.bar is None and not self.line):
-            return
-        if self.bar is None and not self.line:
-            try:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=total, desc=f"nbdebug {label}", unit="forward", leave=False)
-            except Exception:  # tqdm missing or no display: a plain line
-                self.line = True
-        if self.bar is not None:
-            self.bar.n = done
-            self.bar.refresh()
-        elif self.line:
-            sys.stderr.write(f"\rnbdebug {label}: {done}/{total} forwards")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        """Remove the bar (or end the line) of the current label."""
-        if self.bar is not None:
-            self.bar.close()
-        elif self.line:
-            sys.stderr.write("\r" + " " * (len(self.label) + 40) + "\r")
-            sys.stderr.flush()
-        self.bar, self.line, self.label = None, False, ""
-
+__all__ = ["per_sample_bytes", "perturbation_maps"]
 
 def per_sample_bytes(t: torch.Tensor) -> int:
     """Bytes of one sample of a batch ``t``."""
@@ -154,7 +106,7 @@ def perturbation_maps(
             notes.append(f"{method} at {layer.name}: {c} channels, one forward each (~{format_bytes(item)}) do not fit "
                          f"--max-bytes {format_bytes(max_bytes)} at once; ran in chunks of {chunk}")
         out[method] = low
-    if progress is not None and isinstance(progress, Progress):
+    if isinstance(progress, LabelledProgress):
         progress.close()
     if want and model.training:
         notes.append("the model is in training mode: batch statistics and dropout applied to each chunk of perturbed copies")

@@ -1,4 +1,5 @@
-"""Attribution patching: a first-order estimate of every patch at once.
+"""Attribution patching (``patch(method="attribution")``; not token attribution, which is
+:func:`nbdebug.attribute`): a first-order estimate of every patch at once.
 
 ``m(patched) ≈ m(base) + (a_source - a_base) · ∂m/∂a``, the gradient taken on the base run
 (Nanda's attribution patching; Syed et al. 2023). It needs the source run's activations (a cached
@@ -25,11 +26,11 @@ from .metric import Metric
 from .runs import RunState
 from .sites import Cell, cell_masks
 
-__all__ = ["Attribution", "attribute"]
+__all__ = ["PatchEstimate", "estimate_patches"]
 
 
 @dataclass
-class Attribution:
+class PatchEstimate:
     """Estimated metric of each cell's patched run ``(n,)``, the base run's metric and its activations
     at the kind's sites (detached, one per layer)."""
 
@@ -38,8 +39,8 @@ class Attribution:
     base: list[torch.Tensor]
 
 
-def attribute(model: nn.Module, pp: PatchParts, runner: BlockRunner, metric: Metric, base_ids: torch.Tensor,
-              source: RunState, cells: Sequence[Cell], kind: str) -> Attribution:
+def estimate_patches(model: nn.Module, pp: PatchParts, runner: BlockRunner, metric: Metric, base_ids: torch.Tensor,
+              source: RunState, cells: Sequence[Cell], kind: str) -> PatchEstimate:
     """Estimate ``cells`` (all of one kind) from ``source``'s recorded activations and one forward and
     backward of ``base_ids`` (that forward is also the base run: its metric and activations are returned)."""
     mods = pp.sites(kind)
@@ -70,4 +71,4 @@ def attribute(model: nn.Module, pp: PatchParts, runner: BlockRunner, metric: Met
             values = (mask * prod).flatten(1).sum(1)
             out[idx] = values.cpu()
     m_base = float(m.detach().sum())
-    return Attribution(estimate=m_base + out, metric_base=m_base, base=[a.detach() for a in acts])
+    return PatchEstimate(estimate=m_base + out, metric_base=m_base, base=[a.detach() for a in acts])

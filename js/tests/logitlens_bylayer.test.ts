@@ -22,7 +22,7 @@ describe("lens view under a fitted lens", () => {
     const m = new FakeModel({
       n_rows: R, n_pos: P, k, row_names: ["embed", "h.0", "h.1"], tokens: ["␣x", "␣y"], raw_tokens: ["Ġx", "Ġy"],
       targets: [9, 7], target_label: "", check: "", notes: [], finding: "the logit lens's own sentence",
-      headline: "␣Paris is top-1 from block 0 on under the tuned lens, only at the last block under the logit lens; p 79% at the output.",
+      headline: "'␣Paris' is top-1 from block 0 on under the tuned lens, only at the last block under the logit lens; p 79% at the output.",
       finding_cell: { position: 1, answer_id: 7, from_row: 1, first_row: 1, predicted_id: 7, predicted_from_row: 1 },
       initial: {
         positions: [0, 1],

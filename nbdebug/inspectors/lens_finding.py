@@ -8,7 +8,7 @@ reported as such.
 
 >>> f = lens_finding(top1, top1_prob, rank, prob, target_id, vocab, row_names)   # doctest: +SKIP
 >>> f.sentence
-"␣Paris is top-1 from block 28 on (the last 2 of 30 blocks); p 66% at the output."
+"'␣Paris' is top-1 from block 28 on (the last 2 of 30 blocks); p 66% at the output."
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def lens_finding(
     top1 = np.asarray(top1).astype(np.int64)
     R = len(top1)
     predicted = int(top1[-1])
-    text = lambda i: display_token(vocab.get(i, f"#{i}"))  # noqa: E731
+    text = lambda i: f"'{display_token(vocab.get(i, f'#{i}'))}'"  # noqa: E731  (quoted, as every view writes a token)
     pred_from = _stays_from(top1 == predicted)
     if target_id < 0 or target_id == predicted:
         answer, is_top = predicted, top1 == predicted
@@ -124,7 +124,7 @@ def _short_where(row: int, R: int) -> str:
 
 def lens_headline(named: Sequence[tuple[str, LensFinding]], R: int) -> str:
     """The view's headline: where the answer becomes top-1 (and stays) under each lens, e.g.
-    ``"␣Paris is top-1 from block 14 on under the tuned lens, from block 27 on under the logit lens; p 66% at the output."``
+    ``"'␣Paris' is top-1 from block 14 on under the tuned lens, from block 27 on under the logit lens; p 66% at the output."``
     With one lens, its own sentence. The answer and the output row are the same under every lens (the
     last block's output is read without a translator), so the first lens's finding names them."""
     if not named:
@@ -132,7 +132,7 @@ def lens_headline(named: Sequence[tuple[str, LensFinding]], R: int) -> str:
     _name, first = named[0]
     if len(named) == 1:
         return first.sentence
-    ans = display_token(first.answer) if first.answer_id >= 0 else "the answer"
+    ans = f"'{display_token(first.answer)}'" if first.answer_id >= 0 else "the answer"
     if first.from_row < 0:  # not top-1 at the output: the lenses agree on that row; say it once
         others = "; ".join(f"under the {n}: " + (f"top-1 at {row_label(f.first_row)}, then lost" if f.first_row >= 0 else "never top-1")
                            for n, f in named)

@@ -114,7 +114,7 @@ def test_findings_filter_colour_bar_contrast_at_800px_lab(page, lab) -> None:  #
     lens.scroll_into_view_if_needed()
     cell = kernel_json(page, "lens_w.finding_cell")
     sentence = kernel_json(page, "lens_w.finding")
-    assert sentence.startswith("␣w42 is top-1 from block 3 on (the last 3 of 6 blocks); p ")
+    assert sentence.startswith("'␣w42' is top-1 from block 3 on (the last 3 of 6 blocks); p ")
     assert lens.locator(".nbl-finding").text_content() == sentence
     ringed = lens.locator("td.nbl-onset")
     assert ringed.count() == 1 and ringed.get_attribute("data-row") == str(cell["from_row"]) == "4"

@@ -147,7 +147,7 @@ def test_smollm2_lens_header_names_the_block_where_paris_settles(smollm2) -> Non
     assert tok.decode([int(logits[0, -1].argmax())]) == " Paris" == f.answer
     paris_rows = [r for r in range(31) if res.top1(r)[-1] == " Paris"]
     assert paris_rows == [29, 30] and f.from_row == 29  # row 29 is block 28's output
-    assert re.fullmatch(r"␣Paris is top-1 from block 28 on \(the last 2 of 30 blocks\); p \d\d% at the output\.", f.sentence), f.sentence
+    assert re.fullmatch(r"'␣Paris' is top-1 from block 28 on \(the last 2 of 30 blocks\); p \d\d% at the output\.", f.sentence), f.sentence
     w = rec.widget()
     assert w.finding == f.sentence and w.finding_cell["from_row"] == 29
     assert not any(re.fullmatch(r"#\d+", t) for t in w.vocab.values())  # a tokenizer was given: never a raw id

@@ -259,7 +259,7 @@ def test_transformer_tutorial_story_holds() -> None:
     # the lens section: fitted here on the pydoc text, both fitted lenses far closer to the output than the logit lens
     kl = re.search(r"^held-out mean KL over blocks: logit ([\d.]+), shortcut ([\d.]+), tuned ([\d.]+)$", text, re.M)
     assert kl and float(kl.group(2)) < float(kl.group(1)) / 3 and float(kl.group(3)) < float(kl.group(1)) / 3, text
-    assert re.search(r"^under the tuned lens: ␣Paris ", text, re.M), text
+    assert re.search(r"^under the tuned lens: '␣Paris' ", text, re.M), text
 
 
 @group("04_")

@@ -40,7 +40,7 @@ def test_planted_answer_is_top1_from_its_block_on() -> None:
     f = res.finding
     assert (f.answer_id, f.answer, f.from_row, f.first_row, f.final_rank) == (42, " w42", 4, 4, 0)
     p = float(res.top_probs[-1, -1, 0])
-    assert f.sentence == f"␣w42 is top-1 from block 3 on (the last 3 of 6 blocks); p {fmt_p(p)} at the output."
+    assert f.sentence == f"'␣w42' is top-1 from block 3 on (the last 3 of 6 blocks); p {fmt_p(p)} at the output."
     assert "#" not in f.sentence  # a tokenizer was given: text, never a raw id
 
 
@@ -49,20 +49,20 @@ def test_a_given_target_is_the_answer() -> None:
     other = _run(" w7").finding
     assert other.answer_id == 7 and other.from_row == -1 and other.predicted_id == 42 and other.predicted_from_row == 4
     assert re.fullmatch(
-        r"␣w7 is not the top-1 at the output: rank #\d+, p [0-9.]+%\. "
-        r"The model predicts ␣w42, top-1 from block 3 on \(the last 3 of 6 blocks\)\.", other.sentence), other.sentence
+        r"'␣w7' is not the top-1 at the output: rank #\d+, p [0-9.]+%\. "
+        r"The model predicts '␣w42', top-1 from block 3 on \(the last 3 of 6 blocks\)\.", other.sentence), other.sentence
 
 
 def test_sentences_at_the_edges() -> None:
-    assert _find([2] * 7).sentence == "␣Paris is top-1 from the embeddings on (all 6 blocks); p 70% at the output."
+    assert _find([2] * 7).sentence == "'␣Paris' is top-1 from the embeddings on (all 6 blocks); p 70% at the output."
     last = _find([1, 1, 1, 1, 1, 1, 2])
-    assert last.from_row == 6 and last.sentence == "␣Paris is top-1 only at the last block (block 5); p 70% at the output."
+    assert last.from_row == 6 and last.sentence == "'␣Paris' is top-1 only at the last block (block 5); p 70% at the output."
     again = _find([1, 2, 1, 1, 2, 2, 2])
     assert (again.first_row, again.from_row) == (1, 4)
-    assert again.sentence == "␣Paris is top-1 from block 3 on (the last 3 of 6 blocks); p 70% at the output; it was top-1 at block 0 already, then lost it."
+    assert again.sentence == "'␣Paris' is top-1 from block 3 on (the last 3 of 6 blocks); p 70% at the output; it was top-1 at block 0 already, then lost it."
     lost = _find([1, 1, 2, 2, 1, 1, 1], rank=[9, 9, 0, 0, 3, 2, 1], target=2)
-    assert lost.sentence == ("␣Paris is not the top-1 at the output: rank #2, p 35%; it was top-1 at block 1, then lost it. "
-                             "The model predicts ␣the, top-1 from block 3 on (the last 3 of 6 blocks).")
+    assert lost.sentence == ("'␣Paris' is not the top-1 at the output: rank #2, p 35%; it was top-1 at block 1, then lost it. "
+                             "The model predicts '␣the', top-1 from block 3 on (the last 3 of 6 blocks).")
     assert row_label(0) == "the embeddings" and row_label(29) == "block 28"
 
 
@@ -72,7 +72,7 @@ def test_headline_names_where_each_lens_puts_the_answer() -> None:
     tuned = _find([1, 1, 2, 2, 2, 2, 2])
     logit = _find([1, 1, 1, 1, 1, 1, 2])
     assert lens_headline([("tuned lens", tuned), ("logit lens", logit)], 7) == (
-        "␣Paris is top-1 from block 1 on under the tuned lens, only at the last block under the logit lens; p 70% at the output.")
+        "'␣Paris' is top-1 from block 1 on under the tuned lens, only at the last block under the logit lens; p 70% at the output.")
     assert lens_headline([("logit lens", logit)], 7) == logit.sentence
     lost = _find([1, 2, 1, 1, 1, 1, 1], rank=[9, 0, 3, 3, 3, 2, 1], target=2)
     both = lens_headline([("tuned lens", lost), ("logit lens", _find([1] * 7, rank=[9] * 6 + [1], target=2))], 7)

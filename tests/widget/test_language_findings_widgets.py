@@ -81,7 +81,7 @@ def test_lens_widget_syncs_the_finding_and_names_every_target() -> None:
         model(ids)
     w = rec.widget()
     assert isinstance(w, LogitLensWidget)
-    assert re.fullmatch(r"␣w42 is top-1 from block 3 on \(the last 3 of 6 blocks\); p [\d.]+% at the output\.", w.finding), w.finding
+    assert re.fullmatch(r"'␣w42' is top-1 from block 3 on \(the last 3 of 6 blocks\); p [\d.]+% at the output\.", w.finding), w.finding
     assert w.headline == w.finding and w.lens_name == "logit lens" and w.compare_name == ""  # one lens: its own sentence
     strip = w.by_layer  # the by-layer strip: the data of the last column, row by row
     res = rec.result()

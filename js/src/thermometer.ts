@@ -295,7 +295,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       else drawFlat();
       renderTexts();
       const incidents: Incident[] = model.get("incidents") ?? [];
-      timeline.update(store, pos, running, merged.length > 0, incidents.length ? incidents : store.incidents, (model.get("events") ?? []) as HistEvent[]);
+      timeline.update(store, pos, running, merged.length > 0, incidents.length ? incidents : store.incidents, (model.get("events") ?? []) as HistEvent[],
+                      running ? store.findings : ((model.get("findings") ?? []) as Finding[]));
       timeline.el.style.display = timed ? "" : "none";
       renderSparkChoices();
       columns = cols;

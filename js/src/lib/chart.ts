@@ -264,6 +264,7 @@ ${scope} .nbd-chart-log-label { display: inline-flex; gap: 4px; align-items: cen
 ${scope} .nbd-chart-hover { stroke: currentColor; stroke-opacity: 0.6; stroke-dasharray: 3 2; }
 ${scope} .nbd-chart-mark.nbd-mark-spike { stroke: #e6550d; }
 ${scope} .nbd-chart-mark.nbd-mark-event { stroke: #6a51a3; stroke-dasharray: 2 2; }
+${scope} .nbd-chart-mark.nbd-mark-root { stroke: #b30000; stroke-width: 2; }
 ${scope} .nbd-chart-mark.nbd-mark-diverge { stroke: #b30000; stroke-width: 1.5; stroke-dasharray: 4 2; }
 `;
 }

@@ -6,7 +6,7 @@
 import { Chart, type ChartMark } from "../lib/chart";
 import { fmtInt, h, replaceChildren } from "../lib/dom";
 import { slotX, type Mark } from "../lib/sparkline";
-import type { HistEvent, HistoryStore, Incident } from "./history";
+import type { Finding, HistEvent, HistoryStore, Incident } from "./history";
 
 /** Where the table is: a kept slot, or the whole run (merged rows). */
 export interface Position {
@@ -17,9 +17,12 @@ export interface Position {
 const LOSS_H = 72;
 const EVENT_WORDS: Record<string, string> = { became_dead: "units died", grad_fell: "gradient fell", update_ratio: "update ratio out of range" };
 
-/** The loss curve's marks: the first NaN/Inf, skipped steps, incidents (loss spikes) and events. */
-export function lossMarks(store: HistoryStore, incidents: Incident[], events: HistEvent[]): ChartMark[] {
+/** The loss curve's marks: the first NaN/Inf, skipped steps, incidents (loss spikes), events, and the
+ * header's root cause (the first finding that is a warning or an error and follows from nothing) at its step. */
+export function lossMarks(store: HistoryStore, incidents: Incident[], events: HistEvent[], findings: Finding[] = []): ChartMark[] {
   const marks: ChartMark[] = timeMarks(store).map((m) => ({ step: store.step(m.at), cls: m.cls, title: m.title }));
+  const root = findings.find((f) => f.severity !== "note" && !(Number(f.cause) >= 0) && Number(f.step) > 0);
+  if (root) marks.push({ step: Number(root.step), cls: "nbd-mark-root", title: `step ${root.step}: the root cause: ${String(root.text).replace(/`/g, "")}` });
   for (const inc of incidents) {
     if (inc.kind === "loss_spike") marks.push({ step: Number(inc.step), cls: "nbd-mark-spike", title: String(inc.message ?? "") });
   }
@@ -100,7 +103,7 @@ export class Timeline {
 
   /** Redraw for `store` with the table at `pos`; `running` while the cell still runs; `merged`
    * when the whole run's merged rows exist (they come with the final state). */
-  update(store: HistoryStore, pos: Position, running: boolean, merged = true, incidents: Incident[] = [], events: HistEvent[] = []): void {
+  update(store: HistoryStore, pos: Position, running: boolean, merged = true, incidents: Incident[] = [], events: HistEvent[] = [], findings: Finding[] = []): void {
     this.store = store;
     const n = store.length;
     const total = store.totalSteps || (n ? store.step(n - 1) : 0);
@@ -138,7 +141,7 @@ export class Timeline {
         }),
       ),
     );
-    this.drawLoss(store, pos, lossMarks(store, incidents, events));
+    this.drawLoss(store, pos, lossMarks(store, incidents, events, findings));
   }
 
   private drawLoss(store: HistoryStore, pos: Position, marks: ChartMark[]): void {

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..adapters.embedding import lm_call
 from ..adapters.transformers import ModelParts
 from ..capture.state import execution_device
 from ..runs.interventions import read_activations
@@ -72,13 +73,13 @@ def residual_batches(model: nn.Module, parts: ModelParts, seqs: torch.Tensor, *,
     """For each batch of sequences: ``(L + 1, n, d)`` float32 CPU residuals (rows as the lens view's)."""
     blocks = [m for _, m in parts.blocks]
     points = [(blocks[0], "input")] + [(b, "output") for b in blocks]
-    hf = getattr(model, "config", None) is not None
     dev = execution_device(model) or torch.device("cpu")
     start = 1 if skip_first else 0
     for i in range(0, seqs.shape[0], batch):
         ids = seqs[i:i + batch].to(dev)
+        args, kwargs = lm_call(model, ids, last_only=True)  # the residuals only: no logits but the last position's
         with own_pass(model), eval_mode(model), read_activations(points) as seen:
-            model(input_ids=ids, use_cache=False) if hf else model(ids)
+            model(*args, **kwargs)
         missing = [j for j, s in enumerate(seen) if not s]
         if missing:
             raise RuntimeError(f"fit_lens: the forward did not reach rows {missing} of the residual stream")

@@ -65,7 +65,8 @@ def test_digits_lr3_header_loss_curve_contrast_and_narrow_layout(page, lab) -> N
     widget = wait_widget(page, "thermometer")
     info = kernel_json(page, "{'headline': _nndebug_widget.headline, 'n': len(_nndebug_widget.findings),"
                              " 'loss': run.series('loss').tolist(), 'events': sorted({e.step for e in _nndebug_widget.report.events"
-                             " if e.code != 'update_ratio'}), 'js_error': _nndebug_widget.js_error}")
+                             " if e.code != 'update_ratio'}), 'js_error': _nndebug_widget.js_error,"
+                             " 'root': _nndebug_widget.findings[0]['step'] if _nndebug_widget.findings else None}")
     # the header is the finding, root cause first, and it is the view's first line
     head = widget.locator(".nbd-finding").text_content() or ""
     assert head == info["headline"].replace("`", "") and head.startswith("learning rate too high: update ratio "), head
@@ -88,6 +89,9 @@ def test_digits_lr3_header_loss_curve_contrast_and_narrow_layout(page, lab) -> N
     assert y_loss < y_slider
     marks = {int(m) for m in widget.locator(".nbd-loss .nbd-chart-mark").evaluate_all("ms => ms.map((m) => m.getAttribute('data-step'))")}
     assert set(info["events"]) <= marks, (info["events"], marks)
+    # and one red tick at the header's root cause, at its step
+    root = widget.locator(".nbd-loss .nbd-mark-root")
+    assert root.count() == 1 and int(root.get_attribute("data-step")) == info["root"], (root.count(), info["root"])
     # the value under the pointer reaches the DOM: the kernel's loss at that step
     _hover_step(page, widget, 10, 1, 100)
     label = widget.locator(".nbd-loss-label")

@@ -146,7 +146,7 @@ def test_lens_on_offloaded_model_equals_reference_and_hand_lens(pair: tuple[Any,
 
 
 def test_the_offloaded_head_is_loaded_once_per_request(untied: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    import nbdebug.recorders.logitlens as recorder
+    import nbdebug.sessions.lens as weak  # the lens view's weak parts load the head there
 
     m, _ = untied
     loads: list[str] = []
@@ -155,7 +155,7 @@ def test_the_offloaded_head_is_loaded_once_per_request(untied: tuple[Any, Any], 
         loads.append(type(module).__name__)
         return loaded_weights(module)
 
-    monkeypatch.setattr(recorder, "loaded_weights", counting)
+    monkeypatch.setattr(weak, "loaded_weights", counting)
     rec = lens_of(m, ids_of())
     lens = rec.lens()  # the model's own top-1 at the last position, then that column: one load
     assert loads == ["Linear"] and lens.done.sum() == 1

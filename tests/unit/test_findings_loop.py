@@ -18,7 +18,8 @@ import nbdebug
 N, D, C = 512, 16, 4
 
 
-def _data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_labels(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """N random inputs of D features, labelled by the argmax of a random linear map to C classes."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(N, D, generator=g)
     w = torch.randn(D, C, generator=g)
@@ -52,7 +53,7 @@ def _root(res: Any) -> str:
 
 def _train(model: nn.Module, opt: Any, steps: int = 40, *, zero: bool = True, order: str = "usual",
            loss_fn: Callable[..., torch.Tensor] = F.cross_entropy, data: Any = None, accumulate: int = 1) -> Callable[[], None]:
-    x, y = data if data is not None else _data()
+    x, y = data if data is not None else linear_labels()
 
     def loop() -> None:
         for i, (xb, yb) in enumerate(_batches(x, y, steps)):
@@ -108,7 +109,7 @@ def test_intentional_accumulation_is_not_a_bug() -> None:
 def test_zeroing_in_place_is_not_a_bug() -> None:
     m = _mlp()
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
-    x, y = _data()
+    x, y = linear_labels()
 
     def loop() -> None:
         for xb, yb in _batches(x, y, 40):
@@ -154,7 +155,7 @@ def test_parameters_that_never_change_are_named(order: str) -> None:
 
 def test_no_step_at_all_with_a_flat_loss_is_named_and_a_working_hand_written_loop_is_not() -> None:
     m = _mlp()
-    x, y = _data()
+    x, y = linear_labels()
 
     def forgot() -> None:
         for xb, yb in _batches(x, y, 40):

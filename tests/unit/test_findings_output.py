@@ -14,15 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import nbdebug
-
-N, D, C = 512, 16, 4
-
-
-def _data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(N, D, generator=g)
-    w = torch.randn(D, C, generator=g)
-    return x, (x @ w).argmax(1)
+from tests.unit.test_findings_loop import C, D, linear_labels
 
 
 def _mlp(d_out: int = C, *tail: nn.Module, seed: int = 0) -> nn.Sequential:
@@ -111,7 +103,7 @@ def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("faulty", [True, False])
 def test_an_output_the_loss_cannot_use_is_named_and_its_twin_is_quiet(tail: nn.Module, d_out: int, loss_fn: Any,
                                                                      words: str, faulty: bool) -> None:
-    x, y = _data()
+    x, y = linear_labels()
     m = _mlp(d_out, *([tail] if faulty else []))
     res = _run(m, x, y, loss_fn, steps=80)
     if faulty:
@@ -124,7 +116,7 @@ def test_an_output_the_loss_cannot_use_is_named_and_its_twin_is_quiet(tail: nn.M
 # -- input_scale: raw inputs far outside the usual scale vs normalised ones ------------------------------
 @pytest.mark.parametrize("scale", [255.0, 1.0])
 def test_raw_inputs_are_named_at_the_first_step_and_normalised_ones_are_not(scale: float) -> None:
-    x, y = _data()
+    x, y = linear_labels()
     res = _run(_mlp(), x * scale, y, F.cross_entropy, steps=20, lr=1e-3)
     codes = [f.code for f in res.findings]
     if scale > 1:
@@ -139,7 +131,7 @@ def test_raw_inputs_are_named_at_the_first_step_and_normalised_ones_are_not(scal
 @pytest.mark.parametrize("kind", ["Softmax", "LogSoftmax"])
 @pytest.mark.parametrize("dim", [0, 1])
 def test_softmax_over_the_batch_is_named_and_over_the_classes_is_not(kind: str, dim: int) -> None:
-    x, y = _data()
+    x, y = linear_labels()
     m = _mlp(C, getattr(nn, kind)(dim=dim))
 
     def loss_fn(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -296,20 +297,24 @@ def run_code_and_wait_text(page: Any, code: str, expected: str, timeout: int = C
     """Run ``code`` in a new last cell and wait until its output contains ``expected``.
 
     Comm updates from the front-end and execute requests share the shell channel, so a cell run
-    after a UI action sees the trait the action set: this proves the action reached the kernel.
+    after a UI action sees the trait the action set once the view has sent it: this proves the action
+    reached the kernel. A view's handler may run late on a loaded machine (its update then lands after
+    the cell's execute request), so a stale answer is asked again until ``timeout``, never accepted.
     """
+    deadline = time.monotonic() + timeout / 1000
     text = run_cell(page, code, timeout=timeout)
-    if expected in text:
-        return text
-    # run-cell resolves on execute_reply; an iopub stream can land a moment later.
-    try:
-        page.wait_for_function(_LAST_CELL_HAS, arg=expected, timeout=timeout)
-    except Exception as exc:
-        text = cell_output_text(page, -1)
-        raise AssertionError(
-            f"expected {expected!r} in the output of {code!r}, got {text!r}"
-        ) from exc
-    return cell_output_text(page, -1)
+    while True:
+        if expected in text:
+            return text
+        # run-cell resolves on execute_reply; an iopub stream can land a moment later.
+        try:
+            page.wait_for_function(_LAST_CELL_HAS, arg=expected, timeout=5_000)
+            return cell_output_text(page, -1)
+        except Exception as exc:
+            text = cell_output_text(page, -1)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"expected {expected!r} in the output of {code!r}, got {text!r}") from exc
+        text = run_cell(page, code, timeout=timeout)
 
 
 _LAST_CELL_HAS = """(expected) => {

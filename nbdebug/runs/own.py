@@ -27,19 +27,35 @@ import torch
 from torch import nn
 
 from ..capture.hooks import HookSet
-from ..capture.state import preserve_buffers, suspend_hooks
+from ..capture.state import offloaded, preserve_buffers, suspend_hooks
 
-__all__ = ["PARAMS", "frozen_params", "hookless_copy", "own_pass"]
+__all__ = ["PARAMS", "NotCopyable", "frozen_params", "hookless_copy", "own_pass"]
 
 #: what happens to parameters' ``requires_grad`` in a gradient pass
 PARAMS = ("frozen", "as_is")
 
 
+class NotCopyable(ValueError):
+    """:func:`hookless_copy` cannot give a copy nbdebug may change (its message says why and what to do)."""
+
+
 def hookless_copy(model: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
-    """A deep copy of ``model`` that holds none of the user's hooks (library hooks, as
-    :func:`~nbdebug.capture.state.suspend_hooks` tells them apart, are copied): nbdebug's own copy to
-    change and train, the user's hooks neither copied nor called. ``memo``: :func:`copy.deepcopy`'s, to
-    map the user's parameters to the copy's (an optimizer's)."""
+    """A deep copy of ``model`` that holds none of the user's module hooks (library hooks, as
+    :func:`~nbdebug.capture.state.suspend_hooks` tells them apart, are copied; parameters' ``.grad`` and
+    tensor hooks are not): nbdebug's own copy to change and train, the user's module hooks neither
+    copied nor called (global module hooks, ``register_module_forward_hook``, still fire on its
+    forwards). ``memo``: :func:`copy.deepcopy`'s, to map the user's parameters to the copy's (an
+    optimizer's).
+
+    Raises :class:`NotCopyable` for a model whose weights accelerate offloads (``device_map`` with CPU or
+    disk offload): the copy's weights would sit on ``meta`` and be reloaded from the offloaded ones at
+    every forward, so nothing nbdebug wrote into them (a re-initialisation, an optimizer step) would
+    count, and copying the offloaded weights would take the memory the offload saves."""
+    off = [name or type(model).__name__ for name, m in model.named_modules() if offloaded(m)]
+    if off:
+        raise NotCopyable(f"accelerate offloads the weights of {len(off)} module(s) of this model (`{off[0]}`"
+                          f"{', …' if len(off) > 1 else ''}), so a copy nbdebug changes would have them reloaded "
+                          "unchanged at every forward; load the model without CPU/disk offload to run this")
     with suspend_hooks(model):
         return copy.deepcopy(model, memo)
 

@@ -231,3 +231,38 @@ def test_labelled_progress_is_the_one_bar(monkeypatch: pytest.MonkeyPatch, capsy
     bar.close()
     err = capsys.readouterr().err
     assert "nbdebug insertion: 2/4" in err and "nbdebug insertion: 4/4" in err and err.endswith("\n")
+
+
+def test_hookless_copy_refuses_an_offloaded_model_and_its_callers_say_not_checked() -> None:
+    """A copy of an accelerate-offloaded model keeps reloading the offloaded weights at every forward, so
+    nothing written into it counts. Planted by accelerate itself: without the refusal the CAM sanity check
+    scores Grad-CAM ρ = 1.00 ("does not depend on the class decision") and the doctor's overfit run says
+    "the loss never moved … nothing was updated" — both false of this model (ρ −0.37 and a falling loss
+    unoffloaded)."""
+    pytest.importorskip("accelerate")
+    from accelerate import cpu_offload
+
+    from nbdebug.recorders.gradcam import GradCamRecorder
+    from nbdebug.runs.own import NotCopyable, hookless_copy
+    from tests.unit.test_gradcam_sanity import TwoHeads
+
+    torch.manual_seed(0)
+    model = TwoHeads().eval()
+    x = torch.randn(1, 3, 8, 8)
+    cpu_offload(model, execution_device=torch.device("cpu"))
+    assert model.fc2.weight.device.type == "meta"
+    with pytest.raises(NotCopyable, match=r"offloads the weights of .* load the model without CPU/disk offload"):
+        hookless_copy(model)
+    rec = GradCamRecorder(model, gradcam_layer="act", cam_method="gradcam", sanity=True, cam_topk=2)
+    with rec, torch.no_grad():
+        model(x)
+    res = rec.result()
+    assert not res.sanity, res.sanity  # no ρ at all rather than a false 1.00
+    assert any("sanity: the model could not be copied (NotCopyable: accelerate offloads" in n for n in res.notes)
+    assert not any("does not depend on the class decision" in n for n in res.notes)
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    cpu_offload(mlp, execution_device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="doctor trains a copy of the model: accelerate offloads"):
+        nbdebug.doctor(mlp, torch.randn(16, 8), torch.randint(0, 3, (16,)), steps=5)

@@ -45,7 +45,8 @@ def hookless_copy(model: nn.Module, memo: dict[int, Any] | None = None) -> nn.Mo
     tensor hooks are not): nbdebug's own copy to change and train, the user's module hooks neither
     copied nor called (global module hooks, ``register_module_forward_hook``, still fire on its
     forwards). ``memo``: :func:`copy.deepcopy`'s, to map the user's parameters to the copy's (an
-    optimizer's).
+    optimizer's). A tensor a forward left as an attribute of a module (``self.last = y``, part of a
+    graph: ``copy.deepcopy`` refuses those) is copied detached.
 
     Raises :class:`NotCopyable` for a model whose weights accelerate offloads (``device_map`` with CPU or
     disk offload): the copy's weights would sit on ``meta`` and be reloaded from the offloaded ones at
@@ -56,6 +57,11 @@ def hookless_copy(model: nn.Module, memo: dict[int, Any] | None = None) -> nn.Mo
         raise NotCopyable(f"accelerate offloads the weights of {len(off)} module(s) of this model (`{off[0]}`"
                           f"{', …' if len(off) > 1 else ''}), so a copy nbdebug changes would have them reloaded "
                           "unchanged at every forward; load the model without CPU/disk offload to run this")
+    memo = {} if memo is None else memo
+    for m in model.modules():  # a tensor a forward left on a module (``self.last = y``): deepcopy refuses non-leaves
+        for v in vars(m).values():
+            if isinstance(v, torch.Tensor) and not v.is_leaf and id(v) not in memo:
+                memo[id(v)] = v.detach().clone()
     with suspend_hooks(model):
         return copy.deepcopy(model, memo)
 

@@ -266,3 +266,35 @@ def test_hookless_copy_refuses_an_offloaded_model_and_its_callers_say_not_checke
     cpu_offload(mlp, execution_device=torch.device("cpu"))
     with pytest.raises(ValueError, match="doctor trains a copy of the model: accelerate offloads"):
         nbdebug.doctor(mlp, torch.randn(16, 8), torch.randint(0, 3, (16,)), steps=5)
+
+
+def test_hookless_copy_of_a_model_holding_a_tensor_from_its_forward() -> None:
+    """``self.last = y`` in ``forward`` (a user keeping an activation) leaves a non-leaf tensor on the module,
+    which ``copy.deepcopy`` refuses: the copy takes it detached, the user's tensor stays the same object
+    with its graph, and the doctor (which trains such a copy) runs. Without it: RuntimeError "Only Tensors
+    created explicitly by the user (graph leaves) support the deepcopy protocol"."""
+    from nbdebug.runs.own import hookless_copy
+
+    class Keeps(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+            self.last: torch.Tensor | None = None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            self.last = y
+            return y
+
+    torch.manual_seed(0)
+    model = Keeps()
+    x = torch.randn(5, 4)
+    model(x)
+    kept = model.last
+    assert kept is not None and kept.grad_fn is not None
+    clone = hookless_copy(model)
+    assert clone.last is not kept and clone.last.grad_fn is None and torch.equal(clone.last, kept)
+    assert model.last is kept and kept.grad_fn is not None
+    assert torch.equal(clone(x), model(x))
+    report = nbdebug.doctor(model, x, torch.randint(0, 3, (5,)), steps=3)
+    assert "init_loss" in report.checks

@@ -39,7 +39,7 @@ class NotCopyable(ValueError):
     """:func:`hookless_copy` cannot give a copy nbdebug may change (its message says why and what to do)."""
 
 
-def hookless_copy(model: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
+def hookless_copy(model: nn.Module, memo: dict[int, Any] | None = None, *, own: Iterable[str] | None = None) -> nn.Module:
     """A deep copy of ``model`` that holds none of the user's module hooks (library hooks, as
     :func:`~nbdebug.capture.state.suspend_hooks` tells them apart, are copied; parameters' ``.grad`` and
     tensor hooks are not): nbdebug's own copy to change and train, the user's module hooks neither
@@ -47,6 +47,11 @@ def hookless_copy(model: nn.Module, memo: dict[int, Any] | None = None) -> nn.Mo
     forwards). ``memo``: :func:`copy.deepcopy`'s, to map the user's parameters to the copy's (an
     optimizer's). A tensor a forward left as an attribute of a module (``self.last = y``, part of a
     graph: ``copy.deepcopy`` refuses those) is copied detached.
+
+    ``own``: names of the modules nbdebug will change (the CAM sanity check's re-initialised layers);
+    only their parameters and buffers (children's included) are copied, every other parameter and
+    buffer is the user's tensor, shared (the copy's memory is then those modules', not the model's). Valid only for a copy
+    that changes nothing else and runs only in :func:`own_pass` (buffers cloned, no ``.grad`` written).
 
     Raises :class:`NotCopyable` for a model whose weights accelerate offloads (``device_map`` with CPU or
     disk offload): the copy's weights would sit on ``meta`` and be reloaded from the offloaded ones at
@@ -58,6 +63,13 @@ def hookless_copy(model: nn.Module, memo: dict[int, Any] | None = None) -> nn.Mo
                           f"{', …' if len(off) > 1 else ''}), so a copy nbdebug changes would have them reloaded "
                           "unchanged at every forward; load the model without CPU/disk offload to run this")
     memo = {} if memo is None else memo
+    if own is not None:  # share every tensor but those of the modules named (their buffers and children too:
+        # a BatchNorm's reset_parameters zeroes its running statistics, MultiheadAttention's resets out_proj)
+        mods = [model.get_submodule(name) for name in own]
+        mine = {id(t) for m in mods for t in (*m.parameters(), *m.buffers())}
+        for t in (*model.parameters(), *model.buffers()):
+            if id(t) not in mine:
+                memo.setdefault(id(t), t)
     for m in model.modules():  # a tensor a forward left on a module (``self.last = y``): deepcopy refuses non-leaves
         for v in vars(m).values():
             if isinstance(v, torch.Tensor) and not v.is_leaf and id(v) not in memo:

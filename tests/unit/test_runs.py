@@ -298,3 +298,70 @@ def test_hookless_copy_of_a_model_holding_a_tensor_from_its_forward() -> None:
     assert torch.equal(clone(x), model(x))
     report = nbdebug.doctor(model, x, torch.randint(0, 3, (5,)), steps=3)
     assert "init_loss" in report.checks
+
+
+def test_the_sanity_checks_copy_shares_all_but_the_layers_it_reinitialises() -> None:
+    """The CAM sanity check copies only the layers after the CAM layer (``hookless_copy(own=...)``): the
+    conv before it stays the user's tensor (a big backbone is not duplicated), while the re-initialised
+    layers and their buffers are the copy's own — a BatchNorm's ``reset_parameters`` zeroes its running
+    statistics in place and MultiheadAttention's resets its ``out_proj`` child, which must not reach the
+    user's model. The ρ equal those of a full deep copy. Planted: the full copy (no sharing) fails the
+    first check; sharing the re-initialised modules' buffers or children changes the user's model."""
+    from nbdebug.cams import checks
+    from nbdebug.capture import fingerprint, same_fingerprint
+    from nbdebug.recorders.gradcam import GradCamRecorder
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.act = nn.ReLU()
+            self.pool = nn.AdaptiveAvgPool2d(2)
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+            self.bn = nn.BatchNorm1d(32)
+            self.fc = nn.Linear(32, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            t = self.pool(self.act(self.conv(x))).flatten(2).transpose(1, 2)  # (B, 4, 8)
+            t = self.attn(t, t, t, need_weights=False)[0]
+            return self.fc(self.bn(t.flatten(1)))
+
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(4, 3, 8, 8)
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(4, 3, 8, 8))  # running statistics away from their reset values
+    model.eval()
+    clones: list[nn.Module] = []
+    real = checks.hookless_copy
+
+    def spy(*a: object, **k: object) -> nn.Module:
+        clones.append(real(*a, **k))  # type: ignore[arg-type]
+        return clones[-1]
+
+    before = fingerprint(model)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(checks, "hookless_copy", spy)
+    try:
+        rec = GradCamRecorder(model, gradcam_layer="act", cam_method="gradcam,hirescam", sanity=True, cam_topk=2)
+        with rec, torch.no_grad():
+            model(x)
+        res = rec.result()
+    finally:
+        mp.undo()
+    (clone,) = clones
+    assert clone.conv.weight is model.conv.weight and clone.conv.bias is model.conv.bias
+    assert clone.fc.weight is not model.fc.weight and clone.bn.running_mean is not model.bn.running_mean
+    assert clone.attn.out_proj.bias is not model.attn.out_proj.bias
+    assert same_fingerprint(before, fingerprint(model)) == []
+    mp.setattr(checks, "hookless_copy", lambda m, *a, **k: real(m))  # the full copy, as before: the same ρ
+    try:
+        rec2 = GradCamRecorder(model, gradcam_layer="act", cam_method="gradcam,hirescam", sanity=True, cam_topk=2)
+        with rec2, torch.no_grad():
+            model(x)
+        full = rec2.result().sanity
+    finally:
+        mp.undo()
+    assert res.sanity and res.sanity == full

@@ -5,8 +5,8 @@ While a :class:`~nbdebug.capture.session.Capture` is entered, ``warnings.showwar
 as ``(message, step)``. So that a second run of the cell (Python's "default" action shows a location
 once per process) or a notebook's ``warnings.filterwarnings("ignore")`` does not hide them from the
 findings, an "always" filter for exactly those texts is put first while held (and taken out after); what
-is *displayed* still follows the user's own filters as they were at entry (an "ignore" shows nothing, an
-"error" raises, any other action shows each text once per cell). Other warnings are untouched.
+is *displayed* still follows the user's own filters (an "ignore" shows nothing, an "error" raises, an
+"always" shows each, any other action each text once per cell). Other warnings are untouched.
 
 >>> w = Warned(lambda: 3); w.hold(hooks)                                # doctest: +SKIP
 >>> w.seen                                                               # doctest: +SKIP
@@ -39,7 +39,6 @@ class Warned:
     def hold(self, hooks: Any) -> None:
         """Wrap ``warnings.showwarning`` (and put the "always" filter first) until ``hooks`` are removed."""
         original = warnings.showwarning
-        users = list(warnings.filters)  # what the user asked for, to decide what is displayed
         warnings.filterwarnings("always", message=_ANY_BUG)
         mine = warnings.filters[0]
         displayed: set[str] = set()
@@ -53,10 +52,10 @@ class Warned:
             except Exception:  # never break the user's warning
                 bug = False
             if bug:
-                action = _users_action(users, text, category, filename, lineno)
+                action = _users_action([f for f in warnings.filters if f != mine], text, category, filename, lineno)
                 if action == "error":
                     raise message if isinstance(message, Warning) else category(text)
-                if action == "ignore" or text in displayed:
+                if action == "ignore" or (action != "always" and text in displayed):
                     return
                 displayed.add(text)
             original(message, category, filename, lineno, file, line)
@@ -77,7 +76,7 @@ _ANY_BUG = "(?s).*(?:" + "|".join(re.escape(b) for b in BUG_WARNINGS) + ")"
 
 
 def _users_action(filters: list[Any], text: str, category: type, filename: str, lineno: int) -> str:
-    """The action the first matching entry of ``filters`` (``warnings.filters`` as saved) takes for a
+    """The action the first matching entry of ``filters`` (the user's ``warnings.filters``) takes for a
     warning, as :func:`warnings.warn_explicit` decides it; the module is read from the file name."""
     module = re.sub(r"\.py$", "", filename.replace("\\", "/").split("site-packages/")[-1]).replace("/", ".")
     for action, msg, cat, mod, ln in filters:

@@ -117,7 +117,7 @@ def sanity(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], layer:
         report.notes.append(f"sanity: no layer with parameters runs after {layer.name}; nothing to re-initialise")
         return report
     try:
-        clone = hookless_copy(unwrap_compiled(model))
+        clone = hookless_copy(unwrap_compiled(model), own=after)  # only the layers re-initialised are copied
     except Exception as exc:
         report.notes.append(f"sanity: the model could not be copied ({type(exc).__name__}: {exc}); not checked")
         return report

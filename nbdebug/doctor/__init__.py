@@ -45,7 +45,7 @@ from ..capture.hooks import HookSet
 from ..inspectors import doctor as judge
 from ..inspectors.doctor import CHECKS, CheckResult
 from ..inspectors.doctor import DoctorReport as _Report
-from ..runs.own import hookless_copy
+from ..runs.own import NotCopyable, hookless_copy
 from .batch import (
     are_probabilities,
     call_model,
@@ -116,6 +116,8 @@ def doctor(model: nn.Module, inputs: Any, targets: torch.Tensor, loss_fn: Callab
     memo: dict[int, Any] = {}
     try:
         net = hookless_copy(model, memo)  # the user's hooks are neither copied nor called
+    except NotCopyable as exc:
+        raise ValueError(f"doctor trains a copy of the model: {exc}") from None
     except Exception as exc:
         raise TypeError(f"doctor runs on a deep copy of the model, and copy.deepcopy failed: {type(exc).__name__}: {exc}") from exc
     params = list(net.parameters())

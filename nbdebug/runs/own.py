@@ -27,19 +27,53 @@ import torch
 from torch import nn
 
 from ..capture.hooks import HookSet
-from ..capture.state import preserve_buffers, suspend_hooks
+from ..capture.state import offloaded, preserve_buffers, suspend_hooks
 
-__all__ = ["PARAMS", "frozen_params", "hookless_copy", "own_pass"]
+__all__ = ["PARAMS", "NotCopyable", "frozen_params", "hookless_copy", "own_pass"]
 
 #: what happens to parameters' ``requires_grad`` in a gradient pass
 PARAMS = ("frozen", "as_is")
 
 
-def hookless_copy(model: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
-    """A deep copy of ``model`` that holds none of the user's hooks (library hooks, as
-    :func:`~nbdebug.capture.state.suspend_hooks` tells them apart, are copied): nbdebug's own copy to
-    change and train, the user's hooks neither copied nor called. ``memo``: :func:`copy.deepcopy`'s, to
-    map the user's parameters to the copy's (an optimizer's)."""
+class NotCopyable(ValueError):
+    """:func:`hookless_copy` cannot give a copy nbdebug may change (its message says why and what to do)."""
+
+
+def hookless_copy(model: nn.Module, memo: dict[int, Any] | None = None, *, own: Iterable[str] | None = None) -> nn.Module:
+    """A deep copy of ``model`` that holds none of the user's module hooks (library hooks, as
+    :func:`~nbdebug.capture.state.suspend_hooks` tells them apart, are copied; parameters' ``.grad`` and
+    tensor hooks are not): nbdebug's own copy to change and train, the user's module hooks neither
+    copied nor called (global module hooks, ``register_module_forward_hook``, still fire on its
+    forwards). ``memo``: :func:`copy.deepcopy`'s, to map the user's parameters to the copy's (an
+    optimizer's). A tensor a forward left as an attribute of a module (``self.last = y``, part of a
+    graph: ``copy.deepcopy`` refuses those) is copied detached.
+
+    ``own``: names of the modules nbdebug will change (the CAM sanity check's re-initialised layers);
+    only their parameters and buffers (children's included) are copied, every other parameter and
+    buffer is the user's tensor, shared (the copy's memory is then those modules', not the model's). Valid only for a copy
+    that changes nothing else and runs only in :func:`own_pass` (buffers cloned, no ``.grad`` written).
+
+    Raises :class:`NotCopyable` for a model whose weights accelerate offloads (``device_map`` with CPU or
+    disk offload): the copy's weights would sit on ``meta`` and be reloaded from the offloaded ones at
+    every forward, so nothing nbdebug wrote into them (a re-initialisation, an optimizer step) would
+    count, and copying the offloaded weights would take the memory the offload saves."""
+    off = [name or type(model).__name__ for name, m in model.named_modules() if offloaded(m)]
+    if off:
+        raise NotCopyable(f"accelerate offloads the weights of {len(off)} module(s) of this model (`{off[0]}`"
+                          f"{', …' if len(off) > 1 else ''}), so a copy nbdebug changes would have them reloaded "
+                          "unchanged at every forward; load the model without CPU/disk offload to run this")
+    memo = {} if memo is None else memo
+    if own is not None:  # share every tensor but those of the modules named (their buffers and children too:
+        # a BatchNorm's reset_parameters zeroes its running statistics, MultiheadAttention's resets out_proj)
+        mods = [model.get_submodule(name) for name in own]
+        mine = {id(t) for m in mods for t in (*m.parameters(), *m.buffers())}
+        for t in (*model.parameters(), *model.buffers()):
+            if id(t) not in mine:
+                memo.setdefault(id(t), t)
+    for m in model.modules():  # a tensor a forward left on a module (``self.last = y``): deepcopy refuses non-leaves
+        for v in vars(m).values():
+            if isinstance(v, torch.Tensor) and not v.is_leaf and id(v) not in memo:
+                memo[id(v)] = v.detach().clone()
     with suspend_hooks(model):
         return copy.deepcopy(model, memo)
 

@@ -231,3 +231,137 @@ def test_labelled_progress_is_the_one_bar(monkeypatch: pytest.MonkeyPatch, capsy
     bar.close()
     err = capsys.readouterr().err
     assert "nbdebug insertion: 2/4" in err and "nbdebug insertion: 4/4" in err and err.endswith("\n")
+
+
+def test_hookless_copy_refuses_an_offloaded_model_and_its_callers_say_not_checked() -> None:
+    """A copy of an accelerate-offloaded model keeps reloading the offloaded weights at every forward, so
+    nothing written into it counts. Planted by accelerate itself: without the refusal the CAM sanity check
+    scores Grad-CAM ρ = 1.00 ("does not depend on the class decision") and the doctor's overfit run says
+    "the loss never moved … nothing was updated" — both false of this model (ρ −0.37 and a falling loss
+    unoffloaded)."""
+    pytest.importorskip("accelerate")
+    from accelerate import cpu_offload
+
+    from nbdebug.recorders.gradcam import GradCamRecorder
+    from nbdebug.runs.own import NotCopyable, hookless_copy
+    from tests.unit.test_gradcam_sanity import TwoHeads
+
+    torch.manual_seed(0)
+    model = TwoHeads().eval()
+    x = torch.randn(1, 3, 8, 8)
+    cpu_offload(model, execution_device=torch.device("cpu"))
+    assert model.fc2.weight.device.type == "meta"
+    with pytest.raises(NotCopyable, match=r"offloads the weights of .* load the model without CPU/disk offload"):
+        hookless_copy(model)
+    rec = GradCamRecorder(model, gradcam_layer="act", cam_method="gradcam", sanity=True, cam_topk=2)
+    with rec, torch.no_grad():
+        model(x)
+    res = rec.result()
+    assert not res.sanity, res.sanity  # no ρ at all rather than a false 1.00
+    assert any("sanity: the model could not be copied (NotCopyable: accelerate offloads" in n for n in res.notes)
+    assert not any("does not depend on the class decision" in n for n in res.notes)
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    cpu_offload(mlp, execution_device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="doctor trains a copy of the model: accelerate offloads"):
+        nbdebug.doctor(mlp, torch.randn(16, 8), torch.randint(0, 3, (16,)), steps=5)
+
+
+def test_hookless_copy_of_a_model_holding_a_tensor_from_its_forward() -> None:
+    """``self.last = y`` in ``forward`` (a user keeping an activation) leaves a non-leaf tensor on the module,
+    which ``copy.deepcopy`` refuses: the copy takes it detached, the user's tensor stays the same object
+    with its graph, and the doctor (which trains such a copy) runs. Without it: RuntimeError "Only Tensors
+    created explicitly by the user (graph leaves) support the deepcopy protocol"."""
+    from nbdebug.runs.own import hookless_copy
+
+    class Keeps(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+            self.last: torch.Tensor | None = None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            self.last = y
+            return y
+
+    torch.manual_seed(0)
+    model = Keeps()
+    x = torch.randn(5, 4)
+    model(x)
+    kept = model.last
+    assert kept is not None and kept.grad_fn is not None
+    clone = hookless_copy(model)
+    assert clone.last is not kept and clone.last.grad_fn is None and torch.equal(clone.last, kept)
+    assert model.last is kept and kept.grad_fn is not None
+    assert torch.equal(clone(x), model(x))
+    report = nbdebug.doctor(model, x, torch.randint(0, 3, (5,)), steps=3)
+    assert "init_loss" in report.checks
+
+
+def test_the_sanity_checks_copy_shares_all_but_the_layers_it_reinitialises() -> None:
+    """The CAM sanity check copies only the layers after the CAM layer (``hookless_copy(own=...)``): the
+    conv before it stays the user's tensor (a big backbone is not duplicated), while the re-initialised
+    layers and their buffers are the copy's own — a BatchNorm's ``reset_parameters`` zeroes its running
+    statistics in place and MultiheadAttention's resets its ``out_proj`` child, which must not reach the
+    user's model. The ρ equal those of a full deep copy. Planted: the full copy (no sharing) fails the
+    first check; sharing the re-initialised modules' buffers or children changes the user's model."""
+    from nbdebug.cams import checks
+    from nbdebug.capture import fingerprint, same_fingerprint
+    from nbdebug.recorders.gradcam import GradCamRecorder
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.act = nn.ReLU()
+            self.pool = nn.AdaptiveAvgPool2d(2)
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+            self.bn = nn.BatchNorm1d(32)
+            self.fc = nn.Linear(32, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            t = self.pool(self.act(self.conv(x))).flatten(2).transpose(1, 2)  # (B, 4, 8)
+            t = self.attn(t, t, t, need_weights=False)[0]
+            return self.fc(self.bn(t.flatten(1)))
+
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(4, 3, 8, 8)
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(4, 3, 8, 8))  # running statistics away from their reset values
+    model.eval()
+    clones: list[nn.Module] = []
+    real = checks.hookless_copy
+
+    def spy(*a: object, **k: object) -> nn.Module:
+        clones.append(real(*a, **k))  # type: ignore[arg-type]
+        return clones[-1]
+
+    before = fingerprint(model)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(checks, "hookless_copy", spy)
+    try:
+        rec = GradCamRecorder(model, gradcam_layer="act", cam_method="gradcam,hirescam", sanity=True, cam_topk=2)
+        with rec, torch.no_grad():
+            model(x)
+        res = rec.result()
+    finally:
+        mp.undo()
+    (clone,) = clones
+    assert clone.conv.weight is model.conv.weight and clone.conv.bias is model.conv.bias
+    assert clone.fc.weight is not model.fc.weight and clone.bn.running_mean is not model.bn.running_mean
+    assert clone.attn.out_proj.bias is not model.attn.out_proj.bias
+    assert same_fingerprint(before, fingerprint(model)) == []
+    mp.setattr(checks, "hookless_copy", lambda m, *a, **k: real(m))  # the full copy, as before: the same ρ
+    try:
+        rec2 = GradCamRecorder(model, gradcam_layer="act", cam_method="gradcam,hirescam", sanity=True, cam_topk=2)
+        with rec2, torch.no_grad():
+            model(x)
+        full = rec2.result().sanity
+    finally:
+        mp.undo()
+    assert res.sanity and res.sanity == full

@@ -313,6 +313,11 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
     if nan is not None and any(f.code == "nan_in_loss" for f in extra):
         causes["nonfinite"] = "nan_in_loss"  # the same NaN: the loss made it
     for f in extra:
+        # a gradient out of scale from the first step: the large (small) updates and the loss follow from it
+        consequences = {"exploding_init": ("lr_high", "loss_diverged", "exploding_run", "loss_spike"),
+                        "vanishing_init": ("lr_low",)}
+        for k in consequences.get(f.key, ()):
+            causes.setdefault(k, f.key)
         if f.code in ("params_not_stepped", "no_optimizer_step", "grad_not_zeroed"):
             for k in ("lr_high", "lr_low", "loss_diverged", "exploding_run", "loss_spike"):
                 causes.setdefault(k, f.key)  # the loop bug explains what the updates and the loss did

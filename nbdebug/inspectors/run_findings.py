@@ -18,6 +18,10 @@ Jupyter), from what the history already holds (no new capture cost):
   at the first step: the raw input is far outside the usual scale (normalised inputs give ~1).
 * ``weight_decay_dominates``: ‖θ‖ of the stepped layers ends (median of the last fifth) at ≤ 0.5× its
   first step's while the loss does not fall: weight decay dominates the update (healthy runs' ‖θ‖ grows).
+* ``exploding`` / ``vanishing`` at the first step (:func:`depth_ratio`): the output gradient of the first
+  layer with parameters over the last one's, at the first kept step (the init), is ≥ :data:`DEPTH_EXPLODES`
+  (the gradient grows toward the input: an error, named as the gradient, not the learning rate), or ≤
+  :data:`DEPTH_VANISHES` while the loss does not fall (a warning: the first layers get almost nothing).
 
 >>> [f.code for f in run_findings(result)]                                      # doctest: +SKIP
 ['output_loss_mismatch']
@@ -34,7 +38,7 @@ from ..capture.history import FIELD_INDEX
 from .events import fmt_g
 from .run_evidence import Evidence, Finding, names
 
-__all__ = ["ADVICE", "run_findings"]
+__all__ = ["ADVICE", "DEPTH_EXPLODES", "DEPTH_VANISHES", "depth_ratio", "run_findings"]
 
 ADVICE = {
     "output_loss_mismatch": "Give the loss what it expects: logits to F.cross_entropy / BCEWithLogitsLoss (drop the "
@@ -44,7 +48,15 @@ ADVICE = {
                       "input?): a model that learns nothing from its input stays at the chance loss.",
     "input_scale": "Normalise the input (e.g. x / 255, or subtract the mean and divide by the std per feature).",
     "weight_decay_dominates": "Lower the weight decay (typical: 1e-4–1e-2 for SGD, 0.01–0.1 for AdamW).",
+    "exploding_init": "Fix the initialisation scale (He/Kaiming for ReLU, Xavier for tanh, no extra gain), add "
+                      "normalisation layers, and clip gradients (torch.nn.utils.clip_grad_norm_): lowering the learning "
+                      "rate only hides it.",
+    "vanishing_init": "Give the first layers a gradient: a standard initialisation (not scaled down), ReLU/GELU "
+                      "instead of saturating activations, normalisation or residual connections (an LSTM/GRU for RNNs).",
 }
+
+#: the depth ratio's range over the zoo's healthy runs (min, max), quoted in the findings' detail
+DEPTH_HEALTHY = (0.059, 23.3)
 
 
 def run_findings(result: Any) -> list[Finding]:
@@ -67,7 +79,59 @@ def run_findings(result: Any) -> list[Finding]:
     f = _weights_shrink(v, ev, h)
     if f is not None:
         out.append(f)
+    f = _depth_finding(v, h, ev)
+    if f is not None:
+        out.append(f)
     return out
+
+
+#: the first parametrised layer's output gradient over the last one's, at the first kept step: at or above
+#: this the gradient explodes toward the input. The zoo's 80 healthy runs with a ratio lie in [0.059, 23.3]
+#: (digits MLPs ~0.16, CNNs 0.2–1.4, RNNs ~0.57, LMs 3–15.7 from the embedding to the head); He init ×3
+#: over 8 ReLU layers gives 6.1e3 (docs/diagnosis.md)
+DEPTH_EXPLODES = 1e3
+#: at or below this (and above 0: a dead layer cuts the gradient, that is the dead story) while the loss does
+#: not fall, the gradient vanishes toward the input (healthy min 0.059; an RNN whose input and recurrent
+#: weights were scaled ×0.01: 3.2e-3)
+DEPTH_VANISHES = 1e-2
+
+
+def depth_ratio(v: np.ndarray, rows: list[str]) -> tuple[float, str, str] | None:
+    """(ratio, first row, last row) at the first kept step of ``v [K, R, F]``: the output-gradient norm of
+    the first row with a parameter gradient over the last such row's (both finite, the last > 0)."""
+    if not len(v):
+        return None
+    gn, pg = _col(v[0], "grad_norm"), _col(v[0], "param_grad_norm")
+    with np.errstate(invalid="ignore"):
+        idx = np.flatnonzero(np.isfinite(pg) & np.isfinite(gn) & (gn >= 0))
+    if len(idx) < 2 or not gn[idx[-1]] > 0:
+        return None
+    a, b = int(idx[0]), int(idx[-1])
+    return float(gn[a] / gn[b]), rows[a], rows[b]
+
+
+def _depth_finding(v: np.ndarray, h: Any, ev: Evidence) -> Finding | None:
+    d = depth_ratio(v, list(h.rows))
+    if d is None:
+        return None
+    r, first, last = d
+    s = int(h.step_index[0])
+    if r >= DEPTH_EXPLODES:
+        loss0 = ev.loss[0] if len(ev.loss) else math.nan
+        said = f"; the first loss was {fmt_g(float(loss0))}" if math.isfinite(loss0) else ""
+        text = (f"gradients explode toward the input at step {s}: the output gradient of `{first}` is {fmt_g(r)}× "
+                f"that of `{last}`")
+        detail = (f"{text} (healthy runs: ≤ {DEPTH_HEALTHY[1]:g}×){said}: the initialisation scale, not the learning "
+                  "rate, makes the gradient grow layer after layer.")
+        return Finding("exploding", "error", s, (first, last), text, f"gradient {fmt_g(r)}× larger at `{first}` than at `{last}`",
+                       detail, ADVICE["exploding_init"], key="exploding_init")
+    if 0 < r <= DEPTH_VANISHES and len(ev.steps) >= 20 and not ev.falls():
+        text = (f"gradients vanish toward the input: at step {s} the output gradient of `{first}` is {fmt_g(r)}× that of "
+                f"`{last}`, and the loss did not fall")
+        detail = (f"{text} (healthy runs: ≥ {DEPTH_HEALTHY[0]:g}×): the first layers get almost no gradient and barely learn.")
+        return Finding("vanishing", "warning", s, (first, last), text, f"gradient {fmt_g(r)}× smaller at `{first}`",
+                       detail, ADVICE["vanishing_init"], key="vanishing_init")
+    return None
 
 
 def _output_row(result: Any, h: Any) -> int | None:

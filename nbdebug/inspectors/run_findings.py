@@ -48,6 +48,9 @@ ADVICE = {
                       "input?): a model that learns nothing from its input stays at the chance loss.",
     "input_scale": "Normalise the input (e.g. x / 255, or subtract the mean and divide by the std per feature).",
     "weight_decay_dominates": "Lower the weight decay (typical: 1e-4–1e-2 for SGD, 0.01–0.1 for AdamW).",
+    "batch_probe": "Find the operation that mixes samples (nbdebug.doctor's batch_independence check follows the "
+                   "gradient): .transpose/.permute rather than .reshape/.view to reorder dimensions, batch_first=True for "
+                   "nn.Transformer*/RNN layers fed (B, T, D), normalisation over features (LayerNorm) or BatchNorm.",
     "exploding_init": "Fix the initialisation scale (He/Kaiming for ReLU, Xavier for tanh, no extra gain), add "
                       "normalisation layers, and clip gradients (torch.nn.utils.clip_grad_norm_): lowering the learning "
                       "rate only hides it.",
@@ -82,7 +85,32 @@ def run_findings(result: Any) -> list[Finding]:
     f = _depth_finding(v, h, ev)
     if f is not None:
         out.append(f)
+    if not any(x.code == "batch_mixed" for x in out):
+        f = _batch_probe_finding(result, h)
+        if f is not None:
+            out.append(f)
     return out
+
+
+#: the batch probe's change (max |Δ output| / max |output| of the first half of the last batch, run with and
+#: without its second half, in eval mode) at or above which samples mix: the zoo's 80 probed healthy runs give
+#: exactly 0 on CPU (GPU kernels chosen per batch size, TF32 or bf16 can give ~1e-3); its mixing faults 0.067
+#: (a transformer layer without batch_first) to 1.04 (a reshape for a transpose)
+BATCH_CHANGE = 1e-2
+
+
+def _batch_probe_finding(result: Any, h: Any) -> Finding | None:
+    probe = (getattr(result, "loop", None) or {}).get("batch_probe")
+    if not probe or not probe.get("change", 0) >= BATCH_CHANGE:
+        return None
+    s, b, half = int(h.step_index[-1]), int(probe["batch"]), int(probe["half"])
+    text = (f"samples mix across the batch: the outputs of the first {half} samples of the last batch changed by "
+            f"{probe['change']:.0%} of their scale when its other {b - half} were left out (eval mode, the same weights)")
+    detail = (text + ": a reshape where a transpose was meant, a layer fed (B, T, D) that expects (T, B, D) "
+              "(batch_first), or statistics taken over the batch at eval. Measured once, after the run, on the last call "
+              "(its first dimension taken as the batch).")
+    return Finding("batch_mixed", "warning", s, (), text, "samples mixed across the batch", detail,
+                   ADVICE["batch_probe"], key="batch_mixed")
 
 
 #: the first parametrised layer's output gradient over the last one's, at the first kept step: at or above

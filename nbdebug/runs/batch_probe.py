@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..adapters.outputs import logits_of
-from ..capture.state import preserve_modes
+from ..capture.state import offloaded, preserve_modes
 from .own import own_pass
 
 __all__ = ["MIN_BATCH", "batch_probe"]
@@ -37,11 +37,26 @@ def _output(out: Any) -> torch.Tensor | None:
     return t if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 1 else None
 
 
+def _plain(model: nn.Module) -> bool:
+    """A model the probe may run again cheaply on this process alone: not wrapped for several processes (DDP,
+    FSDP: a forward can need the other ranks), not compiled (half a batch would recompile), no weights
+    offloaded or on the meta device (accelerate would load them again)."""
+    wrapped = ("DistributedDataParallel", "FullyShardedDataParallel", "OptimizedModule")
+    if any(type(m).__name__ in wrapped for m in model.modules()):
+        return False
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
+    return not any(offloaded(m) for m in model.modules()) and not any(p.is_meta for p in model.parameters())
+
+
 def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> dict[str, Any] | None:
     """``{"batch": B, "half": B // 2, "change": max |Δ output| / max |output|}`` over the first half of
     the batch between the whole batch and the half alone (see the module docstring); None when the
-    call cannot be probed (no tensor input with a batch of ≥ :data:`MIN_BATCH`, an output of another
-    batch size, a non-finite output, or the model raising on half a batch)."""
+    call cannot be probed (a distributed, compiled or offloaded model; no tensor input with a batch of
+    ≥ :data:`MIN_BATCH`; an output of another batch size; a non-finite output; or the model raising on
+    half a batch)."""
+    if not _plain(model):
+        return None
     args, kwargs = inputs
     leaves = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.dim() >= 1]
     if not leaves or leaves[0].shape[0] < MIN_BATCH:

@@ -131,3 +131,9 @@ def test_no_probe_when_the_model_cannot_run_on_half_a_batch_or_the_batch_is_too_
 
     assert batch_probe(Fixed(), ((torch.randn(8, 4),), {})) is None
     assert batch_probe(nn.Linear(4, 2), ((torch.randn(3, 4),), {})) is None  # each half would hold one sample
+
+
+def test_no_probe_of_a_compiled_model() -> None:
+    """Half a batch would make torch.compile recompile: a compiled model is not probed (nor compiled by us)."""
+    m = torch.compile(nn.Linear(4, 2))
+    assert batch_probe(m, ((torch.randn(8, 4),), {})) is None

@@ -248,19 +248,29 @@ def _sigmoid_twice(x: np.ndarray, row: str, loss: np.ndarray) -> Finding | None:
     lo, hi = BCE_ON_P
     if float(loss.min()) < 0.98 * lo or float(loss[len(loss) // 2:].max()) > 1.02 * hi:
         return None
-    sd = _col(x, "std")
-    sd = sd[np.isfinite(sd)]
-    late = float(np.median(sd[-max(2, len(sd) // 5):])) if len(sd) else math.nan
+    sd, mu = _col(x, "std"), _col(x, "mean")
+    ok = np.isfinite(sd) & np.isfinite(mu)
+    sd, mu = sd[ok], mu[ok]
+    k = max(2, len(sd) // 5)
+    late = float(np.median(sd[-k:])) if len(sd) else math.nan
     if not (late >= 0.35):
         return None
+    # confident outputs with a share m of them near 1: BCEWithLogitsLoss on them cannot go below m·ln(1+e⁻¹) +
+    # (1−m)·ln 2 (targets 1 cost ≥ 0.313, targets 0 ≥ 0.693). A BCELoss on soft targets (an autoencoder's
+    # pixels, distillation) sits at the targets' entropy, below that floor: not named (h-review T2)
+    m = float(np.median(mu[-k:]))
+    floor = m * lo + (1 - m) * math.log(2)
+    if float(loss[len(loss) // 2:].min()) < 0.98 * floor:
+        return None
     text = (f"the model outputs probabilities (`{row}` is a Sigmoid, its outputs near 0 and 1: std {fmt_g(late)}) and "
-            f"the loss never went below {fmt_g(lo)} = ln(1 + e⁻¹), the floor of BCEWithLogitsLoss on probabilities: "
-            "sigmoid applied twice?")
+            f"the loss stays above {fmt_g(floor)}, the floor of BCEWithLogitsLoss on such probabilities (mean "
+            f"{fmt_g(m)}): sigmoid applied twice?")
     return Finding("output_loss_mismatch", "warning", 1, (row,), text, "probabilities fed to the loss", text,
                    ADVICE["output_loss_mismatch"], key="output_loss_mismatch")
 
 
-#: below this many kept steps a loss at chance is a note: healthy runs can sit on their first plateau that
+#: below this many steps (step numbers, not kept steps) a loss at chance is a note: healthy runs can sit on
+#: their first plateau that
 #: long (the README's digits CNN, SGD lr=0.05 + momentum 0.9, batch 64: 2.29 ≈ ln 10 at step 20, 1.07 at
 #: step 46); the zoo's unrelated-label faults run 80 steps and stay at ln 10 throughout
 EARLY_STEPS = 50
@@ -269,7 +279,7 @@ EARLY_STEPS = 50
 def _at_chance(v: np.ndarray, row: str, c: int, ev: Evidence) -> Finding | None:
     """The loss of the last half within ±5% of ln C, never below 0.9 ln C there, over ≥ 20 kept
     steps, while some layer moved by ≥ 1e-4 of its norm per step (not a learning rate too low); a
-    warning from :data:`EARLY_STEPS` kept steps on, a note before."""
+    warning from step :data:`EARLY_STEPS` on, a note before."""
     s, loss = ev.steps[np.isfinite(ev.loss)], ev.loss[np.isfinite(ev.loss)]
     if len(loss) < 20:
         return None
@@ -286,12 +296,14 @@ def _at_chance(v: np.ndarray, row: str, c: int, ev: Evidence) -> Finding | None:
     # every layer with an update ratio moves (a vanishing gradient's first layers do not: that is not chance)
     if not cols.any() or float(np.min(np.nanmedian(ur[:, cols], axis=0))) < 1e-4:
         return None
-    if len(loss) < EARLY_STEPS:  # a healthy run may still be on its first plateau: a note, not a warning
-        text = (f"the loss is still at chance after {len(loss)} steps ({fmt_g(float(np.median(half)))}, ln {c} = "
+    # steps, not kept steps: with every= (or buckets merged under --max-bytes) a long run keeps few (h-review T1)
+    n, a = int(s[-1]), int(s[len(loss) // 2])
+    if n < EARLY_STEPS:  # a healthy run may still be on its first plateau: a note, not a warning
+        text = (f"the loss is still at chance after {n} steps ({fmt_g(float(np.median(half)))}, ln {c} = "
                 f"{fmt_g(chance)}): too early to tell a slow start from inputs and labels that do not match")
         return Finding("loss_at_chance", "note", int(s[len(loss) // 2]), (row,), text, "loss at chance", text + ".",
                        ADVICE["loss_at_chance"], key="loss_at_chance")
-    text = (f"the loss stays at chance: {fmt_g(float(np.median(half)))} over the last {len(half)} steps, "
+    text = (f"the loss stays at chance: {fmt_g(float(np.median(half)))} over steps {a}–{n}, "
             f"ln {c} = {fmt_g(chance)}, while the weights move")
     return Finding("loss_at_chance", "warning", int(s[len(loss) // 2]), (row,), text, "loss at chance", text +
                    ": inputs and labels unrelated? (labels shuffled apart, a constant input, the wrong column)",

@@ -52,3 +52,24 @@ def test_sigmoid_with_bce_on_soft_targets_is_quiet_and_bce_with_logits_on_it_sti
                 loss_fn(m(z[j:j + 64]), target[j:j + 64]).backward()
                 opt.step()
         assert [f.code for f in dbg.result.findings if f.severity != "note"][:1] == want, dbg.result.findings
+
+
+def test_a_high_update_ratio_alone_is_info_in_the_step_diagnoses_too() -> None:
+    """T3: a healthy MLP with Adam 1e-2 (ratios just above 0.01, the loss falls): the findings hold notes only,
+    and the report's diagnosis at the last step says "info", as the browser's step texts do, never "warning"."""
+    from nbdebug.inspectors.thermometer import diagnose
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(60 * 64, 20, generator=g)
+    y = (x @ torch.randn(20, 5, generator=g)).argmax(1)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 5))
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    with nbdebug.debug(m) as dbg:
+        for i in range(60):
+            opt.zero_grad()
+            F.cross_entropy(m(x[i * 64:(i + 1) * 64]), y[i * 64:(i + 1) * 64]).backward()
+            opt.step()
+    assert all(f.severity == "note" for f in dbg.result.findings), dbg.result.findings
+    ups = [d for d in diagnose(dbg.result).diagnoses if d.code == "update_ratio"]
+    assert ups and all(d.severity == "info" and "high" in d.message for d in ups), ups

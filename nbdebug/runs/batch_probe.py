@@ -2,7 +2,7 @@
 
 The model's last call is run twice more as nbdebug's own passes (:func:`~nbdebug.runs.own.own_pass`: no
 grad, buffers cloned, RNG forked, the user's hooks set aside) in eval mode (BatchNorm on its running
-statistics, dropout off: the modes are put back afterwards): on the whole batch and on its first half.
+statistics, dropout off: the modes are put back afterwards; so are attributes a forward rebinds): on the whole batch and on its first half.
 Every tensor argument whose first dimension is the batch (the output's first dimension, also the first
 tensor argument's) is cut to its first half. A model whose samples are independent gives the first
 half the same outputs both times (up to float rounding: ≤ 1e-6 of the output's scale on the zoo's
@@ -16,6 +16,8 @@ healthy runs); a reshape that interleaves samples, a transformer layer fed (B, T
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -35,6 +37,27 @@ MIN_BATCH = 4
 def _output(out: Any) -> torch.Tensor | None:
     t = logits_of(out)
     return t if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 1 else None
+
+
+@contextmanager
+def _attributes_kept(model: nn.Module) -> Iterator[None]:
+    """Every module's attributes as bound before the block, put back after it: a forward that stashes what it
+    saw (``self.last_attn = a``) keeps the user's last call's, not the probe's (an attribute the block added
+    is removed). In-place changes of a kept object (``self.seen.append(x)``) are not undone."""
+    saved = [(m, dict(m.__dict__)) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, before in saved:
+            d = m.__dict__
+            for k in [k for k in d if k not in before]:
+                del d[k]
+            for k, v in before.items():
+                if d.get(k, _MISSING) is not v:
+                    d[k] = v
+
+
+_MISSING = object()
 
 
 def _plain(model: nn.Module) -> bool:
@@ -68,7 +91,7 @@ def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]
         return t[:half] if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == b else t
 
     try:
-        with own_pass(model), preserve_modes(model):
+        with own_pass(model), preserve_modes(model), _attributes_kept(model):
             model.eval()
             full = _output(model(*args, **kwargs))
             if full is None or full.shape[0] != b:

@@ -137,3 +137,30 @@ def test_no_probe_of_a_compiled_model() -> None:
     """Half a batch would make torch.compile recompile: a compiled model is not probed (nor compiled by us)."""
     m = torch.compile(nn.Linear(4, 2))
     assert batch_probe(m, ((torch.randn(8, 4),), {})) is None
+
+
+def test_a_forward_that_stashes_what_it_saw_keeps_the_users_last_call() -> None:
+    """A model keeping its last hidden state (``self.seen = h``): after the cell it holds the user's last
+    training forward, not the probe's half batch in eval mode."""
+
+    class Stash(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(8)
+            self.fc, self.head = nn.Linear(16, 8), nn.Linear(8, C)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.seen = self.fc(x)
+            return self.head(self.seen.relu())
+
+    x, y = linear_labels()
+    m = Stash()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with nbdebug.debug(m) as dbg:
+        for i in range(5):
+            opt.zero_grad()
+            F.cross_entropy(m(x[i * 32:(i + 1) * 32]), y[i * 32:(i + 1) * 32]).backward()
+            opt.step()
+        last = m.seen
+    assert dbg.result.loop["batch_probe"]["change"] == 0.0  # the probe ran
+    assert m.seen is last and m.seen.shape[0] == 32 and m.seen.requires_grad

@@ -36,13 +36,16 @@ def dead_relu_cnn(faulty: bool) -> Setup:
 
 @fault(SATURATED, "tanh_saturated")
 def tanh_saturated(faulty: bool) -> Setup:
-    """digits tanh MLP with its hidden weights scaled ×8 (twin: default init)."""
+    """digits tanh MLP with its hidden weights scaled ×30 (twin: default init). Round 4: the fault was ×8, which
+    does no harm (36% of the tanh outputs within 1e-3 of ±1, the loss 2.27 → 0.21 against its twin's 0.11, and
+    faster than the twin at step 10: 1.03 vs 1.60), so it was no fault to name. ×30 saturates 81% of them and the
+    run learns slower than its twin (1.05 vs 0.83 at step 20, 0.35 vs 0.11 at step 60)."""
     x, y = digits()
     m = mlp(act=nn.Tanh, seed=12)
     if faulty:
         with torch.no_grad():
-            m[0].weight.mul_(8.0)
-            m[2].weight.mul_(8.0)
+            m[0].weight.mul_(30.0)
+            m[2].weight.mul_(30.0)
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
     return Setup(m, sgd_loop(m, opt, x, y), (*first_batch(x, y), F.cross_entropy, opt))
 

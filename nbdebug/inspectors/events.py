@@ -49,9 +49,10 @@ SUGGEST_EVENTS = {
                    "thumb); above 1e-2 the weights change too fast.",
     # an update ratio above 1e-2 by itself (the per-step flag and event): a measurement, not a verdict —
     # the header's ``lr_high`` needs harm after it (inspectors/findings.py), and then advises lowering the rate
-    "update_high_seen": "Above 1e-2 is harmless by itself (Adam's first steps move each weight by about lr): lower "
-                        "the learning rate when the loss rises, units die or the gradient blows up after it (the "
-                        "header then says so).",
+    "update_high_seen": "Above the 1e-2 rule of thumb, with no harm seen from it: the zoo's 81 healthy runs reach "
+                        "0.01–0.16 (small models; Adam, RMSprop and Adagrad move each weight by about lr at first). "
+                        "Lower the learning rate when the loss rises, units die or the gradient blows up after it "
+                        "(the header then says so).",
     "update_low": "Raise the learning rate (or check this layer's param group): an update ratio ‖Δθ‖/‖θ‖ around "
                   "1e-3 is healthy; below 1e-4 the layer barely learns.",
 }

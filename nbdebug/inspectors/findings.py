@@ -58,6 +58,7 @@ _NAN_ADVICE = {"forward": "nan_origin_fwd", "input": "nan_input", "between": "na
                "parameter gradients": "nan_origin_bwd"}
 _ERRORS = {"raised", "nonfinite", "nan_origin_fwd", "nan_origin_bwd", "exploding"}
 _NAN_CODES = {"nan_origin_fwd", "nan_origin_bwd", "nonfinite"}
+_FOLLOW_INIT = {"exploding_init": ("lr_high", "loss_diverged", "exploding_run", "loss_spike"), "vanishing_init": ("lr_low",)}
 
 
 def _names(rows: Sequence[str], n: int = 3) -> str:
@@ -313,6 +314,8 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
     if nan is not None and any(f.code == "nan_in_loss" for f in extra):
         causes["nonfinite"] = "nan_in_loss"  # the same NaN: the loss made it
     for f in extra:
+        for k in _FOLLOW_INIT.get(f.key, ()):  # a gradient out of scale from the first step: they follow from it
+            causes.setdefault(k, f.key)
         if f.code in ("params_not_stepped", "no_optimizer_step", "grad_not_zeroed"):
             for k in ("lr_high", "lr_low", "loss_diverged", "exploding_run", "loss_spike"):
                 causes.setdefault(k, f.key)  # the loop bug explains what the updates and the loss did

@@ -18,6 +18,10 @@ Jupyter), from what the history already holds (no new capture cost):
   at the first step: the raw input is far outside the usual scale (normalised inputs give ~1).
 * ``weight_decay_dominates``: ‖θ‖ of the stepped layers ends (median of the last fifth) at ≤ 0.5× its
   first step's while the loss does not fall: weight decay dominates the update (healthy runs' ‖θ‖ grows).
+* ``exploding`` / ``vanishing`` at the first step (:func:`depth_ratio`): the output gradient of the first
+  layer with parameters over the last one's, at the first kept step (the init), is ≥ :data:`DEPTH_EXPLODES`
+  (the gradient grows toward the input: an error, named as the gradient, not the learning rate), or ≤
+  :data:`DEPTH_VANISHES` while the loss does not fall (a warning: the first layers get almost nothing).
 
 >>> [f.code for f in run_findings(result)]                                      # doctest: +SKIP
 ['output_loss_mismatch']
@@ -34,7 +38,7 @@ from ..capture.history import FIELD_INDEX
 from .events import fmt_g
 from .run_evidence import Evidence, Finding, names
 
-__all__ = ["ADVICE", "run_findings"]
+__all__ = ["ADVICE", "DEPTH_EXPLODES", "DEPTH_VANISHES", "depth_ratio", "run_findings"]
 
 ADVICE = {
     "output_loss_mismatch": "Give the loss what it expects: logits to F.cross_entropy / BCEWithLogitsLoss (drop the "
@@ -44,7 +48,18 @@ ADVICE = {
                       "input?): a model that learns nothing from its input stays at the chance loss.",
     "input_scale": "Normalise the input (e.g. x / 255, or subtract the mean and divide by the std per feature).",
     "weight_decay_dominates": "Lower the weight decay (typical: 1e-4–1e-2 for SGD, 0.01–0.1 for AdamW).",
+    "batch_probe": "Find the operation that mixes samples (nbdebug.doctor's batch_independence check follows the "
+                   "gradient): .transpose/.permute rather than .reshape/.view to reorder dimensions, batch_first=True for "
+                   "nn.Transformer*/RNN layers fed (B, T, D), normalisation over features (LayerNorm) or BatchNorm.",
+    "exploding_init": "Fix the initialisation scale (He/Kaiming for ReLU, Xavier for tanh, no extra gain), add "
+                      "normalisation layers, and clip gradients (torch.nn.utils.clip_grad_norm_): lowering the learning "
+                      "rate only hides it.",
+    "vanishing_init": "Give the first layers a gradient: a standard initialisation (not scaled down), ReLU/GELU "
+                      "instead of saturating activations, normalisation or residual connections (an LSTM/GRU for RNNs).",
 }
+
+#: the depth ratio's range over the zoo's healthy runs (min, max), quoted in the findings' detail
+DEPTH_HEALTHY = (0.059, 23.3)
 
 
 def run_findings(result: Any) -> list[Finding]:
@@ -67,7 +82,84 @@ def run_findings(result: Any) -> list[Finding]:
     f = _weights_shrink(v, ev, h)
     if f is not None:
         out.append(f)
+    f = _depth_finding(v, h, ev)
+    if f is not None:
+        out.append(f)
+    if not any(x.code == "batch_mixed" for x in out):
+        f = _batch_probe_finding(result, h)
+        if f is not None:
+            out.append(f)
     return out
+
+
+#: the batch probe's change (max |Δ output| / max |output| of the first half of the last batch, run with and
+#: without its second half, in eval mode) at or above which samples mix: the zoo's 80 probed healthy runs give
+#: exactly 0 on CPU (GPU kernels chosen per batch size, TF32 or bf16 can give ~1e-3); its mixing faults 0.067
+#: (a transformer layer without batch_first) to 1.04 (a reshape for a transpose)
+BATCH_CHANGE = 1e-2
+
+
+def _batch_probe_finding(result: Any, h: Any) -> Finding | None:
+    probe = (getattr(result, "loop", None) or {}).get("batch_probe")
+    if not probe or not probe.get("change", 0) >= BATCH_CHANGE:
+        return None
+    s, b, half = int(h.step_index[-1]), int(probe["batch"]), int(probe["half"])
+    text = (f"samples mix across the batch: the outputs of the first {half} samples of the last batch changed by "
+            f"{probe['change']:.0%} of their scale when its other {b - half} were left out (eval mode, the same weights)")
+    detail = (text + ": a reshape where a transpose was meant, a layer fed (B, T, D) that expects (T, B, D) "
+              "(batch_first), or statistics taken over the batch at eval. Measured once, after the run, on the last call "
+              "(its first dimension taken as the batch).")
+    return Finding("batch_mixed", "warning", s, (), text, "samples mixed across the batch", detail,
+                   ADVICE["batch_probe"], key="batch_mixed")
+
+
+#: the first parametrised layer's output gradient over the last one's, at the first kept step: at or above
+#: this the gradient explodes toward the input. The zoo's 80 healthy runs with a ratio lie in [0.059, 23.3]
+#: (digits MLPs ~0.16, CNNs 0.2–1.4, RNNs ~0.57, LMs 3–15.7 from the embedding to the head); He init ×3
+#: over 8 ReLU layers gives 6.1e3 (docs/diagnosis.md)
+DEPTH_EXPLODES = 1e3
+#: at or below this (and above 0: a dead layer cuts the gradient, that is the dead story) while the loss does
+#: not fall, the gradient vanishes toward the input (healthy min 0.059; an RNN whose input and recurrent
+#: weights were scaled ×0.01: 3.2e-3)
+DEPTH_VANISHES = 1e-2
+
+
+def depth_ratio(v: np.ndarray, rows: list[str]) -> tuple[float, str, str] | None:
+    """(ratio, first row, last row) at the first kept step of ``v [K, R, F]``: the output-gradient norm of
+    the first row with a parameter gradient over the last such row's (both finite, the last > 0)."""
+    if not len(v):
+        return None
+    gn, pg = _col(v[0], "grad_norm"), _col(v[0], "param_grad_norm")
+    with np.errstate(invalid="ignore"):
+        idx = np.flatnonzero(np.isfinite(pg) & np.isfinite(gn) & (gn >= 0))
+    if len(idx) < 2 or not gn[idx[-1]] > 0:
+        return None
+    a, b = int(idx[0]), int(idx[-1])
+    return float(gn[a] / gn[b]), rows[a], rows[b]
+
+
+def _depth_finding(v: np.ndarray, h: Any, ev: Evidence) -> Finding | None:
+    d = depth_ratio(v, list(h.rows))
+    if d is None:
+        return None
+    r, first, last = d
+    s = int(h.step_index[0])
+    if r >= DEPTH_EXPLODES:
+        loss0 = ev.loss[0] if len(ev.loss) else math.nan
+        said = f"; the first loss was {fmt_g(float(loss0))}" if math.isfinite(loss0) else ""
+        text = (f"gradients explode toward the input at step {s}: the output gradient of `{first}` is {fmt_g(r)}× "
+                f"that of `{last}`")
+        detail = (f"{text} (healthy runs: ≤ {DEPTH_HEALTHY[1]:g}×){said}: the initialisation scale, not the learning "
+                  "rate, makes the gradient grow layer after layer.")
+        return Finding("exploding", "error", s, (first, last), text, f"gradient {fmt_g(r)}× larger at `{first}` than at `{last}`",
+                       detail, ADVICE["exploding_init"], key="exploding_init")
+    if 0 < r <= DEPTH_VANISHES and len(ev.steps) >= 20 and not ev.falls():
+        text = (f"gradients vanish toward the input: at step {s} the output gradient of `{first}` is {fmt_g(r)}× that of "
+                f"`{last}`, and the loss did not fall")
+        detail = (f"{text} (healthy runs: ≥ {DEPTH_HEALTHY[0]:g}×): the first layers get almost no gradient and barely learn.")
+        return Finding("vanishing", "warning", s, (first, last), text, f"gradient {fmt_g(r)}× smaller at `{first}`",
+                       detail, ADVICE["vanishing_init"], key="vanishing_init")
+    return None
 
 
 def _output_row(result: Any, h: Any) -> int | None:
@@ -156,19 +248,29 @@ def _sigmoid_twice(x: np.ndarray, row: str, loss: np.ndarray) -> Finding | None:
     lo, hi = BCE_ON_P
     if float(loss.min()) < 0.98 * lo or float(loss[len(loss) // 2:].max()) > 1.02 * hi:
         return None
-    sd = _col(x, "std")
-    sd = sd[np.isfinite(sd)]
-    late = float(np.median(sd[-max(2, len(sd) // 5):])) if len(sd) else math.nan
+    sd, mu = _col(x, "std"), _col(x, "mean")
+    ok = np.isfinite(sd) & np.isfinite(mu)
+    sd, mu = sd[ok], mu[ok]
+    k = max(2, len(sd) // 5)
+    late = float(np.median(sd[-k:])) if len(sd) else math.nan
     if not (late >= 0.35):
         return None
+    # confident outputs with a share m of them near 1: BCEWithLogitsLoss on them cannot go below m·ln(1+e⁻¹) +
+    # (1−m)·ln 2 (targets 1 cost ≥ 0.313, targets 0 ≥ 0.693). A BCELoss on soft targets (an autoencoder's
+    # pixels, distillation) sits at the targets' entropy, below that floor: not named (h-review T2)
+    m = float(np.median(mu[-k:]))
+    floor = m * lo + (1 - m) * math.log(2)
+    if float(loss[len(loss) // 2:].min()) < 0.98 * floor:
+        return None
     text = (f"the model outputs probabilities (`{row}` is a Sigmoid, its outputs near 0 and 1: std {fmt_g(late)}) and "
-            f"the loss never went below {fmt_g(lo)} = ln(1 + e⁻¹), the floor of BCEWithLogitsLoss on probabilities: "
-            "sigmoid applied twice?")
+            f"the loss stays above {fmt_g(floor)}, the floor of BCEWithLogitsLoss on such probabilities (mean "
+            f"{fmt_g(m)}): sigmoid applied twice?")
     return Finding("output_loss_mismatch", "warning", 1, (row,), text, "probabilities fed to the loss", text,
                    ADVICE["output_loss_mismatch"], key="output_loss_mismatch")
 
 
-#: below this many kept steps a loss at chance is a note: healthy runs can sit on their first plateau that
+#: below this many steps (step numbers, not kept steps) a loss at chance is a note: healthy runs can sit on
+#: their first plateau that
 #: long (the README's digits CNN, SGD lr=0.05 + momentum 0.9, batch 64: 2.29 ≈ ln 10 at step 20, 1.07 at
 #: step 46); the zoo's unrelated-label faults run 80 steps and stay at ln 10 throughout
 EARLY_STEPS = 50
@@ -177,7 +279,7 @@ EARLY_STEPS = 50
 def _at_chance(v: np.ndarray, row: str, c: int, ev: Evidence) -> Finding | None:
     """The loss of the last half within ±5% of ln C, never below 0.9 ln C there, over ≥ 20 kept
     steps, while some layer moved by ≥ 1e-4 of its norm per step (not a learning rate too low); a
-    warning from :data:`EARLY_STEPS` kept steps on, a note before."""
+    warning from step :data:`EARLY_STEPS` on, a note before."""
     s, loss = ev.steps[np.isfinite(ev.loss)], ev.loss[np.isfinite(ev.loss)]
     if len(loss) < 20:
         return None
@@ -194,12 +296,14 @@ def _at_chance(v: np.ndarray, row: str, c: int, ev: Evidence) -> Finding | None:
     # every layer with an update ratio moves (a vanishing gradient's first layers do not: that is not chance)
     if not cols.any() or float(np.min(np.nanmedian(ur[:, cols], axis=0))) < 1e-4:
         return None
-    if len(loss) < EARLY_STEPS:  # a healthy run may still be on its first plateau: a note, not a warning
-        text = (f"the loss is still at chance after {len(loss)} steps ({fmt_g(float(np.median(half)))}, ln {c} = "
+    # steps, not kept steps: with every= (or buckets merged under --max-bytes) a long run keeps few (h-review T1)
+    n, a = int(s[-1]), int(s[len(loss) // 2])
+    if n < EARLY_STEPS:  # a healthy run may still be on its first plateau: a note, not a warning
+        text = (f"the loss is still at chance after {n} steps ({fmt_g(float(np.median(half)))}, ln {c} = "
                 f"{fmt_g(chance)}): too early to tell a slow start from inputs and labels that do not match")
         return Finding("loss_at_chance", "note", int(s[len(loss) // 2]), (row,), text, "loss at chance", text + ".",
                        ADVICE["loss_at_chance"], key="loss_at_chance")
-    text = (f"the loss stays at chance: {fmt_g(float(np.median(half)))} over the last {len(half)} steps, "
+    text = (f"the loss stays at chance: {fmt_g(float(np.median(half)))} over steps {a}–{n}, "
             f"ln {c} = {fmt_g(chance)}, while the weights move")
     return Finding("loss_at_chance", "warning", int(s[len(loss) // 2]), (row,), text, "loss at chance", text +
                    ": inputs and labels unrelated? (labels shuffled apart, a constant input, the wrong column)",

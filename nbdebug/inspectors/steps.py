@@ -227,7 +227,8 @@ def diagnoses_at(j: int, values: np.ndarray, steps: np.ndarray, rows: Sequence[s
             continue
         listed = ", ".join(f"`{rows[i]}` {fmt_g(float(ur[i]))}" for i in idx[:3]) + ("…" if len(idx) > 3 else "")
         how = f"high (above {th.update_high:g})" if high else f"too low (below {th.update_low:g})"
-        diags.append(Diagnosis("update_ratio", "warning", rows[idx[0]],
+        # high alone is no harm (docs/diagnosis.md): "info", as the browser's step texts say it (h-review T3)
+        diags.append(Diagnosis("update_ratio", "info" if high else "warning", rows[idx[0]],
                                f"update ratio ‖Δθ‖/‖θ‖ {how} at step {s} in {plural(len(idx), 'layer')}: {listed}.",
                                SUGGEST["update_high_seen" if high else "update_low"]))
         parts.append(f"update ratio {'high' if high else 'too low'} in {plural(len(idx), 'layer')}")

@@ -20,6 +20,7 @@ from ..adapters.unhookable import refuse_unhookable
 from ..capture.budget import parse_bytes
 from ..capture.session import Capture, CaptureResult
 from ..inspectors.thermometer import ThermometerReport, Thresholds, diagnose
+from ..runs.batch_probe import batch_probe
 from ..sessions.thermometer import LastCall, ModuleAblation
 from ..views import Recorder, training_options
 from ..widgets.thermometer import ThermometerWidget
@@ -72,9 +73,22 @@ class ThermometerRecorder(Recorder):
             if self.last is not None:
                 self.last.__exit__(*exc)
             self.capture.__exit__(*exc)
+            self._probe_batch(exc[0] is None)
         finally:
             if self._widget is not None:
                 self._push()  # always one final update (what the throttle held back)
+
+    def _probe_batch(self, ok: bool) -> None:
+        """Once, after a training cell that did not raise: does a sample's output depend on the rest of its
+        batch? (:func:`~nbdebug.runs.batch_probe.batch_probe` on the last call: two own passes in eval mode)
+        → ``result.loop["batch_probe"]``, read by the ``batch_mixed`` finding."""
+        res = self.capture.result
+        inputs = self.last.inputs if self.last is not None else None
+        if not ok or res is None or inputs is None or not res.backward_ran:
+            return
+        probe = batch_probe(self.model, inputs)
+        if probe is not None:
+            res.loop["batch_probe"] = probe
 
     # -- live --------------------------------------------------------------------------------
     def live_widget(self) -> ThermometerWidget:

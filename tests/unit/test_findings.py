@@ -89,7 +89,7 @@ def test_each_piece_of_advice_once_and_karpathy_once() -> None:
     assert sum("Karpathy" in a for a in advice) == 1
     # and the same texts as the events and the diagnoses at a step: the views drop a repeat by its text
     texts = {e.suggestion for e in rep.events} | {d.suggestion for d in rep.diagnoses}
-    # (the per-step flag and event of a ratio above 1e-2 say it is harmless by itself; the finding, with its
+    # (the per-step flag and event of a ratio above 1e-2 say no harm was seen from it; the finding, with its
     # harm, says lower the learning rate: its own text)
     assert all(a in texts or a.startswith("Lower the learning rate") or "log/sqrt" in a for a in advice)
 

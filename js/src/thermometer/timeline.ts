@@ -18,10 +18,12 @@ const LOSS_H = 72;
 const EVENT_WORDS: Record<string, string> = { became_dead: "units died", grad_fell: "gradient fell", update_ratio: "update ratio out of range" };
 
 /** The loss curve's marks: the first NaN/Inf, skipped steps, incidents (loss spikes), events, and the
- * header's root cause (the first finding that is a warning or an error and follows from nothing) at its step. */
+ * header's root cause (findings[0], the finding the header says, when it is a warning or an error with a step;
+ * never another root in its place) at its step. */
 export function lossMarks(store: HistoryStore, incidents: Incident[], events: HistEvent[], findings: Finding[] = []): ChartMark[] {
   const marks: ChartMark[] = timeMarks(store).map((m) => ({ step: store.step(m.at), cls: m.cls, title: m.title }));
-  const root = findings.find((f) => f.severity !== "note" && !(Number(f.cause) >= 0) && Number(f.step) > 0);
+  const first = findings[0];
+  const root = first && first.severity !== "note" && !(Number(first.cause) >= 0) && Number(first.step) > 0 ? first : undefined;
   if (root) marks.push({ step: Number(root.step), cls: "nbd-mark-root", title: `step ${root.step}: the root cause: ${String(root.text).replace(/`/g, "")}` });
   for (const inc of incidents) {
     if (inc.kind === "loss_spike") marks.push({ step: Number(inc.step), cls: "nbd-mark-spike", title: String(inc.message ?? "") });

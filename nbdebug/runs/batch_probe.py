@@ -1,0 +1,109 @@
+"""Does a sample's output depend on the other samples of its batch? One probe, run once after a training cell.
+
+The model's last call is run twice more as nbdebug's own passes (:func:`~nbdebug.runs.own.own_pass`: no
+grad, buffers cloned, RNG forked, the user's hooks set aside) in eval mode (BatchNorm on its running
+statistics, dropout off: the modes are put back afterwards; so are attributes a forward rebinds): on the whole batch and on its first half.
+Every tensor argument whose first dimension is the batch (the output's first dimension, also the first
+tensor argument's) is cut to its first half. A model whose samples are independent gives the first
+half the same outputs both times (up to float rounding: ≤ 1e-6 of the output's scale on the zoo's
+healthy runs); a reshape that interleaves samples, a transformer layer fed (B, T, D) while it expects
+(T, B, D), a normalisation over the batch at eval change them by tens of percent.
+
+>>> batch_probe(model, ((x,), {}))                        # doctest: +SKIP
+{'batch': 64, 'half': 32, 'change': 0.93}
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..adapters.outputs import logits_of
+from ..capture.state import offloaded, preserve_modes
+from .own import own_pass
+
+__all__ = ["MIN_BATCH", "batch_probe"]
+
+#: fewest samples for the probe (each half needs ≥ 2: a statistic over one sample is no batch)
+MIN_BATCH = 4
+
+
+def _output(out: Any) -> torch.Tensor | None:
+    t = logits_of(out)
+    return t if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 1 else None
+
+
+@contextmanager
+def _attributes_kept(model: nn.Module) -> Iterator[None]:
+    """Every module's attributes as bound before the block, put back after it: a forward that stashes what it
+    saw (``self.last_attn = a``) keeps the user's last call's, not the probe's (an attribute the block added
+    is removed). In-place changes of a kept object (``self.seen.append(x)``) are not undone."""
+    saved = [(m, dict(m.__dict__)) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, before in saved:
+            d = m.__dict__
+            for k in [k for k in d if k not in before]:
+                del d[k]
+            for k, v in before.items():
+                if d.get(k, _MISSING) is not v:
+                    d[k] = v
+
+
+_MISSING = object()
+
+
+def _plain(model: nn.Module) -> bool:
+    """A model the probe may run again cheaply on this process alone: not wrapped for several processes (DDP,
+    FSDP: a forward can need the other ranks), not compiled (half a batch would recompile), no weights
+    offloaded or on the meta device (accelerate would load them again)."""
+    wrapped = ("DistributedDataParallel", "FullyShardedDataParallel", "OptimizedModule")
+    if any(type(m).__name__ in wrapped for m in model.modules()):
+        return False
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
+    return not any(offloaded(m) for m in model.modules()) and not any(p.is_meta for p in model.parameters())
+
+
+def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> dict[str, Any] | None:
+    """``{"batch": B, "half": B // 2, "change": max |Δ output| / max |output|}`` over the first half of
+    the batch between the whole batch and the half alone (see the module docstring); None when the
+    call cannot be probed (a distributed, compiled or offloaded model; no tensor input with a batch of
+    ≥ :data:`MIN_BATCH`; an output of another batch size; a non-finite output; or the model raising on
+    half a batch)."""
+    if not _plain(model):
+        return None
+    args, kwargs = inputs
+    leaves = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.dim() >= 1]
+    if not leaves or leaves[0].shape[0] < MIN_BATCH:
+        return None
+    b = int(leaves[0].shape[0])
+    half = b // 2
+
+    def cut(t: Any) -> Any:
+        return t[:half] if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == b else t
+
+    try:
+        with own_pass(model), preserve_modes(model), _attributes_kept(model):
+            model.eval()
+            full = _output(model(*args, **kwargs))
+            if full is None or full.shape[0] != b:
+                return None
+            h_args, h_kwargs = tree_map(cut, (tuple(args), dict(kwargs)))
+            part = _output(model(*h_args, **h_kwargs))
+    except Exception:  # a model that cannot run on half its batch (a fixed batch size, a stateful buffer): no probe
+        return None
+    if part is None or part.shape != full[:half].shape:
+        return None
+    a, c = full[:half].detach().float(), part.detach().float()
+    scale = float(a.abs().max())
+    if not (math.isfinite(scale) and bool(torch.isfinite(c).all())) or scale == 0:
+        return None
+    return {"batch": b, "half": half, "change": float((a - c).abs().max()) / scale}

@@ -1,0 +1,166 @@
+"""Samples mixed across the batch, measured by the run (``nbdebug.runs.batch_probe``, issue 26): once after a
+training cell, the last call again as nbdebug's own passes in eval mode, whole and its first half alone.
+Planted faults (a reshape where a transpose was meant, a normalisation over the batch) are named
+``batch_mixed``; their twins (the transpose, a normalisation over the features; a BatchNorm + dropout CNN
+in train mode) are quiet. The probe's number is checked against a hand computation, and the model is left
+exactly as found."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import nbdebug
+from nbdebug.inspectors.run_findings import BATCH_CHANGE
+from nbdebug.runs.batch_probe import batch_probe
+from tests.unit.test_findings_loop import C, linear_labels
+
+
+def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int = 30, bs: int = 32) -> Any:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with nbdebug.debug(model) as dbg:
+        for i in range(steps):
+            j = (i * bs) % len(x)
+            opt.zero_grad()
+            F.cross_entropy(model(x[j:j + bs]), y[j:j + bs]).backward()
+            opt.step()
+    return dbg.result
+
+
+class Rows(nn.Module):
+    """16 features as 4 rows of 4, embedded per row, flattened per sample; ``mix``: (B, 4, 8) reshaped to
+    (4, B, 8) where a transpose was meant (each "sample" of the head then holds rows of 4 samples)."""
+
+    def __init__(self, mix: bool) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.embed = nn.Linear(4, 8)
+        self.head = nn.Sequential(nn.ReLU(), nn.Linear(32, C))
+        self.mix = mix
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x.reshape(-1, 4, 4))
+        rows_first = h.reshape(4, -1, 8) if self.mix else h.transpose(0, 1)
+        return self.head(rows_first.transpose(0, 1).reshape(h.shape[0], 32))
+
+
+class Norm(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return (h - h.mean(self.dim, keepdim=True)) / (h.std(self.dim, keepdim=True) + 1e-5)
+
+
+@pytest.mark.parametrize("faulty", [True, False])
+def test_a_reshape_for_a_transpose_mixes_samples_and_the_transpose_does_not(faulty: bool) -> None:
+    x, y = linear_labels()
+    res = _train(Rows(mix=faulty), x, y)
+    serious = [f for f in res.findings if f.severity != "note"]
+    probe = res.loop["batch_probe"]
+    assert (probe["batch"], probe["half"]) == (32, 16)
+    if faulty:
+        assert serious[0].code == "batch_mixed" and serious[0].step == 30, res.findings
+        assert probe["change"] >= BATCH_CHANGE and "first 16 samples" in serious[0].text
+    else:
+        assert serious == [] and probe["change"] == 0.0, res.findings
+
+
+@pytest.mark.parametrize("faulty", [True, False])
+def test_a_normalisation_over_the_batch_mixes_samples_and_one_over_features_does_not(faulty: bool) -> None:
+    x, y = linear_labels()
+    torch.manual_seed(4)
+    m = nn.Sequential(nn.Linear(x.shape[1], 32), Norm(0 if faulty else 1), nn.ReLU(), nn.Linear(32, C))
+    res = _train(m, x, y)
+    codes = [f.code for f in res.findings if f.severity != "note"]
+    assert codes[:1] == (["batch_mixed"] if faulty else []), res.findings
+
+
+def test_batchnorm_and_dropout_in_train_mode_are_not_mixing_and_the_model_is_left_as_found() -> None:
+    """BatchNorm mixes the batch in train mode by design: the probe runs in eval mode (running statistics).
+    After the run: modes, parameters, buffers, .grad and the RNG as the user's loop left them, no hook."""
+    x, y = linear_labels()
+    torch.manual_seed(6)
+    m = nn.Sequential(nn.Linear(x.shape[1], 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, C))
+    res = _train(m, x, y)
+    assert [f.code for f in res.findings if f.severity != "note"] == [] and res.loop["batch_probe"]["change"] == 0.0
+    # the probe alone, on a model in train mode with gradients and a generator in a known state
+    m.train()
+    F.cross_entropy(m(x[:32]), y[:32]).backward()
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    grads = [p.grad.clone() for p in m.parameters()]
+    torch.manual_seed(7)
+    rng = torch.get_rng_state()
+    probe = batch_probe(m, ((x[:32],), {}))
+    assert probe == {"batch": 32, "half": 16, "change": 0.0}
+    assert all(mod.training for mod in m.modules())
+    assert all(torch.equal(v, state[k]) for k, v in m.state_dict().items())
+    assert all(torch.equal(p.grad, g) for p, g in zip(m.parameters(), grads, strict=True))
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert not any(mod._forward_hooks or mod._forward_pre_hooks for mod in m.modules())
+
+
+def test_the_probes_change_is_the_hand_computed_one() -> None:
+    """out = x − mean over the batch: the first half's outputs move by mean(all) − mean(first half)."""
+
+    class Centre(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x - x.mean(0, keepdim=True)
+
+    x = torch.arange(24, dtype=torch.float32).reshape(6, 4) ** 1.5
+    full = x - x.mean(0, keepdim=True)
+    part = x[:3] - x[:3].mean(0, keepdim=True)
+    want = float((full[:3] - part).abs().max() / full[:3].abs().max())
+    got = batch_probe(Centre(), ((x,), {}))
+    assert got is not None and got["batch"] == 6 and got["half"] == 3 and got["change"] == pytest.approx(want, rel=1e-6)
+
+
+def test_no_probe_when_the_model_cannot_run_on_half_a_batch_or_the_batch_is_too_small() -> None:
+    class Fixed(nn.Module):  # a hard-coded batch size: raises on half a batch
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x).reshape(8, 2)
+
+    assert batch_probe(Fixed(), ((torch.randn(8, 4),), {})) is None
+    assert batch_probe(nn.Linear(4, 2), ((torch.randn(3, 4),), {})) is None  # each half would hold one sample
+
+
+def test_no_probe_of_a_compiled_model() -> None:
+    """Half a batch would make torch.compile recompile: a compiled model is not probed (nor compiled by us)."""
+    m = torch.compile(nn.Linear(4, 2))
+    assert batch_probe(m, ((torch.randn(8, 4),), {})) is None
+
+
+def test_a_forward_that_stashes_what_it_saw_keeps_the_users_last_call() -> None:
+    """A model keeping its last hidden state (``self.seen = h``): after the cell it holds the user's last
+    training forward, not the probe's half batch in eval mode."""
+
+    class Stash(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(8)
+            self.fc, self.head = nn.Linear(16, 8), nn.Linear(8, C)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.seen = self.fc(x)
+            return self.head(self.seen.relu())
+
+    x, y = linear_labels()
+    m = Stash()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with nbdebug.debug(m) as dbg:
+        for i in range(5):
+            opt.zero_grad()
+            F.cross_entropy(m(x[i * 32:(i + 1) * 32]), y[i * 32:(i + 1) * 32]).backward()
+            opt.step()
+        last = m.seen
+    assert dbg.result.loop["batch_probe"]["change"] == 0.0  # the probe ran
+    assert m.seen is last and m.seen.shape[0] == 32 and m.seen.requires_grad

@@ -217,7 +217,7 @@ def contrastive_sqrt_of_zero(faulty: bool) -> Setup:
 
 
 class CosineMoons(nn.Module):
-    """A moons embedding net and a cosine classifier at scale 16 (normalised features and class vectors),
+    """A moons embedding net and a cosine classifier at scale 30 (normalised features and class vectors),
     probabilities from a hand-written softmax ``exp(z) / sum exp(z)``."""
 
     def __init__(self, seed: int) -> None:
@@ -226,8 +226,8 @@ class CosineMoons(nn.Module):
         self.classes = nn.Parameter(torch.randn(2, 16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = 16.0 * F.normalize(self.net(x), dim=1) @ F.normalize(self.classes, dim=1).T
-        e = torch.exp(z)  # float32 holds exp(16); float16 stops at 65504 = exp(11.1)
+        z = 30.0 * F.normalize(self.net(x), dim=1) @ F.normalize(self.classes, dim=1).T
+        e = torch.exp(z)  # float32 holds exp(30); float16 stops at 65504 = exp(11.1)
         return e / e.sum(1, keepdim=True)
 
 
@@ -237,13 +237,13 @@ def _nll_of_probs(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 @fault(FP16, "ho_half_cosine_softmax", doctor=("nonfinite",))
 def half_cosine_softmax(faulty: bool) -> Setup:
-    """``model.half()`` "to save memory" on a cosine classifier at scale 16 with a hand-written softmax:
+    """``model.half()`` "to save memory" on a cosine classifier at scale 30 with a hand-written softmax:
     exp overflows float16 (twin: the model left in float32)."""
     x, y = kit.moons(seed=30)
     m = CosineMoons(30)
     if faulty:
         m, x = m.half(), x.half()
-    return kit.train(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), x, y, _nll_of_probs, steps=80)
+    return kit.train(m, torch.optim.SGD(m.parameters(), lr=0.01), x, y, _nll_of_probs, steps=80)
 
 
 @fault(BN_ONE, "ho_bn1d_last_batch_of_one")

@@ -3,6 +3,7 @@
     python benchmarks/bench_diagnosis.py              # every case, full steps (a few minutes)
     python benchmarks/bench_diagnosis.py --quick      # every case but the SmolLM2 Trainer, a few steps: proves each runs
     python benchmarks/bench_diagnosis.py --only dead  # the cases whose name contains "dead"
+    python benchmarks/bench_diagnosis.py --heldout    # the held-out zoo only (benchmarks/zoo/heldout/)
 
 Each case of :mod:`zoo` (a fault, its healthy twin ``name~``, or a healthy recipe) builds the user's
 setup, runs ``nbdebug.doctor`` on the first batch where a user would (before training, with the
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few steps per case, no SmolLM2: proves every case runs")
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
     ap.add_argument("--no-doctor", action="store_true", help="skip nbdebug.doctor")
+    ap.add_argument("--heldout", action="store_true", help="run the held-out zoo (zoo/heldout) instead of the project zoo")
     ap.add_argument("--json", default="", help="write every outcome to this file")
     ap.add_argument("--table", nargs="+", default=[], metavar="JSON",
                     help="print the table of saved outcomes (later files replace earlier ones' cases by name)")
@@ -174,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(table(list(saved.values()))))
         return 0
     torch.set_num_threads(1)
-    cases = [c for c in zoo.CASES if args.only in c.name and not (args.quick and c.full_only)]
-    print(f"# bench_diagnosis{' --quick' if args.quick else ''}: {len(cases)} cases, nbdebug from {nbdebug.__file__}, "
+    if args.heldout:
+        from zoo import heldout
+    cases = [c for c in (heldout.CASES if args.heldout else zoo.CASES) if args.only in c.name and not (args.quick and c.full_only)]
+    print(f"# bench_diagnosis{' --quick' if args.quick else ''}{' --heldout' if args.heldout else ''}: {len(cases)} cases, nbdebug from {nbdebug.__file__}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     results: list[Outcome] = []
     t0 = time.perf_counter()

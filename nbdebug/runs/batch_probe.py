@@ -60,6 +60,12 @@ def _attributes_kept(model: nn.Module) -> Iterator[None]:
 _MISSING = object()
 
 
+def _differ(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do two outputs of the same samples differ beyond float rounding (one host read)?"""
+    a, b = a.detach().float(), b.detach().float()
+    return bool(((a - b).abs().max() > 1e-5 * a.abs().max().clamp_min(1e-30)).item())
+
+
 def _plain(model: nn.Module) -> bool:
     """A model the probe may run again cheaply on this process alone: not wrapped for several processes (DDP,
     FSDP: a forward can need the other ranks), not compiled (half a batch would recompile), no weights
@@ -76,8 +82,9 @@ def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]
     """``{"batch": B, "half": B // 2, "change": max |Δ output| / max |output|}`` over the first half of
     the batch between the whole batch and the half alone (see the module docstring); None when the
     call cannot be probed (a distributed, compiled or offloaded model; no tensor input with a batch of
-    ≥ :data:`MIN_BATCH`; an output of another batch size; a non-finite output; or the model raising on
-    half a batch)."""
+    ≥ :data:`MIN_BATCH`; an output of another batch size; a non-finite output; the model raising on
+    half a batch; or, when the half changed, the whole batch not giving itself back on a second pass:
+    a forward that draws noise in eval mode, where mixing cannot be told from the noise)."""
     if not _plain(model):
         return None
     args, kwargs = inputs
@@ -98,6 +105,12 @@ def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]
                 return None
             h_args, h_kwargs = tree_map(cut, (tuple(args), dict(kwargs)))
             part = _output(model(*h_args, **h_kwargs))
+            if part is not None and part.shape == full[:half].shape and _differ(full[:half], part):
+                # a change: first ask whether the whole batch gives itself back (a forward that draws noise
+                # in eval, a VAE's reparameterisation, cannot tell mixing from noise: no probe)
+                again = _output(model(*args, **kwargs))
+                if again is None or again.shape != full.shape or _differ(full, again):
+                    return None
     except Exception:  # a model that cannot run on half its batch (a fixed batch size, a stateful buffer): no probe
         return None
     if part is None or part.shape != full[:half].shape:

@@ -164,3 +164,33 @@ def test_a_forward_that_stashes_what_it_saw_keeps_the_users_last_call() -> None:
         last = m.seen
     assert dbg.result.loop["batch_probe"]["change"] == 0.0  # the probe ran
     assert m.seen is last and m.seen.shape[0] == 32 and m.seen.requires_grad
+
+
+def test_no_probe_of_a_model_that_draws_noise_in_eval_mode() -> None:
+    """A VAE's reparameterisation draws ``randn_like`` in every mode: its halves differ from the whole by the
+    noise alone, so the probe asks the whole batch twice and, when it does not give itself back, says nothing
+    (held-out zoo: the healthy VAE recipe was warned ``batch_mixed``). Planted: the same model with the
+    noise fixed still gives a probe (0 change)."""
+
+    class Sampler(nn.Module):
+        def __init__(self, noisy: bool) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.enc, self.dec, self.noisy = nn.Linear(6, 4), nn.Linear(2, 6), noisy
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mu, logvar = self.enc(x).chunk(2, dim=-1)
+            eps = torch.randn_like(mu) if self.noisy else torch.zeros_like(mu)
+            return self.dec(mu + eps * (0.5 * logvar).exp())
+
+    x = torch.randn(8, 6)
+    assert batch_probe(Sampler(noisy=True), ((x,), {})) is None
+    quiet = batch_probe(Sampler(noisy=False), ((x,), {}))
+    assert quiet is not None and quiet["change"] < BATCH_CHANGE
+    # and a real mixer is still probed: the centring model's change survives the repeat
+    class Centre(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x - x.mean(0, keepdim=True)
+
+    got = batch_probe(Centre(), ((x,), {}))
+    assert got is not None and got["change"] >= BATCH_CHANGE

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from shells import let_go_of
 from skip_policy import (  # noqa: F401  (hooks: no silent skips in CI)
     pytest_collectreport,
     pytest_configure,
@@ -52,7 +53,9 @@ def shell() -> Iterator[Any]:
     sh.displayed = displayed  # type: ignore[attr-defined]
     assert sh.run_cell("%load_ext nbdebug").success
     yield sh
+    let_go_of(sh)
     InteractiveShell.clear_instance()
+
 
 
 @pytest.fixture(autouse=True)

@@ -33,11 +33,13 @@ from ..adapters.blockparts import patch_parts
 from ..adapters.transformers import AdapterError, find_parts
 from ..capture.state import loaded_weights
 from ..capture.weak import ModelRef
+from ..inspectors.attention import display_token
 from ..inspectors.logitlens import lens_stats
 from ..workbench import Workbench
 from ..workbench.interventions import MODES
 from ..workbench.kept import KeptRuns
 from ..workbench.metric import Metric, token_labels, top_tokens
+from .ablation_io import AblationRequest, Answered, ablation_answer, ranked
 
 __all__ = ["AblationSession", "ablation_problem"]
 
@@ -120,6 +122,22 @@ class AblationSession:
                      "ablated_top": lens["top"], "ablated_p": lens["p"]},
             "seconds": time.perf_counter() - t0,
         }
+
+    def respond(self, request: AblationRequest) -> Answered:
+        """A view's ablation request (kind ``heads``: a block index and its heads per target) as
+        :meth:`ablate` answers it, in the one answer shape (:mod:`nbdebug.sessions.ablation_io`), tokens
+        made readable (:func:`~nbdebug.inspectors.attention.display_token`)."""
+        t0 = time.perf_counter()
+        out = self.ablate(heads={int(t["layer"]): list(t["units"]) for t in request["targets"]}, mode=request["mode"])
+        assert self.clean is not None
+        lens = out["lens"]
+        of = {"id": self.clean["target"], "label": display_token(lens["target"])}
+        metric = {"label": out["metric_label"], "kind": "metric", "clean": out["metric_clean"], "ablated": out["metric"],
+                  "delta": out["delta"], "of": of}
+        top = {k: ranked(out[k], lambda e: display_token(e["token"])) for k in ("clean", "ablated")}
+        diff = {**lens, "target": of["label"], "clean_top": [display_token(t) for t in lens["clean_top"]],
+                "ablated_top": [display_token(t) for t in lens["ablated_top"]]}
+        return ablation_answer(request, metric, top=top, t0=t0, lens=diff), {}  # type: ignore[arg-type]
 
     def _ablated_lens(self, wb: Workbench, resid: torch.Tensor, logits: torch.Tensor) -> dict[str, list[Any]]:
         """The ablated run's lens rows; the rows up to the first ablated block are the clean run's

@@ -18,6 +18,7 @@ untouched, the user's hooks not called, no hook left.
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack
 from typing import Any
 
@@ -31,6 +32,7 @@ from ..capture.weak import ModelRef
 from ..runs.interventions import edit_activations
 from ..runs.patchrun import own_pass
 from ..workbench import ablate
+from .ablation_io import AblationRequest, Answered, ablation_answer
 
 __all__ = ["OUTPUT_NOTE", "LastCall", "ModuleAblation"]
 
@@ -122,3 +124,16 @@ class ModuleAblation:
         agree = float((a.argmax(-1) == b.argmax(-1)).double().mean()) if a.shape == b.shape and a.dim() else float("nan")
         return {"module": module, "mode": mode, "kind": "output", "clean": float(a.abs().mean()),
                 "ablated": float(b.abs().mean()), "delta": diff, "agreement": agree, "note": OUTPUT_NOTE}
+
+    def respond(self, request: AblationRequest) -> Answered:
+        """A view's ablation request (kind ``modules``: one module, no units) as :meth:`ablate` answers
+        it, in the one answer shape (:mod:`nbdebug.sessions.ablation_io`): ``metric.kind`` "loss", or
+        "output" (mean |logits|, ``delta`` the mean |Δ logits|) with the top-1 ``agreement``."""
+        t0 = time.perf_counter()
+        (target,) = request["targets"]
+        out = self.ablate(str(target["layer"]), request["mode"])
+        label = "loss" if out["kind"] == "loss" else "mean |logits|"
+        metric = {"label": label, "kind": out["kind"], "clean": out["clean"], "ablated": out["ablated"],
+                  "delta": out["delta"], "of": None}
+        extra = {"agreement": out["agreement"]} if "agreement" in out else {}
+        return ablation_answer(request, metric, note=out["note"], t0=t0, **extra), {}  # type: ignore[arg-type]

@@ -314,7 +314,7 @@ def _sessions() -> list[tuple[type, type]]:
     from nbdebug.sessions.steer import SteerLens
     from nbdebug.sessions.thermometer import ModuleAblation
 
-    return [(AblationSession, p.HeadAblates), (ChannelAblation, p.ChannelAblates), (ModuleAblation, p.ModuleAblates),
+    return [(AblationSession, p.Ablates), (ChannelAblation, p.Ablates), (ModuleAblation, p.Ablates),
             (PatchSession, p.PatchClicks), (SteerLens, p.SteerClicks), (GradCamSession, p.CamClicks),
             (AttributionSession, p.AttributionClicks)]
 
@@ -325,15 +325,20 @@ def test_each_session_has_what_its_widget_protocol_asks(pair: tuple[type, type])
 
 
 def test_the_protocol_check_finds_a_planted_mismatch() -> None:
-    from nbdebug.sessions.protocols import ChannelAblates, ModuleAblates
+    from nbdebug.sessions.protocols import Ablates, CamClicks
 
     class Positional:
-        def ablate(self, layer: str, channels: list[int], mode: str = "zero") -> dict:  # the channel shape
+        def respond(self, layer: str, channels: list[int], mode: str = "zero") -> dict:  # a kind's own shape
             return {}
 
-    assert _protocol_mismatches(Positional, ModuleAblates) == ["ablate"]
-    assert _protocol_mismatches(Positional, ChannelAblates) == []
-    assert _protocol_mismatches(object, ChannelAblates) == ["ablate"]
+    class OneRequest:
+        def respond(self, request: dict) -> tuple:
+            return {}, {}
+
+    assert _protocol_mismatches(Positional, Ablates) == ["respond"]
+    assert _protocol_mismatches(OneRequest, Ablates) == []
+    assert _protocol_mismatches(object, Ablates) == ["respond"]
+    assert _protocol_mismatches(OneRequest, CamClicks) == ["maps_for"]
 
 
 def test_widgets_type_their_session_by_a_protocol() -> None:

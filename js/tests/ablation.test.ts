@@ -13,8 +13,8 @@ const HEADS: AblationAnswer = {
   kind: "heads", targets: [{ layer: 1, units: [2] }, { layer: 2, units: [0, 3] }], mode: "zero", note: "", seconds: 0.02,
   metric: { label: "p(␣Paris)", kind: "metric", clean: 0.5, ablated: 0.25, delta: -0.25, of: { id: 5, label: "␣Paris" } },
   top: { clean: [{ id: 5, label: "␣Paris", p: 0.5 }], ablated: [{ id: 6, label: "␣Rome", p: 0.3 }] },
-  lens: { rows: ["embed", "h.0", "output"], target: "␣Paris", clean_top: ["a", "b", "c"], clean_p: [0.1, 0.2, 0.5],
-          ablated_top: ["a", "b", "d"], ablated_p: [0.1, 0.2, 0.25] },
+  lens: { clean: [{ row: "embed", id: 1, token: "a", p: 0.3, p_answer: 0.1 }, { row: "output", id: 5, token: "␣Paris", p: 0.5, p_answer: 0.5 }],
+          ablated: [{ row: "embed", id: 1, token: "a", p: 0.3, p_answer: 0.1 }, { row: "output", id: 6, token: "␣Rome", p: 0.3, p_answer: 0.25 }] },
 };
 const CHANNELS: AblationAnswer = {
   kind: "channels", targets: [{ layer: "layer4", units: [3, 7] }], mode: "mean", note: "", seconds: 0.1,
@@ -43,7 +43,8 @@ describe("the one ablation answer", () => {
       { ...HEADS, targets: [{ layer: 1, units: ["2"] }] },
       { ...HEADS, metric: { ...HEADS.metric, kind: "logit" } },
       { ...HEADS, metric: { ...HEADS.metric, of: { id: 5 } } },
-      { ...HEADS, lens: { ...HEADS.lens, clean_p: ["10%"] } },
+      { ...HEADS, lens: { ...HEADS.lens, clean: [{ row: "embed", id: 1, token: "a", p: 0.3, p_answer: "10%" }] } },
+      { ...HEADS, lens: { rows: ["embed"], target: "a", clean_top: ["a"], clean_p: [0.1], ablated_top: ["a"], ablated_p: [0.1] } }, // the old lens diff
       { ...CHANNELS, cam: { layer: "layer4" } },
       { ...ROWS, agreement: "75%" },
       { ...ROWS, seconds: undefined },

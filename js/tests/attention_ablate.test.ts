@@ -29,14 +29,16 @@ afterEach(() => {
 const L = 2, H = 3, T = 2, S = 2;
 const names = ["entropy", "norm_entropy", "first_mass", "sep_mass", "prev_token", "diagonal", "max_mass"];
 
+const lensEntry = ([row, id, token, p]: any[]) => ({ row, id, token, p: p + 0.1, p_answer: p });
+
 function answer(delta: number, targets: { layer: number; units: number[] }[]) {
   return {
     kind: "heads", targets, mode: "zero", note: "",
     metric: { label: "logit['x'] - logit['y']", kind: "metric", clean: 2.5, ablated: 2.5 + delta, delta, of: { id: 7, label: HOSTILE } },
     top: { clean: [{ id: 1, label: HOSTILE, p: 0.5 }, { id: 2, label: "b", p: 0.2 }],
            ablated: [{ id: 2, label: "b", p: 0.4 }, { id: 1, label: HOSTILE, p: 0.3 }] },
-    lens: { rows: ["embed", "h.0", "output"], target: HOSTILE, clean_top: ["a", "b", HOSTILE], clean_p: [0.1, 0.2, 0.5],
-            ablated_top: ["a", "b", "b"], ablated_p: [0.1, 0.2, 0.3] },
+    lens: { clean: [["embed", 10, "a", 0.1], ["h.0", 11, "b", 0.2], ["output", 1, HOSTILE, 0.5]].map(lensEntry),
+            ablated: [["embed", 10, "a", 0.1], ["h.0", 11, "b", 0.2], ["output", 2, "b", 0.3]].map(lensEntry) },
     seconds: 0.05,
   };
 }

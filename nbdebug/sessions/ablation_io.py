@@ -27,6 +27,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 import numpy as np
 
 from ..workbench.interventions import MODES
+from .lens import LensEntry
 
 __all__ = ["KINDS", "AblationAnswer", "AblationMetric", "AblationRequest", "AblationTarget", "Answered", "Ranked",
            "ablation_answer", "ablation_request", "ranked"]
@@ -85,14 +86,11 @@ class Tops(TypedDict):
 
 
 class LensDiff(TypedDict):
-    """Per row (``embed``, the blocks, ``output``) the clean and ablated top-1 and p(``target``)."""
+    """The clean and ablated runs' lens columns (:class:`~nbdebug.sessions.lens.LensEntry` rows: ``embed``,
+    the blocks, ``output``; ``p_answer`` is p(``metric.of``))."""
 
-    rows: list[str]
-    target: str
-    clean_top: list[str]
-    clean_p: list[float]
-    ablated_top: list[str]
-    ablated_p: list[float]
+    clean: list[LensEntry]
+    ablated: list[LensEntry]
 
 
 class CamPair(TypedDict):

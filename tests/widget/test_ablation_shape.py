@@ -118,7 +118,13 @@ def test_each_view_takes_the_one_request_and_sends_the_one_answer(shell, kind: s
         native = w.ablation.ablate(heads={x["layer"]: x["units"] for x in t}, mode="zero")
         assert answer["metric"]["delta"] == pytest.approx(native["delta"], rel=1e-9, abs=1e-12)
         assert [r["id"] for r in answer["top"]["ablated"]] == [r["id"] for r in native["ablated"]]
-        assert answer["lens"]["ablated_p"] == native["lens"]["ablated_p"] and len(answer["lens"]["rows"]) == 3 + 1
+        lens = answer["lens"]  # two lens columns in THE lens-column format (sessions.lens.LensEntry)
+        assert [e["p_answer"] for e in lens["ablated"]] == native["lens"]["ablated_p"]
+        assert [e["row"] for e in lens["clean"]] == native["lens"]["rows"] and len(lens["clean"]) == 3 + 1
+        assert [e["id"] for e in lens["clean"]] == native["lens"]["clean_ids"]
+        # the output row is the model's own next-token distribution: its top-1 is the top list's first
+        assert lens["ablated"][-1]["id"] == answer["top"]["ablated"][0]["id"]
+        assert lens["ablated"][-1]["p"] == pytest.approx(answer["top"]["ablated"][0]["p"], rel=1e-5)
     elif kind == "channels":
         native = w.ablation.ablate("0", [1, 5], "mean")
         assert answer["metric"]["delta"] == pytest.approx(native["delta"], abs=1e-12) and native["delta"] != 0

@@ -8,6 +8,7 @@
 import { fmtPct, h, replaceChildren } from "../lib/dom";
 import { askAblation, headTargets, targetPairs, type AblationAnswer } from "../lib/ablation";
 import type { AnyModel } from "../lib/rpc";
+import { lensColumnTable } from "../lib/lenscolumn";
 import { Latest } from "../lib/request";
 
 export const ABLATE_CSS = `
@@ -18,8 +19,9 @@ export const ABLATE_CSS = `
 .nbdebug-attention .nba-delta.nba-down { color: #b00; }
 .nbdebug-attention .nba-ablate table { border-collapse: collapse; margin: 4px 12px 4px 0; font-size: 11px; }
 .nbdebug-attention .nba-ablate th, .nbdebug-attention .nba-ablate td { padding: 1px 6px; text-align: left; white-space: pre; }
-.nbdebug-attention .nba-ablate td.nba-tk { font-family: ui-monospace, monospace; max-width: 160px; overflow: hidden; text-overflow: ellipsis; }
+.nbdebug-attention .nba-ablate td.nba-tk, .nbdebug-attention .nba-ablate td.nba-lens-tok { font-family: ui-monospace, monospace; max-width: 160px; overflow: hidden; text-overflow: ellipsis; }
 .nbdebug-attention .nba-ablate tr.nba-changed td { background: #fff4d6; }
+.nbdebug-attention .nba-ablate th.nba-lens-row { font-weight: normal; }
 .nbdebug-attention .nba-ablate-tables { display: flex; flex-wrap: wrap; align-items: flex-start; }
 `;
 
@@ -122,16 +124,10 @@ export class AblatePanel {
         ]);
       }),
     ]);
-    const L = a.lens ?? { rows: [], target: "", clean_top: [], clean_p: [], ablated_top: [], ablated_p: [] };
-    const lens = h("table", { class: "nba-ablate-lens" }, [
-      h("tr", {}, [h("th", { text: "lens (last position)" }), h("th", { text: "clean top-1" }), h("th", { text: `p(${L.target})` }),
-        h("th", { text: "ablated top-1" }), h("th", { text: `p(${L.target})` })]),
-      ...L.rows.map((name, i) => h("tr", { class: L.clean_top[i] !== L.ablated_top[i] ? "nba-changed" : "" }, [
-        h("td", { text: name, title: i === 0 ? "the embeddings" : i === L.rows.length - 1 ? "the model's output" : `after ${name}` }),
-        h("td", { class: "nba-tk", text: L.clean_top[i] ?? "" }), h("td", { text: fmtPct(L.clean_p[i]) }),
-        h("td", { class: "nba-tk", text: L.ablated_top[i] ?? "" }), h("td", { text: fmtPct(L.ablated_p[i]) }),
-      ])),
-    ]);
+    const lens = lensColumnTable([{ name: "clean", entries: a.lens?.clean }, { name: "ablated", entries: a.lens?.ablated }], {
+      prefix: "nba", rowHeader: "lens (last position)", answer: m.of?.label ?? "", markChanged: true, cls: "nba-ablate-lens",
+      rowTitle: (name, i, n) => (i === 0 ? "the embeddings" : i === n - 1 ? "the model's output" : `after ${name}`),
+    });
     replaceChildren(this.body, [h("div", { class: "nba-ablate-tables" }, [top, lens])]);
     this.el.setAttribute("data-state", "done");
   }

@@ -5,6 +5,7 @@
 // how much (`metric`), both runs' top lists (`top`, or null), a note, the seconds, and one kind's own
 // part (`lens` for heads, `cam` for channels with the arrays `cam`/`cam_clean`, `agreement` for rows
 // without a loss). `askAblation` sends a request and rejects an answer that is not this shape.
+import type { LensEntry } from "./lenscolumn";
 import { rpc, type AnyModel, type RpcAnswer } from "./rpc";
 
 export type AblationKind = "heads" | "channels" | "modules";
@@ -39,13 +40,10 @@ export interface AblationMetric {
   of: { id: number; label: string } | null;
 }
 
+/** The clean and ablated runs' lens columns (THE lens-column format, lib/lenscolumn.ts); p_answer is p(metric.of). */
 export interface LensDiff {
-  rows: string[];
-  target: string;
-  clean_top: string[];
-  clean_p: number[];
-  ablated_top: string[];
-  ablated_p: number[];
+  clean: LensEntry[];
+  ablated: LensEntry[];
 }
 
 export interface AblationAnswer {
@@ -100,9 +98,12 @@ function isMetric(x: unknown): x is AblationMetric {
     && isValue(x.delta) && (x.of === null || (isObj(x.of) && isNum(x.of.id) && isStr(x.of.label)));
 }
 
+function isEntry(x: unknown): x is LensEntry {
+  return isObj(x) && isStr(x.row) && isNum(x.id) && isStr(x.token) && isNum(x.p) && isNum(x.p_answer);
+}
+
 function isLens(x: unknown): x is LensDiff {
-  return isObj(x) && listOf(x.rows, isStr) && isStr(x.target) && listOf(x.clean_top, isStr) && listOf(x.clean_p, isNum)
-    && listOf(x.ablated_top, isStr) && listOf(x.ablated_p, isNum);
+  return isObj(x) && listOf(x.clean, isEntry) && listOf(x.ablated, isEntry);
 }
 
 /** Whether `x` is an answer of this shape (every required field with its type; the optional parts when present). */

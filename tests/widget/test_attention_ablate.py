@@ -101,11 +101,13 @@ def test_ablate_equals_a_hand_hooked_forward(shell, family: str, mode: str) -> N
         assert [t["id"] for t in got["top"]["ablated"]] == [int(i) for i in p_abl.topk(5).indices]
         np.testing.assert_allclose([t["p"] for t in got["top"]["ablated"]], p_abl.topk(5).values.numpy(), rtol=1e-4)
         assert [t["id"] for t in got["top"]["clean"]] == [int(i) for i in p_clean.topk(5).indices]
-        lens = got["lens"]
-        assert len(lens["rows"]) == 3 + 1 and lens["rows"][0] == "embed" and lens["rows"][-1] == "output"
-        assert lens["ablated_p"][-1] == pytest.approx(float(p_abl[top1]), rel=1e-4)
+        lens = got["lens"]  # two lens columns: {row, id, token, p, p_answer} per row
+        rows = [e["row"] for e in lens["clean"]]
+        assert len(rows) == 3 + 1 and rows[0] == "embed" and rows[-1] == "output"
+        clean_p, ablated_p = ([e["p_answer"] for e in lens[run]] for run in ("clean", "ablated"))
+        assert ablated_p[-1] == pytest.approx(float(p_abl[top1]), rel=1e-4)
         first = min(heads)  # blocks before the first ablated one read the same residual
-        assert lens["clean_p"][: first + 1] == pytest.approx(lens["ablated_p"][: first + 1], rel=1e-6)
+        assert clean_p[: first + 1] == pytest.approx(ablated_p[: first + 1], rel=1e-6)
         assert w.ablated == sorted([layer, h] for layer, hs in heads.items() for h in hs)
     assert w.ablate_clicks == 2
 
@@ -125,7 +127,7 @@ def test_the_lens_rows_are_the_logit_lens_of_each_block_input(shell) -> None:  #
     with torch.no_grad():
         for j, h in enumerate(seen):
             p = torch.softmax(model.lm_head(model.model.norm(h[0, -1])).double(), -1)
-            assert got["lens"]["clean_p"][j] == pytest.approx(float(p[top1]), rel=1e-4)
+            assert got["lens"]["clean"][j]["p_answer"] == pytest.approx(float(p[top1]), rel=1e-4)
 
 
 @pytest.mark.parametrize("body", ["out = model(x)", "with torch.no_grad():\n    out = model(x)",
@@ -142,7 +144,7 @@ def test_answer_wrong_metric_and_the_model_left_as_found(shell, body: str) -> No
         want, clean = hand_logits(model, x, {2: [1, 3]}, mode), clean_logits(model, x)
         assert got["metric"]["label"].startswith("logit[")
         assert got["metric"]["delta"] == pytest.approx(float((want[3] - want[4]) - (clean[3] - clean[4])), rel=1e-4, abs=1e-6)
-        assert got["lens"]["target"] == "3"
+        assert got["metric"]["of"]["label"] == "3"
     assert hook_count(model) == 0 and same_fingerprint(before, fingerprint(model)) == []
     assert all(p.grad is None for p in model.parameters())
 

@@ -176,7 +176,7 @@ def _lens_rows(wb: Workbench, resid: torch.Tensor, logits: torch.Tensor, target:
         top = [int(i) for i in st["top_ids"][:, 0, 0].tolist()]
         p = [float(v) for v in st["target_prob"][:, 0].tolist()]
         top_p = [float(v) for v in st["top_probs"][:, 0, 0].tolist()]
-    z = torch.as_tensor(logits).detach().double().reshape(-1)
+    z = torch.as_tensor(logits).detach().cpu().double().reshape(-1)  # float64 on the CPU only
     probs = torch.softmax(z, -1)
     top.append(int(probs.argmax()))
     p.append(float(probs[target]))

@@ -51,7 +51,7 @@ def first_sample(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[Any
 
 
 def _probs(logits: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(logits.detach().double().reshape(logits.shape[0], -1)[0], -1)
+    return torch.softmax(logits.detach().reshape(logits.shape[0], -1)[0].cpu().double(), -1)  # float64 on the CPU only
 
 
 class ChannelAblation:

@@ -79,7 +79,7 @@ def _call(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]], modu
 
 
 def _scalar(x: Any) -> float:
-    return float(x.detach().double().mean()) if isinstance(x, torch.Tensor) else float("nan")
+    return float(x.detach().cpu().double().mean()) if isinstance(x, torch.Tensor) else float("nan")
 
 
 class ModuleAblation:
@@ -108,7 +108,7 @@ class ModuleAblation:
             logits = output
         if logits is None:
             raise ValueError("the model's output is neither a loss nor logits: nothing to compare")
-        return {"logits": logits.detach().double().cpu()}
+        return {"logits": logits.detach().cpu().double()}
 
     def ablate(self, module: str, mode: str = "zero") -> dict[str, Any]:
         """``{module, mode, kind, clean, ablated, delta, note}``; ``kind`` "loss" (Δ loss) or "output"
@@ -121,7 +121,7 @@ class ModuleAblation:
                     "delta": out["loss"] - clean["loss"], "note": ""}
         a, b = clean["logits"], out["logits"]
         diff = float((b - a).abs().mean()) if a.shape == b.shape else float("nan")
-        agree = float((a.argmax(-1) == b.argmax(-1)).double().mean()) if a.shape == b.shape and a.dim() else float("nan")
+        agree = float((a.argmax(-1) == b.argmax(-1)).double().mean()) if a.shape == b.shape and a.dim() else float("nan")  # cpu: measure()
         return {"module": module, "mode": mode, "kind": "output", "clean": float(a.abs().mean()),
                 "ablated": float(b.abs().mean()), "delta": diff, "agreement": agree, "note": OUTPUT_NOTE}
 

@@ -123,6 +123,8 @@ def ablation_request(params: Mapping[str, Any], kind: str) -> AblationRequest:
     and modules one layer at a time."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}: one of {', '.join(KINDS)}")
+    if "targets" not in params:  # e.g. a panel still sending its old {heads} / {layer, channels} / {module}
+        raise ValueError(f"an ablation request is {{kind, targets: [{{layer, units}}], mode}}; got the keys {sorted(params)}")
     got = params.get("kind", kind)
     if got != kind:
         raise ValueError(f"an ablation of {got!r} was sent to a view that ablates {kind}")

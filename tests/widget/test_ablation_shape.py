@@ -12,6 +12,7 @@ every malformed request a ``ValueError`` that says what to send.
 from __future__ import annotations
 
 import json
+import re
 import types
 import typing
 from typing import Any
@@ -147,7 +148,7 @@ def test_a_view_refuses_another_views_request_and_the_old_shapes(shell, kind: st
         w.handle_request("ablate", VIEWS[other][2])
     old = {"heads": {"heads": [[1, 2]], "mode": "zero"}, "channels": {"layer": "0", "channels": [1], "mode": "zero"},
            "modules": {"module": "2", "mode": "zero"}}[kind]
-    with pytest.raises(ValueError, match=r"no (head|channel|module) to ablate"):
+    with pytest.raises(ValueError, match=r"an ablation request is \{kind, targets: \[\{layer, units\}\], mode\}; got the keys"):
         w.handle_request("ablate", old)  # a panel still speaking its old shape is told, not answered
 
 
@@ -162,6 +163,7 @@ def test_the_request_is_normalised() -> None:
 
 @pytest.mark.parametrize(("kind", "params", "message"), [
     ("heads", {"kind": "heads", "targets": []}, "no head to ablate: click a head first"),
+    ("heads", {"heads": [[0, 1]], "mode": "zero"}, "an ablation request is {kind, targets: [{layer, units}], mode}; got the keys ['heads', 'mode']"),
     ("heads", {"kind": "heads", "targets": [{"layer": 0, "units": [1]}], "mode": "resample"}, "mode='resample': one of zero, mean"),
     ("heads", {"kind": "heads", "targets": [[0, 1]]}, "a target is {layer, units}"),
     ("channels", {"kind": "channels", "targets": [{"layer": "a", "units": [1]}, {"layer": "b", "units": [2]}]}, "one layer at a time"),
@@ -171,7 +173,7 @@ def test_the_request_is_normalised() -> None:
     ("rows", {"kind": "rows", "targets": []}, "kind='rows': one of heads, channels, modules"),
 ])
 def test_a_malformed_request_says_what_to_send(kind: str, params: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("{", r"\{").replace("}", r"\}")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         ablation_request(params, kind)
 
 

@@ -18,6 +18,7 @@ import { HeadGrid } from "./attention/grid";
 import { header } from "./attention/header";
 import { Peek } from "./attention/peek";
 import { CSS } from "./attention/style";
+import { Listeners } from "./lib/request";
 
 /** Per-head actions shown in the detail panel of the selected head: ablate the selected heads. */
 function actionsFor(ablate: AblatePanel): HeadAction[] {
@@ -85,11 +86,12 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   };
   const onRange = () => void detail.draw();
   const onToken = () => detail.markToken();
-  model.on("change:selected", onSel);
-  model.on("change:metric", onMetric);
-  model.on("change:token_range", onRange);
-  model.on("change:highlight_token", onToken);
-  model.on("change:outliers_only", onOnly);
+  const listeners = new Listeners(); // every model listener, removed by one dispose()
+  listeners.model(model, "change:selected", onSel);
+  listeners.model(model, "change:metric", onMetric);
+  listeners.model(model, "change:token_range", onRange);
+  listeners.model(model, "change:highlight_token", onToken);
+  listeners.model(model, "change:outliers_only", onOnly);
 
   drawGrid();
   detail.markToken();
@@ -98,11 +100,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   return () => {
     detail.latest.dispose();
     ablate.latest.dispose();
-    model.off("change:selected", onSel);
-    model.off("change:metric", onMetric);
-    model.off("change:token_range", onRange);
-    model.off("change:highlight_token", onToken);
-    model.off("change:outliers_only", onOnly);
+    listeners.dispose();
   };
 }
 

@@ -12,6 +12,7 @@ import { codeCss, fmt, h, replaceChildren, styleElement, withCode } from "./lib/
 import { rpc, type AnyModel } from "./lib/rpc";
 import { cssOf, divergingBar, textFor } from "./patching/colour";
 import { select } from "./lib/select";
+import { Listeners } from "./lib/request";
 
 /** One attribution as the kernel sends it (Attribution.to_dict). */
 export interface AttrData {
@@ -262,12 +263,12 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     data = model.get("data");
     draw();
   };
-  model.on("change:data", onData);
-  model.on("change:headline", draw);
+  const listeners = new Listeners(); // every model listener, removed by one dispose()
+  listeners.model(model, "change:data", onData);
+  listeners.model(model, "change:headline", draw);
   draw();
   return () => {
-    model.off("change:data", onData);
-    model.off("change:headline", draw);
+    listeners.dispose();
     root.remove();
   };
 }

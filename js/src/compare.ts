@@ -8,6 +8,7 @@ import { h, replaceChildren, styleElement } from "./lib/dom";
 import { decode, type WireArray } from "./lib/ndarray";
 import type { AnyModel } from "./lib/rpc";
 import { withCode } from "./thermometer/cards";
+import { Listeners } from "./lib/request";
 
 /** A run's divergence from the first run, as the kernel sends it (None: it never diverged). */
 export interface Divergence {
@@ -162,10 +163,11 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   rowSel.addEventListener("change", onRow);
   fieldSel.addEventListener("change", onField);
   const events = "change:labels change:steps change:loss change:rows change:fields change:row change:field change:series change:divergence change:summary change:notes change:headline change:colours change:loss_log";
-  model.on(events, draw);
+  const listeners = new Listeners(); // every model listener, removed by one dispose()
+  listeners.model(model, events, draw);
   draw();
   return () => {
-    model.off(events, draw);
+    listeners.dispose();
     rowSel.removeEventListener("change", onRow);
     fieldSel.removeEventListener("change", onField);
     lossChart.destroy();

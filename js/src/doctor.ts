@@ -7,6 +7,7 @@
 import { codeCss, fmt, h, replaceChildren, styleElement, withCode } from "./lib/dom";
 import { typedArray } from "./lib/ndarray";
 import type { AnyModel } from "./lib/rpc";
+import { Listeners } from "./lib/request";
 
 export interface Check {
   name: string;
@@ -183,7 +184,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
 
   const onChange = () => draw();
   const events = "change:checks change:curve change:curve_target change:curve_floor change:selected change:notes change:headline";
-  model.on(events, onChange);
+  const listeners = new Listeners(); // every model listener, removed by one dispose()
+  listeners.model(model, events, onChange);
   try {
     draw();
   } catch (err) {
@@ -193,7 +195,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     root.setAttribute("data-ready", "1");
   }
   return () => {
-    model.off(events, onChange);
+    listeners.dispose();
     root.remove();
   };
 }

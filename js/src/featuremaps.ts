@@ -9,7 +9,7 @@ import { COLORMAPS, paintU8 } from "./lib/colormap";
 import { codeCss, fmt, fmtPct, h, replaceChildren, styleElement, withCode } from "./lib/dom";
 import type { NdArray } from "./lib/ndarray";
 import { rpc, type AnyModel } from "./lib/rpc";
-import { Latest } from "./lib/request";
+import { Latest, Listeners } from "./lib/request";
 import { sampleSelect, select } from "./lib/select";
 import { ABLATE_CSS, ablatePanel } from "./featuremaps/ablate";
 
@@ -311,17 +311,16 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const onHeadline = () => {
     replaceChildren(headline, withCode(String(model.get("headline") ?? "")));
   };
-  model.on("change:layers", onLayers);
-  model.on("change:layer", onLayer);
-  model.on("change:headline", onHeadline);
+  const listeners = new Listeners(); // every model listener, removed by one dispose()
+  listeners.model(model, "change:layers", onLayers);
+  listeners.model(model, "change:layer", onLayer);
+  listeners.model(model, "change:headline", onHeadline);
   buildControls();
   void fetchPage();
   return () => {
     disposed = true;
     latest.dispose();
-    model.off("change:layers", onLayers);
-    model.off("change:layer", onLayer);
-    model.off("change:headline", onHeadline);
+    listeners.dispose();
   };
 }
 

@@ -9,7 +9,7 @@ import { colourBar } from "./lib/colorbar";
 import { COLORMAPS } from "./lib/colormap";
 import { codeCss, fmt, fmtPct, h, replaceChildren, styleElement } from "./lib/dom";
 import { rpc, type AnyModel } from "./lib/rpc";
-import { Latest } from "./lib/request";
+import { Latest, Listeners } from "./lib/request";
 import { sampleSelect, select } from "./lib/select";
 import { faithPanel, sanityTable, type CamRank, type Faithfulness, type SanityRow } from "./gradcam/checks";
 import { classLabel, headlineLine } from "./gradcam/headline";
@@ -289,10 +289,11 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     buildControls();
     void fetchView();
   };
-  model.on("change:opacity", onOpacity);
-  model.on("change:class_rank", onClass);
-  model.on("change:layer", onLayer);
-  model.on("change:method", onMethod);
+  const listeners = new Listeners(); // every model listener, removed by one dispose()
+  listeners.model(model, "change:opacity", onOpacity);
+  listeners.model(model, "change:class_rank", onClass);
+  listeners.model(model, "change:layer", onLayer);
+  listeners.model(model, "change:method", onMethod);
   buildControls();
   drawChecks();
   void fetchView();
@@ -301,10 +302,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     disposed = true;
     latest.dispose();
     headline.dispose();
-    model.off("change:opacity", onOpacity);
-    model.off("change:class_rank", onClass);
-    model.off("change:layer", onLayer);
-    model.off("change:method", onMethod);
+    listeners.dispose();
   };
 }
 

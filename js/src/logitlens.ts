@@ -27,6 +27,7 @@ import { SteerPanel } from "./logitlens/steer";
 import { CSS } from "./logitlens/style";
 import { lensTable, type LensText } from "./logitlens/table";
 import { LensTip } from "./logitlens/tip";
+import { Listeners } from "./lib/request";
 
 /** Panels beside the table: the by-layer strip (p(answer), rank, KL, the compared lens's top-1). */
 function panelsFor(model: AnyModel, rowLabel: (r: number) => string): LensPanel[] {
@@ -187,10 +188,11 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     side.update(pins.pinned());
     void pins.draw();
   };
-  model.on("change:metric", onMetric);
-  model.on("change:row_range", drawTable);
-  model.on("change:pos_range", drawTable);
-  model.on("change:pinned", onPinned);
+  const listeners = new Listeners(); // every model listener, removed by one dispose()
+  listeners.model(model, "change:metric", onMetric);
+  listeners.model(model, "change:row_range", drawTable);
+  listeners.model(model, "change:pos_range", drawTable);
+  listeners.model(model, "change:pinned", onPinned);
 
   drawTable();
   side.update(pins.pinned());
@@ -201,10 +203,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     more.dispose();
     pins.latest.dispose();
     steer.disposed = true;
-    model.off("change:metric", onMetric);
-    model.off("change:row_range", drawTable);
-    model.off("change:pos_range", drawTable);
-    model.off("change:pinned", onPinned);
+    listeners.dispose();
   };
 }
 

@@ -12,6 +12,7 @@ import { CARRIED, LocalModel, restoreArrays } from "./run/local";
 import { renderDiverged, renderErrors, renderNonFinite, renderSelector, type RankInfo } from "./run/panels";
 import { SpreadColumn, type Spread } from "./run/spread";
 import { RUN_CSS } from "./run/style";
+import { Listeners } from "./lib/request";
 
 interface Shown {
   rank: number;
@@ -175,7 +176,8 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
       (t) => [`change:${t}`, onPanels] as [string, () => void],
     ),
   ];
-  for (const [ev, cb] of subs) model.on(ev, cb);
+  const listeners = new Listeners(); // every model listener, removed by one dispose()
+  for (const [ev, cb] of subs) listeners.model(model, ev, cb);
 
   try {
     drawPanels();
@@ -190,7 +192,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
 
   return () => {
     closed = true;
-    for (const [ev, cb] of subs) model.off(ev, cb);
+    listeners.dispose();
     selector.removeEventListener("click", onSelector);
     nonfinite.removeEventListener("click", onLink);
     errors.removeEventListener("click", onLink);

@@ -28,6 +28,7 @@ import {
 import { drawDiagnoses, drawLegend, textsAt, type At, type Texts } from "./thermometer/step_texts";
 import { CSS } from "./thermometer/style";
 import { timeMarks, Timeline, type Position } from "./thermometer/timeline";
+import { Listeners } from "./lib/request";
 
 function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void {
   const root = h("div", { class: "nbdebug-thermometer" });
@@ -358,11 +359,12 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     ["change:selected", onSelected],
     ["change:can_ablate", () => ablateRow.show(current)],
   ];
-  for (const [ev, cb] of subs) model.on(ev, cb);
+  const listeners = new Listeners(); // every model listener, removed by one dispose()
+  for (const [ev, cb] of subs) listeners.model(model, ev, cb);
   // Live updates: the model-level listener (anywidget's initialize) or, without one, this view's.
   live.views.add(schedule);
   const onMsg = live.modelListener ? null : messageHandler(model);
-  if (onMsg) model.on("msg:custom", onMsg);
+  if (onMsg) listeners.model(model, "msg:custom", onMsg);
 
   rebuild();
   root.dataset.ready = "1";
@@ -370,10 +372,9 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   return () => {
     moreEvents.dispose();
     moreRows.dispose();
-    for (const [ev, cb] of subs) model.off(ev, cb);
+    listeners.dispose();
     unbindInput();
     live.views.delete(schedule);
-    if (onMsg) model.off("msg:custom", onMsg);
     timeline.destroy();
     groups.destroy();
     detail.clear();

@@ -4,7 +4,8 @@
 // the CAMs before/after; a thermometer row's "ablate" shows Δ loss, or Δ output with the kernel's note.
 import { afterEach, describe, expect, it } from "vitest";
 import featuremaps from "../src/featuremaps";
-import { deltaText, sharedScale, type AblateResult } from "../src/featuremaps/ablate";
+import { deltaText, sharedScale } from "../src/featuremaps/ablate";
+import type { AblationAnswer } from "../src/lib/ablation";
 import { AblateRow, rowAblationText } from "../src/thermometer/ablate";
 import { FakeModel, f32View } from "./fakeModel";
 import { mount, tick, unmountAll } from "./mount";
@@ -20,9 +21,11 @@ const PAGE = {
     dead: { dtype: "uint8", shape: [3], buffer: 6 },
   },
 };
-const RESULT: AblateResult = {
-  layer: "conv", channels: [0, 2], mode: "mean", cls: 4, label: "<b>cat</b>", p_clean: 0.5, p: 0.25, delta: -0.25,
-  top: [{ id: 1, label: "<i>dog</i>", p: 0.4 }, { id: 4, label: "<b>cat</b>", p: 0.25 }], top_clean: [], cam_layer: "act", cam_shape: [2, 2],
+const RESULT: AblationAnswer = {
+  kind: "channels", targets: [{ layer: "conv", units: [0, 2] }], mode: "mean",
+  metric: { label: "p(<b>cat</b>)", kind: "p", clean: 0.5, ablated: 0.25, delta: -0.25, of: { id: 4, label: "<b>cat</b>" } },
+  top: { ablated: [{ id: 1, label: "<i>dog</i>", p: 0.4 }, { id: 4, label: "<b>cat</b>", p: 0.25 }], clean: [] },
+  note: "", seconds: 0.01, cam: { layer: "act", shape: [2, 2] },
 };
 
 function fmModel(can: boolean): FakeModel {
@@ -58,7 +61,7 @@ describe("feature-map channel ablation", () => {
     await tick();
     await tick();
     const sent = m.sent.map((s) => s.content).filter((c) => c.method === "ablate");
-    expect(sent.map((c) => c.params)).toEqual([{ layer: "conv", channels: [0, 2], mode: "mean" }]);
+    expect(sent.map((c) => c.params)).toEqual([{ kind: "channels", targets: [{ layer: "conv", units: [0, 2] }], mode: "mean" }]);
     expect(panel.querySelector(".nbd-delta")!.textContent).toBe("Δ p(<b>cat</b>) = −25 points (50% → 25%)");
     expect(panel.querySelectorAll("b, i").length).toBe(0); // model text stays text
     expect(Array.from(panel.querySelectorAll("ol li")).map((li) => li.textContent)).toEqual(["<i>dog</i>: 40%", "<b>cat</b>: 25%"]);
@@ -79,7 +82,7 @@ describe("feature-map channel ablation", () => {
     const [a, b] = sharedScale([0, 0.5], [0, 1]);
     expect(Array.from(a)).toEqual([0, 128]);
     expect(Array.from(b)).toEqual([0, 255]);
-    expect(deltaText({ ...RESULT, delta: 0.125, p: 0.625 })).toBe("Δ p(<b>cat</b>) = +12.5 points (50% → 63%)");
+    expect(deltaText({ ...RESULT, metric: { ...RESULT.metric, delta: 0.125, ablated: 0.625 } })).toBe("Δ p(<b>cat</b>) = +12.5 points (50% → 63%)");
   });
 });
 
@@ -87,7 +90,8 @@ describe("thermometer row ablation", () => {
   it("ablates the selected row's module and shows Δ loss", async () => {
     const m = new FakeModel({ can_ablate: true });
     m.respond = (c) => ({ msg: { type: "response", id: c.id, ok: true,
-                                 result: { module: c.params.module, mode: c.params.mode, kind: "loss", clean: 1, ablated: 1.5, delta: 0.5, note: "" } } });
+                                 result: { kind: "modules", targets: c.params.targets, mode: c.params.mode, top: null, note: "", seconds: 0.01,
+                                           metric: { label: "loss", kind: "loss", clean: 1, ablated: 1.5, delta: 0.5, of: null } } } });
     const row = new AblateRow(m);
     document.body.appendChild(row.el);
     expect(row.el.style.display).toBe("none");
@@ -97,7 +101,7 @@ describe("thermometer row ablation", () => {
     (row.el.querySelector(".nbd-ablate-go") as HTMLButtonElement).click();
     await tick();
     await tick();
-    expect(m.sent[0].content.params).toEqual({ module: "net.<2>", mode: "zero" });
+    expect(m.sent[0].content.params).toEqual({ kind: "modules", targets: [{ layer: "net.<2>", units: [] }], mode: "zero" });
     expect(row.el.querySelector(".nbd-delta")!.textContent).toBe("Δ loss = +0.5 (1 → 1.5)");
     expect(row.el.getAttribute("data-delta")).toBe("0.5");
     row.show("other");
@@ -106,7 +110,8 @@ describe("thermometer row ablation", () => {
   });
 
   it("says when it shows the output's change instead of the loss", () => {
-    const r = { module: "fc", mode: "zero", kind: "output" as const, clean: 1, ablated: 0.5, delta: 0.25, agreement: 0.8, note: "no loss" };
+    const r: AblationAnswer = { kind: "modules", targets: [{ layer: "fc", units: [] }], mode: "zero", top: null, seconds: 0.01,
+                                metric: { label: "mean |logits|", kind: "output", clean: 1, ablated: 0.5, delta: 0.25, of: null }, agreement: 0.8, note: "no loss" };
     expect(rowAblationText(r)).toBe("mean |Δ logits| = 0.25, top-1 agrees on 80%");
     expect(new AblateRow(new FakeModel({ can_ablate: false })).el.style.display).toBe("none");
   });

@@ -29,13 +29,16 @@ afterEach(() => {
 const L = 2, H = 3, T = 2, S = 2;
 const names = ["entropy", "norm_entropy", "first_mass", "sep_mass", "prev_token", "diagonal", "max_mass"];
 
-function answer(delta: number, heads: number[][]) {
+const lensEntry = ([row, id, token, p]: any[]) => ({ row, id, token, p: p + 0.1, p_answer: p });
+
+function answer(delta: number, targets: { layer: number; units: number[] }[]) {
   return {
-    heads, mode: "zero", metric_label: "logit['x'] - logit['y']", metric_clean: 2.5, metric: 2.5 + delta, delta,
-    clean: [{ id: 1, token: HOSTILE, p: 0.5 }, { id: 2, token: "b", p: 0.2 }],
-    ablated: [{ id: 2, token: "b", p: 0.4 }, { id: 1, token: HOSTILE, p: 0.3 }],
-    lens: { rows: ["embed", "h.0", "output"], target: HOSTILE, clean_top: ["a", "b", HOSTILE], clean_p: [0.1, 0.2, 0.5],
-            ablated_top: ["a", "b", "b"], ablated_p: [0.1, 0.2, 0.3] },
+    kind: "heads", targets, mode: "zero", note: "",
+    metric: { label: "logit['x'] - logit['y']", kind: "metric", clean: 2.5, ablated: 2.5 + delta, delta, of: { id: 7, label: HOSTILE } },
+    top: { clean: [{ id: 1, label: HOSTILE, p: 0.5 }, { id: 2, label: "b", p: 0.2 }],
+           ablated: [{ id: 2, label: "b", p: 0.4 }, { id: 1, label: HOSTILE, p: 0.3 }] },
+    lens: { clean: [["embed", 10, "a", 0.1], ["h.0", 11, "b", 0.2], ["output", 1, HOSTILE, 0.5]].map(lensEntry),
+            ablated: [["embed", 10, "a", 0.1], ["h.0", 11, "b", 0.2], ["output", 2, "b", 0.3]].map(lensEntry) },
     seconds: 0.05,
   };
 }
@@ -62,7 +65,7 @@ function make(opts: { note?: string; fail?: string; delta?: number } = {}) {
     requests.push(c.params);
     const msg = opts.fail
       ? { type: "response", id: c.id, ok: false, error: opts.fail }
-      : { type: "response", id: c.id, ok: true, result: answer(opts.delta ?? -1.25, c.params.heads) };
+      : { type: "response", id: c.id, ok: true, result: answer(opts.delta ?? -1.25, c.params.targets) };
     hold = () => m.emit("msg:custom", msg);
     return null; // answered later by release(): the loading state is visible meanwhile
   };
@@ -88,7 +91,7 @@ describe("attention view: ablate the clicked heads", () => {
     await tick();
     button(el, "ablate (zero)")!.click();
     await tick();
-    expect(requests).toEqual([{ heads: [[1, 2], [0, 1]], mode: "zero" }]);
+    expect(requests).toEqual([{ kind: "heads", targets: [{ layer: 1, units: [2] }, { layer: 0, units: [1] }], mode: "zero" }]);
     const panel = el.querySelector(".nba-ablate")!;
     expect(panel.getAttribute("data-state")).toBe("loading");
     expect(panel.querySelector(".nba-ablate-status")!.textContent).toContain("ablating L1h2 + L0h1 (zero)");
@@ -117,7 +120,7 @@ describe("attention view: ablate the clicked heads", () => {
     await tick();
     release();
     await tick();
-    expect(requests[0]).toEqual({ heads: [[0, 0]], mode: "mean" });
+    expect(requests[0]).toEqual({ kind: "heads", targets: [{ layer: 0, units: [0] }], mode: "mean" });
     const delta = el.querySelector(".nba-delta")!;
     expect(delta.textContent).toBe("Δ +0.5000");
     expect(delta.classList.contains("nba-up")).toBe(true);

@@ -33,11 +33,14 @@ from ..adapters.blockparts import patch_parts
 from ..adapters.transformers import AdapterError, find_parts
 from ..capture.state import loaded_weights
 from ..capture.weak import ModelRef
+from ..inspectors.attention import display_token
 from ..inspectors.logitlens import lens_stats
 from ..workbench import Workbench
 from ..workbench.interventions import MODES
 from ..workbench.kept import KeptRuns
 from ..workbench.metric import Metric, token_labels, top_tokens
+from .ablation_io import AblationRequest, Answered, ablation_answer, ranked
+from .lens import LensEntry
 
 __all__ = ["AblationSession", "ablation_problem"]
 
@@ -101,8 +104,9 @@ class AblationSession:
         """The prompt run again with the ablation (the arguments of :func:`nbdebug.ablate`), from the first
         ablated block on: ``{site, mode, metric_label, metric_clean, metric, delta, clean, ablated, lens,
         seconds}`` (``clean``/``ablated``: top-``k`` next tokens ``{id, token, p}``; ``lens``: per row
-        (``rows``: ``embed``/block names, then ``output``) the clean and ablated top-1 token and the
-        lens target's probability, ``target`` the answer or the clean top-1 token)."""
+        (``rows``: ``embed``/block names, then ``output``) the clean and ablated top-1 token (``*_top``, its
+        id ``*_ids`` and probability ``*_top_p``) and the lens target's probability (``*_p``), ``target``
+        the answer or the clean top-1 token)."""
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: one of {', '.join(MODES)}")
         t0 = time.perf_counter()
@@ -117,9 +121,29 @@ class AblationSession:
             "clean": clean["top"][:k], "ablated": top_tokens(run.logits, self.tokenizer, k),
             "lens": {"rows": names, "target": token_labels(self.tokenizer, [clean["target"]])[0],
                      "clean_top": clean["lens"]["top"], "clean_p": clean["lens"]["p"],
-                     "ablated_top": lens["top"], "ablated_p": lens["p"]},
+                     "ablated_top": lens["top"], "ablated_p": lens["p"],
+                     "clean_ids": clean["lens"]["ids"], "clean_top_p": clean["lens"]["top_p"],
+                     "ablated_ids": lens["ids"], "ablated_top_p": lens["top_p"]},
             "seconds": time.perf_counter() - t0,
         }
+
+    def respond(self, request: AblationRequest) -> Answered:
+        """A view's ablation request (kind ``heads``: a block index and its heads per target) as
+        :meth:`ablate` answers it, in the one answer shape (:mod:`nbdebug.sessions.ablation_io`), tokens
+        made readable (:func:`~nbdebug.inspectors.attention.display_token`); the lens diff is two lens
+        columns (:class:`~nbdebug.sessions.lens.LensEntry`), ``clean`` and ``ablated``, about ``metric.of``."""
+        t0 = time.perf_counter()
+        out = self.ablate(heads={int(t["layer"]): list(t["units"]) for t in request["targets"]}, mode=request["mode"])
+        assert self.clean is not None
+        lens = out["lens"]
+        of = {"id": self.clean["target"], "label": display_token(lens["target"])}
+        metric = {"label": out["metric_label"], "kind": "metric", "clean": out["metric_clean"], "ablated": out["metric"],
+                  "delta": out["delta"], "of": of}
+        top = {k: ranked(out[k], lambda e: display_token(e["token"])) for k in ("clean", "ablated")}
+        column = {run: [LensEntry(row=row, id=i, token=display_token(t), p=q, p_answer=pa) for row, i, t, q, pa in
+                        zip(lens["rows"], lens[f"{run}_ids"], lens[f"{run}_top"], lens[f"{run}_top_p"], lens[f"{run}_p"])]
+                  for run in ("clean", "ablated")}
+        return ablation_answer(request, metric, top=top, t0=t0, lens=column), {}  # type: ignore[arg-type]
 
     def _ablated_lens(self, wb: Workbench, resid: torch.Tensor, logits: torch.Tensor) -> dict[str, list[Any]]:
         """The ablated run's lens rows; the rows up to the first ablated block are the clean run's
@@ -130,17 +154,18 @@ class AblationSession:
         while same < len(resid) and torch.equal(resid[same].to(clean_resid.dtype), clean_resid[same].cpu()):
             same += 1
         rest = _lens_rows(wb, resid[same:], logits, self.clean["target"])
-        return {k: self.clean["lens"][k][:same] + rest[k] for k in ("top", "p")}
+        return {k: self.clean["lens"][k][:same] + rest[k] for k in ("top", "p", "ids", "top_p")}
 
 
 @torch.no_grad()
 def _lens_rows(wb: Workbench, resid: torch.Tensor, logits: torch.Tensor, target: int) -> dict[str, list[Any]]:
-    """Per row the top-1 token and ``target``'s probability: ``resid (L, d)`` (each block's input at the
+    """Per row the top-1 token (``top``, its id ``ids``, its probability ``top_p``) and ``target``'s probability ``p``: ``resid (L, d)`` (each block's input at the
     last position) through the final norm and unembedding (the logit lens), then the output ``logits (V,)``."""
     parts = wb.pp.parts
     mod = parts.unembed_module
     top: list[int] = []
     p: list[float] = []
+    top_p: list[float] = []
     if len(resid):
         with loaded_weights(mod) if mod is not None else nullcontext():
             weight = mod.weight if mod is not None else parts.unembed_weight
@@ -150,9 +175,11 @@ def _lens_rows(wb: Workbench, resid: torch.Tensor, logits: torch.Tensor, target:
                             targets=torch.tensor([target], device=weight.device), softcap=parts.softcap)
         top = [int(i) for i in st["top_ids"][:, 0, 0].tolist()]
         p = [float(v) for v in st["target_prob"][:, 0].tolist()]
-    z = torch.as_tensor(logits).detach().double().reshape(-1)
+        top_p = [float(v) for v in st["top_probs"][:, 0, 0].tolist()]
+    z = torch.as_tensor(logits).detach().cpu().double().reshape(-1)  # float64 on the CPU only
     probs = torch.softmax(z, -1)
     top.append(int(probs.argmax()))
     p.append(float(probs[target]))
+    top_p.append(float(probs.max()))
     labels = token_labels(wb.tokenizer, top)
-    return {"top": labels, "p": [float(np.float32(x)) for x in p]}
+    return {"top": labels, "p": [float(np.float32(x)) for x in p], "ids": top, "top_p": [float(np.float32(x)) for x in top_p]}

@@ -15,6 +15,7 @@ modes as found, the user's hooks not called, no hook left.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from ..inspectors.gradcam import class_names_for
 from ..runs.gradients import autograd_inputs
 from ..workbench import ablate
 from ..workbench.interventions import MODES
+from .ablation_io import AblationRequest, Answered, ablation_answer, ranked
 
 __all__ = ["ChannelAblation", "first_sample"]
 
@@ -49,7 +51,7 @@ def first_sample(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[Any
 
 
 def _probs(logits: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(logits.detach().double().reshape(logits.shape[0], -1)[0], -1)
+    return torch.softmax(logits.detach().reshape(logits.shape[0], -1)[0].cpu().double(), -1)  # float64 on the CPU only
 
 
 class ChannelAblation:
@@ -122,3 +124,18 @@ class ChannelAblation:
                 "top": self.top(p), "top_clean": base["top"], "cam_layer": base["cam_layer"],
                 "cam": maps.cams[0, 0].astype(np.float32), "cam_low": maps.low[0, 0].astype(np.float32),
                 "cam_clean": base["cam"]}
+
+    def respond(self, request: AblationRequest) -> Answered:
+        """A view's ablation request (kind ``channels``: one layer and its channels) as :meth:`ablate`
+        answers it, in the one answer shape (:mod:`nbdebug.sessions.ablation_io`); the Grad-CAM maps
+        before and after (float32, input size) are the arrays ``cam_clean`` and ``cam``."""
+        t0 = time.perf_counter()
+        (target,) = request["targets"]
+        out = self.ablate(str(target["layer"]), target["units"], request["mode"])
+        metric = {"label": f"p({out['label']})", "kind": "p", "clean": out["p_clean"], "ablated": out["p"],
+                  "delta": out["delta"], "of": {"id": out["cls"], "label": out["label"]}}
+        top = {"clean": ranked(out["top_clean"], lambda e: e["label"]), "ablated": ranked(out["top"], lambda e: e["label"])}
+        cam = np.ascontiguousarray(out["cam"], np.float32)
+        answer = ablation_answer(request, metric, top=top, t0=t0,  # type: ignore[arg-type]
+                                 cam={"layer": out["cam_layer"], "shape": list(cam.shape)})
+        return answer, {"cam": cam, "cam_clean": np.ascontiguousarray(out["cam_clean"], np.float32)}

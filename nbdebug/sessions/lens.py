@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -24,7 +24,19 @@ from ..capture.state import execution_device, loaded_weights
 from ..inspectors.logitlens import LogitLens
 from ..lens.resolve import resolve_one
 
-__all__ = ["head_device", "lens_column", "lens_translators", "model_lens", "weak_parts"]
+__all__ = ["LensEntry", "head_device", "lens_column", "lens_translators", "model_lens", "weak_parts"]
+
+
+class LensEntry(TypedDict):
+    """One row of a lens column (THE format: the patching view's three runs, the attention view's
+    ablation; ``js/src/lib/lenscolumn.ts`` draws it): the row's name, its top-1 token (``id``, ``token``,
+    probability ``p``) and the target's probability ``p_answer`` (-1: no target)."""
+
+    row: str
+    id: int
+    token: str
+    p: float
+    p_answer: float
 
 
 def lens_translators(lens: Any, model: nn.Module, **resolve: Any) -> list[Callable[[torch.Tensor], torch.Tensor] | None]:
@@ -55,7 +67,7 @@ def model_lens(model: nn.Module, residuals: Sequence[torch.Tensor], *, targets: 
                      **options)
 
 
-def lens_column(lens: LogitLens, position: int = -1) -> list[dict[str, Any]]:
+def lens_column(lens: LogitLens, position: int = -1) -> list[LensEntry]:
     """One position's lens, row by row: ``{row, id, token, p, p_answer}`` (the top-1 token, its
     probability, and the probability of that position's target: -1 without one)."""
     pos = position % lens.T

@@ -3,7 +3,7 @@ widget types its session by what it calls (never ``Any``) and a test double need
 
 Each session in this package satisfies one of them (checked in ``tests/unit/test_architecture.py``):
 :class:`~nbdebug.sessions.ablation.AblationSession` (heads), :class:`~nbdebug.sessions.channels.ChannelAblation`
-(channels), :class:`~nbdebug.sessions.thermometer.ModuleAblation` (rows),
+(channels) and :class:`~nbdebug.sessions.thermometer.ModuleAblation` (rows): one :class:`Ablates`;
 :class:`~nbdebug.sessions.patching.PatchSession`, :class:`~nbdebug.sessions.steer.SteerLens`,
 :class:`~nbdebug.sessions.gradcam.GradCamSession`, :class:`~nbdebug.sessions.attribution.AttributionSession`. Every answer is plain JSON-able data except the
 lens (a :class:`~nbdebug.inspectors.logitlens.LogitLens`) and the CAM maps.
@@ -11,37 +11,23 @@ lens (a :class:`~nbdebug.inspectors.logitlens.LogitLens`) and the CAM maps.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..attribution import Attribution
 from ..inspectors.gradcam import CamMaps
 from ..inspectors.logitlens import LogitLens
 from ..workbench import PatchGrid
+from .ablation_io import AblationRequest, Answered
 
-__all__ = ["AttributionClicks", "CamClicks", "ChannelAblates", "HeadAblates", "ModuleAblates", "PatchClicks", "SteerClicks"]
-
-
-@runtime_checkable
-class HeadAblates(Protocol):
-    """The attention view's heads: ``{site, mode, metric_label, metric_clean, metric, delta, clean, ablated, lens, seconds}``."""
-
-    def ablate(self, *, heads: Mapping[Any, Sequence[int]] | None = None, layers: Sequence[str] | None = None,
-               channels: Mapping[str, Sequence[int]] | None = None, mode: str = "zero", k: int = 5) -> dict[str, Any]: ...
+__all__ = ["Ablates", "AttributionClicks", "CamClicks", "PatchClicks", "SteerClicks"]
 
 
 @runtime_checkable
-class ChannelAblates(Protocol):
-    """The feature-map view's channels: ``{layer, channels, mode, delta, clean, ablated, cam...}``."""
+class Ablates(Protocol):
+    """Every ablation click, the attention view's heads, the feature-map view's channels and the
+    thermometer's rows: one request, one answer (:mod:`nbdebug.sessions.ablation_io`)."""
 
-    def ablate(self, layer: str, channels: Sequence[int], mode: str = "zero") -> dict[str, Any]: ...
-
-
-@runtime_checkable
-class ModuleAblates(Protocol):
-    """The thermometer's rows: ``{module, mode, kind, clean, ablated, delta, note}``."""
-
-    def ablate(self, module: str, mode: str = "zero") -> dict[str, Any]: ...
+    def respond(self, request: AblationRequest) -> Answered: ...
 
 
 @runtime_checkable

@@ -18,6 +18,7 @@ untouched, the user's hooks not called, no hook left.
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack
 from typing import Any
 
@@ -31,6 +32,7 @@ from ..capture.weak import ModelRef
 from ..runs.interventions import edit_activations
 from ..runs.patchrun import own_pass
 from ..workbench import ablate
+from .ablation_io import AblationRequest, Answered, ablation_answer
 
 __all__ = ["OUTPUT_NOTE", "LastCall", "ModuleAblation"]
 
@@ -77,7 +79,7 @@ def _call(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]], modu
 
 
 def _scalar(x: Any) -> float:
-    return float(x.detach().double().mean()) if isinstance(x, torch.Tensor) else float("nan")
+    return float(x.detach().cpu().double().mean()) if isinstance(x, torch.Tensor) else float("nan")
 
 
 class ModuleAblation:
@@ -106,7 +108,7 @@ class ModuleAblation:
             logits = output
         if logits is None:
             raise ValueError("the model's output is neither a loss nor logits: nothing to compare")
-        return {"logits": logits.detach().double().cpu()}
+        return {"logits": logits.detach().cpu().double()}
 
     def ablate(self, module: str, mode: str = "zero") -> dict[str, Any]:
         """``{module, mode, kind, clean, ablated, delta, note}``; ``kind`` "loss" (Δ loss) or "output"
@@ -119,6 +121,19 @@ class ModuleAblation:
                     "delta": out["loss"] - clean["loss"], "note": ""}
         a, b = clean["logits"], out["logits"]
         diff = float((b - a).abs().mean()) if a.shape == b.shape else float("nan")
-        agree = float((a.argmax(-1) == b.argmax(-1)).double().mean()) if a.shape == b.shape and a.dim() else float("nan")
+        agree = float((a.argmax(-1) == b.argmax(-1)).double().mean()) if a.shape == b.shape and a.dim() else float("nan")  # cpu: measure()
         return {"module": module, "mode": mode, "kind": "output", "clean": float(a.abs().mean()),
                 "ablated": float(b.abs().mean()), "delta": diff, "agreement": agree, "note": OUTPUT_NOTE}
+
+    def respond(self, request: AblationRequest) -> Answered:
+        """A view's ablation request (kind ``modules``: one module, no units) as :meth:`ablate` answers
+        it, in the one answer shape (:mod:`nbdebug.sessions.ablation_io`): ``metric.kind`` "loss", or
+        "output" (mean |logits|, ``delta`` the mean |Δ logits|) with the top-1 ``agreement``."""
+        t0 = time.perf_counter()
+        (target,) = request["targets"]
+        out = self.ablate(str(target["layer"]), request["mode"])
+        label = "loss" if out["kind"] == "loss" else "mean |logits|"
+        metric = {"label": label, "kind": out["kind"], "clean": out["clean"], "ablated": out["ablated"],
+                  "delta": out["delta"], "of": None}
+        extra = {"agreement": out["agreement"]} if "agreement" in out else {}
+        return ablation_answer(request, metric, note=out["note"], t0=t0, **extra), {}  # type: ignore[arg-type]

@@ -26,11 +26,11 @@ import traitlets
 from ..inspectors.attention import (
     METRICS,
     AttentionResult,
-    display_token,
     from_attentions,
     quantize_head,
 )
-from ..sessions.protocols import HeadAblates
+from ..sessions.ablation_io import AblationAnswer, ablation_request
+from ..sessions.protocols import Ablates
 from ._base import NBWidget, rpc
 from ._snapshot import MAX_SNAPSHOT_BYTES, code_html, colorize, grid, img_tag, upscale
 from ._transport import encode_array
@@ -97,7 +97,7 @@ class AttentionWidget(NBWidget):
     ablated = traitlets.List().tag(sync=True)
     ablate_clicks = traitlets.Int(0).tag(sync=True)
 
-    def __init__(self, result: AttentionResult, *, ablation: HeadAblates | None = None, ablate_note: str = "", **kwargs: Any) -> None:
+    def __init__(self, result: AttentionResult, *, ablation: Ablates | None = None, ablate_note: str = "", **kwargs: Any) -> None:
         self.result = result
         #: an :class:`~nbdebug.sessions.ablation.AblationSession` on the shown prompt (None: no ablation)
         self.ablation = ablation
@@ -167,31 +167,19 @@ class AttentionWidget(NBWidget):
         )
 
     @rpc("ablate")
-    def _ablate(self, params: dict[str, Any]) -> tuple[dict[str, Any], None]:
-        """``{heads: [[layer, head], ...], mode: "zero" | "mean"}`` → the ablated run beside the clean one
-        (:meth:`AblationSession.ablate`); tokens made readable."""
+    def _ablate(self, params: dict[str, Any]) -> tuple[AblationAnswer, None]:
+        """An ablation request of kind ``heads`` (:mod:`nbdebug.sessions.ablation_io`: per target a layer
+        index and its heads) → the ablated run beside the clean one (:meth:`AblationSession.respond`)."""
         if self.ablation is None:
             raise RuntimeError(self.ablate_note)
+        request = ablation_request(params, "heads")
         L, H, _ = self.result.shape
-        heads: dict[int, list[int]] = {}
-        for pair in params.get("heads") or []:
-            layer, head = (int(x) for x in pair)
-            if not (0 <= layer < L and 0 <= head < H):
-                raise IndexError(f"no head [{layer}, {head}] (model has {L} layers × {H} heads)")
-            heads.setdefault(layer, [])
-            if head not in heads[layer]:
-                heads[layer].append(head)
-        if not heads:
-            raise ValueError("no head to ablate: click a head first")
-        out = self.ablation.ablate(heads=heads, mode=str(params.get("mode", "zero")))
-        for key in ("clean", "ablated"):
-            out[key] = [{**t, "token": display_token(t["token"])} for t in out[key]]
-        lens = out["lens"]
-        lens["target"] = display_token(lens["target"])
-        for key in ("clean_top", "ablated_top"):
-            lens[key] = [display_token(t) for t in lens[key]]
-        out["heads"] = [[layer, h] for layer, hs in sorted(heads.items()) for h in hs]
-        self.ablated = out["heads"]
+        for t in request["targets"]:
+            for head in t["units"]:
+                if not (0 <= int(t["layer"]) < L and 0 <= head < H):
+                    raise IndexError(f"no head [{t['layer']}, {head}] (model has {L} layers × {H} heads)")
+        out, _ = self.ablation.respond(request)
+        self.ablated = [[t["layer"], h] for t in out["targets"] for h in t["units"]]
         self.ablate_clicks += 1
         return out, None
 

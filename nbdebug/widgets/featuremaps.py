@@ -25,7 +25,8 @@ from ..inspectors.featuremaps import (
     page_size,
     silent_on_all,
 )
-from ..sessions.protocols import ChannelAblates
+from ..sessions.ablation_io import AblationAnswer, ablation_request
+from ..sessions.protocols import Ablates
 from ._base import NBWidget, rpc
 from ._snapshot import MAX_SNAPSHOT_BYTES, code_html, colorize, encode_png, grid, img_tag, upscale
 
@@ -65,7 +66,7 @@ class FeatureMapsWidget(NBWidget):
     ablations = traitlets.Int(0).tag(sync=True)
 
     def __init__(self, result: FeatureMapsResult, *, sample: int = 0, colormap: str = "viridis", sort: str = "index", norm: str = "channel",
-                 ablation: ChannelAblates | None = None, **kwargs: Any) -> None:
+                 ablation: Ablates | None = None, **kwargs: Any) -> None:
         layers = [
             {"name": lay.name, "shape": list(lay.shape), "channels": lay.grid.channels, "height": lay.grid.height,
              "width": lay.grid.width, "layout": lay.grid.describe(), "samples": lay.samples}
@@ -97,18 +98,15 @@ class FeatureMapsWidget(NBWidget):
                                        silent_all=self._silent_all.get(self.layer))
 
     @rpc("ablate")
-    def _ablate(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The first sample re-run with ``channels`` of ``layer`` ablated (``mode`` zero | mean): Δ p of
-        the clean top-1 class, the new top-5, and the Grad-CAM maps (clean and ablated) as float32."""
+    def _ablate(self, params: dict[str, Any]) -> tuple[AblationAnswer, dict[str, Any]]:
+        """An ablation request of kind ``channels`` (:mod:`nbdebug.sessions.ablation_io`: one layer, its
+        channels): Δ p of the clean top-1 class, the new top-5, and the Grad-CAM maps (clean and
+        ablated) as the float32 arrays ``cam_clean`` and ``cam``."""
         if self.ablation is None:
             raise RuntimeError("channel ablation needs the cell's model call (none was kept)")
-        name = str(params.get("layer") or self.layer)
-        out = dict(self.ablation.ablate(name, [int(c) for c in params.get("channels") or []], str(params.get("mode") or "zero")))
-        cam, clean = out.pop("cam"), out.pop("cam_clean")
-        out.pop("cam_low", None)
-        out["cam_shape"] = list(cam.shape)
+        out, arrays = self.ablation.respond(ablation_request(params, "channels"))
         self.ablations += 1
-        return out, {"cam": np.ascontiguousarray(cam, np.float32), "cam_clean": np.ascontiguousarray(clean, np.float32)}
+        return out, arrays
 
     @rpc("page")
     def _page(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -31,7 +31,8 @@ from ..inspectors.findings import as_json, headline, live_findings
 from ..inspectors.groups import groups_live, groups_view
 from ..inspectors.history import step_flags
 from ..inspectors.thermometer import COLUMNS, LEGEND, ThermometerReport, Thresholds, diagnose
-from ..sessions.protocols import ModuleAblates
+from ..sessions.ablation_io import AblationAnswer, ablation_request
+from ..sessions.protocols import Ablates
 from ._base import NBWidget, rpc
 from ._transport import encode_array, pack_arrays
 from .thermometer_data import (
@@ -119,7 +120,7 @@ class ThermometerWidget(NBWidget):
     can_ablate = traitlets.Bool(False).tag(sync=True)
     ablations = traitlets.Int(0).tag(sync=True)
     #: a ModuleAblation (nbdebug.sessions.thermometer) once the cell ran, else None
-    ablation: ModuleAblates | None = None
+    ablation: Ablates | None = None
 
     def __init__(self, report: ThermometerReport, capture: CaptureResult | None = None,
                  thresholds: Thresholds | None = None, **kwargs: Any) -> None:
@@ -272,12 +273,14 @@ class ThermometerWidget(NBWidget):
         return histogram_answer(self.capture, int(params["row"]))
 
     @rpc("ablate")
-    def _ablate(self, params: dict[str, Any]) -> tuple[dict[str, Any], None]:
-        """The last step's forward re-run with ``module``'s output ablated (``mode`` zero | mean): Δ loss,
-        or Δ of the output when the loss cannot be recomputed (its ``note`` says so)."""
+    def _ablate(self, params: dict[str, Any]) -> tuple[AblationAnswer, None]:
+        """An ablation request of kind ``modules`` (:mod:`nbdebug.sessions.ablation_io`: one row's module):
+        the last step's forward re-run with its output ablated, Δ loss, or Δ of the output when the
+        loss cannot be recomputed (``note`` says so)."""
+        request = ablation_request(params, "modules")
         if self.ablation is None:
             raise ValueError("nothing to re-run: the model's last call was not kept (or the cell is still running)")
-        out = self.ablation.ablate(str(params["module"]), str(params.get("mode") or "zero"))
+        out, _ = self.ablation.respond(request)
         self.ablations += 1
         return out, None
 

@@ -60,7 +60,7 @@ def test_ablate_a_head_in_the_attention_view(page, lab) -> None:  # type: ignore
     assert text.startswith("Δ ") and text[2] in "+−±"
     # the click reached the kernel: it ran that ablation there, on both heads
     run_code_and_wait_text(page, "print('ablated', w.ablate_clicks, w.ablated)", "ablated 1 [[1, 2], [2, 0]]")
-    want = kernel_json(page, "w.handle_request('ablate', {'heads': [[1, 2], [2, 0]], 'mode': 'zero'})[0]['result']['delta']")
+    want = kernel_json(page, "w.handle_request('ablate', {'kind': 'heads', 'targets': [{'layer': 1, 'units': [2]}, {'layer': 2, 'units': [0]}], 'mode': 'zero'})[0]['result']['metric']['delta']")
     assert shown == pytest.approx(want, rel=1e-6, abs=1e-9)
     assert abs(float(text[2:].replace("−", "-").replace("±", ""))) == pytest.approx(abs(want), rel=1e-3)
     assert panel.locator(".nba-ablate-top tr").count() == 1 + 5

@@ -301,7 +301,34 @@ def _protocol_mismatches(cls: type, proto: type) -> list[str]:
         elif isinstance(want, property):
             if not isinstance(have, property):
                 out.append(name)
+        elif have is None and name not in _instance_attributes(cls):  # a data member: set on the class or on self
+            out.append(name)
     return out
+
+
+def _instance_attributes(cls: type) -> set[str]:
+    """Names a class (or a base) annotates, defines, or assigns as ``self.name`` in one of its methods."""
+    import inspect
+    import textwrap
+
+    names: set[str] = set()
+    for k in cls.__mro__:
+        if k is object:
+            continue
+        names |= set(inspect.get_annotations(k)) | set(vars(k))
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(k)))
+        except (OSError, TypeError):
+            continue
+        for node in ast.walk(tree):
+            target = node.target if isinstance(node, ast.AnnAssign) else None
+            targets = [target] if target is not None else node.targets if isinstance(node, ast.Assign) else []
+            while any(isinstance(t, (ast.Tuple, ast.List)) for t in targets):  # a, self.b = …
+                targets = [e for t in targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    names.add(t.attr)
+    return names
 
 
 def _sessions() -> list[tuple[type, type]]:
@@ -314,7 +341,7 @@ def _sessions() -> list[tuple[type, type]]:
     from nbdebug.sessions.steer import SteerLens
     from nbdebug.sessions.thermometer import ModuleAblation
 
-    return [(AblationSession, p.HeadAblates), (ChannelAblation, p.ChannelAblates), (ModuleAblation, p.ModuleAblates),
+    return [(AblationSession, p.Ablates), (ChannelAblation, p.Ablates), (ModuleAblation, p.Ablates),
             (PatchSession, p.PatchClicks), (SteerLens, p.SteerClicks), (GradCamSession, p.CamClicks),
             (AttributionSession, p.AttributionClicks)]
 
@@ -325,15 +352,58 @@ def test_each_session_has_what_its_widget_protocol_asks(pair: tuple[type, type])
 
 
 def test_the_protocol_check_finds_a_planted_mismatch() -> None:
-    from nbdebug.sessions.protocols import ChannelAblates, ModuleAblates
+    from nbdebug.sessions.protocols import Ablates, CamClicks
 
     class Positional:
-        def ablate(self, layer: str, channels: list[int], mode: str = "zero") -> dict:  # the channel shape
+        def respond(self, layer: str, channels: list[int], mode: str = "zero") -> dict:  # a kind's own shape
             return {}
 
-    assert _protocol_mismatches(Positional, ModuleAblates) == ["ablate"]
-    assert _protocol_mismatches(Positional, ChannelAblates) == []
-    assert _protocol_mismatches(object, ChannelAblates) == ["ablate"]
+    class OneRequest:
+        def respond(self, request: dict) -> tuple:
+            return {}, {}
+
+    assert _protocol_mismatches(Positional, Ablates) == ["respond"]
+    assert _protocol_mismatches(OneRequest, Ablates) == []
+    assert _protocol_mismatches(object, Ablates) == ["respond"]
+    assert _protocol_mismatches(OneRequest, CamClicks) == ["maps_for"]
+
+
+def test_the_protocol_check_finds_a_missing_data_member() -> None:
+    """A session with the methods but not the attributes a widget reads (review S1: was unchecked)."""
+    from nbdebug.sessions.patching import PatchSession
+    from nbdebug.sessions.protocols import PatchClicks, SteerClicks
+
+    class Half:
+        def grid(self, sites: str = "resid", method: str = "exact") -> None: ...
+
+        def cell(self, sites: str, method: str, row: int, col: int, k: int = 5) -> None: ...
+
+    class Full(Half):
+        metric_label = "m"
+
+        def __init__(self) -> None:
+            self.metric_clean = self.metric_corrupt = 0.0
+            self.tokens_clean: list[str] = []
+            self.tokens_corrupt, self.top_clean, self.top_corrupt = [], [], []
+
+    assert _protocol_mismatches(Half, PatchClicks) == ["metric_clean", "metric_corrupt", "metric_label", "tokens_clean",
+                                                       "tokens_corrupt", "top_clean", "top_corrupt"]
+    assert _protocol_mismatches(Full, PatchClicks) == []
+    assert _protocol_mismatches(PatchSession, PatchClicks) == []
+    assert "runs" in _protocol_mismatches(Half, SteerClicks)
+
+
+#: the click sessions' float64 is made on the CPU (review S3: ``.double()`` on a device tensor fails on MPS)
+def _device_float64(text: str) -> list[int]:
+    """Lines where ``.double()`` comes without a ``.cpu()`` before it on the line (``# cpu:`` says why not)."""
+    return [i for i, line in enumerate(text.splitlines(), 1)
+            if ".double()" in line and "# cpu:" not in line and ".cpu()" not in line.split(".double()")[0]]
+
+
+def test_sessions_make_float64_on_the_cpu_only() -> None:
+    found = {f.name: _device_float64(f.read_text()) for f in sorted((PKG / "sessions").glob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {}
+    assert _device_float64("p = logits.detach().double().cpu()\nq = x.cpu().double()\nr = m.double()  # cpu: measured") == [1]
 
 
 def test_widgets_type_their_session_by_a_protocol() -> None:

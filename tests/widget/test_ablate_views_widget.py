@@ -86,22 +86,23 @@ def test_channel_ablation_equals_a_hand_hooked_forward(fm, layer: str, chans: li
     model, x, w = ns["model"], ns["x"], ns["_nndebug_widget"]
     assert w.can_ablate
     before, rng, hooks = fingerprint(model), torch.get_rng_state(), hook_count(model)
-    content, buffers = w.handle_request("ablate", {"layer": layer, "channels": chans, "mode": mode})
+    content, buffers = w.handle_request("ablate", {"kind": "channels", "targets": [{"layer": layer, "units": chans}], "mode": mode})
     out, arrays = content["result"], arrays_of(content, buffers)
     assert same_fingerprint(before, fingerprint(model)) == []  # params, .grad, BN running stats, modes, hooks
     assert torch.equal(torch.get_rng_state(), rng) and hook_count(model) == hooks == 0 and model.training
     # the CAM layer is the one the Grad-CAM view picks, the class the clean run's top-1
     maps, classes, _, _, _ = grad_cam(model, x[:1], topk=1)
-    assert out["cam_layer"] == maps.layer == "4" and out["cls"] == int(classes[0, 0])
+    assert out["cam"]["layer"] == maps.layer == "4" and out["metric"]["of"]["id"] == int(classes[0, 0])
     p_clean, _ = hand(model, x[:1], layer, [], "4", None)
-    p_abl, cam = hand(model, x[:1], layer, chans, "4", out["cls"], mean=mode == "mean")
-    assert out["p_clean"] == pytest.approx(float(p_clean[out["cls"]]), abs=1e-6)
-    assert out["delta"] == pytest.approx(float(p_abl[out["cls"]] - p_clean[out["cls"]]), abs=1e-6)
-    assert out["delta"] != 0
+    cls = out["metric"]["of"]["id"]
+    p_abl, cam = hand(model, x[:1], layer, chans, "4", cls, mean=mode == "mean")
+    assert out["metric"]["clean"] == pytest.approx(float(p_clean[cls]), abs=1e-6)
+    assert out["metric"]["delta"] == pytest.approx(float(p_abl[cls] - p_clean[cls]), abs=1e-6)
+    assert out["metric"]["delta"] != 0
     top = p_abl.topk(5)
-    assert [t["id"] for t in out["top"]] == top.indices.tolist()
-    assert [t["label"] for t in out["top"]] == [f"class {i}" for i in top.indices.tolist()]
-    assert [t["p"] for t in out["top"]] == pytest.approx(top.values.tolist(), abs=1e-6)
+    assert [t["id"] for t in out["top"]["ablated"]] == top.indices.tolist()
+    assert [t["label"] for t in out["top"]["ablated"]] == [f"class {i}" for i in top.indices.tolist()]
+    assert [t["p"] for t in out["top"]["ablated"]] == pytest.approx(top.values.tolist(), abs=1e-6)
     low = w.ablation.ablate(layer, chans, mode)["cam_low"]
     np.testing.assert_allclose(low, cam.numpy(), rtol=1e-4, atol=1e-6)
     assert arrays["cam"].shape == (16, 16) and arrays["cam_clean"].shape == (16, 16)
@@ -112,13 +113,13 @@ def test_channel_ablation_equals_a_hand_hooked_forward(fm, layer: str, chans: li
 def test_channel_ablation_errors_and_model_gone(fm) -> None:  # type: ignore[no-untyped-def]
     w = fm.user_ns["_nndebug_widget"]
     with pytest.raises(ValueError, match="no channel"):
-        w.handle_request("ablate", {"layer": "0", "channels": []})
+        w.handle_request("ablate", {"kind": "channels", "targets": [{"layer": "0", "units": []}]})
     with pytest.raises(ValueError, match="mode"):
-        w.handle_request("ablate", {"layer": "0", "channels": [1], "mode": "noise"})
+        w.handle_request("ablate", {"kind": "channels", "targets": [{"layer": "0", "units": [1]}], "mode": "noise"})
     assert fm.run_cell("del model, out").success
     gc.collect()
     with pytest.raises(RuntimeError, match="re-run the cell"):
-        w.handle_request("ablate", {"layer": "0", "channels": [1]})
+        w.handle_request("ablate", {"kind": "channels", "targets": [{"layer": "0", "units": [1]}]})
 
 
 LOOP = """
@@ -166,33 +167,33 @@ def test_thermometer_row_ablation_equals_a_hand_forward_on_the_last_batch(shell)
     model, (xb, yb) = shell.user_ns["model"], shell.user_ns["data"][-1]
     assert w.can_ablate and model.training
     before, rng = fingerprint(model), torch.get_rng_state()
-    out = w.handle_request("ablate", {"module": "net.2"})[0]["result"]
+    out = w.handle_request("ablate", {"kind": "modules", "targets": [{"layer": "net.2", "units": []}]})[0]["result"]
     assert same_fingerprint(before, fingerprint(model)) == [] and hook_count(model) == 0
     assert torch.equal(torch.get_rng_state(), rng)
     clean = hand_run(model, (xb, yb), None, rng)
     ablated = hand_run(model, (xb, yb), "net.2", rng)
     torch.set_rng_state(rng)
-    assert out["kind"] == "loss" and out["note"] == ""
-    assert out["clean"] == pytest.approx(float(clean), abs=1e-6)
-    assert out["delta"] == pytest.approx(float(ablated - clean), abs=1e-6) and out["delta"] != 0
+    assert out["metric"]["kind"] == "loss" and out["note"] == ""
+    assert out["metric"]["clean"] == pytest.approx(float(clean), abs=1e-6)
+    assert out["metric"]["delta"] == pytest.approx(float(ablated - clean), abs=1e-6) and out["metric"]["delta"] != 0
 
 
 def test_thermometer_without_a_loss_in_the_output_reports_the_output_change(shell) -> None:  # type: ignore[no-untyped-def]
     w = therm(shell, with_loss=False)
     model, (xb, _) = shell.user_ns["model"], shell.user_ns["data"][-1]
     rng = torch.get_rng_state()
-    out = w.handle_request("ablate", {"module": "1", "mode": "zero"})[0]["result"]
+    out = w.handle_request("ablate", {"kind": "modules", "targets": [{"layer": "1", "units": []}], "mode": "zero"})[0]["result"]
     clean = hand_run(model, (xb,), None, rng).double()
     ablated = hand_run(model, (xb,), "1", rng).double()
     torch.set_rng_state(rng)
-    assert out["kind"] == "output" and out["note"] == OUTPUT_NOTE
-    assert out["delta"] == pytest.approx(float((ablated - clean).abs().mean()), abs=1e-6)
+    assert out["metric"]["kind"] == "output" and out["note"] == OUTPUT_NOTE
+    assert out["metric"]["delta"] == pytest.approx(float((ablated - clean).abs().mean()), abs=1e-6)
     assert out["agreement"] == pytest.approx(float((ablated.argmax(-1) == clean.argmax(-1)).double().mean()))
     del model
     assert shell.run_cell("del model, net, opt").success
     gc.collect()
     with pytest.raises(RuntimeError, match="re-run the cell"):
-        w.handle_request("ablate", {"module": "1"})
+        w.handle_request("ablate", {"kind": "modules", "targets": [{"layer": "1", "units": []}]})
 
 
 def test_the_kept_inputs_never_hold_the_users_graph() -> None:

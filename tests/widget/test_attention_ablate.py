@@ -73,8 +73,14 @@ def clean_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
         return model(ids).logits[0, -1].double()
 
 
+def heads_request(heads: list[list[int]], mode: str | None = "zero") -> dict[str, Any]:
+    """The one ablation request (nbdebug.sessions.ablation_io) for ``[[layer, head], ...]``."""
+    req: dict[str, Any] = {"kind": "heads", "targets": [{"layer": layer, "units": [h]} for layer, h in heads]}
+    return req if mode is None else {**req, "mode": mode}
+
+
 def ask(w: Any, heads: list[list[int]], mode: str = "zero") -> dict[str, Any]:
-    content, _ = w.handle_request("ablate", {"heads": heads, "mode": mode})
+    content, _ = w.handle_request("ablate", heads_request(heads, mode))
     return content["result"]
 
 
@@ -90,16 +96,18 @@ def test_ablate_equals_a_hand_hooked_forward(shell, family: str, mode: str) -> N
         got = ask(w, [[layer, h] for layer, hs in heads.items() for h in hs], mode)
         want = hand_logits(model, x, heads, mode)
         p_clean, p_abl = torch.softmax(clean, -1), torch.softmax(want, -1)
-        assert got["delta"] == pytest.approx(float(p_abl[top1] - p_clean[top1]), rel=1e-4, abs=1e-7)
-        assert got["metric_clean"] == pytest.approx(float(p_clean[top1]), rel=1e-5)
-        assert [t["id"] for t in got["ablated"]] == [int(i) for i in p_abl.topk(5).indices]
-        np.testing.assert_allclose([t["p"] for t in got["ablated"]], p_abl.topk(5).values.numpy(), rtol=1e-4)
-        assert [t["id"] for t in got["clean"]] == [int(i) for i in p_clean.topk(5).indices]
-        lens = got["lens"]
-        assert len(lens["rows"]) == 3 + 1 and lens["rows"][0] == "embed" and lens["rows"][-1] == "output"
-        assert lens["ablated_p"][-1] == pytest.approx(float(p_abl[top1]), rel=1e-4)
+        assert got["metric"]["delta"] == pytest.approx(float(p_abl[top1] - p_clean[top1]), rel=1e-4, abs=1e-7)
+        assert got["metric"]["clean"] == pytest.approx(float(p_clean[top1]), rel=1e-5)
+        assert [t["id"] for t in got["top"]["ablated"]] == [int(i) for i in p_abl.topk(5).indices]
+        np.testing.assert_allclose([t["p"] for t in got["top"]["ablated"]], p_abl.topk(5).values.numpy(), rtol=1e-4)
+        assert [t["id"] for t in got["top"]["clean"]] == [int(i) for i in p_clean.topk(5).indices]
+        lens = got["lens"]  # two lens columns: {row, id, token, p, p_answer} per row
+        rows = [e["row"] for e in lens["clean"]]
+        assert len(rows) == 3 + 1 and rows[0] == "embed" and rows[-1] == "output"
+        clean_p, ablated_p = ([e["p_answer"] for e in lens[run]] for run in ("clean", "ablated"))
+        assert ablated_p[-1] == pytest.approx(float(p_abl[top1]), rel=1e-4)
         first = min(heads)  # blocks before the first ablated one read the same residual
-        assert lens["clean_p"][: first + 1] == pytest.approx(lens["ablated_p"][: first + 1], rel=1e-6)
+        assert clean_p[: first + 1] == pytest.approx(ablated_p[: first + 1], rel=1e-6)
         assert w.ablated == sorted([layer, h] for layer, hs in heads.items() for h in hs)
     assert w.ablate_clicks == 2
 
@@ -119,7 +127,7 @@ def test_the_lens_rows_are_the_logit_lens_of_each_block_input(shell) -> None:  #
     with torch.no_grad():
         for j, h in enumerate(seen):
             p = torch.softmax(model.lm_head(model.model.norm(h[0, -1])).double(), -1)
-            assert got["lens"]["clean_p"][j] == pytest.approx(float(p[top1]), rel=1e-4)
+            assert got["lens"]["clean"][j]["p_answer"] == pytest.approx(float(p[top1]), rel=1e-4)
 
 
 @pytest.mark.parametrize("body", ["out = model(x)", "with torch.no_grad():\n    out = model(x)",
@@ -134,9 +142,9 @@ def test_answer_wrong_metric_and_the_model_left_as_found(shell, body: str) -> No
     for mode in ("zero", "mean"):
         got = ask(w, [[2, 1], [2, 3]], mode)
         want, clean = hand_logits(model, x, {2: [1, 3]}, mode), clean_logits(model, x)
-        assert got["metric_label"].startswith("logit[")
-        assert got["delta"] == pytest.approx(float((want[3] - want[4]) - (clean[3] - clean[4])), rel=1e-4, abs=1e-6)
-        assert got["lens"]["target"] == "3"
+        assert got["metric"]["label"].startswith("logit[")
+        assert got["metric"]["delta"] == pytest.approx(float((want[3] - want[4]) - (clean[3] - clean[4])), rel=1e-4, abs=1e-6)
+        assert got["metric"]["of"]["label"] == "3"
     assert hook_count(model) == 0 and same_fingerprint(before, fingerprint(model)) == []
     assert all(p.grad is None for p in model.parameters())
 
@@ -148,7 +156,7 @@ def test_a_deleted_model_answers_rerun_the_cell(shell) -> None:  # type: ignore[
     gc.collect()
     assert shell.user_ns["ref"]() is None
     with pytest.raises(Exception, match="re-run the cell"):
-        w.handle_request("ablate", {"heads": [[0, 0]], "mode": "zero"})
+        w.handle_request("ablate", heads_request([[0, 0]]))
 
 
 def test_an_encoder_says_in_one_neutral_line_that_it_cannot_ablate(shell) -> None:  # type: ignore[no-untyped-def]
@@ -160,14 +168,14 @@ def test_an_encoder_says_in_one_neutral_line_that_it_cannot_ablate(shell) -> Non
                              "to measure a head's effect on.")
     assert "patching" not in w.ablate_note and "causal" not in w.ablate_note
     with pytest.raises(RuntimeError, match="Heads are not ablated in this view"):
-        w.handle_request("ablate", {"heads": [[0, 0]]})
+        w.handle_request("ablate", heads_request([[0, 0]], None))
 
 
 def test_bad_requests_are_errors(shell) -> None:  # type: ignore[no-untyped-def]
     w = run(shell, "gpt2")
     with pytest.raises(IndexError, match="no head"):
-        w.handle_request("ablate", {"heads": [[9, 0]]})
+        w.handle_request("ablate", heads_request([[9, 0]], None))
     with pytest.raises(ValueError, match="no head to ablate"):
-        w.handle_request("ablate", {"heads": []})
+        w.handle_request("ablate", heads_request([], None))
     with pytest.raises(ValueError, match="mode="):
-        w.handle_request("ablate", {"heads": [[0, 0]], "mode": "resample"})
+        w.handle_request("ablate", heads_request([[0, 0]], "resample"))

@@ -1,13 +1,15 @@
 // "Does this head matter?": the selected heads (click one, shift-click adds more) ablated in the
-// kernel (rpc "ablate", nbdebug/widgets/attention.py → sessions/ablation.py): the Δ metric
+// kernel (the one ablation request of lib/ablation.ts, kind "heads"; nbdebug/widgets/attention.py →
+// sessions/ablation.py): the Δ metric
 // with its sign and colour, the ablated run's top-5 next tokens beside the clean ones, and the lens
 // diff (per layer the clean and ablated top-1 token and the target's probability). A loading state
 // while the kernel runs, an error line when it fails (e.g. the model was deleted: re-run the cell).
 // Tokens are untrusted model text: textContent only.
 import { fmtPct, h, replaceChildren } from "../lib/dom";
-import { rpc, type AnyModel } from "../lib/rpc";
+import { askAblation, headTargets, targetPairs, type AblationAnswer } from "../lib/ablation";
+import type { AnyModel } from "../lib/rpc";
+import { lensColumnTable } from "../lib/lenscolumn";
 import { Latest } from "../lib/request";
-import type { TopToken } from "../lib/tokens";
 
 export const ABLATE_CSS = `
 .nbdebug-attention .nba-ablate { margin-top: 8px; border-top: 1px solid #ddd; padding-top: 6px; }
@@ -17,24 +19,12 @@ export const ABLATE_CSS = `
 .nbdebug-attention .nba-delta.nba-down { color: #b00; }
 .nbdebug-attention .nba-ablate table { border-collapse: collapse; margin: 4px 12px 4px 0; font-size: 11px; }
 .nbdebug-attention .nba-ablate th, .nbdebug-attention .nba-ablate td { padding: 1px 6px; text-align: left; white-space: pre; }
-.nbdebug-attention .nba-ablate td.nba-tk { font-family: ui-monospace, monospace; max-width: 160px; overflow: hidden; text-overflow: ellipsis; }
+.nbdebug-attention .nba-ablate td.nba-tk, .nbdebug-attention .nba-ablate td.nba-lens-tok { font-family: ui-monospace, monospace; max-width: 160px; overflow: hidden; text-overflow: ellipsis; }
 .nbdebug-attention .nba-ablate tr.nba-changed td { background: #fff4d6; }
+.nbdebug-attention .nba-ablate th.nba-lens-row { font-weight: normal; }
 .nbdebug-attention .nba-ablate-tables { display: flex; flex-wrap: wrap; align-items: flex-start; }
 `;
 
-
-export interface AblateAnswer {
-  heads: [number, number][];
-  mode: string;
-  metric_label: string;
-  metric_clean: number;
-  metric: number;
-  delta: number;
-  clean: TopToken[];
-  ablated: TopToken[];
-  lens: { rows: string[]; target: string; clean_top: string[]; clean_p: number[]; ablated_top: string[]; ablated_p: number[] };
-  seconds: number;
-}
 
 /** A signed number: "+0.0123" / "−0.0123" (4 significant digits). */
 export function signed(x: number): string {
@@ -43,7 +33,7 @@ export function signed(x: number): string {
   return (x > 0 ? "+" : x < 0 ? "−" : "±") + s;
 }
 
-const headsLabel = (heads: [number, number][]) => heads.map(([l, hd]) => `L${l}h${hd}`).join(" + ");
+const headsLabel = (heads: [number | string, number][]) => heads.map(([l, hd]) => `L${l}h${hd}`).join(" + ");
 
 export class AblatePanel {
   readonly el = h("div", { class: "nba-ablate" });
@@ -100,7 +90,7 @@ export class AblatePanel {
     this.status.textContent = `ablating ${headsLabel(heads)} (${mode})…`;
     this.status.classList.remove("nba-error");
     try {
-      const ans = await rpc<AblateAnswer>(this.model, "ablate", { heads, mode });
+      const ans = await askAblation(this.model, { kind: "heads", targets: headTargets(heads), mode });
       if (!isLatest()) return;
       this.show(ans.result);
     } catch (err) {
@@ -111,37 +101,33 @@ export class AblatePanel {
     }
   }
 
-  private show(a: AblateAnswer): void {
-    const d = a.delta;
+  private show(a: AblationAnswer): void {
+    const m = a.metric;
+    const d = m.delta;
     const delta = h("span", { class: ["nba-delta", d > 0 ? "nba-up" : d < 0 ? "nba-down" : ""], text: `Δ ${signed(d)}`,
       attrs: { "data-value": String(d) } });
     this.status.textContent = "";
     replaceChildren(this.status, [
-      `${headsLabel(a.heads)} ${a.mode}-ablated: ${a.metric_label} `, delta,
-      ` (clean ${a.metric_clean.toPrecision(4)} → ${a.metric.toPrecision(4)}; ${(a.seconds * 1000).toFixed(0)} ms)`,
+      `${headsLabel(targetPairs(a.targets))} ${a.mode}-ablated: ${m.label} `, delta,
+      ` (clean ${m.clean.toPrecision(4)} → ${m.ablated.toPrecision(4)}; ${(a.seconds * 1000).toFixed(0)} ms)`,
     ]);
+    const tops = a.top ?? { clean: [], ablated: [] };
     const top = h("table", { class: "nba-ablate-top" }, [
       h("tr", {}, [h("th", { text: "#" }), h("th", { text: "clean" }), h("th", { text: "" }), h("th", { text: "ablated" }), h("th", { text: "" })]),
-      ...Array.from({ length: Math.max(a.clean.length, a.ablated.length) }, (_, i) => {
-        const c = a.clean[i];
-        const x = a.ablated[i];
+      ...Array.from({ length: Math.max(tops.clean.length, tops.ablated.length) }, (_, i) => {
+        const c = tops.clean[i];
+        const x = tops.ablated[i];
         return h("tr", { class: c && x && c.id !== x.id ? "nba-changed" : "" }, [
           h("td", { text: String(i + 1) }),
-          h("td", { class: "nba-tk", text: c ? c.token : "" }), h("td", { text: c ? fmtPct(c.p) : "" }),
-          h("td", { class: "nba-tk", text: x ? x.token : "" }), h("td", { text: x ? fmtPct(x.p) : "" }),
+          h("td", { class: "nba-tk", text: c ? c.label : "" }), h("td", { text: c ? fmtPct(c.p) : "" }),
+          h("td", { class: "nba-tk", text: x ? x.label : "" }), h("td", { text: x ? fmtPct(x.p) : "" }),
         ]);
       }),
     ]);
-    const L = a.lens;
-    const lens = h("table", { class: "nba-ablate-lens" }, [
-      h("tr", {}, [h("th", { text: "lens (last position)" }), h("th", { text: "clean top-1" }), h("th", { text: `p(${L.target})` }),
-        h("th", { text: "ablated top-1" }), h("th", { text: `p(${L.target})` })]),
-      ...L.rows.map((name, i) => h("tr", { class: L.clean_top[i] !== L.ablated_top[i] ? "nba-changed" : "" }, [
-        h("td", { text: name, title: i === 0 ? "the embeddings" : i === L.rows.length - 1 ? "the model's output" : `after ${name}` }),
-        h("td", { class: "nba-tk", text: L.clean_top[i] ?? "" }), h("td", { text: fmtPct(L.clean_p[i]) }),
-        h("td", { class: "nba-tk", text: L.ablated_top[i] ?? "" }), h("td", { text: fmtPct(L.ablated_p[i]) }),
-      ])),
-    ]);
+    const lens = lensColumnTable([{ name: "clean", entries: a.lens?.clean }, { name: "ablated", entries: a.lens?.ablated }], {
+      prefix: "nba", rowHeader: "lens (last position)", answer: m.of?.label ?? "", markChanged: true, cls: "nba-ablate-lens",
+      rowTitle: (name, i, n) => (i === 0 ? "the embeddings" : i === n - 1 ? "the model's output" : `after ${name}`),
+    });
     replaceChildren(this.body, [h("div", { class: "nba-ablate-tables" }, [top, lens])]);
     this.el.setAttribute("data-state", "done");
   }

@@ -1,35 +1,16 @@
 // Channel ablation panel of the feature-map view (issue 20): click a tile to pick its channel (shift-click
-// adds more), "ablate" asks the kernel (`ablate` request, nbdebug/widgets/featuremaps.py) to re-run the
+// adds more), "ablate" asks the kernel (the one ablation request of lib/ablation.ts, kind "channels";
+// nbdebug/widgets/featuremaps.py) to re-run the
 // cell's first sample with those channels zeroed or mean-replaced; the answer shows the change of the
 // clean top-1 class's probability, the new top-5 and the Grad-CAM map before/after on one scale.
 // Class labels are model text: textContent only.
+import { askAblation, type AblationAnswer } from "../lib/ablation";
 import { paintU8 } from "../lib/colormap";
 import { fmtPct, h, replaceChildren } from "../lib/dom";
 import type { NdArray } from "../lib/ndarray";
-import { rpc, type AnyModel } from "../lib/rpc";
+import type { AnyModel } from "../lib/rpc";
 import { Latest } from "../lib/request";
 import { select } from "../lib/select";
-
-export interface ClassP {
-  id: number;
-  label: string;
-  p: number;
-}
-
-export interface AblateResult {
-  layer: string;
-  channels: number[];
-  mode: string;
-  cls: number;
-  label: string;
-  p_clean: number;
-  p: number;
-  delta: number;
-  top: ClassP[];
-  top_clean: ClassP[];
-  cam_layer: string;
-  cam_shape: number[];
-}
 
 export const ABLATE_CSS = `
 .nbdebug-featuremaps .nbd-ablate { margin: 4px 0; padding: 4px; border: 1px solid #ccc; font-size: 12px; }
@@ -41,10 +22,11 @@ export const ABLATE_CSS = `
 
 /** The Δ line of an answer, probabilities written as everywhere (fmtPct) and the change in
  *  percentage points: "Δ p(label) = −12.3 points (45.6% → 33.3%)". */
-export function deltaText(r: AblateResult): string {
-  const sign = r.delta > 0 ? "+" : r.delta < 0 ? "−" : "±";
-  const pts = Number((Math.abs(r.delta) * 100).toFixed(1));
-  return `Δ p(${r.label}) = ${sign}${pts} point${pts === 1 ? "" : "s"} (${fmtPct(r.p_clean)} → ${fmtPct(r.p)})`;
+export function deltaText(r: AblationAnswer): string {
+  const m = r.metric;
+  const sign = m.delta > 0 ? "+" : m.delta < 0 ? "−" : "±";
+  const pts = Number((Math.abs(m.delta) * 100).toFixed(1));
+  return `Δ p(${m.of?.label ?? ""}) = ${sign}${pts} point${pts === 1 ? "" : "s"} (${fmtPct(m.clean)} → ${fmtPct(m.ablated)})`;
 }
 
 /** Two maps as uint8 on one scale (0 … the larger maximum), so a weaker map looks weaker. */
@@ -113,19 +95,21 @@ export function ablatePanel(model: AnyModel, layer: () => string, onError: (err:
     return h("figure", { style: { margin: "0" } }, [canvas, h("figcaption", { text: title })]);
   }
 
-  function render(r: AblateResult, arrays: Record<string, NdArray>): void {
+  function render(r: AblationAnswer, arrays: Record<string, NdArray>): void {
     const [before, after] = sharedScale(arrays.cam_clean.data as ArrayLike<number>, arrays.cam.data as ArrayLike<number>);
-    const tops = h("ol", {}, r.top.map((t) => h("li", { text: `${t.label}: ${fmtPct(t.p)}` })));
+    const tops = h("ol", {}, (r.top?.ablated ?? []).map((t) => h("li", { text: `${t.label}: ${fmtPct(t.p)}` })));
+    const [{ layer, units }] = r.targets;
+    const cam = r.cam ?? { layer: "", shape: arrays.cam.shape };
     replaceChildren(out, [
       h("div", { class: "nbd-delta", text: deltaText(r) }),
-      h("div", { text: `${r.mode} ablation of ${r.layer} channel${r.channels.length > 1 ? "s" : ""} ${r.channels.join(", ")}; new top-5:` }),
+      h("div", { text: `${r.mode} ablation of ${layer} channel${units.length > 1 ? "s" : ""} ${units.join(", ")}; new top-5:` }),
       tops,
       h("div", { class: "nbd-cams" }, [
-        camCanvas(before, r.cam_shape, `Grad-CAM (${r.cam_layer}) before`),
-        camCanvas(after, r.cam_shape, "after ablation"),
+        camCanvas(before, cam.shape, `Grad-CAM (${cam.layer}) before`),
+        camCanvas(after, cam.shape, "after ablation"),
       ]),
     ]);
-    el.setAttribute("data-delta", String(r.delta));
+    el.setAttribute("data-delta", String(r.metric.delta));
   }
 
   async function run(): Promise<void> {
@@ -133,7 +117,7 @@ export function ablatePanel(model: AnyModel, layer: () => string, onError: (err:
     const isLatest = latest.start();
     replaceChildren(out, [h("div", { text: "re-running…" })]);
     try {
-      const answer = await rpc<AblateResult>(model, "ablate", { layer: layer(), channels: chosen, mode });
+      const answer = await askAblation(model, { kind: "channels", targets: [{ layer: layer(), units: chosen }], mode });
       if (!isLatest()) return;
       render(answer.result, answer.arrays);
     } catch (err) {

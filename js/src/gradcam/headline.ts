@@ -2,6 +2,7 @@
 // gradcam.py overlay_headline for one method; the CAM panel's verdict with several), shown first and
 // following the trait. Text nodes only (class names are model text).
 import { h, replaceChildren, withCode } from "../lib/dom";
+import { Listeners } from "../lib/request";
 import type { AnyModel } from "../lib/rpc";
 
 export function headlineLine(model: AnyModel): { el: HTMLElement; dispose: () => void } {
@@ -12,8 +13,9 @@ export function headlineLine(model: AnyModel): { el: HTMLElement; dispose: () =>
     el.style.display = text ? "" : "none";
   };
   on();
-  model.on("change:headline", on);
-  return { el, dispose: () => model.off("change:headline", on) };
+  const listeners = new Listeners();
+  listeners.model(model, "change:headline", on);
+  return { el, dispose: () => listeners.dispose() };
 }
 
 /** A class as the view writes it: its name, or "class 285" when the name is only the index. */

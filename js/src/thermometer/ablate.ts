@@ -1,22 +1,12 @@
 // Row ablation of the thermometer (issue 20): the selected row's module → "ablate" asks the kernel
-// (`ablate` request, nbdebug/widgets/thermometer.py) to re-run the last step's forward with that module's
+// (the one ablation request of lib/ablation.ts, kind "modules"; nbdebug/widgets/thermometer.py) to re-run the last step's forward with that module's
 // output zeroed (or mean-replaced) and shows Δ loss, or, when the loss cannot be recomputed, Δ of the
 // output (mean |Δ logits|, top-1 agreement) with the kernel's one-line note. Names are model text:
 // textContent only.
 import { fmt, h, replaceChildren } from "../lib/dom";
-import { rpc, type AnyModel } from "../lib/rpc";
+import { askAblation, type AblationAnswer } from "../lib/ablation";
+import type { AnyModel } from "../lib/rpc";
 import { Latest } from "../lib/request";
-
-export interface RowAblation {
-  module: string;
-  mode: string;
-  kind: "loss" | "output";
-  clean: number;
-  ablated: number;
-  delta: number;
-  agreement?: number;
-  note: string;
-}
 
 export const ABLATE_CSS = `
 .nbdebug-thermometer .nbd-row-ablate { margin: 4px 0; font-size: 12px; }
@@ -28,10 +18,11 @@ export const ABLATE_CSS = `
 const signed = (x: number) => `${x > 0 ? "+" : x < 0 ? "−" : "±"}${fmt(Math.abs(x))}`;
 
 /** The answer in one line: "Δ loss = +0.12 (1.03 → 1.15)" or "mean |Δ logits| = 0.3, top-1 agrees on 80%". */
-export function rowAblationText(r: RowAblation): string {
-  if (r.kind === "loss") return `Δ loss = ${signed(r.delta)} (${fmt(r.clean)} → ${fmt(r.ablated)})`;
-  const agree = r.agreement === undefined || !Number.isFinite(r.agreement) ? "" : `, top-1 agrees on ${Math.round(r.agreement * 100)}%`;
-  return `mean |Δ logits| = ${fmt(r.delta)}${agree}`;
+export function rowAblationText(r: AblationAnswer): string {
+  const m = r.metric;
+  if (m.kind === "loss") return `Δ loss = ${signed(m.delta)} (${fmt(m.clean)} → ${fmt(m.ablated)})`;
+  const agree = r.agreement === undefined || r.agreement === null || !Number.isFinite(r.agreement) ? "" : `, top-1 agrees on ${Math.round(r.agreement * 100)}%`;
+  return `mean |Δ logits| = ${fmt(m.delta)}${agree}`;
 }
 
 /** "ablate <row>'s output [zero|mean] [ablate]" under the table, for the selected row. */
@@ -69,14 +60,14 @@ export class AblateRow {
     const isLatest = this.latest.start();
     replaceChildren(this.out, [h("span", { text: " re-running…" })]);
     try {
-      const answer = await rpc<RowAblation>(this.model, "ablate", { module: this.name, mode: this.mode.value });
+      const answer = await askAblation(this.model, { kind: "modules", targets: [{ layer: this.name, units: [] }], mode: this.mode.value });
       if (!isLatest()) return;
       const r = answer.result;
       replaceChildren(this.out, [
         h("span", { class: "nbd-delta", text: rowAblationText(r) }),
         r.note ? h("div", { class: "nbd-ablate-note", text: r.note }) : null,
       ]);
-      this.el.setAttribute("data-delta", String(r.delta));
+      this.el.setAttribute("data-delta", String(r.metric.delta));
     } catch (err) {
       if (!isLatest()) return;
       replaceChildren(this.out, [h("span", { class: "nbd-error", text: ` ${err instanceof Error ? err.message : String(err)}` })]);

@@ -11,6 +11,7 @@ import { groupPosition, groupsAtSlot, groupsWhole } from "./groups_step";
 import type { HistoryStore } from "./history";
 import { shared } from "./live";
 import { StatTable, type Layer, type Legend } from "./rows";
+import { Listeners } from "../lib/request";
 
 function viewFor(model: AnyModel, data: GroupData, legend: Legend): GroupView {
   return new GroupView(data, {
@@ -43,12 +44,12 @@ export function renderGroups({ model, el }: { model: AnyModel; el: HTMLElement }
   };
   draw();
   const onSel = () => view?.select(String(model.get("selected") ?? ""));
-  model.on("change:groups", draw);
-  model.on("change:selected", onSel);
+  const listeners = new Listeners(); // every model listener, removed by one dispose()
+  listeners.model(model, "change:groups", draw);
+  listeners.model(model, "change:selected", onSel);
   root.dataset.ready = "1";
   return () => {
-    model.off("change:groups", draw);
-    model.off("change:selected", onSel);
+    listeners.dispose();
     view?.destroy();
     root.remove();
   };

@@ -7,6 +7,7 @@ import type { AnyModel } from "../lib/rpc";
 import { HEADERS } from "./header";
 import type { HistoryStore } from "./history";
 import type { Position } from "./timeline";
+import { Listeners } from "../lib/request";
 
 /** The view's elements that take input. */
 export interface InputTargets {
@@ -113,8 +114,9 @@ export function bindInput(model: AnyModel, store: HistoryStore, t: InputTargets,
       model.save_changes();
     }
   };
-  // One table for both adding and removing, so the two cannot drift apart.
-  const listeners: Array<[EventTarget, string, EventListener]> = [
+  // Added and removed through one Listeners, so the two cannot drift apart.
+  const listeners = new Listeners();
+  const table: Array<[EventTarget, string, EventListener]> = [
     [t.head, "click", onHeadClick],
     [t.body, "click", onBodyClick],
     [t.body, "keydown", onBodyKey as EventListener],
@@ -124,8 +126,6 @@ export function bindInput(model: AnyModel, store: HistoryStore, t: InputTargets,
     [t.findingsList, "click", onJump],
     [t.eventsList, "click", onJump],
   ];
-  for (const [target, type, handler] of listeners) target.addEventListener(type, handler);
-  return () => {
-    for (const [target, type, handler] of listeners) target.removeEventListener(type, handler);
-  };
+  for (const [target, type, handler] of table) listeners.dom(target, type, handler);
+  return () => listeners.dispose();
 }

@@ -6,6 +6,7 @@ import { h } from "../lib/dom";
 import type { AnyModel } from "../lib/rpc";
 import { slotX, sparkline, type Mark } from "../lib/sparkline";
 import { HistoryStore } from "./history";
+import { Listeners } from "../lib/request";
 
 interface Shared {
   store: HistoryStore;
@@ -57,9 +58,10 @@ export function initialize({ model }: { model: AnyModel }): () => void {
   syncTrait(model);
   const onMsg = messageHandler(model);
   s.modelListener = true;
-  model.on("msg:custom", onMsg);
+  const listeners = new Listeners(); // every model listener, removed by one dispose()
+  listeners.model(model, "msg:custom", onMsg);
   return () => {
-    model.off("msg:custom", onMsg);
+    listeners.dispose();
     s.modelListener = false;
   };
 }

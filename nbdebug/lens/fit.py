@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -98,8 +99,8 @@ class _Reader:
     def __init__(self, batches: int, cap: int, seed: int) -> None:
         self.batches, self.cap = batches, cap
         self.gram: _Gram | None = None
-        self.cache: list[torch.Tensor] = []
-        self.read = self.cached = self.cached_bytes = 0
+        self.buf: torch.Tensor | None = None  # preallocated: the cache never exists twice (max_bytes is the peak)
+        self.read = self.cached = 0
         self.frac = 1.0
         self.gen = torch.Generator().manual_seed(seed + 1)
 
@@ -107,39 +108,33 @@ class _Reader:
         R, n, d = rows.shape
         if self.gram is None:
             self.gram = _Gram(R - 1, d)
-            self.frac = min(1.0, self.cap / (R * d * 2) / max(1, n * self.batches))
+            if self.batches:
+                room = self.cap // (R * d * 2)
+                self.frac = min(1.0, room / max(1, n * self.batches))
+                self.buf = torch.empty(R, min(room, n * self.batches), d, dtype=torch.float16)
         self.gram.add(rows)
         self.read += n
-        if not self.batches:
+        if self.buf is None:
             return
-        k = n if self.frac >= 1 else min(n, round(self.frac * self.read) - self.cached)
-        if k > 0 and self.cached_bytes + R * k * d * 2 <= self.cap:
-            self.cache.append((rows if k == n else rows[:, sample_rows(n, k, self.gen)]).half())
+        k = n if self.frac >= 1 else round(self.frac * self.read) - self.cached
+        k = min(k, n, self.buf.shape[1] - self.cached)
+        if k > 0:
+            self.buf[:, self.cached:self.cached + k] = rows if k == n else rows[:, sample_rows(n, k, self.gen)]
             self.cached += k
-            self.cached_bytes += R * k * d * 2
 
     def stack(self) -> torch.Tensor:
-        out = torch.cat(self.cache, 1)
-        self.cache = []
-        return out
+        assert self.buf is not None
+        return self.buf[:, :self.cached]
 
 
 def _head(parts: ModelParts) -> tuple[torch.Tensor, torch.Tensor | None]:
     """float32 CPU copies of the unembedding (and bias), read inside ``loaded_weights`` (offload)."""
     mod = parts.unembed_module
-    with loaded_weights(mod) if mod is not None else _Null():
+    with loaded_weights(mod) if mod is not None else nullcontext():
         w = mod.weight if mod is not None else parts.unembed_weight
         b = getattr(mod, "bias", None) if mod is not None else parts.unembed_bias
         assert w is not None
         return w.detach().float().cpu().clone(), None if b is None else b.detach().float().cpu().clone()
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _logits(parts: ModelParts, h: torch.Tensor, U: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -343,7 +338,7 @@ def _fit(model: nn.Module, tokenizer: Any, texts: Any, kind: str, *, max_tokens:
             if init == "identity":
                 A = torch.eye(A.shape[1]).repeat(A.shape[0], 1, 1)
                 c = torch.zeros_like(c)
-            if not reader.cache:
+            if not reader.cached:
                 raise ValueError("fit_lens: max_bytes keeps no residuals for the tuned training; raise it")
             stack = reader.stack()
             U, b = _head(parts)

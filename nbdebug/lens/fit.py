@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -76,22 +77,64 @@ class _Gram:
         return W[:, :d].transpose(1, 2).float().contiguous(), W[:, d].float().contiguous()
 
 
+    def whitener(self, ridge: float = 1e-3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: the mean ``mu``, the ZCA whitening ``P = (Σ + λ)^-1/2`` and its inverse, from the same sums
+        (``λ``: ``ridge`` × the mean eigenvalue)."""
+        d = self.C.shape[-1]
+        mu = self.G[:, :d, d] / self.n
+        cov = self.G[:, :d, :d] / self.n - mu[:, :, None] * mu[:, None, :]
+        ev, Q = torch.linalg.eigh(cov)
+        ev = ev.clamp_min(0)
+        ev = ev + ridge * ev.mean(-1, keepdim=True)
+        P = (Q * ev.rsqrt()[:, None, :]) @ Q.transpose(1, 2)
+        Pinv = (Q * ev.sqrt()[:, None, :]) @ Q.transpose(1, 2)
+        return mu.float(), P.float(), Pinv.float()
+
+
+class _Reader:
+    """Every position read goes into the Gram sums; for a tuned fit (``batches``: how many batches will be
+    read) a share of the positions, spread over the whole text, into a float16 cache under ``cap`` bytes
+    (drawn with its own generator, ``seed + 1``: the text's end is as present in training as its start)."""
+
+    def __init__(self, batches: int, cap: int, seed: int) -> None:
+        self.batches, self.cap = batches, cap
+        self.gram: _Gram | None = None
+        self.buf: torch.Tensor | None = None  # preallocated: the cache never exists twice (max_bytes is the peak)
+        self.read = self.cached = 0
+        self.frac = 1.0
+        self.gen = torch.Generator().manual_seed(seed + 1)
+
+    def add(self, rows: torch.Tensor) -> None:
+        R, n, d = rows.shape
+        if self.gram is None:
+            self.gram = _Gram(R - 1, d)
+            if self.batches:
+                room = self.cap // (R * d * 2)
+                self.frac = min(1.0, room / max(1, n * self.batches))
+                self.buf = torch.empty(R, min(room, n * self.batches), d, dtype=torch.float16)
+        self.gram.add(rows)
+        self.read += n
+        if self.buf is None:
+            return
+        k = n if self.frac >= 1 else round(self.frac * self.read) - self.cached
+        k = min(k, n, self.buf.shape[1] - self.cached)
+        if k > 0:
+            self.buf[:, self.cached:self.cached + k] = rows if k == n else rows[:, sample_rows(n, k, self.gen)]
+            self.cached += k
+
+    def stack(self) -> torch.Tensor:
+        assert self.buf is not None
+        return self.buf[:, :self.cached]
+
+
 def _head(parts: ModelParts) -> tuple[torch.Tensor, torch.Tensor | None]:
     """float32 CPU copies of the unembedding (and bias), read inside ``loaded_weights`` (offload)."""
     mod = parts.unembed_module
-    with loaded_weights(mod) if mod is not None else _Null():
+    with loaded_weights(mod) if mod is not None else nullcontext():
         w = mod.weight if mod is not None else parts.unembed_weight
         b = getattr(mod, "bias", None) if mod is not None else parts.unembed_bias
         assert w is not None
         return w.detach().float().cpu().clone(), None if b is None else b.detach().float().cpu().clone()
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _logits(parts: ModelParts, h: torch.Tensor, U: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -164,7 +207,7 @@ def _kl_row(parts: ModelParts, y: torch.Tensor, logp: torch.Tensor, U: torch.Ten
 
 def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Tensor, *, U: torch.Tensor,
            bias: torch.Tensor | None, vocab: int | None, steps: int, deadline: float, lr: float, batch: int,
-           optimizer: str = "adam", keep_better: bool = False,
+           optimizer: str = "adam", keep_better: bool = False, white: tuple[torch.Tensor, ...] | None = None,
            gen: torch.Generator, bar: Progress) -> dict[str, Any]:
     """Adam (or SGD) on KL(final ‖ lens) for every translator; ``A``/``c`` updated in place.
     ``keep_better``: the last positions of the cache (up to 256, an eighth) are held apart from training,
@@ -178,7 +221,12 @@ def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Ten
         keep = _top_vocab(parts, cache[-1, sample_rows(N, 1024, gen)].float(), U, bias, vocab)
         U, bias = U[keep].contiguous(), None if bias is None else bias[keep].contiguous()
     V = U.shape[0]
-    params = [torch.nn.Parameter(A[r].clone()) for r in range(R1)] + [torch.nn.Parameter(c[r].clone()) for r in range(R1)]
+    if white is not None:  # trained as y = ((h − mu) P) M + c': the same map, its inputs decorrelated (Adam is not rotation invariant)
+        mu, P, Pinv = white
+        M0, c0 = torch.bmm(Pinv, A.transpose(1, 2)), torch.bmm(mu[:, None], A.transpose(1, 2))[:, 0] + c
+    else:
+        M0, c0 = A.transpose(1, 2), c
+    params = [torch.nn.Parameter(M0[r].clone()) for r in range(R1)] + [torch.nn.Parameter(c0[r].clone()) for r in range(R1)]
     opt = (torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True) if optimizer == "sgd"
            else torch.optim.Adam(params, lr=lr))
     t0, done, losses = time.perf_counter(), 0, []
@@ -195,7 +243,9 @@ def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Ten
             with torch.no_grad():
                 logp = torch.log_softmax(_logits(parts, cache[-1, idx].float(), U, bias), -1)
             x = cache[:-1, idx].float()
-            y = torch.baddbmm(torch.stack(params[R1:])[:, None, :], x, torch.stack(params[:R1]).transpose(1, 2))
+            if white is not None:
+                x = torch.bmm(x - mu[:, None], P)
+            y = torch.baddbmm(torch.stack(params[R1:])[:, None, :], x, torch.stack(params[:R1]))
             loss = head_kl(parts, y, logp, U, bias)
             grads = torch.autograd.grad(loss, params)
             for prm, gr in zip(params, grads, strict=True):
@@ -208,18 +258,22 @@ def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Ten
             bar.update(1)
     kept: list[int] = []
     with torch.no_grad():
+        MT = torch.stack(params[:R1]) if white is None else torch.bmm(P, torch.stack(params[:R1]))  # A' = P M
+        A1, c1 = MT.transpose(1, 2), torch.stack(params[R1:]) - (0 if white is None else torch.bmm(mu[:, None], MT)[:, 0])
+        if not done:  # no step: the start itself, exactly (not its round trip through the whitening)
+            A1, c1 = A.clone(), c.clone()
         if val:
             held = cache[:, N:].float()
             logp = torch.log_softmax(_logits(parts, held[-1], U_full, bias_full), -1)
             for r in range(R1):
                 before = _kl_row(parts, held[r] @ A[r].T + c[r], logp, U_full, bias_full)
-                after = _kl_row(parts, held[r] @ params[r].T + params[R1 + r], logp, U_full, bias_full)
+                after = _kl_row(parts, held[r] @ A1[r].T + c1[r], logp, U_full, bias_full)
                 if after > before:
                     kept.append(r)
         for r in range(R1):
             if r not in kept:
-                A[r].copy_(params[r])
-                c[r].copy_(params[R1 + r])
+                A[r].copy_(A1[r])
+                c[r].copy_(c1[r])
     return {"steps": done, "rows_kept_start": kept, "val_positions": val, "train_vocab": V, "train_kl_first": losses[0] if losses else math.nan,
             "train_kl_last": float(sum(losses[-10:]) / max(1, len(losses[-10:]))) if losses else math.nan}
 
@@ -227,7 +281,7 @@ def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Ten
 def fit_lens(model: nn.Module, tokenizer: Any, texts: Any, kind: str = "tuned", *, max_tokens: int | None = None,
              max_seconds: float | None = None, max_bytes: int | str | None = None, seq_len: int = 256,
              holdout: int = 512, vocab: int | None = 4096, init: str = "shortcut", steps: int = 400,
-             batch: int = 128, lr: float | None = None, optimizer: str = "adam", seed: int = 0,
+             batch: int = 128, lr: float | None = None, optimizer: str = "adam", whiten: bool = False, seed: int = 0,
              progress: ProgressSpec = None) -> FittedLens:
     """Fit a ``"tuned"`` or ``"shortcut"`` lens on ``model`` from ``texts`` (a string, strings, or token
     ids), offline. ``max_tokens``: tokens read for fitting (default 8k shortcut, 16k tuned; the last
@@ -236,7 +290,9 @@ def fit_lens(model: nn.Module, tokenizer: Any, texts: Any, kind: str = "tuned", 
     at the end; the held-out check after it is extra); ``max_bytes``: the residual cache of a tuned fit
     (default 256 MiB as everywhere; positions beyond it are used by the least-squares start only);
     ``vocab``/``init``/``steps``/``batch``/``lr``/``optimizer`` (``"adam"`` or ``"sgd"``: Nesterov momentum
-    0.9, as the paper; no default learning rate for it): the tuned training (module docstring).
+    0.9, as the paper; no default learning rate for it): the tuned training (module docstring); ``whiten``:
+    train the translators on ZCA-whitened residuals from the same pass's sums (the same affine map; off by
+    default: it did not train the early blocks faster, docs/lenses.md).
     ``progress``: ``None`` a bar once slow, ``True`` always, ``False`` none, or ``fn(done, total)``."""
     if kind not in ("tuned", "shortcut"):
         raise ValueError(f"fit_lens: kind={kind!r}; fit 'tuned' or 'shortcut' (the logit lens needs no fit)")
@@ -247,12 +303,12 @@ def fit_lens(model: nn.Module, tokenizer: Any, texts: Any, kind: str = "tuned", 
     with torch.inference_mode(False):  # a caller under inference_mode: our tensors stay ordinary ones
         return _fit(model, tokenizer, texts, kind, max_tokens=max_tokens, max_seconds=max_seconds, max_bytes=max_bytes,
                     seq_len=seq_len, holdout=holdout, vocab=vocab, init=init, steps=steps, batch=batch, lr=lr, seed=seed,
-                    progress=progress, optimizer=optimizer)
+                    progress=progress, optimizer=optimizer, whiten=whiten)
 
 
 def _fit(model: nn.Module, tokenizer: Any, texts: Any, kind: str, *, max_tokens: int | None, max_seconds: float | None,
          max_bytes: int | str | None, seq_len: int, holdout: int, vocab: int | None, init: str, steps: int, batch: int,
-         lr: float | None, seed: int, progress: ProgressSpec, optimizer: str = "adam") -> FittedLens:
+         lr: float | None, seed: int, progress: ProgressSpec, optimizer: str = "adam", whiten: bool = False) -> FittedLens:
     parts = find_parts(model)
     require_lens(parts, model)
     t0 = time.perf_counter()
@@ -260,26 +316,17 @@ def _fit(model: nn.Module, tokenizer: Any, texts: Any, kind: str, *, max_tokens:
     tokens = int(max_tokens or DEFAULT_TOKENS[kind])
     seqs = token_sequences(texts, tokenizer, seq_len=seq_len, max_tokens=tokens + max(0, holdout))
     fit_seqs, held = split_holdout(seqs, holdout)
-    cap = parse_bytes(max_bytes)
     gen = torch.Generator().manual_seed(seed)
-    L = parts.n_layers
     read_until = t0 + (budget / 2 if kind == "tuned" else budget)
-    gram: _Gram | None = None
-    cache: list[torch.Tensor] = []
-    cached = read = 0
+    reader = _Reader(fit_seqs.shape[0] if kind == "tuned" else 0, parse_bytes(max_bytes), seed)
     total = fit_seqs.shape[0] + (steps if kind == "tuned" else 0)
     with Progress(total, progress, what=f"fit_lens ({kind})") as bar:
         for rows in residual_batches(model, parts, fit_seqs):
-            if gram is None:
-                gram = _Gram(L, rows.shape[-1])
-            gram.add(rows)
-            read += rows.shape[1]
-            if kind == "tuned" and cached + rows.numel() * 2 <= cap:
-                cache.append(rows.half())
-                cached += rows.numel() * 2
+            reader.add(rows)
             bar.update(1)
             if time.perf_counter() >= read_until:
                 break
+        gram, read = reader.gram, reader.read
         assert gram is not None
         read_s = time.perf_counter() - t0
         A, c = gram.solve()
@@ -291,15 +338,15 @@ def _fit(model: nn.Module, tokenizer: Any, texts: Any, kind: str, *, max_tokens:
             if init == "identity":
                 A = torch.eye(A.shape[1]).repeat(A.shape[0], 1, 1)
                 c = torch.zeros_like(c)
-            if not cache:
+            if not reader.cached:
                 raise ValueError("fit_lens: max_bytes keeps no residuals for the tuned training; raise it")
-            stack = torch.cat(cache, 1)
-            del cache
+            stack = reader.stack()
             U, b = _head(parts)
             info.update(_train(parts, stack, A, c, U=U, bias=b, vocab=vocab, steps=steps, deadline=t0 + budget,
                                lr=lr if lr is not None else (1e-4 if init == "shortcut" else 1e-3), batch=batch,
-                               gen=gen, bar=bar, optimizer=optimizer, keep_better=init == "shortcut"))
-            info.update(cached_tokens=int(stack.shape[1]), init=init, optimizer=optimizer)
+                               gen=gen, bar=bar, optimizer=optimizer, keep_better=init == "shortcut",
+                               white=gram.whitener() if whiten else None))
+            info.update(cached_tokens=int(stack.shape[1]), init=init, optimizer=optimizer, whiten=whiten)
         info["seconds"] = round(time.perf_counter() - t0, 2)
     lens = FittedLens(kind, A, c, model=model, parts=parts, info=info) if kind == "tuned" else start
     lens.start = start if kind == "tuned" and init == "shortcut" else None

@@ -7,6 +7,7 @@ chunked: :func:`~nbdebug.inspectors.logitlens.lens_stats`).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ def row_kl(lens: FittedLens | None, parts: ModelParts, rows: torch.Tensor) -> to
         rows = torch.stack([lens.translate(r - 1, rows[r]) for r in range(L)] + [rows[L]])
     normed = parts.normed(rows)
     mod = parts.unembed_module
-    with loaded_weights(mod) if mod is not None else _Null():
+    with loaded_weights(mod) if mod is not None else nullcontext():
         w = mod.weight if mod is not None else parts.unembed_weight
         b = getattr(mod, "bias", None) if mod is not None else parts.unembed_bias
         assert w is not None
@@ -47,11 +48,3 @@ def heldout_quality(lens: FittedLens, model: nn.Module, parts: ModelParts, seqs:
         logit.append(row_kl(None, parts, rows))
     a, b = torch.cat(ours, 1), torch.cat(logit, 1)
     return {"lens": as_list(a.mean(1)), "logit": as_list(b.mean(1)), "tokens": int(a.shape[1])}
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

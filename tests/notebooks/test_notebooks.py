@@ -256,9 +256,16 @@ def test_transformer_tutorial_story_holds() -> None:
     assert top and top.group(1) in (" E", "iffel"), text
     dl = re.search(r"^deletion AUC in score order ([-\d.]+) vs random orders ([-\d.]+)$", text, re.M)
     assert dl and float(dl.group(1)) < float(dl.group(2)), text
-    # the lens section: fitted here on the pydoc text, both fitted lenses far closer to the output than the logit lens
+    # the lens section: a tuned lens fitted here on the pydoc text (bounded by tokens and steps: deterministic).
+    # The held-out KL is computed in the notebook by hand (torch's log_softmax over output_hidden_states read
+    # through lens.logits and, for the logit lens, lm_head(norm(h))), not by nbdebug's quality code: both fitted
+    # lenses far closer to the output than the logit lens; the tuned one (20 steps from its shortcut start,
+    # rows that do worse on held-apart fitting positions thrown back to the start) not worse than the start
+    # beyond the printed precision
     kl = re.search(r"^held-out mean KL over blocks: logit ([\d.]+), shortcut ([\d.]+), tuned ([\d.]+)$", text, re.M)
-    assert kl and float(kl.group(2)) < float(kl.group(1)) / 3 and float(kl.group(3)) < float(kl.group(1)) / 3, text
+    assert kl, text
+    logit, short, tuned = (float(kl.group(i)) for i in (1, 2, 3))
+    assert short < logit / 3 and tuned < logit / 3 and tuned <= short + 0.01, text
     assert re.search(r"^under the tuned lens: '␣Paris' ", text, re.M), text
 
 

@@ -111,6 +111,31 @@ def test_a_tuned_row_never_ends_worse_than_its_least_squares_start() -> None:
     assert torch.equal(lens.A, lens.start.A) and torch.equal(lens.c, lens.start.c)
 
 
+def test_whitened_training_maps_back_to_the_same_translator() -> None:
+    """The tuned training runs on whitened residuals (``y = ((h − mu) P) M + c'``) and maps the result back
+    to ``A h + c``. Planted: with a learning rate of 0 nothing moves, so the lens must equal its start to
+    float precision (a wrong back-map: ``P`` on the wrong side, the ``mu`` term dropped, fails); the
+    whitener itself is checked against a covariance computed apart (``P Σ P ≈ I``)."""
+    m = peaked()
+    lens = fit_lens(m, None, text(), kind="tuned", max_tokens=2048, seq_len=64, holdout=0, steps=3, lr=0.0, vocab=None, whiten=True,
+                    progress=False)
+    assert lens.start is not None and lens.info["steps"] == 3 and lens.info["whiten"] is True
+    torch.testing.assert_close(lens.A, lens.start.A, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lens.c, lens.start.c, rtol=1e-4, atol=1e-4)
+    from nbdebug.lens.fit import _Gram
+
+    seqs = token_sequences(text(), None, seq_len=64, max_tokens=1024)
+    rows = torch.cat(list(residual_batches(m, find_parts(m), seqs)), 1)
+    g = _Gram(L, D)
+    g.add(rows)
+    mu, P, _ = g.whitener(ridge=0.0)
+    for r in range(L):
+        x = rows[r].double()
+        cov = torch.cov(x.T, correction=0)
+        torch.testing.assert_close(mu[r].double(), x.mean(0), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(P[r].double() @ cov @ P[r].double(), torch.eye(D, dtype=torch.float64), rtol=0, atol=2e-3)
+
+
 def test_quality_equals_hand_kl() -> None:
     m = peaked()
     lens = fit_lens(m, None, text(), kind="shortcut", max_tokens=512, seq_len=64, holdout=0, progress=False)

@@ -38,6 +38,7 @@ def test_each_group_runs_on_one_worker(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
     shutil.copy(TESTS / "skip_policy.py", tmp_path / "skip_policy.py")
+    shutil.copy(TESTS / "shells.py", tmp_path / "shells.py")
     (tmp_path / "test_planted.py").write_text(PLANTED)
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2", "--dist", "loadgroup", "test_planted.py"],

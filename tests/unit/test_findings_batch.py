@@ -17,18 +17,11 @@ from torch import nn
 import nbdebug
 from nbdebug.inspectors.run_findings import BATCH_CHANGE
 from nbdebug.runs.batch_probe import batch_probe
-from tests.unit.test_findings_loop import C, linear_labels
+from tests.unit.test_findings_loop import C, linear_labels, train_ce
 
 
-def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int = 30, bs: int = 32) -> Any:
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    with nbdebug.debug(model) as dbg:
-        for i in range(steps):
-            j = (i * bs) % len(x)
-            opt.zero_grad()
-            F.cross_entropy(model(x[j:j + bs]), y[j:j + bs]).backward()
-            opt.step()
-    return dbg.result
+def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Any:
+    return train_ce(model, torch.optim.Adam(model.parameters(), lr=1e-3), x, y, 30, bs=32)
 
 
 class Rows(nn.Module):

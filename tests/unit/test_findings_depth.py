@@ -13,28 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-import nbdebug
 from nbdebug.capture.history import FIELD_INDEX, HISTORY_FIELDS
 from nbdebug.inspectors.run_findings import DEPTH_EXPLODES, DEPTH_VANISHES, depth_ratio
-from tests.unit.test_findings_loop import C, D, linear_labels
+from tests.unit.test_findings_loop import C, D, linear_labels, train_ce
 
 
 def _serious(res: Any) -> list[str]:
     return [f.code for f in res.findings if f.severity != "note"]
-
-
-def _train(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, steps: int,
-           bs: int = 64) -> Any:
-    with nbdebug.debug(model) as dbg:
-        for i in range(steps):
-            j = (i * bs) % len(x)
-            opt.zero_grad()
-            F.cross_entropy(model(x[j:j + bs]), y[j:j + bs]).backward()
-            opt.step()
-    return dbg.result
 
 
 def test_depth_ratio_is_the_first_parametrised_rows_output_gradient_over_the_last_ones() -> None:
@@ -71,7 +58,7 @@ def test_he_init_times_3_explodes_toward_the_input_and_he_init_does_not(faulty: 
     x, y = linear_labels()
     m = _deep_relu(3.0 if faulty else 1.0)
     opt = torch.optim.SGD(m.parameters(), lr=1e-4 if faulty else 3e-3, momentum=0.9)
-    res = _train(m, opt, x, y, 40)
+    res = train_ce(m, opt, x, y, 40)
     if not faulty:
         assert _serious(res) == [], res.findings
         r, first, last = depth_ratio(res.history.values("last"), list(res.history.rows))
@@ -109,7 +96,7 @@ def test_an_rnn_scaled_down_starves_its_first_layer_and_the_default_init_does_no
             for w in (m.proj.weight, m.rnn.weight_ih_l0, m.rnn.weight_hh_l0):
                 w.mul_(0.01)
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
-    res = _train(m, opt, x, y, 60)
+    res = train_ce(m, opt, x, y, 60)
     if not faulty:
         assert _serious(res) == [], res.findings
         return

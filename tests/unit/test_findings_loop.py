@@ -26,6 +26,18 @@ def linear_labels(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return x, (x @ w).argmax(1)
 
 
+def train_ce(model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, steps: int, bs: int = 64) -> Any:
+    """The standard classification loop under ``nbdebug.debug``: batches of ``bs`` taken in turn, cross-entropy,
+    zero_grad / backward / step; the run's result."""
+    with nbdebug.debug(model) as dbg:
+        for i in range(steps):
+            j = (i * bs) % len(x)
+            opt.zero_grad()
+            F.cross_entropy(model(x[j:j + bs]), y[j:j + bs]).backward()
+            opt.step()
+    return dbg.result
+
+
 def _mlp(seed: int = 0, d_out: int = C) -> nn.Sequential:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(D, 32), nn.ReLU(), nn.Linear(32, d_out))

@@ -187,3 +187,43 @@ def test_no_probe_of_a_model_that_draws_noise_in_eval_mode() -> None:
 
     got = batch_probe(Centre(), ((x,), {}))
     assert got is not None and got["change"] >= BATCH_CHANGE
+
+
+def test_ctrl_c_during_the_probe_leaves_the_model_as_found() -> None:
+    """Real-use row: a KeyboardInterrupt while the probe runs (after the user's loop ended) reaches the user, and
+    the model keeps its mode, parameters, buffers, ``.grad`` and no hook is left. Planted: the probe's first
+    forward raises."""
+
+    class Interrupted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.fc, self.bn, self.out = nn.Linear(C * 2, 16), nn.BatchNorm1d(16), nn.Linear(16, C)
+            self.calls, self.stop_at = 0, 10**9
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            if self.calls >= self.stop_at:
+                raise KeyboardInterrupt
+            return self.out(torch.relu(self.bn(self.fc(x))))
+
+    x, y = linear_labels()
+    x = x[:, : C * 2]
+    m = Interrupted()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    before: dict[str, torch.Tensor] = {}
+    with pytest.raises(KeyboardInterrupt), nbdebug.debug(m):
+        for i in range(5):
+            opt.zero_grad()
+            F.cross_entropy(m(x[i * 32:(i + 1) * 32]), y[i * 32:(i + 1) * 32]).backward()
+            opt.step()
+        before = {k: v.clone() for k, v in m.state_dict().items()}
+        grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+        m.stop_at = m.calls + 1  # the next call is the probe's
+    # the loop itself cannot raise: the KeyboardInterrupt above is the probe's; its forward's `self.calls += 1`
+    # is undone too (attributes a forward rebinds are put back, also on Ctrl-C)
+    assert m.calls == 5
+    assert m.training
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    assert all(torch.equal(grads[n], p.grad) for n, p in m.named_parameters())
+    assert not any(mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks for mod in m.modules())

@@ -22,7 +22,7 @@ and its first layer's input read once), ``result.loop["output_probe"]``. Nothing
   the activations layer after layer (the gradient with them).
 * ``nonfinite`` after the model's last module: the first NaN/Inf was the gradient w.r.t. the last module's
   output and no layer's backward made it, but the model's ``forward`` computes its output *from* that
-  module's (the probe: the output is not that tensor), so "the loss made it" cannot be said: the model's
+  module's (the probe: the output is neither that tensor nor a view of it), so "the loss made it" cannot be said: the model's
   own code after its last module, or the loss. When the probe finds that code making NaN/Inf from a finite
   last-module output, it says so.
 

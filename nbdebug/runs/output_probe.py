@@ -11,8 +11,9 @@ the end gives:
 
 * ``out``: the model's output (:func:`~nbdebug.adapters.outputs.logits_of`) — its shape, min, max, mean,
   std and whether it is finite;
-* ``out_is_leaf``: whether that output is the very tensor the last leaf module returned (the model's
-  ``forward`` adds nothing after its last module: what the capture saw of that row *is* the model's output);
+* ``out_is_leaf``: whether that output is the very tensor the last leaf module returned, or a view of it (the
+  model's ``forward`` computes nothing after its last module, ``.squeeze(1)`` aside: what the capture saw of that
+  row *is* the model's output);
   ``leaf_finite``: whether the last leaf's output was finite;
 * ``first``, ``first_type``, ``in_rms``: the first leaf module fed a floating-point tensor, its type and the
   root mean square of that input; ``first_is_input``: whether that input is the model's own input (the same
@@ -40,6 +41,11 @@ __all__ = ["output_probe"]
 
 def _first_float(args: Any) -> torch.Tensor | None:
     return next((t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+
+
+def _view_of(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` is ``b`` seen through a view (``.squeeze``, ``.view``, ``.reshape`` without a copy): no computation."""
+    return a.data_ptr() == b.data_ptr() and a.numel() == b.numel() and a.dtype == b.dtype
 
 
 def output_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> dict[str, Any] | None:
@@ -87,6 +93,6 @@ def output_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]
     xs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
     is_input = x is not None and any(t.data_ptr() == x.data_ptr() and t.numel() == x.numel() for t in xs)
     return {"shape": list(out.shape), "min": lo, "max": hi, "mean": mean, "std": std, "finite": bool(finite),
-            "out_is_leaf": leaf_t is not None and out is leaf_t, "leaf_finite": bool(leaf_finite),
+            "out_is_leaf": leaf_t is not None and (out is leaf_t or _view_of(out, leaf_t)), "leaf_finite": bool(leaf_finite),
             "first": seen.get("first"), "first_type": seen.get("first_type"), "in_rms": rms,
             "first_is_input": is_input, "model_type": type(model).__name__}

@@ -73,8 +73,11 @@ def test_output_probe_reads_the_models_own_output_and_its_first_layers_input_and
     assert m.training and all(torch.equal(before[k], v) for k, v in m.state_dict().items())
     assert all(q.grad is None for q in m.parameters())
     assert all(not mod._forward_hooks and not mod._forward_pre_hooks for mod in m.modules())
-    # a Sequential returns its last layer's own output; a normalised copy of the input is not the input
+    # a Sequential returns its last layer's own output, a view of it is no computation; a normalised copy of the
+    # input is not the input
     assert output_probe(m.net, ((x,), {}))["out_is_leaf"] is True
+    assert output_probe(Tail(lambda z: z.view(-1), seed=1), ((x,), {}))["out_is_leaf"] is True
+    assert output_probe(Tail(lambda z: z * 1.0, seed=1), ((x,), {}))["out_is_leaf"] is False
     norm = Tail(seed=1)
     norm.forward = lambda t: norm.net((t - t.mean(0)) / t.std(0))  # type: ignore[method-assign]
     assert output_probe(norm, ((x,), {}))["first_is_input"] is False

@@ -5,9 +5,9 @@ a softmax, a division written in the top module's ``forward`` after its last lay
 recurrent layer's input scale (its output is bounded). After a cell that ran backward, the model's last
 call is run once more as nbdebug's own pass (:func:`~nbdebug.runs.own.own_pass`: no grad, buffers cloned,
 RNG forked, the user's hooks set aside) in eval mode (the modes and every attribute a forward rebinds are
-put back), with two forward hooks of its own for that pass only: on the first leaf module called with a
-floating-point input, and on every leaf (a reference to the last output, no host read). One host read at
-the end gives:
+put back), with a forward hook of its own on every leaf module for that pass only (references to the first
+floating-point input and to the last output: no host read). Two host reads at the end (is the output finite;
+then every statistic at once, in the output's own dtype: no float32 copy of a finite output) give:
 
 * ``out``: the model's output (:func:`~nbdebug.adapters.outputs.logits_of`) — its shape, min, max, mean,
   std and whether it is finite;
@@ -25,6 +25,7 @@ the end gives:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -81,18 +82,23 @@ def output_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]
     if not (isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel()):
         return None
     leaf = seen.get("leaf")
-    o = out.detach().float()
-    ok = torch.isfinite(o)
-    vals = o[ok] if bool(ok.any()) else o.new_zeros(1)
-    parts = [vals.min(), vals.max(), vals.mean(), vals.std() if vals.numel() > 1 else vals.new_zeros(()), ok.all().float()]
+    o = out.detach()
+    finite = bool(torch.isfinite(o).all())
+    # no float32 copy of a finite output (a half-precision LM's logits can be large): its own dtype's statistics
+    vals = o.reshape(-1) if finite else o[torch.isfinite(o)].float()
+    vals = vals if vals.numel() else o.new_zeros(1, dtype=torch.float32)
+    var, mean = torch.var_mean(vals, correction=1) if vals.numel() > 1 else (vals.new_zeros(()), vals.mean())
+    parts = [vals.amin(), vals.amax(), mean, var.sqrt()]
+    parts = [t.float().to(o.device) for t in parts]
     leaf_t = leaf if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() else None
-    parts.append(torch.isfinite(leaf_t.detach()).all().float().to(o.device) if leaf_t is not None else o.new_ones(()))
+    one = torch.ones((), device=o.device)
+    parts.append(torch.isfinite(leaf_t.detach()).all().float().to(o.device) if leaf_t is not None else one)
     x = seen.get("x")
-    parts.append(x.detach().float().pow(2).mean().sqrt().to(o.device) if x is not None else o.new_full((), float("nan")))
-    lo, hi, mean, std, finite, leaf_finite, rms = torch.stack([p.reshape(()) for p in parts]).tolist()  # one host read
+    parts.append(x.detach().pow(2).mean(dtype=torch.float32).sqrt().to(o.device) if x is not None else one * math.nan)
+    lo, hi, mean, std, leaf_finite, rms = torch.stack([p.reshape(()) for p in parts]).tolist()  # one host read
     xs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
     is_input = x is not None and any(t.data_ptr() == x.data_ptr() and t.numel() == x.numel() for t in xs)
-    return {"shape": list(out.shape), "min": lo, "max": hi, "mean": mean, "std": std, "finite": bool(finite),
+    return {"shape": list(out.shape), "min": lo, "max": hi, "mean": mean, "std": std, "finite": finite,
             "out_is_leaf": leaf_t is not None and (out is leaf_t or _view_of(out, leaf_t)), "leaf_finite": bool(leaf_finite),
             "first": seen.get("first"), "first_type": seen.get("first_type"), "in_rms": rms,
             "first_is_input": is_input, "model_type": type(model).__name__}

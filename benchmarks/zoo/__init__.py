@@ -15,6 +15,7 @@ from . import (
     lr,
     mixing,
     nonfinite,
+    output_kinds,
     outputs,
     recipes,
     recipes_lm,
@@ -24,4 +25,4 @@ from . import (
 from .base import CASES, CLASSES, Case, Setup
 
 __all__ = ["CASES", "CLASSES", "Case", "Setup"]
-_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, outputs, recipes, recipes_lm, recipes_more, training)
+_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, output_kinds, outputs, recipes, recipes_lm, recipes_more, training)

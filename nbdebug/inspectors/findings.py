@@ -58,11 +58,8 @@ _NAN_ADVICE = {"forward": "nan_origin_fwd", "input": "nan_input", "between": "na
                "parameter gradients": "nan_origin_bwd"}
 _ERRORS = {"raised", "nonfinite", "nan_origin_fwd", "nan_origin_bwd", "exploding"}
 _NAN_CODES = {"nan_origin_fwd", "nan_origin_bwd", "nonfinite"}
-_FOLLOW_INIT = {"exploding_init": ("lr_high", "loss_diverged", "exploding_run", "loss_spike"), "vanishing_init": ("lr_low",)}
-
-
-def _names(rows: Sequence[str], n: int = 3) -> str:
-    return names(rows, n)
+_BLOWN = ("lr_high", "loss_diverged", "exploding_run", "loss_spike")
+_FOLLOW_INIT = {"exploding_init": _BLOWN, "vanishing_init": ("lr_low",), "exploding_forward": _BLOWN, "loss_unbounded": (*_BLOWN, "nonfinite")}
 
 
 def _get(inc: Any, k: str) -> Any:
@@ -100,7 +97,7 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
             blew = blow is not None and blow[0] > s
             text = f"learning rate too high: update ratio {fmt_g(e.value)} at step {s} in `{e.row}`"
             if harmed or rise is not None or blew:
-                detail = f"{text}; ‖Δθ‖/‖θ‖ above {th.update_high:g} in {_names(rows)} from step {s}"
+                detail = f"{text}; ‖Δθ‖/‖θ‖ above {th.update_high:g} in {names(rows)} from step {s}"
                 if rise is not None:
                     detail += f"; then {_rise_clause(rise)}"
                 if blew and blow is not None:
@@ -120,11 +117,11 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
             stuck = (len(ev.steps) >= 5 and not ev.falls() and ev.diverged() is None
                      and math.isfinite(ev.move) and ev.move < th.update_low)
             if stuck:
-                detail = f"{text}; ‖Δθ‖/‖θ‖ below {th.update_low:g} in {_names(rows)} from step {s}, and the loss did not fall: they barely learn."
-                out.append(Finding("lr_low", "warning", s, rows, text, f"{_names(rows)} barely updated from step {s}",
+                detail = f"{text}; ‖Δθ‖/‖θ‖ below {th.update_low:g} in {names(rows)} from step {s}, and the loss did not fall: they barely learn."
+                out.append(Finding("lr_low", "warning", s, rows, text, f"{names(rows)} barely updated from step {s}",
                                    detail, SUGGEST["update_low"], key="lr_low"))
             else:
-                note = f"update ratio below {th.update_low:g} in {_names(rows)} from step {s} (smallest {fmt_g(e.value)} in `{e.row}`)"
+                note = f"update ratio below {th.update_low:g} in {names(rows)} from step {s} (smallest {fmt_g(e.value)} in `{e.row}`)"
                 out.append(Finding("update_low", "note", s, rows, note, note, note + ("; the loss fell regardless." if ev.falls() else "; other layers moved."), "",
                                    key="update_low"))
     return out
@@ -161,7 +158,7 @@ def _dead_finding(evs: Sequence[Event]) -> Finding | None:
     rest = [f"`{e.row}` from step {e.step}" if e.step != es[0].step else f"`{e.row}`" for e in es[1:3]]
     short = ", ".join([first, *rest]) + (f" and {len(es) - 3} more" if len(es) > 3 else "")
     if all(e.step == es[0].step for e in es[:3]) and len(es) > 1:
-        short = f"{_names([e.row for e in es])} dead from step {es[0].step}"
+        short = f"{names([e.row for e in es])} dead from step {es[0].step}"
     detail = "; ".join(f"`{e.row}`: {e.value:.0%} of its units dead from step {e.step}" if math.isfinite(e.value)
                        else f"`{e.row}` dead from step {e.step}" for e in es) + "."
     return Finding("became_dead", "warning", es[0].step, tuple(e.row for e in es), short, short, detail,
@@ -178,7 +175,7 @@ def _fell_finding(evs: Sequence[Event]) -> Finding | None:
     what = "fell to 0" if to_zero else "fell by orders of magnitude"
     # each row's fall is measured from its first step: the steps are when each had fallen, not a span
     when = f"by step {s}" if s == last else f"by steps {s}–{last}"
-    short = f"gradients of {_names(rows)} {what} {when}"
+    short = f"gradients of {names(rows)} {what} {when}"
     return Finding("grad_fell", "warning", s, tuple(rows), short, short, short + ".", es[0].suggestion, key="grad_fell")
 
 
@@ -311,11 +308,13 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         causes["loss_spike"] = "lr_high"
     if nan is not None and spikes is not None and spikes.step < nan.step:
         causes["nonfinite"] = "loss_spike"
-    if nan is not None and any(f.code == "nan_in_loss" for f in extra):
-        causes["nonfinite"] = "nan_in_loss"  # the same NaN: the loss made it
     for f in extra:
+        if nan is not None and f.key in ("nan_in_loss", "nan_after_model"):
+            causes["nonfinite"] = f.key  # the same NaN: the loss made it, or the model's code after its last module
         for k in _FOLLOW_INIT.get(f.key, ()):  # a gradient out of scale from the first step: they follow from it
             causes.setdefault(k, f.key)
+        if f.code == "input_scale" and lr_high is not None and set(f.rows) & set(lr_high.rows):
+            causes.setdefault("lr_high", f.key)  # the raw input's scale makes the first layer's large updates
         if f.code in ("params_not_stepped", "no_optimizer_step", "grad_not_zeroed"):
             for k in ("lr_high", "lr_low", "loss_diverged", "exploding_run", "loss_spike"):
                 causes.setdefault(k, f.key)  # the loop bug explains what the updates and the loss did

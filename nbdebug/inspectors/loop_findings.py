@@ -162,6 +162,8 @@ def _nan_in_loss(result: Any) -> Finding | None:
     outputs = [i for i in range(len(layers)) if i not in fed]
     if row is None or row not in outputs:
         return None
+    if not ((getattr(result, "loop", None) or {}).get("output_probe") or {}).get("out_is_leaf", True):
+        return None  # the model's forward computes more after this row: run_findings_output.nan_after_model
     name = layers[row].name
     text = (f"the loss made the NaN/Inf at step {step}: the model's output (`{name}`) was finite, "
             "the gradient of the loss w.r.t. it was not")

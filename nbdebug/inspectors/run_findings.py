@@ -37,6 +37,7 @@ import numpy as np
 from ..capture.history import FIELD_INDEX
 from .events import fmt_g
 from .run_evidence import Evidence, Finding, names
+from .run_findings_output import output_findings
 
 __all__ = ["ADVICE", "DEPTH_EXPLODES", "DEPTH_VANISHES", "depth_ratio", "run_findings"]
 
@@ -89,7 +90,7 @@ def run_findings(result: Any) -> list[Finding]:
         f = _batch_probe_finding(result, h)
         if f is not None:
             out.append(f)
-    return out
+    return out + output_findings(result)  # what the model hands the loss, its first layer's input (the output probe)
 
 
 #: the batch probe's change (max |Δ output| / max |output| of the first half of the last batch, run with and

@@ -21,6 +21,7 @@ from ..capture.budget import parse_bytes
 from ..capture.session import Capture, CaptureResult
 from ..inspectors.thermometer import ThermometerReport, Thresholds, diagnose
 from ..runs.batch_probe import batch_probe
+from ..runs.output_probe import output_probe
 from ..sessions.thermometer import LastCall, ModuleAblation
 from ..views import Recorder, training_options
 from ..widgets.thermometer import ThermometerWidget
@@ -89,6 +90,9 @@ class ThermometerRecorder(Recorder):
         probe = batch_probe(self.model, inputs)
         if probe is not None:
             res.loop["batch_probe"] = probe
+        out = output_probe(self.model, inputs)  # the model's own output and its first layer's input (once)
+        if out is not None:
+            res.loop["output_probe"] = out
 
     # -- live --------------------------------------------------------------------------------
     def live_widget(self) -> ThermometerWidget:

@@ -28,7 +28,7 @@ from ..adapters.outputs import logits_of
 from ..capture.state import offloaded, preserve_modes
 from .own import own_pass
 
-__all__ = ["MIN_BATCH", "batch_probe"]
+__all__ = ["MIN_BATCH", "attributes_kept", "batch_probe", "plain"]
 
 #: fewest samples for the probe (each half needs ≥ 2: a statistic over one sample is no batch)
 MIN_BATCH = 4
@@ -58,6 +58,7 @@ def _attributes_kept(model: nn.Module) -> Iterator[None]:
 
 
 _MISSING = object()
+attributes_kept = _attributes_kept  # the output probe (runs/output_probe.py) runs its pass under the same guards
 
 
 def _differ(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -76,6 +77,9 @@ def _plain(model: nn.Module) -> bool:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return False
     return not any(offloaded(m) for m in model.modules()) and not any(p.is_meta for p in model.parameters())
+
+
+plain = _plain
 
 
 def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> dict[str, Any] | None:

@@ -40,7 +40,7 @@ def _output(out: Any) -> torch.Tensor | None:
 
 
 @contextmanager
-def _attributes_kept(model: nn.Module) -> Iterator[None]:
+def attributes_kept(model: nn.Module) -> Iterator[None]:
     """Every module's attributes as bound before the block, put back after it: a forward that stashes what it
     saw (``self.last_attn = a``) keeps the user's last call's, not the probe's (an attribute the block added
     is removed). In-place changes of a kept object (``self.seen.append(x)``) are not undone."""
@@ -58,7 +58,6 @@ def _attributes_kept(model: nn.Module) -> Iterator[None]:
 
 
 _MISSING = object()
-attributes_kept = _attributes_kept  # the output probe (runs/output_probe.py) runs its pass under the same guards
 
 
 def _differ(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -67,7 +66,7 @@ def _differ(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(((a - b).abs().max() > 1e-5 * a.abs().max().clamp_min(1e-30)).item())
 
 
-def _plain(model: nn.Module) -> bool:
+def plain(model: nn.Module) -> bool:
     """A model the probe may run again cheaply on this process alone: not wrapped for several processes (DDP,
     FSDP: a forward can need the other ranks), not compiled (half a batch would recompile), no weights
     offloaded or on the meta device (accelerate would load them again)."""
@@ -79,8 +78,6 @@ def _plain(model: nn.Module) -> bool:
     return not any(offloaded(m) for m in model.modules()) and not any(p.is_meta for p in model.parameters())
 
 
-plain = _plain
-
 
 def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> dict[str, Any] | None:
     """``{"batch": B, "half": B // 2, "change": max |Δ output| / max |output|}`` over the first half of
@@ -89,7 +86,7 @@ def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]
     ≥ :data:`MIN_BATCH`; an output of another batch size; a non-finite output; the model raising on
     half a batch; or, when the half changed, the whole batch not giving itself back on a second pass:
     a forward that draws noise in eval mode, where mixing cannot be told from the noise)."""
-    if not _plain(model):
+    if not plain(model):
         return None
     args, kwargs = inputs
     leaves = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.dim() >= 1]
@@ -102,7 +99,7 @@ def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]
         return t[:half] if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == b else t
 
     try:
-        with own_pass(model), preserve_modes(model), _attributes_kept(model):
+        with own_pass(model), preserve_modes(model), attributes_kept(model):
             model.eval()
             full = _output(model(*args, **kwargs))
             if full is None or full.shape[0] != b:

@@ -17,6 +17,7 @@ from . import (
     nonfinite,
     outputs,
     recipes,
+    recipes_data,
     recipes_lm,
     recipes_more,
     training,
@@ -24,4 +25,4 @@ from . import (
 from .base import CASES, CLASSES, Case, Setup
 
 __all__ = ["CASES", "CLASSES", "Case", "Setup"]
-_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, outputs, recipes, recipes_lm, recipes_more, training)
+_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, outputs, recipes, recipes_data, recipes_lm, recipes_more, training)

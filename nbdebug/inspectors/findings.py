@@ -40,6 +40,7 @@ from .loop_findings import loop_findings
 from .report import Diagnosis, ThermometerReport
 from .run_evidence import Evidence, Finding, Rise, names
 from .run_findings import run_findings
+from .run_findings_data import data_findings, learns, recovered
 from .steps import SUGGEST, FirstNonfinite, diagnoses_at, first_nonfinite_of, nan_part, plural
 
 __all__ = ["SUGGEST_FINDINGS", "Finding", "as_json", "build", "findings_of", "headline", "live_findings", "rank"]
@@ -99,9 +100,10 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
             blow = ev.grad_blowup()
             blew = blow is not None and blow[0] > s
             text = f"learning rate too high: update ratio {fmt_g(e.value)} at step {s} in `{e.row}`"
-            if harmed or rise is not None or blew:
+            lasting = rise is not None and not recovered(ev)  # a rise the run came back far below is no harm
+            if harmed or lasting or blew:
                 detail = f"{text}; ‖Δθ‖/‖θ‖ above {th.update_high:g} in {_names(rows)} from step {s}"
-                if rise is not None:
+                if lasting and rise is not None:
                     detail += f"; then {_rise_clause(rise)}"
                 if blew and blow is not None:
                     detail += f"; the gradient norm reached {fmt_g(blow[1])} at step {blow[0]} ({fmt_g(blow[1] / blow[2])}× its start)"
@@ -110,7 +112,8 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
             else:
                 note = (f"update ratios above {th.update_high:g} (rule of thumb ≈ 1e-3) from step {s}, up to "
                         f"{fmt_g(e.value)} in `{e.row}`, with no harm seen")
-                detail = (f"{note}: the loss did not rise, no unit died, gradients did not blow up "
+                came = f"the loss {_rise_clause(rise)[9:]} but ended far below its start" if rise is not None else "the loss did not rise"
+                detail = (f"{note}: {came}, no unit died, gradients did not blow up "
                           "(Adam's first steps move each weight by about lr: ratios of 1e-2–3e-2 are usual for small models).")
                 out.append(Finding("update_high", "note", s, rows, note, note, detail, "", key="update_high"))
         else:
@@ -284,8 +287,9 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
     nan = _nan_finding(first_nonfinite, incidents) if first_nonfinite is not None else None
     lossy = _loss_findings(ev)
     serious = any(f is not None and f.severity != "note" for f in (nan, *upd, dead, spikes, fell, *lossy)) or any(
-        f.code != "loss_at_chance" for f in extra) or any(d.code in ("dead", "dead_units", "saturated", "vanishing") for d in diags)
-    # a loss at chance is the finding only when nothing else explains it (dead, saturated, vanishing, a loop bug)
+        f.code != "loss_at_chance" for f in extra) or any(d.code in ("dead", "saturated", "vanishing") for d in diags)
+    # a loss at chance is the finding only when nothing else explains it (dead, saturated, vanishing, a loop bug);
+    # a layer with some units silent (dead_units) still passes signal: it does not explain a loss at chance
     extra = [f for f in extra if f.code != "loss_at_chance" or not serious]
     items += [f for f in (nan, *upd, dead, spikes, fell, *lossy, *extra) if f is not None]
     lr_high = next((f for f in upd if f.code == "lr_high"), None)
@@ -298,14 +302,18 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         causes["loss_spike"] = "exploding_run"
     if dead is not None and lr_high is not None and feeding:
         causes["became_dead"] = "lr_high"
-    if fell is not None and dead is not None and dead.step <= fell.step:
+    if fell is not None and any(f.code == "weight_decay_dominates" for f in extra):
+        causes["grad_fell"] = "weight_decay_dominates"  # weights decayed toward 0 pass ever smaller gradients
+    elif fell is not None and dead is not None and dead.step <= fell.step:
         causes["grad_fell"] = "became_dead"
     elif fell is not None and ev.falls() and not any(f.code == "exploding" for f in lossy):
         # gradients shrink as a loss that falls converges: with no death before it, no harm is seen
         items[items.index(fell)] = replace(fell, severity="note", advice="",
                                            detail=fell.detail.rstrip(".") + ", while the loss fell (converging?).")
     low = next((f for f in upd if f.code == "lr_low"), None)
-    if low is not None and dead is not None and dead.step <= low.step:
+    if low is not None and any(f.code == "lr_decayed" for f in extra):
+        causes["lr_low"] = "lr_decayed"  # the same cause: the schedule made the updates tiny
+    elif low is not None and dead is not None and dead.step <= low.step:
         causes["lr_low"] = "became_dead"
     if spikes is not None and lr_high is not None and lr_high.step < spikes.step:
         causes["loss_spike"] = "lr_high"
@@ -329,7 +337,11 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         if d.code == "update_ratio" and upd:
             continue  # the run's update finding (a warning with its harm, or a note) says it
         f = _diag_finding(d, step)
-        if d.code == "update_ratio" or (d.code == "exploding" and ev.falls() and not lossy):
+        if d.code == "dead_units" and learns(ev):
+            # half of a ReLU layer silent while the loss falls: usual in healthy nets (deep Kaiming ReLU nets, VAEs,
+            # UNets), no harm seen. A loss that does not fall, or a whole layer dead (`dead`), keeps the warning
+            f = replace(f, severity="note", advice="", detail=f.detail.rstrip(".") + ", while the loss fell: no harm seen.")
+        elif d.code == "update_ratio" or (d.code == "exploding" and ev.falls() and not lossy):
             # one statistic past a rule of thumb, while the loss falls: no harm seen (a clipped LSTM's raw norm)
             f = replace(f, severity="note", advice="")
         items.append(f)
@@ -373,7 +385,7 @@ def findings_of(report: ThermometerReport, result: Any = None, thresholds: Thres
     first = first_nonfinite_of(result) if (result is not None and timed and getattr(result, "history", None) is not None) else None
     hist = getattr(result, "history", None) if timed else None
     return build(report.events, report.diagnoses, incidents=incidents, first_nonfinite=first, step=int(report.step or 0),
-                 th=thresholds, history=timed, evidence=Evidence.of(hist), extra=[*loop_findings(result), *run_findings(result)] if timed else ())
+                 th=thresholds, history=timed, evidence=Evidence.of(hist), extra=[*loop_findings(result), *run_findings(result), *data_findings(result)] if timed else ())
 
 
 def live_findings(history: Any, thresholds: Thresholds | None = None, *, flags: np.ndarray,

@@ -1,0 +1,91 @@
+"""Findings about the schedule and the harm a statistic did (pure numpy: no torch, no Jupyter), from what
+the history already keeps (the per-step ``lr`` and ``loss`` scalars: no new capture cost):
+
+* ``lr_decayed``: the learning rate the optimizer used fell to ≤ :data:`DECAYED` × its peak within the run
+  and stayed there for the whole last half, while the loss of that half did not fall: a scheduler meant per
+  epoch stepped per batch (``StepLR``/``ExponentialLR`` ``.step()`` inside the batch loop) — training stops
+  long before the run ends. Healthy schedules (cosine to 0, OneCycle, warmup, StepLR per epoch) reach such a
+  fraction only in their last steps, if at all.
+* :func:`recovered`: the loss ended (median of its last fifth) at ≤ :data:`RECOVERED` × its first value: a
+  rise on the way (a cosine classifier's first steps at scale 30) was no lasting harm, so large update ratios
+  before it stay a note.
+* :func:`learns`: the loss fell (the run's own :meth:`~nbdebug.inspectors.run_evidence.Evidence.falls`): half
+  of a ReLU layer's units silent in a model that learns is usual, so ``dead_units`` is then a note.
+
+>>> [f.code for f in data_findings(result)]                                     # doctest: +SKIP
+['lr_decayed']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .events import fmt_g
+from .run_evidence import Evidence, Finding
+
+__all__ = ["ADVICE", "DECAYED", "RECOVERED", "data_findings", "learns", "recovered"]
+
+ADVICE = {
+    "lr_decayed": "Step an epoch-based scheduler (StepLR, ExponentialLR, MultiStepLR) once per epoch, after the "
+                  "batch loop, or size it in batches (step_size / T_max counted in optimizer steps).",
+}
+
+#: the lr at or below this fraction of its peak over the whole last half of the run: training has stopped.
+#: The zoo's healthy schedules (StepLR per epoch ×0.5–0.7, OneCycle, cosine, warmup, ReduceLROnPlateau) keep
+#: ≥ 0.25 of their peak at the run's middle; StepLR(step_size=1, gamma=0.7) per batch is at 1e-8 of it there
+DECAYED = 1e-2
+#: a loss rise is no lasting harm when the run ends at or below this fraction of its first loss (the zoo's
+#: healthy runs end at 0.013–0.71 of it; a run that rose and came back down ends far below where it began)
+RECOVERED = 0.5
+
+
+def recovered(ev: Evidence) -> bool:
+    """The run's end (median loss of its last fifth, ≥ 5 kept steps) is ≤ :data:`RECOVERED` × its first loss."""
+    ok = np.isfinite(ev.loss)
+    v = ev.loss[ok]
+    if len(v) < 5 or not v[0] > 0 or not np.isfinite(ev.loss).all():
+        return False
+    return float(np.median(v[-max(2, len(v) // 5):])) <= RECOVERED * float(v[0])
+
+
+def learns(ev: Evidence) -> bool:
+    """The loss fell over the run (:meth:`Evidence.falls`)."""
+    return ev.falls()
+
+
+def data_findings(result: Any) -> list[Finding]:
+    """The schedule findings of a capture ``result`` with a history (else none)."""
+    h = getattr(result, "history", None)
+    if h is None or len(h) < 10:
+        return []
+    f = _lr_decayed(h, Evidence.of(h))
+    return [f] if f is not None else []
+
+
+def _lr_decayed(h: Any, ev: Evidence) -> Finding | None:
+    lr = np.asarray(h.scalar("lr"), np.float64)
+    steps = np.asarray(h.step_index)
+    ok = np.isfinite(lr)
+    if ok.sum() < 10 or not np.all(lr[ok] >= 0):
+        return None
+    lr, steps, loss = lr[ok], steps[ok], ev.loss[ok]
+    peak = float(lr.max())
+    if not peak > 0:
+        return None
+    half = len(lr) // 2
+    if float(lr[half:].max()) > DECAYED * peak:
+        return None
+    tail = loss[half:]
+    tail = tail[np.isfinite(tail)]
+    if len(tail) < 5 or Evidence(np.arange(len(tail)), tail, np.ones(len(tail))).falls():
+        return None
+    j = int(np.flatnonzero(lr <= DECAYED * peak)[0])
+    s = int(steps[j])
+    text = (f"the learning rate fell to {fmt_g(float(lr[-1]))} by step {int(steps[-1])} ({fmt_g(float(lr[-1]) / peak)}× its "
+            f"peak {fmt_g(peak)}; below 1/{round(1 / DECAYED)} of it from step {s}), and the loss stopped falling")
+    detail = (f"{text}: a scheduler meant per epoch stepped per batch? From step {s} on the updates are too small to "
+              f"train (the loss over the last half: {fmt_g(float(tail[0]))} → {fmt_g(float(np.median(tail[-max(2, len(tail) // 5):])))}).")
+    return Finding("lr_decayed", "warning", s, (), text, f"lr {fmt_g(float(lr[-1]) / peak)}× its peak from step {s}", detail,
+                   ADVICE["lr_decayed"], key="lr_decayed")

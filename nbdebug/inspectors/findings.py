@@ -40,7 +40,7 @@ from .loop_findings import loop_findings
 from .report import Diagnosis, ThermometerReport
 from .run_evidence import Evidence, Finding, Rise, names
 from .run_findings import run_findings
-from .run_findings_data import data_findings, learns, recovered
+from .run_findings_data import data_causes, data_findings, harmless_dead_units, recovered
 from .steps import SUGGEST, FirstNonfinite, diagnoses_at, first_nonfinite_of, nan_part, plural
 
 __all__ = ["SUGGEST_FINDINGS", "Finding", "as_json", "build", "findings_of", "headline", "live_findings", "rank"]
@@ -60,10 +60,6 @@ _NAN_ADVICE = {"forward": "nan_origin_fwd", "input": "nan_input", "between": "na
 _ERRORS = {"raised", "nonfinite", "nan_origin_fwd", "nan_origin_bwd", "exploding"}
 _NAN_CODES = {"nan_origin_fwd", "nan_origin_bwd", "nonfinite"}
 _FOLLOW_INIT = {"exploding_init": ("lr_high", "loss_diverged", "exploding_run", "loss_spike"), "vanishing_init": ("lr_low",)}
-
-
-def _names(rows: Sequence[str], n: int = 3) -> str:
-    return names(rows, n)
 
 
 def _get(inc: Any, k: str) -> Any:
@@ -96,14 +92,13 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
         e = max(cited, key=lambda e: e.value) if high else min(cited, key=lambda e: e.value)
         rows = tuple(dict.fromkeys(x.row for x in es))
         if high:
-            rise = ev.loss_rise(s)
+            rise = None if recovered(ev) else ev.loss_rise(s)  # a rise the run came back far below is no harm
             blow = ev.grad_blowup()
             blew = blow is not None and blow[0] > s
             text = f"learning rate too high: update ratio {fmt_g(e.value)} at step {s} in `{e.row}`"
-            lasting = rise is not None and not recovered(ev)  # a rise the run came back far below is no harm
-            if harmed or lasting or blew:
-                detail = f"{text}; ‖Δθ‖/‖θ‖ above {th.update_high:g} in {_names(rows)} from step {s}"
-                if lasting and rise is not None:
+            if harmed or rise is not None or blew:
+                detail = f"{text}; ‖Δθ‖/‖θ‖ above {th.update_high:g} in {names(rows)} from step {s}"
+                if rise is not None:
                     detail += f"; then {_rise_clause(rise)}"
                 if blew and blow is not None:
                     detail += f"; the gradient norm reached {fmt_g(blow[1])} at step {blow[0]} ({fmt_g(blow[1] / blow[2])}× its start)"
@@ -112,7 +107,7 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
             else:
                 note = (f"update ratios above {th.update_high:g} (rule of thumb ≈ 1e-3) from step {s}, up to "
                         f"{fmt_g(e.value)} in `{e.row}`, with no harm seen")
-                came = f"the loss {_rise_clause(rise)[9:]} but ended far below its start" if rise is not None else "the loss did not rise"
+                came = "the loss did not rise" if (r := ev.loss_rise(s)) is None else f"the loss {_rise_clause(r)[9:]} but ended far below its start"
                 detail = (f"{note}: {came}, no unit died, gradients did not blow up "
                           "(Adam's first steps move each weight by about lr: ratios of 1e-2–3e-2 are usual for small models).")
                 out.append(Finding("update_high", "note", s, rows, note, note, detail, "", key="update_high"))
@@ -123,11 +118,11 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
             stuck = (len(ev.steps) >= 5 and not ev.falls() and ev.diverged() is None
                      and math.isfinite(ev.move) and ev.move < th.update_low)
             if stuck:
-                detail = f"{text}; ‖Δθ‖/‖θ‖ below {th.update_low:g} in {_names(rows)} from step {s}, and the loss did not fall: they barely learn."
-                out.append(Finding("lr_low", "warning", s, rows, text, f"{_names(rows)} barely updated from step {s}",
+                detail = f"{text}; ‖Δθ‖/‖θ‖ below {th.update_low:g} in {names(rows)} from step {s}, and the loss did not fall: they barely learn."
+                out.append(Finding("lr_low", "warning", s, rows, text, f"{names(rows)} barely updated from step {s}",
                                    detail, SUGGEST["update_low"], key="lr_low"))
             else:
-                note = f"update ratio below {th.update_low:g} in {_names(rows)} from step {s} (smallest {fmt_g(e.value)} in `{e.row}`)"
+                note = f"update ratio below {th.update_low:g} in {names(rows)} from step {s} (smallest {fmt_g(e.value)} in `{e.row}`)"
                 out.append(Finding("update_low", "note", s, rows, note, note, note + ("; the loss fell regardless." if ev.falls() else "; other layers moved."), "",
                                    key="update_low"))
     return out
@@ -164,7 +159,7 @@ def _dead_finding(evs: Sequence[Event]) -> Finding | None:
     rest = [f"`{e.row}` from step {e.step}" if e.step != es[0].step else f"`{e.row}`" for e in es[1:3]]
     short = ", ".join([first, *rest]) + (f" and {len(es) - 3} more" if len(es) > 3 else "")
     if all(e.step == es[0].step for e in es[:3]) and len(es) > 1:
-        short = f"{_names([e.row for e in es])} dead from step {es[0].step}"
+        short = f"{names([e.row for e in es])} dead from step {es[0].step}"
     detail = "; ".join(f"`{e.row}`: {e.value:.0%} of its units dead from step {e.step}" if math.isfinite(e.value)
                        else f"`{e.row}` dead from step {e.step}" for e in es) + "."
     return Finding("became_dead", "warning", es[0].step, tuple(e.row for e in es), short, short, detail,
@@ -181,7 +176,7 @@ def _fell_finding(evs: Sequence[Event]) -> Finding | None:
     what = "fell to 0" if to_zero else "fell by orders of magnitude"
     # each row's fall is measured from its first step: the steps are when each had fallen, not a span
     when = f"by step {s}" if s == last else f"by steps {s}–{last}"
-    short = f"gradients of {_names(rows)} {what} {when}"
+    short = f"gradients of {names(rows)} {what} {when}"
     return Finding("grad_fell", "warning", s, tuple(rows), short, short, short + ".", es[0].suggestion, key="grad_fell")
 
 
@@ -288,8 +283,7 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
     lossy = _loss_findings(ev)
     serious = any(f is not None and f.severity != "note" for f in (nan, *upd, dead, spikes, fell, *lossy)) or any(
         f.code != "loss_at_chance" for f in extra) or any(d.code in ("dead", "saturated", "vanishing") for d in diags)
-    # a loss at chance is the finding only when nothing else explains it (dead, saturated, vanishing, a loop bug);
-    # a layer with some units silent (dead_units) still passes signal: it does not explain a loss at chance
+    # a loss at chance is the finding only when nothing else explains it (dead, saturated, vanishing, a loop bug)
     extra = [f for f in extra if f.code != "loss_at_chance" or not serious]
     items += [f for f in (nan, *upd, dead, spikes, fell, *lossy, *extra) if f is not None]
     lr_high = next((f for f in upd if f.code == "lr_high"), None)
@@ -302,19 +296,16 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         causes["loss_spike"] = "exploding_run"
     if dead is not None and lr_high is not None and feeding:
         causes["became_dead"] = "lr_high"
-    if fell is not None and any(f.code == "weight_decay_dominates" for f in extra):
-        causes["grad_fell"] = "weight_decay_dominates"  # weights decayed toward 0 pass ever smaller gradients
-    elif fell is not None and dead is not None and dead.step <= fell.step:
+    if fell is not None and dead is not None and dead.step <= fell.step:
         causes["grad_fell"] = "became_dead"
     elif fell is not None and ev.falls() and not any(f.code == "exploding" for f in lossy):
         # gradients shrink as a loss that falls converges: with no death before it, no harm is seen
         items[items.index(fell)] = replace(fell, severity="note", advice="",
                                            detail=fell.detail.rstrip(".") + ", while the loss fell (converging?).")
     low = next((f for f in upd if f.code == "lr_low"), None)
-    if low is not None and any(f.code == "lr_decayed" for f in extra):
-        causes["lr_low"] = "lr_decayed"  # the same cause: the schedule made the updates tiny
-    elif low is not None and dead is not None and dead.step <= low.step:
+    if low is not None and dead is not None and dead.step <= low.step:
         causes["lr_low"] = "became_dead"
+    causes.update(data_causes(extra))  # what follows from weights decayed to 0, or from an lr decayed far too soon
     if spikes is not None and lr_high is not None and lr_high.step < spikes.step:
         causes["loss_spike"] = "lr_high"
     if nan is not None and spikes is not None and spikes.step < nan.step:
@@ -337,9 +328,7 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         if d.code == "update_ratio" and upd:
             continue  # the run's update finding (a warning with its harm, or a note) says it
         f = _diag_finding(d, step)
-        if d.code == "dead_units" and learns(ev):
-            # half of a ReLU layer silent while the loss falls: usual in healthy nets (deep Kaiming ReLU nets, VAEs,
-            # UNets), no harm seen. A loss that does not fall, or a whole layer dead (`dead`), keeps the warning
+        if d.code == "dead_units" and harmless_dead_units(ev):
             f = replace(f, severity="note", advice="", detail=f.detail.rstrip(".") + ", while the loss fell: no harm seen.")
         elif d.code == "update_ratio" or (d.code == "exploding" and ev.falls() and not lossy):
             # one statistic past a rule of thumb, while the loss falls: no harm seen (a clipped LSTM's raw norm)

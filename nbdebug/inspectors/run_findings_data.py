@@ -9,7 +9,7 @@ the history already keeps (the per-step ``lr`` and ``loss`` scalars: no new capt
 * :func:`recovered`: the loss ended (median of its last fifth) at ≤ :data:`RECOVERED` × its first value: a
   rise on the way (a cosine classifier's first steps at scale 30) was no lasting harm, so large update ratios
   before it stay a note.
-* :func:`learns`: the loss fell (the run's own :meth:`~nbdebug.inspectors.run_evidence.Evidence.falls`): half
+* :func:`harmless_dead_units`: the loss fell (the run's own :meth:`~nbdebug.inspectors.run_evidence.Evidence.falls`): half
   of a ReLU layer's units silent in a model that learns is usual, so ``dead_units`` is then a note.
 
 >>> [f.code for f in data_findings(result)]                                     # doctest: +SKIP
@@ -18,6 +18,7 @@ the history already keeps (the per-step ``lr`` and ``loss`` scalars: no new capt
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from .events import fmt_g
 from .run_evidence import Evidence, Finding
 
-__all__ = ["ADVICE", "DECAYED", "RECOVERED", "data_findings", "learns", "recovered"]
+__all__ = ["ADVICE", "DECAYED", "RECOVERED", "data_causes", "data_findings", "harmless_dead_units", "recovered"]
 
 ADVICE = {
     "lr_decayed": "Step an epoch-based scheduler (StepLR, ExponentialLR, MultiStepLR) once per epoch, after the "
@@ -50,9 +51,23 @@ def recovered(ev: Evidence) -> bool:
     return float(np.median(v[-max(2, len(v) // 5):])) <= RECOVERED * float(v[0])
 
 
-def learns(ev: Evidence) -> bool:
-    """The loss fell over the run (:meth:`Evidence.falls`)."""
+def harmless_dead_units(ev: Evidence) -> bool:
+    """Units silent for every sample (some of a layer's, not all) are no harm seen while the loss falls
+    (:meth:`Evidence.falls`): half-silent ReLU layers are usual in healthy deep Kaiming nets, VAEs and UNets. A loss
+    that does not fall, a whole layer dead (``dead``) or units that died during the run (``became_dead``) stay warnings;
+    and a partly dead layer does not explain a loss at chance (it still passes signal)."""
     return ev.falls()
+
+
+#: finding code → the code of the finding it follows from, when both were found (tied by what they mean)
+_FOLLOWS = {"grad_fell": "weight_decay_dominates",  # weights decayed toward 0 pass ever smaller gradients
+            "lr_low": "lr_decayed"}  # the same cause: the schedule made every update tiny
+
+
+def data_causes(found: Sequence[Finding]) -> dict[str, str]:
+    """key → cause key for the ranking (:func:`~nbdebug.inspectors.findings.rank`) among ``found`` and the run's own."""
+    codes = {f.code for f in found}
+    return {k: c for k, c in _FOLLOWS.items() if c in codes}
 
 
 def data_findings(result: Any) -> list[Finding]:

@@ -1,0 +1,113 @@
+"""Round 5 (h-ddata): harm before a warning, and the schedule read from the run's own lr. Hand-built histories,
+each a planted fault and its healthy twin:
+
+* ``dead_units``: 60% of a ReLU layer's units silent while the loss falls (a deep Kaiming net, a VAE) is a note;
+  the same layer with a flat loss stays a warning;
+* ``lr_high``: large first updates and a loss that doubles then ends at 0.1× its start (a cosine classifier at
+  scale 30) is a note; the same rise ending at 0.8× its start stays a warning;
+* ``lr_decayed``: StepLR(gamma=0.7) stepped per batch (the lr at 1e-8 of its peak by the middle, the loss flat
+  after) is named; a cosine schedule to 0 over the run and a per-epoch StepLR with a falling loss are not.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nbdebug.capture.history import History
+from nbdebug.inspectors.run_evidence import Evidence
+from nbdebug.inspectors.run_findings_data import DECAYED, RECOVERED, data_findings, recovered
+from nbdebug.inspectors.thermometer import diagnose
+from tests.unit.test_history_flags import fields, result_of
+
+ROWS, TYPES, CHAIN = ["0", "1", "2"], ["Linear", "ReLU", "Linear"], [(), (0,), (1,)]
+
+
+def _run(loss: list[float], *, ratio: float | list[float] = 1e-3, dead: float = 0.0, lr: list[float] | None = None) -> object:
+    k = len(loss)
+    nan = [math.nan] * k
+    r = ratio if isinstance(ratio, list) else [ratio] * k
+    v = fields(k, 3, update_ratio=[r, nan, r], param_grad_norm=[[1.0] * k, nan, [1.0] * k],
+               dead_unit_frac=[nan, [dead] * k, nan], zero_frac=[[0.0] * k, [min(dead, 0.9)] * k, [0.0] * k],
+               std=[[1.0] * k] * 3, mean=[[0.0] * k] * 3)
+    scal = {"loss": loss} | ({"lr": lr} if lr is not None else {})
+    h = History.from_arrays(range(1, k + 1), ROWS, v, scal,
+                            row_info=[{"type": t, "dtype": "float32", "module": n} for n, t in zip(ROWS, TYPES, strict=True)])
+    return result_of(h, TYPES, CHAIN)
+
+
+def _codes(rep: object) -> list[tuple[str, str]]:
+    return [(f.code, f.severity) for f in rep.findings]  # type: ignore[attr-defined]
+
+
+FALLS = [2.3 * 0.97 ** i for i in range(40)]
+FLAT = [2.3 + 0.01 * (i % 3) for i in range(40)]
+
+
+def test_half_dead_relu_in_a_model_that_learns_is_a_note() -> None:
+    rep = diagnose(_run(FALLS, dead=0.6))
+    assert ("dead_units", "note") in _codes(rep) and not [c for c in _codes(rep) if c[1] != "note"], _codes(rep)
+    f = next(f for f in rep.findings if f.code == "dead_units")
+    assert f.text == "`1` (ReLU): 60% of its units are zero for every sample at step 40" and f.advice == ""
+    assert f.detail.endswith("while the loss fell: no harm seen.")
+    assert rep.headline.startswith("no problems found in 40 steps")
+
+
+def test_half_dead_relu_with_a_loss_that_does_not_fall_stays_a_warning() -> None:
+    rep = diagnose(_run(FLAT, dead=0.6))
+    assert rep.findings[0].code == "dead_units" and rep.findings[0].severity == "warning", _codes(rep)
+    assert rep.headline == "`1` (ReLU): 60% of its units are zero for every sample at step 40"
+
+
+# large first updates (a cosine head at scale 30): the loss doubles at step 3, then
+BIG = [0.2, 0.15, 0.1, *[0.005] * 37]
+RISE = [2.3, 4.0, 6.5, 5.0, 3.0]
+
+
+def test_a_loss_rise_the_run_recovers_from_is_no_harm() -> None:
+    loss = RISE + [3.0 * 0.93 ** i for i in range(35)]  # ends at 0.07× its first loss
+    rep = diagnose(_run(loss, ratio=BIG))
+    assert _codes(rep) == [("update_high", "note")], _codes(rep)
+    assert "the loss rose to 6.5 at step 3 (2.83× its first value 2.3) but ended far below its start" in rep.findings[0].detail
+
+
+def test_a_loss_rise_the_run_does_not_recover_from_is_the_learning_rate() -> None:
+    loss = RISE + [2.0] * 35  # ends at 0.87× its first loss: above RECOVERED
+    rep = diagnose(_run(loss, ratio=BIG))
+    assert rep.findings[0].code == "lr_high" and rep.findings[0].severity == "warning", _codes(rep)
+    assert "then the loss rose to 6.5 at step 3 (2.83× its first value 2.3)" in rep.findings[0].detail
+
+
+def test_recovered_exact() -> None:
+    ev = Evidence(np.arange(1, 11), np.array([2.0, 5.0, 3.0, 2.0, 1.5, 1.2, 1.1, 1.0, 1.0, 1.0]), np.ones(10))
+    assert RECOVERED == 0.5 and recovered(ev)  # median of the last two: 1.0 = 0.5 × 2.0
+    ev = Evidence(np.arange(1, 11), np.array([2.0, 5.0, 3.0, 2.0, 1.5, 1.2, 1.1, 1.0, 1.0, 1.02]), np.ones(10))
+    assert not recovered(ev)
+    ev = Evidence(np.arange(1, 11), np.array([2.0, 5.0, 3.0, 2.0, 1.5, 1.2, 1.1, 1.0, math.nan, 0.5]), np.ones(10))
+    assert not recovered(ev)  # a NaN on the way is harm, whatever the end
+
+
+def test_a_scheduler_stepped_per_batch_is_named() -> None:
+    lr = [0.1 * 0.7 ** i for i in range(40)]  # StepLR(step_size=1, gamma=0.7): below 1e-3 from step 14
+    loss = [2.3 - 0.05 * i for i in range(14)] + [1.65 + 0.01 * (i % 2) for i in range(26)]
+    res = _run(loss, lr=lr)
+    got = data_findings(res)
+    assert [(f.code, f.severity, f.step) for f in got] == [("lr_decayed", "warning", 14)]
+    assert got[0].text == ("the learning rate fell to 9.1e-08 by step 40 (9.1e-07× its peak 0.1; below 1/100 of it "
+                           "from step 14), and the loss stopped falling")
+    assert diagnose(res).findings[0].code == "lr_decayed"
+    assert DECAYED == 1e-2
+
+
+def test_healthy_schedules_are_quiet() -> None:
+    n = 40
+    cosine = [0.1 * 0.5 * (1 + math.cos(math.pi * i / (n - 1))) for i in range(n)]  # to exactly 0 at the end
+    assert data_findings(_run(FALLS, lr=cosine)) == []
+    assert data_findings(_run(FLAT, lr=cosine)) == []  # far below its peak only in the last steps
+    per_epoch = [0.1 * 0.7 ** (i // 10) for i in range(n)]
+    assert data_findings(_run(FALLS, lr=per_epoch)) == []
+    # decayed, but the loss still falls over the last half: not named
+    lr = [0.1 * 0.7 ** i for i in range(n)]
+    assert data_findings(_run(FALLS, lr=lr)) == []
+    assert data_findings(_run(FALLS)) == []  # no lr kept (a hand-written loop)

@@ -9,6 +9,10 @@ the history already keeps (the per-step ``lr`` and ``loss`` scalars: no new capt
 * :func:`recovered`: the loss ended (median of its last fifth) at ≤ :data:`RECOVERED` × its first value: a
   rise on the way (a cosine classifier's first steps at scale 30) was no lasting harm, so large update ratios
   before it stay a note.
+* :func:`batch_statistics`: the batch probe's change comes from statistics over the batch only (feeding every
+  sample twice over changes the outputs by ≤ :data:`STATS_ONLY` × the half-batch change, and no seq-first
+  attention/RNN layer is in the model): a normalisation over the batch written by hand, as BatchNorm does in train
+  mode — a note (at eval a sample's prediction depends on its batch), not samples mixed by a reshape.
 * :func:`harmless_dead_units`: the loss fell (the run's own :meth:`~nbdebug.inspectors.run_evidence.Evidence.falls`): half
   of a ReLU layer's units silent in a model that learns is usual, so ``dead_units`` is then a note.
 
@@ -26,7 +30,8 @@ import numpy as np
 from .events import fmt_g
 from .run_evidence import Evidence, Finding
 
-__all__ = ["ADVICE", "DECAYED", "RECOVERED", "data_causes", "data_findings", "harmless_dead_units", "recovered"]
+__all__ = ["ADVICE", "DECAYED", "RECOVERED", "STATS_ONLY", "batch_statistics", "data_causes", "data_findings",
+           "harmless_dead_units", "recovered"]
 
 ADVICE = {
     "lr_decayed": "Step an epoch-based scheduler (StepLR, ExponentialLR, MultiStepLR) once per epoch, after the "
@@ -104,3 +109,23 @@ def _lr_decayed(h: Any, ev: Evidence) -> Finding | None:
               f"train (the loss over the last half: {fmt_g(float(tail[0]))} → {fmt_g(float(np.median(tail[-max(2, len(tail) // 5):])))}).")
     return Finding("lr_decayed", "warning", s, (), text, f"lr {fmt_g(float(lr[-1]) / peak)}× its peak from step {s}", detail,
                    ADVICE["lr_decayed"], key="lr_decayed")
+
+
+#: the duplicated-batch change at or below this fraction of the half-batch change: the outputs depend on the batch
+#: through statistics over it only (a mean/std over dim 0: duplicating every sample leaves the mean and the biased
+#: std as they were, the unbiased std within 1/(2B)); a reshape that interleaves samples, a sum or a norm over the
+#: batch (×√2 when duplicated) change about as much either way
+STATS_ONLY = 0.1
+
+
+def batch_statistics(probe: dict[str, Any], step: int) -> Finding | None:
+    """A note for a batch probe whose change is statistics over the batch only (see the module doc), else None."""
+    dup, change = probe.get("duplicated"), float(probe.get("change", 0.0))
+    if dup is None or probe.get("seq_first") or not float(dup) <= STATS_ONLY * change:
+        return None
+    text = (f"the outputs depend on statistics over the batch: the first {probe['half']} samples of the last batch changed "
+            f"by {change:.0%} without its other {int(probe['batch']) - int(probe['half'])}, and by {float(dup):.1%} with every "
+            "sample fed twice (eval mode)")
+    detail = (text + ": a normalisation over the batch (as BatchNorm in train mode) — fine for training; at eval a "
+              "sample's prediction then depends on the batch it comes in (keep running statistics for eval, as BatchNorm does).")
+    return Finding("batch_stats", "note", step, (), text, "statistics over the batch", detail, "", key="batch_stats")

@@ -5,6 +5,8 @@ each a planted fault and its healthy twin:
   the same layer with a flat loss stays a warning;
 * ``lr_high``: large first updates and a loss that doubles then ends at 0.1× its start (a cosine classifier at
   scale 30) is a note; the same rise ending at 0.8× its start stays a warning;
+* ``batch_stats``: a standardisation over the batch written by hand is a note (duplicating every sample leaves the
+  outputs as they were), a norm over the batch or attention across the samples (a seq-first layer) is not;
 * ``lr_decayed``: StepLR(gamma=0.7) stepped per batch (the lr at 1e-8 of its peak by the middle, the loss flat
   after) is named; a cosine schedule to 0 over the run and a per-epoch StepLR with a falling loss are not.
 """
@@ -14,11 +16,23 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 from nbdebug.capture.history import History
 from nbdebug.inspectors.run_evidence import Evidence
-from nbdebug.inspectors.run_findings_data import DECAYED, RECOVERED, data_findings, recovered
+from nbdebug.inspectors.run_findings_data import (
+    DECAYED,
+    RECOVERED,
+    STATS_ONLY,
+    batch_statistics,
+    data_findings,
+    recovered,
+)
 from nbdebug.inspectors.thermometer import diagnose
+from nbdebug.runs.batch_probe import batch_probe
 from tests.unit.test_history_flags import fields, result_of
 
 ROWS, TYPES, CHAIN = ["0", "1", "2"], ["Linear", "ReLU", "Linear"], [(), (0,), (1,)]
@@ -111,3 +125,41 @@ def test_healthy_schedules_are_quiet() -> None:
     lr = [0.1 * 0.7 ** i for i in range(n)]
     assert data_findings(_run(FALLS, lr=lr)) == []
     assert data_findings(_run(FALLS)) == []  # no lr kept (a hand-written loop)
+
+
+# -- statistics over the batch (a note) vs samples mixed (a warning): the batch probe fed every sample twice ------
+class _Standardise(nn.Module):
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return (h - h.mean(0, keepdim=True)) / h.std(0, unbiased=False, keepdim=True)
+
+
+class _SumNorm(nn.Module):  # F.normalize over the batch: a norm over dim 0 grows ×√2 when every sample is fed twice
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return F.normalize(h, dim=0)
+
+
+class _SeqFirst(nn.Module):  # attention that expects (T, B, D) fed (B, T, D): attends across the samples
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.att = nn.MultiheadAttention(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.att(x, x, x, need_weights=False)[0].mean(1)
+
+
+def test_statistics_over_the_batch_are_a_note_and_a_norm_over_it_is_not() -> None:
+    x = torch.arange(48, dtype=torch.float32).reshape(8, 6) ** 1.3
+    p = batch_probe(_Standardise(), ((x,), {}))
+    assert p is not None and p["change"] > 0.01 and p["duplicated"] < 1e-6 and p["seq_first"] is False
+    note = batch_statistics(p, 7)
+    assert note is not None and (note.code, note.severity, note.step) == ("batch_stats", "note", 7)
+    assert note.text.startswith("the outputs depend on statistics over the batch: the first 4 samples of the last batch")
+    # F.normalize(dim=0): every output ÷ √2 when each sample comes twice — mixing, the warning stands
+    p = batch_probe(_SumNorm(), ((x,), {}))
+    assert p is not None and p["duplicated"] == pytest.approx(1 - 2 ** -0.5, rel=1e-5) and batch_statistics(p, 7) is None
+    # attention across the samples is unchanged by duplicates too, but a seq-first layer names it (a warning)
+    p = batch_probe(_SeqFirst(), ((torch.randn(8, 5, 8),), {}))
+    assert p is not None and p["change"] > 0.01 and p["duplicated"] < 1e-5 and p["seq_first"] is True
+    assert batch_statistics(p, 7) is None
+    assert STATS_ONLY == 0.1

@@ -47,7 +47,7 @@ def _run(loss: list[float], *, ratio: float | list[float] = 1e-3, dead: float = 
                std=[[1.0] * k] * 3, mean=[[0.0] * k] * 3)
     scal = {"loss": loss} | ({"lr": lr} if lr is not None else {})
     h = History.from_arrays(range(1, k + 1), ROWS, v, scal,
-                            row_info=[{"type": t, "dtype": "float32", "module": n} for n, t in zip(ROWS, TYPES, strict=True)])
+                            row_info=[{"type": t, "dtype": "float32", "module": n, "shape": [4, 8]} for n, t in zip(ROWS, TYPES, strict=True)])
     return result_of(h, TYPES, CHAIN)
 
 
@@ -163,3 +163,14 @@ def test_statistics_over_the_batch_are_a_note_and_a_norm_over_it_is_not() -> Non
     assert p is not None and p["change"] > 0.01 and p["duplicated"] < 1e-5 and p["seq_first"] is True
     assert batch_statistics(p, 7) is None
     assert STATS_ONLY == 0.1
+
+
+def test_a_partly_dead_layer_does_not_hide_a_loss_at_chance() -> None:
+    """Labels unrelated to the inputs: the loss sits at ln C (C = 8, the output's last dimension) for 60 steps while
+    the weights move, and 60% of the ReLU's units fell silent. The partly dead layer still passes signal, so it does not
+    explain the chance loss: ``loss_at_chance`` is the root (before round 5 the dead units hid it)."""
+    chance = math.log(8)
+    loss = [chance * (1.0 + 0.002 * (-1) ** i) for i in range(60)]
+    rep = diagnose(_run(loss, dead=0.6))
+    serious = [(f.code, f.severity) for f in rep.findings if f.severity != "note"]
+    assert serious[0] == ("loss_at_chance", "warning") and ("dead_units", "warning") in serious, rep.findings

@@ -277,7 +277,8 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
     feeding = {r for e in evs if e.code == "became_dead" for r in e.related}
     fell, spikes = _fell_finding(evs), _spike_finding(incidents)
     highs = [e.step for e in evs if e.code == "update_ratio" and e.value > th.update_high]
-    harmed = bool(highs) and (bool(feeding and dead) or (spikes is not None and spikes.step > min(highs)))
+    harmed = bool(highs) and (bool(feeding and dead) or (spikes is not None and spikes.step > min(highs)) or (
+        ev.loss_rise(min(highs)) is not None and any(d.code == "dead" for d in diags)))  # a rise, and a layer dead at the end
     upd = _update_findings(evs, th, feeding, ev, harmed)
     nan = _nan_finding(first_nonfinite, incidents) if first_nonfinite is not None else None
     lossy = _loss_findings(ev)
@@ -328,9 +329,8 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         if d.code == "update_ratio" and upd:
             continue  # the run's update finding (a warning with its harm, or a note) says it
         f = _diag_finding(d, step)
-        if d.code == "dead_units" and harmless_dead_units(ev):
-            f = replace(f, severity="note", advice="", detail=f.detail.rstrip(".") + ", while the loss fell: no harm seen.")
-        elif d.code == "update_ratio" or (d.code == "exploding" and ev.falls() and not lossy):
+        f = harmless_dead_units(f, ev)  # some units silent while the loss falls: a note
+        if d.code == "update_ratio" or (d.code == "exploding" and ev.falls() and not lossy):
             # one statistic past a rule of thumb, while the loss falls: no harm seen (a clipped LSTM's raw norm)
             f = replace(f, severity="note", advice="")
         items.append(f)

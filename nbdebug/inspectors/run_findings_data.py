@@ -23,6 +23,7 @@ the history already keeps (the per-step ``lr`` and ``loss`` scalars: no new capt
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -56,12 +57,15 @@ def recovered(ev: Evidence) -> bool:
     return float(np.median(v[-max(2, len(v) // 5):])) <= RECOVERED * float(v[0])
 
 
-def harmless_dead_units(ev: Evidence) -> bool:
-    """Units silent for every sample (some of a layer's, not all) are no harm seen while the loss falls
+def harmless_dead_units(f: Finding, ev: Evidence) -> Finding:
+    """``f`` as a note when it is ``dead_units`` and the loss fell, else ``f``. Units silent for every sample (some of a
+    layer's, not all) are no harm seen while the loss falls
     (:meth:`Evidence.falls`): half-silent ReLU layers are usual in healthy deep Kaiming nets, VAEs and UNets. A loss
     that does not fall, a whole layer dead (``dead``) or units that died during the run (``became_dead``) stay warnings;
     and a partly dead layer does not explain a loss at chance (it still passes signal)."""
-    return ev.falls()
+    if f.code != "dead_units" or not ev.falls():
+        return f
+    return replace(f, severity="note", advice="", detail=f.detail.rstrip(".") + ", while the loss fell: no harm seen.")
 
 
 #: finding code → the code of the finding it follows from, when both were found (tied by what they mean)

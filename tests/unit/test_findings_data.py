@@ -38,12 +38,13 @@ from tests.unit.test_history_flags import fields, result_of
 ROWS, TYPES, CHAIN = ["0", "1", "2"], ["Linear", "ReLU", "Linear"], [(), (0,), (1,)]
 
 
-def _run(loss: list[float], *, ratio: float | list[float] = 1e-3, dead: float = 0.0, lr: list[float] | None = None) -> object:
+def _run(loss: list[float], *, ratio: float | list[float] = 1e-3, dead: float = 0.0, lr: list[float] | None = None,
+         zeros: float | None = None) -> object:
     k = len(loss)
     nan = [math.nan] * k
     r = ratio if isinstance(ratio, list) else [ratio] * k
     v = fields(k, 3, update_ratio=[r, nan, r], param_grad_norm=[[1.0] * k, nan, [1.0] * k],
-               dead_unit_frac=[nan, [dead] * k, nan], zero_frac=[[0.0] * k, [min(dead, 0.9)] * k, [0.0] * k],
+               dead_unit_frac=[nan, [dead] * k, nan], zero_frac=[[0.0] * k, [min(dead, 0.9)] * (k - 1) + [zeros or min(dead, 0.9)], [0.0] * k],
                std=[[1.0] * k] * 3, mean=[[0.0] * k] * 3)
     scal = {"loss": loss} | ({"lr": lr} if lr is not None else {})
     h = History.from_arrays(range(1, k + 1), ROWS, v, scal,
@@ -174,3 +175,12 @@ def test_a_partly_dead_layer_does_not_hide_a_loss_at_chance() -> None:
     rep = diagnose(_run(loss, dead=0.6))
     serious = [(f.code, f.severity) for f in rep.findings if f.severity != "note"]
     assert serious[0] == ("loss_at_chance", "warning") and ("dead_units", "warning") in serious, rep.findings
+
+
+def test_a_recovered_loss_with_a_layer_dead_at_the_end_is_still_the_learning_rate() -> None:
+    """SGD far too fast: the loss doubles at step 3 and ends at 0.07× its start, but the ReLU's outputs are all zero
+    at the end (99.5%): units died, so the large updates did harm (a `dead` layer at the end is evidence)."""
+    loss = RISE + [3.0 * 0.93 ** i for i in range(35)]
+    rep = diagnose(_run(loss, ratio=BIG, dead=0.6, zeros=0.995))
+    serious = [f.code for f in rep.findings if f.severity != "note"]
+    assert serious[:1] == ["lr_high"] and "dead" in serious, rep.findings

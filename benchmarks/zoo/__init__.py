@@ -18,6 +18,7 @@ from . import (
     output_kinds,
     outputs,
     recipes,
+    recipes_data,
     recipes_lm,
     recipes_more,
     training,
@@ -25,4 +26,5 @@ from . import (
 from .base import CASES, CLASSES, Case, Setup
 
 __all__ = ["CASES", "CLASSES", "Case", "Setup"]
-_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, output_kinds, outputs, recipes, recipes_lm, recipes_more, training)
+_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, output_kinds, outputs, recipes, recipes_data, recipes_lm,
+            recipes_more, training)

@@ -34,12 +34,14 @@ from typing import Any
 
 import numpy as np
 
+from . import steps as steps_
 from .events import Event, events, fmt_g
 from .history import Thresholds
 from .loop_findings import loop_findings
 from .report import Diagnosis, ThermometerReport
 from .run_evidence import Evidence, Finding, Rise, names
 from .run_findings import run_findings
+from .run_findings_data import data_causes, data_findings, harmless_dead_units, recovered
 from .steps import SUGGEST, FirstNonfinite, diagnoses_at, first_nonfinite_of, nan_part, plural
 
 __all__ = ["SUGGEST_FINDINGS", "Finding", "as_json", "build", "findings_of", "headline", "live_findings", "rank"]
@@ -66,15 +68,6 @@ def _get(inc: Any, k: str) -> Any:
     return inc.get(k) if isinstance(inc, dict) else getattr(inc, k, None)
 
 
-def _nonfinite_of(incidents: Sequence[Any]) -> FirstNonfinite | None:
-    """The first NaN/Inf from the capture's incidents (the live view has no result yet)."""
-    phase = {"forward": "forward", "output_grad": "backward", "param_grad": "parameter gradients"}
-    for inc in incidents:
-        if _get(inc, "kind") == "nonfinite":
-            return FirstNonfinite(int(_get(inc, "step") or 0), _get(inc, "row"), phase.get(str(_get(inc, "phase")), "forward"))
-    return None
-
-
 def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev: Evidence,
                      harmed: bool) -> list[Finding]:
     """"learning rate too high" / "update ratio too low" from the update-ratio events (one each): a
@@ -92,7 +85,7 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
         e = max(cited, key=lambda e: e.value) if high else min(cited, key=lambda e: e.value)
         rows = tuple(dict.fromkeys(x.row for x in es))
         if high:
-            rise = ev.loss_rise(s)
+            rise = None if recovered(ev) else ev.loss_rise(s)  # a rise the run came back far below is no harm
             blow = ev.grad_blowup()
             blew = blow is not None and blow[0] > s
             text = f"learning rate too high: update ratio {fmt_g(e.value)} at step {s} in `{e.row}`"
@@ -107,7 +100,8 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
             else:
                 note = (f"update ratios above {th.update_high:g} (rule of thumb ≈ 1e-3) from step {s}, up to "
                         f"{fmt_g(e.value)} in `{e.row}`, with no harm seen")
-                detail = (f"{note}: the loss did not rise, no unit died, gradients did not blow up "
+                came = "the loss did not rise" if (r := ev.loss_rise(s)) is None else f"the loss {_rise_clause(r, lead='')} but ended far below its start"
+                detail = (f"{note}: {came}, no unit died, gradients did not blow up "
                           "(Adam's first steps move each weight by about lr: ratios of 1e-2–3e-2 are usual for small models).")
                 out.append(Finding("update_high", "note", s, rows, note, note, detail, "", key="update_high"))
         else:
@@ -127,10 +121,10 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
     return out
 
 
-def _rise_clause(r: Rise) -> str:
+def _rise_clause(r: Rise, lead: str = "the loss ") -> str:
     if not math.isfinite(r.value):
-        return f"the loss went non-finite at step {r.step}"
-    return f"the loss rose to {fmt_g(r.value)} at step {r.step} ({fmt_g(r.factor)}× its first value {fmt_g(r.start)})"
+        return f"{lead}went non-finite at step {r.step}"
+    return f"{lead}rose to {fmt_g(r.value)} at step {r.step} ({fmt_g(r.factor)}× its first value {fmt_g(r.start)})"
 
 
 def _loss_findings(ev: Evidence) -> list[Finding]:
@@ -276,12 +270,13 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
     feeding = {r for e in evs if e.code == "became_dead" for r in e.related}
     fell, spikes = _fell_finding(evs), _spike_finding(incidents)
     highs = [e.step for e in evs if e.code == "update_ratio" and e.value > th.update_high]
-    harmed = bool(highs) and (bool(feeding and dead) or (spikes is not None and spikes.step > min(highs)))
+    harmed = bool(highs) and (bool(feeding and dead) or (spikes is not None and spikes.step > min(highs)) or (
+        ev.loss_rise(min(highs)) is not None and any(d.code == "dead" for d in diags)))  # a rise, and a layer dead at the end
     upd = _update_findings(evs, th, feeding, ev, harmed)
     nan = _nan_finding(first_nonfinite, incidents) if first_nonfinite is not None else None
     lossy = _loss_findings(ev)
     serious = any(f is not None and f.severity != "note" for f in (nan, *upd, dead, spikes, fell, *lossy)) or any(
-        f.code != "loss_at_chance" for f in extra) or any(d.code in ("dead", "dead_units", "saturated", "vanishing") for d in diags)
+        f.code != "loss_at_chance" for f in extra) or any(d.code in ("dead", "saturated", "vanishing") for d in diags)
     # a loss at chance is the finding only when nothing else explains it (dead, saturated, vanishing, a loop bug)
     extra = [f for f in extra if f.code != "loss_at_chance" or not serious]
     items += [f for f in (nan, *upd, dead, spikes, fell, *lossy, *extra) if f is not None]
@@ -304,6 +299,7 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
     low = next((f for f in upd if f.code == "lr_low"), None)
     if low is not None and dead is not None and dead.step <= low.step:
         causes["lr_low"] = "became_dead"
+    causes.update(data_causes(extra))  # what follows from weights decayed to 0, or from an lr decayed far too soon
     if spikes is not None and lr_high is not None and lr_high.step < spikes.step:
         causes["loss_spike"] = "lr_high"
     if nan is not None and spikes is not None and spikes.step < nan.step:
@@ -328,6 +324,7 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         if d.code == "update_ratio" and upd:
             continue  # the run's update finding (a warning with its harm, or a note) says it
         f = _diag_finding(d, step)
+        f = harmless_dead_units(f, ev)  # some units silent while the loss falls: a note
         if d.code == "update_ratio" or (d.code == "exploding" and ev.falls() and not lossy):
             # one statistic past a rule of thumb, while the loss falls: no harm seen (a clipped LSTM's raw norm)
             f = replace(f, severity="note", advice="")
@@ -372,7 +369,7 @@ def findings_of(report: ThermometerReport, result: Any = None, thresholds: Thres
     first = first_nonfinite_of(result) if (result is not None and timed and getattr(result, "history", None) is not None) else None
     hist = getattr(result, "history", None) if timed else None
     return build(report.events, report.diagnoses, incidents=incidents, first_nonfinite=first, step=int(report.step or 0),
-                 th=thresholds, history=timed, evidence=Evidence.of(hist), extra=[*loop_findings(result), *run_findings(result)] if timed else ())
+                 th=thresholds, history=timed, evidence=Evidence.of(hist), extra=[*loop_findings(result), *run_findings(result), *data_findings(result)] if timed else ())
 
 
 def live_findings(history: Any, thresholds: Thresholds | None = None, *, flags: np.ndarray,
@@ -385,7 +382,7 @@ def live_findings(history: Any, thresholds: Thresholds | None = None, *, flags: 
         return []
     evs = events(history, th, flags=flags)
     types = [str(i.get("type", "")) for i in history.row_info]
-    first = _nonfinite_of(incidents)
+    first = steps_.nonfinite_of_incidents(incidents)
     steps = np.asarray(history.step_index)
     j = len(steps) - 1
     diags, _, _ = diagnoses_at(j, history.values("last"), steps, list(history.rows), types, flags, evs, th, first)
@@ -394,5 +391,5 @@ def live_findings(history: Any, thresholds: Thresholds | None = None, *, flags: 
 
 def as_json(findings: Sequence[Finding]) -> list[dict[str, Any]]:
     """The findings as the widgets sync them (plain JSON)."""
-    return [{"code": f.code, "severity": f.severity, "step": f.step, "rows": list(f.rows), "text": f.text,
-             "short": f.short, "detail": f.detail, "advice": f.advice, "cause": f.cause} for f in findings]
+    keys = ("code", "severity", "step", "text", "short", "detail", "advice", "cause")
+    return [{**{k: getattr(f, k) for k in keys}, "rows": list(f.rows)} for f in findings]

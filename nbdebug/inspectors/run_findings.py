@@ -37,6 +37,7 @@ import numpy as np
 from ..capture.history import FIELD_INDEX
 from .events import fmt_g
 from .run_evidence import Evidence, Finding, names
+from .run_findings_data import batch_statistics
 from .run_findings_output import output_findings
 
 __all__ = ["ADVICE", "DEPTH_EXPLODES", "DEPTH_VANISHES", "depth_ratio", "run_findings"]
@@ -105,6 +106,8 @@ def _batch_probe_finding(result: Any, h: Any) -> Finding | None:
     if not probe or not probe.get("change", 0) >= BATCH_CHANGE:
         return None
     s, b, half = int(h.step_index[-1]), int(probe["batch"]), int(probe["half"])
+    if (note := batch_statistics(probe, s)) is not None:
+        return note  # statistics over the batch only (a normalisation written by hand): a note
     text = (f"samples mix across the batch: the outputs of the first {half} samples of the last batch changed by "
             f"{probe['change']:.0%} of their scale when its other {b - half} were left out (eval mode, the same weights)")
     detail = (text + ": a reshape where a transpose was meant, a layer fed (B, T, D) that expects (T, B, D) "

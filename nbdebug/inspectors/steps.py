@@ -25,7 +25,7 @@ from .events import SUGGEST_EVENTS, Event, events, fmt_g, fmt_pct
 from .history import FLAG_BITS, Thresholds, flag_names, input_graph, step_flags
 from .report import COLUMNS, Diagnosis, ThermometerReport
 
-__all__ = ["SUGGEST", "FirstNonfinite", "dead_summary", "diagnose_at", "diagnoses_at", "first_nonfinite_of", "plural"]
+__all__ = ["SUGGEST", "FirstNonfinite", "dead_summary", "diagnose_at", "diagnoses_at", "first_nonfinite_of", "nonfinite_of_incidents", "plural"]
 
 
 def plural(n: int, word: str) -> str:
@@ -317,3 +317,13 @@ def diagnose_at(result: CaptureResult, th: Thresholds, step: int | None) -> Ther
         table=table, flags=flags, diagnoses=diags, summary=summary, notes=list(dict.fromkeys(notes)), grad_ratio=ratio,
         steps=result.steps, first_nonfinite_step=first, step=s, events=evs, step_index=steps, history_flags=hflags,
     )
+
+
+def nonfinite_of_incidents(incidents: Sequence[Any]) -> FirstNonfinite | None:
+    """The first NaN/Inf from the capture's incidents (dicts or objects; the live view has no result yet)."""
+    phase = {"forward": "forward", "output_grad": "backward", "param_grad": "parameter gradients"}
+    for inc in incidents:
+        get = inc.get if isinstance(inc, dict) else (lambda k, inc=inc: getattr(inc, k, None))
+        if get("kind") == "nonfinite":
+            return FirstNonfinite(int(get("step") or 0), get("row"), phase.get(str(get("phase")), "forward"))
+    return None

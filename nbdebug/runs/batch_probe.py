@@ -98,6 +98,11 @@ def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]
     def cut(t: Any) -> Any:
         return t[:half] if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == b else t
 
+    def twice(t: Any) -> Any:  # every sample of the batch fed twice over
+        return torch.cat([t, t]) if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == b else t
+
+    dup: float | None = None
+
     try:
         with own_pass(model), preserve_modes(model), attributes_kept(model):
             model.eval()
@@ -112,12 +117,37 @@ def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]
                 again = _output(model(*args, **kwargs))
                 if again is None or again.shape != full.shape or _differ(full, again):
                     return None
+                dup = _duplicated(model, full, tree_map(twice, (tuple(args), dict(kwargs))))
     except Exception:  # a model that cannot run on half its batch (a fixed batch size, a stateful buffer): no probe
         return None
     if part is None or part.shape != full[:half].shape:
         return None
-    a, c = full[:half].detach().float(), part.detach().float()
+    change = _change(full[:half], part)
+    if change is None:
+        return None
+    out: dict[str, Any] = {"batch": b, "half": half, "change": change}
+    if dup is not None:
+        # the whole batch fed twice over: statistics over the batch (mean, std) barely move, a reshape or a sum over the
+        # batch does; a seq-first layer (batch_first=False) fed the batch first is named whatever this says
+        out["duplicated"] = dup
+        out["seq_first"] = any(isinstance(m, (nn.MultiheadAttention, nn.RNNBase)) and not m.batch_first for m in model.modules())
+    return out
+
+
+def _duplicated(model: nn.Module, full: torch.Tensor, inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> float | None:
+    """The change of the batch's outputs when every sample is fed twice over (None: the model cannot run on it)."""
+    try:
+        both = _output(model(*inputs[0], **inputs[1]))
+    except Exception:  # a fixed batch size: the probe stands without this
+        return None
+    b = full.shape[0]
+    return _change(full, both[:b]) if both is not None and both.shape[0] == 2 * b else None
+
+
+def _change(full: torch.Tensor, part: torch.Tensor) -> float | None:
+    """max |Δ| / max |full| of two outputs of the same samples (None: not finite, or a zero output)."""
+    a, c = full.detach().float(), part.detach().float()
     scale = float(a.abs().max())
     if not (math.isfinite(scale) and bool(torch.isfinite(c).all())) or scale == 0:
         return None
-    return {"batch": b, "half": half, "change": float((a - c).abs().max()) / scale}
+    return float((a - c).abs().max()) / scale

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
 #: branch's findings (9b00c13; right in its full run too; softmax_over_batch from e01616f; round 4: the depth ratio's
 #: deep_mlp_exploding, the batch probe's three, tanh_saturated ×30, raw_features_regression), the floor to keep (raise it as the header learns)
 NAMED_IN_QUICK = {
-    "batch_stats_in_eval", "batchnorm_one_sample", "clip_1e-5", "dead_relu_bias", "dead_relu_cnn", "deep_mlp_exploding", "deep_sigmoid", "detach_between",
+    "batchnorm_one_sample", "clip_1e-5", "dead_relu_bias", "dead_relu_cnn", "deep_mlp_exploding", "deep_sigmoid", "detach_between",
     "double_softmax", "double_softmax_cnn", "fp16_overflow", "lr_adam_high", "lr_adam_low", "lr_sgd_low",
     "mse_broadcast", "nan_backward_where_sqrt", "nan_forward_div0", "nan_forward_log", "nan_input_missing",
     "nan_input_zscore", "nan_loss_log_softmax", "no_grad_in_forward", "numpy_round_trip",

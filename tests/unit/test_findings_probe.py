@@ -308,3 +308,18 @@ def test_the_probability_rule_needs_the_loss_below_the_ceiling_of_cross_entropy(
     ceiling = 1 + math.log(c)
     assert probabilities_fed_to_ce(p, Evidence(steps, np.full(30, ceiling), np.ones(30)), 1) is not None
     assert probabilities_fed_to_ce(p, Evidence(steps, np.full(30, 1.03 * ceiling), np.ones(30)), 1) is None
+
+
+def test_no_probe_of_a_model_compiled_in_place() -> None:
+    """``model.compile()`` (in place: the type stays ``Sequential``) is as compiled as ``torch.compile(model)``: the
+    probes would recompile it (eval mode, half a batch, their hooks), so neither runs; nor for a compiled child."""
+    from nbdebug.runs.batch_probe import batch_probe, plain
+
+    m = nn.Sequential(nn.Linear(D, 8), nn.ReLU(), nn.Linear(8, C))
+    assert plain(m)
+    m.compile()  # lazy: nothing is compiled until it is called, and nothing here calls it
+    assert not plain(m)
+    assert output_probe(m, ((torch.randn(8, D),), {})) is None and batch_probe(m, ((torch.randn(8, D),), {})) is None
+    child = nn.Sequential(nn.Linear(D, 8), nn.ReLU(), nn.Linear(8, C))
+    child[0].compile()
+    assert not plain(child)

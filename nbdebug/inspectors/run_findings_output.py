@@ -7,14 +7,16 @@ and its first layer's input read once), ``result.loop["output_probe"]``. Nothing
   - *probabilities fed to cross-entropy* — the model's output (after whatever its ``forward`` does past its
     last layer: ``torch.sigmoid``, ``F.softmax``) lies in [0, 1] (N×C, C ≥ 2), is confident (its std ≥
     :data:`CONFIDENT` × that of one-hot rows), and the loss never went below 0.98 × ln(1 + (C−1)/e), the floor
-    of cross-entropy on values in [0, 1];
+    of cross-entropy on values in [0, 1], nor above 1.02 × ln(C·e), its ceiling (a loss summed over the batch,
+    ``BCELoss(reduction="sum")`` on a multi-label sigmoid, is not cross-entropy's mean);
   - *a bounded output pinned at its bound* — the output lies in (0, 1) or (−1, 1) and sits at one bound
     (mean within :data:`PINNED` of the range from it, std ≤ :data:`PINNED` of the range) while the loss
     never went below the range squared (the largest squared error an output in the range can have
     against a target in it): the targets lie outside what the model can output;
   - *a likelihood loss fed scores* — a classifier-shaped output (N×C, C ≥ 2) and a loss that went below
-    :data:`NEGATIVE` and below its start: the negative log-likelihood of a class cannot be negative
-    (``F.nll_loss`` on raw scores rather than log-probabilities).
+    :data:`NEGATIVE` and below its start, down to :data:`UNBOUNDED` and still falling in the run's last quarter:
+    the negative log-likelihood of a class cannot be negative (``F.nll_loss`` on raw scores rather than
+    log-probabilities), and a loss negative by design (a Gaussian NLL, a policy gradient, −cosine) is bounded.
 * ``input_scale`` for a first layer the output rule cannot judge (a recurrent layer's output is bounded):
   the first leaf module, fed the model's own input tensor, gets an input of root mean square ≥ :data:`RAW_RMS`.
 * ``exploding`` at initialisation, seen in the forward: the model's output at the first step has std ≥
@@ -41,8 +43,8 @@ from ..capture.history import FIELD_INDEX
 from .events import fmt_g
 from .run_evidence import Evidence, Finding
 
-__all__ = ["CONFIDENT", "NEGATIVE", "OUT_EXPLODES", "PINNED", "RAW_RMS", "nan_after_model", "output_findings",
-           "probabilities_fed_to_ce"]
+__all__ = ["CONFIDENT", "NEGATIVE", "OUT_EXPLODES", "PINNED", "RAW_RMS", "UNBOUNDED", "nan_after_model",
+           "output_findings", "probabilities_fed_to_ce"]
 
 #: the output's std over that of one-hot rows (√(C−1)/C) at or above which probabilities are confident.
 #: The zoo's healthy runs never give a [0, 1] output of N×C, C ≥ 2; the planted sigmoid → cross-entropy 1.0
@@ -52,6 +54,10 @@ PINNED = 0.05
 #: a loss below this (and below its first value) is negative beyond rounding; the zoo's 81 healthy runs'
 #: smallest loss is ≥ 0 (nll_loss on raw scores reaches −3.6e20)
 NEGATIVE = -0.05
+#: a loss negative on purpose stays bounded (a Gaussian NLL −1.7, REINFORCE −0.4, SimSiam's −cos ≥ −1 on
+#: classifier-shaped outputs): a likelihood fed raw scores is unbounded, so the loss must reach this and be
+#: still falling in the last quarter of the run (nll_loss on raw scores: −10 by step 8–14, −9e4 by step 40)
+UNBOUNDED = -10.0
 #: the root mean square of the first layer's input at or above which the input is raw (healthy zoo: ≤ 1.12;
 #: an LSTM fed watts: 2,074); the same 30 as the first layer's output std of ``input_scale``
 RAW_RMS = 30.0
@@ -130,6 +136,8 @@ def probabilities_fed_to_ce(p: dict[str, Any], ev: Evidence, s0: int) -> Finding
     floor = math.log(1 + (c - 1) / math.e)
     if p["std"] < CONFIDENT * onehot or float(loss.min()) < 0.98 * floor:
         return None
+    if float(loss.max()) > 1.02 * (1 + math.log(c)):  # above ln(C·e), the most CE on [0, 1] values can be (even
+        return None  # label-smoothed): a loss summed over the batch or other than CE (BCELoss(reduction="sum"))
     text = (f"the model outputs values in [0, 1] (probabilities: near 0 and 1, std {fmt_g(p['std'])}) and the loss "
             f"never went below {fmt_g(floor)}, the floor of cross-entropy on such values for {c} classes: a "
             "sigmoid/softmax before cross-entropy?")
@@ -178,8 +186,8 @@ def _negative_loss(result: Any, h: Any, ev: Evidence) -> Finding | None:
     if o is None or len(o[1]) != 2 or o[1][1] < 2 or len(loss) < 3:
         return None
     below = np.flatnonzero((loss < NEGATIVE) & (loss < loss[0]))
-    if not len(below):
-        return None
+    if not len(below) or not (float(loss.min()) <= UNBOUNDED and int(np.argmin(loss)) >= 3 * len(loss) // 4):
+        return None  # negative but bounded (a Gaussian NLL, a policy gradient, −cosine): negative by design
     s, low = int(steps[below[0]]), float(loss.min())
     text = (f"the loss went negative ({fmt_g(float(loss[below[0]]))} at step {s}, down to {fmt_g(low)}): the negative "
             f"log-likelihood of a class cannot be below 0, so the loss is fed scores, not log-probabilities "

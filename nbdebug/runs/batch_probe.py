@@ -69,14 +69,14 @@ def _differ(a: torch.Tensor, b: torch.Tensor) -> bool:
 def plain(model: nn.Module) -> bool:
     """A model the probe may run again cheaply on this process alone: not wrapped for several processes (DDP,
     FSDP: a forward can need the other ranks), not compiled (half a batch would recompile), no weights
-    offloaded or on the meta device (accelerate would load them again)."""
+    offloaded or on the meta device (accelerate would load them again). ``module.compile()`` compiles in place
+    (the type stays, torch sets ``_compiled_call_impl``): compiled too."""
     wrapped = ("DistributedDataParallel", "FullyShardedDataParallel", "OptimizedModule")
-    if any(type(m).__name__ in wrapped for m in model.modules()):
+    if any(type(m).__name__ in wrapped or getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()):
         return False
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return False
     return not any(offloaded(m) for m in model.modules()) and not any(p.is_meta for p in model.parameters())
-
 
 
 def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> dict[str, Any] | None:

@@ -241,3 +241,85 @@ def test_the_probability_rule_needs_the_loss_above_the_floor() -> None:
     assert probabilities_fed_to_ce(p, below, 1) is None  # a loss below the floor: not probabilities fed to CE
     assert probabilities_fed_to_ce({**p, "std": 0.79 * math.sqrt(c - 1) / c}, at, 1) is None  # unsure outputs
     assert probabilities_fed_to_ce({**p, "max": 1.5}, at, 1) is None  # not in [0, 1]
+
+
+# -- losses negative by design, and probabilities under a loss other than cross-entropy (h-review) ----------------
+def _gaussian_nll(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return F.gaussian_nll_loss(out[:, :1], t, out[:, 1:].exp())
+
+
+def _reinforce(out: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
+    d = torch.distributions.Categorical(logits=out)
+    a = d.sample()
+    r = (a == best).float()
+    return -(d.log_prob(a) * (r - r.mean())).mean()
+
+
+def _neg_cosine(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return -F.cosine_similarity(out, t).mean()
+
+
+@pytest.mark.parametrize("kind", ["gaussian_nll", "reinforce", "neg_cosine"])
+def test_a_loss_negative_by_design_on_a_classifier_shaped_output_is_no_finding(kind: str) -> None:
+    """A heteroscedastic regression's Gaussian NLL (N×2 head), a policy gradient (N×C logits), a SimSiam-like
+    −cosine (N×C embeddings): healthy, their losses go negative and stay bounded; no warning (the negative-loss
+    rule named all three before its loss had to reach −10 and keep falling)."""
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(N, D, generator=g)
+    if kind == "gaussian_nll":
+        m, y, loss_fn, steps = Tail(seed=21, d_out=2), 2 * x[:, :1] + 0.05 * torch.randn(N, 1, generator=g), _gaussian_nll, 150
+    elif kind == "reinforce":
+        m, y, loss_fn, steps = Tail(seed=21, d_out=4), x[:, :4].argmax(1), _reinforce, 100
+    else:
+        m, y, loss_fn, steps = Tail(seed=21, d_out=C), x[:, :C] + 0.1 * torch.randn(N, C, generator=g), _neg_cosine, 60
+    torch.manual_seed(21)
+    res = _loop(m, torch.optim.Adam(m.parameters(), lr=3e-3), x, y, steps, loss_fn)
+    from nbdebug.inspectors.run_evidence import Evidence
+    loss = Evidence.of(res.history).loss
+    assert float(loss.min()) < -0.05  # negative: what the old rule named
+    assert "output_loss_mismatch" not in [f.code for f in res.findings]
+    if kind != "neg_cosine":  # −cosine's first loss is 0.004: lr_high's "rose to 17× its first value" (REVIEW.md)
+        assert _serious(res) == []
+
+
+def test_a_multi_label_sigmoid_under_a_summed_bce_is_not_probabilities_fed_to_cross_entropy() -> None:
+    """N×6 sigmoid outputs with ``BCELoss(reduction="sum")``: healthy; its loss (a sum over 64×6 terms) never goes
+    below CE's floor on [0, 1] values but is far above its ceiling ln(6e) = 2.79, so it is no cross-entropy."""
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(N, D, generator=g)
+    y = (x @ torch.randn(D, 6, generator=g) > 0).float()
+    m = Tail(torch.sigmoid, seed=22, d_out=6)
+    res = _loop(m, torch.optim.Adam(m.parameters(), lr=1e-2), x, y, 60,
+                lambda o, t: F.binary_cross_entropy(o, t, reduction="sum"))
+    p = res.loop["output_probe"]
+    assert p["shape"] == [64, 6] and 0.0 <= p["min"] and p["max"] <= 1.0
+    assert "output_loss_mismatch" not in [f.code for f in res.findings]
+
+
+def test_the_probability_rule_needs_the_loss_below_the_ceiling_of_cross_entropy() -> None:
+    import numpy as np
+
+    from nbdebug.inspectors.run_evidence import Evidence
+    from nbdebug.inspectors.run_findings_output import probabilities_fed_to_ce
+
+    c = 4
+    p = {"shape": [64, c], "min": 0.0, "max": 1.0, "mean": 0.25, "std": 0.8 * math.sqrt(c - 1) / c, "finite": True}
+    steps = np.arange(1, 31)
+    ceiling = 1 + math.log(c)
+    assert probabilities_fed_to_ce(p, Evidence(steps, np.full(30, ceiling), np.ones(30)), 1) is not None
+    assert probabilities_fed_to_ce(p, Evidence(steps, np.full(30, 1.03 * ceiling), np.ones(30)), 1) is None
+
+
+def test_no_probe_of_a_model_compiled_in_place() -> None:
+    """``model.compile()`` (in place: the type stays ``Sequential``) is as compiled as ``torch.compile(model)``: the
+    probes would recompile it (eval mode, half a batch, their hooks), so neither runs; nor for a compiled child."""
+    from nbdebug.runs.batch_probe import batch_probe, plain
+
+    m = nn.Sequential(nn.Linear(D, 8), nn.ReLU(), nn.Linear(8, C))
+    assert plain(m)
+    m.compile()  # lazy: nothing is compiled until it is called, and nothing here calls it
+    assert not plain(m)
+    assert output_probe(m, ((torch.randn(8, D),), {})) is None and batch_probe(m, ((torch.randn(8, D),), {})) is None
+    child = nn.Sequential(nn.Linear(D, 8), nn.ReLU(), nn.Linear(8, C))
+    child[0].compile()
+    assert not plain(child)

@@ -49,9 +49,12 @@ lab: setup
 # The capture's unit tests again on the torch/numpy path (NBDEBUG_NATIVE=0: no native kernel), the
 # path of a machine without a C compiler. The files whose results go through the stats, norms and
 # dead-unit code (~1 min); the rest of the unit tier (doctor, distributed, integrations, the views)
-# would add ~4 min for code that does not touch that path.
+# would add ~4 min for code that does not touch that path. Not test_compiled.py: each of its stats-path
+# cases is parametrized kernel/fallback, the fallback switching the kernel off in-process (NBDEBUG_NATIVE=0
+# and native._reset(), the switch every caller reads), so the tiers run it already; here it was a second
+# run of the same cases (~40 CPU-s each for its two TorchDynamo traces of the training step).
 NUMPY_PATH_TESTS := $(addprefix tests/unit/test_,capture.py capture_modes.py capture_syncs.py capture_errors.py \
-    compiled.py training_capture.py batch_fold.py native.py optim.py optim_fast.py paramgrads_late.py history.py \
+    training_capture.py batch_fold.py native.py optim.py optim_fast.py paramgrads_late.py history.py \
     history_flags.py incidents.py diagnoses.py groups.py fold_paths.py)
 test-numpy-path = env NBDEBUG_NATIVE=0 $(PY) -m pytest $(XDIST) $(NUMPY_PATH_TESTS) $(PYTEST_ARGS) $(call junit,numpy-path)
 # Two workers (pytest-xdist): the browser, notebook and model tests wait on kernels and chromium as

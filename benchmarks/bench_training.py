@@ -554,8 +554,10 @@ def main() -> None:
     if a.instr_child:
         _instr_child(a.instr_child, a.threads, hw)
         return
-    # --quick runs every part of the full run (`make bench` passes --processes 5 --instructions), tiny
-    processes = max(a.processes, 2) if a.quick else a.processes
+    # --quick runs every part of the full run (`make bench` passes --processes 5 --instructions), tiny: the
+    # cross-process spread in one fresh process per loop (the same code as 5; each process costs ~8 CPU-s
+    # of importing torch, the quick run's largest cost)
+    processes = max(a.processes, 1) if a.quick else a.processes
     breakdowns = a.breakdown or a.quick
     torch.manual_seed(0)
     if a.only:
@@ -599,7 +601,7 @@ def main() -> None:
     for line in notes:
         print(line)
     spread: dict[str, str] = {}
-    if processes > 1:
+    if processes > 1 or a.quick:
         for line in across_processes(processes, rounds, a.threads, a.quick, spread):
             print(line)
     instr: dict[str, str] = {}

@@ -52,7 +52,10 @@ def compiled() -> object:
     torch._dynamo.reset()
 
 
-def test_every_view_sees_a_model_compiled_before_the_cell(compiled: object) -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_view_sees_a_model_compiled_before_the_cell(compiled: object, kernel: bool) -> None:
+    """With the kernel and on its numpy/torch fallback (so the numpy-path run, NBDEBUG_NATIVE=0, need not
+    run this file again: every stats-path case here is parametrized over both)."""
     c, m = compiled  # type: ignore[misc]
     ids = torch.randint(1, 60, (1, 8))
     assert is_compiled(c) and not is_compiled(m)
@@ -60,7 +63,8 @@ def test_every_view_sees_a_model_compiled_before_the_cell(compiled: object) -> N
     rows = []
     for view in ("logitlens", "attention", "thermometer", "thermometer"):  # the lens ran first: it used to blind the rest
         d = nbdebug.debug(c, view=view)
-        with d, torch.no_grad():
+        with _kernel(kernel), d, torch.no_grad():
+            assert native.available() is kernel, native.status()
             c(ids)
         assert view in d.results, d.note()
         assert COMPILED_NOTE in d.note()

@@ -68,3 +68,33 @@ def raw_features_regression(faulty: bool) -> Setup:
         return F.mse_loss(out.squeeze(1), target)
 
     return Setup(m, sgd_loop(m, opt, x, t, loss_fn=loss_fn), (*first_batch(x, t), loss_fn, opt))
+
+
+class _KelvinLSTM(nn.Module):
+    """A one-layer LSTM regressor over (B, T, 1) hourly temperatures: the next hour's from the last state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(91)
+        self.rnn, self.head = nn.LSTM(1, 24, batch_first=True), nn.Linear(24, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.rnn(x)
+        return self.head(h[:, -1])
+
+
+@fault(INPUT_SCALE, "lstm_kelvin_sgd", doctor=("input_scale",))
+def lstm_kelvin_sgd(faulty: bool) -> Setup:
+    """round 6: an LSTM forecasting the next hour's temperature from 12 hourly readings in kelvin (≈ 288 ± 8),
+    SGD lr=0.05 + momentum, MSE on the standardised target (twin: the readings standardised too)."""
+    g = torch.Generator().manual_seed(91)
+    n, t = 1536, 13
+    day = torch.rand(n, 1, generator=g) * 6.283
+    series = 288 + 8 * torch.randn(n, 1, generator=g) + 5 * torch.sin(day + 0.26 * torch.arange(t)) + 0.5 * torch.randn(n, t, generator=g)
+    mu, sd = series.mean(), series.std()
+    x, y = series[:, :-1].unsqueeze(2), ((series[:, -1:] - mu) / sd)
+    if not faulty:
+        x = (x - mu) / sd
+    m = _KelvinLSTM()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    return Setup(m, sgd_loop(m, opt, x, y, loss_fn=F.mse_loss), (*first_batch(x, y), F.mse_loss, opt), steps=100)

@@ -309,8 +309,8 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
             causes["nonfinite"] = f.key  # the same NaN: the loss made it, or the model's code after its last module
         for k in _FOLLOW_INIT.get(f.key, ()):  # a gradient out of scale from the first step: they follow from it
             causes.setdefault(k, f.key)
-        if f.code == "input_scale" and lr_high is not None and set(f.rows) & set(lr_high.rows):
-            causes.setdefault("lr_high", f.key)  # the raw input's scale makes the first layer's large updates
+        if f.code == "input_scale" and lr_high is not None and f.step <= lr_high.step:
+            causes.setdefault("lr_high", f.key)  # raw inputs from the first step: the large updates after (any layer) follow
         if f.code in ("params_not_stepped", "no_optimizer_step", "grad_not_zeroed"):
             for k in ("lr_high", "lr_low", "loss_diverged", "exploding_run", "loss_spike"):
                 causes.setdefault(k, f.key)  # the loop bug explains what the updates and the loss did

@@ -216,7 +216,7 @@ def _output_findings(v: np.ndarray, row: str, typ: str, shape: tuple[int, ...], 
                     "and those samples get no gradient from the loss")
             out.append(Finding("output_loss_mismatch", "warning", 1, (row,), text, "a ReLU on the output", text + ".",
                                ADVICE["output_loss_mismatch"], key="output_loss_mismatch"))
-    if typ not in ("Softmax", "LogSoftmax", "Sigmoid", "ReLU", "ReLU6") and len(shape) == 2 and shape[1] >= 3:
+    if typ not in ("Softmax", "LogSoftmax", "Sigmoid", "ReLU", "ReLU6") and len(shape) == 2 and shape[1] >= 2:
         f = _at_chance(v, row, shape[1], ev)
         if f is not None:
             out.append(f)

@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-import nbdebug
+from tests.unit.test_findings_loop import train_ce
 
 
 def _serious(res: Any) -> list[str]:
@@ -33,12 +32,7 @@ def test_two_classes_with_labels_unrelated_stay_at_ln_2_and_matching_labels_lear
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 2))
     opt = torch.optim.Adam(m.parameters(), lr=1e-3)
-    with nbdebug.debug(m) as dbg:
-        for i in range(80):
-            opt.zero_grad()
-            F.cross_entropy(m(x[i * 64:(i + 1) * 64]), y[i * 64:(i + 1) * 64]).backward()
-            opt.step()
-    res = dbg.result
+    res = train_ce(m, opt, x, y, steps=80)  # the standard loop, a fresh batch each step
     if faulty:
         assert _serious(res)[:1] == ["loss_at_chance"], res.findings
         assert f"ln 2 = {math.log(2):.3g}" in res.findings[0].text

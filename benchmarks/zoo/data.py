@@ -8,6 +8,7 @@ from torch import nn
 
 from .base import Setup, digits, fault, first_batch, mlp, sgd_loop
 from .classes import INPUT_SCALE, UNRELATED, UNSHUFFLED
+from .output_kinds import MeterLSTM
 
 
 @fault(UNRELATED, "labels_shuffled_apart")
@@ -70,19 +71,6 @@ def raw_features_regression(faulty: bool) -> Setup:
     return Setup(m, sgd_loop(m, opt, x, t, loss_fn=loss_fn), (*first_batch(x, t), loss_fn, opt))
 
 
-class _KelvinLSTM(nn.Module):
-    """A one-layer LSTM regressor over (B, T, 1) hourly temperatures: the next hour's from the last state."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(91)
-        self.rnn, self.head = nn.LSTM(1, 24, batch_first=True), nn.Linear(24, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h, _ = self.rnn(x)
-        return self.head(h[:, -1])
-
-
 @fault(INPUT_SCALE, "lstm_kelvin_sgd", doctor=("input_scale",))
 def lstm_kelvin_sgd(faulty: bool) -> Setup:
     """round 6: an LSTM forecasting the next hour's temperature from 12 hourly readings in kelvin (≈ 288 ± 8),
@@ -95,6 +83,6 @@ def lstm_kelvin_sgd(faulty: bool) -> Setup:
     x, y = series[:, :-1].unsqueeze(2), ((series[:, -1:] - mu) / sd)
     if not faulty:
         x = (x - mu) / sd
-    m = _KelvinLSTM()
+    m = MeterLSTM(hidden=24, out=1, seed=91)  # the next hour's temperature from the last state
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
     return Setup(m, sgd_loop(m, opt, x, y, loss_fn=F.mse_loss), (*first_batch(x, y), F.mse_loss, opt), steps=100)

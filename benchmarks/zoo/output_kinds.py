@@ -74,12 +74,12 @@ def tanh_head_on_ratings(faulty: bool) -> Setup:
 
 
 class MeterLSTM(nn.Module):
-    """An LSTM over a (B, T, 1) meter series, classifying from its last state."""
+    """An LSTM over a (B, T, 1) series, read out from its last state (3 classes of a meter series by default)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = 32, out: int = 3, seed: int = 83) -> None:
         super().__init__()
-        torch.manual_seed(83)
-        self.rnn, self.head = nn.LSTM(1, 32, batch_first=True), nn.Linear(32, 3)
+        torch.manual_seed(seed)
+        self.rnn, self.head = nn.LSTM(1, hidden, batch_first=True), nn.Linear(hidden, out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, _ = self.rnn(x)

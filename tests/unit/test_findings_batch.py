@@ -191,10 +191,12 @@ def test_no_probe_of_a_model_that_draws_noise_in_eval_mode() -> None:
     assert got is not None and got["change"] >= BATCH_CHANGE
 
 
-def test_ctrl_c_during_the_probe_leaves_the_model_as_found() -> None:
-    """Real-use row: a KeyboardInterrupt while the probe runs (after the user's loop ended) reaches the user, and
-    the model keeps its mode, parameters, buffers, ``.grad`` and no hook is left. Planted: the probe's first
-    forward raises."""
+@pytest.mark.parametrize("nth", [1, 3], ids=["batch_probe", "output_probe"])
+def test_ctrl_c_during_the_probe_leaves_the_model_as_found(nth: int) -> None:
+    """Real-use row: a KeyboardInterrupt while a post-cell probe runs (after the user's loop ended) reaches the user,
+    and the model keeps its mode, parameters, buffers, ``.grad`` and no hook is left. Planted: the ``nth`` forward
+    after the loop raises — the batch probe's first (whole batch), or the output probe's (after the batch probe's
+    whole batch and half: this model's halves do not change, so no third pass)."""
 
     class Interrupted(nn.Module):
         def __init__(self) -> None:
@@ -202,10 +204,12 @@ def test_ctrl_c_during_the_probe_leaves_the_model_as_found() -> None:
             torch.manual_seed(0)
             self.fc, self.bn, self.out = nn.Linear(C * 2, 16), nn.BatchNorm1d(16), nn.Linear(16, C)
             self.calls, self.stop_at = 0, 10**9
+            self.every = [0]  # counted in place: the probes put rebound attributes back (``calls``), not this
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             self.calls += 1
-            if self.calls >= self.stop_at:
+            self.every[0] += 1
+            if self.every[0] >= self.stop_at:
                 raise KeyboardInterrupt
             return self.out(torch.relu(self.bn(self.fc(x))))
 
@@ -221,7 +225,7 @@ def test_ctrl_c_during_the_probe_leaves_the_model_as_found() -> None:
             opt.step()
         before = {k: v.clone() for k, v in m.state_dict().items()}
         grads = {n: p.grad.clone() for n, p in m.named_parameters()}
-        m.stop_at = m.calls + 1  # the next call is the probe's
+        m.stop_at = m.every[0] + nth
     # the loop itself cannot raise: the KeyboardInterrupt above is the probe's; its forward's `self.calls += 1`
     # is undone too (attributes a forward rebinds are put back, also on Ctrl-C)
     assert m.calls == 5

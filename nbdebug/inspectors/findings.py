@@ -124,7 +124,9 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
 def _rise_clause(r: Rise, lead: str = "the loss ") -> str:
     if not math.isfinite(r.value):
         return f"{lead}went non-finite at step {r.step}"
-    return f"{lead}rose to {fmt_g(r.value)} at step {r.step} ({fmt_g(r.factor)}× its first value {fmt_g(r.start)})"
+    if math.isnan(r.scale) or r.scale == r.start:
+        return f"{lead}rose to {fmt_g(r.value)} at step {r.step} ({fmt_g(r.factor)}× its first value {fmt_g(r.start)})"
+    return f"{lead}rose to {fmt_g(r.value)} at step {r.step} (from {fmt_g(r.start)}: {fmt_g(r.factor - 1)}× its range {fmt_g(r.scale)})"
 
 
 def _loss_findings(ev: Evidence) -> list[Finding]:

@@ -6,7 +6,8 @@ the history already keeps (the per-step ``lr`` and ``loss`` scalars: no new capt
   epoch stepped per batch (``StepLR``/``ExponentialLR`` ``.step()`` inside the batch loop) — training stops
   long before the run ends. Healthy schedules (cosine to 0, OneCycle, warmup, StepLR per epoch) reach such a
   fraction only in their last steps, if at all.
-* :func:`recovered`: the loss ended (median of its last fifth) at ≤ :data:`RECOVERED` × its first value: a
+* :func:`recovered`: the loss ended (median of its last fifth) at ≤ :data:`RECOVERED` × its first value (a loss that
+  went negative: half of its scale below its start, :meth:`~nbdebug.inspectors.run_evidence.Evidence.scale`): a
   rise on the way (a cosine classifier's first steps at scale 30) was no lasting harm, so large update ratios
   before it stay a note.
 * :func:`batch_statistics`: the batch probe's change comes from statistics over the batch only (feeding every
@@ -49,12 +50,15 @@ RECOVERED = 0.5
 
 
 def recovered(ev: Evidence) -> bool:
-    """The run's end (median loss of its last fifth, ≥ 5 kept steps) is ≤ :data:`RECOVERED` × its first loss."""
+    """The run's end (median loss of its last fifth, ≥ 5 kept steps, every loss finite) is below its first loss by
+    ≥ (1 − :data:`RECOVERED`) × the loss's scale (:meth:`Evidence.scale`): ≤ :data:`RECOVERED` × its first loss for a
+    loss ≥ 0; for a loss that went negative, half of its range below the start."""
     ok = np.isfinite(ev.loss)
     v = ev.loss[ok]
-    if len(v) < 5 or not v[0] > 0 or not np.isfinite(ev.loss).all():
+    sc = ev.scale()
+    if len(v) < 5 or not sc > 0 or not np.isfinite(ev.loss).all():
         return False
-    return float(np.median(v[-max(2, len(v) // 5):])) <= RECOVERED * float(v[0])
+    return float(np.median(v[-max(2, len(v) // 5):])) <= float(v[0]) - (1 - RECOVERED) * sc
 
 
 def harmless_dead_units(f: Finding, ev: Evidence) -> Finding:

@@ -278,8 +278,7 @@ def test_a_loss_negative_by_design_on_a_classifier_shaped_output_is_no_finding(k
     loss = Evidence.of(res.history).loss
     assert float(loss.min()) < -0.05  # negative: what the old rule named
     assert "output_loss_mismatch" not in [f.code for f in res.findings]
-    if kind != "neg_cosine":  # −cosine's first loss is 0.004: lr_high's "rose to 17× its first value" (REVIEW.md)
-        assert _serious(res) == []
+    assert _serious(res) == []  # −cosine's first loss is 0.004: no "rose to 17× its first value" (REVIEW.md R3)
 
 
 def test_a_multi_label_sigmoid_under_a_summed_bce_is_not_probabilities_fed_to_cross_entropy() -> None:

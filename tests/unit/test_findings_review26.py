@@ -3,16 +3,22 @@
 
 * R3: a loss that goes negative by design (−cosine) starting near 0 — a rise is measured against the range it spans
   below its start, not as a factor over a first value of 0.004 ("17× its first value");
+* R4: a ReLU layer 96% silent (a bias of −1.0; no unit zero for every sample) with a loss near chance is named as the
+  layer (``dead``), not blamed on the data (``loss_at_chance``: "inputs and labels unrelated?");
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
+from torch import nn
 
 from nbdebug.inspectors.run_evidence import Evidence
 from nbdebug.inspectors.run_findings_data import recovered
 from nbdebug.inspectors.thermometer import diagnose
 from tests.unit.test_findings_data import BIG, _codes, _run
+from tests.unit.test_findings_loop import linear_labels, train_ce
 
 
 def test_a_rise_is_measured_on_the_losss_scale_whatever_its_offset() -> None:
@@ -43,3 +49,25 @@ def test_large_updates_on_a_negative_by_design_loss_near_0_are_a_note() -> None:
     # its twin, the same wobble 10× higher on a loss that never goes negative: still the learning rate
     rep = diagnose(_run([0.05, 0.77, *[0.05] * 38], ratio=BIG))
     assert rep.findings[0].code == "lr_high" and "(15.4× its first value 0.05)" in rep.findings[0].detail, _codes(rep)
+
+
+@pytest.mark.parametrize("bias", [-1.0, None], ids=["bias_minus_1", "twin"])
+def test_a_mostly_silent_relu_layer_is_named_not_the_data(bias: float | None) -> None:
+    """MLP 16→64→4, SGD 0.05, 120 steps (REVIEW.md R4, /tmp/rv26/dead2.py): the first bias at −1.0 leaves 96% of the
+    hidden ReLU's outputs at 0 (no unit on every sample) and the loss near ln 4 (1.385 → 1.354). The old header: "the
+    loss stays at chance … inputs and labels unrelated?". Its twin (the default bias) learns and says nothing."""
+    x, y = linear_labels(3)
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    if bias is not None:
+        with torch.no_grad():
+            m[0].bias.fill_(bias)
+    res = train_ce(m, torch.optim.SGD(m.parameters(), lr=0.05), x, y, 120)
+    serious = [(f.code, f.severity) for f in res.findings if f.severity != "note"]
+    if bias is None:
+        assert serious == []
+        return
+    assert serious == [("dead", "warning")], serious
+    assert res.headline == "`1` (ReLU) is mostly silent: 96% of its outputs are exactly 0 over steps 61–120, and the loss does not fall"
+    assert "loss_at_chance" not in [f.code for f in res.findings]
+

@@ -96,6 +96,7 @@ class Evidence:
     loss: np.ndarray
     gnorm: np.ndarray
     move: float = math.nan  # the largest per-row median update ratio over the run (NaN: none known)
+    chance: float = math.nan  # ln C when the last row is N×C (C ≥ 2) and the first loss is within 10% of ln C (else NaN)
 
     @classmethod
     def of(cls, history: Any) -> Evidence:
@@ -112,7 +113,14 @@ class Evidence:
             g = np.sqrt(np.nansum(np.where(np.isfinite(pg), pg, 0.0) ** 2, axis=1))
             cols = np.isfinite(ur).any(axis=0)
             move = float(np.max(np.nanmedian(ur[:, cols], axis=0))) if cols.any() else math.nan
-        return cls(steps, loss, np.where(have, g, np.nan), move)
+        return cls(steps, loss, np.where(have, g, np.nan), move, _chance(history, loss))
+
+    def learnt(self) -> bool:
+        """A classifier that started at chance (:attr:`chance`) ends (median of its last fifth, ≥ :data:`MIN_STEPS`
+        kept steps) at ≤ half of it: half-way from chance to 0."""
+        _, v = self._finite()
+        n = len(v)
+        return n >= MIN_STEPS and math.isfinite(self.chance) and float(np.median(v[-max(2, n // 5):])) <= 0.5 * self.chance
 
     def _finite(self) -> tuple[np.ndarray, np.ndarray]:
         ok = np.isfinite(self.loss)
@@ -181,3 +189,15 @@ class Evidence:
         if n < MIN_STEPS:
             return False
         return float(np.median(v[-max(2, n // 5):])) < 0.9 * float(np.mean(v[: max(1, n // 10)]))
+
+
+def _chance(history: Any, loss: np.ndarray) -> float:
+    """ln C of a classifier whose first loss sits at chance: the history's last row of shape N×C (C ≥ 2) and the first
+    finite loss within 10% of ln C; NaN otherwise (a regression, a reconstruction, an LM's N×T×V)."""
+    info = list(getattr(history, "row_info", None) or [])
+    shape = tuple(info[-1].get("shape") or ()) if info else ()
+    v = loss[np.isfinite(loss)]
+    if len(shape) != 2 or not shape[1] >= 2 or not len(v):
+        return math.nan
+    c = math.log(int(shape[1]))
+    return c if abs(float(v[0]) / c - 1) <= 0.1 else math.nan

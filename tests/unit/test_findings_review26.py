@@ -5,9 +5,14 @@
   below its start, not as a factor over a first value of 0.004 ("17× its first value");
 * R4: a ReLU layer 96% silent (a bias of −1.0; no unit zero for every sample) with a loss near chance is named as the
   layer (``dead``), not blamed on the data (``loss_at_chance``: "inputs and labels unrelated?");
+* R5: 89% of a layer's units dead while a classifier's loss falls 15% from chance stays a warning (it was a note from
+  a 10% fall); the same layer in a classifier that reaches half of ln C, or under a loss whose floor is unknown (a
+  VAE's, 38 → 27), is a note.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -71,3 +76,18 @@ def test_a_mostly_silent_relu_layer_is_named_not_the_data(bias: float | None) ->
     assert res.headline == "`1` (ReLU) is mostly silent: 96% of its outputs are exactly 0 over steps 61–120, and the loss does not fall"
     assert "loss_at_chance" not in [f.code for f in res.findings]
 
+
+def _dead_codes(loss: list[float]) -> list[tuple[str, str]]:
+    return [c for c in _codes(diagnose(_run(loss, dead=0.89))) if c[0] == "dead_units"]
+
+
+def test_dead_units_are_harmless_only_once_a_classifier_learnt() -> None:
+    chance = float(np.log(8))  # the hand-built history's last row is 4×8
+    slow = [chance * (1 - 0.15 * i / 39) for i in range(40)]  # falls 15% from chance: `falls()` said learning
+    assert Evidence.of(_run(slow).history).chance == chance  # type: ignore[attr-defined]
+    assert _dead_codes(slow) == [("dead_units", "warning")]
+    learnt = [chance * 0.95 ** i for i in range(40)]  # ends at 0.15× chance
+    assert _dead_codes(learnt) == [("dead_units", "note")]
+    vae = [38.3 - 11.0 * i / 39 for i in range(40)]  # no classifier at chance: its floor is unknown, a fall of 10% says it
+    assert math.isnan(Evidence.of(_run(vae).history).chance)  # type: ignore[attr-defined]
+    assert _dead_codes(vae) == [("dead_units", "note")]

@@ -86,6 +86,7 @@ class ForwardHooks:
                                  for _, m in modules)
         return [(module, self._make_hook(name, module)) for name, module in modules]
 
+    @torch.compiler.disable  # run eagerly, never traced (as the modules' hooks)
     def on_root_out(self, _m: nn.Module, _args: Any, output: Any) -> None:
         """The model's own forward returned: the loss in its output, when it holds one (no ``loss=``)."""
         if self.passes.eval or in_backward():
@@ -223,7 +224,9 @@ class ForwardHooks:
             if check and rec.hot is None:
                 fw._check_forward(module, inputs, kwargs, output, [(call, t)])
 
-        return hook
+        # run eagerly, never traced: in a cell that compiles the model's caller, TorchDynamo broke the graph
+        # inside this hook 3-4 times per call and compiled the pieces as ~50 frames (test_compiled.py); ~1 µs a call
+        return torch.compiler.disable(hook)
 
     def _first_sample(self, row: Row, t: torch.Tensor) -> None:
         """The row's kept sample (and histogram), from its first call."""

@@ -15,6 +15,7 @@ from . import (
     lr,
     mixing,
     nonfinite,
+    order,
     output_kinds,
     outputs,
     recipes,
@@ -26,5 +27,5 @@ from . import (
 from .base import CASES, CLASSES, Case, Setup
 
 __all__ = ["CASES", "CLASSES", "Case", "Setup"]
-_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, output_kinds, outputs, recipes, recipes_data, recipes_lm,
+_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, order, output_kinds, outputs, recipes, recipes_data, recipes_lm,
             recipes_more, training)

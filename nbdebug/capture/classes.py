@@ -48,8 +48,9 @@ def batch_classes(g: torch.Tensor, on_device: bool) -> Any:
     n, c = g.shape
     if not on_device and g.device.type == "cpu" and g.dtype == torch.float32:
         a = g.detach().numpy()
-        neg = (a < 0).sum(1)
-        ok = (neg == 1) | ((a <= 0).sum(1) == 1)
+        ok = (a < 0).sum(1) == 1
+        if not ok.all():  # rows saturated at 1 (no negative entry): the one entry ≤ 0 is the label
+            ok |= (a <= 0).sum(1) == 1
         counts = np.bincount(a.argmin(1)[ok], minlength=c)
         top = int(counts.argmax())
         return np.array([counts[top] / n, top], _F32)

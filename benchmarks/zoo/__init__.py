@@ -15,6 +15,7 @@ from . import (
     lr,
     mixing,
     nonfinite,
+    order,
     output_kinds,
     outputs,
     recipes,
@@ -27,5 +28,5 @@ from . import (
 from .base import CASES, CLASSES, Case, Setup
 
 __all__ = ["CASES", "CLASSES", "Case", "Setup"]
-_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, output_kinds, outputs, recipes, recipes_data, recipes_lm,
-            recipes_more, recipes_signed, training)
+_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, order, output_kinds, outputs, recipes, recipes_data,
+            recipes_lm, recipes_more, recipes_signed, training)

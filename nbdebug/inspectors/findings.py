@@ -42,6 +42,7 @@ from .report import Diagnosis, ThermometerReport
 from .run_evidence import Evidence, Finding, Rise, names
 from .run_findings import run_findings
 from .run_findings_data import data_causes, data_findings, harmless_dead_units, recovered
+from .run_findings_order import order_causes, order_findings
 from .steps import SUGGEST, FirstNonfinite, diagnoses_at, first_nonfinite_of, nan_part, plural
 
 __all__ = ["SUGGEST_FINDINGS", "Finding", "as_json", "build", "findings_of", "headline", "live_findings", "rank"]
@@ -316,6 +317,8 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         if f.code in ("params_not_stepped", "no_optimizer_step", "grad_not_zeroed"):
             for k in ("lr_high", "lr_low", "loss_diverged", "exploding_run", "loss_spike"):
                 causes.setdefault(k, f.key)  # the loop bug explains what the updates and the loss did
+    for k, c in order_causes(items).items():  # what follows from batches of one class (run_findings_order.py)
+        causes.setdefault(k, c)
     # the state at the report's step, where no event over the run already says it
     told = {(e.code, e.row) for e in evs}
     for d in diags:
@@ -371,7 +374,8 @@ def findings_of(report: ThermometerReport, result: Any = None, thresholds: Thres
     first = first_nonfinite_of(result) if (result is not None and timed and getattr(result, "history", None) is not None) else None
     hist = getattr(result, "history", None) if timed else None
     return build(report.events, report.diagnoses, incidents=incidents, first_nonfinite=first, step=int(report.step or 0),
-                 th=thresholds, history=timed, evidence=Evidence.of(hist), extra=[*loop_findings(result), *run_findings(result), *data_findings(result)] if timed else ())
+                 th=thresholds, history=timed, evidence=Evidence.of(hist), extra=[*loop_findings(result), *run_findings(result), *data_findings(result),
+                        *order_findings(result)] if timed else ())
 
 
 def live_findings(history: Any, thresholds: Thresholds | None = None, *, flags: np.ndarray,

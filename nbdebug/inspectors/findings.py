@@ -125,9 +125,9 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
 def _rise_clause(r: Rise, lead: str = "the loss ") -> str:
     if not math.isfinite(r.value):
         return f"{lead}went non-finite at step {r.step}"
-    if math.isnan(r.scale) or r.scale == r.start:
-        return f"{lead}rose to {fmt_g(r.value)} at step {r.step} ({fmt_g(r.factor)}× its first value {fmt_g(r.start)})"
-    return f"{lead}rose to {fmt_g(r.value)} at step {r.step} (from {fmt_g(r.start)}: {fmt_g(r.factor - 1)}× its range {fmt_g(r.scale)})"
+    first = math.isnan(r.scale) or r.scale == r.start
+    return f"{lead}rose to {fmt_g(r.value)} at step {r.step} " + (f"({fmt_g(r.factor)}× its first value {fmt_g(r.start)})" if first
+                                                                   else f"(from {fmt_g(r.start)}: {fmt_g(r.factor - 1)}× its range {fmt_g(r.scale)})")
 
 
 def _loss_findings(ev: Evidence) -> list[Finding]:
@@ -317,8 +317,7 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         if f.code in ("params_not_stepped", "no_optimizer_step", "grad_not_zeroed"):
             for k in ("lr_high", "lr_low", "loss_diverged", "exploding_run", "loss_spike"):
                 causes.setdefault(k, f.key)  # the loop bug explains what the updates and the loss did
-    for k, c in order_causes(items).items():  # what follows from batches of one class (run_findings_order.py)
-        causes.setdefault(k, c)
+    causes.update({k: c for k, c in order_causes(items).items() if k not in causes})  # follows from one-class batches
     # the state at the report's step, where no event over the run already says it
     told = {(e.code, e.row) for e in evs}
     for d in diags:

@@ -38,7 +38,7 @@ _F32 = np.float32
 def classifier_output(t: Any) -> bool:
     """``t`` is a classifier's ``[N, C]`` floating output (2 ≤ C ≤ :data:`MAX_CLASSES`, N ≥ 2) that
     a backward can reach (it requires grad: absent under ``no_grad``/``inference_mode``)."""
-    return (type(t) is torch.Tensor or isinstance(t, torch.Tensor)) and t.dim() == 2 and t.requires_grad and \
+    return isinstance(t, torch.Tensor) and t.dim() == 2 and t.requires_grad and \
         t.is_floating_point() and 2 <= t.shape[1] <= MAX_CLASSES and t.shape[0] >= 2
 
 

@@ -24,6 +24,15 @@ def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Any:
     return train_ce(model, torch.optim.Adam(model.parameters(), lr=1e-3), x, y, 30, bs=32)
 
 
+def _steps(m: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, n: int = 5) -> None:
+    """``n`` steps of the plain classification loop on batches of 32 taken in turn (inside the test's own
+    ``nbdebug.debug``, which reads the model before the cell ends)."""
+    for i in range(n):
+        opt.zero_grad()
+        F.cross_entropy(m(x[i * 32:(i + 1) * 32]), y[i * 32:(i + 1) * 32]).backward()
+        opt.step()
+
+
 class Rows(nn.Module):
     """16 features as 4 rows of 4, embedded per row, flattened per sample; ``mix``: (B, 4, 8) reshaped to
     (4, B, 8) where a transpose was meant (each "sample" of the head then holds rows of 4 samples)."""
@@ -152,10 +161,7 @@ def test_a_forward_that_stashes_what_it_saw_keeps_the_users_last_call() -> None:
     m = Stash()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     with nbdebug.debug(m) as dbg:
-        for i in range(5):
-            opt.zero_grad()
-            F.cross_entropy(m(x[i * 32:(i + 1) * 32]), y[i * 32:(i + 1) * 32]).backward()
-            opt.step()
+        _steps(m, opt, x, y)
         last = m.seen
     assert dbg.result.loop["batch_probe"]["change"] == 0.0  # the probe ran
     assert m.seen is last and m.seen.shape[0] == 32 and m.seen.requires_grad
@@ -219,10 +225,7 @@ def test_ctrl_c_during_the_probe_leaves_the_model_as_found(nth: int) -> None:
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     before: dict[str, torch.Tensor] = {}
     with pytest.raises(KeyboardInterrupt), nbdebug.debug(m):
-        for i in range(5):
-            opt.zero_grad()
-            F.cross_entropy(m(x[i * 32:(i + 1) * 32]), y[i * 32:(i + 1) * 32]).backward()
-            opt.step()
+        _steps(m, opt, x, y)
         before = {k: v.clone() for k, v in m.state_dict().items()}
         grads = {n: p.grad.clone() for n, p in m.named_parameters()}
         m.stop_at = m.every[0] + nth
@@ -257,10 +260,7 @@ def test_one_whole_batch_pass_serves_both_post_cell_probes() -> None:
     m = Counted()
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     with nbdebug.debug(m) as dbg:
-        for i in range(5):
-            opt.zero_grad()
-            F.cross_entropy(m(x[i * 32:(i + 1) * 32]), y[i * 32:(i + 1) * 32]).backward()
-            opt.step()
+        _steps(m, opt, x, y)
         n = m.every[0]
     assert m.every[0] - n == 2
     loop = dbg.result.loop

@@ -1,7 +1,7 @@
 """``--faithfulness`` and ``--sanity`` of the Grad-CAM view on a model call.
 
 :func:`faithfulness`: deletion / insertion / ROAD of each method's map for sample 0 and its first
-target, every perturbed image of every method in one batched run
+target, every distinct perturbed image of every method in one batched run
 (:class:`~nbdebug.inspectors.faithfulness.Plan` builds them, :class:`~nbdebug.runs.perturb.Perturbed`
 runs them). :func:`sanity`: each method's map against the map of a deep copy of the model whose
 layers after the CAM layer are re-initialised, from the output down (:func:`reinitialise`); the
@@ -45,20 +45,20 @@ def faithfulness(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], 
     x = img[0].permute(2, 0, 1) if nhwc else img[0]
     plan = Plan(x, {m: torch.as_tensor(maps.of(m)[0][0, 0]) for m in maps.methods}, seed=seed)
     target = int(classes[0, 0])
-    n = len(plan.items)
+    n = len(plan.runs)  # an image two methods share runs once
     per_item = item_bytes if item_bytes is not None else 32 * per_sample_bytes(img)
     runner = Perturbed(model, args, kwargs, sample=0, chunk=chunk_size(max_bytes, per_item, n),
                        on_chunk=(lambda d, total: progress("faithfulness", d, total)) if progress else None)
 
     def make(i: int, j: int) -> torch.Tensor:
-        batch = plan.batch(i, j)
+        batch = plan.build(i, j)
         return batch.permute(0, 2, 3, 1) if nhwc else batch
 
     def pick(output: Any) -> torch.Tensor:
         return torch.softmax(class_scores(output).float(), dim=1)[:, target : target + 1]
 
     probs = runner.inputs(make, n, pick)[:, 0].cpu().numpy()
-    return plan.report(probs, target, name_of(target), runner.forwards)
+    return plan.report(plan.spread(probs), target, name_of(target), runner.forwards)
 
 
 def layers_after(model: nn.Module, layer: SpatialLayer, calls: Sequence[tuple[str, int]]) -> list[str]:

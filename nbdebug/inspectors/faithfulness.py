@@ -9,12 +9,12 @@ ranked by the map (most salient first; ties in raster order) and:
 - **ROAD** (Rong et al. 2022, "A Consistent and Efficient Evaluation Strategy for Attribution
   Methods"): the most (``road_morf``, lower is better) or least (``road_lerf``, higher is better)
   relevant 10 %, 20 % … 90 % of the pixels removed and imputed by noisy linear imputation
-  (:func:`impute`: each removed pixel the weighted mean of its 8 neighbours, 1/6 for edges and 1/12
-  for corners, solved jointly, plus Gaussian noise of σ = 0.01).
+  (:func:`~nbdebug.inspectors.road.impute`: each removed pixel the weighted mean of its 8 neighbours,
+  1/6 for edges and 1/12 for corners, solved jointly, plus Gaussian noise of σ = 0.01).
 
 :class:`Plan` lists every perturbed image of every method (the clean and the fully blurred image
-once, shared) and builds any slice of them as one batch, so all steps of all methods run batched
-(:class:`~nbdebug.runs.perturb.Perturbed`); :meth:`Plan.report` turns the target class's
+once, shared; an image two methods share, once) and builds any slice of them as one batch, so all
+steps of all methods run batched (:class:`~nbdebug.runs.perturb.Perturbed`); :meth:`Plan.report` turns the target class's
 probabilities into curves and areas (:func:`auc`: trapezoid over the fractions, divided by their
 range, i.e. the curve's mean height). :func:`rank_methods` orders methods by
 ``insertion − deletion + road_lerf − road_morf``.
@@ -22,12 +22,15 @@ range, i.e. the curve's mean height). :func:`rank_methods` orders methods by
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from .road import add_noise, impute, linear_fill
 
 __all__ = ["FRACTIONS", "METRICS", "FaithfulnessReport", "Plan", "auc", "blur", "impute", "rank_methods"]
 
@@ -36,6 +39,8 @@ METRICS = ("deletion", "insertion", "road_morf", "road_lerf")
 LOWER_IS_BETTER = ("deletion", "road_morf")
 STEPS = 20
 ROAD = tuple(round(0.1 * k, 1) for k in range(1, 10))
+#: σ of ROAD's imputation noise
+NOISE = 0.01
 #: the fractions of pixels perturbed at each point of each curve
 FRACTIONS: dict[str, np.ndarray] = {
     "deletion": np.arange(STEPS + 1, dtype=np.float32) / STEPS,
@@ -43,7 +48,6 @@ FRACTIONS: dict[str, np.ndarray] = {
     "road_morf": np.array((0.0, *ROAD), dtype=np.float32),
     "road_lerf": np.array((0.0, *ROAD), dtype=np.float32),
 }
-_DENSE = 256  # the coarsest level of the imputation is solved exactly up to this many pixels
 
 
 def blur(x: torch.Tensor, klen: int = 11, sigma: float = 5.0) -> torch.Tensor:
@@ -59,111 +63,6 @@ def blur(x: torch.Tensor, klen: int = 11, sigma: float = 5.0) -> torch.Tensor:
     k2 = (g[:, None] * g[None, :]).expand(c, 1, klen, klen)
     out = F.conv2d(F.pad(flat, (pad, pad, pad, pad), mode=mode), k2, groups=c)
     return out.reshape(*lead, c, h, w).to(x.dtype)
-
-
-def _neighbours(x: torch.Tensor) -> torch.Tensor:
-    """The 8-neighbour weighted sum of ``x`` (…×H×W): 1/6 for edges, 1/12 for corners, 0 outside."""
-    p = F.pad(x, (1, 1, 1, 1))
-    corners = p[..., :-2, :-2] + p[..., :-2, 2:] + p[..., 2:, :-2] + p[..., 2:, 2:]
-    edges = p[..., 1:-1, :-2] + p[..., 1:-1, 2:] + p[..., :-2, 1:-1] + p[..., 2:, 1:-1]
-    return corners * (1 / 12) + edges * (1 / 6)
-
-
-def _pool(m: torch.Tensor) -> torch.Tensor:
-    """The next coarser grid's removed pixels: those whose 2×2 block is all removed."""
-    return 1 - F.max_pool2d(1 - m, 2, ceil_mode=True)
-
-
-class _Level:
-    """One grid of the multigrid preconditioner: ``op(v) = m ⊙ (diag ⊙ v − neighbours(m ⊙ v))`` on the
-    removed pixels ``m`` (N×1×H×W, 1 = removed); the coarsest grid is inverted exactly."""
-
-    def __init__(self, m: torch.Tensor) -> None:
-        self.m = m
-        h, w = m.shape[-2:]
-        self.diag = _neighbours(torch.ones(1, 1, h, w, dtype=m.dtype, device=m.device))
-        self.inv = 0.8 / self.diag  # damped Jacobi
-        self.coarse = _Level(_pool(m)) if min(h, w) > 8 else None
-        self.dense: torch.Tensor | None = None
-        if self.coarse is None and h * w <= _DENSE:
-            n = h * w
-            eye = torch.eye(n, dtype=m.dtype, device=m.device).reshape(1, n, h, w)
-            cols = self.op(eye)  # N×n×h×w: column j is op(e_j)
-            a = cols.reshape(m.shape[0], n, n).transpose(1, 2) + torch.diag_embed(1 - m.reshape(m.shape[0], n))
-            self.dense = torch.linalg.pinv(a)
-
-    def op(self, v: torch.Tensor) -> torch.Tensor:
-        return self.m * (self.diag * v - _neighbours(self.m * v))
-
-    def vcycle(self, r: torch.Tensor) -> torch.Tensor:
-        """An approximate solve of ``op(e) = r`` (symmetric: one Jacobi sweep before and after the
-        coarse correction, restriction the transpose of prolongation), the preconditioner of CG."""
-        if self.dense is not None:
-            n, c, h, w = r.shape
-            return torch.einsum("nij,ncj->nci", self.dense, r.reshape(n, c, h * w)).reshape(r.shape) * self.m
-        if self.coarse is None:
-            e = self.inv * r * self.m
-            for _ in range(20):
-                e = e + self.inv * (r - self.op(e)) * self.m
-            return e
-        e = self.inv * r * self.m
-        h, w = r.shape[-2:]
-        res = F.pad((r - self.op(e)) * self.m, (0, w % 2, 0, h % 2))
-        ec = self.coarse.vcycle(F.avg_pool2d(res, 2) * 4 * self.coarse.m)
-        e = e + F.interpolate(ec, scale_factor=2, mode="nearest")[..., :h, :w] * self.m
-        return e + self.inv * (r - self.op(e)) * self.m
-
-
-def _solve(img: torch.Tensor, removed: torch.Tensor, tol: float, iters: int) -> torch.Tensor:
-    """The linear imputation of ``img`` (N×C×H×W) at ``removed`` (N×1×H×W): conjugate gradients
-    preconditioned by a multigrid V-cycle, one system per image and channel, each until its residual
-    is below ``tol`` of its right-hand side."""
-    m = removed.to(img.dtype)
-    level = _Level(m)
-    b = m * _neighbours(img * (1 - m))
-    x = torch.zeros_like(img)
-    r = b.clone()
-
-    def dot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return (u * v).sum(dim=(-2, -1), keepdim=True)
-
-    z = level.vcycle(r)
-    p, rz = z, dot(r, z)
-    stop = tol**2 * dot(b, b)
-    for _ in range(iters):
-        active = dot(r, r) > stop  # a converged system stops moving: the same result alone or in any batch
-        if not bool(active.any()):
-            break
-        ap = level.op(p)
-        pap = dot(p, ap)
-        alpha = torch.where(active & (pap > 0), rz / torch.where(pap > 0, pap, torch.ones_like(pap)), torch.zeros_like(pap))
-        x = x + alpha * p
-        r = r - alpha * ap
-        z = level.vcycle(r)
-        rz_new = dot(r, z)
-        p = z + torch.where(rz > 0, rz_new / torch.where(rz > 0, rz, torch.ones_like(rz)), torch.zeros_like(rz)) * p
-        rz = rz_new
-    return torch.where(removed, x, img)
-
-
-def impute(img: torch.Tensor, removed: torch.Tensor, *, noise: float = 0.01, generator: torch.Generator | None = None,
-           seeds: Sequence[int] | None = None, tol: float = 1e-3, iters: int = 200) -> torch.Tensor:
-    """ROAD's noisy linear imputation of ``img`` (N×C×H×W) at the ``removed`` pixels (N×H×W bool):
-    each removed pixel is the weighted mean of its neighbours inside the image (1/6 edge, 1/12
-    corner), all solved jointly (the system Rong et al. solve with a sparse direct solver; here
-    multigrid-preconditioned conjugate gradients in float32 to a relative residual ``tol``, about
-    0.2 % of the image's range, well below the noise), plus ``noise`` × N(0, 1) on the removed
-    pixels, drawn from ``generator`` (default: one seeded 0) or, with ``seeds``, image ``i``'s from a generator seeded
-    ``seeds[i]`` (the same image whatever else is in the batch); the user's random stream is not used."""
-    rem = removed.unsqueeze(1).bool()
-    out = _solve(img.float(), rem, tol, iters)
-    if noise:
-        if seeds is not None:
-            eps = torch.stack([torch.randn(out.shape[1:], generator=torch.Generator().manual_seed(int(s))) for s in seeds])
-        else:
-            eps = torch.randn(out.shape, generator=generator if generator is not None else torch.Generator().manual_seed(0))
-        out = torch.where(rem, out + noise * eps.to(out.device), out)
-    return out.to(img.dtype)
 
 
 def auc(fractions: np.ndarray, values: np.ndarray) -> float:
@@ -195,6 +94,8 @@ class FaithfulnessReport:
     ranking: list[str]
     forwards: int = 0
     images: int = 0
+    #: the images run: ``images`` less those two methods share (:attr:`Plan.runs`)
+    distinct: int = 0
     fractions: dict[str, np.ndarray] = field(default_factory=lambda: dict(FRACTIONS))
 
 
@@ -203,7 +104,15 @@ class Plan:
 
     ``items`` lists them: ``("clean", "", 0)``, ``("blurred", "", 0)``, then per method
     ``(method, metric, k)`` for the points that are not the clean or blurred image. ``batch(i, j)``
-    builds items ``i`` to ``j`` as one N×C×H×W tensor (ROAD's imputation solved for the slice at once).
+    builds items ``i`` to ``j`` as one N×C×H×W tensor.
+
+    Methods often rank the pixels alike (gradcam, hirescam and xgradcam on a layer followed by global
+    pooling give proportional maps), so many items are the same image: ``runs`` lists the items whose
+    images are run (an item whose image equals an earlier one's, the same metric and the same pixels,
+    is not; ``run_of[i]`` is item ``i``'s run), ``build(i, j)`` builds runs ``i`` to ``j`` and
+    :meth:`spread` gives each item its run's value. ROAD's images all differ (each item draws its own
+    noise, seeded by its index) but the imputation is solved once per set of removed pixels, the runs
+    that share a solve next to each other and a solve kept only until the last of them is built.
     """
 
     def __init__(self, x: torch.Tensor, maps: Mapping[str, torch.Tensor], *, seed: int = 0) -> None:
@@ -220,6 +129,38 @@ class Plan:
                     if not self._shared(metric, k):
                         self.items.append((m, metric, k))
         self.seed = seed
+        self._fills: dict[int, torch.Tensor] = {}
+        self._dedupe()
+
+    def _dedupe(self) -> None:
+        """``same[i]``: the first item whose image (deletion, insertion) or removed pixels (ROAD) are
+        item ``i``'s; ``runs`` in run order, ``run_of``, ``last_fill`` (the last run using a solve)."""
+        cpu = {m: o.cpu() for m, o in self.order.items()}  # one transfer per method
+        first: dict[tuple[str, bytes], int] = {}
+        self.same = list(range(len(self.items)))
+        for i, (method, metric, k) in enumerate(self.items):
+            if method in ("clean", "blurred"):
+                continue
+            mask = self._mask(method, metric, k, cpu[method])
+            key = (metric if metric in ("deletion", "insertion") else "road", hashlib.blake2b(mask.numpy().tobytes(), digest_size=16).digest())
+            j = first.setdefault(key, i)
+            if j != i and torch.equal(mask, self._mask(*self.items[j], cpu[self.items[j][0]])):  # the digest's word checked
+                self.same[i] = j
+        road: dict[int, list[int]] = {i: [] for i in range(len(self.items))}  # ROAD item → the later items sharing its solve
+        for i, j in enumerate(self.same):
+            if j != i and self.items[i][1].startswith("road"):
+                road[j].append(i)
+        self.runs: list[int] = []
+        for i, j in enumerate(self.same):
+            if j == i:
+                self.runs.append(i)
+                self.runs.extend(road[i])
+        at = {item: pos for pos, item in enumerate(self.runs)}
+        self.run_of = [at[i] if i in at else at[self.same[i]] for i in range(len(self.items))]
+        self.last_fill: dict[int, int] = {}
+        for pos, i in enumerate(self.runs):
+            if self.items[i][1].startswith("road"):
+                self.last_fill[self.same[i]] = pos
 
     @staticmethod
     def _shared(metric: str, k: int) -> str:
@@ -234,35 +175,55 @@ class Plan:
     def _count(self, metric: str, k: int) -> int:
         return round(float(FRACTIONS[metric][k]) * self.hw)
 
-    def _mask(self, method: str, metric: str, k: int) -> torch.Tensor:
-        """H×W bool: the pixels perturbed at point ``k``."""
+    def _mask(self, method: str, metric: str, k: int, order: torch.Tensor | None = None) -> torch.Tensor:
+        """H×W bool: the pixels perturbed at point ``k`` (on ``order``'s device: default the image's)."""
         n = self._count(metric, k)
-        order = self.order[method]
+        order = self.order[method] if order is None else order
         idx = order[-n:] if metric == "road_lerf" and n else order[:n]
-        mask = torch.zeros(self.hw, dtype=torch.bool, device=self.x.device)
+        mask = torch.zeros(self.hw, dtype=torch.bool, device=order.device)
         mask[idx] = True
         return mask.reshape(self.x.shape[-2:])
 
     def batch(self, i: int, j: int) -> torch.Tensor:
         """Items ``i`` to ``j`` (exclusive) as one batch, in order."""
-        out: list[torch.Tensor | None] = [None] * (j - i)
-        road: list[tuple[int, torch.Tensor]] = []
-        for pos, (method, metric, k) in enumerate(self.items[i:j]):
+        return self._images(list(range(i, j)), {})
+
+    def build(self, i: int, j: int) -> torch.Tensor:
+        """Runs ``i`` to ``j`` (exclusive) as one batch, in order (:attr:`runs`); call them in order."""
+        out = self._images(self.runs[i:j], self._fills)
+        for key in [key for key in self._fills if self.last_fill[key] < j]:
+            del self._fills[key]  # no later run uses this solve
+        return out
+
+    def spread(self, values: Sequence[float] | np.ndarray) -> np.ndarray:
+        """Every item's value (``items`` order) from each run's (``runs`` order)."""
+        return np.asarray(values).reshape(-1)[self.run_of]
+
+    def _images(self, items: Sequence[int], fills: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The images of ``items``; ROAD's solves of ``fills`` (first sharing item → its solve) reused,
+        the missing ones solved at once and added to it."""
+        out: list[torch.Tensor] = []
+        road: list[tuple[int, int, torch.Tensor]] = []  # (position, item, removed)
+        for pos, i in enumerate(items):
+            method, metric, k = self.items[i]
             if method in ("clean", "blurred"):
-                out[pos] = self.x if method == "clean" else self.blurred
-            elif metric in ("deletion", "insertion"):
-                mask = self._mask(method, metric, k)
+                out.append(self.x if method == "clean" else self.blurred)
+                continue
+            mask = self._mask(method, metric, k)
+            if metric in ("deletion", "insertion"):
                 a, b = (self.blurred, self.x) if metric == "deletion" else (self.x, self.blurred)
-                out[pos] = torch.where(mask, a, b)
+                out.append(torch.where(mask, a, b))
             else:
-                road.append((pos, self._mask(method, metric, k)))
-        if road:
-            imgs = self.x.unsqueeze(0).expand(len(road), *self.x.shape)
-            seeds = [self.seed * 1_000_003 + i + pos for pos, _ in road]  # the noise of item i: the same in any chunk
-            filled = impute(imgs, torch.stack([m for _, m in road]), seeds=seeds)
-            for (pos, _), img in zip(road, filled):
-                out[pos] = img
-        return torch.stack([t for t in out if t is not None])
+                out.append(self.x)  # replaced below
+                road.append((pos, i, mask))
+        todo = {self.same[i]: mask for _, i, mask in road if self.same[i] not in fills}
+        if todo:
+            x = self.x.float().unsqueeze(0).expand(len(todo), *self.x.shape)
+            solved = linear_fill(x, torch.stack(list(todo.values())).unsqueeze(1))
+            fills.update(zip(todo, solved))
+        for pos, i, mask in road:  # the noise of item i: the same in any chunk
+            out[pos] = add_noise(fills[self.same[i]], mask[None], NOISE, self.seed * 1_000_003 + i).to(self.x.dtype)
+        return torch.stack(out)
 
     def report(self, probs: Sequence[float] | np.ndarray, target: int, target_name: str, forwards: int = 0) -> FaithfulnessReport:
         """Curves and areas from the target's probability on every item (in ``items`` order)."""
@@ -278,4 +239,4 @@ class Plan:
                 vals = [shared[s] if (s := self._shared(metric, k)) else at[(m, metric, k)] for k in range(n)]
                 curves[m][metric] = np.asarray(vals, dtype=np.float32)
                 aucs[m][metric] = auc(FRACTIONS[metric], curves[m][metric])
-        return FaithfulnessReport(target, target_name, aucs, curves, rank_methods(aucs), forwards, len(self.items))
+        return FaithfulnessReport(target, target_name, aucs, curves, rank_methods(aucs), forwards, len(self.items), len(self.runs))

@@ -27,6 +27,12 @@ from typing import Any, Literal
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 SERVER_START_S = 120
+# The harness' timeouts (milliseconds) that held under load on 2 cores.
+KERNEL_IDLE_MS = 90_000
+WIDGET_MS = 60_000
+RUN_ALL_MS = 180_000
+CELL_MS = 60_000
+PAGE_LOAD_MS = 90_000
 
 App = Literal["lab", "notebook"]
 _workspace_ids = itertools.count()

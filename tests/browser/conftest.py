@@ -137,8 +137,10 @@ def _app_of(request: pytest.FixtureRequest) -> harness.App | None:
 def _failure_screenshot(request: pytest.FixtureRequest, pg: Any) -> bool:
     """A screenshot when the test's call failed; returns whether it failed."""
     rep = getattr(request.node, "_nbdebug_rep_call", None)
-    if rep is None or not rep.failed:
-        return rep is None  # no call report: setup failed
+    if rep is None:
+        return True  # no call report: setup failed
+    if not rep.failed:
+        return hasattr(rep, "wasxfail")  # an expected failure is a failure of the page all the same
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
     try:
         harness.screenshot(pg, f"{name}-failure")

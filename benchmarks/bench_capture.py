@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 
@@ -254,7 +255,11 @@ def _instr_child(spec: str, quick: bool) -> None:
 def instruction_ratios(quick: bool, count: bool) -> dict[str, float]:
     """Model name → instructions per forward under ``Capture`` over plain ({} when not counted)."""
     names = [name for name, _, _ in models(quick)]
-    out = {}
+    out: dict[str, float] = {}
+    if not count:  # nothing counted: every child's forwards in one process (one torch import, not four)
+        specs = ",".join(f"{i}:{variant}:1" for i in range(len(names)) for variant in ("plain", "nbdebug"))
+        subprocess.run([sys.executable, __file__, "--instr-child", specs, *(["--quick"] if quick else [])], capture_output=True, text=True, check=True)
+        return out
     for i, name in enumerate(names):
         per = instructions_per_call(
             lambda variant, calls, i=i: [sys.executable, __file__, "--instr-child", f"{i}:{variant}:{calls}", *(["--quick"] if quick else [])],
@@ -275,10 +280,11 @@ def main() -> None:
     ap.add_argument("--no-kernel", action="store_true", help="leave out the kernel table")
     ap.add_argument("--instructions", action="store_true",
                     help="also: instructions per forward under Capture over plain, counted by valgrind --tool=callgrind (minutes)")
-    ap.add_argument("--instr-child", help=argparse.SUPPRESS)  # one process of --instructions
+    ap.add_argument("--instr-child", help=argparse.SUPPRESS)  # one process of --instructions (specs, comma-separated)
     a = ap.parse_args()
     if a.instr_child:
-        _instr_child(a.instr_child, a.quick)
+        for spec in a.instr_child.split(","):  # several when nothing is counted (instruction_ratios)
+            _instr_child(spec, a.quick)
         return
     threads = [1] if a.quick else a.threads
     if a.kernel:

@@ -15,16 +15,18 @@ from . import (
     lr,
     mixing,
     nonfinite,
+    order,
     output_kinds,
     outputs,
     recipes,
     recipes_data,
     recipes_lm,
     recipes_more,
+    recipes_signed,
     training,
 )
 from .base import CASES, CLASSES, Case, Setup
 
 __all__ = ["CASES", "CLASSES", "Case", "Setup"]
-_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, output_kinds, outputs, recipes, recipes_data, recipes_lm,
-            recipes_more, training)
+_MODULES = (activations, data, graph, loop_bugs, lr, mixing, nonfinite, order, output_kinds, outputs, recipes, recipes_data,
+            recipes_lm, recipes_more, recipes_signed, training)

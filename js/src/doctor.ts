@@ -11,12 +11,12 @@ import { Listeners } from "./lib/request";
 
 export interface Check {
   name: string;
-  status: "pass" | "fail" | "skip";
+  status: "pass" | "warn" | "fail" | "skip";
   advice: string;
   evidence: [string, unknown][];
 }
 
-const MARK: Record<string, string> = { pass: "✓", fail: "✗", skip: "–" };
+const MARK: Record<string, string> = { pass: "✓", warn: "!", fail: "✗", skip: "–" };
 
 const CSS = `
 .nbdebug-doctor { font: 12px/1.4 var(--jp-ui-font-family, system-ui, sans-serif); color: var(--jp-ui-font-color1, #222);
@@ -30,10 +30,13 @@ const CSS = `
 .nbdebug-doctor .nbd-check.nbd-selected { background: color-mix(in srgb, var(--jp-brand-color1, #1976d2) 12%, transparent); outline: 1px solid var(--jp-brand-color1, #1976d2); outline-offset: -1px; }
 .nbdebug-doctor .nbd-check[data-status="pass"] { border-left-color: #1b5e20; }
 .nbdebug-doctor .nbd-check[data-status="fail"] { border-left-color: #b71c1c; }
+.nbdebug-doctor .nbd-check[data-status="warn"] { border-left-color: #8a4b00; }
 .nbdebug-doctor .nbd-check[data-status="skip"] { border-left-color: #9e9e9e; }
 .nbdebug-doctor .nbd-status { font-weight: bold; }
 .nbdebug-doctor [data-status="pass"] .nbd-status { color: #1b5e20; }
 .nbdebug-doctor [data-status="fail"] .nbd-status { color: #b71c1c; }
+.nbdebug-doctor [data-status="warn"] .nbd-status { color: #8a4b00; }
+.nbdebug-doctor .nbd-look { color: #8a4b00; font-weight: 600; }
 .nbdebug-doctor [data-status="skip"] .nbd-status { color: #424242; }
 .nbdebug-doctor .nbd-name { font-family: var(--jp-code-font-family, monospace); overflow-wrap: anywhere; }
 .nbdebug-doctor [data-status="fail"] .nbd-name { font-weight: 700; }
@@ -46,9 +49,10 @@ const CSS = `
 .nbdebug-doctor .nbd-notes { margin: 4px 0 0 18px; padding: 0; color: var(--nbd-d-fg2); overflow-wrap: anywhere; }
 `;
 
-/** The checks as listed: failed first, then the others, each in checklist order. */
+/** The checks as listed: failed first, then those worth a look ("warn"), then the others, each in checklist order. */
 export function failedFirst(checks: Check[]): Check[] {
-  return [...checks.filter((c) => c.status === "fail"), ...checks.filter((c) => c.status !== "fail")];
+  const rank = (c: Check) => (c.status === "fail" ? 0 : c.status === "warn" ? 1 : 2);
+  return [...checks].sort((a, b) => rank(a) - rank(b));
 }
 
 /** One evidence value as text: numbers with 3 significant digits, lists comma-separated. */
@@ -144,9 +148,11 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
   const draw = () => {
     const checks: Check[] = model.get("checks") ?? [];
     const failed = checks.filter((c) => c.status === "fail").length;
+    const look = checks.filter((c) => c.status === "warn").length;
     const classes = model.get("classes");
     replaceChildren(head, [
       h("span", { class: ["nbd-verdict", !failed && "nbd-ok"], text: failed ? `${failed} failed` : "nothing failed" }),
+      ...(look ? [h("span", { class: "nbd-look", text: `${look} worth a look` })] : []),
       h("span", { text: `of ${checks.length} checks · nbdebug doctor · ${model.get("kind") ?? ""}${classes ? `, ${classes} classes` : ""} · ${fmt(num("elapsed_s"))} s` }),
       ...(failed && model.get("headline") ? [h("div", { class: "nbd-headline" }, withCode(String(model.get("headline"))))] : []),
     ]);

@@ -65,6 +65,29 @@ describe("doctor checklist", () => {
     expect(el.querySelector(".nbd-head .nbd-headline")).toBeNull();
   });
 
+  it("lists a check worth a look ('warn') after the failed ones and before the passed, and counts it in the header", () => {
+    const m = reportModel();
+    m.set("checks", [
+      { name: "init_loss", status: "warn", advice: "initial loss 1.98 is above ln 4", evidence: [["loss", 1.98]] },
+      { name: "gradient_flow", status: "pass", advice: "ok", evidence: [] },
+      { name: "overfit_batch", status: "fail", advice: "remove the softmax", evidence: [] },
+    ]);
+    const el = mount(doctor.render as any, m);
+    const rows = Array.from(el.querySelectorAll(".nbd-check"));
+    expect(rows.map((r) => [r.getAttribute("data-check"), r.getAttribute("data-status")])).toEqual([
+      ["overfit_batch", "fail"], ["init_loss", "warn"], ["gradient_flow", "pass"],
+    ]);
+    expect(rows.map((r) => r.querySelector(".nbd-status")!.textContent)).toEqual(["✗", "!", "✓"]);
+    expect((el.querySelector(".nbd-head .nbd-verdict") as HTMLElement).textContent).toBe("1 failed");
+    expect((el.querySelector(".nbd-head .nbd-look") as HTMLElement).textContent).toBe("1 worth a look");
+    // nothing failed, one to look at: the verdict stays green and the count stays beside it
+    m.set("checks", [{ name: "init_loss", status: "warn", advice: "above ln 4", evidence: [] }]);
+    expect((el.querySelector(".nbd-head .nbd-verdict") as HTMLElement).textContent).toBe("nothing failed");
+    expect((el.querySelector(".nbd-head .nbd-look") as HTMLElement).textContent).toBe("1 worth a look");
+    m.set("checks", [{ name: "init_loss", status: "pass", advice: "ok", evidence: [] }]);
+    expect(el.querySelector(".nbd-head .nbd-look")).toBeNull();
+  });
+
   it("keeps hostile names and advice as text", () => {
     const el = mount(doctor.render as any, reportModel());
     expect(el.querySelector("img")).toBeNull();

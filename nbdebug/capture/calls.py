@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from .classes import batch_classes
 from .losses import as_float_later
 from .stats import IDX, Raw, merge_raw, tensor_stats
 
@@ -105,10 +106,10 @@ class Call:
             if self.late is None:
                 rec.late.append(self)
             self.late = stats if self.late is None else merge_raw(self.late, stats)
-        elif self.grad_stats is None:
-            self.grad_stats = stats
         else:
-            self.grad_stats = merge_raw(self.grad_stats, stats)
+            self.grad_stats = stats if self.grad_stats is None else merge_raw(self.grad_stats, stats)
+            if rec.head is self:  # the model's classifier output: the batch's class make-up (classes.py)
+                rec.classes = batch_classes(g, rec.device_path)
         if self.grad_order < 0:
             self.grad_order = rec.grad_counter
             rec.grad_counter += 1
@@ -129,11 +130,13 @@ class OpenStep:
     NaN/Inf count, or stats it cannot read on the host), ``hot``/``hot_call`` (the forward incident
     snapshotted in the hook, CPU path), ``late`` (calls of closed steps whose gradient came late),
     ``handles`` (output-gradient hook handles, pruned once their graph is gone), ``backward_losses``
-    (what each ``backward()`` of the step ran on, a non-scalar one summed: ``nonscalar``)."""
+    (what each ``backward()`` of the step ran on, a non-scalar one summed: ``nonscalar``), ``head``
+    (the call whose output is the model's classifier output, set by the root forward hook) and
+    ``classes`` (its gradient's class make-up, :func:`~.classes.batch_classes`; None without one)."""
 
-    __slots__ = ("backward_losses", "by_storage", "by_tensor", "calls", "claimed", "device_path", "grad_counter",
-                 "handles", "hot", "hot_call", "last_grad", "late", "losses", "mark", "maybe_bad", "nonscalar",
-                 "occurrence", "paramgrads", "prune_at")
+    __slots__ = ("backward_losses", "by_storage", "by_tensor", "calls", "claimed", "classes", "device_path",
+                 "grad_counter", "handles", "head", "hot", "hot_call", "last_grad", "late", "losses", "mark", "maybe_bad",
+                 "nonscalar", "occurrence", "paramgrads", "prune_at")
 
     def __init__(self, device_path: bool, paramgrads: BackwardWatch) -> None:
         self.device_path, self.paramgrads = device_path, paramgrads
@@ -154,6 +157,8 @@ class OpenStep:
         self.late: list[Call] = []
         self.handles: list[Any] = []
         self.prune_at = 256  # prune the handles when there are this many
+        self.head: Call | None = None
+        self.classes: Any = None
 
     def new_pass(self) -> None:
         """A top-level pass begins: module occurrences count from 1 again."""
@@ -197,6 +202,7 @@ class OpenStep:
         self.last_grad = None
         self.hot, self.hot_call = None, None
         self.maybe_bad = False
+        self.head = self.classes = None
 
     def _prune(self) -> None:
         """Drop the handles of gradient hooks whose tensor is gone, once the list has doubled since the
@@ -219,6 +225,7 @@ class OpenStep:
         self.by_storage.clear()
         self.losses, self.backward_losses = [], []
         self.hot, self.hot_call, self.last_grad = None, None, None
+        self.head = self.classes = None
 
     def producer(self, t: torch.Tensor) -> tuple[str, tuple[int, ...] | None] | None:
         """Row name of the recorded call that produced ``t``, and that call's first input shape."""

@@ -47,16 +47,17 @@ class ClosedStep:
     ``scaler.step`` unscaled them; ``pgmap``: their per-module map), the optimizer's numbers (``upd``),
     ``hold`` (a no-grad step before any training forward) and ``device_path``. ``loss_sum``: the
     losses are what the step's backward calls ran on (summed, and divided by a GradScaler's scale),
-    not losses of its passes (averaged)."""
+    not losses of its passes (averaged). ``classes``: the batch's class make-up (:mod:`.classes`), or None."""
 
-    __slots__ = ("calls", "device_path", "hold", "hot", "hot_call", "late", "loss_sum", "losses", "maybe_bad", "pg",
-                 "pg_late", "pgmap", "upd")
+    __slots__ = ("calls", "classes", "device_path", "hold", "hot", "hot_call", "late", "loss_sum", "losses", "maybe_bad",
+                 "pg", "pg_late", "pgmap", "upd")
 
     def __init__(self, calls: list[Any], losses: list[Any], late: list[Any], maybe_bad: bool, hot: Any, hot_call: Any,
-                 pg: Any, pg_late: bool, pgmap: Any, upd: Any, hold: bool, device_path: bool, loss_sum: bool = False) -> None:
+                 pg: Any, pg_late: bool, pgmap: Any, upd: Any, hold: bool, device_path: bool, loss_sum: bool = False,
+                 classes: Any = None) -> None:
         self.calls, self.losses, self.late, self.maybe_bad, self.hot, self.hot_call = calls, losses, late, maybe_bad, hot, hot_call
         self.pg, self.pg_late, self.pgmap, self.upd, self.hold, self.device_path = pg, pg_late, pgmap, upd, hold, device_path
-        self.loss_sum = loss_sum
+        self.loss_sum, self.classes = loss_sum, classes
 
 
 def _lr_of(opt_keys: list[tuple[str, tuple[str, ...]]], h_opt: list[Any]) -> dict[str, float]:
@@ -109,7 +110,8 @@ def close_step(cs: ClosedStep, steps: Steps) -> None:
     h_raw = [c.raw for c in calls]
     h_grad = [c.grad_stats for c in calls]
     h_alive = [c.alive for c in calls]
-    small: list[Any] = [*opt_vals, *losses, None if pg is None else (pg[1] if isinstance(pg[1], np.ndarray) else torch.stack(pg[1])),
+    small: list[Any] = [*opt_vals, *losses, cs.classes,
+                        None if pg is None else (pg[1] if isinstance(pg[1], np.ndarray) else torch.stack(pg[1])),
                         upd.scale if upd is not None else None, upd.skipped if upd is not None else False]
     # On the CPU path a hook that produced stats it cannot read on the host raised maybe_bad: else the
     # calls' stats are host arrays already and only their unit masks (a tensor for half precision) and
@@ -129,11 +131,13 @@ def close_step(cs: ClosedStep, steps: Steps) -> None:
         small = items[pos + len(checks) :]
     h_opt = small[: len(opt_vals)]
     h_loss = small[len(opt_vals) : len(opt_vals) + len(losses)]
-    h_pg, h_scale, h_skip = small[-3], small[-2], small[-1]
+    h_cls, h_pg, h_scale, h_skip = small[-4], small[-3], small[-2], small[-1]
     scale = _scale_of(h_scale)
     skipped = h_skip if type(h_skip) is bool else bool(np.any(h_skip))
     lr_of = _lr_of(opt_keys, h_opt)
     scalars = {"loss": _loss_of(h_loss, cs.loss_sum, scale), "lr": lr_of.get("", math.nan), "skipped": 1.0 if skipped else 0.0}
+    if h_cls is not None:
+        scalars["class_share"], scalars["class_top"] = float(h_cls[0]), float(h_cls[1])
     lrs = {m: v for m, v in lr_of.items() if m}
     if (on_host and calls and not late and not checks and not maybe_bad
             and steps.defer(steps.layout(calls), calls, h_raw, h_grad, h_alive, scale, h_pg, cs.pgmap, cs.pg_late,

@@ -21,7 +21,7 @@ giving the number the open step will have.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from .budget import Budget
-from .calls import Call, OpenStep, in_backward
+from .calls import Call, OpenStep, StepMark, in_backward
+from .classes import batch_classes, classifier_output
 from .hooks import tensor_hook
 from .incidents import IncidentLog, NonFiniteError
 from .leaves import tensor_leaves
@@ -65,17 +66,19 @@ class ForwardHooks:
     incident been found, and its snapshots), ``next_step()`` (the number the open step will have);
     options ``device_path``, ``grads``, ``sample_size``, ``histograms``, ``bins``, ``break_on`` and
     ``short_path`` (the common one-tensor call's short path; False: every call takes the general path,
-    the reference the short path is tested against). ``truncated``: some step had more than
+    the reference the short path is tested against), ``read_loss`` (a loss in the model's output is
+    the step's: no user ``loss()``). ``truncated``: some step had more than
     :data:`MAX_CALLS` calls (later ones not recorded)."""
 
     def __init__(self, rows: RowTable, rec: OpenStep, passes: Passes, budget: Budget, log: IncidentLog,
                  next_step: Callable[[], int], *, device_path: bool, grads: bool, sample_size: int, histograms: bool,
-                 bins: int, break_on: str | None, short_path: bool = True) -> None:
+                 bins: int, break_on: str | None, short_path: bool = True, read_loss: bool = True) -> None:
         self.rows, self.rec, self.passes, self.budget, self.log = rows, rec, passes, budget, log
         self.next_step = next_step
         self.device_path, self.grads, self.sample_size = device_path, grads, sample_size
         self.histograms, self.bins, self.break_on, self.short_path = histograms, bins, break_on, short_path
         self.truncated = False
+        self.read_loss = read_loss  # the loss is read from the model's output (no user loss())
         self.may_alias_any = False  # some selected module can return an alias of a recorded output
         self._broke = False
 
@@ -86,13 +89,27 @@ class ForwardHooks:
                                  for _, m in modules)
         return [(module, self._make_hook(name, module)) for name, module in modules]
 
+    @torch.compiler.disable  # run eagerly, never traced (as the modules' hooks)
     def on_root_out(self, _m: nn.Module, _args: Any, output: Any) -> None:
-        """The model's own forward returned: the loss in its output, when it holds one (no ``loss=``)."""
+        """The model's own forward returned: the loss in its output, when it holds one (no ``loss=``),
+        and its classifier output (a ``[N, C]`` tensor, or a mapping's ``logits``), whose gradient gives
+        the batch's class make-up (:mod:`.classes`)."""
         if self.passes.eval or in_backward():
             return
-        loss = loss_of_output(output)
-        if loss is not None:
-            self.rec.losses.append(as_float_later(loss, self.device_path))
+        if self.read_loss:
+            loss = loss_of_output(output)
+            if loss is not None:
+                self.rec.losses.append(as_float_later(loss, self.device_path))
+        t = output if isinstance(output, torch.Tensor) else output.get("logits") if isinstance(output, Mapping) else None
+        if t is None or not classifier_output(t):
+            return
+        rec = self.rec
+        call = rec.by_tensor.get(id(t))
+        if call is not None and call.ref is not None and call.ref() is t:
+            rec.head = call  # its output-gradient hook reads the make-up
+        else:  # made after the last recorded module (a squeeze, a scale): a hook of its own
+            rec.head = None
+            rec.handles.append(tensor_hook(t, _HeadGrad(rec, rec.mark)))
 
     def _link_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any], call: Call, check: bool) -> None:
         """Link a call to the recorded calls that produced its inputs (by tensor identity).
@@ -223,7 +240,9 @@ class ForwardHooks:
             if check and rec.hot is None:
                 fw._check_forward(module, inputs, kwargs, output, [(call, t)])
 
-        return hook
+        # run eagerly, never traced: in a cell that compiles the model's caller, TorchDynamo broke the graph
+        # inside this hook 3-4 times per call and compiled the pieces as ~50 frames (test_compiled.py); ~1 µs a call
+        return torch.compiler.disable(hook)
 
     def _first_sample(self, row: Row, t: torch.Tensor) -> None:
         """The row's kept sample (and histogram), from its first call."""
@@ -344,3 +363,17 @@ class ForwardHooks:
         for call, t in zip(first, leaves):
             if t.requires_grad:
                 rec.handles.append(tensor_hook(t, call))
+
+
+class _HeadGrad:
+    """The output-gradient hook of a classifier output no recorded call produced: the batch's class
+    make-up, while its step is open."""
+
+    __slots__ = ("mark", "rec")
+
+    def __init__(self, rec: OpenStep, mark: StepMark) -> None:
+        self.rec, self.mark = rec, mark
+
+    def __call__(self, g: torch.Tensor) -> None:
+        if not self.mark.closed:
+            self.rec.classes = batch_classes(g, self.rec.device_path)

@@ -39,8 +39,10 @@ HISTORY_FIELDS: tuple[str, ...] = (
     "param_grad_norm", "param_norm", "update_ratio",
 )
 #: per-step values (not per row); NaN when unknown. "skipped" is 1.0 on a step whose optimizer
-#: step a GradScaler skipped (inf/NaN gradients), else 0.0
-SCALARS: tuple[str, ...] = ("loss", "lr", "skipped")
+#: step a GradScaler skipped (inf/NaN gradients), else 0.0; "class_share" / "class_top": the share of
+#: the batch on its most frequent label and that label, read from the gradient of the model's
+#: classifier output (capture/classes.py; NaN without one)
+SCALARS: tuple[str, ...] = ("loss", "lr", "skipped", "class_share", "class_top")
 FIELD_INDEX: dict[str, int] = {f: i for i, f in enumerate(HISTORY_FIELDS)}
 SCALAR_INDEX: dict[str, int] = {s: i for i, s in enumerate(SCALARS)}
 _F = len(HISTORY_FIELDS)

@@ -190,7 +190,8 @@ class Capture:
                               new_pass=self._rec.new_pass, drop_held=self._steps.drop_pending)
         self._forward = ForwardHooks(self.rows, self._rec, self._passes, self._budget, self._log, self._steps.next_number,
                                      device_path=o.device_path, grads=grads, sample_size=o.sample_size,
-                                     histograms=histograms, bins=bins, break_on=break_on, short_path=fast_paths)
+                                     histograms=histograms, bins=bins, break_on=break_on, short_path=fast_paths,
+                                     read_loss=loss is None)
         self._loss = UserLoss(loss, self.notes, o.device_path) if loss is not None else None
         self._t0 = 0.0
         self._error: ErrorSite | None = None
@@ -281,7 +282,8 @@ class Capture:
             maybe_bad = rec.maybe_bad or not self.options.fast_paths
             closed = ClosedStep(rec.calls, losses, rec.take_late(), maybe_bad, rec.hot, rec.hot_call, norms, pg_late,
                                 None if norms is None else pg.modules_of(norms[0]), upd,
-                                not passes.open_grad and not passes.seen_training, self.options.device_path, total)
+                                not passes.open_grad and not passes.seen_training, self.options.device_path, total,
+                                rec.classes)
             close_step(closed, self._steps)
         except Exception as err:  # never break the user's loop with ours: the step is lost, a note says so
             self._note(f"nbdebug could not summarise a step: {type(err).__name__}: {err}")
@@ -296,8 +298,8 @@ class Capture:
         self._grads_before = grad_snapshot(model)
         try:
             hooks.forward_pre(model, self._passes.on_root_pre)
+            hooks.forward(model, self._forward.on_root_out)  # the loss in the output, the classifier output
             if o.loss is None:
-                hooks.forward(model, self._forward.on_root_out)
                 BACKWARD.hold(hooks, self._rec.on_backward)  # no loss in the output: what backward() ran on
             for module, hook in self._forward.hooks(self.modules):
                 hooks.forward(module, hook, with_kwargs=True)

@@ -71,6 +71,9 @@ from .passes import (
 
 __all__ = ["CheckResult", "DoctorReport", "doctor"]
 
+#: the dropout layers the overfit run switches off (eval) on its copy
+DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
 
 class DoctorReport(_Report):
     """What :func:`doctor` found (:class:`nbdebug.inspectors.doctor.DoctorReport`: ``checks``,
@@ -139,7 +142,7 @@ def doctor(model: nn.Module, inputs: Any, targets: torch.Tensor, loss_fn: Callab
             loss0 = float(loss.detach())
             if loss.requires_grad:
                 loss.backward()
-        kind = loss_kind(loss_fn, out, targets)
+        kind = loss_kind(loss_fn, out, targets, loss0)
         out = out.detach()
         classes = int(out.shape[class_dim(out, targets)]) if kind == "classification" and out.dim() >= 2 else None
         baseline = mean_baseline(loss_fn, targets) if kind == "regression" else None
@@ -174,9 +177,14 @@ def doctor(model: nn.Module, inputs: Any, targets: torch.Tensor, loss_fn: Callab
                                                                               changes=changes)
         # pass 3 -----------------------------------------------------------------------------
         net.train()
+        dropped = [m for m in net.modules() if isinstance(m, DROPOUT)]
+        for m in dropped:  # dropout's noise floors the loss: the check asks whether the model can fit the batch
+            m.eval()
         for p in params:
             p.grad = None
         opt = copy_optimizer(optimizer, params, memo)
+        raised = [(g["lr"], float(o["lr"])) for g, o in zip(opt.param_groups, optimizer.param_groups, strict=True)
+                  if not isinstance(o["lr"], torch.Tensor) and g["lr"] > o["lr"]] if optimizer is not None else []
         n = max(1, min(int(overfit_size), batch))
         xb, yb = head_samples(inputs, n, batch), head_samples(targets, n, batch)
         reference = math.log(classes) if classes and classes > 1 else mean_baseline(loss_fn, yb) if kind == "regression" else None
@@ -195,7 +203,10 @@ def doctor(model: nn.Module, inputs: Any, targets: torch.Tensor, loss_fn: Callab
     ordered = {name: checks[name] for name in CHECKS}
     judge.cross_reference(ordered)
     return DoctorReport(ordered, kind=kind, classes=classes, elapsed_s=time.perf_counter() - t0,
-                        notes=[f"ran on a deep copy (batch of {batch}; overfit on {n} samples, up to {steps} steps, seed {seed})"])
+                        notes=[f"ran on a deep copy (batch of {batch}; overfit on {n} samples, up to {steps} steps, seed {seed})"]
+                        + ([f"overfit with dropout off ({len(dropped)} dropout layers)"] if dropped else [])
+                        + ([f"overfit at the schedule's peak learning rate {raised[0][0]:.3g} (the optimizer's lr now: "
+                            f"{raised[0][1]:.3g})"] if raised else []))
 
 
 class _DoctorModule(types.ModuleType):

@@ -9,6 +9,7 @@ per-channel statistics.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -39,9 +40,12 @@ def default_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 default_loss.__name__ = "cross_entropy_or_mse"
 
 
-def loss_kind(loss_fn: Callable[..., Any], out: torch.Tensor, targets: torch.Tensor) -> str:
+def loss_kind(loss_fn: Callable[..., Any], out: torch.Tensor, targets: torch.Tensor, loss: float | None = None) -> str:
     """"classification" | "regression" | "unknown": from the loss function's name, else from the
-    targets' dtype and the output's shape."""
+    targets' dtype and the output's shape. A loss of another name on class indices counts as
+    classification only when it is cross-entropy on the output (``loss`` equal to it within 1e-3): a
+    contrastive or metric loss on integer labels has no chance level ln C, so no expected initial loss
+    and no overfit target."""
     if loss_fn is default_loss:
         return "regression" if targets.is_floating_point() else "classification"
     name = (getattr(loss_fn, "__name__", "") or type(loss_fn).__name__).lower()
@@ -50,10 +54,24 @@ def loss_kind(loss_fn: Callable[..., Any], out: torch.Tensor, targets: torch.Ten
     if any(k in name for k in _REGRESSION):
         return "regression"
     if not targets.is_floating_point() and out.is_floating_point() and out.dim() >= 2:
-        return "classification"
+        return "classification" if loss is None or _is_cross_entropy(loss, out, targets) else "unknown"
     if targets.is_floating_point() and targets.numel() == out.numel():
         return "regression"
     return "unknown"
+
+
+def _is_cross_entropy(loss: float, out: torch.Tensor, targets: torch.Tensor) -> bool:
+    """Whether ``loss`` is a class loss of ``out`` at ``targets`` (within 1e-3): its mean cross-entropy
+    (raw scores), or its mean negative log-likelihood (``nll_loss``, on log-probabilities or, wrongly, on
+    raw scores — a bug the checks are there to catch)."""
+    try:
+        with torch.no_grad():
+            scores = out.float().movedim(class_dim(out, targets), 1) if out.dim() > 2 else out.float()
+            t = targets.long()
+            candidates = (float(F.cross_entropy(scores, t)), float(F.nll_loss(scores, t)))
+    except Exception:  # targets that are no class indices of this output
+        return False
+    return math.isfinite(loss) and any(abs(loss - c) <= 1e-3 * max(1.0, abs(c)) for c in candidates)
 
 
 def class_dim(out: torch.Tensor, targets: torch.Tensor) -> int:

@@ -44,7 +44,20 @@ def copy_optimizer(optimizer: torch.optim.Optimizer | None, params: list[nn.Para
     except TypeError:  # an optimizer whose constructor requires arguments beyond the groups
         new = type(optimizer)(groups, **copy.deepcopy(optimizer.defaults))
     new.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    for g in new.param_groups:  # a scheduler's start (warmup, a cycle's low phase) is not its learning rate
+        g["lr"] = schedule_peak(g)
     return new
+
+
+def schedule_peak(group: dict[str, Any]) -> Any:
+    """A param group's learning rate at its schedule's peak: the largest of its current ``lr``, the
+    ``initial_lr`` a torch scheduler records (warmup's target) and the ``max_lr`` OneCycleLR records
+    (CyclicLR keeps its peak on the scheduler, which the doctor is not given)."""
+    lr = group["lr"]
+    if isinstance(lr, torch.Tensor):  # a tensor lr (capturable/fused optimizers) is left as the user set it
+        return lr
+    peaks = [v for v in (group.get("initial_lr"), group.get("max_lr")) if isinstance(v, (int, float))]
+    return max([lr, *peaks])
 
 
 def optimizer_coverage(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[list[str], list[str], int]:

@@ -18,8 +18,10 @@ CONSEQUENCE = "Possibly a consequence:"
 
 @dataclass
 class CheckResult:
-    """One check's verdict: ``status`` ("pass" | "fail" | "skip"), ``evidence`` (numbers and short
-    lists, e.g. the overfit loss curve) and ``advice`` (what to do; for a skip, why it was skipped)."""
+    """One check's verdict: ``status`` ("pass" | "warn" | "fail" | "skip"), ``evidence`` (numbers and
+    short lists, e.g. the overfit loss curve) and ``advice`` (what to do; for a skip, why it was skipped).
+    "warn": worth a look, not a fault — what healthy runs of standard recipes also show (a default
+    initialisation a little over-confident, a batch the user's own learning rate fits slowly)."""
 
     status: str
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -47,7 +49,7 @@ def shown_evidence(check: CheckResult) -> list[tuple[str, Any]]:
 @dataclass
 class DoctorReport:
     """What :func:`nbdebug.doctor` found: ``checks`` (name → :class:`CheckResult`, in checklist order),
-    ``failed`` (the failed names in order), ``kind`` ("classification" | "regression" | "unknown"),
+    ``failed`` (the failed names in order), ``warned`` (the checks worth a look, not failed), ``kind`` ("classification" | "regression" | "unknown"),
     ``classes``, ``elapsed_s``. Plain data with a text and a static HTML table; the one
     :func:`nbdebug.doctor` returns (:class:`nbdebug.doctor.DoctorReport`) shows as the checklist widget.
 
@@ -68,12 +70,20 @@ class DoctorReport:
         return [n for n, c in self.checks.items() if c.status == "fail"]
 
     @property
+    def warned(self) -> list[str]:
+        """Names of the checks worth a look (status "warn"), in checklist order."""
+        return [n for n, c in self.checks.items() if c.status == "warn"]
+
+    @property
     def headline(self) -> str:
         """The report in one sentence: the first failed check that no other failed check explains (its
-        advice's first sentence), and how many more failed; "nothing failed" otherwise."""
+        advice's first sentence), and how many more failed; "nothing failed" otherwise (and the checks
+        worth a look)."""
         failed = self.failed
         if not failed:
-            return f"nothing failed ({sum(c.status == 'pass' for c in self.checks.values())} checks passed)"
+            passed = sum(c.status == "pass" for c in self.checks.values())
+            look = f"; worth a look: {', '.join(self.warned)}" if self.warned else ""
+            return f"nothing failed ({passed} checks passed{look})"
         roots = [n for n in failed if CONSEQUENCE not in self.checks[n].advice] or failed
         name = roots[0]
         first = self.checks[name].advice.split(". ")[0].split(": ")[0].rstrip(".")
@@ -81,9 +91,11 @@ class DoctorReport:
         return f"{name} failed: {first}" + (f" (and {more} more failed)" if more else "")
 
     def ordered(self) -> list[tuple[str, CheckResult]]:
-        """The checks as the views list them: failed first, then the rest, each in checklist order."""
+        """The checks as the views list them: failed first, then those worth a look, then the rest, each in
+        checklist order."""
         items = list(self.checks.items())
-        return [x for x in items if x[1].status == "fail"] + [x for x in items if x[1].status != "fail"]
+        rank = {"fail": 0, "warn": 1}
+        return sorted(items, key=lambda x: rank.get(x[1].status, 2))
 
     def __repr__(self) -> str:
         head = f"DoctorReport({self.kind}{f', {self.classes} classes' if self.classes else ''}, {self.elapsed_s:.2f} s)"
@@ -106,14 +118,16 @@ class DoctorReport:
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
         n = len(self.failed)
         verdict = (f"<b style='color:{_COLOUR['fail']}'>{n} failed</b>" if n else f"<b style='color:{_COLOUR['pass']}'>nothing failed</b>")
+        if self.warned:
+            verdict += f" · <b style='color:{_COLOUR['warn']}'>{len(self.warned)} worth a look</b>"
         return (f"<div class='nbdebug-doctor-static'><b>nbdebug doctor</b>: {verdict} · {html.escape(self.kind)}"
                 f"{f', {self.classes} classes' if self.classes else ''} · {self.elapsed_s:.2f} s"
                 "<table><tr><th>check</th><th>status</th><th>evidence</th><th>advice</th></tr>"
                 + "".join(rows) + "</table>" + (f"<ul>{notes}</ul>" if notes else "") + "</div>")
 
 
-_MARK = {"pass": "✓", "fail": "✗", "skip": "–"}
-_COLOUR = {"pass": "#1b5e20", "fail": "#b71c1c", "skip": "#616161"}  # ≥ 6:1 on white (WCAG AA)
+_MARK = {"pass": "✓", "warn": "!", "fail": "✗", "skip": "–"}
+_COLOUR = {"pass": "#1b5e20", "warn": "#8a4b00", "fail": "#b71c1c", "skip": "#616161"}  # ≥ 6:1 on white (WCAG AA)
 
 
 def _short(v: Any) -> str:

@@ -42,6 +42,7 @@ from .report import Diagnosis, ThermometerReport
 from .run_evidence import Evidence, Finding, Rise, names
 from .run_findings import run_findings
 from .run_findings_data import data_causes, data_findings, harmless_dead_units, recovered
+from .run_findings_order import order_causes, order_findings
 from .steps import SUGGEST, FirstNonfinite, diagnoses_at, first_nonfinite_of, nan_part, plural
 
 __all__ = ["SUGGEST_FINDINGS", "Finding", "as_json", "build", "findings_of", "headline", "live_findings", "rank"]
@@ -124,7 +125,9 @@ def _update_findings(evs: Sequence[Event], th: Thresholds, feeding: set[str], ev
 def _rise_clause(r: Rise, lead: str = "the loss ") -> str:
     if not math.isfinite(r.value):
         return f"{lead}went non-finite at step {r.step}"
-    return f"{lead}rose to {fmt_g(r.value)} at step {r.step} ({fmt_g(r.factor)}× its first value {fmt_g(r.start)})"
+    first = math.isnan(r.scale) or r.scale == r.start
+    return f"{lead}rose to {fmt_g(r.value)} at step {r.step} " + (f"({fmt_g(r.factor)}× its first value {fmt_g(r.start)})" if first
+                                                                   else f"(from {fmt_g(r.start)}: {fmt_g(r.factor - 1)}× its range {fmt_g(r.scale)})")
 
 
 def _loss_findings(ev: Evidence) -> list[Finding]:
@@ -314,6 +317,7 @@ def build(evs: Sequence[Event], diags: Sequence[Diagnosis], *, incidents: Sequen
         if f.code in ("params_not_stepped", "no_optimizer_step", "grad_not_zeroed"):
             for k in ("lr_high", "lr_low", "loss_diverged", "exploding_run", "loss_spike"):
                 causes.setdefault(k, f.key)  # the loop bug explains what the updates and the loss did
+    causes.update({k: c for k, c in order_causes(items).items() if k not in causes})  # follows from one-class batches
     # the state at the report's step, where no event over the run already says it
     told = {(e.code, e.row) for e in evs}
     for d in diags:
@@ -369,7 +373,8 @@ def findings_of(report: ThermometerReport, result: Any = None, thresholds: Thres
     first = first_nonfinite_of(result) if (result is not None and timed and getattr(result, "history", None) is not None) else None
     hist = getattr(result, "history", None) if timed else None
     return build(report.events, report.diagnoses, incidents=incidents, first_nonfinite=first, step=int(report.step or 0),
-                 th=thresholds, history=timed, evidence=Evidence.of(hist), extra=[*loop_findings(result), *run_findings(result), *data_findings(result)] if timed else ())
+                 th=thresholds, history=timed, evidence=Evidence.of(hist), extra=[*loop_findings(result), *run_findings(result), *data_findings(result),
+                        *order_findings(result)] if timed else ())
 
 
 def live_findings(history: Any, thresholds: Thresholds | None = None, *, flags: np.ndarray,

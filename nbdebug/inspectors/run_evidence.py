@@ -6,7 +6,10 @@ A warning needs evidence of harm or of a fault (docs/diagnosis.md): an update ra
 blew up or a NaN followed. The rules here are relative to the run itself, never to a fixed line
 for every model:
 
-* :func:`loss_rise`: the loss after step ``s`` reached ≥ :data:`RISE` × the run's first loss.
+* :func:`loss_rise`: the loss after step ``s`` rose above the run's first loss by ≥ (:data:`RISE` − 1) × the
+  loss's own scale (:meth:`Evidence.scale`): its first value while it has stayed ≥ 0 (≥ 2× the first loss),
+  else the distance it fell below its start (a loss negative by design has no floor at 0: a factor over a first
+  value near 0 would call its noise a rise).
 * :func:`diverged`: the loss of the run's last fifth (median) is ≥ :data:`RISE` × its first tenth's
   (mean), over at least :data:`MIN_STEPS` kept steps with a loss: a wrecked run, whatever its scale
   (the SmolLM2 fine-tune at lr 3e-3 ends at 2.1× its start; healthy runs' losses fall).
@@ -75,12 +78,14 @@ def names(rows: Sequence[str], n: int = 3) -> str:
 
 
 class Rise(NamedTuple):
-    """The loss at ``step`` (``value``) is ``factor`` × the run's first loss ``start``."""
+    """The loss at ``step`` (``value``) is ``factor`` × the run's first loss ``start`` — with a ``scale`` other than
+    ``start`` (a loss that went negative), ``value`` = ``start`` + (``factor`` − 1) × ``scale``."""
 
     step: int
     value: float
     factor: float
     start: float
+    scale: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,7 @@ class Evidence:
     loss: np.ndarray
     gnorm: np.ndarray
     move: float = math.nan  # the largest per-row median update ratio over the run (NaN: none known)
+    chance: float = math.nan  # ln C when the last row is N×C (C ≥ 2) and the first loss is within 10% of ln C (else NaN)
 
     @classmethod
     def of(cls, history: Any) -> Evidence:
@@ -107,28 +113,48 @@ class Evidence:
             g = np.sqrt(np.nansum(np.where(np.isfinite(pg), pg, 0.0) ** 2, axis=1))
             cols = np.isfinite(ur).any(axis=0)
             move = float(np.max(np.nanmedian(ur[:, cols], axis=0))) if cols.any() else math.nan
-        return cls(steps, loss, np.where(have, g, np.nan), move)
+        return cls(steps, loss, np.where(have, g, np.nan), move, _chance(history, loss))
+
+    def learnt(self) -> bool:
+        """A classifier that started at chance (:attr:`chance`) ends (median of its last fifth, ≥ :data:`MIN_STEPS`
+        kept steps) at ≤ half of it: half-way from chance to 0."""
+        _, v = self._finite()
+        n = len(v)
+        return n >= MIN_STEPS and math.isfinite(self.chance) and float(np.median(v[-max(2, n // 5):])) <= 0.5 * self.chance
 
     def _finite(self) -> tuple[np.ndarray, np.ndarray]:
         ok = np.isfinite(self.loss)
         return self.steps[ok], self.loss[ok]
 
+    def scale(self) -> float:
+        """The loss's own scale, against which a rise or a recovery is measured: its first value while every finite
+        loss is ≥ 0 (cross-entropy, MSE: a floor at 0, so a factor over the start is offset-free), else
+        max(|first|, first − lowest) — a loss that went negative (−cosine, a Gaussian NLL, a policy gradient) has no
+        floor at 0, and the distance it fell below its start is its range. NaN without a loss."""
+        _, v = self._finite()
+        if not len(v):
+            return math.nan
+        first, low = float(v[0]), float(v.min())
+        return first if low >= 0 else max(abs(first), first - low)
+
     def loss_rise(self, after: int) -> Rise | None:
-        """The largest loss after step ``after`` when it is ≥ :data:`RISE` × the run's first loss
-        (a positive one); a loss that went NaN/Inf after it counts as a rise to ∞."""
+        """The largest loss after step ``after`` when it is above the run's first loss by ≥ (:data:`RISE` − 1) ×
+        :meth:`scale` (a positive scale; for a loss ≥ 0: ≥ :data:`RISE` × its first value); a loss that went
+        NaN/Inf after it counts as a rise to ∞."""
         s, v = self._finite()
-        if not len(v) or v[0] <= 0:
+        sc = self.scale()
+        if not len(v) or not sc > 0:
             return None
         start = float(v[0])
         bad = np.flatnonzero(~np.isfinite(self.loss) & ~np.isnan(self.loss) & (self.steps > after))
         if len(bad):
-            return Rise(int(self.steps[bad[0]]), math.inf, math.inf, start)
+            return Rise(int(self.steps[bad[0]]), math.inf, math.inf, start, sc)
         later = s > after
         if not later.any():
             return None
         j = int(np.argmax(np.where(later, v, -np.inf)))
-        f = float(v[j]) / start
-        return Rise(int(s[j]), float(v[j]), f, start) if f >= RISE else None
+        f = 1.0 + (float(v[j]) - start) / sc  # = v / start for a loss ≥ 0
+        return Rise(int(s[j]), float(v[j]), f, start, sc) if f >= RISE else None
 
     def diverged(self) -> Rise | None:
         """The run's end (median loss of its last fifth, at its last step) vs its start (mean of its
@@ -163,3 +189,15 @@ class Evidence:
         if n < MIN_STEPS:
             return False
         return float(np.median(v[-max(2, n // 5):])) < 0.9 * float(np.mean(v[: max(1, n // 10)]))
+
+
+def _chance(history: Any, loss: np.ndarray) -> float:
+    """ln C of a classifier whose first loss sits at chance: the history's last row of shape N×C (C ≥ 2) and the first
+    finite loss within 10% of ln C; NaN otherwise (a regression, a reconstruction, an LM's N×T×V)."""
+    info = list(getattr(history, "row_info", None) or [])
+    shape = tuple(info[-1].get("shape") or ()) if info else ()
+    v = loss[np.isfinite(loss)]
+    if len(shape) != 2 or not shape[1] >= 2 or not len(v):
+        return math.nan
+    c = math.log(int(shape[1]))
+    return c if abs(float(v[0]) / c - 1) <= 0.1 else math.nan

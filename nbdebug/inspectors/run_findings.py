@@ -18,6 +18,10 @@ Jupyter), from what the history already holds (no new capture cost):
   at the first step: the raw input is far outside the usual scale (normalised inputs give ~1).
 * ``weight_decay_dominates``: ‖θ‖ of the stepped layers ends (median of the last fifth) at ≤ 0.5× its
   first step's while the loss does not fall: weight decay dominates the update (healthy runs' ‖θ‖ grows).
+* ``dead`` (a mostly silent ReLU layer): a ``ReLU`` module whose outputs are ≥ :data:`SILENT` exact zeros (median
+  over the run's last half) while the loss does not fall, though no unit is zero for every sample (``dead`` /
+  ``dead_units`` do not fire): the same cause as a dead layer (a bias or init that keeps it below 0), and it stops a
+  loss at chance from being blamed on the data.
 * ``exploding`` / ``vanishing`` at the first step (:func:`depth_ratio`): the output gradient of the first
   layer with parameters over the last one's, at the first kept step (the init), is ≥ :data:`DEPTH_EXPLODES`
   (the gradient grows toward the input: an error, named as the gradient, not the learning rate), or ≤
@@ -39,6 +43,7 @@ from .events import fmt_g
 from .run_evidence import Evidence, Finding, names
 from .run_findings_data import batch_statistics
 from .run_findings_output import output_findings
+from .steps import SUGGEST
 
 __all__ = ["ADVICE", "DEPTH_EXPLODES", "DEPTH_VANISHES", "depth_ratio", "run_findings"]
 
@@ -87,6 +92,9 @@ def run_findings(result: Any) -> list[Finding]:
     f = _depth_finding(v, h, ev)
     if f is not None:
         out.append(f)
+    f = _silent_relu(v, h, types, ev)
+    if f is not None:
+        out.append(f)
     if not any(x.code == "batch_mixed" for x in out):
         f = _batch_probe_finding(result, h)
         if f is not None:
@@ -115,6 +123,38 @@ def _batch_probe_finding(result: Any, h: Any) -> Finding | None:
               "(its first dimension taken as the batch).")
     return Finding("batch_mixed", "warning", s, (), text, "samples mixed across the batch", detail,
                    ADVICE["batch_probe"], key="batch_mixed")
+
+
+#: a ReLU module's share of exact zeros (median over the run's last half) at or above which the layer is mostly silent
+#: when the loss does not fall. The project zoo's 94 healthy runs (review 26 R4): 0.91 in `vae_digits`' encoder (max
+#: 0.96 at a step), whose units are 88% dead — ``dead_units``' case, left to it (this rule needs < 50%) — and whose loss
+#: falls; every other ReLU layer ≤ 0.67 (`deep_sigmoid~`; digits MLPs/CNNs 0.50–0.57). A bias of −1.0 before a 64-unit
+#: ReLU: 0.96 with no unit dead on every sample
+SILENT = 0.9
+
+
+def _silent_relu(v: np.ndarray, h: Any, types: list[str], ev: Evidence) -> Finding | None:
+    """The most silent ReLU row at or above :data:`SILENT` over ≥ 20 kept steps while the loss does not fall, when
+    neither ``dead`` (≥ 99% zeros at the last step) nor ``dead_units`` (≥ 50% of units zero for every sample) says it."""
+    if len(v) < 20 or ev.falls():
+        return None
+    zf, du = _col(v, "zero_frac"), _col(v, "dead_unit_frac")
+    best: tuple[float, int] | None = None
+    for j, t in enumerate(types):
+        z = zf[:, j]
+        if t not in ("ReLU", "ReLU6") or not np.isfinite(z[-1]) or z[-1] >= 0.99 or du[-1, j] >= 0.5:
+            continue
+        late = float(np.nanmedian(z[len(z) // 2:]))
+        if late >= SILENT and (best is None or late > best[0]):
+            best = (late, j)
+    if best is None:
+        return None
+    late, j = best
+    row, a, n = h.rows[j], int(h.step_index[len(v) // 2]), int(h.step_index[-1])
+    text = f"`{row}` (ReLU) is mostly silent: {late:.0%} of its outputs are exactly 0 over steps {a}–{n}, and the loss does not fall"
+    detail = (f"{text} (healthy runs: ≤ 67%). No unit is zero for every sample, but the layer passes almost nothing "
+              "forward and gets almost no gradient back: a bias or an init that keeps it below 0.")
+    return Finding("dead", "warning", a, (row,), text, f"`{row}` {late:.0%} zeros", detail, SUGGEST["dead"], key=f"silent:{row}")
 
 
 #: the first parametrised layer's output gradient over the last one's, at the first kept step: at or above

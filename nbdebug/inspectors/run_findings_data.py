@@ -6,15 +6,17 @@ the history already keeps (the per-step ``lr`` and ``loss`` scalars: no new capt
   epoch stepped per batch (``StepLR``/``ExponentialLR`` ``.step()`` inside the batch loop) — training stops
   long before the run ends. Healthy schedules (cosine to 0, OneCycle, warmup, StepLR per epoch) reach such a
   fraction only in their last steps, if at all.
-* :func:`recovered`: the loss ended (median of its last fifth) at ≤ :data:`RECOVERED` × its first value: a
+* :func:`recovered`: the loss ended (median of its last fifth) at ≤ :data:`RECOVERED` × its first value (a loss that
+  went negative: half of its scale below its start, :meth:`~nbdebug.inspectors.run_evidence.Evidence.scale`): a
   rise on the way (a cosine classifier's first steps at scale 30) was no lasting harm, so large update ratios
   before it stay a note.
 * :func:`batch_statistics`: the batch probe's change comes from statistics over the batch only (feeding every
   sample twice over changes the outputs by ≤ :data:`STATS_ONLY` × the half-batch change, and no seq-first
   attention/RNN layer is in the model): a normalisation over the batch written by hand, as BatchNorm does in train
   mode — a note (at eval a sample's prediction depends on its batch), not samples mixed by a reshape.
-* :func:`harmless_dead_units`: the loss fell (the run's own :meth:`~nbdebug.inspectors.run_evidence.Evidence.falls`): half
-  of a ReLU layer's units silent in a model that learns is usual, so ``dead_units`` is then a note.
+* :func:`harmless_dead_units`: the model learnt (a classifier that started at chance: its loss ended at ≤ half of ln C;
+  any other loss: it fell, :meth:`~nbdebug.inspectors.run_evidence.Evidence.falls`): half of a ReLU layer's units
+  silent in a model that learns is usual, so ``dead_units`` is then a note.
 
 >>> [f.code for f in data_findings(result)]                                     # doctest: +SKIP
 ['lr_decayed']
@@ -22,6 +24,7 @@ the history already keeps (the per-step ``lr`` and ``loss`` scalars: no new capt
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -49,21 +52,28 @@ RECOVERED = 0.5
 
 
 def recovered(ev: Evidence) -> bool:
-    """The run's end (median loss of its last fifth, ≥ 5 kept steps) is ≤ :data:`RECOVERED` × its first loss."""
+    """The run's end (median loss of its last fifth, ≥ 5 kept steps, every loss finite) is below its first loss by
+    ≥ (1 − :data:`RECOVERED`) × the loss's scale (:meth:`Evidence.scale`): ≤ :data:`RECOVERED` × its first loss for a
+    loss ≥ 0; for a loss that went negative, half of its range below the start."""
     ok = np.isfinite(ev.loss)
     v = ev.loss[ok]
-    if len(v) < 5 or not v[0] > 0 or not np.isfinite(ev.loss).all():
+    sc = ev.scale()
+    if len(v) < 5 or not sc > 0 or not np.isfinite(ev.loss).all():
         return False
-    return float(np.median(v[-max(2, len(v) // 5):])) <= RECOVERED * float(v[0])
+    return float(np.median(v[-max(2, len(v) // 5):])) <= float(v[0]) - (1 - RECOVERED) * sc
 
 
 def harmless_dead_units(f: Finding, ev: Evidence) -> Finding:
-    """``f`` as a note when it is ``dead_units`` and the loss fell, else ``f``. Units silent for every sample (some of a
-    layer's, not all) are no harm seen while the loss falls
-    (:meth:`Evidence.falls`): half-silent ReLU layers are usual in healthy deep Kaiming nets, VAEs and UNets. A loss
-    that does not fall, a whole layer dead (``dead``) or units that died during the run (``became_dead``) stay warnings;
-    and a partly dead layer does not explain a loss at chance (it still passes signal)."""
-    if f.code != "dead_units" or not ev.falls():
+    """``f`` as a note when it is ``dead_units`` and the model learnt, else ``f``. Units silent for every sample (some of
+    a layer's, not all) are no harm seen in a model that learns: half-silent ReLU layers are usual in healthy deep
+    Kaiming nets, VAEs and UNets. Learnt: a classifier that started at chance (:attr:`Evidence.chance`, ln C) ended at
+    ≤ half of it (:meth:`Evidence.learnt`: its floor is 0, so that is half-way — a 10–20% fall with 89% of a layer
+    dead is harm, review 26 R5); any other loss fell (:meth:`Evidence.falls`, 10%): its floor is unknown to the run (a
+    VAE's summed BCE + KL sits at the pixels' entropy: the zoo's ``vae_digits`` falls 38.3 → 27.3 with 88% of its
+    encoder's units silent, as VAEs' inactive units are). A loss that does not fall, a whole layer dead (``dead``) or
+    units that died during the run (``became_dead``) stay warnings; and a partly dead layer does not explain a loss at
+    chance (it still passes signal)."""
+    if f.code != "dead_units" or not (ev.learnt() if math.isfinite(ev.chance) else ev.falls()):
         return f
     return replace(f, severity="note", advice="", detail=f.detail.rstrip(".") + ", while the loss fell: no harm seen.")
 

@@ -20,8 +20,7 @@ from ..adapters.unhookable import refuse_unhookable
 from ..capture.budget import parse_bytes
 from ..capture.session import Capture, CaptureResult
 from ..inspectors.thermometer import ThermometerReport, Thresholds, diagnose
-from ..runs.batch_probe import batch_probe
-from ..runs.output_probe import output_probe
+from ..runs.output_probe import probes_after_cell
 from ..sessions.thermometer import LastCall, ModuleAblation
 from ..views import Recorder, training_options
 from ..widgets.thermometer import ThermometerWidget
@@ -81,18 +80,15 @@ class ThermometerRecorder(Recorder):
 
     def _probe_batch(self, ok: bool) -> None:
         """Once, after a training cell that did not raise: does a sample's output depend on the rest of its
-        batch? (:func:`~nbdebug.runs.batch_probe.batch_probe` on the last call: two own passes in eval mode)
-        → ``result.loop["batch_probe"]``, read by the ``batch_mixed`` finding."""
+        batch, and what does the model hand the loss? (:func:`~nbdebug.runs.output_probe.probes_after_cell` on the
+        last call: one own pass over the whole batch in eval mode serving both, then the half batch)
+        → ``result.loop["batch_probe"]`` / ``["output_probe"]``, read by ``batch_mixed`` and the output findings."""
         res = self.capture.result
         inputs = self.last.inputs if self.last is not None else None
         if not ok or res is None or inputs is None or not res.backward_ran:
             return
-        probe = batch_probe(self.model, inputs)
-        if probe is not None:
-            res.loop["batch_probe"] = probe
-        out = output_probe(self.model, inputs)  # the model's own output and its first layer's input (once)
-        if out is not None:
-            res.loop["output_probe"] = out
+        # one own pass over the whole batch serves both probes (then the half batch): "batch_probe", "output_probe"
+        res.loop.update(probes_after_cell(self.model, inputs))
 
     # -- live --------------------------------------------------------------------------------
     def live_widget(self) -> ThermometerWidget:

@@ -28,7 +28,7 @@ from ..adapters.outputs import logits_of
 from ..capture.state import offloaded, preserve_modes
 from .own import own_pass
 
-__all__ = ["MIN_BATCH", "attributes_kept", "batch_probe", "plain"]
+__all__ = ["MIN_BATCH", "attributes_kept", "batch_of", "batch_probe", "batch_rest", "plain"]
 
 #: fewest samples for the probe (each half needs ≥ 2: a statistic over one sample is no batch)
 MIN_BATCH = 4
@@ -85,14 +85,35 @@ def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]
     call cannot be probed (a distributed, compiled or offloaded model; no tensor input with a batch of
     ≥ :data:`MIN_BATCH`; an output of another batch size; a non-finite output; the model raising on
     half a batch; or, when the half changed, the whole batch not giving itself back on a second pass:
-    a forward that draws noise in eval mode, where mixing cannot be told from the noise)."""
-    if not plain(model):
+    a forward that draws noise in eval mode, where mixing cannot be told from the noise). After a cell the
+    recorder runs :func:`~nbdebug.runs.output_probe.probes_after_cell` instead: its whole-batch pass serves
+    the output probe too."""
+    if not plain(model) or batch_of(inputs) is None:
         return None
     args, kwargs = inputs
-    leaves = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.dim() >= 1]
-    if not leaves or leaves[0].shape[0] < MIN_BATCH:
+    try:
+        with own_pass(model), preserve_modes(model), attributes_kept(model):
+            model.eval()
+            return batch_rest(model, inputs, model(*args, **kwargs))
+    except Exception:  # a model that cannot be run again here: no probe
         return None
-    b = int(leaves[0].shape[0])
+
+
+def batch_of(inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> int | None:
+    """The batch size of a call (the first tensor argument's first dimension), None below :data:`MIN_BATCH`."""
+    leaves = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor) and t.dim() >= 1]
+    return int(leaves[0].shape[0]) if leaves and leaves[0].shape[0] >= MIN_BATCH else None
+
+
+def batch_rest(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]], raw: Any) -> dict[str, Any] | None:
+    """The batch probe given ``raw``, the whole batch's output of an own pass in eval mode: the half batch (and,
+    when it changed, the whole batch again and fed twice over). Call it inside that own pass (the caller's
+    ``own_pass``, ``preserve_modes``, ``attributes_kept`` and ``eval()``); None as :func:`batch_probe`."""
+    b = batch_of(inputs)
+    full = _output(raw)
+    if b is None or full is None or full.shape[0] != b:
+        return None
+    args, kwargs = inputs
     half = b // 2
 
     def cut(t: Any) -> Any:
@@ -102,22 +123,16 @@ def batch_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]
         return torch.cat([t, t]) if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == b else t
 
     dup: float | None = None
-
     try:
-        with own_pass(model), preserve_modes(model), attributes_kept(model):
-            model.eval()
-            full = _output(model(*args, **kwargs))
-            if full is None or full.shape[0] != b:
+        h_args, h_kwargs = tree_map(cut, (tuple(args), dict(kwargs)))
+        part = _output(model(*h_args, **h_kwargs))
+        if part is not None and part.shape == full[:half].shape and _differ(full[:half], part):
+            # a change: first ask whether the whole batch gives itself back (a forward that draws noise
+            # in eval, a VAE's reparameterisation, cannot tell mixing from noise: no probe)
+            again = _output(model(*args, **kwargs))
+            if again is None or again.shape != full.shape or _differ(full, again):
                 return None
-            h_args, h_kwargs = tree_map(cut, (tuple(args), dict(kwargs)))
-            part = _output(model(*h_args, **h_kwargs))
-            if part is not None and part.shape == full[:half].shape and _differ(full[:half], part):
-                # a change: first ask whether the whole batch gives itself back (a forward that draws noise
-                # in eval, a VAE's reparameterisation, cannot tell mixing from noise: no probe)
-                again = _output(model(*args, **kwargs))
-                if again is None or again.shape != full.shape or _differ(full, again):
-                    return None
-                dup = _duplicated(model, full, tree_map(twice, (tuple(args), dict(kwargs))))
+            dup = _duplicated(model, full, tree_map(twice, (tuple(args), dict(kwargs))))
     except Exception:  # a model that cannot run on half its batch (a fixed batch size, a stateful buffer): no probe
         return None
     if part is None or part.shape != full[:half].shape:

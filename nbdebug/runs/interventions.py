@@ -121,7 +121,8 @@ def _interventions(root: nn.Module | None, points: Sequence[PointLike],
                 if on_call is not None:
                     on_call(args, kwargs)
 
-            hooks.forward_pre(root, pre, with_kwargs=True)
+            # eagerly, never traced by TorchDynamo in a compiled caller (as the capture's hooks, capture/forward.py)
+            hooks.forward_pre(root, torch.compiler.disable(pre), with_kwargs=True)
         yield hooks, calls
 
 

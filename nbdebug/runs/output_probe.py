@@ -34,10 +34,10 @@ from torch.utils._pytree import tree_flatten
 
 from ..adapters.outputs import logits_of
 from ..capture.state import preserve_modes
-from .batch_probe import attributes_kept, plain
+from .batch_probe import attributes_kept, batch_rest, plain
 from .own import own_pass
 
-__all__ = ["output_probe"]
+__all__ = ["output_probe", "probes_after_cell"]
 
 
 def _first_float(args: Any) -> torch.Tensor | None:
@@ -53,8 +53,17 @@ def output_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]
     """The model's output and its first layer's input on the last call (see the module docstring); None
     when it cannot be run again (a distributed, compiled or offloaded model; the model raising; no
     floating-point output)."""
+    return probes_after_cell(model, inputs, batch=False).get("output_probe")
+
+
+def probes_after_cell(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]], *,
+                      batch: bool = True) -> dict[str, dict[str, Any]]:
+    """Both post-cell probes from ONE own pass over the whole batch (eval mode, no grad, buffers cloned, RNG forked,
+    the user's hooks set aside): this probe's hooks ride on it, then (``batch``) the batch probe's half-batch pass
+    follows (:func:`~nbdebug.runs.batch_probe.batch_rest`) — one forward fewer than running the two probes apart.
+    ``{"batch_probe": …, "output_probe": …}``, each key only when its probe gave a result."""
     if not plain(model):
-        return None
+        return {}
     args, kwargs = inputs
     seen: dict[str, Any] = {}
     names = {m: n for n, m in model.named_modules()}
@@ -68,16 +77,34 @@ def output_probe(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]
 
     leaves = [m for m in model.modules() if not list(m.children())]
     handles: list[Any] = []
+    found: dict[str, dict[str, Any]] = {}
     try:
         with own_pass(model), preserve_modes(model), attributes_kept(model):
             model.eval()
             handles = [m.register_forward_hook(hook) for m in leaves]
-            raw = model(*args, **kwargs)
+            try:
+                raw = model(*args, **kwargs)
+            finally:
+                for h in handles:
+                    h.remove()
+            b = batch_rest(model, inputs, raw) if batch else None  # the whole batch's pass serves both probes
+            if b is not None:
+                found["batch_probe"] = b
     except Exception:  # a model that cannot be run again here: no probe
-        return None
+        return {}
     finally:
         for h in handles:
             h.remove()
+    out = _summary(model, raw, seen, inputs)
+    if out is not None:
+        found["output_probe"] = out
+    return found
+
+
+def _summary(model: nn.Module, raw: Any, seen: dict[str, Any],
+             inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> dict[str, Any] | None:
+    """The output probe's result from the whole batch's output ``raw`` and what its hooks ``seen`` (two host reads)."""
+    args, kwargs = inputs
     out = logits_of(raw)
     if not (isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel()):
         return None

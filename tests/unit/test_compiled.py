@@ -4,7 +4,10 @@ While nbdebug watches, compiled code runs eagerly; the compiler's stance is rest
 
 from __future__ import annotations
 
+import logging
 import os
+import pathlib
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,6 +21,7 @@ from nbdebug.adapters.offline import tiny_lm
 from nbdebug.capture import hook_count, native, native_op
 from nbdebug.capture.hooks import COMPILED_NOTE, is_compiled
 
+NBDEBUG_DIR = str(pathlib.Path(nbdebug.__file__).parent)
 ENV_OFF = os.environ.get("NBDEBUG_NATIVE", "1") == "0"
 #: the kernel as the environment has it (skipped under NBDEBUG_NATIVE=0), and its numpy/torch fallback
 KERNELS = [pytest.param(True, id="native", marks=pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")),
@@ -113,9 +117,39 @@ class _Graphs:
         return gm.forward
 
 
+class _Frames(logging.Handler):
+    """The frames TorchDynamo compiles, "file name" each (its step log: "torchdynamo start tracing NAME FILE:LINE")."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.frames: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = re.search(r"torchdynamo start tracing (\S+) (\S+):\d+", record.getMessage())
+        if m:
+            self.frames.append(f"{m[2]} {m[1]}")
+
+
+@contextmanager
+def _frames() -> Iterator[list[str]]:
+    """The frames TorchDynamo compiles in the block (``_Frames``), its log not printed."""
+    log, handler = logging.getLogger("torch._dynamo.symbolic_convert"), _Frames()
+    saved = log.level, log.propagate
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    log.addHandler(handler)
+    try:
+        yield handler.frames
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+
+
 def _train(model: torch.nn.Module, steps: list[tuple[torch.Tensor, torch.Tensor]], compiled_autograd: bool,
-           compiled_step: bool) -> tuple[object, list[str], list[str], list[str]]:
-    """The loop under the thermometer: (result, warnings, graph-break reasons, graphs). ``compiled_autograd``:
+           compiled_step: bool) -> tuple[object, list[str], list[str], list[str], list[str]]:
+    """The loop under the thermometer: (result, warnings, graph-break reasons (one per break), graphs,
+    the frames Dynamo compiled). ``compiled_autograd``:
     each backward under compiled autograd (Dynamo traces the output-gradient hooks, as the envelope's
     ``compiled_autograd`` row); ``compiled_step``: the forward inside a ``torch.compile``d function
     (Dynamo traces the forward hooks)."""
@@ -136,7 +170,7 @@ def _train(model: torch.nn.Module, steps: list[tuple[torch.Tensor, torch.Tensor]
     backend = _Graphs()
     fwd = torch.compile(forward, backend=backend) if compiled_step else forward
     d = nbdebug.debug(model, view="thermometer", loss=lambda: ns.get("loss"))
-    with warnings.catch_warnings(record=True) as caught, d:
+    with warnings.catch_warnings(record=True) as caught, _frames() as frames, d:
         warnings.simplefilter("always")
         for x, y in steps:
             opt.zero_grad()
@@ -144,9 +178,9 @@ def _train(model: torch.nn.Module, steps: list[tuple[torch.Tensor, torch.Tensor]
             with ca._enable(torch.compile(backend=backend)) if compiled_autograd else nullcontext():
                 loss.backward()
             opt.step()
-    breaks = list(counters["graph_break"])
+    breaks = list(counters["graph_break"].elements())
     torch._dynamo.reset()
-    return d.results["thermometer"], [str(w.message) for w in caught], breaks, backend.graphs
+    return d.results["thermometer"], [str(w.message) for w in caught], breaks, backend.graphs, frames
 
 
 def _same_history(got: object, want: object) -> None:
@@ -164,19 +198,27 @@ def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("mode", ["compiled_autograd", "compiled_step"])
 def test_traced_hooks_take_the_stats_op_without_warning(kernel: bool, mode: str) -> None:
-    """Under compiled autograd (TorchDynamo traces the output-gradient hooks) and in a compiled
-    training step (it traces the forward hooks) the host stats are one custom op: no "does not know
-    how to trace the builtin `_nbdext.stats`" warning, no graph break at the kernel, the op in the
-    traced graphs, and the history equals the eager loop's bit for bit, with the kernel and on its
-    numpy/torch fallback. (Other graph breaks in the hooks' own code are not the kernel's.)"""
+    """Under compiled autograd (TorchDynamo traces the output-gradient hooks) the host stats are one
+    custom op: no "does not know how to trace the builtin `_nbdext.stats`" warning, no graph break at
+    the kernel, the op in the traced graphs. In a compiled training step (``torch.compile(train_step)``)
+    Dynamo compiles none of nbdebug's frames: the forward hooks and the step bookkeeping behind the
+    root hooks run eagerly (``torch.compiler.disable``; before, ~140 of nbdebug's frames per loop, 13
+    kinds of graph break inside them), every graph break is at one of those calls, and the user's
+    function is still compiled. Either way the history equals the eager loop's bit for bit, with the
+    kernel and on its numpy/torch fallback."""
     batches = _batches()
     with _kernel(kernel):
-        want, _, _, _ = _train(_cnn(), batches, False, False)
-        got, caught, breaks, graphs = _train(_cnn(), batches, mode == "compiled_autograd", mode == "compiled_step")
+        want, *_ = _train(_cnn(), batches, False, False)
+        got, caught, breaks, graphs, frames = _train(_cnn(), batches, mode == "compiled_autograd", mode == "compiled_step")
         assert native.available() is kernel, native.status()
     assert not [w for w in caught if "_nbdext" in w], caught
     assert not [b for b in breaks if "_nbdext" in b or "ctypes" in b], breaks
     assert native_op.status().startswith("registered"), native_op.status()
-    assert sum(g.count("nbdebug.host_stats") for g in graphs) >= 3, "the stats were not taken through the op"
+    if mode == "compiled_step":
+        assert f"{__file__} forward" in frames, frames  # the user's function was compiled (and the log was read)
+        assert [f for f in frames if f.startswith(NBDEBUG_DIR)] == [], frames
+        assert breaks and all("torch.compiler.disable" in b for b in breaks), breaks
+    else:
+        assert sum(g.count("nbdebug.host_stats") for g in graphs) >= 3, "the stats were not taken through the op"
     _same_history(got, want)
     assert np.isfinite(got.series("0", "grad_norm")).all() and (got.series("0", "grad_norm") > 0).all()

@@ -24,6 +24,15 @@ def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Any:
     return train_ce(model, torch.optim.Adam(model.parameters(), lr=1e-3), x, y, 30, bs=32)
 
 
+def _steps(m: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, n: int = 5) -> None:
+    """``n`` steps of the plain classification loop on batches of 32 taken in turn (inside the test's own
+    ``nbdebug.debug``, which reads the model before the cell ends)."""
+    for i in range(n):
+        opt.zero_grad()
+        F.cross_entropy(m(x[i * 32:(i + 1) * 32]), y[i * 32:(i + 1) * 32]).backward()
+        opt.step()
+
+
 class Rows(nn.Module):
     """16 features as 4 rows of 4, embedded per row, flattened per sample; ``mix``: (B, 4, 8) reshaped to
     (4, B, 8) where a transpose was meant (each "sample" of the head then holds rows of 4 samples)."""
@@ -152,10 +161,7 @@ def test_a_forward_that_stashes_what_it_saw_keeps_the_users_last_call() -> None:
     m = Stash()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     with nbdebug.debug(m) as dbg:
-        for i in range(5):
-            opt.zero_grad()
-            F.cross_entropy(m(x[i * 32:(i + 1) * 32]), y[i * 32:(i + 1) * 32]).backward()
-            opt.step()
+        _steps(m, opt, x, y)
         last = m.seen
     assert dbg.result.loop["batch_probe"]["change"] == 0.0  # the probe ran
     assert m.seen is last and m.seen.shape[0] == 32 and m.seen.requires_grad
@@ -191,12 +197,12 @@ def test_no_probe_of_a_model_that_draws_noise_in_eval_mode() -> None:
     assert got is not None and got["change"] >= BATCH_CHANGE
 
 
-@pytest.mark.parametrize("nth", [1, 3], ids=["batch_probe", "output_probe"])
+@pytest.mark.parametrize("nth", [1, 2], ids=["whole_batch", "half_batch"])
 def test_ctrl_c_during_the_probe_leaves_the_model_as_found(nth: int) -> None:
     """Real-use row: a KeyboardInterrupt while a post-cell probe runs (after the user's loop ended) reaches the user,
     and the model keeps its mode, parameters, buffers, ``.grad`` and no hook is left. Planted: the ``nth`` forward
-    after the loop raises — the batch probe's first (whole batch), or the output probe's (after the batch probe's
-    whole batch and half: this model's halves do not change, so no third pass)."""
+    after the loop raises — the whole batch's (the output probe's hooks on it), or the half batch's (this model's halves
+    do not change, so no third pass)."""
 
     class Interrupted(nn.Module):
         def __init__(self) -> None:
@@ -219,10 +225,7 @@ def test_ctrl_c_during_the_probe_leaves_the_model_as_found(nth: int) -> None:
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     before: dict[str, torch.Tensor] = {}
     with pytest.raises(KeyboardInterrupt), nbdebug.debug(m):
-        for i in range(5):
-            opt.zero_grad()
-            F.cross_entropy(m(x[i * 32:(i + 1) * 32]), y[i * 32:(i + 1) * 32]).backward()
-            opt.step()
+        _steps(m, opt, x, y)
         before = {k: v.clone() for k, v in m.state_dict().items()}
         grads = {n: p.grad.clone() for n, p in m.named_parameters()}
         m.stop_at = m.every[0] + nth
@@ -233,3 +236,34 @@ def test_ctrl_c_during_the_probe_leaves_the_model_as_found(nth: int) -> None:
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
     assert all(torch.equal(grads[n], p.grad) for n, p in m.named_parameters())
     assert not any(mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks for mod in m.modules())
+
+
+def test_one_whole_batch_pass_serves_both_post_cell_probes() -> None:
+    """REVIEW.md R7: after the cell the model runs twice (the whole batch, whose pass the output probe's hooks ride on,
+    and its half), not three times (the batch probe's two passes, then the output probe's own whole batch), and each
+    probe's result is what it gives alone."""
+    from nbdebug.runs.output_probe import output_probe
+
+    class Counted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.fc, self.out = nn.Linear(C * 2, 16), nn.Linear(16, C)
+            self.every = [0]  # counted in place (the probes put rebound attributes back)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.every[0] += 1
+            return self.out(torch.relu(self.fc(x)))
+
+    x, y = linear_labels()
+    x = x[:, : C * 2]
+    m = Counted()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    with nbdebug.debug(m) as dbg:
+        _steps(m, opt, x, y)
+        n = m.every[0]
+    assert m.every[0] - n == 2
+    loop = dbg.result.loop
+    last = ((x[128:160],), {})
+    assert loop["batch_probe"] == batch_probe(m, last) == {"batch": 32, "half": 16, "change": 0.0}
+    assert loop["output_probe"] == output_probe(m, last) and loop["output_probe"]["shape"] == [32, C]

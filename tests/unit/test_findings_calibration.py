@@ -94,7 +94,7 @@ def test_live_findings_say_what_the_final_ones_say() -> None:
 
 def test_evidence_rules_exact() -> None:
     ev = Evidence(np.arange(1, 11), np.array([2.0, 1.9, 4.5, 1.8, 1.7, 1.6, 1.5, 1.5, 1.4, 1.4]), np.ones(10))
-    assert ev.loss_rise(1) == (3, 4.5, 2.25, 2.0) and ev.loss_rise(3) is None
+    assert ev.loss_rise(1) == (3, 4.5, 2.25, 2.0, 2.0) and ev.loss_rise(3) is None
     assert ev.diverged() is None and ev.falls()
     ev = Evidence(np.arange(1, 5), np.array([1.0, 3.0, 3.0, 3.0]), np.ones(4))
     assert ev.diverged() is None  # fewer than 5 steps with a loss: the run's end is not judged

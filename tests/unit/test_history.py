@@ -44,7 +44,9 @@ def test_ten_steps_kept_exactly() -> None:
     assert h.values().shape == (10, 3, F) and h.values().dtype == np.float32
     at7 = h.at(7)
     assert list(at7) == ["r0", "r1", "r2"] and at7["r1"]["max"] == 7000 + 10 + MAX
-    assert h.scalars_at(7) == {"loss": 7.0, "lr": pytest.approx(0.1), "skipped": 0.0}
+    at7s = h.scalars_at(7)
+    assert {k: at7s[k] for k in ("loss", "lr", "skipped")} == {"loss": 7.0, "lr": pytest.approx(0.1), "skipped": 0.0}
+    assert np.isnan(at7s["class_share"]) and np.isnan(at7s["class_top"])  # not appended: NaN
     assert h.row_info[1] == {"name": "r1", "module": "m1", "type": "ReLU", "shape": (), "dtype": ""}
 
 
@@ -245,7 +247,7 @@ def test_from_arrays_and_errors() -> None:
         h.append(5, np.array([0]), np.zeros((1, 3), np.float32), {})
     with pytest.raises(ValueError, match="agg"):
         h.values("mean")
-    assert SCALARS == ("loss", "lr", "skipped") and len(HISTORY_FIELDS) == 20
+    assert SCALARS == ("loss", "lr", "skipped", "class_share", "class_top") and len(HISTORY_FIELDS) == 20
 
 
 def test_history_module_does_not_import_torch() -> None:
@@ -293,7 +295,7 @@ def test_result_series_step_index_and_errors() -> None:
     assert res.series("loss").tolist() == [2.5, 2.0, 1.0] and res.series("skipped", agg="max").tolist() == [0, 0, 1]
     with pytest.raises(KeyError, match=r"no field 'avg'; valid fields: mean, std, .*update_ratio"):
         res.series("net.0", "avg")
-    with pytest.raises(KeyError, match=r"no row 'fc'; valid names: 'loss', 'lr', 'skipped' or a row: 'net.0', 'net.1'"):
+    with pytest.raises(KeyError, match=r"no row 'fc'; valid names: 'loss', 'lr', 'skipped', 'class_share', 'class_top' or a row: 'net.0', 'net.1'"):
         res.series("fc", "mean")
     empty = _result(None)
     assert empty.step_index.tolist() == [] and empty.series("loss").size == 0

@@ -45,5 +45,5 @@ def test_series_given_a_record_says_to_pass_its_name(run) -> None:  # type: igno
     # planted mistake: "no row LayerRecord(name='0', ..., sample=array([...4,096 values...]))"
     assert msg == "\"a row is named by a string, got a LayerRecord; for this record pass its name, '0'\""
     assert list(run.series(rec.name, "mean")) == list(run.series("0", "mean"))
-    with pytest.raises(KeyError, match=r"no row 'fc'; valid names: 'loss', 'lr', 'skipped' or a row: '0', '1', '2'"):
+    with pytest.raises(KeyError, match=r"no row 'fc'; valid names: 'loss', 'lr', 'skipped', 'class_share', 'class_top' or a row: '0', '1', '2'"):
         run.series("fc")

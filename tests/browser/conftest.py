@@ -17,6 +17,7 @@ Every test under ``tests/browser/`` gets the ``browser`` marker automatically.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from . import harness, labpage
+from . import harness, labpage, schedule
 
 HERE = Path(__file__).resolve().parent
 
@@ -40,6 +41,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.browser)
+    schedule.longest_first(items)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -122,7 +124,12 @@ def lab_page(browser: Any) -> Iterator[labpage.LabPage]:
         yield pool
     finally:
         pool.discard()
-        print(f"\n[labpage] JupyterLab loaded {pool.loads}x, a loaded page reused {pool.reuses}x")
+        # xdist workers' prints are not shown: the counts go to test-artifacts/ as well
+        line = f"[labpage] JupyterLab loaded {pool.loads}x, a loaded page reused {pool.reuses}x"
+        print("\n" + line)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        harness.ARTIFACTS.mkdir(exist_ok=True)
+        (harness.ARTIFACTS / f"labpage-{worker}.txt").write_text(line + "\n")
 
 
 def _app_of(request: pytest.FixtureRequest) -> harness.App | None:

@@ -129,7 +129,7 @@ def lab_page(browser: Any) -> Iterator[labpage.LabPage]:
         print("\n" + line)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         harness.ARTIFACTS.mkdir(exist_ok=True)
-        (harness.ARTIFACTS / f"labpage-{worker}.txt").write_text(line + "\n")
+        (harness.ARTIFACTS / f"labpage-{worker}.txt").write_text("\n".join([line, *pool.refused]) + "\n")
 
 
 def _app_of(request: pytest.FixtureRequest) -> harness.App | None:
@@ -196,5 +196,5 @@ def _reused_lab_page(request: pytest.FixtureRequest) -> Iterator[Any]:
         assert errors is not None
         errors.check()
     except BaseException:
-        pool.discard()
+        pool.discard("errors in the browser")
         raise

@@ -119,6 +119,7 @@ class LabPage:
         self.listeners: dict[str, list[Any]] = {}  # the page's own Python handlers (PageErrors')
         self.loads = 0  # full page loads (for the report at the end of the session)
         self.reuses = 0
+        self.refused: list[str] = []  # why a loaded page was not reused (the session's report)
 
     # -- per test ---------------------------------------------------------------------------
     def acquire(self) -> Any:
@@ -153,12 +154,13 @@ class LabPage:
         except Exception as exc:
             why = str(exc)
         print(f"[labpage] page not reusable ({why}); a fresh page", file=sys.stderr)
+        self.refused.append(why[:300])
         return False
 
     def release(self, ok: bool) -> None:
         """After a test: close its documents (the page stays), or drop the page when ``ok`` is false."""
         if not ok or self.page is None:
-            self.discard()
+            self.discard("the test failed (or is an expected failure)" if self.page is not None else "")
             return
         try:
             _drop_listeners(self.page, self.listeners)  # handlers and routes the test added
@@ -169,10 +171,12 @@ class LabPage:
             self.errors.console[seen:] = [c for c in self.errors.console[seen:] if not CLOSING_NOISE.search(c)]
         except Exception as exc:
             print(f"[labpage] closing documents failed ({exc}); a fresh page", file=sys.stderr)
-            self.discard()
+            self.discard(f"closing documents failed: {exc}")
 
-    def discard(self) -> None:
+    def discard(self, reason: str = "") -> None:
         """Close the context: the next test loads JupyterLab in a fresh one."""
+        if reason:
+            self.refused.append(reason[:300])
         context, self.context, self.page, self.server = self.context, None, None, None
         if context is not None:
             try:

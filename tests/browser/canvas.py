@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .servers import WIDGET_MS
+from .servers import POLL_MS, WIDGET_MS
 
 _CANVAS_COUNT = """([sel, bg]) => {
     const el = document.querySelector(sel);
@@ -56,6 +56,7 @@ def wait_canvas_nonblank(
     """Wait until the canvas has at least ``minimum`` non-background pixels; returns the count."""
     bg = list(background) if background is not None else None
     page.wait_for_function(
-        f"(args) => ({_CANVAS_COUNT})(args) >= {int(minimum)}", arg=[selector, bg], timeout=timeout
+        f"(args) => ({_CANVAS_COUNT})(args) >= {int(minimum)}", arg=[selector, bg], timeout=timeout,
+        polling=POLL_MS,
     )
     return canvas_nonblank(page, selector, background)

@@ -27,6 +27,7 @@ from .servers import (  # the timeouts are re-exported: tests import them from h
     CELL_MS,
     KERNEL_IDLE_MS,
     PAGE_LOAD_MS,
+    POLL_MS,
     REPO,
     RUN_ALL_MS,
     WIDGET_MS,
@@ -176,7 +177,7 @@ def run_js(page: Any, body: str, arg: Any = None, timeout: int = CELL_MS) -> Any
         }""",
         [key, body, arg],
     )
-    page.wait_for_function(f"window.__nbdebugJobs['{key}'].done", timeout=timeout)
+    page.wait_for_function(f"window.__nbdebugJobs['{key}'].done", timeout=timeout, polling=POLL_MS)
     job = page.evaluate(f"window.__nbdebugJobs['{key}']")
     if "error" in job:
         raise RuntimeError(f"JS failed: {job['error']}")
@@ -206,7 +207,7 @@ _OUTPUTS = """
 def wait_kernel_idle(page: Any, name: str) -> None:
     """Wait until notebook ``name`` is the current widget and its kernel is idle (not the toolbar's
     indicator: it says idle early)."""
-    page.wait_for_function(_KERNEL_IDLE, arg=ipynb(name), timeout=KERNEL_IDLE_MS)
+    page.wait_for_function(_KERNEL_IDLE, arg=ipynb(name), timeout=KERNEL_IDLE_MS, polling=POLL_MS)
 
 
 def open_notebook(page: Any, server: JupyterServer, name: str) -> None:
@@ -262,7 +263,7 @@ def wait_cell_finished(page: Any, index: int, timeout: int = KERNEL_IDLE_MS) -> 
     """Wait until code cell ``index`` has an execution count: set by its execute_reply, so the cell
     has finished (the kernel's status is no signal: it flips to idle between other requests while a
     cell still runs, in JupyterLab and Notebook 7 alike)."""
-    page.wait_for_function(_CELL_FINISHED, arg=index, timeout=timeout)
+    page.wait_for_function(_CELL_FINISHED, arg=index, timeout=timeout, polling=POLL_MS)
 
 
 def raise_on_error_outputs(cells: list[dict[str, Any]]) -> None:
@@ -328,7 +329,7 @@ def run_code_and_wait_text(page: Any, code: str, expected: str, timeout: int = C
             return text
         # run-cell resolves on execute_reply; an iopub stream can land a moment later.
         try:
-            page.wait_for_function(_LAST_CELL_HAS, arg=expected, timeout=5_000)
+            page.wait_for_function(_LAST_CELL_HAS, arg=expected, timeout=5_000, polling=POLL_MS)
             return cell_output_text(page, -1)
         except Exception as exc:
             text = cell_output_text(page, -1)

@@ -43,7 +43,7 @@ from .kl import head_kl, kl_rows, lens_logits
 from .lens import FittedLens
 from .quality import heldout_quality
 
-__all__ = ["fit_lens", "head_kl"]
+__all__ = ["fit_lens"]
 
 DEFAULT_TOKENS = {"shortcut": 8192, "tuned": 16384}
 

@@ -306,7 +306,8 @@ def test_chunked_kl_equals_autograd_reference(max_elems: int) -> None:
     """The tuned training's KL (computed a few rows at a time, its gradient ``(q − p) U / n`` formed in
     the forward pass) equals the plain autograd KL through log_softmax, value and gradient, whatever the
     chunk. Catches a gradient with the wrong sign or scale, a missing log-sum-exp, a chunk boundary bug."""
-    from nbdebug.lens.fit import _head, head_kl
+    from nbdebug.lens.fit import _head
+    from nbdebug.lens.kl import head_kl
 
     m = peaked()
     parts = find_parts(m)

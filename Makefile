@@ -73,22 +73,32 @@ stage = $(if $(REPORTS),.ci/stage $(REPORTS) $(1),)
 # ...and each tutorial's code cells by time (tests/notebooks: where a notebook's minutes go)
 cell-times = $(if $(REPORTS),env NBDEBUG_CELL_TIMES=$(REPORTS)/notebook-cells.txt,)
 
-# The browser tier waits on chromium and kernels more than it computes: it runs alongside the serial
-# tail (the real-use matrix, the numpy path, bench-quick), which computes on one core. Both run to the
-# end; `make test` fails when either failed.
-test-tail = $(call stage,envelope) $(PY) -m pytest tests/envelope $(PYTEST_ARGS) $(call junit,envelope) \
-	&& $(call stage,numpy-path) $(test-numpy-path) \
-	&& $(call stage,bench-quick) $(MAKE) --no-print-directory bench-quick
-test-browser-tier = $(call stage,browser) $(PY) -m pytest $(XDIST) -m browser $(PYTEST_ARGS) $(call junit,browser)
+# `make test` runs lint and the JS tests, then four lanes at once (make -j4, each lane's output printed
+# whole when it ends):
+#   tiers         unit, widget, model and notebook tests (2 xdist workers)
+#   browser       JupyterLab / Notebook 7 in chromium (2 workers)
+#   envelope+np   the real-use matrix (one process: its Works-with table is checked against the whole
+#                 matrix's outcomes at the end), then the numpy path
+#   bench-quick   every benchmark once with tiny sizes
+# Why at once: measured with .ci/stage's CPU column (clean clone, 28 Nov), the stages' CPU is ~1,830 s in all,
+# but one after another they took 1,424 s on 2 cores, the cores idle ~40% of it: the browser tier and the
+# tutorials wait on kernels and chromium, the envelope computes on one core. The JS tests run before the
+# lanes, alone: vitest's per-test timeouts (5 s; 120 s for 1,600 rows in jsdom) are not met beside them on
+# 2 cores. Every lane runs to the end (-k); `make test` fails when any lane failed.
+LANES := lane-tiers lane-browser lane-envelope-numpy lane-bench
+.PHONY: $(LANES)
+lane-tiers: ; $(call stage,unit-widget-models-notebooks) $(cell-times) $(PY) -m pytest $(XDIST) -m "not browser" --ignore=tests/envelope $(PYTEST_ARGS) $(call junit,tiers)
+lane-browser: ; $(call stage,browser) $(PY) -m pytest $(XDIST) -m browser $(PYTEST_ARGS) $(call junit,browser)
+lane-envelope-numpy:
+	$(call stage,envelope) $(PY) -m pytest tests/envelope $(PYTEST_ARGS) $(call junit,envelope)
+	$(call stage,numpy-path) $(test-numpy-path)
+lane-bench: ; $(call stage,bench-quick) $(MAKE) --no-print-directory bench-quick
 
 test: setup
 	$(call stage,lint) $(MAKE) --no-print-directory lint
 	$(call stage,js-tests) $(MAKE) --no-print-directory test-js
-	$(call stage,unit-widget-models-notebooks) $(cell-times) $(PY) -m pytest $(XDIST) -m "not browser" --ignore=tests/envelope $(PYTEST_ARGS) $(call junit,tiers)
-	@( $(test-browser-tier) ) & browser=$$!; \
-	( $(test-tail) ); tail=$$?; \
-	wait $$browser; browser=$$?; \
-	[ $$tail = 0 ] && [ $$browser = 0 ] || { echo "make test: browser tier exit $$browser, serial tail exit $$tail"; exit 1; }
+	@echo "make test: $(LANES) at once; each lane's output follows when it ends"
+	@$(MAKE) --no-print-directory -k -j4 --output-sync=target $(LANES) || { echo "make test: a lane failed (its output above; stage times: $(or $(REPORTS),run with REPORTS=DIR))"; exit 1; }
 
 test-py:
 	$(PY) -m pytest $(XDIST) -m "not browser" --ignore=tests/envelope $(PYTEST_ARGS)

@@ -39,6 +39,7 @@ from ..capture import parse_bytes
 from ..capture.state import loaded_weights
 from ..runs.progress import Progress, ProgressSpec
 from .collect import residual_batches, sample_rows, split_holdout, token_sequences
+from .kl import head_kl, kl_rows, lens_logits
 from .lens import FittedLens
 from .quality import heldout_quality
 
@@ -137,72 +138,13 @@ def _head(parts: ModelParts) -> tuple[torch.Tensor, torch.Tensor | None]:
         return w.detach().float().cpu().clone(), None if b is None else b.detach().float().cpu().clone()
 
 
-def _logits(parts: ModelParts, h: torch.Tensor, U: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    dev = U.device
-    z = parts.normed(h).to(dev).float() @ U.T
-    if b is not None:
-        z = z + b
-    if parts.softcap:
-        z = torch.tanh(z / parts.softcap) * parts.softcap
-    return z
-
-
 def _top_vocab(parts: ModelParts, final: torch.Tensor, U: torch.Tensor, b: torch.Tensor | None, k: int) -> torch.Tensor:
     """The ``k`` token ids with the most final-distribution mass over the positions ``final (n, d)``."""
     mass = torch.zeros(U.shape[0])
     with torch.no_grad():
         for i in range(0, final.shape[0], 256):
-            mass += torch.softmax(_logits(parts, final[i:i + 256], U, b), -1).sum(0)
+            mass += torch.softmax(lens_logits(parts, final[i:i + 256], U, b), -1).sum(0)
     return mass.topk(k).indices.sort().values
-
-
-class _HeadKL(torch.autograd.Function):
-    """``sum over rows of mean over positions of KL(p ‖ softmax(x U' [+ b]))`` for normed rows ``x (R, n, d)``
-    against the final log-probabilities ``logp (n, V)``, its gradient ``(q − p) U / n`` computed in the
-    forward pass a few rows at a time: the ``(R, n, V)`` logits never exist at once and autograd keeps
-    nothing of them (two ``n × V × d`` products per row, the least an exact KL over ``V`` tokens needs)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, logp: torch.Tensor, U: torch.Tensor, bias: torch.Tensor | None,
-                chunk: int) -> torch.Tensor:
-        p = logp.exp()
-        neg_h = (p * logp).sum(-1)  # (n,)
-        n = x.shape[1]
-        loss = x.new_zeros(())
-        grad = torch.empty_like(x)
-        for r in range(0, x.shape[0], chunk):
-            z = x[r:r + chunk] @ U.T
-            if bias is not None:
-                z += bias
-            lse = torch.logsumexp(z, -1, keepdim=True)
-            loss += (neg_h - (p * z).sum(-1) + lse[..., 0]).mean(-1).sum()
-            z.sub_(lse).exp_().sub_(p)  # q − p
-            grad[r:r + chunk] = (z @ U) / n
-        ctx.save_for_backward(grad)
-        return loss
-
-    @staticmethod
-    def backward(ctx: Any, go: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        (grad,) = ctx.saved_tensors
-        return grad * go, None, None, None, None
-
-
-def head_kl(parts: ModelParts, y: torch.Tensor, logp: torch.Tensor, U: torch.Tensor, bias: torch.Tensor | None,
-            *, max_elems: int = 4_000_000) -> torch.Tensor:
-    """KL(final ‖ lens) summed over rows ``y (R, n, d)`` (means over positions), differentiable in ``y``;
-    exact over the vocabulary of ``U``, chunked so that at most ``max_elems`` logits exist at once."""
-    if parts.softcap:  # the softcap's tanh sits between the logits and the softmax: plain autograd
-        logq = torch.log_softmax(_logits(parts, y, U, bias), -1)
-        return (logp.exp() * (logp - logq)).sum(-1).mean(-1).sum()
-    x = parts.normed(y).float()
-    chunk = max(1, max_elems // max(1, y.shape[1] * U.shape[0]))
-    return _HeadKL.apply(x, logp, U, bias, chunk)
-
-
-def _kl_row(parts: ModelParts, y: torch.Tensor, logp: torch.Tensor, U: torch.Tensor, bias: torch.Tensor | None) -> float:
-    """Mean KL(final ‖ lens) over positions ``y (n, d)`` on the vocabulary of ``U`` (no gradient)."""
-    logq = torch.log_softmax(_logits(parts, y, U, bias), -1)
-    return float((logp.exp() * (logp - logq)).sum(-1).mean())
 
 
 def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Tensor, *, U: torch.Tensor,
@@ -241,7 +183,7 @@ def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Ten
                 g["lr"] = lr * max(0.0, 1.0 - frac)
             idx = sample_rows(N, batch, gen)
             with torch.no_grad():
-                logp = torch.log_softmax(_logits(parts, cache[-1, idx].float(), U, bias), -1)
+                logp = torch.log_softmax(lens_logits(parts, cache[-1, idx].float(), U, bias), -1)
             x = cache[:-1, idx].float()
             if white is not None:
                 x = torch.bmm(x - mu[:, None], P)
@@ -264,12 +206,8 @@ def _train(parts: ModelParts, cache: torch.Tensor, A: torch.Tensor, c: torch.Ten
             A1, c1 = A.clone(), c.clone()
         if val:
             held = cache[:, N:].float()
-            logp = torch.log_softmax(_logits(parts, held[-1], U_full, bias_full), -1)
-            for r in range(R1):
-                before = _kl_row(parts, held[r] @ A[r].T + c[r], logp, U_full, bias_full)
-                after = _kl_row(parts, held[r] @ A1[r].T + c1[r], logp, U_full, bias_full)
-                if after > before:
-                    kept.append(r)
+            before, after = kl_rows(parts, held, [(A, c), (A1, c1)], U_full, bias_full)
+            kept = [r for r in range(R1) if after[r] > before[r]]
         for r in range(R1):
             if r not in kept:
                 A[r].copy_(A1[r])

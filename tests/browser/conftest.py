@@ -1,9 +1,12 @@
 """Fixtures of the real-browser tier: one JupyterLab and one Notebook 7 server per session, one
-headless Debian chromium per session, a fresh browser context (and page) per test.
+headless Debian chromium per session; JupyterLab tests share one loaded Lab page per worker
+(``labpage.py``: each test's notebook opened in it, closed after), every other test gets a fresh
+browser context (and page).
 
 * ``lab`` / ``nb7``: a :class:`harness.JupyterServer` (``.root`` is where to write notebooks,
   ``.app`` is ``"lab"`` or ``"notebook"``); after each test its kernels are shut down.
-* ``page``: a Playwright page whose uncaught errors and console errors (e.g. "[anywidget] Failed to
+* ``page``: a Playwright page (the worker's reused JupyterLab page for a test that uses ``lab``,
+  unless marked ``fresh_page``) whose uncaught errors and console errors (e.g. "[anywidget] Failed to
   initialize model") fail the test, except Notebook 7's known "reading 'schema'" one; on failure a
   screenshot lands in ``test-artifacts/<test>-failure.png``.
 * ``browser``: the shared chromium. Missing ``/usr/bin/chromium`` skips the tier locally and
@@ -14,6 +17,7 @@ Every test under ``tests/browser/`` gets the ``browser`` marker automatically.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,15 +25,23 @@ from typing import Any
 
 import pytest
 
-from . import harness
+from . import harness, labpage, schedule
 
 HERE = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "fresh_page: a JupyterLab test that needs a page of its own (not the worker's reused Lab page)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.browser)
+    schedule.longest_first(items)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -103,15 +115,57 @@ def nb7(nb7_server: harness.JupyterServer) -> Iterator[harness.JupyterServer]:
     nb7_server.shutdown_sessions()
 
 
-@pytest.fixture
-def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A page in a fresh context; page and console errors fail the test, failures leave a screenshot."""
-    app = None
+@pytest.fixture(scope="session")
+def lab_page(browser: Any) -> Iterator[labpage.LabPage]:
+    """The worker's reusable JupyterLab page (``labpage.py``), loaded by the first test that opens a
+    notebook in it."""
+    pool = labpage.LabPage(browser, harness.WIDGET_MS)
+    try:
+        yield pool
+    finally:
+        pool.discard()
+        # xdist workers' prints are not shown: the counts go to test-artifacts/ as well
+        line = f"[labpage] JupyterLab loaded {pool.loads}x, a loaded page reused {pool.reuses}x"
+        print("\n" + line)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        harness.ARTIFACTS.mkdir(exist_ok=True)
+        (harness.ARTIFACTS / f"labpage-{worker}.txt").write_text("\n".join([line, *pool.refused]) + "\n")
+
+
+def _app_of(request: pytest.FixtureRequest) -> harness.App | None:
     names = set(request.fixturenames)
     if "nb7" in names or "nb7_server" in names:
-        app = "notebook"
-    elif "lab" in names or "lab_server" in names:
-        app = "lab"
+        return "notebook"
+    if "lab" in names or "lab_server" in names:
+        return "lab"
+    return None
+
+
+def _failure_screenshot(request: pytest.FixtureRequest, pg: Any) -> bool:
+    """A screenshot when the test's call failed; returns whether it failed."""
+    rep = getattr(request.node, "_nbdebug_rep_call", None)
+    if rep is None:
+        return True  # no call report: setup failed
+    if not rep.failed:
+        return hasattr(rep, "wasxfail")  # an expected failure is a failure of the page all the same
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+    try:
+        harness.screenshot(pg, f"{name}-failure")
+    except Exception:  # the page may be gone; the failure itself matters more
+        pass
+    return True
+
+
+@pytest.fixture
+def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A page; page and console errors fail the test, failures leave a screenshot.
+
+    A test that uses ``lab`` (not marked ``fresh_page``) gets the worker's loaded JupyterLab page;
+    any other test a page in a fresh context."""
+    app = _app_of(request)
+    if app == "lab" and labpage.enabled() and request.node.get_closest_marker("fresh_page") is None:
+        yield from _reused_lab_page(request)
+        return
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.set_default_timeout(harness.WIDGET_MS)
     pg = context.new_page()
@@ -119,13 +173,28 @@ def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     pg.nbdebug_errors = errors  # tests may call page.nbdebug_errors.check() early
     try:
         yield pg
-        rep = getattr(request.node, "_nbdebug_rep_call", None)
-        if rep is not None and rep.failed:
-            name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
-            try:
-                harness.screenshot(pg, f"{name}-failure")
-            except Exception:  # the page may be gone; the failure itself matters more
-                pass
+        _failure_screenshot(request, pg)
     finally:
         context.close()
     errors.check()
+
+
+def _reused_lab_page(request: pytest.FixtureRequest) -> Iterator[Any]:
+    # `lab` set up first, so torn down after this fixture: the documents are closed before the
+    # test's sessions (kernels) are deleted.
+    request.getfixturevalue("lab")
+    pool: labpage.LabPage = request.getfixturevalue("lab_page")
+    pg = pool.acquire()
+    errors = pool.errors
+    ok = False
+    try:
+        yield pg
+        ok = not _failure_screenshot(request, pg)
+    finally:
+        pool.release(ok)  # closing the test's documents: their widgets' disposal is checked too
+    try:
+        assert errors is not None
+        errors.check()
+    except BaseException:
+        pool.discard("errors in the browser")
+        raise

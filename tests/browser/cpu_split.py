@@ -24,6 +24,9 @@ KINDS = (
     ("notebook.app", "notebook 7 server"),
     ("playwright", "playwright driver"),
     ("pytest", "pytest"),
+    ("exec(eval(", "pytest"),  # pytest-xdist's workers
+    ("node", "node (jupyterlab's build check at server start)"),
+    ("npm", "node (jupyterlab's build check at server start)"),
 )
 
 
@@ -62,7 +65,9 @@ def main(cmd: list[str]) -> int:
                 cmdline = open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
             except OSError:
                 continue
-            last[pid] = ((int(fields[11]) + int(fields[12])) / TICK, cmdline)
+            # an exited (zombie) process has an empty cmdline: keep the name read while it lived
+            name = cmdline or last.get(pid, (0.0, ""))[1]
+            last[pid] = ((int(fields[11]) + int(fields[12])) / TICK, name)
         time.sleep(0.5)
     split: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()

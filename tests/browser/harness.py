@@ -21,7 +21,21 @@ from typing import Any
 
 import nbformat
 
-from .servers import ARTIFACTS, REPO, App, JupyterServer, ipynb, start_server
+from .canvas import canvas_nonblank, wait_canvas_nonblank
+from .servers import (  # the timeouts are re-exported: tests import them from here
+    ARTIFACTS,
+    CELL_MS,
+    KERNEL_IDLE_MS,
+    PAGE_LOAD_MS,
+    POLL_MS,
+    REPO,
+    RUN_ALL_MS,
+    WIDGET_MS,
+    App,
+    JupyterServer,
+    ipynb,
+    start_server,
+)
 
 __all__ = [
     "ARTIFACTS",
@@ -43,6 +57,7 @@ __all__ = [
     "start_server",
     "wait_canvas_nonblank",
     "wait_cell_finished",
+    "wait_kernel_idle",
     "wait_widget",
     "write_notebook",
 ]
@@ -58,12 +73,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 
-# Timeouts (milliseconds) that held under load on 2 cores.
-KERNEL_IDLE_MS = 90_000
-WIDGET_MS = 60_000
-RUN_ALL_MS = 180_000
-CELL_MS = 60_000
-PAGE_LOAD_MS = 90_000
 
 # Notebook 7.6.5 raises this on every load from its own shortcuts plugin; nothing else is allowed.
 ALLOWED_PAGE_ERRORS = {"notebook": [re.compile(r"reading 'schema'")], "lab": []}
@@ -168,7 +177,7 @@ def run_js(page: Any, body: str, arg: Any = None, timeout: int = CELL_MS) -> Any
         }""",
         [key, body, arg],
     )
-    page.wait_for_function(f"window.__nbdebugJobs['{key}'].done", timeout=timeout)
+    page.wait_for_function(f"window.__nbdebugJobs['{key}'].done", timeout=timeout, polling=POLL_MS)
     job = page.evaluate(f"window.__nbdebugJobs['{key}']")
     if "error" in job:
         raise RuntimeError(f"JS failed: {job['error']}")
@@ -195,10 +204,22 @@ _OUTPUTS = """
 """
 
 
+def wait_kernel_idle(page: Any, name: str) -> None:
+    """Wait until notebook ``name`` is the current widget and its kernel is idle (not the toolbar's
+    indicator: it says idle early)."""
+    page.wait_for_function(_KERNEL_IDLE, arg=ipynb(name), timeout=KERNEL_IDLE_MS, polling=POLL_MS)
+
+
 def open_notebook(page: Any, server: JupyterServer, name: str) -> None:
-    """Open notebook ``name`` and wait until its kernel is idle (not the toolbar: it says idle early)."""
+    """Open notebook ``name`` and wait until its kernel is idle. A page that already runs this
+    server's JupyterLab (the ``page`` fixture's reused one, ``labpage.py``) opens it in place."""
+    reuse = getattr(page, "nbdebug_reuse", None)
+    if reuse is not None and reuse.open(server, name):
+        return
     page.goto(server.url_for(name), wait_until="domcontentloaded", timeout=PAGE_LOAD_MS)
-    page.wait_for_function(_KERNEL_IDLE, arg=ipynb(name), timeout=KERNEL_IDLE_MS)
+    wait_kernel_idle(page, name)
+    if reuse is not None:
+        reuse.loaded(server)
 
 
 def open_and_run(
@@ -222,7 +243,7 @@ def reload_notebook(page: Any, name: str) -> None:
     still running) is idle: widgets then restore from the kernel's state, as after a user's refresh."""
     run_js(page, "await app.commands.execute('docmanager:save'); return true;")
     page.reload(wait_until="domcontentloaded", timeout=PAGE_LOAD_MS)
-    page.wait_for_function(_KERNEL_IDLE, arg=ipynb(name), timeout=KERNEL_IDLE_MS)
+    wait_kernel_idle(page, name)
 
 
 def start_run_all(page: Any) -> None:
@@ -242,7 +263,7 @@ def wait_cell_finished(page: Any, index: int, timeout: int = KERNEL_IDLE_MS) -> 
     """Wait until code cell ``index`` has an execution count: set by its execute_reply, so the cell
     has finished (the kernel's status is no signal: it flips to idle between other requests while a
     cell still runs, in JupyterLab and Notebook 7 alike)."""
-    page.wait_for_function(_CELL_FINISHED, arg=index, timeout=timeout)
+    page.wait_for_function(_CELL_FINISHED, arg=index, timeout=timeout, polling=POLL_MS)
 
 
 def raise_on_error_outputs(cells: list[dict[str, Any]]) -> None:
@@ -308,7 +329,7 @@ def run_code_and_wait_text(page: Any, code: str, expected: str, timeout: int = C
             return text
         # run-cell resolves on execute_reply; an iopub stream can land a moment later.
         try:
-            page.wait_for_function(_LAST_CELL_HAS, arg=expected, timeout=5_000)
+            page.wait_for_function(_LAST_CELL_HAS, arg=expected, timeout=5_000, polling=POLL_MS)
             return cell_output_text(page, -1)
         except Exception as exc:
             text = cell_output_text(page, -1)
@@ -354,60 +375,6 @@ def wait_widget(page: Any, view_or_css: str, timeout: int = WIDGET_MS, index: in
     loc.wait_for(state="attached", timeout=timeout)
     loc.scroll_into_view_if_needed(timeout=timeout)
     return loc
-
-
-_CANVAS_COUNT = """([sel, bg]) => {
-    const el = document.querySelector(sel);
-    if (!el) return -1;
-    const c = el.tagName === 'CANVAS' ? el : el.querySelector('canvas');
-    if (!c) return -1;
-    if (!c.width || !c.height) return 0;
-    const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-    const n = d.length / 4;
-    const px = new Uint32Array(d.buffer, d.byteOffset, n);
-    let ref = 0;
-    if (bg === null) {
-        const counts = new Map();
-        let best = -1;
-        for (let i = 0; i < n; i++) counts.set(px[i], (counts.get(px[i]) || 0) + 1);
-        for (const [k, v] of counts) if (v > best) { best = v; ref = k; }
-    } else {
-        ref = new Uint32Array(new Uint8Array(bg).buffer)[0];
-    }
-    let count = 0;
-    for (let i = 0; i < n; i++) if (px[i] !== ref) count++;
-    return count;
-}"""
-
-
-def canvas_nonblank(
-    page: Any, selector: str, background: tuple[int, int, int, int] | None = None
-) -> int:
-    """Number of pixels of the canvas that differ from the background (via ``getImageData``).
-
-    ``selector`` is CSS for the canvas (or an element containing one); the first match is used.
-    ``background`` is an RGBA tuple; by default the most frequent pixel value is the background.
-    """
-    bg = list(background) if background is not None else None
-    count = int(page.evaluate(_CANVAS_COUNT, [selector, bg]))
-    if count < 0:
-        raise AssertionError(f"no canvas matches {selector!r}")
-    return count
-
-
-def wait_canvas_nonblank(
-    page: Any,
-    selector: str,
-    minimum: int = 1,
-    background: tuple[int, int, int, int] | None = None,
-    timeout: int = WIDGET_MS,
-) -> int:
-    """Wait until the canvas has at least ``minimum`` non-background pixels; returns the count."""
-    bg = list(background) if background is not None else None
-    page.wait_for_function(
-        f"(args) => ({_CANVAS_COUNT})(args) >= {int(minimum)}", arg=[selector, bg], timeout=timeout
-    )
-    return canvas_nonblank(page, selector, background)
 
 
 def chromium_available() -> bool:

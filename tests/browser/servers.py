@@ -27,6 +27,20 @@ from typing import Any, Literal
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 SERVER_START_S = 120
+# The harness' timeouts (milliseconds) that held under load on 2 cores.
+KERNEL_IDLE_MS = 90_000
+WIDGET_MS = 60_000
+RUN_ALL_MS = 180_000
+CELL_MS = 60_000
+PAGE_LOAD_MS = 90_000
+# The harness's waits on a page condition check it every 50 ms, not on every animation frame
+# (Playwright's default): a frame-rate check makes chromium produce 60 frames a second for the whole
+# wait (measured on a loaded JupyterLab page: ~0.06 CPU-s per second of waiting with it, ~0.01
+# without; a run-all waits tens of seconds; the canvas check reads every pixel at each check).
+# Seven Lab/Notebook 7 tests side by side at load 17: chromium 78.9 CPU-s -> 62.6.
+# (NBDEBUG_BROWSER_POLL=raf: Playwright's default, to measure the difference.)
+POLL_MS: int | str = os.environ.get("NBDEBUG_BROWSER_POLL", "50")
+POLL_MS = POLL_MS if POLL_MS == "raf" else int(POLL_MS)
 
 App = Literal["lab", "notebook"]
 _workspace_ids = itertools.count()

@@ -108,6 +108,7 @@ def _bundle(dest) -> None:
                    check=True, cwd=REPO / "js")
 
 
+@pytest.mark.fresh_page  # times the first paint: a page of its own, as a user's first open
 def test_grouped_thermometer_1600_rows_lab(page, lab):
     _bundle(lab.root / "groups_test.js")
     write_notebook(lab.root, "groups", [SETUP, WIDGET])

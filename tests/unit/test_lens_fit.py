@@ -306,7 +306,8 @@ def test_chunked_kl_equals_autograd_reference(max_elems: int) -> None:
     """The tuned training's KL (computed a few rows at a time, its gradient ``(q − p) U / n`` formed in
     the forward pass) equals the plain autograd KL through log_softmax, value and gradient, whatever the
     chunk. Catches a gradient with the wrong sign or scale, a missing log-sum-exp, a chunk boundary bug."""
-    from nbdebug.lens.fit import _head, head_kl
+    from nbdebug.lens.fit import _head
+    from nbdebug.lens.kl import head_kl
 
     m = peaked()
     parts = find_parts(m)
@@ -322,3 +323,56 @@ def test_chunked_kl_equals_autograd_reference(max_elems: int) -> None:
     (wy,) = torch.autograd.grad(want, y2)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gy, wy, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(("max_elems", "biased", "softcap"), [(1, False, None), (10**9, True, None), (10**9, True, 5.0)])
+def test_kl_rows_equals_the_plain_kl_per_row(max_elems: int, biased: bool, softcap: float | None) -> None:
+    """The keep-the-better check's KL (one log-sum-exp per position, ``Σ p z`` as ``x·(pU) + p·b``, rows
+    batched and chunked) equals the plain ``Σ p (log p − log_softmax(z))`` through the model's own norm and
+    head, per row and per translator, with and without a bias or a softcap, whatever the chunk.
+    Catches a dropped ``−H(p)`` or ``p·b`` term, a sign error, rows mixed up at a chunk boundary."""
+    from nbdebug.lens.kl import kl_rows
+
+    m = peaked()
+    parts = find_parts(m)
+    parts.softcap = softcap
+    g = torch.Generator().manual_seed(7)
+    held = torch.randn(L + 1, 9, D, generator=g) * 2
+    b = torch.randn(V, generator=g) if biased else None
+    U = m.lm_head.weight.detach().float()
+    pairs = [(torch.eye(D).repeat(L, 1, 1) + 0.3 * torch.randn(L, D, D, generator=g), torch.randn(L, D, generator=g))
+             for _ in range(2)]
+
+    def logits(h: torch.Tensor) -> torch.Tensor:
+        z = hand_logits(m, h) + (0 if b is None else b)
+        return z if softcap is None else torch.tanh(z / softcap) * softcap
+
+    logp = torch.log_softmax(logits(held[-1]), -1)
+    got = kl_rows(parts, held, pairs, U, b, max_elems=max_elems)
+    for (A, c), row in zip(pairs, got, strict=True):
+        want = torch.stack([(logp.exp() * (logp - torch.log_softmax(logits(held[r] @ A[r].T + c[r]), -1))).sum(-1).mean()
+                            for r in range(L)])
+        torch.testing.assert_close(row, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got[0], got[1])  # two translators, two answers: not one row read twice
+
+
+def test_tuned_fit_equals_the_fit_with_the_plain_kl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole tuned fit with the fast keep-the-better KL equals the same fit whose check is the plain
+    per-row formula (the straightforward path it replaced): same translators, same rows kept."""
+    import nbdebug.lens.fit as fit_mod
+    from nbdebug.lens.kl import kl_row
+
+    def plain(parts: Any, held: torch.Tensor, pairs: Any, U: torch.Tensor, bias: Any) -> list[torch.Tensor]:
+        logp = torch.log_softmax(hand_logits(m, held[-1]), -1)
+        return [torch.tensor([kl_row(parts, held[r] @ A[r].T + c[r], logp, U, bias) for r in range(A.shape[0])])
+                for A, c in pairs]
+
+    m = peaked()
+    kw: dict[str, Any] = dict(kind="tuned", max_tokens=2048, seq_len=64, holdout=0, steps=8, lr=3e-2, vocab=None,
+                              progress=False)
+    fast = fit_lens(m, None, text(), **kw)
+    monkeypatch.setattr(fit_mod, "kl_rows", plain)
+    slow = fit_lens(m, None, text(), **kw)
+    assert fast.info["rows_kept_start"] == slow.info["rows_kept_start"]
+    torch.testing.assert_close(fast.A, slow.A, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(fast.c, slow.c, rtol=1e-4, atol=1e-5)

@@ -10,7 +10,8 @@ ranked by the map (most salient first; ties in raster order) and:
   Methods"): the most (``road_morf``, lower is better) or least (``road_lerf``, higher is better)
   relevant 10 %, 20 % … 90 % of the pixels removed and imputed by noisy linear imputation
   (:func:`~nbdebug.inspectors.road.impute`: each removed pixel the weighted mean of its 8 neighbours,
-  1/6 for edges and 1/12 for corners, solved jointly, plus Gaussian noise of σ = 0.01).
+  1/6 for edges and 1/12 for corners, solved jointly, plus Gaussian noise of σ = 0.01 seeded by the
+  removed pixels: the same pixels removed, the same image).
 
 :class:`Plan` lists every perturbed image of every method (the clean and the fully blurred image
 once, shared; an image two methods share, once) and builds any slice of them as one batch, so all
@@ -65,6 +66,11 @@ def blur(x: torch.Tensor, klen: int = 11, sigma: float = 5.0) -> torch.Tensor:
     return out.reshape(*lead, c, h, w).to(x.dtype)
 
 
+def _digest(mask: torch.Tensor, salt: bytes = b"") -> bytes:
+    """16 bytes naming a CPU bool mask's pixels."""
+    return hashlib.blake2b(salt + np.packbits(mask.numpy()).tobytes() + bytes(str(tuple(mask.shape)), "ascii"), digest_size=16).digest()
+
+
 def auc(fractions: np.ndarray, values: np.ndarray) -> float:
     """Area under ``values`` over ``fractions`` (trapezoid), divided by the fractions' range."""
     f, v = np.asarray(fractions, dtype=np.float64), np.asarray(values, dtype=np.float64)
@@ -108,11 +114,13 @@ class Plan:
 
     Methods often rank the pixels alike (gradcam, hirescam and xgradcam on a layer followed by global
     pooling give proportional maps), so many items are the same image: ``runs`` lists the items whose
-    images are run (an item whose image equals an earlier one's, the same metric and the same pixels,
-    is not; ``run_of[i]`` is item ``i``'s run), ``build(i, j)`` builds runs ``i`` to ``j`` and
-    :meth:`spread` gives each item its run's value. ROAD's images all differ (each item draws its own
-    noise, seeded by its index) but the imputation is solved once per set of removed pixels, the runs
-    that share a solve next to each other and a solve kept only until the last of them is built.
+    images are run (an item whose metric family, deletion, insertion or ROAD, and perturbed pixels are an
+    earlier item's is not; ``run_of[i]`` is item ``i``'s run), ``build(i, j)`` builds runs ``i`` to ``j``
+    and :meth:`spread` gives each item its run's value. ROAD's noise is drawn from a generator seeded by
+    ``seed`` and the removed pixels (:meth:`noise_seed`), never by the item's place: the same removed
+    pixels make the same image for every method, in any chunk, so methods that remove the same pixels
+    get the same ROAD scores. Each ROAD image is solved alone (:func:`~nbdebug.inspectors.road.linear_fill`
+    on one image: the same bits whatever the batch, and no system iterates past its own convergence).
     """
 
     def __init__(self, x: torch.Tensor, maps: Mapping[str, torch.Tensor], *, seed: int = 0) -> None:
@@ -129,12 +137,11 @@ class Plan:
                     if not self._shared(metric, k):
                         self.items.append((m, metric, k))
         self.seed = seed
-        self._fills: dict[int, torch.Tensor] = {}
         self._dedupe()
 
     def _dedupe(self) -> None:
-        """``same[i]``: the first item whose image (deletion, insertion) or removed pixels (ROAD) are
-        item ``i``'s; ``runs`` in run order, ``run_of``, ``last_fill`` (the last run using a solve)."""
+        """``same[i]``: the first item whose metric family and perturbed pixels are item ``i``'s;
+        ``runs`` (the items that are their own ``same``) and ``run_of``."""
         cpu = {m: o.cpu() for m, o in self.order.items()}  # one transfer per method
         first: dict[tuple[str, bytes], int] = {}
         self.same = list(range(len(self.items)))
@@ -142,25 +149,18 @@ class Plan:
             if method in ("clean", "blurred"):
                 continue
             mask = self._mask(method, metric, k, cpu[method])
-            key = (metric if metric in ("deletion", "insertion") else "road", hashlib.blake2b(mask.numpy().tobytes(), digest_size=16).digest())
+            key = (metric if metric in ("deletion", "insertion") else "road", _digest(mask))
             j = first.setdefault(key, i)
             if j != i and torch.equal(mask, self._mask(*self.items[j], cpu[self.items[j][0]])):  # the digest's word checked
                 self.same[i] = j
-        road: dict[int, list[int]] = {i: [] for i in range(len(self.items))}  # ROAD item → the later items sharing its solve
-        for i, j in enumerate(self.same):
-            if j != i and self.items[i][1].startswith("road"):
-                road[j].append(i)
-        self.runs: list[int] = []
-        for i, j in enumerate(self.same):
-            if j == i:
-                self.runs.append(i)
-                self.runs.extend(road[i])
+        self.runs = [i for i, j in enumerate(self.same) if i == j]
         at = {item: pos for pos, item in enumerate(self.runs)}
-        self.run_of = [at[i] if i in at else at[self.same[i]] for i in range(len(self.items))]
-        self.last_fill: dict[int, int] = {}
-        for pos, i in enumerate(self.runs):
-            if self.items[i][1].startswith("road"):
-                self.last_fill[self.same[i]] = pos
+        self.run_of = [at[j] for j in self.same]
+
+    def noise_seed(self, removed: torch.Tensor) -> int:
+        """The seed of ROAD's noise on an image with ``removed`` pixels (H×W bool): from :attr:`seed` and
+        the pixels only, so equal perturbations get equal noise."""
+        return int.from_bytes(_digest(removed, self.seed.to_bytes(8, "little", signed=True))[:8], "little") >> 1
 
     @staticmethod
     def _shared(metric: str, k: int) -> str:
@@ -186,25 +186,20 @@ class Plan:
 
     def batch(self, i: int, j: int) -> torch.Tensor:
         """Items ``i`` to ``j`` (exclusive) as one batch, in order."""
-        return self._images(list(range(i, j)), {})
+        return self._images(range(i, j))
 
     def build(self, i: int, j: int) -> torch.Tensor:
-        """Runs ``i`` to ``j`` (exclusive) as one batch, in order (:attr:`runs`); call them in order."""
-        out = self._images(self.runs[i:j], self._fills)
-        for key in [key for key in self._fills if self.last_fill[key] < j]:
-            del self._fills[key]  # no later run uses this solve
-        return out
+        """Runs ``i`` to ``j`` (exclusive) as one batch, in order (:attr:`runs`)."""
+        return self._images(self.runs[i:j])
 
     def spread(self, values: Sequence[float] | np.ndarray) -> np.ndarray:
         """Every item's value (``items`` order) from each run's (``runs`` order)."""
         return np.asarray(values).reshape(-1)[self.run_of]
 
-    def _images(self, items: Sequence[int], fills: dict[int, torch.Tensor]) -> torch.Tensor:
-        """The images of ``items``; ROAD's solves of ``fills`` (first sharing item → its solve) reused,
-        the missing ones solved at once and added to it."""
+    def _images(self, items: Sequence[int]) -> torch.Tensor:
+        """The images of ``items``, each ROAD image solved alone."""
         out: list[torch.Tensor] = []
-        road: list[tuple[int, int, torch.Tensor]] = []  # (position, item, removed)
-        for pos, i in enumerate(items):
+        for i in items:
             method, metric, k = self.items[i]
             if method in ("clean", "blurred"):
                 out.append(self.x if method == "clean" else self.blurred)
@@ -214,15 +209,8 @@ class Plan:
                 a, b = (self.blurred, self.x) if metric == "deletion" else (self.x, self.blurred)
                 out.append(torch.where(mask, a, b))
             else:
-                out.append(self.x)  # replaced below
-                road.append((pos, i, mask))
-        todo = {self.same[i]: mask for _, i, mask in road if self.same[i] not in fills}
-        if todo:
-            x = self.x.float().unsqueeze(0).expand(len(todo), *self.x.shape)
-            solved = linear_fill(x, torch.stack(list(todo.values())).unsqueeze(1))
-            fills.update(zip(todo, solved))
-        for pos, i, mask in road:  # the noise of item i: the same in any chunk
-            out[pos] = add_noise(fills[self.same[i]], mask[None], NOISE, self.seed * 1_000_003 + i).to(self.x.dtype)
+                filled = linear_fill(self.x.float()[None], mask[None, None])[0]
+                out.append(add_noise(filled, mask[None], NOISE, self.noise_seed(mask.cpu())).to(self.x.dtype))
         return torch.stack(out)
 
     def report(self, probs: Sequence[float] | np.ndarray, target: int, target_name: str, forwards: int = 0) -> FaithfulnessReport:

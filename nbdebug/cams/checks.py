@@ -47,7 +47,8 @@ def faithfulness(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], 
     target = int(classes[0, 0])
     n = len(plan.runs)  # an image two methods share runs once
     per_item = item_bytes if item_bytes is not None else 32 * per_sample_bytes(img)
-    runner = Perturbed(model, args, kwargs, sample=0, chunk=chunk_size(max_bytes, per_item, n),
+    cpu_input = x.numel() * x.element_size() if x.device.type == "cpu" else None
+    runner = Perturbed(model, args, kwargs, sample=0, chunk=chunk_size(max_bytes, per_item, n, cpu_input_bytes=cpu_input),
                        on_chunk=(lambda d, total: progress("faithfulness", d, total)) if progress else None)
 
     def make(i: int, j: int) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from nbdebug.cams.checks import faithfulness
 from nbdebug.inspectors.faithfulness import FRACTIONS, METRICS, Plan
 from nbdebug.inspectors.road import add_noise, linear_fill
+from nbdebug.runs.perturb import chunk_size
 from tests.unit.test_gradcam_faithfulness import H, LeftHalf, W, column_map, maps_of
 
 
@@ -237,3 +238,15 @@ def test_methods_that_rank_the_pixels_alike_get_the_same_scores() -> None:
     for m in maps.methods:
         for metric in METRICS:
             np.testing.assert_allclose(one.curves[m][metric], many.curves[m][metric], atol=1e-6, err_msg=(m, metric))
+
+
+def test_cpu_chunks_hold_a_cache_sized_batch() -> None:
+    """A 3×224×224 float image (602,112 bytes) runs 4 at a time on the CPU (2.5 MB of inputs), however
+    much memory ``--max-bytes`` allows; a tighter ``--max-bytes`` still wins; a huge input runs alone."""
+    image = 3 * 224 * 224 * 4
+    assert chunk_size(2**30, 32 * image, 262) == 55  # memory alone
+    assert chunk_size(2**30, 32 * image, 262, cpu_input_bytes=image) == 4
+    assert chunk_size(2 * 32 * image, 32 * image, 262, cpu_input_bytes=image) == 2
+    assert chunk_size(2**30, 32 * image, 3, cpu_input_bytes=image) == 3
+    assert chunk_size(2**30, 32, 262, cpu_input_bytes=10**8) == 1
+    assert chunk_size(2**30, 32 * 12, 262, cpu_input_bytes=12) == 262  # small inputs: one batch

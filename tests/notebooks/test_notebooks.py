@@ -253,19 +253,30 @@ def test_transformer_tutorial_story_holds() -> None:
     assert "from zero: " in text and re.search(r"from zero: .* converged: False$", text, re.M), text
     assert re.search(r"first token fixed: .* converged: True$", text, re.M), text
     top = re.search(r"^first token fixed, top tokens: \[\('([^']*)'", text, re.M)
-    assert top and top.group(1) in (" E", "iffel"), text
+    assert top and top.group(1) in (" E", "iffel"), text  # a regression check: the tokens of the executed run
     dl = re.search(r"^deletion AUC in score order ([-\d.]+) vs random orders ([-\d.]+)$", text, re.M)
     assert dl and float(dl.group(1)) < float(dl.group(2)), text
     # the lens section: a tuned lens fitted here on the pydoc text (bounded by tokens and steps: deterministic).
     # The held-out KL is computed in the notebook by hand (torch's log_softmax over output_hidden_states read
-    # through lens.logits and, for the logit lens, lm_head(norm(h))), not by nbdebug's quality code: both fitted
-    # lenses far closer to the output than the logit lens; the tuned one (20 steps from its shortcut start,
-    # rows that do worse on held-apart fitting positions thrown back to the start) not worse than the start
-    # beyond the printed precision
-    kl = re.search(r"^held-out mean KL over blocks: logit ([\d.]+), shortcut ([\d.]+), tuned ([\d.]+)$", text, re.M)
+    # through lens.logits and, for the logit lens, lm_head(norm(h))), not by nbdebug's quality code. The story:
+    # both fitted lenses far closer to the output than the logit lens; at this budget the KL training does not
+    # pay off (the start given back at most blocks; the tuned lens no better than its least-squares start on the
+    # held-out topic, worse by under a tenth of a nat at any block shown), as the notebook's text says plainly
+    back = re.search(r"training steps, start given back at (\d+) of 30 blocks$", text, re.M)
+    assert back and int(back.group(1)) >= 20, text
+    table = re.findall(r"^ *(\d+) +([\d.]+) +([\d.]+) +([\d.]+)$", text, re.M)
+    assert [int(r[0]) for r in table] == list(range(0, 29, 4)), text
+    kl = re.search(r"^held-out mean KL over these blocks: logit ([\d.]+), shortcut ([\d.]+), tuned ([\d.]+)$", text, re.M)
     assert kl, text
     logit, short, tuned = (float(kl.group(i)) for i in (1, 2, 3))
-    assert short < logit / 3 and tuned < logit / 3 and tuned <= short + 0.01, text
+    for col, mean in zip((1, 2, 3), (logit, short, tuned), strict=True):  # the means are the printed rows' means
+        assert abs(sum(float(r[col]) for r in table) / len(table) - mean) < 0.01, (col, mean, table)
+    assert short < logit / 3 and tuned < logit / 3, text
+    gain = re.search(r"^KL training vs its least-squares start: lower at (\d+) of 8 blocks, mean change ([-+][\d.]+) nats, "
+                     r"largest gain ([\d.]+), largest loss ([\d.]+)$", text, re.M)
+    assert gain, text
+    change, up, down = float(gain.group(2)), float(gain.group(3)), float(gain.group(4))
+    assert abs(change - (tuned - short)) <= 0.006 and up < 0.01 and down < 0.1 and change > -0.005, text
     assert re.search(r"^under the tuned lens: '␣Paris' ", text, re.M), text
 
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 import pathlib
 import re
 
+import pytest
+
 README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+pytestmark = [pytest.mark.xdist_group("smollm2")]  # the worker's SmolLM2 and shared calls (tests/shared_calls.py)
+
 RUN = ("## Quickstart", "### Without the magic", "## Test what you see")  # the last ends with the doctor block
 
 

@@ -17,7 +17,7 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-pytestmark = [pytest.mark.models, pytest.mark.slow]
+pytestmark = [pytest.mark.models, pytest.mark.slow, pytest.mark.xdist_group("smollm2")]  # one SmolLM2 per worker (tests/shared_calls.py)
 
 pytest.importorskip("transformers")
 import nbdebug  # noqa: E402

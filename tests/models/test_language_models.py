@@ -19,7 +19,7 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-pytestmark = [pytest.mark.models, pytest.mark.slow]
+pytestmark = [pytest.mark.models, pytest.mark.slow, pytest.mark.xdist_group("smollm2")]  # one SmolLM2 per worker (tests/shared_calls.py)
 
 pytest.importorskip("transformers")
 from nbdebug.adapters.offline import load_minilm  # noqa: E402
@@ -80,12 +80,28 @@ def test_smollm2_attention_under_sdpa_is_restored(smollm2) -> None:  # type: ign
     L, H, T = res.shape
     assert (L, H, T) == (30, 9, 5)
     assert res.display[1] == "␣capital" and res.causal and res.path == f"{before} + query/key probe"
+    # transformers 5 installs output-capturing hooks (2 per block) at the first output_attentions=True and
+    # leaves them: this test removes them, so the session's model is left as found for the next test
+    # (test_ablate_smollm2 and the README test count hooks: 60 were found there)
+    n_hooks = hook_count(model)
+    kept = {id(m): (set(m._forward_hooks), set(m._forward_pre_hooks), hasattr(m, "_output_capturing_hooks_installed"))
+            for m in model.modules()}
     model.set_attn_implementation("eager")  # the reference: output_attentions under eager (test code only)
     try:
         with torch.no_grad():
             ref = model(**enc, output_attentions=True).attentions
     finally:
         model.set_attn_implementation(before)
+        for m in model.modules():
+            fwd, pre, flag = kept[id(m)]
+            for name, old in (("_forward_hooks", fwd), ("_forward_hooks_with_kwargs", fwd), ("_forward_hooks_always_called", fwd),
+                              ("_forward_pre_hooks", pre), ("_forward_pre_hooks_with_kwargs", pre)):
+                hooks = getattr(m, name, {})
+                for k in [k for k in hooks if k not in old]:
+                    del hooks[k]
+            if not flag and "_output_capturing_hooks_installed" in m.__dict__:
+                del m.__dict__["_output_capturing_hooks_installed"]
+    assert hook_count(model) == n_hooks
     for layer, head in ((0, 0), (17, 4), (29, 8)):
         np.testing.assert_allclose(res.head(layer, head), ref[layer][0, head].float().numpy(), atol=1e-4)
 

@@ -13,9 +13,11 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-pytestmark = [pytest.mark.models, pytest.mark.slow]
+pytestmark = [pytest.mark.models, pytest.mark.slow, pytest.mark.xdist_group("smollm2")]  # one SmolLM2 per worker (tests/shared_calls.py)
 
 pytest.importorskip("transformers")
+from shared_calls import once  # noqa: E402
+
 import nbdebug  # noqa: E402
 from nbdebug.capture import fingerprint, same_fingerprint  # noqa: E402
 from nbdebug.workbench import Workbench  # noqa: E402
@@ -44,7 +46,7 @@ def test_eiffel_tower_causal_trace(smollm2) -> None:  # type: ignore[no-untyped-
 def test_attribution_finds_the_exact_top_heads(smollm2) -> None:  # type: ignore[no-untyped-def]
     model, tok = smollm2
     kw = dict(answer=" Paris", wrong=" Rome", tokenizer=tok, sites="heads", progress=False)
-    exact = nbdebug.patch(model, CLEAN, CORRUPT, **kw)
+    exact = once(nbdebug.patch, model, CLEAN, CORRUPT, **kw)  # README's grid: computed once per worker
     est = nbdebug.patch(model, CLEAN, CORRUPT, method="attribution", verify=5, **kw)
     top10 = set(exact.top_cells(10))
     assert len(top10 & set(est.top_cells(20))) >= 7

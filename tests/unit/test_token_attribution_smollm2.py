@@ -15,9 +15,11 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-pytestmark = [pytest.mark.models, pytest.mark.slow]
+pytestmark = [pytest.mark.models, pytest.mark.slow, pytest.mark.xdist_group("smollm2")]  # one SmolLM2 per worker (tests/shared_calls.py)
 
 pytest.importorskip("transformers")
+from shared_calls import once  # noqa: E402
+
 import nbdebug  # noqa: E402
 from nbdebug.capture import fingerprint, hook_count, same_fingerprint  # noqa: E402
 
@@ -27,8 +29,9 @@ PROMPT = "The Eiffel Tower is in the city of"
 def test_paris_not_rome(smollm2) -> None:  # type: ignore[no-untyped-def]
     model, tok = smollm2
     before = fingerprint(model)
-    zero = nbdebug.attribute(model, PROMPT, answer=" Paris", wrong=" Rome", tokenizer=tok, method="integrated_gradients",
-                             steps=64, faithfulness=False)
+    # README's call (64 steps from zero, faithfulness on): computed once per worker (tests/shared_calls.py)
+    zero = once(nbdebug.attribute, model, PROMPT, answer=" Paris", wrong=" Rome", tokenizer=tok,
+                method="integrated_gradients", steps=64)
     assert zero.metric > 1.0  # the model prefers Paris
     assert zero.metric_baseline == pytest.approx(0.0, abs=1e-6)  # all-zero input: every hidden state is 0
     print(f"\nIG 64 from zero: delta {zero.delta:+.3f} ({zero.relative_delta:.0%})")

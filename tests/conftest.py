@@ -7,11 +7,12 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import cpu_times
 import pytest
+import skip_policy
 from shells import let_go_of
 from skip_policy import (  # noqa: F401  (hooks: no silent skips in CI)
     pytest_collectreport,
-    pytest_configure,
     pytest_runtest_logreport,
     pytest_sessionfinish,
     pytest_terminal_summary,
@@ -38,6 +39,11 @@ def _one_thread_per_worker() -> None:
 
 
 _one_thread_per_worker()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    skip_policy.pytest_configure(config)
+    cpu_times.register(config)  # each test's CPU seconds beside --durations (tests/cpu_times.py)
 
 
 @pytest.fixture

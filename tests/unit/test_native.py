@@ -329,6 +329,19 @@ def test_off_switch_and_missing_compiler(tmp_path: Path, monkeypatch: pytest.Mon
     assert not native.available() and native.status().startswith("build failed")
 
 
+@pytest.fixture
+def quick_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Libraries built into a test's own cache compile at -O0 without the x86-64-v4/v3 clones (~0.5
+    instead of ~3 CPU-s each): these tests check where a library goes and when it is built again,
+    not its speed; the session's own build (the kernel every other test uses) keeps FLAGS and VARIANTS."""
+    monkeypatch.setattr(native_build, "FLAGS", QUICK_FLAGS)
+    monkeypatch.setattr(native_build, "VARIANTS", QUICK_VARIANTS)
+
+
+QUICK_FLAGS = ("-O0", *native_build.FLAGS[1:])
+QUICK_VARIANTS = (("-DNBD_NO_CLONES",),)
+
+
 def _cache_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Path]:
     """With the cache in ``tmp_path``: the compiler's argv and the path (its folder made) where the
     library for this compiler and these sources is looked up."""
@@ -340,7 +353,7 @@ def _cache_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list
 
 
 @pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
-def test_a_bad_library_in_the_cache_is_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_library_in_the_cache_is_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quick_builds: None) -> None:
     _argv, target = _cache_target(tmp_path, monkeypatch)
     target.write_bytes(b"\x7fELF truncated")  # e.g. a copy interrupted half way
     native._reset()
@@ -349,7 +362,7 @@ def test_a_bad_library_in_the_cache_is_built_again(tmp_path: Path, monkeypatch: 
 
 
 @pytest.mark.skipif(ENV_OFF or not hasattr(os, "getuid"), reason="NBDEBUG_NATIVE=0 in the environment / no uid")
-def test_unwritable_cache_falls_back_to_a_private_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unwritable_cache_falls_back_to_a_private_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quick_builds: None) -> None:
     import tempfile
 
     (tmp_path / "file").write_text("not a directory")
@@ -365,7 +378,8 @@ def test_unwritable_cache_falls_back_to_a_private_temporary_directory(tmp_path: 
 
 _CHILD = """
 import os, sys, time, torch
-from nbdebug.capture import native
+from nbdebug.capture import native, native_build
+native_build.FLAGS, native_build.VARIANTS = %s, %s  # quick_builds' settings
 open(sys.argv[1] + ".ready", "w").close()
 while not os.path.exists(sys.argv[2]):  # start building together
     time.sleep(0.005)
@@ -381,7 +395,8 @@ def test_two_processes_build_at_once(tmp_path: Path) -> None:
     cache, sync = tmp_path / "cache", tmp_path / "sync"
     sync.mkdir()
     env = {**os.environ, "NBDEBUG_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(sync / str(i)), str(sync / "go")], env=env,
+    child = _CHILD % (QUICK_FLAGS, QUICK_VARIANTS)
+    procs = [subprocess.Popen([sys.executable, "-c", child, str(sync / str(i)), str(sync / "go")], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     deadline = time.monotonic() + 120
     while not all((sync / f"{i}.ready").exists() for i in range(2)) and time.monotonic() < deadline:
@@ -611,7 +626,7 @@ def test_errors_while_loading_never_reach_the_hook(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.skipif(ENV_OFF or not hasattr(os, "getuid"), reason="NBDEBUG_NATIVE=0 in the environment / no uid")
-def test_no_home_directory_uses_the_private_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_home_directory_uses_the_private_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quick_builds: None) -> None:
     import pwd
     import tempfile
 
@@ -633,7 +648,7 @@ def test_no_home_directory_uses_the_private_temporary_directory(tmp_path: Path, 
 
 
 @pytest.mark.skipif(ENV_OFF, reason="NBDEBUG_NATIVE=0 in the environment")
-def test_a_foreign_library_is_rebuilt_and_the_new_one_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_foreign_library_is_rebuilt_and_the_new_one_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quick_builds: None) -> None:
     argv, target = _cache_target(tmp_path, monkeypatch)
     old = tmp_path / "old.c"  # a valid library of another ABI under the key's path (loads, fails the self-test)
     old.write_text((native_build.NATIVE_DIR / "stats.c").read_text().replace(f"#define NBD_ABI {native_build.ABI}", "#define NBD_ABI 1"))
@@ -799,7 +814,7 @@ def test_module_sq_norms_and_seg_plan_equal_the_ctypes_calls() -> None:
     assert first[1].sum() == 0.0  # not overwritten by the later call
 
 
-def test_without_python_headers_the_ctypes_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_python_headers_the_ctypes_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quick_builds: None) -> None:
     if ENV_OFF:
         pytest.skip("NBDEBUG_NATIVE=0 in the environment")
     monkeypatch.setenv("NBDEBUG_CACHE_DIR", str(tmp_path))
@@ -825,7 +840,7 @@ def test_without_python_headers_the_ctypes_calls(tmp_path: Path, monkeypatch: py
 
 
 @needs_ext
-def test_a_bad_module_in_the_cache_is_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_module_in_the_cache_is_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quick_builds: None) -> None:
     _argv, target = _cache_target(tmp_path, monkeypatch)
     ext = native_build.ext_path(target.parent)
     ext.write_bytes(b"\x7fELF truncated")

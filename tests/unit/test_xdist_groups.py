@@ -39,6 +39,7 @@ def test_each_group_runs_on_one_worker(tmp_path: Path) -> None:
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
     shutil.copy(TESTS / "skip_policy.py", tmp_path / "skip_policy.py")
     shutil.copy(TESTS / "shells.py", tmp_path / "shells.py")
+    shutil.copy(TESTS / "cpu_times.py", tmp_path / "cpu_times.py")
     (tmp_path / "test_planted.py").write_text(PLANTED)
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2", "--dist", "loadgroup", "test_planted.py"],

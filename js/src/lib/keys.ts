@@ -25,9 +25,9 @@ export function isOwnKey(target: EventTarget | null, ev: Pick<KeyboardEvent, "ke
 
 function install(): void {
   if (typeof window === "undefined") return;
-  const w = window as unknown as Record<string, boolean>;
-  if (w[FLAG]) return; // one listener per page, however many views (each bundle has its own module)
-  w[FLAG] = true;
+  const d = document as unknown as Record<string, boolean>;
+  if (d[FLAG]) return; // one listener per page, however many views (each bundle has its own module)
+  d[FLAG] = true;
   window.addEventListener("keydown", (ev: KeyboardEvent) => {
     const t = ev.target as Element | null;
     if (t && isOwnKey(t, ev)) {

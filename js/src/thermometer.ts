@@ -11,7 +11,7 @@ import { renderFindings, renderHeadline, renderTimeline, Said, withCode, type Fi
 import { buildHeader as drawHeader } from "./thermometer/header";
 import { DetailPanel } from "./thermometer/histogram";
 import type { HistEvent, Incident } from "./thermometer/history";
-import { initialize, messageHandler, shared, SparkCache, sparkCell, SPARK_STATS, syncTrait } from "./thermometer/live";
+import { initialize, messageHandler, shared, SparkCache, sparkCell, SPARK_STATS, syncRows, syncTrait } from "./thermometer/live";
 import { GroupsPanel } from "./thermometer/groups_widget";
 import { bindInput } from "./thermometer/input";
 import { ABLATE_CSS, AblateRow } from "./thermometer/ablate";
@@ -261,6 +261,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     errorBox.textContent = live.error;
     try {
       syncTrait(model);
+      syncRows(model);
       const running = Boolean(model.get("running"));
       const merged: Layer[] = model.get("layers") ?? [];
       detail.reset(model.get("layers"));
@@ -347,6 +348,7 @@ function render({ model, el }: { model: AnyModel; el: HTMLElement }): () => void
     ["change:has_grads", schedule],
     ["change:raised", schedule],
     ["change:history", schedule],
+    ["change:live_rows", schedule],
     ["change:running", schedule],
     ["change:step", schedule],
     ["change:spark_stat", schedule],

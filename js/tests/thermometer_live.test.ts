@@ -4,6 +4,7 @@
 // sparklines, and hostile text staying text.
 import { afterEach, describe, expect, it } from "vitest";
 import widget from "../src/thermometer";
+import { initialize } from "../src/thermometer/live";
 import { HistoryStore } from "../src/thermometer/history";
 import { columns as sparkColumns } from "../src/lib/sparkline";
 import { FakeModel, f32View } from "./fakeModel";
@@ -117,6 +118,31 @@ describe("thermometer over time", () => {
     await tick();
     expect(el.querySelector(".nbd-step-label")!.textContent).toBe("step 9 of 9");
     expect(el.querySelector(".nbd-summary")!.textContent).toBe("running: 9 steps so far (earlier steps appear when the cell ends)");
+  });
+
+  it("names the rows from the live_rows trait when the first push (the one with the rows) was lost", async () => {
+    // The race: the kernel's first push reaches the browser before the view's module has loaded
+    // (nobody listens yet: lost); the trait set before it is kept by the model.
+    const model = liveModel({ live_rows: ROWS });
+    send(model, message([1, 2], { reset: true }));
+    const dispose = initialize({ model });
+    const el = mount(widget.render, model);
+    await tick();
+    send(model, message([3], { from: 2 }));
+    await tick();
+    expect(el.querySelectorAll(".nbd-row").length).toBe(2);
+    expect(meanOf(el, 0)).toBe(val(3, 0, 0));
+    expect(meanOf(el, 1)).toBe(val(3, 1, 0));
+    expect(el.querySelector(".nbd-summary")!.textContent).toBe("running: 3 steps so far (earlier steps appear when the cell ends)");
+    // a row that appears later: the trait grows first, then the push carries its values
+    const more = [...ROWS, { name: "late", module: "late", type: "ReLU", shape: [8, 16], dtype: "float32" }];
+    model.set("live_rows", more);
+    send(model, message([4], { from: 3, rows: more }));
+    await tick();
+    expect(el.querySelectorAll(".nbd-row").length).toBe(3);
+    expect(meanOf(el, 2)).toBe(val(4, 2, 0));
+    expect(model.get("js_error")).toBe("");
+    dispose();
   });
 
   it("redraws the table at an earlier step from pushed data, and the whole run from the traits", async () => {

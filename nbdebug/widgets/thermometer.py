@@ -116,6 +116,10 @@ class ThermometerWidget(NBWidget):
     #: the header (the top finding → what followed from it) and the ranked findings (root cause first)
     headline = traitlets.Unicode("").tag(sync=True)
     findings = traitlets.List().tag(sync=True)
+    #: while the cell runs, the history's rows (as a ``history`` message's ``rows``), set before the push that
+    #: first carries them: a browser whose view module loaded after the first push (lost: custom messages
+    #: are not kept) still names its rows; [] once the cell has finished (the ``history`` trait has them)
+    live_rows = traitlets.List().tag(sync=True)
     #: a row's module can be ablated (the last model call was kept), and the ablations run (for tests)
     can_ablate = traitlets.Bool(False).tag(sync=True)
     ablations = traitlets.Int(0).tag(sync=True)
@@ -196,7 +200,7 @@ class ThermometerWidget(NBWidget):
         self.report, self.capture = report, capture
         state = self.state_of(report, capture, self.thresholds)
         with self.hold_sync():
-            for k, v in {**state, "running": False}.items():
+            for k, v in {**state, "running": False, "live_rows": []}.items():
                 setattr(self, k, v)
 
     def push_history(self, history: History, *, incidents: Sequence[Any] = (), thresholds: Thresholds | None = None) -> bool:
@@ -225,6 +229,8 @@ class ThermometerWidget(NBWidget):
             names = content.pop("rows")
             if len(names) > f.rows:
                 content["rows"], content["rows_from"] = names[f.rows:], f.rows
+        if len(history.rows) != f.rows:  # before the send: the trait reaches a browser that misses the message
+            self.live_rows = meta["rows"]
         f.rows = len(history.rows)
         if len(incidents) != f.incidents:
             content["incidents"] = incidents

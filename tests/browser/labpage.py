@@ -70,7 +70,11 @@ _CLEAN = """
     const [token, layout, known] = arg;
     if (!app || window.__nbdebugPage !== token) return 'the page was reloaded or navigated';
     const now = await (async () => { LAYOUT })();
-    if (now !== layout) return 'the shell layout changed: ' + now + ' != ' + layout;
+    if (now !== layout) {
+        const [a, b] = [JSON.parse(now), JSON.parse(layout)];
+        const diff = Object.keys(b).filter((k) => JSON.stringify(a[k]) !== JSON.stringify(b[k]));
+        return 'the shell layout changed: ' + diff.map((k) => k + ' ' + JSON.stringify(a[k]) + ' (was ' + JSON.stringify(b[k]) + ')').join('; ');
+    }
     const main = Array.from(app.shell.widgets('main'));
     const launcher = (w) => w.hasClass('jp-Launcher') || !!(w.content && w.content.hasClass && w.content.hasClass('jp-Launcher'));
     if (!main.every(launcher)) return 'a widget left in the main area: ' + main.map((w) => w.id);
@@ -93,6 +97,16 @@ _CLEAN = """
 # notebook that fast sees it too). A fresh page never logs it: the harness closes the whole page.
 # Dropped only when it comes while the harness closes the documents.
 CLOSING_NOISE = re.compile(r"^Could not restore the debugger state: Canceled future for debug_request message")
+
+# Put back the side panels ``legibility.narrow`` collapsed (it notes how they were), before the
+# layout check: a panel a test closed some other way is still a changed layout.
+_UNNARROW = """() => {
+    const was = window.__nbdebugNarrowed, shell = window.jupyterapp && window.jupyterapp.shell;
+    if (!was || !shell) return;
+    if (!was[0] && shell.leftCollapsed) shell.expandLeft();
+    if (!was[1] && shell.rightCollapsed) shell.expandRight();
+    delete window.__nbdebugNarrowed;
+}"""
 
 _GLOBALS = "() => Object.keys(window).filter((k) => k.startsWith('__'))"
 # set by the views' key guard (js/src/lib/keys.ts): one window listener per page, kept
@@ -144,17 +158,19 @@ class LabPage:
         if self.server is None:
             return False  # Lab never loaded here (or opening in place failed): nothing to reuse
         try:
+            if self.page.viewport_size != VIEWPORT:  # first: the shell's layout is compared at Lab's load size
+                self.page.set_viewport_size(dict(VIEWPORT))
+                self.page.evaluate("new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+            self.page.evaluate(_UNNARROW)
             why = run_js(self.page, _CLEAN, [self.token, self.layout, self.known + _KEEP], timeout=self.timeout_ms)
             if not why:
                 self.page.evaluate("window.__nbdebugJobs = {}")  # earlier run_js results
-                if self.page.viewport_size != VIEWPORT:
-                    self.page.set_viewport_size(dict(VIEWPORT))
                 self.page.mouse.move(0, 0)  # no hover left over a widget the next notebook draws
                 return True
         except Exception as exc:
             why = str(exc)
         print(f"[labpage] page not reusable ({why}); a fresh page", file=sys.stderr)
-        self.refused.append(why[:300])
+        self.refused.append(why[:600])
         return False
 
     def release(self, ok: bool) -> None:

@@ -125,9 +125,12 @@ def clipped(page: Any, selector: str) -> tuple[int, list[dict[str, Any]]]:
 
 def narrow(page: Any, width: int = 800, height: int = 900) -> int:
     """Make the window ``width`` px wide and collapse JupyterLab's side panels (Notebook 7 has none
-    open); returns the notebook panel's width in px (≤ ``width``)."""
+    open); returns the notebook panel's width in px (≤ ``width``). The panels' state before is kept in
+    ``window.__nbdebugNarrowed``: the reused Lab page (``labpage.py``) reopens them after the test."""
     page.set_viewport_size({"width": width, "height": height})
     return int(run_js(page, """
+        // what the panels were before the first narrow(): a reused Lab page (labpage.py) opens them again
+        if (!window.__nbdebugNarrowed) window.__nbdebugNarrowed = [!!app.shell.leftCollapsed, !!app.shell.rightCollapsed];
         if (app.shell.collapseLeft) app.shell.collapseLeft();
         if (app.shell.collapseRight) app.shell.collapseRight();
         await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));

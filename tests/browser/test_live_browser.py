@@ -23,7 +23,7 @@ from .harness import (
 pytestmark = pytest.mark.browser
 
 SETUP = """
-import os, time, torch, torch.nn as nn
+import time, torch, torch.nn as nn
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -31,17 +31,14 @@ gen = torch.Generator().manual_seed(1)
 """
 
 
-def loop_cell(steps: int, growth: int, go: str) -> str:
+def loop_cell(steps: int, growth: int) -> str:
     """The live cell (after :data:`SETUP`): ``steps`` training steps of 0.1 s each on batches whose
-    scale grows by 1 every ``growth`` steps, so the stats move while it runs. The loop starts once the
-    file ``go`` exists in the kernel's directory (the server's root), which the test creates when the
-    view is drawn: the table's rows travel in the first live push only, and a push that reaches the
-    browser before the view's module has loaded is lost (the view then shows the step count moving
-    but no row until the cell ends: seen once in Notebook 7 on a machine at load 17)."""
+    scale grows by 1 every ``growth`` steps, so the stats move while it runs. It starts at once: the
+    table's rows travel in the first live push, which is lost when it reaches the browser before the
+    view's module has loaded; the view then names its rows from the ``live_rows`` trait (once, before
+    that trait, it showed the step count moving but no row until the cell ended: seen in Notebook 7 at
+    load 17)."""
     return f"""%%nndebug model --loss loss -o res
-t0 = time.time()
-while not os.path.exists({go!r}) and time.time() - t0 < 300:  # until the test saw the view drawn
-    time.sleep(0.05)
 for i in range({steps}):
     x = torch.randn(32, 4, generator=gen) * (1 + i / {growth})   # batches of growing scale: the stats move
     opt.zero_grad()
@@ -53,7 +50,7 @@ for i in range({steps}):
 
 
 STEPS = 80
-LOOP = loop_cell(STEPS, 20, "live_lab.go")
+LOOP = loop_cell(STEPS, 20)
 
 # In the page: every 50 ms, note the step counter, row 0's tooltip and whether the loop cell is
 # still running (no execution count yet).
@@ -91,7 +88,6 @@ def test_live_thermometer_lab(page, lab) -> None:
     # Start every cell and return at once: the loop is watched while it runs.
     run_js(page, "app.commands.execute('notebook:run-all-cells'); return true;")
     wait_widget(page, "thermometer")
-    (lab.root / "live_lab.go").touch()  # the view is drawn: the loop may start
     page.wait_for_function(
         "() => { const c = window.jupyterapp.shell.currentWidget.content.widgets[2];"
         " return c.model.executionCount !== null; }",

@@ -70,7 +70,7 @@ def _kernel_counted(layers: str, name: str) -> str:
 # Live thermometer: the table changes while the cell runs
 # --------------------------------------------------------------------------------------------
 STEPS = 50  # 5 s at 0.1 s per step: ~20 live pushes at 4 per second (Lab's twin runs 80)
-LOOP = live_loop_cell(STEPS, 10, "live_nb7.go")
+LOOP = live_loop_cell(STEPS, 10)
 
 
 def test_live_thermometer_notebook7(page, nb7) -> None:
@@ -79,7 +79,6 @@ def test_live_thermometer_notebook7(page, nb7) -> None:
     run_js(page, LIVE_WATCH)  # notes the step counter and row 0 every 50 ms, and whether cell 2 runs
     start_run_all(page)
     wait_widget(page, "thermometer")
-    (nb7.root / "live_nb7.go").touch()  # the view is drawn: the loop may start (test_live_browser.loop_cell)
     wait_cell_finished(page, 2)
     seen = page.evaluate("clearInterval(window.__liveTimer), window.__live")
     busy = [s for s in seen if s["busy"]]

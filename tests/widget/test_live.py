@@ -404,3 +404,32 @@ def test_rows_that_appear_late_reach_the_browser_with_their_names(outbox) -> Non
             browser = browser[:at] + [row["name"] for row in content["rows"]]
         assert browser == h.rows, (step, content["reset"])
         assert sent_arrays(content, buffers)["last"].shape[1] == len(browser)
+
+
+def test_live_rows_trait_is_set_before_the_push_that_first_carries_the_rows(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The rows travel in the first push only (later pushes: new rows only), and a push that reaches the
+    browser before the view's module loaded is lost: the ``live_rows`` trait (kept by the browser's model)
+    holds the same rows, set before each push that first carries a row, and is cleared by ``finish``
+    (js/tests/thermometer_live.test.ts: the view names its rows from it when the first push was lost)."""
+    at_send: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    monkeypatch.setattr(ThermometerWidget, "send", lambda self, content, buffers=None: at_send.append((content, list(self.live_rows))))
+    h, ids = rows_history(3)
+    w = ThermometerWidget.waiting()
+    assert w.live_rows == []
+    for step, r in enumerate((3, 3, 4), start=1):
+        while len(h.rows) < r:
+            ids = np.append(ids, h.row_id("late", {"module": "late", "type": "ReLU", "shape": (4, 8), "dtype": "float32"}))
+        h.append(step, ids, step_values(step, r), {"loss": 1.0, "lr": 0.1, "skipped": 0.0})
+        assert w.push_history(h)
+        content, trait = at_send[-1]
+        assert [row["name"] for row in trait] == h.rows  # already set when the push left
+        # the push carries the rows the browser lacks (none at step 2), as the trait holds them
+        at = 0 if content["reset"] else content.get("rows_from", len(trait))
+        assert content.get("rows", []) == trait[at:] and ("rows" in content) == (step != 2)
+        assert trait[-1] == {"name": h.rows[-1], "module": h.rows[-1], "type": "ReLU" if r == 4 else "Linear",
+                             "shape": [4, 8], "dtype": "float32"}
+    assert at_send[0][0]["rows"] == at_send[0][1]  # the first push's rows are the trait's
+    result = hand_result(h)
+    w.finish(tw.diagnose(result), result)
+    assert w.live_rows == [] and [r["name"] for r in w.history["rows"]] == h.rows
+    w.close()

@@ -131,6 +131,16 @@ export class HistoryStore {
     this.apply({ ...h, reset: true, from: 0 }, arrays);
   }
 
+  /** Take the kernel's live row list (the `live_rows` trait) when it names more rows than this store
+   * has: the first live message, which carries them, is lost when it reaches the browser before the
+   * view's module loaded. True when the rows changed. */
+  adoptRows(rows: unknown): boolean {
+    if (!Array.isArray(rows) || rows.length <= this.rows.length) return false;
+    this.rows = rows.slice() as RowInfo[];
+    this.version++;
+    return true;
+  }
+
   /** Apply a custom message (`msg.arrays` names buffers); returns false for other messages. */
   applyMessage(msg: any, buffers: (DataView | ArrayBuffer)[] | undefined): boolean {
     if (!msg || msg.type !== "history") return false;

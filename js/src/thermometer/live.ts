@@ -1,6 +1,8 @@
 // One HistoryStore per widget model, shared by its views and filled by the `history` trait and by
 // the kernel's `history` custom messages while the cell runs. anywidget calls `initialize` when the
-// model is created, before any view exists, so no live update is missed while the first view loads;
+// model is created, before any view exists, so no live update is missed while the first view loads
+// (one that reaches the browser before this module has loaded is lost: the rows it carried come from
+// the `live_rows` trait, which the model keeps, and the slots it carried with the final state);
 // without it (tests, HTML export), each view listens itself while it is mounted.
 import { h } from "../lib/dom";
 import type { AnyModel } from "../lib/rpc";
@@ -38,12 +40,18 @@ export function syncTrait(model: AnyModel): boolean {
   return true;
 }
 
+/** Take the `live_rows` trait when it names more rows than the store has (HistoryStore.adoptRows). */
+export function syncRows(model: AnyModel): boolean {
+  return shared(model).store.adoptRows(model.get("live_rows"));
+}
+
 /** The custom-message handler that feeds the store and tells every view to redraw. */
 export function messageHandler(model: AnyModel): (msg: any, buffers?: (DataView | ArrayBuffer)[]) => void {
   return (msg, buffers) => {
     const s = shared(model);
     try {
       if (!s.store.applyMessage(msg, buffers)) return;
+      syncRows(model);
       s.error = "";
     } catch (err) {
       s.error = `nbdebug thermometer: history update: ${err instanceof Error ? err.message : String(err)}`;
@@ -56,6 +64,7 @@ export function messageHandler(model: AnyModel): (msg: any, buffers?: (DataView 
 export function initialize({ model }: { model: AnyModel }): () => void {
   const s = shared(model);
   syncTrait(model);
+  syncRows(model);
   const onMsg = messageHandler(model);
   s.modelListener = true;
   const listeners = new Listeners(); // every model listener, removed by one dispose()

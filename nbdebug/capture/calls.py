@@ -84,6 +84,11 @@ class Call:
             self.input_checks = []
         self.input_checks.append(minmax)
 
+    # run eagerly, never traced: under compiled autograd (and a compiled backward) TorchDynamo traced this
+    # hook inside the user's backward graph and recompiled it per layer shape and per ``rec.grad_counter``
+    # value (a Python int it guards on): ~100 CPU-s of compiles on the envelope's compiled_autograd row
+    # (test_compiled.py counts them). Captured values are the same: the hook runs as in eager mode.
+    @torch.compiler.disable
     def __call__(self, g: torch.Tensor) -> None:
         """The output-gradient hook."""
         rec = self.rec

@@ -198,9 +198,11 @@ def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("mode", ["compiled_autograd", "compiled_step"])
 def test_traced_hooks_take_the_stats_op_without_warning(kernel: bool, mode: str) -> None:
-    """Under compiled autograd (TorchDynamo traces the output-gradient hooks) the host stats are one
-    custom op: no "does not know how to trace the builtin `_nbdext.stats`" warning, no graph break at
-    the kernel, the op in the traced graphs. In a compiled training step (``torch.compile(train_step)``)
+    """Under compiled autograd the output-gradient hook runs eagerly (``torch.compiler.disable``):
+    Dynamo compiles none of nbdebug's frames (before: it traced the hook into the backward graph and
+    recompiled it per layer shape and per gradient order, ~100 CPU-s on the envelope's row), every
+    graph break is at the hook, no "does not know how to trace the builtin `_nbdext.stats`" warning.
+    In a compiled training step (``torch.compile(train_step)``)
     Dynamo compiles none of nbdebug's frames: the forward hooks and the step bookkeeping behind the
     root hooks run eagerly (``torch.compiler.disable``; before, ~140 of nbdebug's frames per loop, 13
     kinds of graph break inside them), every graph break is at one of those calls, and the user's
@@ -214,11 +216,12 @@ def test_traced_hooks_take_the_stats_op_without_warning(kernel: bool, mode: str)
     assert not [w for w in caught if "_nbdext" in w], caught
     assert not [b for b in breaks if "_nbdext" in b or "ctypes" in b], breaks
     assert native_op.status().startswith("registered"), native_op.status()
+    # Dynamo compiles none of nbdebug's frames (before the gradient hook was disabled: 27 under compiled
+    # autograd, recompiled per layer shape and per grad_counter value), and breaks the graph only at them
+    assert [f for f in frames if f.startswith(NBDEBUG_DIR)] == [], frames
+    assert breaks and all("torch.compiler.disable" in b for b in breaks), breaks
+    assert graphs, "nothing was compiled"
     if mode == "compiled_step":
         assert f"{__file__} forward" in frames, frames  # the user's function was compiled (and the log was read)
-        assert [f for f in frames if f.startswith(NBDEBUG_DIR)] == [], frames
-        assert breaks and all("torch.compiler.disable" in b for b in breaks), breaks
-    else:
-        assert sum(g.count("nbdebug.host_stats") for g in graphs) >= 3, "the stats were not taken through the op"
     _same_history(got, want)
     assert np.isfinite(got.series("0", "grad_norm")).all() and (got.series("0", "grad_norm") > 0).all()

@@ -3,8 +3,10 @@ wall time of a test says how busy the machine was, its CPU time what the test co
 
 Measured in the process that runs the test (an xdist worker): user + system time of the process and of
 the child processes it has waited for (a notebook's kernel, a subprocess.run), from the start of the
-test's set-up to the end of its tear-down. Processes the test starts and does not wait for (a browser,
-a Jupyter server kept for the session) are not counted. Each test's figure goes into the junit XML as
+test's set-up to the end of its tear-down. Processes the test starts and does not wait for are not
+counted, and a session fixture's processes are charged to the test whose tear-down reaps them (in the
+browser tier, the Jupyter servers' whole CPU lands on a worker's last test): there, use
+tests/browser/cpu_split.py. Each test's figure goes into the junit XML as
 the property ``cpu_s``; the terminal summary lists the ``--durations`` slowest (25 when not given)."""
 
 from __future__ import annotations

@@ -150,10 +150,13 @@ class Plan:
         cpu = {m: o.cpu() for m, o in self.order.items()}  # one transfer per method
         first: dict[tuple[str, bytes], int] = {}
         self.same = list(range(len(self.items)))
+        self._noise_seeds: dict[int, int] = {}  # ROAD item → its noise's seed, from the CPU mask made here
         for i, (method, metric, k) in enumerate(self.items):
             if method in ("clean", "blurred"):
                 continue
             mask = self._mask(method, metric, k, cpu[method])
+            if metric not in ("deletion", "insertion"):
+                self._noise_seeds[i] = self.noise_seed(mask)
             key = (metric if metric in ("deletion", "insertion") else "road", _digest(mask))
             j = first.setdefault(key, i)
             if j != i and torch.equal(mask, self._mask(*self.items[j], cpu[self.items[j][0]])):  # the digest's word checked
@@ -204,7 +207,7 @@ class Plan:
     def _images(self, items: Sequence[int]) -> torch.Tensor:
         """The images of ``items``, ROAD's solved together (a solve's bits do not depend on the batch)."""
         out: list[torch.Tensor] = []
-        road: list[tuple[int, torch.Tensor]] = []  # (position, removed)
+        road: list[tuple[int, torch.Tensor, int]] = []  # (position, removed, noise seed)
         for i in items:
             method, metric, k = self.items[i]
             if method in ("clean", "blurred"):
@@ -215,15 +218,15 @@ class Plan:
                 a, b = (self.blurred, self.x) if metric == "deletion" else (self.x, self.blurred)
                 out.append(torch.where(mask, a, b))
             else:
-                road.append((len(out), mask))
+                road.append((len(out), mask, self._noise_seeds[i]))
                 out.append(self.x)  # replaced below
         group = max(1, SOLVE_PIXELS // self.hw)
         for g in range(0, len(road), group):
             part = road[g : g + group]
-            masks = torch.stack([m for _, m in part])
+            masks = torch.stack([m for _, m, _ in part])
             filled = linear_fill(self.x.float().expand(len(part), *self.x.shape), masks[:, None])
-            for (pos, mask), img in zip(part, filled):
-                out[pos] = add_noise(img, mask[None], NOISE, self.noise_seed(mask.cpu())).to(self.x.dtype)
+            for (pos, mask, seed), img in zip(part, filled):
+                out[pos] = add_noise(img, mask[None], NOISE, seed).to(self.x.dtype)
         return torch.stack(out)
 
     def report(self, probs: Sequence[float] | np.ndarray, target: int, target_name: str, forwards: int = 0) -> FaithfulnessReport:

@@ -241,7 +241,7 @@ class GradCamRecorder(Recorder):
             report = faithfulness(model, args, kwargs, maps, classes, name_of=name_of, max_bytes=self.max_bytes,
                                   item_bytes=session.item_bytes, progress=progress)
             out["faithfulness"], out["faithfulness_report"] = report.auc, report
-            shared = f" ({report.images - report.distinct} shared by methods that rank the pixels alike)" if report.distinct < report.images else ""
+            shared = f" ({report.images - report.distinct} the same image as another method's: run once)" if report.distinct < report.images else ""
             notes.append(f"faithfulness: {report.images} perturbed images of sample 0 for {report.target_name}{shared} "
                          f"in {report.forwards} batched forwards")  # the order is the panel's (sanity before score)
         if self.sanity:

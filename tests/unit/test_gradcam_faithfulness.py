@@ -218,3 +218,40 @@ def test_recorder_faithfulness_every_method(left_half: tuple[nn.Module, torch.Te
     # sample 0, first target: the same as calling it directly on the result's maps
     direct = faithfulness(model, (x,), {}, res.maps[res.layer], torch.as_tensor(res.classes), max_bytes=2**30)
     assert direct.auc == rep.auc
+
+
+class Pooled(nn.Module):
+    """conv → ReLU → mean over the whole image: the gradient at the CAM layer is the same at every pixel,
+    so HiResCAM's map (gradient ⊙ activation) is Grad-CAM's (mean gradient × activation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.act = nn.ReLU()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.act(self.conv(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("methods", ["gradcam,hirescam", "gradcam"])
+def test_the_note_counts_the_images_two_methods_share(methods: str) -> None:
+    """Two methods whose maps are equal perturb the same pixels at every point: each of the second's images
+    is the first's, run once, and the note says how many; one method alone shares nothing and the note says
+    nothing of it (planted: every image counted as shared, or the count said when nothing is shared)."""
+    torch.manual_seed(0)
+    model = Pooled().eval()
+    rec = GradCamRecorder(model, cam_method=methods, faithfulness=True, cam_topk=1)
+    with rec, torch.no_grad():
+        model(torch.randn(1, 3, H, W))
+    res = rec.result()
+    rep = res.faithfulness_report
+    per_method = (rep.images - 2) // len(res.faithfulness)
+    shared = rep.images - rep.distinct
+    assert shared == (per_method if "," in methods else 0)
+    if shared:
+        np.testing.assert_allclose(res.maps[res.layer].of("hirescam")[0], res.maps[res.layer].of("gradcam")[0], rtol=1e-5)  # equal but for rounding
+        assert res.faithfulness["gradcam"] == res.faithfulness["hirescam"]  # the same images, the same scores
+    said = f" ({shared} the same image as another method's: run once)" if shared else ""
+    want = f"faithfulness: {rep.images} perturbed images of sample 0 for {rep.target_name}{said} in {rep.forwards} batched forwards"
+    assert want in res.notes, res.notes

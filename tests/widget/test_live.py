@@ -332,6 +332,7 @@ def test_keyboard_interrupt_mid_loop_keeps_the_steps(sh, outbox) -> None:  # typ
     res, w = sh.user_ns["res"], sh.user_ns["_nndebug_widget"]
     assert res.steps == 25 and res.step_index.tolist() == list(range(1, 26))
     assert decode_array(w.history["steps"]).tolist() == list(range(1, 26)) and not w.running
+    assert w.live_rows == [] and w.history["rows"]  # the rows are in the final state, not left in the live trait
     last = outbox[-1][1]
     assert last["total_steps"] == 25  # the final live update went out too
     assert hook_count(sh.user_ns["model"]) == 0

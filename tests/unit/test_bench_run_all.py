@@ -54,7 +54,7 @@ def test_each_script_runs_as_its_own_main_and_leaves_nothing_behind(tmp_path, ca
     for name, text in SCRIPTS.items():
         (tmp_path / name).write_text(text)
     report = tmp_path / "report.jsonl"
-    threads, cwd, argv = torch.get_num_threads(), os.getcwd(), list(sys.argv)
+    threads, cwd, argv, env = torch.get_num_threads(), os.getcwd(), list(sys.argv), dict(os.environ)
     rng = torch.get_rng_state(), np.random.get_state(), random.getstate()
     try:
         with warnings.catch_warnings():
@@ -83,7 +83,7 @@ def test_each_script_runs_as_its_own_main_and_leaves_nothing_behind(tmp_path, ca
     assert f"rand {first}" in out and f"rand {second}" not in out
     assert f"random {random.Random(0).random()}" not in out
     # and this process is as it was
-    assert "RUN_ALL_TEST_LEAK" not in os.environ and os.getcwd() == cwd and sys.argv == argv
+    assert dict(os.environ) == env and os.getcwd() == cwd and sys.argv == argv
 
 
 def test_exit_status_as_python_gives_it() -> None:

@@ -197,7 +197,7 @@ def table(results: list[Outcome]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="a few steps per case, no SmolLM2: proves every case runs")
+    ap.add_argument("--quick", action="store_true", help="a few steps, no SmolLM2; a sample of every class, the doctor on the rest: proves the bench runs")
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
     ap.add_argument("--no-doctor", action="store_true", help="skip nbdebug.doctor")
     ap.add_argument("--heldout", action="store_true", help="run the held-out zoo (zoo/heldout) instead of the project zoo")

@@ -1,37 +1,29 @@
 """A forking kernel launcher for the test suite's Jupyter servers and nbclient runs (issue 30).
 
-Every kernel a test starts pays the same fixed imports before it runs a cell: ``import torch``
-(~3 CPU-s) and ipykernel/IPython (~0.3). A *zygote* is one long-lived process per server (or per
-pytest process, for nbclient) that has done those imports once; a kernel is then a ``fork()`` of it.
-What a kernel imports beyond them (nbdebug, ``torch._dynamo``, ...) it still imports itself, as a
-user's kernel would.
+Every kernel a test starts pays ``import torch`` (~3 CPU-s) and ipykernel/IPython (~0.3) before its
+first cell. A *zygote* (one per server, or per pytest process for nbclient) has done those imports
+once; a kernel is a ``fork()`` of it. What a kernel imports beyond them (nbdebug, ``torch._dynamo``)
+it imports itself, as a user's kernel would.
 
-The Jupyter server launches a kernelspec (:meth:`Zygote.write_kernelspec`) whose argv is a tiny stub,
-``python -I -S tests/kernel_zygote.py stub SOCKET -f {connection_file}`` (~0.03 CPU-s). The stub sends
-the zygote its argv, environment, cwd, umask and its stdin/stdout/stderr (``SCM_RIGHTS``) over a unix
-socket; the zygote forks a child that becomes ``python -m ipykernel_launcher -f ...`` with exactly
-those (``os.environ`` replaced, ``chdir``, ``sys.argv``/``sys.path``/``__main__`` as ``-m`` sets them,
-signal handlers and mask as a fresh interpreter has them, its own session like
-``start_new_session``, fresh RNG seeds). To the server the stub *is* the kernel process:
+The kernelspec's argv (:meth:`Zygote.write_kernelspec`) is a stub, ``python -I -S kernel_zygote.py
+stub SOCKET -f {connection_file}`` (~0.03 CPU-s), that sends the zygote its argv, environment, cwd,
+umask and stdio (``SCM_RIGHTS``) over a unix socket; the zygote forks a child that becomes
+``python -m ipykernel_launcher -f ...`` with exactly those (``os.environ`` replaced, ``chdir``,
+``sys.argv``/``sys.path``/``__main__`` as ``-m`` sets them, a fresh interpreter's signal handlers and
+mask, a session of its own as ``start_new_session`` gives, fresh seeds). To the server the stub *is*
+the kernel: it forwards SIGINT (interrupt), SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2 to the child's process
+group; it exits with the child's status (a signal death re-raised); SIGKILLed, it closes its socket
+and the zygote SIGKILLs the child's group; a dead zygote takes its children along
+(``PR_SET_PDEATHSIG``). The zygote refuses to fork (the stub then ``exec``s a normal kernel and says
+why on stderr) when the stub's environment differs from its own but in :data:`PER_KERNEL_ENV` (what
+is read at import time must be the kernel's), when the python differs, or when it has a second thread
+(fork copies one; torch started its OpenMP pool, e.g. without ``OMP_NUM_THREADS=1``).
 
-* SIGINT (interrupt), SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2 sent to the stub are forwarded to the
-  child's process group (the kernel and its subprocesses, as ``killpg`` of a normal kernel);
-* the stub exits when the child does, with its status (a signal death is re-raised);
-* a stub killed with SIGKILL closes its socket: the zygote SIGKILLs the child's group (no orphan);
-  a dead zygote takes its children with it (``PR_SET_PDEATHSIG``) and the stubs exit with 1;
-* the zygote refuses to fork (the stub then ``exec``s ``python -m ipykernel_launcher`` itself, a normal
-  launch, and says why on stderr) when the stub's environment differs from the zygote's in any
-  variable but the per-kernel ones (:data:`PER_KERNEL_ENV`: values read at import time must be the
-  kernel's), when the python differs, or when the zygote has more than one thread (a fork must not
-  copy a half-held lock; torch's OpenMP pool must not have started: the zygote runs no tensor op).
-
-``NBDEBUG_TEST_ZYGOTE=0`` turns it off (:func:`enabled`). Known differences from a fresh kernel:
-the string hash seed (``PYTHONHASHSEED``) is the zygote's, shared by its kernels; ``sys.orig_argv``
-and ``/proc/<pid>/cmdline`` are the zygote's; ``torch`` (and what ipykernel imports) are in
-``sys.modules`` before the first cell; ``sys.stdout``'s buffering was chosen for the zygote's stdout.
-
-Run as a script: ``serve SOCKET`` (the zygote) or ``stub SOCKET ARGS...`` (a kernelspec's argv).
-Only the standard library is imported at module level: the stub runs this file under ``-I -S``.
+``NBDEBUG_TEST_ZYGOTE=0`` turns it off (:func:`enabled`). Known differences from a fresh kernel: the
+string hash seed is the zygote's; ``sys.orig_argv`` and ``/proc/<pid>/cmdline`` are the zygote's;
+torch is in ``sys.modules`` before the first cell; at exit the module teardown is skipped (threads
+joined, atexit callbacks run, streams flushed). Run as ``serve LISTENING-FD [MODULE,...]`` (the zygote)
+or ``stub SOCKET ARGS...``; only the standard library is imported at module level (the stub's ``-S``).
 """
 
 from __future__ import annotations
@@ -222,16 +214,15 @@ def _reap(kid: _Kid, sel) -> None:
     os.close(kid.pidfd)
     if kid.conn is not None:
         try:
-            kid.conn.send(json.dumps({"exit": status, "cpu_s": use.ru_utime + use.ru_stime}).encode())
+            kid.conn.send(json.dumps({"exit": status}).encode())
         except OSError:
-            pass
+            pass  # the stub is gone
         sel.unregister(kid.conn)
         kid.conn.close()
 
 
 def _accept(conn: socket.socket, base_env: dict[str, str], kids: dict[int, _Kid], sel) -> dict | None:
-    """Serve one connection: a stats query, a refusal, or a fork. Returns the request in the child."""
-    import resource
+    """Serve one connection: a refusal or a fork. Returns the request in the forked child."""
     import selectors
 
     conn.settimeout(30)
@@ -241,11 +232,6 @@ def _accept(conn: socket.socket, base_env: dict[str, str], kids: dict[int, _Kid]
         conn.close()
         return None
     req = json.loads(msg or b"{}")
-    if "stats" in req:
-        use = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-        conn.send(json.dumps({"cpu_s": sum(u.ru_utime + u.ru_stime for u in use), "kernels": len(kids)}).encode())
-        conn.close()
-        return None
     why = ""
     if len(fds) != 3 or "env" not in req:
         why = "malformed request"
@@ -359,8 +345,8 @@ def _exit_without_teardown(code: int) -> None:
 class Zygote:
     """A running zygote (``start``), its socket and log; ``stop()`` kills it and its kernels."""
 
-    def __init__(self, proc, sock: str, log: str, program: list[str]) -> None:
-        self.proc, self.sock, self.log, self.program = proc, sock, log, program
+    def __init__(self, proc, sock: str, log: str) -> None:
+        self.proc, self.sock, self.log = proc, sock, log
 
     @property
     def pid(self) -> int:
@@ -387,7 +373,7 @@ class Zygote:
                 stdin=subprocess.PIPE, stdout=fh, stderr=subprocess.STDOUT, cwd=workdir,
                 start_new_session=True, pass_fds=[listener.fileno()],
             )  # fmt: skip
-        return cls(proc, sock, log, program)
+        return cls(proc, sock, log)
 
     def kernel_argv(self, program: list[str] | None = None) -> list[str]:
         """A kernelspec's argv: the stub (run by ``program``, default this file under ``-I -S``)."""
@@ -398,15 +384,6 @@ class Zygote:
         """Write kernelspec ``name`` launching through this zygote into ``kernels_dir`` (a ``kernels/``
         directory of a Jupyter data path); otherwise the same as the installed ``python3`` spec."""
         return write_kernelspec(kernels_dir, name, self.kernel_argv())
-
-    def cpu_seconds(self) -> float:
-        """CPU seconds of the zygote and every kernel it has reaped."""
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        with conn:
-            conn.settimeout(60)
-            conn.connect(self.sock)
-            conn.send(b'{"stats": 1}')
-            return json.loads(conn.recv(MAX_MSG))["cpu_s"]
 
     def stop(self) -> None:
         """Close its stdin (it kills its remaining kernels and exits); SIGKILL if it does not."""
@@ -419,10 +396,8 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
-        try:
+        if os.path.exists(self.sock):
             os.unlink(self.sock)
-        except OSError:
-            pass
 
 
 def plain_argv() -> list[str]:

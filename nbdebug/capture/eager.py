@@ -14,7 +14,8 @@ optimizer, does not pay it).
   (:func:`after_dynamo`: one import hook, which steps out of ``sys.meta_path`` once it has served).
   Hooks registered before the import are disabled from then on, the live ones included.
 
-Before the import a hook costs one plain Python call more (a disabled wrapper costs ~1 µs a call).
+Before the import a hook costs one plain Python call more (~0.3 µs; a disabled wrapper ~1 µs, which
+a hook registered before the import and called after it pays on top).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def after_dynamo(then: Callable[[], None]) -> None:
 
 
 def eager(fn: F) -> F:
-    """``fn`` (a hook, a callback) run eagerly, never traced by TorchDynamo (recursive: nor what it calls)."""
+    """``fn`` (a hook, a callback; called with positional arguments only, as torch calls hooks) run
+    eagerly, never traced by TorchDynamo (recursive: nor what it calls)."""
     if _DYNAMO in sys.modules:
         return torch.compiler.disable(fn)  # type: ignore[return-value]
     return _Eager(fn)  # type: ignore[return-value]
@@ -164,8 +166,8 @@ class _Eager:
         self.fn = fn
 
     @eager_method
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
+    def __call__(self, *args: Any) -> Any:  # positional only, as torch calls hooks (~0.2 µs less than with **kwargs)
+        return self.fn(*args)
 
     def __repr__(self) -> str:
         return f"eager({self.fn!r})"

@@ -53,7 +53,8 @@ def deletion_curves(runs: EmbeddingRuns, baseline: torch.Tensor, scores: np.ndar
         for k in range(1, T):
             masks[i, k - 1, torch.as_tensor(p[:k])] = True
     ends = torch.stack([torch.zeros(T, dtype=torch.bool), torch.ones(T, dtype=torch.bool)])
-    every = torch.cat([ends, masks.reshape(-1, T)]) & (baseline != runs.clean).any(-1)  # a row equal to its baseline: no change
+    differs = (baseline != runs.clean).any(-1).cpu()  # a row equal to its baseline: replacing it changes nothing (one copy per call)
+    every = torch.cat([ends, masks.reshape(-1, T)]) & differs
     distinct, which = torch.unique(every, dim=0, return_inverse=True)
     m = runs.metric(occluded(runs.clean, baseline, distinct)).double().numpy()[which.numpy()]
     clean, base = float(m[0]), float(m[1])

@@ -5,31 +5,20 @@ nbdebug and names the install (``nbdebug[tutorials]``, or a model package with `
 from __future__ import annotations
 
 import ast
-import atexit
 import functools
 import importlib.util
 import os
 import pathlib
 import re
-import shutil
 import sys
-import tempfile
 from importlib.metadata import packages_distributions
 
 import nbformat
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
-from traitlets import default
-
-from tests import kernel_zygote
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-#: the tutorial run on a kernel launched normally (the installed python3 kernelspec); the others' kernels
-#: are forked from this process's zygote (tests/kernel_zygote.py), unless NBDEBUG_TEST_ZYGOTE=0
-PLAIN_KERNEL_TUTORIAL = "04_"
 #: what a tutorial may import without saying so: nbdebug and its own dependencies (pyproject.toml)
 CORE = {"nbdebug", "torch", "numpy", "IPython", "ipywidgets", "anywidget"}
 
@@ -124,34 +113,6 @@ def group(prefix: str) -> pytest.MarkDecorator:
 
 
 @functools.cache
-def zygote_kernels() -> str:
-    """A kernelspec directory whose ``python3`` spec forks from a zygote started (once per process) with
-    this process's environment, the kernels' (it exits with this process)."""
-    home = tempfile.mkdtemp(prefix="nbdebug-zygote-")
-    zygote = kernel_zygote.Zygote.start(dict(os.environ), home)
-    zygote.write_kernelspec(os.path.join(home, "kernels"))
-    artifacts = ROOT / "test-artifacts"
-    log = artifacts / f"kernel-zygote-notebooks-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.log"
-
-    def stop() -> None:
-        zygote.stop()
-        artifacts.mkdir(exist_ok=True)
-        shutil.copy(zygote.log, log)  # which kernels it forked, their CPU, any refusal and why
-        shutil.rmtree(home, ignore_errors=True)
-
-    atexit.register(stop)
-    return os.path.join(home, "kernels")
-
-
-class ZygoteKernelManager(AsyncKernelManager):
-    """nbclient's kernel manager, its kernelspecs the zygote's (nbclient starts and shuts it down)."""
-
-    @default("kernel_spec_manager")
-    def _zygote_kernelspecs(self) -> KernelSpecManager:
-        return KernelSpecManager(kernel_dirs=[zygote_kernels()])
-
-
-@functools.cache
 def executed(prefix: str) -> nbformat.NotebookNode:
     """The tutorial whose name starts with ``prefix``, run top to bottom (widget state stored): once per
     process, for :func:`test_notebook_runs` and the tutorial's story test alike."""
@@ -159,9 +120,7 @@ def executed(prefix: str) -> nbformat.NotebookNode:
     nb = nbformat.read(path, as_version=4)
     # Tutorials are stored without outputs so diffs stay readable and nothing stale is shown.
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{path.name} has stored outputs"
-    forked = kernel_zygote.enabled() and prefix != PLAIN_KERNEL_TUTORIAL
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}, store_widget_state=True,
-                            kernel_manager_class=ZygoteKernelManager if forked else AsyncKernelManager)
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}, store_widget_state=True)
     client.execute()
     cell_times(path.name, nb)
     return nb

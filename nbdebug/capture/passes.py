@@ -21,15 +21,16 @@ from collections.abc import Callable
 import torch
 
 from .calls import in_backward
+from .eager import eager_method
 
 __all__ = ["Passes"]
 
-#: the entry points the hooks call: run eagerly, never traced. In a cell that compiles the model's caller
-#: (``torch.compile(train_step)``), TorchDynamo would otherwise trace the step bookkeeping behind them
-#: (closing a step folds it with numpy: ~100 frame compiles of nbdebug's code per compiled step function,
-#: ~20 CPU-s on a small CNN); each is one graph break where the hook already broke the graph
-#: (``in_backward``'s task id is not a tensor). ~1 µs per call, once or twice per pass.
-_eager = torch.compiler.disable
+# The entry points the hooks call run eagerly, never traced (``eager_method``; the root hooks and
+# ``optimizer_stepped`` are registered as ``eager(passes.on_root_pre)``, ..., by the capture). In a cell
+# that compiles the model's caller (``torch.compile(train_step)``), TorchDynamo would otherwise trace the
+# step bookkeeping behind them (closing a step folds it with numpy: ~100 frame compiles of nbdebug's code
+# per compiled step function, ~20 CPU-s on a small CNN); each is one graph break where the hook already
+# broke the graph (``in_backward``'s task id is not a tensor). ~1 µs per call, once or twice per pass.
 
 
 class Passes:
@@ -64,7 +65,6 @@ class Passes:
         self.passes = 0
         self.eval_steps = 0
 
-    @_eager
     def on_root_pre(self, *_: object) -> None:
         """The model's own forward begins (its forward pre-hook)."""
         if in_backward():  # the whole model recomputed by checkpointing: not a new step
@@ -73,13 +73,12 @@ class Passes:
         self._first = None
         self.begin()
 
-    @_eager
     def on_root_end(self, *_: object) -> None:
         """The model's own forward ended, or raised (its always-called forward hook)."""
         if not in_backward() and self.root_depth:
             self.root_depth -= 1
 
-    @_eager
+    @eager_method
     def rootless(self, name: str) -> None:
         """A selected module ran while the model's own ``forward`` is not running: a new pass begins
         when nothing is open, after a top-level forward, when grad mode changes, or when the pass's
@@ -123,7 +122,7 @@ class Passes:
         self.passes += 1
         self._new_pass()
 
-    @_eager
+    @eager_method
     def open_unexpected(self) -> None:
         """A recorded call found no open step (not expected: every pass opens one); never lose the call."""
         self._open_step(torch.is_grad_enabled())
@@ -134,7 +133,6 @@ class Passes:
         self.open = False
         self._close()
 
-    @_eager
     def optimizer_stepped(self) -> None:
         """``step_on="optimizer"``: the open training step ends at the next training pass (or at exit),
         so every optimizer stepped before it (two optimizers after one backward) belongs to it."""

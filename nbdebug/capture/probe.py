@@ -23,18 +23,14 @@ import torch
 from torch import nn
 
 from .budget import DEFAULT_MAX_BYTES
+from .eager import eager
 from .hooks import HookSet
 from .leaves import first_tensor
 from .names import call_name
 from .select import model_modules, unwrap_compiled
 from .weak import ModelRef
 
-__all__ = ["CallRecord", "OutputProbe", "run_eagerly"]
-
-
-def run_eagerly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` run as plain Python even inside a ``torch.compile``d model (dynamo does not trace it)."""
-    return torch.compiler.disable(fn, recursive=True)
+__all__ = ["CallRecord", "OutputProbe"]
 
 
 @dataclass(frozen=True)
@@ -133,10 +129,10 @@ class OutputProbe:
     def __enter__(self) -> OutputProbe:
         model = self._model.get()
         try:
-            self._hooks.forward_pre(model, run_eagerly(self._pre), with_kwargs=True)
-            self._hooks.forward(model, run_eagerly(self._post))
+            self._hooks.forward_pre(model, eager(self._pre), with_kwargs=True)
+            self._hooks.forward(model, eager(self._post))
             for name, module in model_modules(unwrap_compiled(model)):  # a compiled model's own names
-                self._hooks.forward(module, run_eagerly(self._make_hook(name, type(module).__name__)))
+                self._hooks.forward(module, eager(self._make_hook(name, type(module).__name__)))
         except BaseException:
             self._hooks.remove()
             raise

@@ -74,6 +74,7 @@ from .assemble import assemble, grad_snapshot, param_grad_norms
 from .budget import DEFAULT_MAX_BYTES, Budget
 from .calls import OpenStep
 from .closing import ClosedStep, close_step
+from .eager import eager
 from .errors import ErrorSite, locate
 from .forward import MAX_CALLS, ForwardHooks
 from .history import History
@@ -297,21 +298,22 @@ class Capture:
         model, o, hooks = self.model, self.options, self._hooks
         self._grads_before = grad_snapshot(model)
         try:
-            hooks.forward_pre(model, self._passes.on_root_pre)
-            hooks.forward(model, self._forward.on_root_out)  # the loss in the output, the classifier output
+            # every hook and callback of ours runs eagerly, never traced by TorchDynamo (eager.py)
+            hooks.forward_pre(model, eager(self._passes.on_root_pre))
+            hooks.forward(model, eager(self._forward.on_root_out))  # the loss in the output, the classifier output
             if o.loss is None:
                 BACKWARD.hold(hooks, self._rec.on_backward)  # no loss in the output: what backward() ran on
             for module, hook in self._forward.hooks(self.modules):
                 hooks.forward(module, hook, with_kwargs=True)
             # after the modules' hooks (a selected root's own hook still sees its forward running), and
             # also called when the forward raises
-            end = model.register_forward_hook(self._passes.on_root_end, always_call=True)
+            end = model.register_forward_hook(eager(self._passes.on_root_end), always_call=True)
             hooks.on_remove(end.remove)
             if o.grads:
                 self._pg.watch(self.modules)
             hooks.on_remove(self._rec.remove_hooks)
             self.watch = OptimizerWatch(self.modules, hooks, o.max_bytes, model=model,
-                                        on_device=True if o.device_path else None, on_step=self._passes.optimizer_stepped,
+                                        on_device=True if o.device_path else None, on_step=eager(self._passes.optimizer_stepped),
                                         on_pre=self._optimizer_pre if o.grads else None)
             self.watch.__enter__()
             self._warned.hold(hooks)

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..capture.eager import eager
 from ..capture.hooks import HookSet
 from ..capture.leaves import replace_first_output
-from ..capture.probe import OutputProbe, run_eagerly
+from ..capture.probe import OutputProbe
 from ..capture.select import unwrap_compiled
 from .own import own_pass
 from .points import CallCounter
@@ -120,7 +121,7 @@ def layer_pass(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
         return replace_first_output(out, swap)
 
     with own_pass(model, grad=True), HookSet() as hooks:
-        hooks.forward(target, run_eagerly(hook))  # (a model compiled in place: dynamo leaves it alone)
+        hooks.forward(target, eager(hook))  # (a model compiled in place: dynamo leaves it alone)
         for attempt in range(2):
             leaves.clear()
             calls.reset()

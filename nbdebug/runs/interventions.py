@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..capture.eager import eager
 from ..capture.hooks import HookSet
 from ..capture.leaves import first_input, first_output, replace_first_input, replace_first_output
 from ..capture.state import intervening
@@ -122,7 +123,7 @@ def _interventions(root: nn.Module | None, points: Sequence[PointLike],
                     on_call(args, kwargs)
 
             # eagerly, never traced by TorchDynamo in a compiled caller (as the capture's hooks, capture/forward.py)
-            hooks.forward_pre(root, torch.compiler.disable(pre), with_kwargs=True)
+            hooks.forward_pre(root, eager(pre), with_kwargs=True)
         yield hooks, calls
 
 

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..capture.eager import eager
 from ..capture.hooks import HookSet
 from ..capture.leaves import replace_first_output
-from ..capture.probe import run_eagerly
 from ..capture.select import unwrap_compiled
 from .own import own_pass
 from .points import CallCounter
@@ -153,7 +153,7 @@ class Perturbed:
 
         out: list[torch.Tensor] = []
         with own_pass(self.model), HookSet() as hooks:
-            hooks.forward(target, run_eagerly(hook))
+            hooks.forward(target, eager(hook))
             for i, j in self._chunks(n):
                 batch = make(i, j)
                 scores = None

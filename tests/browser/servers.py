@@ -3,6 +3,10 @@
 Started the way ``/work/shared/BROWSER_TESTING.md`` documents: the venv's python, 127.0.0.1, a
 free port with no retries, a random token, every Jupyter/IPython dir in the temp dir, the news
 toast off, ``--expose-app-in-browser``. Stopped with SIGTERM (the server shuts its kernels down).
+
+Each server's ``python3`` kernelspec (in its temp ``JUPYTER_PATH``) forks its kernels from a zygote that has
+imported torch and ipykernel once (``tests/kernel_zygote.py``; ``NBDEBUG_TEST_ZYGOTE=0``: the installed
+spec); ``python3-plain`` (:data:`PLAIN_KERNEL`) launches a kernel normally.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from tests import kernel_zygote
+
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 SERVER_START_S = 120
@@ -42,6 +48,8 @@ PAGE_LOAD_MS = 90_000
 POLL_MS: int | str = os.environ.get("NBDEBUG_BROWSER_POLL", "50")
 POLL_MS = POLL_MS if POLL_MS == "raf" else int(POLL_MS)
 
+#: a kernelspec every server has that launches kernels normally, whether or not its python3 spec forks
+PLAIN_KERNEL = "python3-plain"
 App = Literal["lab", "notebook"]
 _workspace_ids = itertools.count()
 
@@ -63,6 +71,7 @@ class JupyterServer:
     proc: subprocess.Popen[bytes]
     log: Path
     kernels_started: list[str] = field(default_factory=list)
+    zygote: kernel_zygote.Zygote | None = None  # forks the python3 kernels (None: launched normally)
 
     @property
     def base(self) -> str:
@@ -110,11 +119,17 @@ class JupyterServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+        if self.zygote is not None:
+            self.zygote.stop()  # after the server: it has shut its kernels down
         ARTIFACTS.mkdir(exist_ok=True)
-        try:
-            shutil.copy(self.log, ARTIFACTS / f"jupyter-{self.app}.log")
-        except OSError:
-            pass
+        logs = [(self.log, f"jupyter-{self.app}.log")]
+        if self.zygote is not None:
+            logs.append((Path(self.zygote.log), f"kernel-zygote-{self.app}.log"))
+        for src, name in logs:
+            try:
+                shutil.copy(src, ARTIFACTS / name)
+            except OSError:
+                pass
         shutil.rmtree(self.home, ignore_errors=True)
 
 
@@ -163,6 +178,8 @@ def _spawn(app: App) -> JupyterServer:
         "JUPYTERLAB_SETTINGS_DIR": home / "settings",
         "JUPYTERLAB_WORKSPACES_DIR": home / "workspaces",
         "IPYTHONDIR": home / "ipython",
+        # first on the kernelspec path (in a venv the data dir comes after the venv's own python3 spec)
+        "JUPYTER_PATH": home / "share",
     }
     for d in dirs.values():
         d.mkdir()
@@ -179,6 +196,13 @@ def _spawn(app: App) -> JupyterServer:
         # thread per kernel spins for work (tutorial 1's training cell: 15.7 → 10.9 CPU-s, same numbers)
         OMP_NUM_THREADS="1",
     )
+    kernels = str(dirs["JUPYTER_PATH"] / "kernels")
+    kernel_zygote.write_kernelspec(kernels, PLAIN_KERNEL)
+    # The zygote gets the server's environment: the kernels' (variables read when torch is imported,
+    # like OMP_NUM_THREADS, are theirs). It imports while the server starts.
+    zygote = kernel_zygote.Zygote.start(env, str(home)) if kernel_zygote.enabled() else None
+    if zygote is not None:
+        zygote.write_kernelspec(kernels, "python3")
     port, token = _free_port(), secrets.token_hex(16)
     module = "jupyterlab.labapp" if app == "lab" else "notebook.app"
     cmd = [
@@ -194,7 +218,7 @@ def _spawn(app: App) -> JupyterServer:
     log = home / "server.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=root)
-    return JupyterServer(app=app, port=port, token=token, root=root, home=home, proc=proc, log=log)
+    return JupyterServer(app=app, port=port, token=token, root=root, home=home, proc=proc, log=log, zygote=zygote)
 
 
 def _wait_ready(server: JupyterServer) -> tuple[bool, str]:

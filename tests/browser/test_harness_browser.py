@@ -7,17 +7,20 @@ expected values.
 
 from __future__ import annotations
 
+import nbformat
 import pytest
 
 from . import harness
 from .harness import (
     canvas_nonblank,
+    kernel_json,
     open_and_run,
     run_code_and_wait_text,
     screenshot,
     wait_widget,
     write_notebook,
 )
+from .servers import PLAIN_KERNEL
 
 pytestmark = pytest.mark.browser
 
@@ -53,8 +56,12 @@ probe
 '''
 
 
-def _probe_round_trip(page, server, name: str) -> None:
-    write_notebook(server.root, name, [PROBE])
+def _probe_round_trip(page, server, name: str, kernel: str = "python3") -> None:
+    path = write_notebook(server.root, name, [PROBE])
+    if kernel != "python3":
+        nb = nbformat.read(path, as_version=4)
+        nb.metadata["kernelspec"]["name"] = kernel
+        nbformat.write(nb, path)
     open_and_run(page, server, name)
     root = wait_widget(page, "probe")
     # Exactly the 10×10 red square differs from the transparent background.
@@ -69,11 +76,20 @@ def _probe_round_trip(page, server, name: str) -> None:
     button.click()
     run_code_and_wait_text(page, "print('clicks', probe.clicks)", "clicks 2")
     screenshot(page, f"harness-{server.app}")
+    # Who launched the kernel: the zygote forks python3 kernels (tests/kernel_zygote.py), the server
+    # launches python3-plain ones (and every kernel under NBDEBUG_TEST_ZYGOTE=0).
+    forked = kernel == "python3" and server.zygote is not None
+    assert kernel_json(page, "__import__('os').getppid()") == (server.zygote.pid if forked else server.proc.pid)
 
 
 def test_harness_lab(page, lab) -> None:
     _probe_round_trip(page, lab, "probe_lab")
     assert page.evaluate("window.__pwned") is None
+
+
+def test_harness_lab_plain_kernel(page, lab) -> None:
+    """The probe on a kernel the server launches itself: real launching stays tested."""
+    _probe_round_trip(page, lab, "probe_lab_plain", kernel=PLAIN_KERNEL)
 
 
 def test_harness_notebook7(page, nb7) -> None:

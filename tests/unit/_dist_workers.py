@@ -50,9 +50,25 @@ def launch(scenario: str, out: Path, start_method: str = "fork", **kw):  # type:
     raise AssertionError("unreachable")
 
 
+#: one launch per scenario in this process, for the tests that only read it (:func:`launched`)
+_LAUNCHED: dict[str, tuple] = {}
+
+
+def launched(scenario: str, tmp_path_factory) -> tuple:  # type: ignore[no-untyped-def]
+    """``(run, out)``: the fork launch of ``scenario`` made once in this process and shared by the tests that
+    read it (tests/unit/test_distributed.py and tests/widget/test_run_widget.py, which put them in the
+    ``xdist_group`` "ddp-launches" so that one worker launches each scenario once: ~3.5 CPU-s a launch)."""
+    if scenario not in _LAUNCHED:
+        out = tmp_path_factory.mktemp(f"ddp-{scenario}")
+        _LAUNCHED[scenario] = (launch(scenario, out), out)
+    return _LAUNCHED[scenario]
+
+
 def start(fn, args: tuple, start_method: str = "fork", deadline_s: float = 120.0) -> None:  # type: ignore[no-untyped-def]
     """``torch.multiprocessing.start_processes(..., join=True)`` that cannot hang the test run: workers still running
     after ``deadline_s`` are killed and the test fails saying so (a worker error propagates as usual)."""
+    if start_method == "fork":
+        import torch._dynamo as _dynamo  # noqa: F401  DDP's constructor imports it (~2.5 CPU-s): once here, not in each forked rank
     ctx = torch.multiprocessing.start_processes(fn, args=args, nprocs=2, start_method=start_method, join=False)
     stop = time.monotonic() + deadline_s
     while not ctx.join(timeout=0.5):
@@ -156,6 +172,7 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
 
 def script_main(scenario: str, out: str, port: int) -> None:
     """A script launch: 2 ranks forked from this fresh process (NBDEBUG_SPOOL comes from the caller)."""
+    import torch._dynamo  # noqa: F401  DDP's constructor imports it (~2.5 CPU-s): once here, not in each forked rank
     import torch.multiprocessing as mp
 
     mp.start_processes(worker, args=(2, port, scenario, out), nprocs=2, start_method="fork")

@@ -11,6 +11,7 @@ with torch's, such as ``tensor._version``).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -46,10 +47,17 @@ MODS = {_modname(p): p for p in FILES}
 TREES = {m: ast.parse(p.read_text(), str(p)) for m, p in MODS.items()}
 
 
+@functools.cache
+def _nodes(tree: ast.AST) -> tuple[ast.AST, ...]:
+    """``ast.walk(tree)``, walked once per tree: the scanners below read every node of the package's ~150
+    modules (~0.4 CPU-s a pass) in each of ~20 tests. Planted trees are walked the same way."""
+    return tuple(ast.walk(tree))
+
+
 def _imports(m: str) -> list[tuple[int, str, str | None]]:
     """(line, module imported, name imported from it or None) for every import statement of ``m``."""
     out = []
-    for node in ast.walk(TREES[m]):
+    for node in _nodes(TREES[m]):
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name, None) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -163,7 +171,7 @@ def _owned() -> dict[str, set[str]]:
     """Private attribute name → the modules that store it on ``self``."""
     owned: dict[str, set[str]] = {}
     for m, tree in TREES.items():
-        for node in ast.walk(tree):
+        for node in _nodes(tree):
             if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name)
                     and node.value.id == "self" and node.attr.startswith("_") and not node.attr.startswith("__")):
                 owned.setdefault(node.attr, set()).add(m)
@@ -173,7 +181,7 @@ def _owned() -> dict[str, set[str]]:
 def _private_reach(trees: dict[str, ast.AST], owned: dict[str, set[str]]) -> list[str]:
     found = []
     for m, tree in trees.items():
-        for node in ast.walk(tree):
+        for node in _nodes(tree):
             if isinstance(node, ast.Attribute) and node.attr in owned and m not in owned[node.attr]:
                 if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
                     continue
@@ -221,7 +229,7 @@ def _hygiene_calls(trees: dict[str, ast.AST]) -> dict[str, list[int]]:
     """Module → lines calling ``preserve_buffers``/``suspend_hooks`` (by name or attribute)."""
     out: dict[str, list[int]] = {}
     for m, tree in trees.items():
-        for node in ast.walk(tree):
+        for node in _nodes(tree):
             if isinstance(node, ast.Call):
                 f = node.func
                 name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
@@ -413,7 +421,7 @@ def test_widgets_type_their_session_by_a_protocol() -> None:
     for m, tree in TREES.items():
         if not m.startswith("nbdebug.widgets."):
             continue
-        for node in ast.walk(tree):
+        for node in _nodes(tree):
             if isinstance(node, (ast.arg, ast.AnnAssign)):
                 name = node.arg if isinstance(node, ast.arg) else getattr(node.target, "id", None)
                 ann = node.annotation

@@ -116,8 +116,13 @@ def test_spool_chunks_are_small_and_atomic(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ DDP on 2 CPU ranks (fork)
-def test_ddp_nan_on_rank1_is_reported_with_rank_step_module(tmp_path: Path) -> None:
-    run = launch("nan", tmp_path)
+#: the launches tests/widget/test_run_widget.py reads too: one worker, one launch of each (W.launched)
+shared_launch = pytest.mark.xdist_group("ddp-launches")
+
+
+@shared_launch
+def test_ddp_nan_on_rank1_is_reported_with_rank_step_module(tmp_path_factory: pytest.TempPathFactory) -> None:
+    run, tmp_path = W.launched("nan", tmp_path_factory)
     assert run.error is None, run.error
     assert run.world_size == 2 and len(run.ranks) == 2
     for r, res in enumerate(run.ranks):
@@ -136,8 +141,9 @@ def test_ddp_nan_on_rank1_is_reported_with_rank_step_module(tmp_path: Path) -> N
     assert run.ranks[0].series("1", "nan").tolist() == [0, 0, 0, 48, 48]  # rank 0: from the NaN weights on
 
 
-def test_ddp_parameter_changed_on_one_rank_is_diverged(tmp_path: Path) -> None:
-    run = launch("diverge", tmp_path)
+@shared_launch
+def test_ddp_parameter_changed_on_one_rank_is_diverged(tmp_path_factory: pytest.TempPathFactory) -> None:
+    run, _ = W.launched("diverge", tmp_path_factory)
     assert run.error is None and run.first_nonfinite == []
     assert run.diverged == ["0.weight"] and run.buffers_differ == []
     assert run.diverged_steps == {"0.weight": W.DIVERGE_AFTER} and run.compared_step == W.STEPS

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from captum.attr import LayerAttribution, LayerGradCam
 from torch import nn
 
 from nbdebug.adapters.vision import SpatialLayer
@@ -29,7 +28,10 @@ def small_cnn() -> nn.Sequential:
 
 
 def captum_cams(model: nn.Module, layer: nn.Module, x: torch.Tensor, classes: torch.Tensor) -> np.ndarray:
-    """captum LayerGradCam + LayerAttribution.interpolate(bilinear), one call per target column."""
+    """captum LayerGradCam + LayerAttribution.interpolate(bilinear), one call per target column. captum is
+    imported here, not at collection (~1.2 CPU-s in each xdist worker, most of which never call it)."""
+    from captum.attr import LayerAttribution, LayerGradCam
+
     lgc = LayerGradCam(model, layer)
     out = []
     for k in range(classes.shape[1]):

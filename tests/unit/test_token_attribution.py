@@ -170,6 +170,46 @@ def test_faithfulness_curves(lm: Any) -> None:
     assert not np.array_equal(other.random_curves, a.random_curves)
 
 
+def test_faithfulness_runs_each_distinct_input_once(lm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every point of every curve (the score order and each random order, drawn from
+    ``default_rng(seed)`` as documented) equals the hand metric of the prompt with that order's first
+    ``k`` tokens replaced; the model ran each distinct input once: orders sharing a replaced set, and
+    with ``fix_first`` sets differing only in the first token (its baseline row is its own embedding),
+    are one run. Planted: runs not deduplicated (the count), or results mapped back to the wrong rows."""
+    from nbdebug.attribution.runs import EmbeddingRuns
+
+    _, model, ids = lm
+    rows: list[int] = []
+    metric = EmbeddingRuns.metric
+
+    def counted(self: EmbeddingRuns, embs: torch.Tensor) -> torch.Tensor:
+        rows.append(int(embs.shape[0]))
+        return metric(self, embs)
+
+    monkeypatch.setattr(EmbeddingRuns, "metric", counted)
+    a = attribute(model, ids, answer=A, wrong=W, method="grad_x_input", fix_first=True, orders=10, seed=3)
+    T = ids.shape[1]
+    rng = np.random.default_rng(3)
+    perms = [np.argsort(-a.scores, kind="stable")] + [rng.permutation(T) for _ in range(10)]
+    e = clean_embeddings(model, ids)
+    base = torch.zeros_like(e)
+    base[:, 0] = e[:, 0]
+    with torch.no_grad():
+        mx, mb = float(metric_of(model, e)), float(metric_of(model, base))
+        curves = []
+        for p in perms:
+            row = []
+            for k in range(T + 1):
+                x = e.clone()
+                x[:, p[:k]] = base[:, p[:k]]
+                row.append((float(metric_of(model, x)) - mb) / (mx - mb))
+            curves.append(row)
+    np.testing.assert_allclose(a.curves["deletion"], curves[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(a.random_curves, curves[1:], rtol=1e-4, atol=1e-5)
+    distinct = {frozenset(int(t) for t in p[:k] if t != 0) for p in perms for k in range(T + 1)}
+    assert rows == [len(distinct)] and len(distinct) < len(perms) * (T - 1) + 2, (rows, len(distinct))
+
+
 class ToyTok:
     """A tokenizer of single letters: 'a' is id 0 ... 'z' is 25; ' ab' is two tokens."""
 

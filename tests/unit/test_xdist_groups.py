@@ -36,13 +36,16 @@ def test_story1(): record("g1")
 def test_each_group_runs_on_one_worker(tmp_path: Path) -> None:
     pytest.importorskip("xdist")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    # xdist alone of the installed plugins (-p below): the others' entry points (jaxtyping, typeguard,
+    # anyio...) cost ~0.5 CPU-s in each of the 3 pytest processes and play no part here.
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
     shutil.copy(TESTS / "skip_policy.py", tmp_path / "skip_policy.py")
     shutil.copy(TESTS / "shells.py", tmp_path / "shells.py")
     shutil.copy(TESTS / "cpu_times.py", tmp_path / "cpu_times.py")
     (tmp_path / "test_planted.py").write_text(PLANTED)
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2", "--dist", "loadgroup", "test_planted.py"],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "xdist.plugin", "-q", "-n", "2", "--dist", "loadgroup", "test_planted.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr

@@ -23,8 +23,10 @@ import bench_diagnosis  # noqa: E402
 import zoo  # noqa: E402
 
 QUICK = [c for c in zoo.CASES if not c.full_only]
-#: the transformer fault's model is built as in a notebook, raising PyTorch's own batch_first warning
-pytestmark = pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
+#: the transformer fault's model is built as in a notebook, raising PyTorch's own batch_first warning.
+#: One xdist group: the tests sharing ``outcomes`` run on one worker, which runs the zoo once (split over
+#: the two workers, each ran every quick case: ~8 CPU-s twice in CI).
+pytestmark = [pytest.mark.filterwarnings("ignore:enable_nested_tensor is True"), pytest.mark.xdist_group("zoo")]
 
 #: faults whose root finding is right within the quick run's 6 steps: measured 2026-11-28 with the diag
 #: branch's findings (9b00c13; right in its full run too; softmax_over_batch from e01616f; round 4: the depth ratio's

@@ -5,7 +5,6 @@ on rank 1 at step 3, a parameter changed on rank 1 only) and spools written in t
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from snapshot_models import HOSTILE  # tests/widget is on sys.path
 from torch import nn
 
 from nbdebug.capture.history import FIELD_INDEX
-from nbdebug.distributed import Run, SpoolDebug, load, run_distributed
+from nbdebug.distributed import Run, SpoolDebug, load
 from nbdebug.inspectors.thermometer import COLUMNS, diagnose
 from nbdebug.widgets._transport import decode_array
 from nbdebug.widgets.run import FALLBACK_BYTES, SPREAD_FIELDS, RunWidget
@@ -73,20 +72,19 @@ def fetch(w: RunWidget, rank: int) -> tuple[dict, dict[str, np.ndarray]]:
     return body["result"], arrays
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: the launches tests/unit/test_distributed.py reads too: one worker, one launch of each (W.launched)
+shared_launch = pytest.mark.xdist_group("ddp-launches")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ddp_nan(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    run = W.launch("nan", tmp_path_factory.mktemp("ddp"))  # retried once if the fork launch hangs
+    run, _ = W.launched("nan", tmp_path_factory)  # retried once if the fork launch hangs
     assert run.error is None, run.error
     return run
 
 
 # ------------------------------------------------------------------ a real 2-rank gloo DDP run
+@shared_launch
 def test_ddp_nan_run_view_state(ddp_nan: Run) -> None:
     run = ddp_nan
     w = run.widget()
@@ -112,6 +110,7 @@ def test_ddp_nan_run_view_state(ddp_nan: Run) -> None:
     assert ["spread", "lo", "view"] in paths and ["spread", "hi", "view"] in paths
 
 
+@shared_launch
 def test_ddp_choosing_rank0_fetches_its_table_and_history(ddp_nan: Run) -> None:
     run = ddp_nan
     w = run.widget()
@@ -134,9 +133,9 @@ def test_ddp_choosing_rank0_fetches_its_table_and_history(ddp_nan: Run) -> None:
     w.close()
 
 
-def test_ddp_diverged_parameter_listed_with_its_step(tmp_path: Path) -> None:
-    port = free_port()
-    run = run_distributed(lambda: W.start(W.worker, (2, port, "diverge", str(tmp_path))), timeout_s=60)
+@shared_launch
+def test_ddp_diverged_parameter_listed_with_its_step(tmp_path_factory: pytest.TempPathFactory) -> None:
+    run, _ = W.launched("diverge", tmp_path_factory)
     w = RunWidget(run)
     assert w.diverged == [{"name": "0.weight", "step": W.DIVERGE_AFTER}] and w.buffers_differ == []
     assert w.compared_step == W.STEPS and w.nonfinite == [] and w.rank == 0

@@ -252,9 +252,9 @@ def _instr_child(spec: str, quick: bool) -> None:
             assert cap.result is not None
 
 
-def instruction_ratios(quick: bool, count: bool) -> dict[str, float]:
-    """Model name → instructions per forward under ``Capture`` over plain ({} when not counted)."""
-    names = [name for name, _, _ in models(quick)]
+def instruction_ratios(quick: bool, count: bool, names: list[str]) -> dict[str, float]:
+    """Model name (``names``: the models' in ``models`` order) → instructions per forward under ``Capture``
+    over plain ({} when not counted)."""
     out: dict[str, float] = {}
     if not count:  # nothing counted: every child's forwards in one process (one torch import, not four)
         specs = ",".join(f"{i}:{variant}:1" for i in range(len(names)) for variant in ("plain", "nbdebug"))
@@ -299,7 +299,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     print(table(rows, ("model", "variant", "ms (median)", "× plain", "extra peak MB vs plain")))
     # --quick runs the --instructions processes too (without valgrind): every part of the full run
-    instr = instruction_ratios(a.quick, count=a.instructions and not a.quick) if a.instructions or a.quick else None
+    instr = instruction_ratios(a.quick, a.instructions and not a.quick, [rname, gname]) if a.instructions or a.quick else None
     if instr is not None:
         print(f"instructions per forward (callgrind, 1 thread{'' if instr else ': not counted, --quick or no valgrind'}), nbdebug × plain, beside wall time:")
         for name, r in ((rname, res), (gname, lm)):

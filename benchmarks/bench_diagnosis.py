@@ -1,7 +1,7 @@
 """The fault zoo measured (issue 26): is the header's root finding right, and silent on healthy runs?
 
     python benchmarks/bench_diagnosis.py              # every case, full steps (a few minutes)
-    python benchmarks/bench_diagnosis.py --quick      # every case but the SmolLM2 Trainer, a few steps: proves each runs
+    python benchmarks/bench_diagnosis.py --quick      # a few steps; every class, every case's doctor: proves the bench runs
     python benchmarks/bench_diagnosis.py --only dead  # the cases whose name contains "dead"
     python benchmarks/bench_diagnosis.py --heldout    # the held-out zoo only (benchmarks/zoo/heldout/)
 
@@ -17,6 +17,13 @@ user's optimizer and loss), then the user's loop under ``with nbdebug.debug(mode
 - *header or doctor*: the root finding right, or a doctor check that names the fault failed;
 - per class *precision*: of all runs (faults, twins, recipes) whose root code names the class, the
   share that are faults of that class.
+
+``--quick`` (``make test``'s bench-quick): 6 steps, the doctor's overfit 5, and not every case's loop:
+tests/unit/test_zoo.py runs the loop of every case but the SmolLM2 Trainer (and checks the healthy runs
+stay silent and the faults named today stay named), so the bench runs a sample that takes every path of
+its own (``quick_sample``: each class's first fault and its twin, a recipe the doctor runs on and one it
+does not apply to; a case that raises; the table's every class) and, for every other case, builds it and
+runs the doctor on its first batch (which the tests do not). ``--quick --only X``: every matching case.
 
 Findings are read from ``dbg.result.findings`` / ``.headline`` when the capture result has them, else
 from the thermometer report (``nbdebug.inspectors.thermometer.diagnose``): the bench runs on either API.
@@ -43,6 +50,8 @@ import nbdebug
 
 #: steps of the user's loop and of the doctor's overfit in --quick (every code path, figures meaningless)
 QUICK_STEPS, QUICK_DOCTOR = 6, 5
+#: --quick's recipes (beside each class's first fault and twin): one the doctor runs on, one it does not apply to (two optimizers)
+QUICK_RECIPES = ("sgd_momentum_mlp", "gan_two_optimizers")
 FULL_DOCTOR = 100
 ALARM = ("error", "warning")
 
@@ -127,6 +136,34 @@ def run_case(case: zoo.Case, *, quick: bool, doctor: bool = True) -> Outcome:
     return out
 
 
+def quick_sample(cases: list[zoo.Case]) -> list[zoo.Case]:
+    """The cases ``--quick`` runs in full (loop and doctor), in zoo order: each fault class's first fault and
+    its twin, and ``QUICK_RECIPES``."""
+    firsts = {}
+    for c in cases:
+        if c.faulty:
+            firsts.setdefault(c.cls, c.name)
+    names = {*firsts.values(), *(n + "~" for n in firsts.values()), *QUICK_RECIPES}
+    missing = set(QUICK_RECIPES) - {c.name for c in cases}
+    if missing:
+        raise SystemExit(f"bench_diagnosis: QUICK_RECIPES names no zoo case: {sorted(missing)}")
+    return [c for c in cases if c.name in names]
+
+
+def doctor_only(cases: list[zoo.Case]) -> list[str]:
+    """Each case built and the doctor run on its first batch, as ``run_case`` does before the loop; the
+    names of the cases where that raised (traceback printed)."""
+    failed = []
+    for case in cases:
+        try:
+            torch.manual_seed(0)
+            run_doctor(case, case.build(), QUICK_DOCTOR)
+        except Exception:
+            failed.append(case.name)
+            traceback.print_exc()
+    return failed
+
+
 def _pct(k: int, n: int) -> str:
     return f"{k}/{n} ({100 * k / n:.0f}%)" if n else "–"
 
@@ -160,7 +197,7 @@ def table(results: list[Outcome]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="a few steps per case, no SmolLM2: proves every case runs")
+    ap.add_argument("--quick", action="store_true", help="a few steps, no SmolLM2; a sample of every class, the doctor on the rest: proves the bench runs")
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
     ap.add_argument("--no-doctor", action="store_true", help="skip nbdebug.doctor")
     ap.add_argument("--heldout", action="store_true", help="run the held-out zoo (zoo/heldout) instead of the project zoo")
@@ -179,7 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.heldout:
         from zoo import heldout
     cases = [c for c in (heldout.CASES if args.heldout else zoo.CASES) if args.only in c.name and not (args.quick and c.full_only)]
-    print(f"# bench_diagnosis{' --quick' if args.quick else ''}{' --heldout' if args.heldout else ''}: {len(cases)} cases, nbdebug from {nbdebug.__file__}, "
+    rest: list[zoo.Case] = []
+    if args.quick and not args.only and not args.heldout:
+        sample = quick_sample(cases)
+        cases, rest = sample, [c for c in cases if c not in sample]
+    of = f" of {len(cases) + len(rest)} (the others: the doctor only)" if rest else ""
+    print(f"# bench_diagnosis{' --quick' if args.quick else ''}{' --heldout' if args.heldout else ''}: {len(cases)} cases{of}, nbdebug from {nbdebug.__file__}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     results: list[Outcome] = []
     t0 = time.perf_counter()
@@ -193,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
         if r.error:
             print(f"      bench error: {r.error}")
     print(f"\n{len(results)} cases in {time.perf_counter() - t0:.0f} s\n")
+    doctor_failed = []
+    if rest and not args.no_doctor:
+        t0 = time.perf_counter()
+        doctor_failed = doctor_only(rest)
+        print(f"the doctor on the other {len(rest)} cases (their loops: tests/unit/test_zoo.py): "
+              f"{'raised on ' + ', '.join(doctor_failed) if doctor_failed else 'ran on each'}, {time.perf_counter() - t0:.0f} s\n")
     lines = table(results)
     print("\n".join(lines))
     if args.json:
@@ -207,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     fig.add("header or doctor", _pct(sum(r.right or r.doctor_right for r in faults), len(faults)))
     fig.add("healthy runs with a warning/error", f"{sum(r.root is not None for r in healthy)}/{len(healthy)}")
     fig.print()
-    return 1 if any(r.error for r in results) else 0
+    return 1 if any(r.error for r in results) or doctor_failed else 0
 
 
 if __name__ == "__main__":

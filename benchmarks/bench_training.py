@@ -21,8 +21,8 @@ by ±0.03 from one process to the next on a quiet machine (the small CNN's by mo
 measures both loops again in N fresh processes each and reports each variant's median, min and max.
 The figures README.md / docs/training.md quote are printed last, labelled. ``--quick``: 2-8 steps of
 each loop (the small CNN on 8×8 inputs), one round, a 20-step memory run, and the ``--breakdown``
-timers, 2 fresh processes, and the ``--instructions`` processes without valgrind: every part of the
-full run, tiny. ``--instructions``: instructions per step under ``Capture`` over plain (callgrind), next
+timers, and one fresh process that measures both loops and runs the ``--instructions`` children's loops
+(without valgrind): every part of the full run, tiny. ``--instructions``: instructions per step under ``Capture`` over plain (callgrind), next
 to the wall-time ratio (the wall-time ratios swing ±15% from run to run on a shared machine).
 """
 
@@ -47,7 +47,7 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import Figures, interleaved, table
+from common import Figures, instructions_per_call, interleaved, table
 
 import nbdebug
 from nbdebug.capture.budget import format_bytes, parse_bytes
@@ -411,11 +411,12 @@ def memory_run(steps: int, out: dict[str, Any] | None = None) -> list[str]:
     rss0 = proc.memory_info().rss
     peak = rss0
     done = [0]
+    every = max(steps // 40, 1)  # 250 of the 10,000 steps; every step of --quick's 20
 
     def watch_rss(_loss: torch.Tensor) -> None:
         nonlocal peak
         done[0] += 1
-        if done[0] % 250 == 0:
+        if done[0] % every == 0:
             peak = max(peak, proc.memory_info().rss)
 
     t = time.perf_counter()
@@ -438,20 +439,27 @@ def memory_run(steps: int, out: dict[str, Any] | None = None) -> list[str]:
     return lines
 
 
-def across_processes(n: int, rounds: int, threads: int, quick: bool, out: dict[str, str] | None = None) -> list[str]:
+def across_processes(n: int, rounds: int, threads: int, quick: bool, out: dict[str, str] | None = None,
+                     also: list[str] | None = None) -> list[str]:
     """Each target loop's ratios (CPU time, × plain) measured in ``n`` fresh processes, one after the other;
-    ``out`` (a dict) also gets "loop: variant" → "median [min – max]"."""
+    ``out`` (a dict) also gets "loop: variant" → "median [min – max]". ``quick``: each process measures both
+    loops, one after the other (a fresh process costs ~6 CPU-s of imports; --quick's figures mean nothing),
+    and ``also`` (more arguments) gives it more to do: what other fresh processes of the full run do."""
+    loops = (("digits", 4 if quick else 100), ("cnn", 2 if quick else 40))
+    runs: dict[str, list[dict[str, float]]] = {loop: [] for loop, _ in loops}
+    batches = [[loop for loop, _ in loops]] * n if quick else [[loop] for loop, _ in loops for _ in range(n)]
+    for batch in batches:
+        cmd = [sys.executable, __file__, "--only", ",".join(batch), "--rounds", str(rounds), "--threads", str(threads),
+               *(["--quick"] if quick else []), *(also or [])]
+        stdout = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        for loop, line in zip(batch, stdout.strip().splitlines()[-len(batch):]):  # a JSON line per loop, in order
+            runs[loop].append(json.loads(line))
     lines: list[str] = []
-    for loop, steps in (("digits", 4 if quick else 100), ("cnn", 2 if quick else 40)):
-        runs: list[dict[str, float]] = []
-        for _ in range(n):
-            cmd = [sys.executable, __file__, "--only", loop, "--rounds", str(rounds), "--threads", str(threads)] + (["--quick"] if quick else [])
-            stdout = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            runs.append(json.loads(stdout.strip().splitlines()[-1]))
+    for loop, steps in loops:
         name = "digits" if loop == "digits" else "small CNN"
         lines.append(f"{name} ({steps} steps) in {n} fresh processes, × plain (CPU time): median [min – max]; each process's value")
-        for k in runs[0]:
-            vals = [r[k] for r in runs]
+        for k in runs[loop][0]:
+            vals = [r[k] for r in runs[loop]]
             lines.append(f"  {k:34s} {statistics.median(vals):.3f} [{min(vals):.3f} – {max(vals):.3f}]   "
                          + " ".join(f"{v:.3f}" for v in vals))
             if out is not None:
@@ -476,39 +484,34 @@ def _instr_child(spec: str, threads: int, hw: int) -> None:
             loop()
 
 
-def instruction_ratios(threads: int, quick: bool, hw: int, out: dict[str, str] | None = None) -> list[str]:
+UNCOUNTED = ",".join(f"{loop}:{variant}:1" for loop in ("digits", "cnn") for variant in ("plain", "Capture"))
+
+
+def instruction_ratios(threads: int, quick: bool, hw: int, out: dict[str, str] | None = None, ran: bool = False) -> list[str]:
     """Instructions per step under ``Capture`` over plain, counted by valgrind's callgrind (wall-time
-    ratios swing ±15% on a shared machine; instruction counts do not): each variant runs in its own
-    process for ``lo`` and ``hi`` steps and the difference is divided by ``hi - lo``, so the import,
-    model set-up and warm-up cancel out. ``quick`` runs the same processes without valgrind (under it,
-    importing torch alone takes about a minute): the code path is checked, nothing is counted."""
-    import re
+    ratios swing ±15% on a shared machine; instruction counts do not): ``common.instructions_per_call``,
+    each variant in its own process for ``lo`` and ``hi`` steps, the difference divided by ``hi - lo``, so
+    the import, model set-up and warm-up cancel out (tests/unit/test_bench_instructions.py checks that
+    counting on small programs). ``quick`` runs the children's loops without valgrind (under it, importing
+    torch alone takes about a minute): the code path is checked, nothing is counted; ``ran``: those
+    children's loops already ran in another fresh process (``--quick``: the cross-process spread's)."""
     import shutil
 
-    valgrind = shutil.which("valgrind")
-    counting = valgrind is not None and not quick
+    counting = shutil.which("valgrind") is not None and not quick
     lines = [f"instructions per step (callgrind{'' if counting else ': not counted, --quick or no valgrind'}), × plain"]
     if not counting:  # nothing counted: the four children's loops in one process (one torch import, not four)
-        specs = ",".join(f"{loop}:{variant}:1" for loop in ("digits", "cnn") for variant in ("plain", "Capture"))
-        subprocess.run([sys.executable, __file__, "--instr-child", specs, "--threads", str(threads),
-                        *(["--quick"] if quick else [])], capture_output=True, text=True, check=True)
-        return [*lines, "  digits, small CNN: their plain and Capture loops ran (one process); not counted"]
-    for loop, (lo, hi) in (("digits", (1, 2) if quick else (10, 30)), ("cnn", (1, 2) if quick else (5, 15))):
-        per: dict[str, float] = {}
-        for variant in ("plain", "Capture"):
-            counts = []
-            for steps in (lo, hi) if counting else (lo,):
-                cmd = [sys.executable, __file__, "--instr-child", f"{loop}:{variant}:{steps}", "--threads", str(threads),
-                       *(["--quick"] if quick else [])]
-                if counting:
-                    cmd = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
-                err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-                m = re.search(r"Collected\s*:\s*(\d+)", err)
-                counts.append(int(m.group(1)) if counting and m else None)
-            if None not in counts:
-                per[variant] = (counts[1] - counts[0]) / (hi - lo)
+        if not ran:
+            subprocess.run([sys.executable, __file__, "--instr-child", UNCOUNTED, "--threads", str(threads),
+                            *(["--quick"] if quick else [])], capture_output=True, text=True, check=True)
+        where = "the cross-process spread's fresh process" if ran else "one fresh process"
+        return [*lines, f"  digits, small CNN: their plain and Capture loops ran ({where}); not counted"]
+    for loop, (lo, hi) in (("digits", (10, 30)), ("cnn", (5, 15))):
+        per = instructions_per_call(
+            lambda variant, steps, loop=loop: [sys.executable, __file__, "--instr-child", f"{loop}:{variant}:{steps}",
+                                               "--threads", str(threads)],
+            ("plain", "Capture"), lo, hi, count=True)
         name = "digits" if loop == "digits" else "small CNN"
-        if len(per) == 2:
+        if per:
             ratio = per["Capture"] / per["plain"]
             lines.append(f"  {name}: plain {per['plain'] / 1e6:.2f}M, Capture {per['Capture'] / 1e6:.2f}M per step: {ratio:.3f}×")
             if out is not None:
@@ -550,31 +553,38 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=1, help="also: the loops (a) and (b) in N fresh processes each (median, min, max)")
     ap.add_argument("--instructions", action="store_true",
                     help="also: instructions per step under Capture over plain, counted by valgrind --tool=callgrind (minutes)")
-    ap.add_argument("--only", choices=("digits", "cnn"), help=argparse.SUPPRESS)  # one of those processes: JSON ratios out
+    ap.add_argument("--only", help=argparse.SUPPRESS)  # one of those processes: "digits", "cnn" or both; a JSON line of ratios per loop
     ap.add_argument("--instr-child", help=argparse.SUPPRESS)  # one process of --instructions
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     rounds, mem_steps = (1, 20) if a.quick else (a.rounds, a.steps)
     cnn_steps, digits_steps, hw = (2, 4, 8) if a.quick else (40, 100, 32)
+    only = a.only.split(",") if a.only else []
+    if set(only) - {"digits", "cnn"}:
+        ap.error(f"--only takes digits, cnn or digits,cnn, not {a.only}")
     if a.instr_child:
         for spec in a.instr_child.split(","):  # several when nothing is counted (instruction_ratios)
             _instr_child(spec, a.threads, hw)
-        return
+        if not only:
+            return
     # --quick runs every part of the full run (`make bench` passes --processes 5 --instructions), tiny: the
-    # cross-process spread in one fresh process per loop (the same code as 5; each process costs ~8 CPU-s
-    # of importing torch, the quick run's largest cost)
+    # cross-process spread in one fresh process for both loops, which also runs the --instructions children's
+    # loops (the same code as the full run's processes; each process costs ~6 CPU-s of imports, the quick
+    # run's largest cost)
     processes = max(a.processes, 1) if a.quick else a.processes
     breakdowns = a.breakdown or a.quick
     torch.manual_seed(0)
-    if a.only:
+    for loop in only:
+        torch.manual_seed(0)  # each loop as its own process would run it
         with tempfile.TemporaryDirectory() as tmp:
-            if a.only == "digits":
+            if loop == "digits":
                 r, _ = bench_loop("digits", digits_model(), torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)),
                                   digits_steps, rounds, False, tmp)
             else:
                 r, _ = bench_loop("small CNN", small_cnn(hw), torch.randn(32, 3, hw, hw), torch.randint(0, 10, (32,)),
                                   cnn_steps, rounds, False, tmp)
-        print(json.dumps({row[1]: float(row[5]) for row in r}))  # CPU-time ratios to plain
+        print(json.dumps({row[1]: float(row[5]) for row in r}), flush=True)  # CPU-time ratios to plain
+    if only:
         return
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
@@ -607,12 +617,13 @@ def main() -> None:
     for line in notes:
         print(line)
     spread: dict[str, str] = {}
+    also = ["--instr-child", UNCOUNTED] if a.quick else []  # nothing counted in --quick: see instruction_ratios
     if processes > 1 or a.quick:
-        for line in across_processes(processes, rounds, a.threads, a.quick, spread):
+        for line in across_processes(processes, rounds, a.threads, a.quick, spread, also):
             print(line)
     instr: dict[str, str] = {}
     if a.instructions or a.quick:
-        for line in instruction_ratios(a.threads, a.quick, hw, instr):
+        for line in instruction_ratios(a.threads, a.quick, hw, instr, ran=bool(also)):
             print(line)
     mem: dict[str, Any] = {}
     if not a.no_memory:

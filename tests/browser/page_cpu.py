@@ -56,6 +56,22 @@ def chromium_cpu_seconds(root: int | None = None) -> float:
     return total
 
 
+def by_type() -> str:
+    """CPU seconds of each live chromium process by its ``--type`` (browser: none), largest first."""
+    out: dict[str, float] = {}
+    for d in os.listdir("/proc"):
+        try:
+            cmd = open(f"/proc/{d}/cmdline").read().replace("\0", " ").split() if d.isdigit() else []
+            fields = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split() if cmd else []
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith("chromium/chromium") and int(fields[1]) != 1:
+            kind = next((a[7:] for a in cmd if a.startswith("--type=")), "browser")
+            kind += "(webui)" if "--top-chrome-webui" in cmd else ""
+            out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+    return ", ".join(f"{k} {v:.2f}" for k, v in sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 class ChromiumCpu:
     """Chromium's CPU seconds below this process (:func:`chromium_cpu_seconds`)."""
 
@@ -105,6 +121,7 @@ def run_app(browser: Any, app: harness.App, idle: float, context_kw: dict[str, A
                 wait_kernel_idle(page, "probe2")
 
             phase(cpu, "open a 2nd notebook in the loaded page", open2, rows)
+        rows.append(f"by process type before closing the context: {by_type()}")
         context.close()
     finally:
         server.stop()

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from . import harness, labpage, schedule
+from . import harness, labpage, page_cpu, schedule
 
 HERE = Path(__file__).resolve().parent
 
@@ -44,11 +44,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     schedule.longest_first(items)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item._nbdebug_chromium0 = page_cpu.chromium_cpu_seconds()  # type: ignore[attr-defined]
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     rep = yield
     setattr(item, f"_nbdebug_rep_{rep.when}", rep)
+    start = getattr(item, "_nbdebug_chromium0", None)
+    if rep.when == "teardown" and start is not None:
+        # chromium's CPU during this test (set-up to tear-down; uncounted by ``cpu_s``, which sees
+        # only processes the worker waited for): the junit property ``chromium_cpu_s``
+        end = _CHROMIUM_AT_CLOSE.pop() if _CHROMIUM_AT_CLOSE else page_cpu.chromium_cpu_seconds()
+        rep.user_properties.append(("chromium_cpu_s", round(end - start, 2)))
     return rep
+
+
+_CHROMIUM_ROWS: list[tuple[float, str]] = []
+_CHROMIUM_AT_CLOSE: list[float] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # where the reports arrive (the xdist controller, or the one process)
+    if report.when == "teardown":
+        _CHROMIUM_ROWS.extend((float(v), report.nodeid) for k, v in report.user_properties if k == "chromium_cpu_s")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    rows = _CHROMIUM_ROWS
+    if rows:
+        terminalreporter.write_sep("=", f"chromium CPU by test (total {sum(c for c, _ in rows):.0f} CPU-s)")
+        for spent, nodeid in sorted(rows, reverse=True)[:25]:
+            terminalreporter.write_line(f"{spent:8.2f} chromium CPU-s  {nodeid}")
 
 
 def _require_chromium() -> None:
@@ -74,6 +103,8 @@ def browser() -> Iterator[Any]:
         try:
             yield b
         finally:
+            # the last test's tear-down closes chromium: its reading is taken here
+            _CHROMIUM_AT_CLOSE.append(page_cpu.chromium_cpu_seconds())
             b.close()
     finally:
         pw.stop()

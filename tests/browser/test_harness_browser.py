@@ -7,6 +7,8 @@ expected values.
 
 from __future__ import annotations
 
+import os
+
 import nbformat
 import pytest
 
@@ -134,5 +136,40 @@ def test_page_errors_are_caught(browser) -> None:
             lab_errors.check()
         # Notebook 7's known error is allowed, the other one is not.
         assert nb_errors.unexpected() == ["Error: kaboom"]
+    finally:
+        context.close()
+
+
+def _browser_switches() -> list[str]:
+    """The command line of this process's chromium (the browser process: no ``--type=``)."""
+    for pid in sorted(int(d) for d in os.listdir("/proc") if d.isdigit()):
+        try:
+            args = open(f"/proc/{pid}/cmdline").read().split("\0")
+            parent = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            grandparent = int(open(f"/proc/{parent}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        # pytest -> Playwright's node driver -> chromium
+        if grandparent == os.getpid() and args[0].endswith("chromium") and not any(a.startswith("--type=") for a in args):
+            return args
+    raise AssertionError("no chromium browser process below this pytest process")
+
+
+def test_chromium_keeps_playwrights_features_off_and_preloads_no_hidden_webui(browser) -> None:
+    # chromium obeys the last --disable-features only: ours must still hold every one Playwright passed
+    lists = [a.split("=", 1)[1].split(",") for a in _browser_switches() if a.startswith("--disable-features=")]
+    assert len(lists) == 2, lists  # Playwright's, then ours
+    assert set(lists[0]) <= set(lists[-1]), set(lists[0]) - set(lists[-1])
+    assert set(harness.UNSEEN_WEBUI) <= set(lists[-1])
+    context = browser.new_context()
+    try:
+        pg = context.new_page()
+        pg.set_content("<p>x</p>")
+        cdp = browser.new_browser_cdp_session()
+        targets = cdp.send("Target.getTargets", {"filter": [{}]})["targetInfos"]
+        cdp.detach()
+        # the page is there; the omnibox popup's WebUI (a renderer per context) is not
+        assert any(t["type"] == "page" for t in targets), targets
+        assert [t["url"] for t in targets if t["type"] == "browser_ui"] == []
     finally:
         context.close()

@@ -92,9 +92,11 @@ cell-times = $(if $(REPORTS),env NBDEBUG_CELL_TIMES=$(REPORTS)/notebook-cells.tx
 # tutorials wait on kernels and chromium, the envelope computes on one core. The JS tests run before the
 # lanes, alone: vitest's per-test timeouts (5 s; 120 s for 1,600 rows in jsdom) are not met beside them on
 # 2 cores. Every lane runs to the end (-k); `make test` fails when any lane failed.
-# Measured at 4a702fc (clean clone, quiet, 29 Nov): the lanes keep both cores busy to the end (~2,330 CPU-s,
-# chromium included, in 1,164 s; CPU pressure ~50%), so `make test` (~1,200 s) is now the work divided by two
-# cores: only less work makes it shorter. The tiers alone take 422 s; beside the other lanes they end last.
+# Measured at 4a702fc (clean clone, quiet, 29 Nov): the lanes kept both cores busy to the end (~2,330 CPU-s,
+# chromium included, in 1,164 s; CPU pressure ~50%), so `make test` (~1,200 s) was the work divided by two
+# cores: only less work makes it shorter. At 0ac1be2 (less work: forked browser kernels, no TorchDynamo
+# import by nbdebug, bench-quick in one process, ...) `make test` took ~690 s: tiers 665 s / 494 CPU-s,
+# browser 482 / 343, envelope 489 / 82 then numpy path 57 / 41, bench-quick 259 / 70. The tiers end last.
 LANES := lane-tiers lane-browser lane-envelope-numpy lane-bench
 .PHONY: $(LANES)
 lane-tiers: ; $(call stage,unit-widget-models-notebooks) $(cell-times) $(PY) -m pytest $(XDIST) -m "not browser" --ignore=tests/envelope $(PYTEST_ARGS) $(call junit,tiers)

@@ -1,9 +1,9 @@
-"""A forking kernel launcher for the test suite's Jupyter servers and nbclient runs (issue 30).
+"""A forking kernel launcher for the browser tier's Jupyter servers (issue 30; the tutorial tests launch
+theirs normally).
 
 Every kernel a test starts pays ``import torch`` (~3 CPU-s) and ipykernel/IPython (~0.3) before its
-first cell. A *zygote* (one per server, or per pytest process for nbclient) has done those imports
-once; a kernel is a ``fork()`` of it. What a kernel imports beyond them (nbdebug, ``torch._dynamo``)
-it imports itself, as a user's kernel would.
+first cell. A *zygote* (one per server) has done those imports once; a kernel is a ``fork()`` of it.
+What a kernel imports beyond them (nbdebug, ``torch._dynamo``) it imports itself, as a user's kernel would.
 
 The kernelspec's argv (:meth:`Zygote.write_kernelspec`) is a stub, ``python -I -S kernel_zygote.py
 stub SOCKET -f {connection_file}`` (~0.03 CPU-s), that sends the zygote its argv, environment, cwd,
@@ -51,7 +51,7 @@ MAX_MSG = 1 << 20
 
 
 def enabled() -> bool:
-    """Whether the test servers and nbclient runs launch kernels through a zygote (``NBDEBUG_TEST_ZYGOTE=0``: no)."""
+    """Whether the browser tier's servers launch their python3 kernels through a zygote (``NBDEBUG_TEST_ZYGOTE=0``: no)."""
     return os.environ.get("NBDEBUG_TEST_ZYGOTE", "1") != "0"
 
 

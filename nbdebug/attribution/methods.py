@@ -82,8 +82,9 @@ def integrated_gradients(runs: EmbeddingRuns, baseline: torch.Tensor, steps: int
 
 
 def occluded(clean: torch.Tensor, baseline: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-    """``(B, T, d)``: the clean embeddings with the rows where ``masks`` ``(B, T)`` is True taken from the baseline."""
-    return torch.where(masks[:, :, None], baseline[None], clean[None])
+    """``(B, T, d)``: the clean embeddings with the rows where ``masks`` ``(B, T)`` is True taken from the baseline.
+    The masks are built on the CPU; ``torch.where`` takes no CPU condition beside device tensors."""
+    return torch.where(masks.to(clean.device)[:, :, None], baseline[None], clean[None])
 
 
 def occlusion(runs: EmbeddingRuns, baseline: torch.Tensor) -> Scores:

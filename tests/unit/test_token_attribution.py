@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 import nbdebug
 from nbdebug.adapters.offline import tiny_lm
 from nbdebug.attribution import attribute
-from nbdebug.attribution.methods import ig_path
+from nbdebug.attribution.methods import ig_path, occluded
 from nbdebug.workbench.metric import MetricError
 
 FAMILIES = ["gpt2", "llama"]
@@ -208,6 +208,16 @@ def test_faithfulness_runs_each_distinct_input_once(lm: Any, monkeypatch: pytest
     np.testing.assert_allclose(a.random_curves, curves[1:], rtol=1e-4, atol=1e-5)
     distinct = {frozenset(int(t) for t in p[:k] if t != 0) for p in perms for k in range(T + 1)}
     assert rows == [len(distinct)] and len(distinct) < len(perms) * (T - 1) + 2, (rows, len(distinct))
+
+
+def test_occlusion_masks_built_on_the_cpu_meet_the_embeddings_device() -> None:
+    """``occluded`` gets CPU masks (occlusion, deletion curves) and the embeddings on the model's device: the
+    result is on that device (``meta`` stands in for a GPU here). Planted: the CPU mask passed as is."""
+    clean, base = torch.zeros(3, 4, device="meta"), torch.ones(3, 4, device="meta")
+    masks = torch.tensor([[False, False, False], [True, False, True]])
+    assert occluded(clean, base, masks).device.type == "meta"
+    got = occluded(torch.zeros(3, 4), torch.ones(3, 4), masks)
+    assert got[:, :, 0].tolist() == [[0.0, 0.0, 0.0], [1.0, 0.0, 1.0]]
 
 
 class ToyTok:

@@ -20,7 +20,11 @@ from nbdebug.inspectors.thermometer import COLUMNS, diagnose
 from nbdebug.widgets._transport import decode_array
 from nbdebug.widgets.run import FALLBACK_BYTES, SPREAD_FIELDS, RunWidget
 from nbdebug.widgets.thermometer import WIRE_FIELDS, ThermometerWidget
-from tests.unit import _dist_workers as W
+
+try:  # the module tests/unit/test_distributed.py imports: one cache of launches (W.launched), not two
+    import _dist_workers as W
+except ImportError:  # collected without tests/unit (not on sys.path)
+    from tests.unit import _dist_workers as W
 
 
 class Scale(nn.Module):

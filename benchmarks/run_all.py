@@ -54,7 +54,7 @@ def cpu_seconds() -> float:
 def exit_status(exc: SystemExit) -> int:
     """The exit status ``python script.py`` would have had for ``sys.exit(code)`` (a message: printed, 1)."""
     if exc.code is None or isinstance(exc.code, int):
-        return exc.code or 0
+        return (exc.code or 0) & 0xFF  # as the OS keeps it: sys.exit(256) exits 0
     print(exc.code, file=sys.stderr)
     return 1
 
@@ -65,7 +65,10 @@ def run_in_this_process(scripts: list[pathlib.Path], args: list[str], report: pa
 
     What a script could leave behind for the next is put back before it: ``sys.argv``, the environment,
     the working directory, the warning filters and torch's intra-op threads (one, from ``OMP_NUM_THREADS=1``);
-    torch's, numpy's and Python's random generators are seeded afresh from the OS, as a new process's are."""
+    torch's, numpy's and Python's random generators are seeded afresh from the OS, as a new process's are.
+    Not put back: modules already imported (``common``, ``zoo``, ``torch._dynamo`` once a script imported
+    it), ``sys.path`` inserts and torch's other global settings (default dtype, grad mode, global hooks):
+    a script that changes one changes it for the scripts after it (a full run gives each a fresh process)."""
     import random
 
     import numpy as np

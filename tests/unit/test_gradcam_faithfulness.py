@@ -31,14 +31,18 @@ H = W = 12
 ROAD_NOISE = 2e-3
 
 
-class LeftHalf(nn.Module):
-    """Class scores from the left half of the image only (columns < W/2): the right half is ignored."""
+class OneByOne(nn.Module):
+    """1×1 conv → ReLU → linear on pooled features; subclasses say which pixels are pooled."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 1)
         self.act = nn.ReLU()
         self.fc = nn.Linear(4, 3)
+
+
+class LeftHalf(OneByOne):
+    """Class scores from the left half of the image only (columns < W/2): the right half is ignored."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.act(self.conv(x))
@@ -220,15 +224,9 @@ def test_recorder_faithfulness_every_method(left_half: tuple[nn.Module, torch.Te
     assert direct.auc == rep.auc
 
 
-class Pooled(nn.Module):
+class Pooled(OneByOne):
     """conv → ReLU → mean over the whole image: the gradient at the CAM layer is the same at every pixel,
     so HiResCAM's map (gradient ⊙ activation) is Grad-CAM's (mean gradient × activation)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 1)
-        self.act = nn.ReLU()
-        self.fc = nn.Linear(4, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.act(self.conv(x)).mean((2, 3)))

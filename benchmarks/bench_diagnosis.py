@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick and not args.only and not args.heldout:
         sample = quick_sample(cases)
         cases, rest = sample, [c for c in cases if c not in sample]
-    of = f" of {len(cases) + len(rest)} (the others: the doctor only)" if rest else ""
+    others = "not run: --no-doctor" if args.no_doctor else "the doctor only"
+    of = f" of {len(cases) + len(rest)} (the others: {others})" if rest else ""
     print(f"# bench_diagnosis{' --quick' if args.quick else ''}{' --heldout' if args.heldout else ''}: {len(cases)} cases{of}, nbdebug from {nbdebug.__file__}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     results: list[Outcome] = []
